@@ -1,0 +1,1 @@
+"""labelshift: label shift estimation after Garg et al. (NeurIPS 2020)."""

@@ -1,0 +1,130 @@
+"""Input checks at the public boundary. Each failure raises :class:`~labelshift.errors.InputError`
+naming the argument and the fix."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .errors import InputError
+
+#: rows of a probability matrix must sum to 1 within this tolerance (float32 outputs of a softmax drift ~1e-6)
+ROW_SUM_TOL = 1e-4
+
+
+def as_float_array(x, name: str, ndim: int | tuple[int, ...]) -> np.ndarray:
+    """Convert ``x`` to a float64 array with the given number of dimensions; reject NaN/inf and empties."""
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{name} must be a numeric array; could not convert it ({exc}).") from None
+    dims = (ndim,) if isinstance(ndim, int) else ndim
+    if arr.ndim not in dims:
+        want = " or ".join(f"{d}-D" for d in dims)
+        raise InputError(f"{name} must be {want}, got an array of shape {arr.shape}.")
+    if arr.size == 0:
+        raise InputError(f"{name} is empty (shape {arr.shape}); pass at least one row and one class.")
+    if not np.all(np.isfinite(arr)):
+        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        raise InputError(f"{name} contains {bad} NaN or infinite value(s); remove or impute those rows first.")
+    return arr
+
+
+def check_probabilities(x, name: str, ndim: int | tuple[int, ...] = 2) -> np.ndarray:
+    """A matrix (or batch) of probability vectors over classes in its last axis."""
+    arr = as_float_array(x, name, ndim)
+    if arr.shape[-1] < 2:
+        raise InputError(f"{name} has {arr.shape[-1]} class column(s); label shift needs at least 2 classes.")
+    if np.any(arr < 0):
+        raise InputError(
+            f"{name} has negative entries (min {arr.min():.3g}); it looks like logits, not probabilities. "
+            "Apply a calibrator (e.g. BCTS().fit(logits, labels).predict_proba(logits)) or a softmax first."
+        )
+    sums = arr.sum(axis=-1)
+    worst = float(np.max(np.abs(sums - 1.0)))
+    if worst > ROW_SUM_TOL:
+        raise InputError(
+            f"rows of {name} must sum to 1 (worst row sums to {1.0 + worst:.4g} or {1.0 - worst:.4g}); "
+            "they look like logits or unnormalised scores. Pass probabilities: apply a calibrator or a softmax first."
+        )
+    return arr
+
+
+def check_labels(y, name: str, n_classes: int, n_rows: int | None = None) -> np.ndarray:
+    """Integer class labels in 0..n_classes-1."""
+    arr = np.asarray(y)
+    if arr.ndim != 1:
+        raise InputError(f"{name} must be 1-D integer labels, got shape {arr.shape}.")
+    if arr.size == 0:
+        raise InputError(f"{name} is empty; pass at least one labelled example per class.")
+    if arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
+            raise InputError(f"{name} must hold integer class indices 0..{n_classes - 1}; found non-integers.")
+        arr = arr.astype(np.int64)
+    elif arr.dtype.kind not in "iu":
+        raise InputError(f"{name} must hold integer class indices 0..{n_classes - 1}; got dtype {arr.dtype}.")
+    arr = arr.astype(np.int64, copy=False)
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= n_classes:
+        raise InputError(
+            f"{name} has labels outside 0..{n_classes - 1} (found {lo}..{hi}); labels must be integer class "
+            f"indices matching the {n_classes} probability columns."
+        )
+    if n_rows is not None and arr.shape[0] != n_rows:
+        raise InputError(f"{name} has {arr.shape[0]} labels but the outputs have {n_rows} rows; they must match.")
+    return arr
+
+
+def check_all_classes_present(labels: np.ndarray, n_classes: int, name: str) -> np.ndarray:
+    """Counts per class; every class needs at least one source example."""
+    counts = np.bincount(labels, minlength=n_classes)
+    missing = np.flatnonzero(counts == 0)
+    if missing.size:
+        raise InputError(
+            f"{name} has no examples of class(es) {missing.tolist()}; every class needs source examples to "
+            "estimate p_s(y) and the confusion matrix. Add labelled data for those classes."
+        )
+    return counts
+
+
+def check_prior(p, name: str, n_classes: int) -> np.ndarray:
+    """A probability vector of length n_classes with strictly positive entries."""
+    arr = as_float_array(p, name, 1)
+    if arr.shape[0] != n_classes:
+        raise InputError(f"{name} has {arr.shape[0]} entries but there are {n_classes} classes.")
+    if np.any(arr <= 0):
+        raise InputError(f"{name} must be strictly positive (a class with p_s(y)=0 has no defined weight).")
+    if abs(arr.sum() - 1.0) > ROW_SUM_TOL:
+        raise InputError(f"{name} must sum to 1, it sums to {arr.sum():.6g}.")
+    return arr / arr.sum()
+
+
+def check_target_batch(target, name: str, n_classes: int):
+    """Normalise one target set or a batch of them.
+
+    Accepts an (m, k) array (one set), an (S, m, k) array, or a list of (m_s, k) arrays of different m.
+    Returns ``(probs, mask, is_batch)`` where ``probs`` is (S, M, k) padded with uniform rows, ``mask`` is
+    (S, M) with 1.0 on real rows, and ``is_batch`` says whether the caller passed a batch.
+    """
+    if isinstance(target, Sequence) and not isinstance(target, (str, bytes)) and len(target) > 0 and \
+            np.ndim(target[0]) == 2:
+        sets = [check_probabilities(t, f"{name}[{i}]", 2) for i, t in enumerate(target)]
+        is_batch = True
+    else:
+        arr = check_probabilities(target, name, (2, 3))
+        is_batch = arr.ndim == 3
+        sets = list(arr) if is_batch else [arr]
+    for i, s in enumerate(sets):
+        if s.shape[1] != n_classes:
+            where = f"{name}[{i}]" if is_batch else name
+            raise InputError(
+                f"{where} has {s.shape[1]} classes but the estimator was fit on {n_classes}; source and target "
+                "outputs must come from the same classifier."
+            )
+    m_max = max(s.shape[0] for s in sets)
+    probs = np.full((len(sets), m_max, n_classes), 1.0 / n_classes)
+    mask = np.zeros((len(sets), m_max))
+    for i, s in enumerate(sets):
+        probs[i, : s.shape[0]] = s
+        mask[i, : s.shape[0]] = 1.0
+    return probs, mask, is_batch
