@@ -25,3 +25,13 @@ test-fast: setup
 
 clean:
 	rm -rf $(VENV) .labelshift build *.egg-info
+
+# The local stack without Docker (SeaweedFS S3, MLflow server, Prefect server on loopback); see infra/README.md.
+stack-up: setup
+	$(BIN)/labelshift stack up $(STACK_ARGS)
+
+stack-down: setup
+	$(BIN)/labelshift stack down
+
+stack-status: setup
+	$(BIN)/labelshift stack status
