@@ -3,4 +3,4 @@ import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-pytest_plugins = ["tests.fixtures.seaweed"]
+pytest_plugins = ["tests.fixtures.seaweed", "tests.fixtures.prefect", "tests.fixtures.mlflow_server"]

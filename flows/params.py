@@ -1,0 +1,141 @@
+"""Typed parameters of the ``reproduce`` flow (the form in the Prefect UI, the options of ``labelshift reproduce``).
+
+Each parameter is an ``Annotated`` type carrying its constraints and description, so the same definition
+validates the CLI's options (:class:`ReproduceParameters`), the flow's arguments (Prefect validates a call
+against the flow signature) and renders the deployment's form in the Prefect UI.
+
+The defaults are the paper's two-Gaussian experiments (Section 6, Figures 1 and 2; mu = 1, the true p_s(y|x) as
+predictor, 100 seeds per setting) on the library's default grids (:mod:`labelshift.experiments.gaussian`); the
+whole sweep takes well under a minute of computation on a 2-core laptop.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from labelshift.experiments import gaussian
+
+Dataset = Literal["gaussian"]
+Experiment = Literal["shift", "size", "bins"]
+Method = Literal["BBSE-hard", "BBSE-soft", "RLLS", "RLLS-soft", "MLLS-CM", "MLLS", "PCC"]
+
+EXPERIMENTS: tuple[str, ...] = ("shift", "size", "bins")
+#: the methods of the paper's Figure 1 (the default); RLLS-soft and PCC can be added
+METHODS: tuple[str, ...] = tuple(gaussian.METHODS)
+#: the bins experiment compares MLLS on a predictor binned into n equal-width bins with MLLS-CM (Figure 2)
+BINS_METHODS: tuple[str, ...] = tuple(gaussian.BINS_METHODS)
+
+
+def _unique(values: list) -> list:
+    if len(set(values)) != len(values):
+        dup = sorted({v for v in values if values.count(v) > 1})
+        raise ValueError(f"values must be distinct, {dup} appear more than once")
+    return values
+
+
+def _unique_sorted(values: list) -> list:
+    """Grid values: distinct, in increasing order (the curves are drawn and logged with step = index)."""
+    return sorted(_unique(values))
+
+
+DatasetParam = Annotated[Dataset, Field(
+    description="Data set of the sweep. 'gaussian': the paper's mixture of two unit-variance Gaussians "
+                "(Example 1) with the true p_s(y|x) as the predictor.")]
+ExperimentsParam = Annotated[list[Experiment], Field(
+    min_length=1, description="Which experiments to run: 'shift' (MSE vs p_t(y=1) at a fixed target size), "
+                              "'size' (MSE vs target size m at a fixed shift), 'bins' (MSE and the minimum "
+                              "Hessian eigenvalue vs the number of calibration bins)."),
+    AfterValidator(_unique)]
+ShiftValuesParam = Annotated[list[Annotated[float, Field(gt=0.0, lt=1.0)]], Field(
+    min_length=1, description="Target class-1 proportions p_t(y=1) of the shift experiment, each in (0, 1); the "
+                              "source is balanced (p_s(y=1) = 0.5)."), AfterValidator(_unique_sorted)]
+TargetSizesParam = Annotated[list[Annotated[int, Field(ge=10, le=1_000_000)]], Field(
+    min_length=1, description="Target sample sizes m of the size experiment (at p_t(y=1) = size_shift)."),
+    AfterValidator(_unique_sorted)]
+BinsValuesParam = Annotated[list[Annotated[int, Field(ge=2, le=10_000)]], Field(
+    min_length=1, description="Numbers of equal-width bins the predictor is aggregated over in the bins "
+                              "experiment (at m = target_size and p_t(y=1) = size_shift)."),
+    AfterValidator(_unique_sorted)]
+TargetSizeParam = Annotated[int, Field(
+    ge=10, le=1_000_000, description="Target sample size m of the shift and bins experiments (paper: 1000).")]
+SizeShiftParam = Annotated[float, Field(
+    gt=0.0, lt=1.0, description="p_t(y=1) of the size and bins experiments (paper: 0.01, a severe shift).")]
+NSeedsParam = Annotated[int, Field(
+    ge=2, le=100_000, description="Independent draws (source and target sets) per setting; the MSE is averaged "
+                                  "over them (paper: 100).")]
+MethodsParam = Annotated[list[Method], Field(
+    min_length=1, description="Estimators compared in the shift and size experiments."), AfterValidator(_unique)]
+BaseSeedParam = Annotated[int, Field(
+    ge=0, description="Root of the random streams; seed i of a setting draws from (base_seed, setting, i), so "
+                      "results do not depend on how seeds are split into tasks.")]
+SeedsPerTaskParam = Annotated[int | None, Field(
+    ge=1, description="Seeds estimated by one Prefect task. When not set: all seeds of a setting in one task (cheapest "
+                      "orchestration); smaller chunks spread one setting over more workers.")]
+MuParam = Annotated[float, Field(gt=0.0, le=10.0, description="Class means are -mu and +mu (paper: 1).")]
+NSourceParam = Annotated[int, Field(
+    ge=100, le=10_000_000, description="Labelled source examples used to fit each estimator (confusion "
+                                       "matrices, bin calibration).")]
+StoreParam = Annotated[str | None, Field(
+    description="Object store for the result tables and figures: s3://bucket/prefix or a local folder. Empty: "
+                "$LABELSHIFT_STORE, else <home>/store.")]
+TrackingUriParam = Annotated[str | None, Field(
+    description="MLflow tracking URI (http://host:port for a server). When not set: $MLFLOW_TRACKING_URI, else "
+                "sqlite:///<home>/mlflow.db.")]
+MlflowExperimentParam = Annotated[str | None, Field(
+    description="MLflow experiment name. When not set: $LABELSHIFT_MLFLOW_EXPERIMENT, else 'labelshift-reproduce'.")]
+
+
+class ReproduceParameters(BaseModel):
+    """All parameters of the ``reproduce`` flow, validated together.
+
+    The defaults are the ones ``make run`` uses (see the module docstring for the rationale).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: DatasetParam = "gaussian"
+    experiments: ExperimentsParam = list(EXPERIMENTS)
+    shift_values: ShiftValuesParam = list(gaussian.DEFAULT_SHIFTS)
+    target_sizes: TargetSizesParam = list(gaussian.DEFAULT_SIZES)
+    bins_values: BinsValuesParam = list(gaussian.DEFAULT_BINS)
+    target_size: TargetSizeParam = 1000
+    size_shift: SizeShiftParam = 0.01
+    n_seeds: NSeedsParam = 100
+    methods: MethodsParam = list(METHODS)
+    base_seed: BaseSeedParam = 0
+    seeds_per_task: SeedsPerTaskParam = None
+    mu: MuParam = 1.0
+    n_source: NSourceParam = 10_000
+    store: StoreParam = None
+    tracking_uri: TrackingUriParam = None
+    mlflow_experiment: MlflowExperimentParam = None
+
+    @model_validator(mode="after")
+    def _chunks_fit(self) -> "ReproduceParameters":
+        if self.seeds_per_task is not None and self.seeds_per_task > self.n_seeds:
+            raise ValueError(f"seeds_per_task ({self.seeds_per_task}) cannot exceed n_seeds ({self.n_seeds})")
+        return self
+
+    def seed_chunks(self) -> list[list[int]]:
+        """Seeds 0..n_seeds-1 split into the chunks that the estimation tasks receive."""
+        size = self.seeds_per_task or self.n_seeds
+        seeds = list(range(self.n_seeds))
+        return [seeds[i:i + size] for i in range(0, self.n_seeds, size)]
+
+    def grid_values(self, experiment: str) -> list:
+        """The x values of one experiment."""
+        return {"shift": self.shift_values, "size": self.target_sizes, "bins": self.bins_values}[experiment]
+
+    def methods_for(self, experiment: str) -> tuple[str, ...]:
+        """Estimators run in one experiment (the bins experiment has its own pair, see :data:`BINS_METHODS`)."""
+        return BINS_METHODS if experiment == "bins" else tuple(self.methods)
+
+    def as_mlflow_params(self) -> dict[str, str]:
+        """Flat string parameters for the MLflow parent run."""
+        out = {}
+        for name, value in self.model_dump().items():
+            if isinstance(value, list):
+                value = ",".join(str(v) for v in value)
+            out[name] = "" if value is None else str(value)
+        return out

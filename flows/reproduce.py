@@ -1,0 +1,225 @@
+"""The ``reproduce`` flow: the paper's label-shift sweeps (Section 6), fanned out over Prefect tasks.
+
+Per experiment (MSE vs shift, vs target size, vs number of bins) the flow follows Algorithm 1 of the paper: for
+every setting and every seed draw a source and a target set, estimate the weights with each method, score
+them; then aggregate over seeds and log. The estimation tasks (groups of settings x chunks of seeds, sized by
+:mod:`flows.plan`) of all experiments are submitted at once, so the workers stay busy while finished
+experiments are aggregated and logged.
+
+Where the results go (see :mod:`flows.settings` for the defaults):
+
+* MLflow: a parent run per call with the parameters, figures and per-seed tables; a child run per method with
+  the MSE curves as metrics (``step`` = index of the setting), see :mod:`tasks.tracking`;
+* the object store: ``results/<mlflow run id>/`` with CSV tables, figures and ``summary.json``;
+* Prefect: a markdown artifact with the MSE tables and links.
+
+If anything fails, the MLflow runs are closed as FAILED (never left RUNNING) and the flow run fails with the
+original error as its message.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import nullcontext
+
+from prefect import flow, get_run_logger, unmapped
+from prefect.context import get_run_context
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from flows import settings as settings_mod
+from flows.plan import plan as plan_tasks
+from flows.params import (BaseSeedParam, BinsValuesParam, DatasetParam, ExperimentsParam, MethodsParam,
+                          MlflowExperimentParam, MuParam, NSeedsParam, NSourceParam, ReproduceParameters,
+                          SeedsPerTaskParam, ShiftValuesParam, SizeShiftParam, StoreParam, TargetSizeParam,
+                          TargetSizesParam, TrackingUriParam)
+from tasks.estimation import aggregate_sweep, estimate_settings
+from tasks.outputs import records_csv, render_outputs
+from tasks.report import publish_summary, summary_markdown
+from tasks.storage import check_store_uri, results_url, save_experiment, save_summary
+from tasks.tracking import fail_sweep_runs, finish_sweep_runs, git_commit, log_experiment, run_url, \
+    start_sweep_runs
+
+__all__ = ["reproduce", "run_in_process", "active_sweeps", "DEFAULTS"]
+
+#: the defaults of every parameter (also those of ``labelshift reproduce`` and ``make run``)
+DEFAULTS = ReproduceParameters()
+
+#: one line per finished experiment; the CLI prints these, Prefect's run logger records them as well
+progress = logging.getLogger("labelshift.progress")
+
+#: MLflow parent runs of the sweeps running in this process: run id -> tracking URI (see :func:`active_sweeps`)
+_ACTIVE: dict[str, str] = {}
+
+
+def active_sweeps() -> list[tuple[str, str]]:
+    """``(tracking_uri, parent_run_id)`` of the sweeps running in this process, for an interrupt handler that
+    must close their MLflow runs itself."""
+    return [(uri, run_id) for run_id, uri in list(_ACTIVE.items())]
+
+
+def _report(message: str) -> None:
+    progress.info(message)
+    try:
+        get_run_logger().info(message)
+    except Exception:                       # outside a run context (e.g. the flow's .fn in a unit test)
+        pass
+
+
+def _flow_run_info() -> tuple[str, str]:
+    try:
+        run = get_run_context().flow_run
+        return str(run.id), str(run.name)
+    except Exception:
+        return "", ""
+
+
+def _workers() -> int:
+    """Estimation tasks running at once: one per core (numpy releases the GIL in the heavy loops)."""
+    return max(1, os.cpu_count() or 1)
+
+
+@flow(name="reproduce", task_runner=ThreadPoolTaskRunner(max_workers=_workers()), validate_parameters=True)
+def reproduce(
+    dataset: DatasetParam = DEFAULTS.dataset,
+    experiments: ExperimentsParam = DEFAULTS.experiments,
+    shift_values: ShiftValuesParam = DEFAULTS.shift_values,
+    target_sizes: TargetSizesParam = DEFAULTS.target_sizes,
+    bins_values: BinsValuesParam = DEFAULTS.bins_values,
+    target_size: TargetSizeParam = DEFAULTS.target_size,
+    size_shift: SizeShiftParam = DEFAULTS.size_shift,
+    n_seeds: NSeedsParam = DEFAULTS.n_seeds,
+    methods: MethodsParam = DEFAULTS.methods,
+    base_seed: BaseSeedParam = DEFAULTS.base_seed,
+    seeds_per_task: SeedsPerTaskParam = DEFAULTS.seeds_per_task,
+    mu: MuParam = DEFAULTS.mu,
+    n_source: NSourceParam = DEFAULTS.n_source,
+    store: StoreParam = DEFAULTS.store,
+    tracking_uri: TrackingUriParam = DEFAULTS.tracking_uri,
+    mlflow_experiment: MlflowExperimentParam = DEFAULTS.mlflow_experiment,
+) -> dict:
+    """Reproduce the paper's label-shift experiments: weight MSE of each estimator vs shift, target size, bins.
+
+    Args:
+        dataset: Data set. 'gaussian': mixture of two unit-variance Gaussians at -mu and +mu (Example 1), with the
+            true p_s(y|x) as the predictor.
+        experiments: Which sweeps to run: 'shift' (MSE vs p_t(y=1)), 'size' (MSE vs target size m), 'bins' (MSE
+            and minimum Hessian eigenvalue vs number of calibration bins).
+        shift_values: p_t(y=1) values of the shift sweep, each in (0, 1); the source is balanced.
+        target_sizes: Target sizes m of the size sweep (at p_t(y=1) = size_shift).
+        bins_values: Numbers of equal-width bins of the bins sweep (at m = target_size, p_t(y=1) = size_shift).
+        target_size: Target size m of the shift and bins sweeps (paper: 1000).
+        size_shift: p_t(y=1) of the size and bins sweeps (paper: 0.01).
+        n_seeds: Independent source/target draws per setting; the MSE is their mean (paper: 100).
+        methods: Estimators of the shift and size sweeps; the bins sweep compares MLLS-binned with MLLS-CM.
+        base_seed: Root of the random streams; results do not depend on how seeds are split into tasks.
+        seeds_per_task: Seeds per estimation task; empty = all seeds of a setting in one task (cheapest).
+        mu: Distance of each class mean from 0 (paper: 1).
+        n_source: Labelled source examples each estimator is fit on.
+        store: Object store for tables and figures (s3://bucket/prefix or a folder); empty = $LABELSHIFT_STORE
+            or <home>/store.
+        tracking_uri: MLflow tracking URI; empty = $MLFLOW_TRACKING_URI or sqlite:///<home>/mlflow.db.
+        mlflow_experiment: MLflow experiment name; empty = $LABELSHIFT_MLFLOW_EXPERIMENT or labelshift-reproduce.
+
+    Returns:
+        A dict with the MLflow ids and URIs, the store folder, the figures written and the summary rows.
+    """
+    p = ReproduceParameters(**{name: value for name, value in locals().items()
+                               if name in ReproduceParameters.model_fields})
+    env = settings_mod.resolve(store_uri=p.store, tracking_uri=p.tracking_uri, experiment_name=p.mlflow_experiment)
+    check_store_uri(env.store_uri)
+    flow_run_id, flow_run_name = _flow_run_info()
+    t_start = time.perf_counter()
+
+    # 1. the settings of each experiment (Section 6: the x values with the fixed m or p_t(y=1) filled in), cut
+    #    into estimation tasks of a few tenths of a second (groups of settings x chunks of seeds)
+    plan = plan_tasks(p)
+
+    # 2. MLflow first (an unreachable server fails the run before any work): parent run for the sweep, a child
+    #    run per method; their ids are passed explicitly to every task below
+    tags = {"dataset": p.dataset, "prefect.flow_run_id": flow_run_id, "prefect.flow_run_name": flow_run_name,
+            "labelshift.store": env.store_uri}
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    run_name = f"{p.dataset}-{flow_run_name or time.strftime('%Y%m%d-%H%M%S')}"
+    runs = start_sweep_runs(env.tracking_uri, env.experiment_name, env.artifact_root, run_name=run_name,
+                            params=p.as_mlflow_params(), tags=tags,
+                            methods_by_experiment={e: list(p.methods_for(e)) for e in plan})
+    parent_id = runs["parent_run_id"]
+    _ACTIVE[parent_id] = env.tracking_uri
+    try:
+        # 3. fan-out: estimate every method on every (setting, seed), all experiments submitted at once
+        pending = {}
+        for experiment, batches in plan.items():
+            pending[experiment] = estimate_settings.map(
+                [group for group, _ in batches], [seeds for _, seeds in batches],
+                methods=unmapped(list(p.methods_for(experiment))), mu=p.mu, n_source=p.n_source,
+                base_seed=p.base_seed)
+
+        # 4. per experiment, as it finishes: join the seed chunks, aggregate, draw, log, store
+        sweeps, files = [], {}
+        for experiment, futures in pending.items():
+            chunk_results = [r for f in futures for r in f.result()]   # raises the first task error, if any
+            sweep = aggregate_sweep(experiment, chunk_results)
+            outputs = render_outputs(sweep)
+            log_experiment(env.tracking_uri, runs, sweep, outputs)
+            files.update(save_experiment(env.store_uri, parent_id, experiment, outputs))
+            sweeps.append(sweep)
+            best = sweep.methods[int(sweep.mse_mean.mean(axis=0).argmin())]
+            _report(f"{experiment}: {len(sweep.values)} settings x {p.n_seeds} seeds x {len(sweep.methods)} "
+                    f"methods done ({time.perf_counter() - t_start:.1f} s); lowest mean MSE: {best}")
+
+        # 5. the summary: store, MLflow, Prefect artifact
+        summary_rows = [dict(row, experiment=s.kind) for s in sweeps for row in s.to_records()]
+        ui = run_url(env.tracking_uri, runs["experiment_id"], parent_id)
+        links = {"MLflow run": ui or f"run {parent_id} in experiment '{env.experiment_name}' "
+                                     f"(`{env.mlflow_ui_command()}`)",
+                 "results": results_url(env.store_uri, parent_id)}
+        links.update({f"figure {k.rsplit('/', 1)[-1]}": v["url"] for k, v in files.items() if k.endswith(".png")})
+        stored = save_summary(env.store_uri, parent_id, {
+            "parameters": p.model_dump(), "mlflow": {"tracking_uri": env.tracking_uri, "run_id": parent_id,
+                                                     "experiment_id": runs["experiment_id"]},
+            "prefect_flow_run_id": flow_run_id, "rows": summary_rows, "files": files})
+        artifact_key = f"reproduce-{p.dataset}"
+        publish_summary(summary_markdown(f"Label shift sweep on '{p.dataset}'", sweeps, links), key=artifact_key)
+        finish_sweep_runs(env.tracking_uri, runs, records_csv(summary_rows),
+                          tags={"labelshift.results": results_url(env.store_uri, parent_id),
+                                "labelshift.seconds": f"{time.perf_counter() - t_start:.1f}"})
+    except BaseException as exc:
+        cause = f"{type(exc).__name__}: {exc}"
+        status = "KILLED" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        try:
+            fail_sweep_runs(env.tracking_uri, parent_id, cause, status=status)
+        except Exception as close_exc:          # keep the original error; say that MLflow could not be updated
+            _report(f"could not mark MLflow run {parent_id} {status}: {close_exc}")
+        raise
+    finally:
+        _ACTIVE.pop(parent_id, None)
+
+    return {
+        "mlflow": {"tracking_uri": env.tracking_uri, "experiment_id": runs["experiment_id"],
+                   "experiment_name": env.experiment_name, "run_id": parent_id,
+                   "child_run_ids": runs["child_run_ids"], "ui": ui, "ui_command": env.mlflow_ui_command()},
+        "store": {"uri": env.store_uri, "results": results_url(env.store_uri, parent_id),
+                  "summary": stored["url"]},
+        "figures": {k.rsplit("/", 1)[-1]: v["url"] for k, v in files.items() if k.endswith(".png")},
+        "rows": summary_rows,
+        "seconds": time.perf_counter() - t_start,
+    }
+
+
+def run_in_process(params: ReproduceParameters, *, temporary_server: bool):
+    """Run the flow in this process (as ``labelshift reproduce`` does) and return its final Prefect state.
+
+    With ``temporary_server`` (no PREFECT_API_URL: Prefect's temporary server lives only as long as this process)
+    flow-run heartbeats are switched off. They let a lasting server mark a run Crashed when its process
+    disappears, which a temporary server cannot outlive to do; and in Prefect 3.9 their thread, which sleeps in
+    one-second steps, is joined at the end of each run, adding up to a second.
+    """
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    quiet_heartbeats = temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}) \
+        if temporary_server else nullcontext()
+    with quiet_heartbeats:
+        return reproduce(**params.model_dump(), return_state=True)
