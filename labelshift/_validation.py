@@ -12,7 +12,7 @@ from .errors import InputError
 ROW_SUM_TOL = 1e-4
 
 
-def as_float_array(x, name: str, ndim: int | tuple[int, ...]) -> np.ndarray:
+def as_float_array(x, name: str, ndim: int | tuple[int, ...], check_finite: bool = True) -> np.ndarray:
     """Convert ``x`` to a float64 array with the given number of dimensions; reject NaN/inf and empties."""
     try:
         arr = np.asarray(x, dtype=np.float64)
@@ -24,15 +24,53 @@ def as_float_array(x, name: str, ndim: int | tuple[int, ...]) -> np.ndarray:
         raise InputError(f"{name} must be {want}, got an array of shape {arr.shape}.")
     if arr.size == 0:
         raise InputError(f"{name} is empty (shape {arr.shape}); pass at least one row and one class.")
+    if check_finite:
+        _check_finite(arr, name)
+    return arr
+
+
+def _check_finite(arr: np.ndarray, name: str) -> None:
     if not np.all(np.isfinite(arr)):
         bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
         raise InputError(f"{name} contains {bad} NaN or infinite value(s); remove or impute those rows first.")
-    return arr
+
+
+#: rows per block of the fast probability check (~1 MB of float64 per block at k = 10, so each block is read
+#: from memory once and checked twice in cache)
+_BLOCK_BYTES = 2**20
+
+
+def _valid_probability_rows(arr: np.ndarray) -> bool:
+    """True when every entry is finite and >= 0 and every row sums to 1 within ROW_SUM_TOL.
+
+    The fast path of :func:`check_probabilities` for large (batched) inputs: per block of rows, the minimum (NaN
+    propagates into it, -inf fails it) and the row sums as a matrix-vector product with ones (+inf and NaN make
+    them fail); about 10x cheaper than ``isfinite``, ``< 0`` and ``sum(axis=-1)`` over the whole array.
+    """
+    k = arr.shape[-1]
+    flat = arr.reshape(-1, k)
+    ones = np.ones(k)
+    step = max(1, _BLOCK_BYTES // (8 * k))
+    for a in range(0, flat.shape[0], step):
+        block = flat[a:a + step]
+        if not block.min() >= 0.0:
+            return False
+        dev = block @ ones
+        dev -= 1.0
+        if not (dev.max() <= ROW_SUM_TOL and dev.min() >= -ROW_SUM_TOL):
+            return False
+    return True
 
 
 def check_probabilities(x, name: str, ndim: int | tuple[int, ...] = 2) -> np.ndarray:
     """A matrix (or batch) of probability vectors over classes in its last axis."""
-    arr = as_float_array(x, name, ndim)
+    arr = as_float_array(x, name, ndim, check_finite=False)
+    if _valid_probability_rows(arr):
+        if arr.shape[-1] < 2:
+            raise InputError(f"{name} has {arr.shape[-1]} class column(s); label shift needs at least 2 classes.")
+        return arr
+    # something is wrong: find what, in a fixed order, for the message
+    _check_finite(arr, name)
     if arr.shape[-1] < 2:
         raise InputError(f"{name} has {arr.shape[-1]} class column(s); label shift needs at least 2 classes.")
     if np.any(arr < 0):
@@ -104,7 +142,8 @@ def check_target_batch(target, name: str, n_classes: int):
 
     Accepts an (m, k) array (one set), an (S, m, k) array, or a list of (m_s, k) arrays of different m.
     Returns ``(probs, mask, is_batch)`` where ``probs`` is (S, M, k) padded with uniform rows, ``mask`` is
-    (S, M) with 1.0 on real rows, and ``is_batch`` says whether the caller passed a batch.
+    (S, M) with 1.0 on real rows, and ``is_batch`` says whether the caller passed a batch. An array input needs
+    no padding and is returned without a copy when it already is float64 (callers only read it).
     """
     if isinstance(target, Sequence) and not isinstance(target, (str, bytes)) and len(target) > 0 and \
             np.ndim(target[0]) == 2:
@@ -113,12 +152,18 @@ def check_target_batch(target, name: str, n_classes: int):
     else:
         arr = check_probabilities(target, name, (2, 3))
         is_batch = arr.ndim == 3
-        sets = list(arr) if is_batch else [arr]
+        if arr.shape[-1] != n_classes:
+            where = f"{name}[0]" if is_batch else name
+            raise InputError(
+                f"{where} has {arr.shape[-1]} classes but the estimator was fit on {n_classes}; source and target "
+                "outputs must come from the same classifier."
+            )
+        probs = arr if is_batch else arr[None]
+        return probs, np.ones(probs.shape[:2]), is_batch
     for i, s in enumerate(sets):
         if s.shape[1] != n_classes:
-            where = f"{name}[{i}]" if is_batch else name
             raise InputError(
-                f"{where} has {s.shape[1]} classes but the estimator was fit on {n_classes}; source and target "
+                f"{name}[{i}] has {s.shape[1]} classes but the estimator was fit on {n_classes}; source and target "
                 "outputs must come from the same classifier."
             )
     m_max = max(s.shape[0] for s in sets)

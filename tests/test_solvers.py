@@ -212,3 +212,121 @@ def test_rlls_with_zero_rho_is_bbse_when_feasible():
     assert res.converged.all()
     np.testing.assert_allclose(res.weights, sv.bbse_solve(C, mu), atol=1e-8)
     np.testing.assert_allclose(sv.bbse_solve(C, mu), w, atol=1e-13)
+
+
+# -- the fast paths: chunking, SQUAREM, the warm-started Newton polish -------------------------------------------
+def _shifted_batch(seed, alpha=0.1, S=6, k=6, m=800, sep=2.0):
+    """S target sets under Dirichlet(alpha) shift (alpha = 0.1: several classes absent, optimum on the boundary)."""
+    rng = np.random.default_rng(seed)
+    ps = rng.dirichlet(np.full(k, 5.0))
+    P = np.stack([gaussian_posteriors(rng, k, m, rng.dirichlet(np.full(k, alpha)), ps, sep)[0] for _ in range(S)])
+    return P, ps
+
+
+SOLVES = {
+    "newton": sv.mlls_newton,
+    "ipm": lambda *a, **kw: sv.mlls_newton(*a, method="ipm", **kw),
+    "em": sv.mlls_em,
+    "squarem": lambda *a, **kw: sv.mlls_em(*a, accelerate=True, **kw),
+}
+
+
+@pytest.mark.parametrize("name", SOLVES)
+def test_results_do_not_depend_on_chunks_or_batch_composition(name):
+    """Each problem is solved with its own arithmetic whatever else is in its chunk (bit for bit on our machines;
+    1e-12 allows for BLAS kernels that round differently on differently aligned data)."""
+    solve = SOLVES[name]
+    P, ps = _shifted_batch(11)
+    base = solve(P, ps)
+    assert base.converged.all()
+    for chunk in (1, 4):
+        np.testing.assert_allclose(solve(P, ps, chunk_size=chunk).weights, base.weights, rtol=0, atol=1e-12)
+    perm = [3, 0, 5, 1, 4, 2]
+    np.testing.assert_allclose(solve(P[perm], ps).weights, base.weights[perm], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(solve(P[2], ps).weights, base.weights[2], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="chunk_size"):
+        solve(P, ps, chunk_size=0)
+
+
+@settings(max_examples=20, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(k=st.integers(2, 8), m=st.sampled_from([40, 400, 3000]), alpha=st.sampled_from([0.05, 0.1, 0.3, 1.0]),
+       sep=st.sampled_from([1.0, 2.0, 4.0]), seed=st.integers(0, 2**31 - 1))
+def test_squarem_polish_and_interior_point_agree_to_1e_8(k, m, alpha, sep, seed):
+    """The default Newton path (float32 SQUAREM warm start + float64 active-set Newton polish), the interior-point
+    method and SQUAREM-accelerated EM reach the same optimum; severe shift puts it on the boundary of W."""
+    rng = np.random.default_rng(seed)
+    ps = rng.dirichlet(np.full(k, 10.0))
+    P, _ = gaussian_posteriors(rng, k, m, rng.dirichlet(np.full(k, alpha)), ps, sep)
+    polish = sv.mlls_newton(P, ps, tol=1e-12)
+    ipm = sv.mlls_newton(P, ps, tol=1e-12, method="ipm", max_iter=500)
+    squarem = sv.mlls_em(P, ps, tol=1e-12, accelerate=True, max_iter=200_000)
+    assert polish.converged and ipm.converged and squarem.converged
+    np.testing.assert_allclose(polish.weights, ipm.weights, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(squarem.weights, ipm.weights, rtol=0, atol=1e-8)
+    assert polish.weights @ ps == pytest.approx(1.0, abs=1e-12) and np.all(polish.weights >= 0)
+    assert polish.optimality <= 1e-12
+
+
+def test_squarem_on_the_boundary_needs_far_fewer_em_steps():
+    rng = np.random.default_rng(1)
+    ps = np.array([0.3, 0.3, 0.2, 0.2])
+    P, _ = gaussian_posteriors(rng, 4, 2000, [0.7, 0.3, 0.0, 0.0], ps, sep=2.0)
+    em = sv.mlls_em(P, ps)
+    squarem = sv.mlls_em(P, ps, accelerate=True)
+    assert em.converged and squarem.converged
+    np.testing.assert_allclose(squarem.weights, em.weights, atol=1e-8)
+    # a SQUAREM cycle costs 2 EM steps (3 after a rejected jump)
+    assert 3 * squarem.iterations < em.iterations / 3, (squarem.iterations, em.iterations)
+
+
+@pytest.mark.parametrize("case", ["interior coordinate pinned", "boundary coordinate raised", "far start"])
+def test_newton_polish_repairs_a_wrong_face(case):
+    """The active-set polish, started on the wrong face, frees the coordinate that belongs in the support (from 0:
+    via the best point on the segment to its vertex) and pins the one that belongs on the boundary."""
+    rng = np.random.default_rng(3)
+    ps = np.array([0.3, 0.3, 0.2, 0.2])
+    P, _ = gaussian_posteriors(rng, 4, 2000, [0.6, 0.4, 0.0, 0.0], ps, sep=2.0)
+    best = sv.mlls_newton(P, ps, method="ipm", tol=1e-12).weights
+    start = best.copy()
+    j, value = {"interior coordinate pinned": (1, 0.0), "boundary coordinate raised": (int(np.argmin(best)), 0.5),
+                "far start": (0, 3.0)}[case]
+    start[j] = value
+    start /= start @ ps
+    Pb, cn, psb, _, _ = sv._prepare(P, ps, None, None)
+    PT = sv._transposed(Pb, np.float64)
+    w, conv, _, gap, failed = sv._polish_chunk(PT, cn, psb, PT.astype(np.float32), start[None], 1e-12, 30)
+    assert conv[0] and not failed[0] and gap[0] <= 1e-12
+    np.testing.assert_allclose(w[0], best, rtol=0, atol=1e-9)
+
+
+def test_newton_falls_back_to_the_interior_point_method(monkeypatch):
+    P, ps = _shifted_batch(4, S=3)
+    ipm = sv.mlls_newton(P, ps, method="ipm")
+    monkeypatch.setattr(sv, "_POLISH_ITER", 1)          # no polish can certify in one iteration
+    res = sv.mlls_newton(P, ps)
+    assert res.converged.all()
+    np.testing.assert_allclose(res.weights, ipm.weights, rtol=0, atol=1e-9)
+    assert np.all(res.iterations > ipm.iterations)      # warm start + polish + interior point, all counted
+    assert not sv.mlls_newton(P, ps, max_iter=1).converged.any()    # max_iter caps the Newton iterations
+
+
+@pytest.mark.parametrize("name", ["newton", "ipm", "squarem"])
+def test_fast_paths_on_degenerate_inputs(name):
+    """Flat likelihoods (every row equal to p_s: any w in W is optimal), hard one-hot rows, probabilities that
+    underflow float32, and count weights: converged, feasible, and as good as the interior-point optimum."""
+    solve = SOLVES[name]
+    rng = np.random.default_rng(12)
+    ps = np.array([0.1, 0.2, 0.3, 0.4])
+    extreme = np.exp(-rng.exponential(300.0, size=(300, 4)))
+    cases = [
+        (np.tile(ps, (50, 1)), None),
+        (np.eye(4)[rng.integers(0, 2, 200)], None),
+        (extreme / extreme.sum(axis=1, keepdims=True), None),
+        (rng.dirichlet(np.ones(4), size=4), np.array([10.0, 0.0, 3.0, 1.0])),
+    ]
+    for P, mask in cases:
+        res = solve(P, ps, mask, tol=1e-10)
+        ref = sv.mlls_newton(P, ps, mask, tol=1e-10, method="ipm")
+        assert res.converged
+        assert res.weights @ ps == pytest.approx(1.0, abs=1e-12) and np.all(res.weights >= 0)
+        assert sv.mlls_objective(P, res.weights, mask) >= sv.mlls_objective(P, ref.weights, mask) - 1e-10
