@@ -17,7 +17,7 @@ class              method                                                       
 ``BBSE``           solve C w = mu_t with the joint confusion matrix (Lipton et al. 2018)  BBSE-hard/-soft
 ``RLLS``           regularised BBSE, unsquared norms (Azizzadenesheli et al. 2019)        RLLS-hard/-soft
 ``MLLS``           maximum likelihood, eq. (mlls-sample) (Saerens et al. 2002 EM,         MLLS
-                   or a primal-dual Newton method)
+                   or an accelerated-EM + Newton solver)
 ``MLLSCM``         MLLS on the confusion-matrix calibration, eq. (cm-log)                 MLLS-CM
 ``MLLSBinned``     MLLS on a binned calibration (Section 6, Figure 2)                    MLLS-binned
 ``PCC``            mean prediction / p_s (probabilistic classify-and-count baseline)      PCC
@@ -271,9 +271,11 @@ class MLLS(_MLLSBase):
     Theorem (consistency) MLLS is consistent when f is canonically calibrated).
 
     Args:
-        solver: ``"newton"`` (default) -- the primal-dual interior-point Newton method
-            :func:`labelshift.solvers.mlls_newton` (10-20 iterations, robust under severe shift, several times
-            faster than EM there); or ``"em"`` -- the EM algorithm of Saerens, Latinne & Decaestecker (2002),
+        solver: ``"newton"`` (default) -- :func:`labelshift.solvers.mlls_newton`: a SQUAREM-accelerated EM warm
+            start (Varadhan & Roland 2008) in float32, then a few float64 Newton steps on the face of W it points
+            to, certified by the duality gap; the primal-dual interior-point method (``method="ipm"`` of the
+            solver) is its fallback. Robust under severe shift and several times faster than EM there. Or
+            ``"em"`` -- the EM algorithm of Saerens, Latinne & Decaestecker (2002),
             :func:`labelshift.solvers.mlls_em`, which converges slowly when the optimum lies on the boundary of W.
             Both stop on a tight optimality test (Frank-Wolfe duality gap <= tol and a step / error estimate
             <= tol), not on an iteration cap, and reach the same optimum.
