@@ -14,8 +14,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -e '.[test]'
 	touch $(STAMP)
 
+# the two-Gaussian sweeps, then mnist-5k (LeNet trained on CPU, 20 epochs; BCTS; 100-seed Dirichlet-shift sweeps)
 run: setup
 	$(BIN)/labelshift reproduce
+	$(BIN)/labelshift reproduce --dataset mnist-5k
+	$(BIN)/labelshift report
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -4,6 +4,8 @@
     labelshift serve [options]       serve the reproduce flow as a deployment; launch sweeps from the Prefect UI
     labelshift stack up|down|status  the local no-Docker stack (SeaweedFS S3, MLflow, Prefect) when installed
     labelshift where                 print where state, results and tracking go, and how to open the UIs
+    labelshift data push NAME        build an image dataset and write it to the object store
+    labelshift report [--out DIR]    a markdown results page (tables, figures, the paper's claims) from MLflow
 
 Prefect and MLflow are imported only after the environment is set up (:mod:`flows.settings`), because Prefect
 reads its settings once, at import; ``--help`` and parameter errors therefore answer without importing them.
@@ -29,7 +31,8 @@ __all__ = ["main", "build_parser"]
 PROG = "labelshift"
 
 #: option name of each flow parameter (where it differs from --<name with dashes>)
-OPTION_OF = {"n_seeds": "--seeds", "bins_values": "--bins", "mlflow_experiment": "--experiment-name"}
+OPTION_OF = {"n_seeds": "--seeds", "bins_values": "--bins", "mlflow_experiment": "--experiment-name",
+             "alpha_values": "--alphas"}
 
 #: a grid that runs in seconds (smoke test of a fresh install)
 QUICK = dict(shift_values=[0.05, 0.2, 0.5], target_sizes=[100, 1000], bins_values=[2, 8], n_seeds=10)
@@ -80,7 +83,7 @@ def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
 
 def _add_reproduce(sub) -> None:
     p = sub.add_parser(
-        "reproduce", help="run the paper's two-Gaussian sweeps (MSE vs shift, target size, bins)",
+        "reproduce", help="run the paper's sweeps (two Gaussians; image datasets: MSE vs Dirichlet alpha, size)",
         description=textwrap.fill(
             "Run the label-shift sweeps of the paper (Garg et al. 2020, Section 6) as a Prefect flow and log them to "
             "MLflow: for each setting and seed draw source and target sets, estimate the importance weights with "
@@ -92,11 +95,12 @@ def _add_reproduce(sub) -> None:
                "  labelshift reproduce --quick                 # a tiny grid, a smoke test\n"
                "  labelshift reproduce --experiments shift --shift-values 0.01,0.1,0.5 --seeds 20\n"
                "  labelshift reproduce --store s3://bucket/labelshift --tracking-uri http://127.0.0.1:5000\n"
+               "  labelshift reproduce --dataset mnist-5k      # train, calibrate, Dirichlet-shift sweeps\n"
                "Lists are comma-separated. Exit status: 0 done, 1 the sweep failed, 2 bad options, 130 interrupted.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p, top=False)
     g = p.add_argument_group("what to run")
-    g.add_argument("--dataset", choices=["gaussian"], help=_help("dataset"))
+    g.add_argument("--dataset", choices=["gaussian", "mnist-5k", "digits", "mnist", "cifar10"], help=_help("dataset"))
     g.add_argument("--experiments", type=_csv(str), metavar="LIST",
                    help=_help("experiments", f" Choose from {','.join(EXPERIMENTS)}."))
     g.add_argument("--shift-values", type=_csv(float), metavar="LIST", help=_help("shift_values"))
@@ -111,6 +115,14 @@ def _add_reproduce(sub) -> None:
     g.add_argument("--base-seed", type=int, metavar="S", help=_help("base_seed"))
     g.add_argument("--mu", type=float, help=_help("mu"))
     g.add_argument("--n-source", type=int, metavar="N", help=_help("n_source"))
+    i = p.add_argument_group("image datasets")
+    i.add_argument("--alphas", dest="alpha_values", type=_csv(float), metavar="LIST", help=_help("alpha_values"))
+    i.add_argument("--size-alpha", type=float, metavar="A", help=_help("size_alpha"))
+    i.add_argument("--model-seeds", type=int, metavar="N", help=_help("model_seeds"))
+    i.add_argument("--epochs", type=int, metavar="N", help=_help("epochs"))
+    i.add_argument("--train-limit", type=int, metavar="N", help=_help("train_limit"))
+    i.add_argument("--calibrators", type=_csv(str), metavar="LIST", help=_help("calibrators"))
+    i.add_argument("--good-accuracy", type=float, metavar="A", help=_help("good_accuracy"))
     g.add_argument("--quick", action="store_true",
                    help="a tiny grid that finishes in seconds (" +
                         "; ".join(f"{_option(k)} {','.join(map(str, v)) if isinstance(v, list) else v}"
@@ -164,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_reproduce(sub)
     _add_serve(sub)
     _add_where(sub)
+    _add_data(sub)
+    _add_report(sub)
     try:
         from flows import stack      # written separately; the command is optional until it exists
     except ImportError:
@@ -325,6 +339,81 @@ def _cmd_serve(args) -> int:
 
     env = _setup(args, store_uri=args.store, tracking_uri=args.tracking_uri)
     return serve_mod.serve_reproduce(env, name=args.name, port=args.port, limit=args.limit)
+
+
+# -- data push -----------------------------------------------------------------------------------------------------
+def _add_data(sub) -> None:
+    p = sub.add_parser("data", help="image datasets in the object store (labelshift data push NAME)",
+                       description="Manage the image datasets the reproduce flow reads from the object store.")
+    _common(p, top=False)
+    dsub = p.add_subparsers(dest="data_command", metavar="<action>")
+    push = dsub.add_parser(
+        "push", help="build a dataset and write it to the store",
+        description="Build dataset NAME in the canonical layout (train/valid/test arrays plus a manifest with "
+                    "checksums) and write it under --to. mnist-5k and digits ship inside installed packages; "
+                    "mnist and cifar10 need --from DIR (MNIST's idx files, CIFAR-10's python batches) or "
+                    "--download (internet).",
+        epilog="examples:\n  labelshift data push mnist-5k\n"
+               "  labelshift data push mnist --from ~/data/mnist --to s3://bucket/labelshift/datasets/mnist\n"
+               "The reproduce flow reads <store>/datasets/NAME, the default of --to.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(push, top=False)
+    push.add_argument("name", metavar="NAME", help="mnist, cifar10, mnist-5k or digits")
+    push.add_argument("--to", metavar="URI", help="destination prefix: s3://bucket/prefix or a folder "
+                                                  "(default: <store>/datasets/NAME, where reproduce reads it)")
+    push.add_argument("--from", dest="source_dir", metavar="DIR", help="folder with the standard source files")
+    push.add_argument("--download", action="store_true", help="download the source files (needs internet)")
+    push.add_argument("--seed", type=int, default=0, help="seed of the stratified splits (default: 0)")
+    push.set_defaults(handler=_cmd_data_push)
+    p.set_defaults(handler=lambda args: (p.print_help(), 2)[1])
+
+
+def _cmd_data_push(args) -> int:
+    from labelshift.datasets import DATASETS
+    from labelshift.datasets import push_dataset
+    from labelshift.storage import open_store
+
+    if args.name not in DATASETS:
+        raise UsageError(f"unknown dataset {args.name!r}; choose from {', '.join(sorted(DATASETS))}")
+    if args.source_dir and args.download:
+        raise UsageError("give either --from DIR or --download, not both")
+    if args.source_dir and not os.path.isdir(os.path.expanduser(args.source_dir)):
+        raise UsageError(f"--from {args.source_dir}: no such folder")
+    env = settings_mod.resolve(getattr(args, "home", None))
+    to = args.to or f"{env.store_uri.rstrip('/')}/datasets/{args.name}"
+    store = open_store(to)
+    t0 = time.perf_counter()
+    manifest = push_dataset(args.name, store, "", source_dir=args.source_dir and os.path.expanduser(args.source_dir),
+                            download=args.download, seed=args.seed)
+    counts = {s: sum(c) for s, c in manifest["class_counts"].items()}
+    print(f"pushed {args.name} to {_local_path(store.uri)} in {time.perf_counter() - t0:.1f} s: "
+          + ", ".join(f"{s} {n}" for s, n in counts.items()))
+    return 0
+
+
+# -- report --------------------------------------------------------------------------------------------------------
+def _add_report(sub) -> None:
+    p = sub.add_parser(
+        "report", help="write a markdown results page from the MLflow runs",
+        description="Query the MLflow experiment for the latest finished sweep of each dataset and write "
+                    "results.md (one table per dataset and experiment: MSE per method and setting with standard "
+                    "errors; how the claims of the paper's Section 6 fare, computed from the numbers) with the "
+                    "figures beside it.")
+    _common(p, top=False)
+    p.add_argument("--out", metavar="DIR", default=None, help="output folder (default: <home>/report)")
+    p.add_argument("--tracking-uri", metavar="URI", help="MLflow tracking URI (default: as for reproduce)")
+    p.add_argument("--experiment-name", metavar="NAME", help="MLflow experiment (default: as for reproduce)")
+    p.set_defaults(handler=_cmd_report)
+
+
+def _cmd_report(args) -> int:
+    env = _setup(args, tracking_uri=args.tracking_uri, experiment_name=args.experiment_name)
+    from tasks.results_page import write_report
+
+    out = args.out or str(env.home / "report")
+    page = write_report(env.tracking_uri, env.experiment_name, out)
+    print(f"report: {page}")
+    return 0
 
 
 # -- where ---------------------------------------------------------------------------------------------------------

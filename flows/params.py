@@ -14,13 +14,24 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from labelshift.experiments import gaussian
+from labelshift.experiments import gaussian, images
 
-Dataset = Literal["gaussian"]
-Experiment = Literal["shift", "size", "bins"]
-Method = Literal["BBSE-hard", "BBSE-soft", "RLLS", "RLLS-soft", "MLLS-CM", "MLLS", "PCC"]
+Dataset = Literal["gaussian", "mnist-5k", "digits", "mnist", "cifar10"]
+Experiment = Literal["shift", "size", "bins", "alpha"]
+Method = Literal["BBSE-hard", "BBSE-soft", "RLLS", "RLLS-soft", "MLLS-CM", "MLLS", "PCC", "MLLS-uncal"]
+Calibrator = Literal["BCTS", "TS", "VS", "NBVS"]
+
+#: the image datasets (Dirichlet-shift sweeps on a trained network's calibrated outputs)
+IMAGE_DATASETS: tuple[str, ...] = ("mnist-5k", "digits", "mnist", "cifar10")
+#: experiments of the image datasets: MSE vs Dirichlet alpha, MSE vs target size m
+IMAGE_EXPERIMENTS: tuple[str, ...] = ("alpha", "size")
+#: methods of the image sweeps: the paper's four plus MLLS on the uncalibrated softmax
+IMAGE_METHODS: tuple[str, ...] = tuple(images.METHODS)
+#: target size of the image alpha sweep (paper: 5000)
+IMAGE_TARGET_SIZE = 5000
 
 EXPERIMENTS: tuple[str, ...] = ("shift", "size", "bins")
+GAUSSIAN_TARGET_SIZE = 1000
 #: the methods of the paper's Figure 1 (the default); RLLS-soft and PCC can be added
 METHODS: tuple[str, ...] = tuple(gaussian.METHODS)
 #: the bins experiment compares MLLS on a predictor binned into n equal-width bins with MLLS-CM (Figure 2)
@@ -41,11 +52,16 @@ def _unique_sorted(values: list) -> list:
 
 DatasetParam = Annotated[Dataset, Field(
     description="Data set of the sweep. 'gaussian': the paper's mixture of two unit-variance Gaussians "
-                "(Example 1) with the true p_s(y|x) as the predictor.")]
+                "(Example 1) with the true p_s(y|x) as the predictor. 'mnist-5k', 'digits' (offline, pushed to "
+                "the store on first use), 'mnist', 'cifar10' (push them first with `labelshift data push`): a "
+                "network trained on the train pool, BCTS-calibrated on the valid pool, Dirichlet-shifted target "
+                "sets from the test pool. For an image dataset the Gaussian defaults of experiments, methods and "
+                "target_size are replaced by alpha+size, the image methods and 5000.")]
 ExperimentsParam = Annotated[list[Experiment], Field(
     min_length=1, description="Which experiments to run: 'shift' (MSE vs p_t(y=1) at a fixed target size), "
                               "'size' (MSE vs target size m at a fixed shift), 'bins' (MSE and the minimum "
-                              "Hessian eigenvalue vs the number of calibration bins)."),
+                              "Hessian eigenvalue vs the number of calibration bins); image datasets: 'alpha' "
+                              "(MSE vs Dirichlet alpha at m = target_size) and 'size' (at alpha = size_alpha)."),
     AfterValidator(_unique)]
 ShiftValuesParam = Annotated[list[Annotated[float, Field(gt=0.0, lt=1.0)]], Field(
     min_length=1, description="Target class-1 proportions p_t(y=1) of the shift experiment, each in (0, 1); the "
@@ -65,7 +81,26 @@ NSeedsParam = Annotated[int, Field(
     ge=2, le=100_000, description="Independent draws (source and target sets) per setting; the MSE is averaged "
                                   "over them (paper: 100).")]
 MethodsParam = Annotated[list[Method], Field(
-    min_length=1, description="Estimators compared in the shift and size experiments."), AfterValidator(_unique)]
+    min_length=1, description="Estimators compared in the shift, size and alpha experiments; 'MLLS-uncal' (MLLS "
+                              "on the raw softmax) only for image datasets."), AfterValidator(_unique)]
+AlphaValuesParam = Annotated[list[Annotated[float, Field(gt=0.0, le=1e4)]], Field(
+    min_length=1, description="Dirichlet concentrations alpha of the alpha experiment (image datasets; smaller is "
+                              "more severe shift)."), AfterValidator(_unique_sorted)]
+SizeAlphaParam = Annotated[float, Field(
+    gt=0.0, le=1e4, description="Dirichlet alpha of the size experiment on image datasets (paper: 0.1).")]
+ModelSeedsParam = Annotated[int, Field(
+    ge=1, le=100, description="Networks trained per image dataset (model seeds 0..n-1); seed s of a sweep uses "
+                              "model s mod n (Alexandari et al.: 10 models x 10 draws).")]
+EpochsParam = Annotated[int | None, Field(
+    ge=1, le=1000, description="Training epochs; empty = the dataset's default (labelshift.training).")]
+TrainLimitParam = Annotated[int | None, Field(
+    ge=20, description="Train on a class-stratified subset of this many examples (smoke tests); empty = all.")]
+CalibratorsParam = Annotated[list[Calibrator], Field(
+    min_length=1, description="Calibrators fit on the valid logits and saved; MLLS uses the first (paper: BCTS)."),
+    AfterValidator(_unique)]
+GoodAccuracyParam = Annotated[float, Field(
+    ge=0.0, le=1.0, description="Test accuracy from which a newly trained model gets the 'latest-good' alias in "
+                                "the MLflow model registry.")]
 BaseSeedParam = Annotated[int, Field(
     ge=0, description="Root of the random streams; seed i of a setting draws from (base_seed, setting, i), so "
                       "results do not depend on how seeds are split into tasks.")]
@@ -99,7 +134,7 @@ class ReproduceParameters(BaseModel):
     shift_values: ShiftValuesParam = list(gaussian.DEFAULT_SHIFTS)
     target_sizes: TargetSizesParam = list(gaussian.DEFAULT_SIZES)
     bins_values: BinsValuesParam = list(gaussian.DEFAULT_BINS)
-    target_size: TargetSizeParam = 1000
+    target_size: TargetSizeParam = GAUSSIAN_TARGET_SIZE
     size_shift: SizeShiftParam = 0.01
     n_seeds: NSeedsParam = 100
     methods: MethodsParam = list(METHODS)
@@ -110,6 +145,47 @@ class ReproduceParameters(BaseModel):
     store: StoreParam = None
     tracking_uri: TrackingUriParam = None
     mlflow_experiment: MlflowExperimentParam = None
+    alpha_values: AlphaValuesParam = list(images.DEFAULT_ALPHAS)
+    size_alpha: SizeAlphaParam = 0.1
+    model_seeds: ModelSeedsParam = 1
+    epochs: EpochsParam = None
+    train_limit: TrainLimitParam = None
+    calibrators: CalibratorsParam = ["BCTS"]
+    good_accuracy: GoodAccuracyParam = 0.9
+
+    @model_validator(mode="before")
+    @classmethod
+    def _image_defaults(cls, data):
+        """For an image dataset, swap the Gaussian defaults of experiments, methods and target_size for the
+        image ones (a value equal to the Gaussian default counts as not given: the flow and its deployment form
+        always pass every parameter)."""
+        if isinstance(data, dict) and data.get("dataset") in IMAGE_DATASETS:
+            data = dict(data)
+            if list(data.get("experiments") or EXPERIMENTS) == list(EXPERIMENTS):
+                data["experiments"] = list(IMAGE_EXPERIMENTS)
+            if list(data.get("methods") or METHODS) == list(METHODS):
+                data["methods"] = list(IMAGE_METHODS)
+            if data.get("target_size") in (None, GAUSSIAN_TARGET_SIZE):
+                data["target_size"] = IMAGE_TARGET_SIZE
+        return data
+
+    @model_validator(mode="after")
+    def _fits_dataset(self) -> "ReproduceParameters":
+        if self.is_image:
+            bad = [e for e in self.experiments if e not in IMAGE_EXPERIMENTS]
+            if bad:
+                raise ValueError(f"experiments {bad} are for the 'gaussian' dataset; image datasets run "
+                                 f"{', '.join(IMAGE_EXPERIMENTS)}")
+        else:
+            if "alpha" in self.experiments:
+                raise ValueError("the 'alpha' experiment (Dirichlet shift) needs an image dataset")
+            if "MLLS-uncal" in self.methods:
+                raise ValueError("'MLLS-uncal' needs an image dataset (the Gaussian predictor is exact)")
+        return self
+
+    @property
+    def is_image(self) -> bool:
+        return self.dataset in IMAGE_DATASETS
 
     @model_validator(mode="after")
     def _chunks_fit(self) -> "ReproduceParameters":
@@ -125,7 +201,8 @@ class ReproduceParameters(BaseModel):
 
     def grid_values(self, experiment: str) -> list:
         """The x values of one experiment."""
-        return {"shift": self.shift_values, "size": self.target_sizes, "bins": self.bins_values}[experiment]
+        return {"shift": self.shift_values, "size": self.target_sizes, "bins": self.bins_values,
+                "alpha": self.alpha_values}[experiment]
 
     def methods_for(self, experiment: str) -> tuple[str, ...]:
         """Estimators run in one experiment (the bins experiment has its own pair, see :data:`BINS_METHODS`)."""

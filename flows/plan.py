@@ -12,7 +12,7 @@ Plain Python (no Prefect import), so the CLI can describe the plan before it sta
 from __future__ import annotations
 
 from flows.params import ReproduceParameters
-from labelshift.experiments import gaussian
+from labelshift.experiments import gaussian, images
 
 __all__ = ["TASK_WORK", "experiment_settings", "plan_tasks", "plan"]
 
@@ -22,8 +22,10 @@ TASK_WORK = 2_000_000
 
 def experiment_settings(p: ReproduceParameters, experiment: str) -> list:
     """The settings of one experiment: its x values with the fixed target size or shift filled in (Section 6)."""
+    if p.is_image:
+        return images.settings_grid(experiment, p.grid_values(experiment), m=p.target_size, alpha=p.size_alpha)
     if p.dataset != "gaussian":
-        raise ValueError(f"unknown dataset {p.dataset!r}; available: gaussian")
+        raise ValueError(f"unknown dataset {p.dataset!r}")
     return gaussian.settings_grid(experiment, p.grid_values(experiment), m=p.target_size, p1=p.size_shift)
 
 

@@ -29,11 +29,14 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import settings as settings_mod
 from flows.plan import plan as plan_tasks
-from flows.params import (BaseSeedParam, BinsValuesParam, DatasetParam, ExperimentsParam, MethodsParam,
-                          MlflowExperimentParam, MuParam, NSeedsParam, NSourceParam, ReproduceParameters,
-                          SeedsPerTaskParam, ShiftValuesParam, SizeShiftParam, StoreParam, TargetSizeParam,
-                          TargetSizesParam, TrackingUriParam)
+from flows.params import (AlphaValuesParam, BaseSeedParam, BinsValuesParam, CalibratorsParam, DatasetParam,
+                          EpochsParam, ExperimentsParam, GoodAccuracyParam, MethodsParam, MlflowExperimentParam,
+                          ModelSeedsParam, MuParam, NSeedsParam, NSourceParam, ReproduceParameters,
+                          SeedsPerTaskParam, ShiftValuesParam, SizeAlphaParam, SizeShiftParam, StoreParam,
+                          TargetSizeParam, TargetSizesParam, TrackingUriParam, TrainLimitParam)
 from tasks.estimation import aggregate_sweep, estimate_settings
+from tasks.images import calibrate, ensure_dataset, ensure_gpu_limit, estimate_image_settings, predict_pools, \
+    train_model
 from tasks.outputs import records_csv, render_outputs
 from tasks.report import publish_summary, summary_markdown
 from tasks.storage import check_store_uri, results_url, save_experiment, save_summary
@@ -97,6 +100,13 @@ def reproduce(
     store: StoreParam = DEFAULTS.store,
     tracking_uri: TrackingUriParam = DEFAULTS.tracking_uri,
     mlflow_experiment: MlflowExperimentParam = DEFAULTS.mlflow_experiment,
+    alpha_values: AlphaValuesParam = DEFAULTS.alpha_values,
+    size_alpha: SizeAlphaParam = DEFAULTS.size_alpha,
+    model_seeds: ModelSeedsParam = DEFAULTS.model_seeds,
+    epochs: EpochsParam = DEFAULTS.epochs,
+    train_limit: TrainLimitParam = DEFAULTS.train_limit,
+    calibrators: CalibratorsParam = DEFAULTS.calibrators,
+    good_accuracy: GoodAccuracyParam = DEFAULTS.good_accuracy,
 ) -> dict:
     """Reproduce the paper's label-shift experiments: weight MSE of each estimator vs shift, target size, bins.
 
@@ -120,6 +130,13 @@ def reproduce(
             or <home>/store.
         tracking_uri: MLflow tracking URI; empty = $MLFLOW_TRACKING_URI or sqlite:///<home>/mlflow.db.
         mlflow_experiment: MLflow experiment name; empty = $LABELSHIFT_MLFLOW_EXPERIMENT or labelshift-reproduce.
+        alpha_values: Dirichlet alphas of the alpha experiment (image datasets).
+        size_alpha: Dirichlet alpha of the size experiment on image datasets (paper: 0.1).
+        model_seeds: Networks trained per image dataset; seed s of the sweep uses model s mod model_seeds.
+        epochs: Training epochs override (image datasets); empty = the dataset's default.
+        train_limit: Train on a stratified subset of this many examples (smoke tests); empty = all.
+        calibrators: Calibrators fit on the valid logits; MLLS uses the first (paper: BCTS).
+        good_accuracy: Test accuracy from which a new model gets the registry alias 'latest-good'.
 
     Returns:
         A dict with the MLflow ids and URIs, the store folder, the figures written and the summary rows.
@@ -150,8 +167,15 @@ def reproduce(
     _ACTIVE[parent_id] = env.tracking_uri
     try:
         # 3. fan-out: estimate every method on every (setting, seed), all experiments submitted at once
-        pending = {}
-        for experiment, batches in plan.items():
+        pending, models = {}, []
+        if p.is_image:
+            pools, models = _prepare_models(p, env, runs)
+            for experiment, batches in plan.items():
+                pending[experiment] = estimate_image_settings.map(
+                    [group for group, _ in batches], [seeds for _, seeds in batches],
+                    methods=unmapped(list(p.methods_for(experiment))), pools=unmapped(pools),
+                    base_seed=p.base_seed)
+        for experiment, batches in ({} if p.is_image else plan).items():
             pending[experiment] = estimate_settings.map(
                 [group for group, _ in batches], [seeds for _, seeds in batches],
                 methods=unmapped(list(p.methods_for(experiment))), mu=p.mu, n_source=p.n_source,
@@ -162,7 +186,7 @@ def reproduce(
         for experiment, futures in pending.items():
             chunk_results = [r for f in futures for r in f.result()]   # raises the first task error, if any
             sweep = aggregate_sweep(experiment, chunk_results)
-            outputs = render_outputs(sweep)
+            outputs = render_outputs(sweep, p.dataset)
             log_experiment(env.tracking_uri, runs, sweep, outputs)
             files.update(save_experiment(env.store_uri, parent_id, experiment, outputs))
             sweeps.append(sweep)
@@ -180,7 +204,7 @@ def reproduce(
         stored = save_summary(env.store_uri, parent_id, {
             "parameters": p.model_dump(), "mlflow": {"tracking_uri": env.tracking_uri, "run_id": parent_id,
                                                      "experiment_id": runs["experiment_id"]},
-            "prefect_flow_run_id": flow_run_id, "rows": summary_rows, "files": files})
+            "prefect_flow_run_id": flow_run_id, "rows": summary_rows, "files": files, "models": models})
         artifact_key = f"reproduce-{p.dataset}"
         publish_summary(summary_markdown(f"Label shift sweep on '{p.dataset}'", sweeps, links), key=artifact_key)
         finish_sweep_runs(env.tracking_uri, runs, records_csv(summary_rows),
@@ -205,8 +229,43 @@ def reproduce(
                   "summary": stored["url"]},
         "figures": {k.rsplit("/", 1)[-1]: v["url"] for k, v in files.items() if k.endswith(".png")},
         "rows": summary_rows,
+        "models": models,
         "seconds": time.perf_counter() - t_start,
     }
+
+
+def _prepare_models(p: ReproduceParameters, env, runs: dict) -> tuple[list, list[dict]]:
+    """Image datasets: make sure the dataset is in the store, train (or find cached) one network per model seed,
+    compute its valid/test logits and calibrate them. Returns (one Pools per model, their meta dicts)."""
+    import torch
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    ensure_dataset(env.store_uri, p.dataset)
+    train = train_model
+    if torch.cuda.is_available():
+        # one training per GPU: a tag concurrency limit 'gpu' with a slot per visible GPU
+        ensure_gpu_limit(torch.cuda.device_count())
+        train = train_model.with_options(tags=["gpu"])
+    futures = [train.submit(env.store_uri, p.dataset, seed, tracking_uri=env.tracking_uri,
+                            experiment_id=runs["experiment_id"], parent_run_id=runs["parent_run_id"],
+                            epochs=p.epochs, train_limit=p.train_limit, good_accuracy=p.good_accuracy)
+               for seed in range(p.model_seeds)]
+    pools, metas = [], []
+    for future in futures:
+        meta = future.result()
+        how = "found in the store" if meta["cached"] else \
+            f"trained on {meta['device']} in {meta['train_seconds']:.0f} s"
+        _report(f"model {p.dataset} seed {meta['model_seed']}: {how}; test accuracy {meta['test_accuracy']:.4f}")
+        outputs = predict_pools(env.store_uri, meta)
+        pools.append(calibrate(env.store_uri, meta, outputs, list(p.calibrators), tracking_uri=env.tracking_uri))
+        metas.append(meta)
+    acc = [m["test_accuracy"] for m in metas]
+    now = int(time.time() * 1000)
+    MlflowClient(env.tracking_uri).log_batch(runs["parent_run_id"], metrics=[
+        Metric("model/test_accuracy_mean", float(sum(acc) / len(acc)), now, 0),
+        Metric("model/test_accuracy_min", float(min(acc)), now, 0)])
+    return pools, metas
 
 
 def run_in_process(params: ReproduceParameters, *, temporary_server: bool):

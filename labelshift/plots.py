@@ -2,6 +2,8 @@
 
 * :func:`plot_mse_vs_shift` -- weight MSE against p_t(y=1), one line per method (Figure 1, top row; linear axes);
 * :func:`plot_mse_vs_size` -- weight MSE against the target size m, log-log (Figure 1, bottom row);
+* :func:`plot_mse_vs_alpha` -- weight MSE against the Dirichlet alpha of the image experiments, log x axis
+  (Figure 1 b, c);
 * :func:`plot_mse_vs_bins` -- MSE (left axis) and minimum eigenvalue of the negated MLLS Hessian (right axis)
   against the number of bins (Figure 2; linear axes).
 
@@ -21,6 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 __all__ = ["METHOD_STYLE", "plot_sweep", "plot_mse_vs_shift", "plot_mse_vs_size", "plot_mse_vs_bins",
+           "plot_mse_vs_alpha",
            "figure_png", "FIGURE_NAMES"]
 
 #: one colour and marker per method, the same in every figure
@@ -33,10 +36,12 @@ METHOD_STYLE: dict[str, dict] = {
     "MLLS": dict(color="tab:red", marker="D"),
     "MLLS-binned": dict(color="tab:purple", marker="D"),
     "PCC": dict(color="tab:gray", marker="x"),
+    "MLLS-uncal": dict(color="tab:brown", marker="d", linestyle=":"),
 }
 
 #: file name of each sweep's figure
-FIGURE_NAMES = {"shift": "mse_vs_shift.png", "size": "mse_vs_size.png", "bins": "mse_vs_bins.png"}
+FIGURE_NAMES = {"shift": "mse_vs_shift.png", "size": "mse_vs_size.png", "bins": "mse_vs_bins.png",
+                "alpha": "mse_vs_alpha.png"}
 
 _FIGSIZE = (5.0, 3.8)
 #: fixed margins (fractions of the figure) sized for these labels: a layout engine would cost an extra draw
@@ -73,9 +78,13 @@ def _mse_lines(ax, sweep, *, log_y: bool) -> None:
         ax.fill_between(x, lo, mean + se, color=st["color"], alpha=0.15, linewidth=0)
 
 
-def plot_mse_vs_shift(sweep) -> Figure:
+def _title(dataset: str | None) -> str:
+    return "Two Gaussians" if dataset in (None, "gaussian") else dataset
+
+
+def plot_mse_vs_shift(sweep, dataset: str | None = None) -> Figure:
     """Weight MSE against the target proportion p_t(y=1) (source balanced), as in Figure 1 (top) of the paper."""
-    fig, ax = _new_axes("Two Gaussians: MSE vs shift")
+    fig, ax = _new_axes(f"{_title(dataset)}: MSE vs shift")
     _mse_lines(ax, sweep, log_y=False)
     ax.set_xlabel(r"target label marginal $p_t(y=1)$")
     ax.set_ylabel("MSE of estimated weights")
@@ -83,9 +92,21 @@ def plot_mse_vs_shift(sweep) -> Figure:
     return fig
 
 
-def plot_mse_vs_size(sweep) -> Figure:
+def plot_mse_vs_alpha(sweep, dataset: str | None = None) -> Figure:
+    """Weight MSE against the Dirichlet concentration alpha (log x axis; small alpha = severe shift), as in
+    Figure 1 (top, MNIST and CIFAR-10) of the paper."""
+    fig, ax = _new_axes(f"{_title(dataset)}: MSE vs Dirichlet shift")
+    _mse_lines(ax, sweep, log_y=False)
+    ax.set_xscale("log")
+    ax.set_xlabel(r"Dirichlet shift parameter $\alpha$ (log)")
+    ax.set_ylabel("MSE of estimated weights")
+    ax.legend(fontsize=8, frameon=False)
+    return fig
+
+
+def plot_mse_vs_size(sweep, dataset: str | None = None) -> Figure:
     """Weight MSE against the target sample size m on log-log axes, as in Figure 1 (bottom) of the paper."""
-    fig, ax = _new_axes("Two Gaussians: MSE vs target size")
+    fig, ax = _new_axes(f"{_title(dataset)}: MSE vs target size")
     _mse_lines(ax, sweep, log_y=True)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -95,11 +116,11 @@ def plot_mse_vs_size(sweep) -> Figure:
     return fig
 
 
-def plot_mse_vs_bins(sweep) -> Figure:
+def plot_mse_vs_bins(sweep, dataset: str | None = None) -> Figure:
     """MSE (left axis, solid) and the minimum eigenvalue of the negated MLLS Hessian (right axis, dashed) against
     the number of bins the predictor is aggregated over, as in Figure 2 of the paper. Methods whose
     eigenvalue is undefined (not MLLS) get no dashed line."""
-    fig, ax = _new_axes("Two Gaussians: MSE and curvature vs bins")
+    fig, ax = _new_axes(f"{_title(dataset)}: MSE and curvature vs bins")
     _mse_lines(ax, sweep, log_y=False)
     ax.set_xlabel("number of bins")
     ax.set_ylabel("MSE of estimated weights (solid)")
@@ -121,12 +142,13 @@ def plot_mse_vs_bins(sweep) -> Figure:
     return fig
 
 
-def plot_sweep(sweep) -> Figure:
-    """The paper's figure for a sweep of kind "shift", "size" or "bins"."""
-    draw = {"shift": plot_mse_vs_shift, "size": plot_mse_vs_size, "bins": plot_mse_vs_bins}.get(sweep.kind)
+def plot_sweep(sweep, dataset: str | None = None) -> Figure:
+    """The paper's figure for a sweep of kind "shift", "size", "bins" or "alpha" (titled by ``dataset``)."""
+    draw = {"shift": plot_mse_vs_shift, "size": plot_mse_vs_size, "bins": plot_mse_vs_bins,
+            "alpha": plot_mse_vs_alpha}.get(sweep.kind)
     if draw is None:
-        raise ValueError(f"no figure for sweeps of kind {sweep.kind!r}; known: shift, size, bins")
-    return draw(sweep)
+        raise ValueError(f"no figure for sweeps of kind {sweep.kind!r}; known: shift, size, bins, alpha")
+    return draw(sweep, dataset)
 
 
 def figure_png(fig: Figure, dpi: int = 120) -> bytes:

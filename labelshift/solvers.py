@@ -325,13 +325,22 @@ def _objective(P, cn, w):
     return np.where(dead, -np.inf, val)
 
 
+def _weighted_inverse(c, fw, power: int = 1):
+    """c / fw**power, with 0 where the row weight c is 0. Rows of zero weight (padding, or confusion-matrix rows of
+    a class never predicted on the target) may have f_i^T w = 0 once some w_y reach 0; they contribute nothing to
+    the objective, so they must contribute 0 (not 0/0 = NaN) to its gradient and Hessian."""
+    den = fw if power == 1 else fw ** power
+    return np.divide(c, den, out=np.zeros(np.broadcast_shapes(np.shape(c), np.shape(den)), dtype=den.dtype),
+                     where=np.broadcast_to(c, np.broadcast_shapes(np.shape(c), np.shape(den))) != 0)
+
+
 def _gradient(P, cn, fw):
-    return np.matmul((cn / fw)[:, None, :], P)[:, 0, :]
+    return np.matmul(_weighted_inverse(cn, fw)[:, None, :], P)[:, 0, :]
 
 
 def _hessian(P, cn, fw):
     """(1/m) sum_i f_i f_i^T / (f_i^T w)^2 = P^T diag(c / fw^2) P, batched, in float64."""
-    return np.matmul((P * (cn / (fw * fw))[:, :, None]).transpose(0, 2, 1), P)
+    return np.matmul((P * _weighted_inverse(cn, fw, 2)[:, :, None]).transpose(0, 2, 1), P)
 
 
 def _normalised_mask(P, c):
@@ -449,7 +458,7 @@ def _transposed(P, dtype):
 def _hessianT(PT, cn, fw):
     """(1/m) sum_i f_i f_i^T / (f_i^T w)^2 from the transposed layout, formed in PT's precision (float32 for the
     Newton solvers: the Hessian only steers their steps, the solution is fixed by the float64 gradient)."""
-    v2 = (cn / (fw * fw)).astype(PT.dtype)
+    v2 = _weighted_inverse(cn, fw, 2).astype(PT.dtype)
     return np.matmul(PT * v2[:, None, :], PT.transpose(0, 2, 1)).astype(np.float64)
 
 
@@ -504,7 +513,7 @@ def _em_step(PT, c3, ips, ps, x):
     x' = x g renormalised onto p_s^T x' = 1 (exact arithmetic keeps it there: x^T grad = 1), and the (A, 1, M)
     values f_i^T x. Two passes over the data: f_i^T x, then sum_i (c_i / f_i^T x) f_i."""
     fw = np.matmul(x.astype(PT.dtype)[:, None, :], PT)
-    g = np.matmul(PT, (c3 / fw).transpose(0, 2, 1))[:, :, 0] * ips
+    g = np.matmul(PT, _weighted_inverse(c3, fw).transpose(0, 2, 1))[:, :, 0] * ips
     xn = x * g
     xn /= np.einsum("ak,ak->a", xn, ps)[:, None]
     return xn, g, fw

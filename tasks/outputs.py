@@ -29,8 +29,8 @@ def records_csv(records: list[dict]) -> bytes:
 
 
 @task(name="render", task_run_name="render-{sweep.kind}", cache_policy=NO_CACHE, persist_result=False)
-def render_outputs(sweep) -> dict[str, bytes]:
+def render_outputs(sweep, dataset: str | None = None) -> dict[str, bytes]:
     """The experiment's figure in the paper's style (PNG) and its per-seed table (CSV: one row per setting, seed
     and method with the estimated and true weights, MSE, minimum Hessian eigenvalue and solver flags)."""
-    return {"figure": figure_png(plot_sweep(sweep)),
+    return {"figure": figure_png(plot_sweep(sweep, dataset)),
             "per_seed_csv": records_csv([row for res in sweep.results for row in res.to_records()])}

@@ -22,7 +22,7 @@ def summary_markdown(title: str, sweeps: list, links: dict[str, str]) -> str:
     lines = [f"# {title}", ""]
     for sweep in sweeps:
         methods = list(sweep.methods)
-        x = {"shift": "p_t(y=1)", "size": "m", "bins": "bins"}.get(sweep.kind, "value")
+        x = {"shift": "p_t(y=1)", "size": "m", "bins": "bins", "alpha": "alpha"}.get(sweep.kind, "value")
         n = int(min(len(r.seeds) for r in sweep.results))
         lines += [f"## MSE vs {x} ({n} seeds per setting)", "",
                   "| " + " | ".join([x, *methods]) + " |", "|" + "---|" * (len(methods) + 1)]

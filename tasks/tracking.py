@@ -36,7 +36,7 @@ __all__ = ["X_NAMES", "check_tracking_server", "start_sweep_runs", "log_experime
            "fail_sweep_runs", "run_url", "git_commit"]
 
 #: metric name of each experiment's x value
-X_NAMES = {"shift": "p_t1", "size": "m", "bins": "n_bins"}
+X_NAMES = {"shift": "p_t1", "size": "m", "bins": "n_bins", "alpha": "alpha"}
 
 _MAX_BATCH = 1000     # MLflow accepts at most 1000 metrics per log_batch call
 _MAX_PARAM = 6000     # and parameter values up to 6000 characters

@@ -193,5 +193,5 @@ def test_deployment_form_has_every_parameter(prefect_server):
     props = deployment.parameter_openapi_schema["properties"]
     assert list(props) == list(ReproduceParameters.model_fields)         # form fields in the model's order
     assert props["n_seeds"]["default"] == 100 and props["n_seeds"]["minimum"] == 2
-    assert props["experiments"]["items"]["enum"] == ["shift", "size", "bins"]
+    assert props["experiments"]["items"]["enum"] == ["shift", "size", "bins", "alpha"]
     assert "p_t(y=1)" in props["shift_values"]["description"]

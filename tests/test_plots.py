@@ -41,5 +41,7 @@ def test_bins_figure_has_eigenvalue_on_a_twin_axis_only_for_mlls_methods():
 def test_png_bytes_and_unknown_kind():
     png = figure_png(plot_sweep(_sweep("shift", [0.2, 0.4], ["MLLS"])))
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    with pytest.raises(ValueError, match="no figure for sweeps of kind 'alpha'"):
-        plot_sweep(_sweep("alpha", [1.0], ["MLLS"]))
+    with pytest.raises(ValueError, match="no figure for sweeps of kind 'gamma'"):
+        plot_sweep(_sweep("gamma", [1.0], ["MLLS"]))
+    # the Dirichlet alpha of the image experiments is drawn on a log axis, as in the paper
+    assert plot_sweep(_sweep("alpha", [0.1, 1.0], ["MLLS"]), "mnist-5k").axes[0].get_xscale() == "log"

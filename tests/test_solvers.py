@@ -330,3 +330,26 @@ def test_fast_paths_on_degenerate_inputs(name):
         assert res.converged
         assert res.weights @ ps == pytest.approx(1.0, abs=1e-12) and np.all(res.weights >= 0)
         assert sv.mlls_objective(P, res.weights, mask) >= sv.mlls_objective(P, ref.weights, mask) - 1e-10
+
+
+def test_zero_weight_rows_on_a_dead_face_do_not_poison_the_solvers():
+    """Regression (MLLS-CM under severe shift): the distinct confusion-matrix rows are solved with their target
+    counts as row weights; a class never predicted on the target has count 0, and its row may be supported only on
+    classes whose weight goes to 0, so f_i^T w = 0 there. Such rows add nothing to the objective and must add 0,
+    not 0/0 = NaN, to the gradient and Hessian. The optimum here is known in closed form: with one-hot rows the
+    MLE is w_y = (n_y / m) / p_s(y), i.e. (0.5, 0.5, 0) / (1/3)."""
+    import warnings
+
+    rows = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    counts = np.array([5.0, 5.0, 0.0])
+    prior = np.full(3, 1.0 / 3.0)
+    expected = np.array([1.5, 1.5, 0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        newton = sv.mlls_newton(rows, prior, counts)
+        em = sv.mlls_em(rows, prior, counts)
+        hess = sv.mlls_hessian(rows, newton.weights, counts)
+    assert newton.converged and em.converged
+    np.testing.assert_allclose(newton.weights, expected, atol=1e-8)
+    np.testing.assert_allclose(em.weights, expected, atol=1e-8)
+    assert np.all(np.isfinite(hess))

@@ -1,0 +1,319 @@
+"""Prefect tasks of the image experiments: dataset in the store, training, predictions, calibration, estimation.
+
+Store layout (under the store's root; ``<key>`` is :func:`model_key`):
+
+* ``datasets/<name>/`` -- the dataset (see :mod:`labelshift.datasets`), pushed by ``labelshift data push`` or, for
+  the offline ``mnist-5k`` and ``digits``, by :func:`ensure_dataset` on first use;
+* ``models/<key>/checkpoint.pt`` -- the trained weights (``load_checkpoint`` reads them with ``weights_only=True``);
+* ``models/<key>/logits_valid.npy``, ``logits_test.npy`` -- the network's logits on the valid and test pools;
+* ``models/<key>/calibration/<NAME>.json`` -- fitted calibrators with NLL and ECE before and after;
+* ``models/<key>/meta.json`` -- written *last*: its presence marks a complete cache entry.
+
+Caching is a lookup in the store, not Prefect's result cache: the key is a SHA-256 of the dataset fingerprint
+(checksums of its arrays), the architecture, the training settings, the model seed and the training subset, so a
+rerun with the same inputs -- against any Prefect server, temporary or not -- finds ``meta.json`` and skips the
+training (the MLflow training run then carries the tag ``labelshift.cache = hit``).
+
+MLflow: each (dataset, model seed) gets a training run nested under the sweep's parent run, with the per-epoch
+``train_loss``, ``train_accuracy``, ``valid_loss``, ``valid_accuracy`` (``step`` = epoch), the test accuracy, the
+calibration metrics and the calibrator JSON; a newly trained model is logged with ``mlflow.pytorch.log_model`` and
+registered as ``labelshift-<dataset>`` with the alias ``newest`` and, when its test accuracy reaches the threshold,
+``latest-good``.
+
+GPU: with CUDA the flow submits :func:`train_model` with the tag ``gpu`` and makes sure a Prefect tag concurrency
+limit ``gpu`` (one slot per visible GPU) exists (:func:`ensure_gpu_limit`), so one training runs per GPU.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import numpy as np
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunStatus
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from labelshift.calibration import BCTS, NBVS, TS, VS, expected_calibration_error, nll, softmax
+from labelshift.datasets import DATASETS, dataset_fingerprint, push_dataset, read_manifest
+from labelshift.errors import InputError, ObjectNotFoundError
+from labelshift.experiments import images
+from labelshift.storage import open_store
+
+__all__ = ["CALIBRATORS", "CACHE_VERSION", "dataset_prefix", "model_key", "training_config", "ensure_dataset",
+           "ensure_gpu_limit", "train_model", "predict_pools", "calibrate", "estimate_image_settings",
+           "registered_model_name"]
+
+#: calibrators that can be asked for (the sweep's MLLS uses the first one asked for)
+CALIBRATORS = {"BCTS": BCTS, "TS": TS, "VS": VS, "NBVS": NBVS}
+#: bump to invalidate every cached model (e.g. when the training code changes what it produces)
+CACHE_VERSION = 1
+#: alias set on every newly registered model; ``GOOD_ALIAS`` only when the test accuracy reaches the threshold
+LATEST_ALIAS = "newest"   # "latest" is reserved by MLflow
+GOOD_ALIAS = "latest-good"
+#: images in the example batch the registered model is traced on
+EXAMPLE_BATCH = 8
+
+
+def dataset_prefix(name: str) -> str:
+    """Where the flow reads dataset ``name`` in the store."""
+    return f"datasets/{name}"
+
+
+def registered_model_name(dataset: str) -> str:
+    return f"labelshift-{dataset}"
+
+
+def training_config(dataset: str, epochs: int | None = None) -> dict:
+    """Architecture and training settings of ``dataset`` (from :data:`labelshift.training.TRAINING_DEFAULTS`),
+    with an optional epochs override."""
+    from labelshift.training import training_defaults
+
+    cfg = training_defaults(dataset)
+    if epochs is not None:
+        cfg["epochs"] = int(epochs)
+    spec = DATASETS.get(dataset)
+    return {"model": spec.model if spec else "lenet", "train": cfg}
+
+
+def model_key(fingerprint: str, config: dict, model_seed: int, train_limit: int | None) -> str:
+    """The cache key of a trained model: a SHA-256 (first 24 hex digits) of everything that determines it."""
+    ident = {"v": CACHE_VERSION, "dataset": fingerprint, "config": config, "seed": int(model_seed),
+             "train_limit": None if train_limit is None else int(train_limit)}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+
+
+@task(name="ensure-dataset", task_run_name="dataset-{name}", cache_policy=NO_CACHE, persist_result=False)
+def ensure_dataset(store_uri: str, name: str, prefix: str | None = None) -> dict:
+    """The manifest of dataset ``name`` at ``prefix`` in the store; pushes the offline datasets (mnist-5k, digits)
+    when they are missing. MNIST and CIFAR-10 must be pushed first (``labelshift data push``)."""
+    store = open_store(store_uri)
+    prefix = dataset_prefix(name) if prefix is None else prefix
+    try:
+        return read_manifest(store, prefix, expected_name=name)
+    except ObjectNotFoundError:
+        spec = DATASETS.get(name)
+        if spec is None or not spec.offline:
+            raise ObjectNotFoundError(
+                f"dataset {name!r} is not in the store at {store.url(prefix)}; push it first: "
+                f"`labelshift data push {name} --to {store.url(prefix)} --from DIR` (a folder with the standard "
+                f"files) or `... --download` where there is internet.") from None
+        return push_dataset(name, store, prefix)
+
+
+def ensure_gpu_limit(slots: int) -> None:
+    """Create the Prefect tag concurrency limit ``gpu`` with ``slots`` slots unless one exists (best effort)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_concurrency_limit_by_tag("gpu")
+            return
+        except Exception:
+            pass
+        client.create_concurrency_limit(tag="gpu", concurrency_limit=int(slots))
+
+
+def _subset(y: np.ndarray, limit: int | None, seed: int) -> np.ndarray:
+    """Indices of a class-stratified random subset of ``limit`` examples (all indices when None)."""
+    if limit is None or limit >= len(y):
+        return np.arange(len(y))
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x5B5]))
+    order = rng.permutation(len(y))
+    # round-robin over classes in random order, so every class is represented
+    by_class = [order[y[order] == c] for c in np.unique(y)]
+    picked = [ix[i] for i in range(max(map(len, by_class))) for ix in by_class if i < len(ix)]
+    return np.sort(np.asarray(picked[:limit]))
+
+
+def _log_metrics(client: MlflowClient, run_id: str, values: dict, step: int = 0) -> None:
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, float(v), now, step) for k, v in values.items()
+               if v is not None and np.isfinite(float(v))]
+    if metrics:
+        client.log_batch(run_id, metrics=metrics)
+
+
+@task(name="train-model", task_run_name="train-{dataset}-seed{model_seed}", cache_policy=NO_CACHE,
+      persist_result=False)
+def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: str, experiment_id: str,
+                parent_run_id: str | None = None, epochs: int | None = None, train_limit: int | None = None,
+                good_accuracy: float = 0.9, register: bool = True) -> dict:
+    """Train (or find in the store) the network of ``dataset`` with ``model_seed``; returns its meta.
+
+    The meta dict: ``key``, ``store_prefix``, ``dataset``, ``model_seed``, ``config``, ``test_accuracy``,
+    ``valid_accuracy``, ``device``, ``train_seconds``, ``registered_model`` / ``version`` (when registered),
+    ``cached`` (True when found in the store), ``run_id`` (this call's MLflow training run).
+    """
+    import mlflow
+    import torch
+
+    from labelshift.datasets import load_dataset
+    from labelshift.models import build_model_for
+    from labelshift.training import accuracy, checkpoint_bytes, predict_logits, resolve_device, train
+
+    store = open_store(store_uri)
+    prefix = dataset_prefix(dataset)
+    manifest = read_manifest(store, prefix, expected_name=dataset)
+    config = training_config(dataset, epochs)
+    key = model_key(dataset_fingerprint(manifest), config, model_seed, train_limit)
+    mprefix = f"models/{key}"
+    client = MlflowClient(tracking_uri=tracking_uri)
+    tags = {"labelshift.kind": "training", "dataset": dataset, "model_seed": str(model_seed),
+            "labelshift.model_key": key, "labelshift.model_store": store.url(mprefix)}
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
+    run_id = client.create_run(experiment_id, run_name=f"train-{dataset}-seed{model_seed}", tags=tags).info.run_id
+    try:
+        if store.exists(f"{mprefix}/meta.json"):
+            meta = store.get_json(f"{mprefix}/meta.json")
+            client.set_tag(run_id, "labelshift.cache", "hit")
+            _log_metrics(client, run_id, {"test_accuracy": meta["test_accuracy"],
+                                          "valid_accuracy": meta["valid_accuracy"]})
+            client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+            return dict(meta, cached=True, run_id=run_id)
+
+        client.set_tag(run_id, "labelshift.cache", "miss")
+        ds = load_dataset(store, prefix, expected_name=dataset)
+        rows = _subset(ds.train.y, train_limit, model_seed)
+        device = resolve_device(None)
+        params = {"model": config["model"], "model_seed": model_seed, "train_size": len(rows),
+                  "device": device.type, "dataset_fingerprint": dataset_fingerprint(manifest)[:16],
+                  **{f"train.{k}": v for k, v in config["train"].items()}}
+        client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+        model = build_model_for(ds, config["model"], seed=model_seed)
+
+        def on_epoch(epoch: int, m: dict) -> None:
+            _log_metrics(client, run_id, {k: m[k] for k in ("train_loss", "train_accuracy", "valid_loss",
+                                                             "valid_accuracy", "lr", "seconds") if k in m},
+                         step=epoch)
+
+        t0 = time.perf_counter()
+        result = train(model, ds.train.x[rows], ds.train.y[rows], seed=model_seed, device=device,
+                       valid=(ds.valid.x, ds.valid.y), on_epoch=on_epoch, **config["train"])
+        train_seconds = time.perf_counter() - t0
+        model = result.model.to("cpu")
+        logits_valid = predict_logits(model, ds.valid.x, device="cpu")
+        logits_test = predict_logits(model, ds.test.x, device="cpu")
+        meta = {"key": key, "store_prefix": mprefix, "dataset": dataset, "model_seed": int(model_seed),
+                "config": config, "train_limit": train_limit, "train_size": int(len(rows)),
+                "test_accuracy": accuracy(logits_test, ds.test.y),
+                "valid_accuracy": accuracy(logits_valid, ds.valid.y), "device": device.type,
+                "train_seconds": train_seconds, "epochs_run": len(result.history)}
+        _log_metrics(client, run_id, {"test_accuracy": meta["test_accuracy"], "train_seconds": train_seconds})
+        store.put_bytes(f"{mprefix}/checkpoint.pt", checkpoint_bytes(model, meta))
+        store.put_array(f"{mprefix}/logits_valid.npy", logits_valid)
+        store.put_array(f"{mprefix}/logits_test.npy", logits_test)
+
+        if register:
+            name = registered_model_name(dataset)
+            mlflow.set_tracking_uri(tracking_uri)
+            # MLflow 3 stores PyTorch models as torch.export programs ("pt2"), traced on an example batch: the
+            # first EXAMPLE_BATCH valid images scaled to [0, 1], the input the network expects
+            example = ds.valid.x[:EXAMPLE_BATCH].astype(np.float32) / 255.0
+            example = example[:, None] if example.ndim == 3 else example
+            with mlflow.start_run(run_id=run_id):
+                info = mlflow.pytorch.log_model(model, name="model", registered_model_name=name,
+                                                input_example=example, serialization_format="pt2",
+                                                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                                                await_registration_for=60)
+            version = str(info.registered_model_version)
+            client.set_registered_model_alias(name, LATEST_ALIAS, version)
+            if meta["test_accuracy"] >= good_accuracy:
+                client.set_registered_model_alias(name, GOOD_ALIAS, version)
+            meta.update(registered_model=name, version=version, model_uri=info.model_uri)
+        store.put_json(f"{mprefix}/meta.json", meta)       # last: marks the cache entry complete
+        client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+        return dict(meta, cached=False, run_id=run_id)
+    except BaseException as exc:
+        try:
+            client.set_tag(run_id, "error", f"{type(exc).__name__}: {exc}"[:5000])
+            client.set_terminated(run_id, "FAILED")
+        except Exception:
+            pass
+        raise
+
+
+@task(name="predict", task_run_name="predict-{meta[dataset]}-seed{meta[model_seed]}", cache_policy=NO_CACHE,
+      persist_result=False)
+def predict_pools(store_uri: str, meta: dict) -> dict:
+    """Logits and labels of the valid and test pools for a trained model: read from the store where the training
+    stored them, else computed once from the checkpoint and stored."""
+    from labelshift.datasets import load_dataset
+
+    store = open_store(store_uri)
+    mprefix = meta["store_prefix"]
+    ds = load_dataset(store, dataset_prefix(meta["dataset"]), expected_name=meta["dataset"],
+                      splits=("valid", "test"))
+    out = {"valid_y": ds.valid.y, "test_y": ds.test.y}
+    for pool in ("valid", "test"):
+        key = f"{mprefix}/logits_{pool}.npy"
+        if store.exists(key):
+            out[f"logits_{pool}"] = store.get_array(key)
+            continue
+        from labelshift.training import load_checkpoint, predict_logits
+
+        model, _ = load_checkpoint(store.get_bytes(f"{mprefix}/checkpoint.pt"))
+        out[f"logits_{pool}"] = predict_logits(model, ds.split(pool).x)
+        store.put_array(key, out[f"logits_{pool}"])
+    return out
+
+
+@task(name="calibrate", task_run_name="calibrate-{meta[dataset]}-seed{meta[model_seed]}", cache_policy=NO_CACHE,
+      persist_result=False)
+def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str], *, tracking_uri: str) \
+        -> images.Pools:
+    """Fit each calibrator on the valid logits; save it as JSON (store and MLflow) with NLL and ECE before and
+    after on the valid and test pools; return the :class:`~labelshift.experiments.images.Pools` of the sweep
+    (calibrated probabilities from the first calibrator)."""
+    if not calibrators:
+        raise InputError("calibrators is empty; ask for at least one of " + ", ".join(CALIBRATORS))
+    unknown = [c for c in calibrators if c not in CALIBRATORS]
+    if unknown:
+        raise InputError(f"unknown calibrator(s) {unknown}; choose from {', '.join(CALIBRATORS)}.")
+    store = open_store(store_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    run_id = meta["run_id"]
+    lv, lt = outputs["logits_valid"].astype(np.float64), outputs["logits_test"].astype(np.float64)
+    yv, yt = outputs["valid_y"], outputs["test_y"]
+    raw_v, raw_t = softmax(lv), softmax(lt)
+    first = None
+    for name in calibrators:
+        cal = CALIBRATORS[name](input_kind="logits").fit(lv, yv)
+        pv, pt = cal.predict_proba(lv), cal.predict_proba(lt)
+        scores = {"valid_nll_before": nll(raw_v, yv), "valid_nll_after": nll(pv, yv),
+                  "valid_ece_before": expected_calibration_error(raw_v, yv),
+                  "valid_ece_after": expected_calibration_error(pv, yv),
+                  "test_nll_before": nll(raw_t, yt), "test_nll_after": nll(pt, yt),
+                  "test_ece_before": expected_calibration_error(raw_t, yt),
+                  "test_ece_after": expected_calibration_error(pt, yt)}
+        doc = {"calibrator": cal.to_dict(), "metrics": scores, "model_key": meta["key"]}
+        text = json.dumps(doc, indent=1, allow_nan=False)
+        store.put_bytes(f"{meta['store_prefix']}/calibration/{name}.json", text.encode(),
+                        content_type="application/json")
+        client.log_text(run_id, text, f"calibration/{name}.json")
+        _log_metrics(client, run_id, {f"calibration/{name}/{k}": v for k, v in scores.items()})
+        if first is None:
+            first = (name, pv, pt)
+    name, pv, pt = first
+    return images.Pools(valid_raw=raw_v, valid_cal=pv, valid_y=yv, test_raw=raw_t, test_cal=pt, test_y=yt,
+                        fingerprint=f"{meta['key']}/{name}")
+
+
+def _image_run_name() -> str:
+    from prefect.runtime import task_run
+
+    params = task_run.parameters
+    settings, seeds = list(params["settings"]), list(params["seeds"])
+    first, last = settings[0], settings[-1]
+    values = f"{first.value:g}" if len(settings) == 1 else f"{first.value:g}..{last.value:g} ({len(settings)} settings)"
+    return f"{first.kind}={values} seeds {seeds[0]}-{seeds[-1]}"
+
+
+@task(name="estimate-images", task_run_name=_image_run_name, cache_policy=NO_CACHE, persist_result=False)
+def estimate_image_settings(settings: list, seeds: list[int], methods: list[str], pools: list, *,
+                            base_seed: int) -> list:
+    """For each setting: draw the seeds' Dirichlet-shifted target sets from the test pool, estimate w with every
+    method, score the MSE (:func:`labelshift.experiments.images.run_setting`)."""
+    return [images.run_setting(s, seeds, pools, methods, base_seed=base_seed) for s in settings]
