@@ -9,9 +9,9 @@ from prefect.cache_policies import NO_CACHE
 
 from labelshift.experiments import gaussian
 
-__all__ = ["estimate_settings", "aggregate_sweep"]
+__all__ = ["estimate_settings", "aggregate_sweep", "settings_run_name"]
 
-def _estimate_run_name() -> str:
+def settings_run_name() -> str:
     """Task run name like ``shift=0.01..0.2 (5 settings) seeds 0-99`` (shown in the Prefect UI)."""
     from prefect.runtime import task_run
 
@@ -22,7 +22,7 @@ def _estimate_run_name() -> str:
     return f"{first.kind}={values} seeds {seeds[0]}-{seeds[-1]}"
 
 
-@task(name="estimate", task_run_name=_estimate_run_name, cache_policy=NO_CACHE, persist_result=False)
+@task(name="estimate", task_run_name=settings_run_name, cache_policy=NO_CACHE, persist_result=False)
 def estimate_settings(settings: list, seeds: list[int], methods: list[str], *, mu: float, n_source: int,
                       base_seed: int) -> list:
     """For each setting: draw the target sets of ``seeds``, estimate w with every method, score the MSE.

@@ -41,6 +41,8 @@ from labelshift.errors import InputError, ObjectNotFoundError
 from labelshift.experiments import images
 from labelshift.storage import open_store
 
+from .estimation import settings_run_name
+
 __all__ = ["CALIBRATORS", "CACHE_VERSION", "dataset_prefix", "model_key", "training_config", "ensure_dataset",
            "ensure_gpu_limit", "train_model", "predict_pools", "calibrate", "estimate_image_settings",
            "registered_model_name"]
@@ -301,17 +303,7 @@ def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str],
                         fingerprint=f"{meta['key']}/{name}")
 
 
-def _image_run_name() -> str:
-    from prefect.runtime import task_run
-
-    params = task_run.parameters
-    settings, seeds = list(params["settings"]), list(params["seeds"])
-    first, last = settings[0], settings[-1]
-    values = f"{first.value:g}" if len(settings) == 1 else f"{first.value:g}..{last.value:g} ({len(settings)} settings)"
-    return f"{first.kind}={values} seeds {seeds[0]}-{seeds[-1]}"
-
-
-@task(name="estimate-images", task_run_name=_image_run_name, cache_policy=NO_CACHE, persist_result=False)
+@task(name="estimate-images", task_run_name=settings_run_name, cache_policy=NO_CACHE, persist_result=False)
 def estimate_image_settings(settings: list, seeds: list[int], methods: list[str], pools: list, *,
                             base_seed: int) -> list:
     """For each setting: draw the seeds' Dirichlet-shifted target sets from the test pool, estimate w with every
