@@ -140,6 +140,8 @@ def apply(settings: Settings, *, verbose: bool = False,
     # no network calls home from an offline machine
     env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    if not verbose:
+        env.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if verbose:
         env.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
         env.setdefault("MLFLOW_LOGGING_LEVEL", "INFO")

@@ -6,6 +6,8 @@
   (Figure 1 b, c);
 * :func:`plot_mse_vs_bins` -- MSE (left axis) and minimum eigenvalue of the negated MLLS Hessian (right axis)
   against the number of bins (Figure 2; linear axes).
+* :func:`plot_prior_estimate` -- the re-estimated target prior per class with its confidence interval, beside the
+  source prior; with a history, a second panel draws each class's estimate over the successive re-estimations.
 
 Shaded bands are +-1 standard error of the mean over seeds.
 
@@ -23,7 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 __all__ = ["METHOD_STYLE", "plot_sweep", "plot_mse_vs_shift", "plot_mse_vs_size", "plot_mse_vs_bins",
-           "plot_mse_vs_alpha",
+           "plot_mse_vs_alpha", "plot_prior_estimate",
            "figure_png", "FIGURE_NAMES"]
 
 #: one colour and marker per method, the same in every figure
@@ -156,3 +158,50 @@ def figure_png(fig: Figure, dpi: int = 120) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
+
+
+def plot_prior_estimate(source_prior, target_prior, lower, upper, *, class_names=None, level: float = 0.95,
+                        title: str = "Estimated target prior", history: list[dict] | None = None) -> Figure:
+    """Bars of the source prior p_s(y) and the estimated target prior p_t(y) with its ``level`` interval, per class.
+
+    ``history`` (optional): earlier re-estimations as dicts with ``sequence`` and ``target_prior`` (a list of k
+    floats) and optionally ``lower`` / ``upper``; the figure then gets a second panel with p_t(y) per class against
+    the run sequence (the drift over time), bands for the intervals where present.
+    """
+    ps, pt = np.asarray(source_prior, float), np.asarray(target_prior, float)
+    lo, hi = np.asarray(lower, float), np.asarray(upper, float)
+    k = len(ps)
+    names = list(class_names) if class_names is not None else [str(i) for i in range(k)]
+    panels = 2 if history else 1
+    fig = Figure(figsize=(_FIGSIZE[0] * panels + 0.4 * (panels - 1), _FIGSIZE[1]), dpi=120)
+    fig.subplots_adjust(left=0.16 / panels, right=0.98, bottom=0.14, top=0.9, wspace=0.3)
+    ax = fig.add_subplot(1, panels, 1)
+    x = np.arange(k)
+    ax.bar(x - 0.2, ps, width=0.4, color="tab:gray", alpha=0.6, label="source p_s(y)")
+    err = np.vstack([np.clip(pt - lo, 0, None), np.clip(hi - pt, 0, None)])
+    ax.bar(x + 0.2, pt, width=0.4, color="tab:red", alpha=0.8, yerr=err, capsize=3,
+           label=f"target p_t(y), {level:.0%} CI")
+    ax.set_xticks(x, names, fontsize=8, rotation=0 if k <= 10 else 90)
+    ax.set_xlabel("class")
+    ax.set_ylabel("prior")
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, frameon=False, loc="best")
+    if history:
+        hx = fig.add_subplot(1, panels, 2)
+        seq = np.array([h["sequence"] for h in history])
+        prior = np.array([h["target_prior"] for h in history], float)
+        for c in range(k):
+            color = f"C{c % 10}"
+            hx.plot(seq, prior[:, c], marker="o", ms=3, color=color, label=names[c])
+            if all("lower" in h and "upper" in h for h in history):
+                hx.fill_between(seq, [h["lower"][c] for h in history], [h["upper"][c] for h in history],
+                                color=color, alpha=0.15, linewidth=0)
+            hx.axhline(ps[c], color=color, linestyle=":", linewidth=0.8)
+        hx.set_xlabel("re-estimation (run sequence)")
+        hx.set_ylabel("estimated p_t(y)")
+        hx.set_title("Drift over time (dotted: source prior)", fontsize=11)
+        hx.xaxis.set_major_locator(MaxNLocator(integer=True))
+        hx.grid(True, alpha=0.3)
+        hx.legend(fontsize=7, frameon=False, loc="best", ncol=2 if k > 5 else 1)
+    return fig

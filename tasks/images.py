@@ -6,7 +6,9 @@ Store layout (under the store's root; ``<key>`` is :func:`model_key`):
   the offline ``mnist-5k`` and ``digits``, by :func:`ensure_dataset` on first use;
 * ``models/<key>/checkpoint.pt`` -- the trained weights (``load_checkpoint`` reads them with ``weights_only=True``);
 * ``models/<key>/logits_valid.npy``, ``logits_test.npy`` -- the network's logits on the valid and test pools;
-* ``models/<key>/calibration/<NAME>.json`` -- fitted calibrators with NLL and ECE before and after;
+* ``models/<key>/calibration/<NAME>.json`` -- fitted calibrators with NLL and ECE before and after (also logged to
+  the training run, with the valid pool's logits and labels as ``calibration/source_holdout.npz``: what
+  :mod:`tasks.reestimation` needs beside a registered model);
 * ``models/<key>/meta.json`` -- written *last*: its presence marks a complete cache entry.
 
 Caching is a lookup in the store, not Prefect's result cache: the key is a SHA-256 of the dataset fingerprint
@@ -298,6 +300,10 @@ def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str],
         _log_metrics(client, run_id, {f"calibration/{name}/{k}": v for k, v in scores.items()})
         if first is None:
             first = (name, pv, pt)
+    # the labelled source holdout the calibrators were fit on, for re-estimation with the registered model
+    from .reestimation import log_source_holdout
+
+    log_source_holdout(client, run_id, outputs["logits_valid"], yv)
     name, pv, pt = first
     return images.Pools(valid_raw=raw_v, valid_cal=pv, valid_y=yv, test_raw=raw_t, test_cal=pt, test_y=yt,
                         fingerprint=f"{meta['key']}/{name}")

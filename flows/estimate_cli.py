@@ -1,0 +1,144 @@
+"""``labelshift estimate``: run the ``reestimate`` flow once and print its summary table.
+
+    labelshift estimate --model models:/labelshift-mnist-5k@latest-good --target s3://bucket/target/
+
+The same flow as the scheduled deployment (:mod:`flows.reestimate`): it processes the batches under ``--target``
+that the watermark does not list yet, writes corrected predictions beside them, moves the watermark and logs to
+MLflow. Registered in the command line by :func:`register` (called from :mod:`flows.cli`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+import time
+from contextlib import nullcontext
+
+__all__ = ["register", "format_summary"]
+
+#: exit statuses with --check (0 = no shift; 1 = failed; 2 = bad options, as every command)
+EXIT_SHIFTED = 3
+EXIT_UNTRUSTWORTHY = 4
+
+
+def register(sub) -> None:
+    from flows.cli import _common
+
+    p = sub.add_parser(
+        "estimate", help="re-estimate the target label distribution of new data once (the reestimate flow)",
+        description=textwrap.fill(
+            "Run the 'reestimate' flow once: take the batches (*.npy arrays of model inputs) under --target that "
+            "no earlier run processed, apply the registered model and its calibrator, estimate the target prior "
+            "with MLLS (BBSE as a cross-check) with confidence intervals, test for 'no shift', write corrected "
+            "predictions beside each batch, move the watermark and log to MLflow. Prints the summary table.", 79),
+        epilog="examples:\n"
+               "  labelshift estimate --model models:/labelshift-mnist-5k@latest-good --target ./incoming\n"
+               "  labelshift estimate --model models:/clf/3 --target s3://bucket/target/ --interval bootstrap\n"
+               "  labelshift estimate ... --check     # exit 3 when shifted, 4 when untrustworthy (for cron jobs)\n"
+               "Exit status: 0 done, 1 the run failed (nothing written, watermark unchanged), 2 bad options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p, top=False)
+    p.add_argument("--model", required=True, metavar="URI",
+                   help="registered model: models:/NAME@ALIAS or models:/NAME/VERSION; its run holds the calibrator "
+                        "and the source holdout (models registered by `labelshift reproduce` do)")
+    p.add_argument("--target", metavar="URI",
+                   help="where the new data is: s3://bucket/prefix/ or a folder (default: <store>/target)")
+    p.add_argument("--calibrator", default="BCTS", help="calibrator logged beside the model (default: BCTS)")
+    p.add_argument("--estimator", default="MLLS", choices=["MLLS", "BBSE-soft", "BBSE-hard"],
+                   help="estimator of the target prior (default: MLLS)")
+    p.add_argument("--cross-check", default="BBSE-soft", metavar="LIST",
+                   help="comma-separated estimators run alongside ('' for none; default: BBSE-soft)")
+    p.add_argument("--interval", default="fisher", choices=["fisher", "bootstrap"],
+                   help="confidence intervals from the Fisher information (default) or a bootstrap")
+    p.add_argument("--level", type=float, default=0.95, help="confidence level (default: 0.95)")
+    p.add_argument("--significance", type=float, default=0.05,
+                   help="level of the no-shift test; shifted when p < this (default: 0.05)")
+    p.add_argument("--bootstrap", dest="n_bootstrap", type=int, default=200, metavar="N",
+                   help="bootstrap resamples (default: 200)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    p.add_argument("--tracking-uri", metavar="URI", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or "
+                                                         "the local SQLite store under --home)")
+    p.add_argument("--experiment-name", default="reestimation", metavar="NAME",
+                   help="MLflow experiment (default: reestimation)")
+    p.add_argument("--store", metavar="URI", help="object store whose 'target' folder is the default --target")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
+    p.add_argument("--check", action="store_true",
+                   help=f"exit {EXIT_SHIFTED} when the shift is significant, {EXIT_UNTRUSTWORTHY} when the estimate "
+                        "is not trustworthy")
+    p.set_defaults(handler=_cmd_estimate)
+
+
+def format_summary(summary: dict) -> str:
+    """The summary as a plain-text table for the terminal."""
+    from flows.reestimate import format_p
+
+    if summary.get("verdict") == "No new data":
+        return f"No new data under {summary['target']} (run sequence {summary.get('sequence')})."
+    res = summary["result"]
+    ci, test, ident = res["interval"], res["no_shift_test"], res["identifiability"]
+    interval_label = f"{ci['level']:.0%} interval"
+    lines = [f"{summary['verdict']}: {summary['headline']}",
+             f"  model {summary['model']['uri']} (version {summary['model']['version']}), "
+             f"{len(summary['batches'])} new batch(es), {res['n_target']} rows, run {summary['sequence']}",
+             "", f"  {'class':>5}  {'source':>8}  {'target':>8}  {interval_label:>19}  {'w':>7}"]
+    for c in range(res["n_classes"]):
+        lines.append(f"  {c:>5}  {res['source_prior'][c]:8.4f}  {res['target_prior'][c]:8.4f}  "
+                     f"[{ci['lower'][c]:.4f}, {ci['upper'][c]:.4f}]  {res['weights'][c]:7.3f}")
+    lines += ["", f"  no-shift test: statistic {test['statistic']:.2f} on {test['dof']} dof, "
+                  f"p {format_p(test['p_value'])}",
+              f"  identifiability: min Hessian eigenvalue {ident['min_hessian_eigenvalue']:.3g}"
+              + (f", confusion condition {ident['confusion_condition']:.3g}"
+                 if ident.get("confusion_condition") is not None else "")
+              + ("" if res["trustworthy"] else "  NOT TRUSTWORTHY: " + "; ".join(ident.get("reasons", [])))]
+    for method, check in res["cross_check"].items():
+        if "target_prior" in check:
+            lines.append(f"  cross-check {method}: " + " ".join(f"{v:.4f}" for v in check["target_prior"]))
+    ml = summary.get("mlflow", {})
+    lines += ["", f"  MLflow run: {ml.get('ui') or ml.get('run_id')}",
+              f"  outputs:    {len(summary.get('outputs', []))} corrected arrays beside the batches under "
+              f"{summary['target']}"]
+    return "\n".join(lines)
+
+
+def _cmd_estimate(args) -> int:
+    from flows.cli import PROG, UsageError, _setup
+
+    cross = [m.strip() for m in args.cross_check.split(",") if m.strip()]
+    bad = [m for m in cross if m not in ("MLLS", "BBSE-soft", "BBSE-hard")]
+    if bad:
+        raise UsageError(f"--cross-check: unknown estimator(s) {bad}; choose from MLLS, BBSE-soft, BBSE-hard")
+    if not 0.5 < args.level < 1:
+        raise UsageError(f"--level must be in (0.5, 1), got {args.level}")
+    if not 0 < args.significance < 0.5:
+        raise UsageError(f"--significance must be in (0, 0.5), got {args.significance}")
+    env = _setup(args, store_uri=args.store, tracking_uri=args.tracking_uri, experiment_name=args.experiment_name)
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from flows.reestimate import reestimate, target_uri_for
+
+    target = target_uri_for(args.target, env.store_uri)
+    print(f"{PROG} estimate: {args.model} on {target}"
+          + ("" if env.prefect_api_url else " (starting a temporary Prefect server, 10-30 s)"), file=sys.stderr)
+    t0 = time.perf_counter()
+    quiet = temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}) \
+        if env.prefect_api_url is None else nullcontext()
+    with quiet:
+        state = reestimate(model=args.model, target=target, calibrator=args.calibrator, estimator=args.estimator,
+                           cross_check=cross, interval=args.interval, level=args.level,
+                           significance=args.significance, n_bootstrap=args.n_bootstrap, seed=args.seed,
+                           tracking_uri=env.tracking_uri, mlflow_experiment=env.experiment_name,
+                           return_state=True)
+    if not state.is_completed():
+        print(f"{PROG} estimate: failed after {time.perf_counter() - t0:.0f} s: {state.message}\n"
+              "  Nothing was written beside the batches and the watermark is unchanged; fix the cause and rerun.",
+              file=sys.stderr)
+        return 1
+    summary = state.result()
+    print(json.dumps(summary, indent=2, default=str) if args.json else format_summary(summary))
+    if args.check:
+        if summary.get("verdict") == "Untrustworthy":
+            return EXIT_UNTRUSTWORTHY
+        if summary.get("verdict") == "Shifted":
+            return EXIT_SHIFTED
+    return 0

@@ -1,0 +1,257 @@
+"""The ``reestimate`` flow: re-estimate the target label distribution from the batches that arrived since last time.
+
+The operator's side of the system (issue 5). A deployed classifier, registered in MLflow with its calibrator,
+meets new unlabelled data in object storage; on a schedule this flow
+
+1. lists the target batches (``*.npy`` arrays of model inputs under ``target``) that are not yet in the
+   watermark (``<target>/_labelshift/watermark.json``, :mod:`labelshift.monitoring`);
+2. loads the model version and its calibrator and source holdout from the registry
+   (:func:`tasks.reestimation.load_bundle`), checks every new batch against the model's input signature, and
+   computes calibrated probabilities f(x);
+3. estimates the importance weights w and the target prior p_t(y) = w(y) p_s(y) on the pooled new rows with MLLS
+   (Garg et al., NeurIPS 2020, eq. (mlls-sample)) -- BBSE alongside as a cross-check -- with a confidence
+   interval per class (Fisher information of the MLLS likelihood, or a bootstrap), the likelihood-ratio test of
+   "no shift" (w = 1) and the identifiability report (Hessian minimum eigenvalue, confusion-matrix conditioning;
+   :mod:`labelshift.uncertainty`);
+4. writes corrected predictions p_t(y|x) proportional to w_y f_y(x) beside each batch (``NAME.corrected.npy``),
+   then a summary (``NAME.summary.json``), each atomically;
+5. moves the watermark -- only now, after everything else succeeded: a run that fails anywhere before leaves it
+   as it was and the next run takes the same batches again (their outputs are rewritten, never counted twice);
+6. logs to MLflow (experiment ``reestimation``): a child run per re-estimation with the prior, the interval, the
+   p-value, the identifiability numbers and a figure, under a monitor run whose metrics chart the prior over
+   time; and ends in a Prefect state named for the verdict -- ``Shifted``, ``No shift``, ``Untrustworthy`` or
+   ``No new data`` -- with a markdown artifact that says it at a glance.
+
+Run it once with ``labelshift estimate --model models:/NAME@ALIAS --target s3://bucket/prefix/``; schedule it
+with ``labelshift serve --cron "0 6 * * *"`` or the ``reestimate`` deployment of ``prefect.yaml``.
+"""
+# no `from __future__ import annotations`: Prefect builds the parameter model of a deployment's run from the
+# annotations of a module it loads by file path, where string annotations naming this module's aliases would not
+# resolve
+import time
+from typing import Annotated, Literal
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.states import Completed
+from pydantic import Field
+
+from flows import settings as settings_mod
+from labelshift.monitoring import commit_watermark, find_new_batches
+from labelshift.storage import open_store
+from tasks.reestimation import (end_run, estimate_shift, history_record, load_model_task, log_monitor_point,
+                                log_reestimation, render_figure, score_batches, start_reestimation_run, verdict,
+                                write_outputs)
+from tasks.tracking import check_tracking_server, git_commit, run_url
+
+__all__ = ["reestimate", "DEFAULT_MODEL", "target_uri_for", "summary_markdown"]
+
+DEFAULT_MODEL = "models:/labelshift-mnist-5k@latest-good"
+DEFAULT_EXPERIMENT = "reestimation"
+Estimator = Literal["MLLS", "BBSE-soft", "BBSE-hard"]
+
+ModelParam = Annotated[str, Field(
+    description="The deployed classifier in the MLflow model registry: models:/NAME@ALIAS (e.g. "
+                "models:/labelshift-mnist-5k@latest-good) or models:/NAME/VERSION. Its run must hold the "
+                "calibrator (calibration/<calibrator>.json) and the labelled source holdout "
+                "(calibration/source_holdout.npz), as models registered by `labelshift reproduce` do.")]
+TargetParam = Annotated[str | None, Field(
+    description="Where the new unlabelled data arrives: s3://bucket/prefix/ or a local folder. Every *.npy under it "
+                "is a batch of model inputs, shape (n, *input shape), float. Default: <LABELSHIFT_STORE>/target.")]
+CalibratorParam = Annotated[str, Field(
+    description="Which calibrator logged beside the model to apply (BCTS, TS, VS, NBVS).")]
+EstimatorParam = Annotated[Estimator, Field(
+    description="Estimator of the target prior. MLLS (maximum likelihood, the paper's recommendation) or BBSE "
+                "(confusion-matrix inversion; needs interval='bootstrap').")]
+CrossCheckParam = Annotated[list[Estimator], Field(
+    description="Estimators run alongside for comparison; their priors are logged as cross_check/<method>/...")]
+IntervalParam = Annotated[Literal["fisher", "bootstrap"], Field(
+    description="Confidence intervals per class: 'fisher' (Fisher information of the MLLS likelihood, instant) or "
+                "'bootstrap' (percentile intervals from resampling the target rows; needed for the BBSE estimators).")]
+LevelParam = Annotated[float, Field(gt=0.5, lt=1.0, description="Confidence level of the intervals.")]
+SignificanceParam = Annotated[float, Field(
+    gt=0.0, lt=0.5, description="Level of the likelihood-ratio test of 'no shift' (w = 1): shifted when p < this.")]
+NBootstrapParam = Annotated[int, Field(ge=20, le=10000, description="Bootstrap resamples (interval='bootstrap').")]
+SeedParam = Annotated[int, Field(ge=0, description="Seed of the bootstrap.")]
+TrackingParam = Annotated[str | None, Field(
+    description="MLflow tracking URI; default MLFLOW_TRACKING_URI, else the local SQLite store.")]
+ExperimentParam = Annotated[str, Field(min_length=1, description="MLflow experiment of the re-estimation runs.")]
+BatchSizeParam = Annotated[int, Field(ge=1, le=1_000_000, description="Rows per forward pass of the model.")]
+
+
+def target_uri_for(target: str | None, store_uri: str) -> str:
+    """The target location: as given, else ``<store>/target``."""
+    if target:
+        return target
+    return f"{store_uri.rstrip('/')}/target"
+
+
+def _flow_run_info() -> tuple[str | None, str | None]:
+    try:
+        from prefect.runtime import flow_run
+
+        return flow_run.id, flow_run.name
+    except Exception:
+        return None, None
+
+
+def format_p(p: float) -> str:
+    """A p-value for people, with its relation sign: "= 0.0312", or "< 1e-16" below what double precision
+    resolves."""
+    return "< 1e-16" if p < 1e-16 else f"= {p:.3g}"
+
+
+def _fmt_prior(values) -> str:
+    return "[" + ", ".join(f"{v:.3f}" for v in values) + "]"
+
+
+def summary_markdown(summary: dict) -> str:
+    """The Prefect artifact: the verdict first, then a table per class, then the numbers behind the verdict."""
+    res = summary["result"]
+    ci, test, ident = res["interval"], res["no_shift_test"], res["identifiability"]
+    word = summary["verdict"]
+    icon = {"Shifted": "⚠️", "No shift": "✅", "Untrustworthy": "❓"}.get(word, "")
+    change = res["largest_change"]
+    lines = [f"# {icon} {word}: {summary['model']['uri']} on {summary['target']}", "",
+             f"**{summary['headline']}**", "",
+             f"- new batches: {len(summary['batches'])} ({res['n_target']} rows), run sequence "
+             f"{summary['sequence']}",
+             f"- no-shift test (likelihood ratio, {test['dof']} dof): statistic {test['statistic']:.2f}, "
+             f"p {format_p(test['p_value'])} (shifted when p < {res['significance']})",
+             f"- total variation between source and target prior: {res['total_variation']:.3f}; largest change: "
+             f"class {change['class']} {change['source']:.3f} -> {change['target']:.3f}",
+             f"- identifiability: min Hessian eigenvalue {ident['min_hessian_eigenvalue']:.3g}"
+             + (f", confusion-matrix condition {ident['confusion_condition']:.3g}"
+                if ident.get("confusion_condition") is not None else "")
+             + ("" if res["trustworthy"] else " -- **not trustworthy**: " + "; ".join(ident.get("reasons", []))),
+             "", f"| class | source p_s | target p_t ({res['method']}) | {ci['level']:.0%} interval | w |",
+             "|---|---|---|---|---|"]
+    for c in range(res["n_classes"]):
+        lines.append(f"| {c} | {res['source_prior'][c]:.4f} | {res['target_prior'][c]:.4f} | "
+                     f"[{ci['lower'][c]:.4f}, {ci['upper'][c]:.4f}] | {res['weights'][c]:.3f} |")
+    for method, check in res["cross_check"].items():
+        lines.append("")
+        lines.append(f"Cross-check {method}: " + (_fmt_prior(check["target_prior"]) if "target_prior" in check
+                                                  else f"failed ({check.get('error')})"))
+    links = summary.get("links", {})
+    if links:
+        lines += ["", *[f"- {k}: {v}" for k, v in links.items()]]
+    return "\n".join(lines) + "\n"
+
+
+def _headline(word: str, res: dict) -> str:
+    test = res["no_shift_test"]
+    change = res["largest_change"]
+    if word == "Untrustworthy":
+        return ("The estimate cannot be trusted: " + "; ".join(res["identifiability"].get("reasons", []))
+                + f" (p {format_p(test['p_value'])}).")
+    if word == "Shifted":
+        return (f"The label distribution has shifted (p {format_p(test['p_value'])}): total variation "
+                f"{res['total_variation']:.3f}, largest change class {change['class']} "
+                f"{change['source']:.3f} -> {change['target']:.3f}.")
+    return f"No significant shift (p {format_p(test['p_value'])}); total variation {res['total_variation']:.3f}."
+
+
+@flow(name="reestimate", log_prints=False)
+def reestimate(
+    model: ModelParam = DEFAULT_MODEL,
+    target: TargetParam = None,
+    calibrator: CalibratorParam = "BCTS",
+    estimator: EstimatorParam = "MLLS",
+    cross_check: CrossCheckParam = ["BBSE-soft"],     # noqa: B006 - Prefect copies parameter defaults
+    interval: IntervalParam = "fisher",
+    level: LevelParam = 0.95,
+    significance: SignificanceParam = 0.05,
+    n_bootstrap: NBootstrapParam = 200,
+    seed: SeedParam = 0,
+    tracking_uri: TrackingParam = None,
+    mlflow_experiment: ExperimentParam = DEFAULT_EXPERIMENT,
+    batch_size: BatchSizeParam = 1024,
+):
+    """Re-estimate the target label distribution from the target batches that arrived since the last success.
+
+    Returns (as the data of its final state) the summary dict: verdict, model, target, batches, sequence, the
+    estimate with intervals, test and identifiability, the MLflow ids and the output locations.
+    """
+    logger = get_run_logger()
+    env = settings_mod.resolve(tracking_uri=tracking_uri, experiment_name=mlflow_experiment)
+    target_uri = target_uri_for(target, env.store_uri)
+    t0 = time.perf_counter()
+
+    # 1. what is new (fails on an empty or missing target; reads only)
+    store = open_store(target_uri)
+    batches, watermark = find_new_batches(store)
+    if not batches:
+        message = (f"No new data: all {len(watermark.processed)} batch(es) under {store.uri} were processed "
+                   f"(last run {watermark.sequence} at {watermark.updated_at}).")
+        logger.info(message)
+        create_markdown_artifact(markdown=f"# No new data\n\n{message}\n", key="reestimate",
+                                 description="re-estimation verdict")
+        return Completed(name="No new data", message=message,
+                         data={"verdict": "No new data", "target": store.uri, "batches": [],
+                               "sequence": watermark.sequence})
+    logger.info("%d new batch(es) under %s: %s", len(batches), store.uri,
+                ", ".join(b.key for b in batches[:10]) + (" ..." if len(batches) > 10 else ""))
+
+    # 2. MLflow reachable before any work; model, calibrator and source holdout from the registry
+    check_tracking_server(env.tracking_uri)
+    bundle = load_model_task(model, tracking_uri=env.tracking_uri, calibrator=calibrator)
+    logger.info("model %s -> version %s (run %s), input %s, %d classes, calibrator %s", model, bundle.version,
+                bundle.run_id, bundle.input_shape, bundle.n_classes, calibrator)
+    sequence = watermark.sequence + 1
+    flow_run_id, flow_run_name = _flow_run_info()
+    params = dict(model=model, model_version=bundle.version, target=store.uri, calibrator=calibrator,
+                  estimator=estimator, cross_check=",".join(cross_check), interval=interval, level=level,
+                  significance=significance, n_bootstrap=n_bootstrap, seed=seed, n_batches=len(batches))
+    tags = {"prefect.flow_run_id": flow_run_id or "", "prefect.flow_run_name": flow_run_name or "",
+            "labelshift.sequence": str(sequence)}
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    runs = start_reestimation_run(env.tracking_uri, env.experiment_name, env.artifact_root, model_name=bundle.name,
+                                  target_url=store.uri, run_name=f"reestimate-{sequence}",
+                                  params=params, tags=tags)
+    try:
+        # 3. calibrated probabilities of every new row (every batch checked before the first is scored)
+        probs = score_batches(bundle, target_uri, batches, batch_size=batch_size)
+        # 4. the estimate, its uncertainty and identifiability
+        result = estimate_shift(bundle, probs, estimator=estimator, cross_check=list(cross_check),
+                                interval=interval, level=level, significance=significance,
+                                n_bootstrap=n_bootstrap, seed=seed)
+        word = verdict(result)
+        ui = run_url(env.tracking_uri, runs["experiment_id"], runs["run_id"])
+        summary = {
+            "verdict": word, "headline": _headline(word, result), "sequence": sequence,
+            "model": bundle.describe(), "target": store.uri, "batches": [b.key for b in batches],
+            "result": result,
+            "mlflow": {"tracking_uri": env.tracking_uri, "experiment_id": runs["experiment_id"],
+                       "run_id": runs["run_id"], "monitor_run_id": runs["monitor_run_id"], "ui": ui},
+            "prefect_flow_run_id": flow_run_id, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        record = history_record(result, runs["run_id"])
+        figure = render_figure(result, [*watermark.history, dict(record, sequence=sequence)],
+                               result["interval"]["level"],
+                               f"{bundle.name} v{bundle.version}: target prior, run {sequence}")
+        log_reestimation(env.tracking_uri, runs, result, summary, figure, step=sequence)
+        # 5. outputs beside each batch, atomically; then -- only then -- the watermark
+        summary["outputs"] = write_outputs(target_uri, batches, probs, result["weights"], summary)
+        commit_watermark(store, watermark, batches, record)
+        # 6. the series of the monitor run, once per successful run
+        log_monitor_point(env.tracking_uri, runs, result, step=sequence)
+        end_run(env.tracking_uri, runs["run_id"], "FINISHED")
+    except BaseException as exc:
+        status = "KILLED" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        try:
+            end_run(env.tracking_uri, runs["run_id"], status, f"{type(exc).__name__}: {exc}")
+        except Exception as close_exc:
+            logger.error("could not mark MLflow run %s %s: %s", runs["run_id"], status, close_exc)
+        raise
+
+    summary["seconds"] = time.perf_counter() - t0
+    links = {"MLflow run": ui or f"run {runs['run_id']} in experiment '{env.experiment_name}'",
+             "watermark": store.url("_labelshift/watermark.json")}
+    summary["links"] = links
+    create_markdown_artifact(markdown=summary_markdown(summary), key="reestimate",
+                             description=f"re-estimation verdict: {word}")
+    logger.info("%s -- %s", word, summary["headline"])
+    return Completed(name=word, message=summary["headline"], data=summary)

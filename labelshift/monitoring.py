@@ -1,0 +1,645 @@
+"""The store side of scheduled re-estimation (issue 5): target batches, their outputs, and the watermark.
+
+A *target* is a :class:`~labelshift.storage.Store` (an S3 prefix or a local folder) into which unlabelled data
+arrives as batches. The re-estimation flow finds the batches it has not counted yet, estimates the target label
+distribution from them, writes corrected predictions next to each batch and then moves the watermark. This module
+does the bookkeeping; it knows nothing about models or estimators.
+
+Layout of a target (keys relative to the store)::
+
+    <any/sub/path>/NAME.npy               an input batch: a float array of shape (n, *input_shape)
+    <any/sub/path>/NAME.corrected.npy     output: p_t(y|x) per row, shape (n, k), float32
+    <any/sub/path>/NAME.summary.json      output: the per-batch summary, written after .corrected.npy
+    _labelshift/watermark.json            the watermark, written only after a run succeeded
+    _labelshift/...                       anything else the system keeps
+
+Every key that ends in ``.npy`` is a batch, except outputs (``.corrected.npy``) and keys under ``_labelshift/``.
+Names are case-sensitive (``X.NPY`` is not a batch), and an input may not itself end in ``.corrected.npy``.
+
+How a run uses it
+-----------------
+::
+
+    batches, watermark = find_new_batches(store)           # InputError when the target holds no batch at all
+    for batch in batches:
+        x = load_batch(store, batch, input_shape=(1, 28, 28))
+        ...                                                 # estimate on all batches, then correct each one
+        write_batch_outputs(store, batch, corrected, summary)
+    commit_watermark(store, watermark, batches, {"target_prior": [...], "p_value": 0.3})
+
+Guarantees
+----------
+- **Counted once.** The watermark holds every batch ever counted, by key *and* content checksum (SHA-256). It is
+  written last, in one atomic put, only by :func:`commit_watermark`. A run that fails anywhere before that (bad
+  input, crash between writing outputs and committing) leaves it unchanged, so the next run finds the same batches
+  again and processes them in full; their outputs are simply overwritten (the same input gives the same output).
+  ``processed`` is a mapping by key, so a batch can never be counted twice in it.
+- **Nothing written on bad input.** :func:`find_new_batches` and :func:`load_batch` only read. A run that loads
+  and checks every batch before writing any output leaves the target exactly as it was when one batch is bad.
+- **Changed batches are refused, not recounted.** A batch already counted whose content changed under the same
+  key raises :class:`ChangedBatchError` naming it (the fix: put new data under a new key). Counting the new content
+  in place of the old is possible, but only explicitly: ``find_new_batches(..., on_changed="reprocess")``; the run
+  that commits it records the key under ``replaced`` in its history entry. A counted batch that was *deleted* is
+  not an error (retention policies remove old data); it stays in ``processed``.
+- **Content pinned for the run.** :func:`load_batch` checks that the bytes it read have the checksum the batch was
+  listed with, so a batch replaced in the middle of a run cannot be counted under its old checksum.
+- **Compare-and-set commit.** :func:`commit_watermark` re-reads the watermark and refuses with
+  :class:`ConcurrentRunError` when another run committed since this one read it; after writing it reads the
+  watermark back and refuses the same way if another run's write replaced it. Object stores offer no atomic
+  compare-and-set through :class:`~labelshift.storage.Store`, so two commits landing within the same few
+  milliseconds can still both pass; the deployment should run with a concurrency limit of one. Even then no batch
+  is lost or counted twice: a lost commit only means its batches (absent from ``processed``) are processed again.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ._validation import check_probabilities
+from .errors import FormatError, InputError, ObjectNotFoundError, StorageError
+from .storage import LocalStore, Store, validate_key
+
+__all__ = [
+    "STATE_PREFIX", "WATERMARK_KEY", "BATCH_SUFFIX", "CORRECTED_SUFFIX", "SUMMARY_SUFFIX",
+    "TargetBatch", "Watermark", "ChangedBatchError", "ConcurrentRunError",
+    "is_batch_key", "list_batches", "read_watermark", "find_new_batches", "load_batch", "write_batch_outputs",
+    "commit_watermark",
+]
+
+logger = logging.getLogger(__name__)
+
+STATE_PREFIX = "_labelshift/"
+WATERMARK_KEY = "_labelshift/watermark.json"
+BATCH_SUFFIX = ".npy"
+CORRECTED_SUFFIX = ".corrected.npy"
+SUMMARY_SUFFIX = ".summary.json"
+
+WATERMARK_FORMAT = "labelshift-watermark"
+WATERMARK_VERSION = 1
+
+#: keys of a history entry set by :func:`commit_watermark`; a record passed in may not use them
+HISTORY_KEYS = ("sequence", "time", "run_id", "batches", "replaced")
+#: keys of a batch summary set by :func:`write_batch_outputs`
+SUMMARY_KEYS = ("input", "output")
+
+_FLOAT_SIZES = (2, 4, 8)  # float16, float32, float64
+_HEX = set("0123456789abcdef")
+_CHECKSUM_THREADS = 8
+
+
+class ChangedBatchError(InputError):
+    """A batch's content is not the content that was counted (or listed) under its key.
+
+    :attr:`changed` maps each such key to ``(checksum counted, checksum now)``.
+    """
+
+    def __init__(self, message: str, changed: Mapping[str, tuple[str, str]] | None = None):
+        super().__init__(message)
+        self.changed = dict(changed or {})
+
+
+class ConcurrentRunError(StorageError):
+    """Another run moved the watermark between this run's read and its commit; this run's commit was refused."""
+
+
+# -- batches ---------------------------------------------------------------------------------------------------------
+def is_batch_key(key: str) -> bool:
+    """True when ``key`` names an input batch: ends in ``.npy``, is not an output, is not under ``_labelshift/``."""
+    return key.endswith(BATCH_SUFFIX) and not key.endswith(CORRECTED_SUFFIX) and not key.startswith(STATE_PREFIX) \
+        and len(key.rsplit("/", 1)[-1]) > len(BATCH_SUFFIX)
+
+
+@dataclass(frozen=True)
+class TargetBatch:
+    """One input batch of a target: its key in the target store and the SHA-256 of its content when listed."""
+
+    key: str
+    checksum: str
+
+    def __post_init__(self):
+        validate_key(self.key, "batch key")
+        if not is_batch_key(self.key):
+            raise InputError(
+                f"{self.key!r} is not a batch key: batches end in {BATCH_SUFFIX!r}, outputs end in "
+                f"{CORRECTED_SUFFIX!r} and keys under {STATE_PREFIX!r} belong to the system."
+            )
+        if not _is_checksum(self.checksum):
+            raise InputError(f"checksum of batch {self.key!r} must be 64 lowercase hex digits, got {self.checksum!r}.")
+
+    @property
+    def name(self) -> str:
+        """The key without ``.npy`` (``2026/11/25/part-0``)."""
+        return self.key[: -len(BATCH_SUFFIX)]
+
+    @property
+    def corrected_key(self) -> str:
+        return self.name + CORRECTED_SUFFIX
+
+    @property
+    def summary_key(self) -> str:
+        return self.name + SUMMARY_SUFFIX
+
+
+def _is_checksum(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
+
+
+def _checksums(store: Store, keys: list[str]) -> dict[str, str]:
+    """SHA-256 of each key (a HEAD request each on S3, so several at once); keys deleted meanwhile are left out."""
+
+    def one(key: str) -> str | None:
+        try:
+            return store.checksum(key).lower()
+        except ObjectNotFoundError:
+            logger.info("batch %s disappeared while the target was being listed; skipped", store.url(key))
+            return None
+
+    if len(keys) <= 2:
+        found = [one(k) for k in keys]
+    else:
+        with ThreadPoolExecutor(max_workers=min(_CHECKSUM_THREADS, len(keys))) as pool:
+            found = list(pool.map(one, keys))
+    return {k: c for k, c in zip(keys, found) if c is not None}
+
+
+def _scan(store: Store) -> tuple[list[str], list[TargetBatch]]:
+    keys = store.list()
+    batch_keys = [k for k in keys if is_batch_key(k)]
+    checksums = _checksums(store, batch_keys)
+    return keys, [TargetBatch(k, checksums[k]) for k in batch_keys if k in checksums]
+
+
+def list_batches(store: Store) -> list[TargetBatch]:
+    """Every input batch of the target, sorted by key, with its checksum (outputs and ``_labelshift/`` excluded)."""
+    return _scan(store)[1]
+
+
+# -- the watermark ---------------------------------------------------------------------------------------------------
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """What the successful runs on a target have counted so far.
+
+    Attributes:
+        sequence: number of successful runs (0 when none).
+        processed: batch key -> SHA-256 of the content counted, for every batch ever counted.
+        updated_at: ISO 8601 UTC time of the last commit (None when none).
+        history: one small dict per successful run, oldest first: ``sequence``, ``time``, ``run_id``, ``batches``
+            (keys counted by that run), ``replaced`` (keys whose changed content it counted, if any) and whatever the
+            flow recorded (prior, p-value...).
+        run_id: random id of the commit that wrote this watermark (None when none); the compare-and-set token.
+    """
+
+    sequence: int = 0
+    processed: dict[str, str] = field(default_factory=dict)
+    updated_at: str | None = None
+    history: list[dict] = field(default_factory=list)
+    run_id: str | None = None
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict (the content of ``_labelshift/watermark.json``)."""
+        return {
+            "format": WATERMARK_FORMAT,
+            "version": WATERMARK_VERSION,
+            "sequence": self.sequence,
+            "updated_at": self.updated_at,
+            "run_id": self.run_id,
+            "processed": dict(sorted(self.processed.items())),
+            "history": [dict(entry) for entry in self.history],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "watermark") -> "Watermark":
+        """Validate and build a watermark; :class:`FormatError` naming ``source``, the field and the fix otherwise."""
+
+        def bad(problem: str) -> FormatError:
+            return FormatError(f"{source} is not a valid labelshift watermark: {problem}. {_RECOVERY}")
+
+        if not isinstance(data, Mapping):
+            raise bad(f"expected a JSON object, found {type(data).__name__}")
+        if data.get("format") != WATERMARK_FORMAT:
+            raise bad(f"field 'format' must be {WATERMARK_FORMAT!r}, found {data.get('format')!r}")
+        version = data.get("version")
+        if not _is_int(version) or version < 1:
+            raise bad(f"field 'version' must be a positive integer, found {version!r}")
+        if version > WATERMARK_VERSION:
+            raise FormatError(
+                f"{source} has watermark version {version}, newer than this labelshift understands "
+                f"({WATERMARK_VERSION}); upgrade labelshift to run on this target."
+            )
+        sequence = data.get("sequence")
+        if not _is_int(sequence) or sequence < 0:
+            raise bad(f"field 'sequence' must be a non-negative integer, found {sequence!r}")
+        updated_at = data.get("updated_at")
+        if updated_at is not None:
+            try:
+                datetime.fromisoformat(updated_at)
+            except (TypeError, ValueError):
+                raise bad(f"field 'updated_at' must be an ISO 8601 time or null, found {updated_at!r}") from None
+        run_id = data.get("run_id")
+        if run_id is not None and not isinstance(run_id, str):
+            raise bad(f"field 'run_id' must be a string or null, found {run_id!r}")
+        processed = data.get("processed")
+        if not isinstance(processed, Mapping):
+            raise bad(f"field 'processed' must be an object of batch key -> sha256, found {type(processed).__name__}")
+        for key, checksum in processed.items():
+            if not isinstance(key, str) or not is_batch_key(key):
+                raise bad(f"field 'processed' holds {key!r}, which is not a batch key")
+            if not _is_checksum(checksum):
+                raise bad(f"field 'processed' gives {key!r} the checksum {checksum!r}, not 64 lowercase hex digits")
+        history = data.get("history")
+        if not isinstance(history, list) or not all(isinstance(entry, Mapping) for entry in history):
+            raise bad("field 'history' must be a list of objects")
+        for entry in history:
+            if not _is_int(entry.get("sequence")) or not 1 <= entry["sequence"] <= sequence:
+                raise bad(f"a 'history' entry has sequence {entry.get('sequence')!r}, outside 1..{sequence}")
+        if sequence == 0 and (processed or updated_at is not None):
+            raise bad("field 'sequence' is 0 (no successful run) but the watermark records processed batches")
+        return cls(sequence=sequence, processed=dict(processed), updated_at=updated_at,
+                   history=[dict(entry) for entry in history], run_id=run_id)
+
+
+_RECOVERY = (
+    "To recover: restore the file from a backup; or, if its content is a valid watermark that a crash left with a "
+    "stale checksum, write the same content again through the store (Store.put_bytes); or delete it, and the next "
+    "run processes every batch in the target again (overwriting their outputs) with the sequence starting over."
+)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def read_watermark(store: Store) -> Watermark:
+    """The target's watermark; an empty one (sequence 0) when the target has none yet.
+
+    Raises :class:`FormatError` naming the key and how to recover when the file is corrupt (not JSON, wrong fields,
+    or content that does not match its recorded checksum).
+    """
+    uri = store.url(WATERMARK_KEY)
+    for attempt in range(2):
+        try:
+            data = store.get_bytes(WATERMARK_KEY)
+            break
+        except ObjectNotFoundError:
+            # a missing bucket raises from exists() too; only an absent key means "no run yet"
+            if not store.exists(WATERMARK_KEY):
+                return Watermark()
+            if attempt == 1:
+                raise
+            # another run wrote it just now: read that one
+        except FormatError as exc:  # the store's checksum check failed
+            raise FormatError(f"the watermark {uri} is corrupt: {exc} {_RECOVERY}") from None
+    try:
+        parsed = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"the watermark {uri} is not valid UTF-8 JSON ({exc}). {_RECOVERY}") from None
+    return Watermark.from_dict(parsed, source=f"the watermark {uri}")
+
+
+# -- finding work ----------------------------------------------------------------------------------------------------
+def _no_batch_message(store: Store, keys: list[str]) -> str:
+    if isinstance(store, LocalStore) and not store.root.is_dir():
+        why = "the folder does not exist"
+    elif not keys:
+        why = "it holds no objects (the prefix is empty or does not exist)"
+    else:
+        others = [k for k in keys if not k.startswith(STATE_PREFIX)]
+        shown = ", ".join(repr(k) for k in others[:5]) + (", ..." if len(others) > 5 else "")
+        why = f"it holds {len(keys)} object(s) but none is an input batch" + (f" ({shown})" if shown else "")
+    return (
+        f"no target batch under {store.uri}: {why}. Put the unlabelled data there as NAME.npy files, each a float "
+        f"array of shape (n, *model input shape) saved with numpy.save (e.g. {store.url('2026/01/31/part-0.npy')}); "
+        f"*{CORRECTED_SUFFIX} outputs and keys under {STATE_PREFIX} are not batches."
+    )
+
+
+def find_new_batches(
+    store: Store,
+    watermark: Watermark | None = None,
+    *,
+    on_changed: Literal["error", "reprocess"] = "error",
+) -> tuple[list[TargetBatch], Watermark]:
+    """The batches not counted yet (sorted by key) and the watermark they were compared against.
+
+    Args:
+        store: the target.
+        watermark: compare against this one instead of reading the target's (pass it on to :func:`commit_watermark`).
+        on_changed: what to do with a batch that was counted but whose content changed under the same key:
+            ``"error"`` (default) raises :class:`ChangedBatchError` naming each one; ``"reprocess"`` returns it with
+            the new ones so that its new content is counted in place of the old.
+
+    Returns ``[]`` when every batch was already counted. Raises :class:`InputError` when the target holds no batch at
+    all (empty or missing prefix), saying which URI and what is expected. Writes nothing.
+    """
+    if on_changed not in ("error", "reprocess"):
+        raise InputError(f"on_changed must be 'error' or 'reprocess', got {on_changed!r}.")
+    if watermark is None:
+        watermark = read_watermark(store)
+    keys, batches = _scan(store)
+    if not batches:
+        raise InputError(_no_batch_message(store, keys))
+    changed = {b.key: (watermark.processed[b.key], b.checksum) for b in batches
+               if b.key in watermark.processed and watermark.processed[b.key] != b.checksum}
+    if changed and on_changed == "error":
+        listed = "; ".join(f"{store.url(k)} (counted sha256 {old[:12]}..., now {new[:12]}...)"
+                           for k, (old, new) in list(changed.items())[:5])
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        raise ChangedBatchError(
+            f"{len(changed)} batch(es) already counted have changed content under the same key: {listed}{more}. "
+            "A batch is counted once; put new data under a new key (e.g. NAME-v2.npy) and restore the original "
+            "content, or, to count the new content in place of the old, run with on_changed='reprocess'.",
+            changed,
+        )
+    new = [b for b in batches if b.key not in watermark.processed or b.key in changed]
+    logger.info("%s: %d batch(es), %d new%s", store.uri, len(batches), len(new),
+                f" ({len(changed)} changed, reprocessed)" if changed else "")
+    return new, watermark
+
+
+# -- reading a batch -------------------------------------------------------------------------------------------------
+def _npy_header(data: bytes, uri: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """Shape, Fortran order, dtype and data offset from a .npy header, without reading (or unpickling) the data."""
+    from numpy.lib import format as npy_format
+
+    stream = io.BytesIO(data)
+    try:
+        version = npy_format.read_magic(stream)
+    except ValueError as exc:
+        raise FormatError(
+            f"{uri} is not a .npy file ({exc}); write batches with numpy.save (an .npz archive, a pickle or a "
+            "truncated upload cannot be read)."
+        ) from None
+    if version == (1, 0):
+        read_header = npy_format.read_array_header_1_0
+    elif version == (2, 0):
+        read_header = npy_format.read_array_header_2_0
+    else:  # 3.0 exists only for structured dtypes with non-ASCII field names
+        raise InputError(
+            f"{uri} uses .npy format version {version[0]}.{version[1]} (a structured dtype); save a plain float "
+            "array instead: numpy.save(path, arr.astype(numpy.float32))."
+        )
+    try:
+        shape, fortran_order, dtype = read_header(stream)
+    except (ValueError, EOFError, SyntaxError) as exc:
+        raise FormatError(f"{uri} has a corrupt .npy header ({exc}); write it again with numpy.save.") from None
+    return tuple(int(n) for n in shape), bool(fortran_order), dtype, stream.tell()
+
+
+def _check_dtype(dtype: np.dtype, uri: str) -> None:
+    expected = "expected float32 (float16 and float64 are accepted and converted)"
+    if dtype.kind == "f" and dtype.itemsize in _FLOAT_SIZES:
+        return
+    if dtype.hasobject:
+        fix = ("object arrays hold pickled Python objects, which are never loaded; save a numeric array: "
+               "numpy.save(path, numpy.asarray(arr, dtype=numpy.float32))")
+    elif dtype.kind in "iub":
+        fix = ("convert it with arr.astype(numpy.float32), after the same preprocessing the model was trained "
+               "with (e.g. uint8 pixels scaled to [0, 1]), and save it again")
+    elif dtype.kind == "c":
+        fix = "complex values have no meaning as model input; save the real-valued features as float32"
+    elif dtype.kind == "f":
+        fix = "convert it with arr.astype(numpy.float32) and save it again"
+    else:
+        fix = "save a plain float array: numpy.save(path, arr.astype(numpy.float32))"
+    raise InputError(f"batch {uri} has dtype {dtype} ({expected}): {fix}.")
+
+
+def _check_shape(shape: tuple[int, ...], input_shape: tuple[int, ...] | None, uri: str) -> None:
+    if len(shape) < 2 and input_shape is None:
+        raise InputError(
+            f"batch {uri} has shape {shape}; a batch is (n, *input shape) with one row per example, at least "
+            "2-D. Save a single example as arr[None] and a 1-D feature column as arr[:, None]."
+        )
+    if input_shape is not None and (len(shape) == 0 or shape[1:] != input_shape):
+        dims = ", ".join(str(d) for d in input_shape)
+        expected = f"(n, {dims})" if dims else "(n,)"
+        per_row = math.prod(input_shape)
+        hint = ""
+        if len(shape) > 1 and math.prod(shape[1:]) == per_row:
+            hint = f" The sizes agree: save arr.reshape(-1, {dims}) instead."
+        elif len(shape) == 1 and per_row > 1 and shape[0] % per_row == 0:
+            hint = f" A 1-D array is a flattened example or batch: save arr.reshape(-1, {dims}) instead."
+        raise InputError(
+            f"batch {uri} has shape {shape}, but the model takes {expected}: one row per example of input shape "
+            f"{input_shape}.{hint}"
+        )
+    if shape[0] == 0:
+        raise InputError(f"batch {uri} holds zero rows (shape {shape}); delete it or put at least one example in it.")
+
+
+def load_batch(store: Store, batch: TargetBatch, *, input_shape: Sequence[int] | None,
+               max_rows: int | None = None) -> np.ndarray:
+    """Read and check one batch; returns a C-contiguous float32 array of shape (n, *input_shape).
+
+    Checks, in this order (each failure names the batch's URI and the fix; nothing is written):
+
+    - the content is what was listed (checksum), else :class:`ChangedBatchError`;
+    - it is a .npy file whose byte count matches its header, else :class:`FormatError` (garbage, truncated,
+      .npz, pickle). Objects are never unpickled: ``allow_pickle=False`` and the dtype is checked from the header
+      before any data is read;
+    - dtype float16/float32/float64 (converted to float32), else :class:`InputError` naming the dtype found and
+      how to convert (integers, bool, complex, object, strings, structured);
+    - shape ``(n, *input_shape)`` with ``n >= 1`` (``input_shape=None``: any shape of at least 2 dimensions) and
+      ``n <= max_rows`` when given, else :class:`InputError`;
+    - every value finite after the conversion (float64 beyond float32's range becomes inf), else :class:`InputError`.
+    """
+    uri = store.url(batch.key)
+    if input_shape is not None:
+        try:
+            input_shape = tuple(int(d) for d in input_shape)
+        except (TypeError, ValueError):
+            raise InputError(f"input_shape must be a tuple of integers like (1, 28, 28), got {input_shape!r}.") \
+                from None
+        if any(d < 1 for d in input_shape):
+            raise InputError(f"input_shape must hold positive sizes, got {input_shape}.")
+    if max_rows is not None and (not _is_int(max_rows) or max_rows < 1):
+        raise InputError(f"max_rows must be a positive integer or None, got {max_rows!r}.")
+    data = store.get_bytes(batch.key)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != batch.checksum:
+        raise ChangedBatchError(
+            f"batch {uri} changed after this run listed it (listed sha256 {batch.checksum[:12]}..., read "
+            f"{digest[:12]}...): it was replaced while the run was going. Run again; the new content is then "
+            "listed and read together.",
+            {batch.key: (batch.checksum, digest)},
+        )
+    shape, fortran_order, dtype, offset = _npy_header(data, uri)
+    _check_dtype(dtype, uri)
+    _check_shape(shape, input_shape, uri)
+    if max_rows is not None and shape[0] > max_rows:
+        raise InputError(
+            f"batch {uri} has {shape[0]} rows, more than max_rows={max_rows}; split it into smaller batches "
+            "(several NAME.npy files) or raise max_rows."
+        )
+    expected = offset + math.prod(shape) * dtype.itemsize
+    if len(data) != expected:
+        state = "truncated" if len(data) < expected else "followed by extra bytes"
+        raise FormatError(
+            f"batch {uri} is {state}: its header promises {expected} bytes for shape {shape} of {dtype}, the "
+            f"object has {len(data)}. Upload it again (numpy.save, then copy the whole file)."
+        )
+    try:
+        arr = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:  # checked above; kept so no numpy error escapes unexplained
+        raise FormatError(f"batch {uri} is not a readable .npy array ({exc}); write it again with numpy.save.") \
+            from None
+    with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf, reported just below
+        out = np.ascontiguousarray(arr, dtype=np.float32)
+    finite = np.isfinite(out)
+    if not finite.all():
+        bad_rows = np.flatnonzero(~finite.reshape(out.shape[0], -1).all(axis=1))
+        raise InputError(
+            f"batch {uri} has {out.size - int(np.count_nonzero(finite))} NaN or infinite value(s) (as float32; "
+            f"float64 values beyond +-3.4e38 overflow) in {bad_rows.size} row(s), first row {int(bad_rows[0])}; "
+            "remove or impute those rows and save the batch again."
+        )
+    return out
+
+
+# -- writing outputs -------------------------------------------------------------------------------------------------
+def _json_value(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"object of type {type(value).__name__} is not JSON serialisable")
+
+
+def _encode(obj: Any, what: str) -> bytes:
+    try:
+        return json.dumps(obj, indent=2, default=_json_value).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{what} cannot be written as JSON ({exc}); pass numbers, strings, lists and dicts.") \
+            from None
+
+
+def write_batch_outputs(store: Store, batch: TargetBatch, corrected: Any, summary: Mapping[str, Any], *,
+                        n_rows: int | None = None) -> dict:
+    """Write the corrected predictions of ``batch`` and then its summary, each atomically.
+
+    ``corrected`` holds p_t(y|x) per row, shape (n, k): rows of non-negative numbers that sum to 1, as the paper's
+    correction p_t(y|x) proportional to w_y f_y(x) gives (Section 2); it is stored as float32 under
+    ``NAME.corrected.npy``. ``n_rows``, when given, must equal n (the batch's row count).
+
+    The summary is written last under ``NAME.summary.json``, so a summary never refers to predictions that are not
+    there yet. Two fields are added (a summary passed in may not use them): ``input`` (key, uri, sha256 and rows of
+    the batch) and ``output`` (key, uri, sha256 and classes of the corrected predictions). Everything is checked,
+    and the summary encoded, before the first write. Writing again overwrites both. Returns the summary as written.
+    """
+    if not isinstance(summary, Mapping):
+        raise InputError(f"summary must be a dict, got {type(summary).__name__}.")
+    taken = [k for k in SUMMARY_KEYS if k in summary]
+    if taken:
+        raise InputError(f"summary fields {taken} are set by write_batch_outputs; rename them in the summary.")
+    probs = check_probabilities(corrected, f"corrected predictions for {store.url(batch.key)}", 2)
+    if n_rows is not None and probs.shape[0] != n_rows:
+        raise InputError(
+            f"corrected predictions for {store.url(batch.key)} have {probs.shape[0]} rows but the batch has "
+            f"{n_rows}; pass one row per example."
+        )
+    array = probs.astype(np.float32)
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    payload = buffer.getvalue()
+    record = dict(summary)
+    record["input"] = {"key": batch.key, "uri": store.url(batch.key), "sha256": batch.checksum,
+                       "rows": int(array.shape[0])}
+    record["output"] = {"key": batch.corrected_key, "uri": store.url(batch.corrected_key),
+                        "sha256": hashlib.sha256(payload).hexdigest(), "classes": int(array.shape[1])}
+    text = _encode(record, f"the summary of {store.url(batch.key)}")
+    store.put_bytes(batch.corrected_key, payload, content_type="application/octet-stream")
+    store.put_bytes(batch.summary_key, text, content_type="application/json")
+    return json.loads(text)
+
+
+# -- committing ------------------------------------------------------------------------------------------------------
+def commit_watermark(store: Store, previous: Watermark, batches: Sequence[TargetBatch], record: Mapping[str, Any],
+                     *, history_limit: int | None = None) -> Watermark:
+    """Count ``batches`` as processed: write sequence + 1, with them in ``processed`` and ``record`` in ``history``.
+
+    Compare-and-set: the watermark is read again first and the commit refused with :class:`ConcurrentRunError` if
+    it is no longer ``previous`` (another run committed meanwhile); after the single atomic write it is read back and
+    the same error raised if another run's write replaced it. ``record`` (JSON-serialisable, e.g. prior and p-value)
+    goes into the new history entry beside ``sequence``, ``time``, ``run_id``, ``batches`` and, for batches counted
+    again with new content, ``replaced``; it may not use those names. ``history_limit`` keeps only the most recent
+    entries (``processed`` always keeps every batch). Returns the new watermark.
+
+    A batch already counted with the same checksum is refused (:class:`InputError`): it would be counted twice.
+    """
+    if not isinstance(previous, Watermark):
+        raise InputError(f"previous must be the Watermark returned by find_new_batches, got {type(previous).__name__}.")
+    if not isinstance(record, Mapping):
+        raise InputError(f"record must be a dict, got {type(record).__name__}.")
+    taken = [k for k in HISTORY_KEYS if k in record]
+    if taken:
+        raise InputError(f"record fields {taken} are set by commit_watermark; rename them in the record.")
+    if history_limit is not None and (not _is_int(history_limit) or history_limit < 1):
+        raise InputError(f"history_limit must be a positive integer or None, got {history_limit!r}.")
+    batches = list(batches)
+    if not all(isinstance(b, TargetBatch) for b in batches):
+        raise InputError("batches must be TargetBatch objects (as returned by find_new_batches).")
+    keys = [b.key for b in batches]
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise InputError(f"batches {duplicates} are listed more than once; count each batch once.")
+    uri = store.url(WATERMARK_KEY)
+
+    current = read_watermark(store)
+    if (current.sequence, current.run_id) != (previous.sequence, previous.run_id):
+        raise ConcurrentRunError(
+            f"the watermark {uri} moved to sequence {current.sequence} (updated {current.updated_at}) since this run "
+            f"read sequence {previous.sequence}: another run committed meanwhile. Nothing was counted by this run; "
+            "its outputs are overwritten by the next run that counts these batches. Run again, and give the "
+            "deployment a concurrency limit of one."
+        )
+    again = [b.key for b in batches if current.processed.get(b.key) == b.checksum]
+    if again:
+        raise InputError(
+            f"batches {again[:5]} are already counted in {uri} with the same content; committing them again would "
+            "count them twice. Commit only the batches find_new_batches returned."
+        )
+    replaced = [b.key for b in batches if b.key in current.processed]
+    now = _now()
+    run_id = uuid.uuid4().hex
+    entry = {"sequence": current.sequence + 1, "time": now, "run_id": run_id, "batches": keys}
+    if replaced:
+        entry["replaced"] = replaced
+    entry.update(record)
+    history = [*current.history, entry]
+    if history_limit is not None:
+        history = history[-history_limit:]
+    new = Watermark(
+        sequence=current.sequence + 1,
+        processed={**current.processed, **{b.key: b.checksum for b in batches}},
+        updated_at=now,
+        history=json.loads(_encode(history, "the watermark history")),
+        run_id=run_id,
+    )
+    store.put_bytes(WATERMARK_KEY, _encode(new.to_dict(), f"the watermark {uri}"), content_type="application/json")
+    written = read_watermark(store)
+    if written.run_id != run_id:
+        raise ConcurrentRunError(
+            f"the watermark {uri} was overwritten by another run (sequence {written.sequence}) right after this "
+            "run's commit. Batches the winning run did not count are processed again by the next run; none is "
+            "counted twice. Give the deployment a concurrency limit of one."
+        )
+    logger.info("%s: committed sequence %d with %d batch(es)", uri, new.sequence, len(batches))
+    return new

@@ -1,0 +1,641 @@
+"""Uncertainty of a label-shift estimate: confidence intervals on the target prior, a test of "no shift", and an
+identifiability report -- for the MLLS estimator of Garg, Wu, Balakrishnan & Lipton, "A Unified View of Label Shift
+Estimation" (NeurIPS 2020), Sections 4.2 and 5.
+
+Notation: f_i = f(x_i) in the simplex, the calibrated source posterior on target example i (i = 1..m, k classes);
+p_s the source prior; W = {w >= 0, p_s^T w = 1}; L_m(w) = (1/m) sum_i log f_i^T w, the MLLS objective
+eq. (mlls-sample); w_hat its maximiser over W; the target prior is p_t = p_s * w (elementwise).
+
+Fisher interval (:func:`fisher_interval`)
+-----------------------------------------
+The negated Hessian of L_m is H(w) = (1/m) sum_i f_i f_i^T / (f_i^T w)^2 (Appendix B, eq. proof-hessian), the
+matrix whose minimum eigenvalue is the sigma of eq. (bound-main); Lemma (bound-finite) says the finite-sample
+error of MLLS is of order sigma^{-1} m^{-1/2}. Here the same matrix gives the error's covariance, not just its
+scale. w_hat maximises a likelihood under one linear constraint, p_s^T w = 1, so only directions inside the
+constraint's tangent space {d : p_s^T d = 0} move the estimate. With Z a (k, k-1) orthonormal basis of that space,
+the asymptotic covariance of the constrained MLE is
+
+    Cov(w_hat) = (1/m) Z (Z^T H Z)^{-1} Z^T,          Cov(p_t_hat) = D Cov(w_hat) D,   D = diag(p_s),
+
+(H evaluated at w_hat, i.e. the observed information), and each class gets the normal interval
+p_t_hat(y) +- z se(y) with z = Phi^{-1}((1 + level) / 2), clipped to [0, 1] (on w: to [0, 1 / p_s(y)], the range
+of w_y over W).
+
+Why it holds, and how robust it is. Write s_i = f_i / (f_i^T w) for the score of example i. Two identities make
+the formula simple: (i) the per-example observed information *is* the score outer product, f_i f_i^T / (f_i^T w)^2
+= s_i s_i^T, so H equals the empirical second moment of the scores; (ii) at the maximiser, the mean score (the
+gradient) equals p_s on the free coordinates (the KKT conditions; their multiplier is 1 because
+w^T grad L_m(w) = 1 for every w in W), so Z^T (mean score) = 0. Hence Z^T H Z is also the empirical covariance of
+the projected scores, and the "sandwich" covariance (Z^T H Z)^{-1} [Z^T Cov(s) Z] (Z^T H Z)^{-1}, which needs no
+model to be right, collapses to the formula above. The interval therefore accounts for the sampling error of the
+target set even when f is miscalibrated -- but it is then centred on w_f (the population optimum for that f), not
+on the true w*: the calibration term of eq. (bound-main) is a bias that no interval computed from the target set
+can see.
+
+What it leaves out. f and p_s are treated as known: the error of the calibrator fitted on the labelled source
+data and of the estimated source prior is not included (it is O(n^{-1/2}) for n source examples, so the interval
+is honest when m << n and too short otherwise; the bootstrap over target rows shares this limitation).
+
+Classes at the boundary. When a class is pinned at w_y = 0 by the constraint w >= 0 (w_y <= :data:`PIN_TOL`, as
+in the MLLS conditioning flag) the MLE is not asymptotically normal in that coordinate, and the log-likelihood
+need not even be flat there. The computation then (a) holds the pinned coordinates at 0 and applies the formula
+above to the free coordinates F only (Z spans {d_F : p_F^T d_F = 0}; the pinned classes get no standard error,
+nan); and (b) gives each pinned class y the one-sided interval [0, U_y] from its profile likelihood. Moving mass
+into class y along the direction b (b_y = 1, the free coordinates following the conditional mean of the normal
+approximation on F + {y}, b = Cov[:, y] / Cov[y, y]), the log-likelihood falls by
+
+    2 m [L_m(w_hat) - L_m(w_hat + t b)]  ~=  2 m (a t + t^2 / (2 v)),    t >= 0,
+
+with a = p_s(y) - grad_y L_m(w_hat) >= 0 the KKT slack of the constraint (the rate at which the likelihood falls
+when mass moves into class y) and v the per-example variance of w_y that the Fisher formula gives when y is freed.
+U_y is the t at which the left side -- evaluated exactly, not by the quadratic, because the likelihood of a small
+mixture component flattens as it grows and the quadratic would understate U_y -- reaches z^2, the same
+z = Phi^{-1}((1 + level) / 2) as the free classes. In the quadratic model this is U_y = w_u + sqrt(w_u^2 + z^2 v / m),
+w_u = -a v the unconstrained (negative) estimate, never below the upper end w_u + z sqrt(v / m) of the
+unconstrained normal interval, and equal to z sqrt(v / m) when a = 0: the interval grows continuously out of
+the free-class interval as w_hat_y reaches 0. Measured coverage of the small class near the boundary (k = 3
+Gaussian classes with exact posteriors, level 0.95): p_t(y) = 0.01 at m = 500 (pinned in 20% of seeds) 0.98 over
+1000 seeds; p_t(y) = 0.02 at m = 300, 0.96 over 2000 seeds; an absent class, 0.995. The percentile bootstrap does
+worse there (0.89 at p_t(y) = 0.01, m = 500, over 300 seeds), as percentile bootstraps do at a boundary.
+
+Bootstrap interval (:func:`bootstrap_interval`)
+-----------------------------------------------
+Resample the m target rows with replacement, re-estimate with a fitted estimator (MLLS by default, any estimator
+of :mod:`labelshift.estimators`), and take the percentile interval of the replicates. It makes no normal
+approximation and works with any estimator (e.g. BBSE, whose weights have no likelihood), at the price of
+re-solving the estimate ``n_bootstrap`` times. Like the Fisher interval it treats f and p_s as known.
+
+No-shift test (:func:`no_shift_test`)
+-------------------------------------
+The likelihood-ratio test of H0: w = 1 (p_t = p_s) against the MLLS alternative w in W:
+Lambda = 2 m [L_m(w_hat) - L_m(1)] ~ chi^2_{k-1} under H0 (Wilks' theorem: w = 1 is an interior point of W, which
+has dimension k - 1, and the information is non-singular when the classes are identifiable).
+
+Identifiability (:func:`identifiability`)
+-----------------------------------------
+An estimate is reported untrustworthy, with a reason that names the number and the threshold, when:
+
+* m sigma_free < :data:`~labelshift.estimators.MLLS_FLAG_M_SIGMA` (= 4). sigma_free is the minimum eigenvalue of H
+  restricted to the free coordinates (w_y > PIN_TOL), the MLLS estimators' own flag. By the covariance above, the
+  standard error of w_hat in its worst direction is at most 1 / sqrt(m sigma_free) (the tangent information
+  Z^T H_FF Z has no eigenvalue below sigma_free), and the flag fires when this bound exceeds 1/2 -- an error of
+  half the no-shift weight w = 1.
+* for a class pinned at 0: its one-standard-error bound (U_y above with z = 1) exceeds the same 1/2. The
+  curvature criterion sees only the free coordinates, so this extends it to the pinned ones: a class with
+  little curvature *and* little slack (the likelihood is flat when mass moves into it) is not identified, while
+  an absent class under severe shift (slack ~ p_s(y)) passes however small its curvature.
+* sigma_min(C) sqrt(n_source) < :data:`~labelshift.estimators.BBSE_FLAG_SNR` (= 2) for the joint confusion matrix
+  C of the classifier on n_source labelled source examples (when given): its entries are means of n_source
+  indicators, so their noise has norm about 1 / sqrt(n_source), and the first-order relative error of BBSE,
+  ||dC|| / sigma_min(C), then exceeds 1/2 (the reasoning of :mod:`labelshift.estimators`). For a calibrated f,
+  the soft confusion matrix is invertible exactly when MLLS is identifiable (Proposition equiv-cond), so a
+  near-singular C is a warning for MLLS too.
+* optionally, the interval on some w_y is wider than ``max_relative_width`` (the width on p_t(y) relative to
+  p_s(y): 1.0 means "as wide as the whole no-shift weight").
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.linalg import null_space
+from scipy.stats import chi2, norm
+
+from ._validation import as_float_array, check_prior, check_probabilities
+from .diagnostics import confusion_condition
+from .errors import IllConditionedWarning, InputError
+from .estimators import BBSE_FLAG_SNR, MLLS, MLLS_FLAG_M_SIGMA
+from .solvers import PIN_TOL, mlls_gradient, mlls_hessian, mlls_newton, restricted_min_eigenvalue
+
+__all__ = ["PriorInterval", "fisher_interval", "bootstrap_interval", "NoShiftTest", "no_shift_test",
+           "Identifiability", "identifiability", "PIN_TOL", "MAX_STANDARD_ERROR"]
+
+#: the worst standard error of w that still counts as identified: 1 / sqrt(MLLS_FLAG_M_SIGMA) = 1/2
+MAX_STANDARD_ERROR = 1.0 / math.sqrt(MLLS_FLAG_M_SIGMA)
+
+# eigenvalues of the tangent information below this fraction of the largest count as zero (no information in that
+# direction: the variance there becomes huge and the interval spans the whole range)
+_EIG_FLOOR = 1e-14
+# bytes of resampled target rows per estimate call of the bootstrap
+_BOOTSTRAP_CHUNK_BYTES = 32 * 2**20
+# |p_s^T w - 1| above this: the weights are not in W
+_SUM_TOL = 1e-6
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# JSON helpers
+# ---------------------------------------------------------------------------------------------------------------
+def _num(x) -> float | None:
+    """A JSON-able float: non-finite values (nan for "not defined", inf) become None."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _nums(a) -> list:
+    return [_num(v) for v in np.asarray(a, dtype=np.float64).ravel()]
+
+
+def _json_value(v):
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return _num(v)
+    if isinstance(v, np.ndarray):
+        return [_json_value(x) for x in v.tolist()]
+    if isinstance(v, (list, tuple)):
+        return [_json_value(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _json_value(x) for k, x in v.items()}
+    return v
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# input checks
+# ---------------------------------------------------------------------------------------------------------------
+def _check_level(level, name: str = "level") -> float:
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < level < 1.0:
+        raise InputError(f"{name} must be a probability strictly between 0 and 1 (e.g. 0.95), got {level!r}.")
+    return float(level)
+
+
+def _check_inputs(target_probs, source_prior):
+    P = check_probabilities(target_probs, "target_probs", 2)
+    k = P.shape[1]
+    p = as_float_array(source_prior, "source_prior", 1)
+    if p.shape[0] != k:
+        raise InputError(f"source_prior has {p.shape[0]} entries but target_probs has {k} class columns; both must "
+                         "describe the same classes of the same classifier.")
+    return P, check_prior(p, "source_prior", k)
+
+
+def _mle_gap_tol(m: int) -> float:
+    """Largest Frank-Wolfe duality gap accepted for 'w is the MLLS maximiser'. The gap bounds L_m(w_hat) - L_m(w),
+    so the likelihood-ratio statistic is off by at most 2 m gap: <= 2e-3 here (MLLS's default tol is 1e-10)."""
+    return max(1e-3 / m, 2e-10)
+
+
+def _check_mle(P, weights, p) -> np.ndarray:
+    """The MLLS weights for target rows P: given ones are checked (shape, range, p_s^T w = 1 and optimality),
+    None solves eq. (mlls-sample)."""
+    m, k = P.shape
+    if weights is None:
+        res = mlls_newton(P, p)
+        w = np.maximum(res.weights, 0.0)
+    else:
+        w = as_float_array(weights, "weights", 1)
+        if w.shape[0] != k:
+            raise InputError(f"weights has {w.shape[0]} entries but target_probs has {k} class columns; pass the "
+                             "weights estimated on these target_probs.")
+        if np.any(w < -1e-9):
+            raise InputError(f"weights has negative entries (min {w.min():.3g}); these intervals are for the MLLS "
+                             "estimate, which lies in W = {w >= 0, sum_y w_y p_s(y) = 1}. Pass MLLS weights (or "
+                             "None to solve MLLS here), or use bootstrap_interval for other estimators.")
+        w = np.maximum(w, 0.0)
+        total = float(w @ p)
+        if abs(total - 1.0) > _SUM_TOL:
+            raise InputError(f"weights are not in W: sum_y w_y p_s(y) = {total:.8g}, not 1. Pass the MLLS weights "
+                             "estimated with this source_prior (or None to solve MLLS here).")
+    fw = P @ w
+    if np.any(fw <= 0):
+        raise InputError(f"weights give zero likelihood to {int(np.sum(fw <= 0))} target row(s) (f_i^T w = 0): "
+                         "they are not the MLLS estimate for these target_probs.")
+    if weights is not None:
+        gap = float(np.max(mlls_gradient(P, w) / p) - 1.0)
+        if gap > _mle_gap_tol(m):
+            raise InputError(
+                f"weights are not the MLLS maximiser for these target_probs (duality gap {gap:.3g} > "
+                f"{_mle_gap_tol(m):.3g}); Fisher intervals, the likelihood-ratio test and the Hessian diagnostics "
+                "hold at the maximum. Pass MLLS().fit(...).estimate(target_probs).weights for the same rows and "
+                "source prior, or weights=None to solve MLLS here.")
+    return w
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the constrained Fisher information
+# ---------------------------------------------------------------------------------------------------------------
+def _tangent_covariance(H: np.ndarray, p: np.ndarray, support: np.ndarray) -> np.ndarray:
+    """Per-example covariance Z (Z^T H_SS Z)^{-1} Z^T of the MLE restricted to the coordinates S = ``support``
+    (others held at 0), Z an orthonormal basis of {d_S : p_S^T d_S = 0}. Zero outside S x S; all zero when
+    |S| <= 1 (the constraint then fixes w). Directions without information get a huge variance."""
+    k = H.shape[0]
+    idx = np.flatnonzero(support)
+    cov = np.zeros((k, k))
+    if idx.size < 2:
+        return cov
+    Z = null_space(p[idx][None, :])
+    A = Z.T @ H[np.ix_(idx, idx)] @ Z
+    lam, V = np.linalg.eigh(0.5 * (A + A.T))
+    lam = np.maximum(lam, max(_EIG_FLOOR * float(lam.max()), 1e-300))
+    B = Z @ V
+    cov[np.ix_(idx, idx)] = (B / lam) @ B.T
+    return cov
+
+
+def _pinned_bounds(P, w, H, p, free, z: float) -> np.ndarray:
+    """Upper bounds U_y on w_y for the classes pinned at 0 (nan for free ones); see the module docstring.
+
+    For each pinned y: the profile direction b (b_y = 1; the free coordinates follow the conditional mean of the
+    normal approximation on F + {y}, b = Cov[:, y] / Cov[y, y], so p_s^T b = 0), and U_y is where
+    2 m [L_m(w_hat) - L_m(w_hat + t b)] reaches z^2, found by bisection on the exact log-likelihood (convex and
+    increasing in t >= 0), or the end of the segment inside W if it never does."""
+    m, k = P.shape
+    out = np.full(k, np.nan)
+    fw = P @ w
+    base = np.log(fw)
+    target = z * z
+    for y in np.flatnonzero(~free):
+        grown = free.copy()
+        grown[y] = True
+        cov = _tangent_covariance(H, p, grown)
+        b = cov[:, y] / cov[y, y]
+        b[y] = 1.0
+        b[~grown] = 0.0
+        neg = b < 0
+        t_end = float(np.min(w[neg] / -b[neg])) if neg.any() else 1.0 / p[y]
+        fb = P @ b
+
+        def drop(t):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                val = 2.0 * float(np.sum(base - np.log(fw + t * fb)))
+            return val if np.isfinite(val) else np.inf
+
+        if drop(t_end) <= target:
+            out[y] = t_end
+            continue
+        lo, hi = 0.0, t_end
+        for _ in range(100):
+            mid = 0.5 * (lo + hi)
+            if drop(mid) <= target:
+                lo = mid
+            else:
+                hi = mid
+            if hi - lo <= 1e-12 * hi:
+                break
+        out[y] = min(lo, 1.0 / p[y])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# intervals
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PriorInterval:
+    """A confidence interval per class on the target prior p_t(y) = w(y) p_s(y) and on the weights w(y).
+
+    Attributes:
+        target_prior: the point estimate p_t = w * p_s, shape (k,).
+        lower, upper: the interval on p_t(y), within [0, 1].
+        weights, weights_lower, weights_upper: the same on w(y) (``lower / p_s`` etc.; lower bounds >= 0).
+        std_error: standard error of p_t(y) -- Fisher: sqrt of the diagonal of D Cov(w_hat) D (nan for a class
+            pinned at 0, whose interval is one-sided); bootstrap: the standard deviation of the replicates.
+        level: the confidence level, e.g. 0.95.
+        method: ``"fisher"`` or ``"bootstrap"``.
+        pinned: (k,) bools, classes whose estimate is at the boundary w_y = 0 (w_y <= PIN_TOL); their interval is
+            one-sided, [0, upper].
+        n_target: number of target rows m.
+        extra: method details (bootstrap: ``n_bootstrap``, ``seed``, ``estimator``, ``n_ill_conditioned``,
+            ``n_not_converged``; Fisher: ``z``).
+    """
+
+    target_prior: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    weights: np.ndarray
+    weights_lower: np.ndarray
+    weights_upper: np.ndarray
+    std_error: np.ndarray
+    level: float
+    method: str
+    pinned: np.ndarray = None
+    n_target: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def covers(self, target_prior) -> np.ndarray:
+        """(k,) bools: whether each p_t(y) of ``target_prior`` lies inside [lower, upper] (ends included)."""
+        q = np.asarray(target_prior, dtype=np.float64)
+        return (q >= self.lower) & (q <= self.upper)
+
+    @property
+    def width(self) -> np.ndarray:
+        """upper - lower, per class."""
+        return self.upper - self.lower
+
+    def to_dict(self) -> dict:
+        """JSON-able: lists of floats (None for nan), the level, the method and the extras."""
+        k = len(self.target_prior)
+        pinned = np.zeros(k, bool) if self.pinned is None else np.asarray(self.pinned, bool)
+        return {"method": self.method, "level": float(self.level),
+                "target_prior": _nums(self.target_prior), "lower": _nums(self.lower), "upper": _nums(self.upper),
+                "weights": _nums(self.weights), "weights_lower": _nums(self.weights_lower),
+                "weights_upper": _nums(self.weights_upper), "std_error": _nums(self.std_error),
+                "pinned": [bool(b) for b in pinned], "n_target": None if self.n_target is None else int(self.n_target),
+                "extra": _json_value(self.extra)}
+
+
+def fisher_interval(target_probs, weights, source_prior, *, level: float = 0.95) -> PriorInterval:
+    """Normal confidence intervals on the target prior from the Fisher information of the MLLS likelihood
+    (eq. (mlls-sample); the Hessian of Section 5 / eq. (bound-main)), constrained to p_s^T w = 1.
+
+    Cov(w_hat) = (1/m) Z (Z^T H Z)^{-1} Z^T with H = (1/m) sum_i f_i f_i^T / (f_i^T w_hat)^2 and Z an orthonormal
+    basis of the constraint's tangent space on the free coordinates; Cov(p_t) = diag(p_s) Cov(w_hat) diag(p_s);
+    interval p_t +- z se with z = Phi^{-1}((1 + level) / 2). Classes pinned at w_y = 0 get a one-sided interval
+    [0, U_y] from the profile likelihood (module docstring). f and p_s are treated as known.
+
+    Args:
+        target_probs: (m, k) calibrated probabilities f(x) on the target set.
+        weights: the MLLS estimate w_hat for these rows and this source prior (checked: it must be the maximiser
+            to a duality gap of max(1e-3 / m, 2e-10)), or None to solve MLLS here.
+        source_prior: (k,) p_s.
+        level: confidence level in (0, 1).
+
+    Raises:
+        InputError: shapes or classes that do not match, non-probabilities, weights that are not the MLLS estimate.
+    """
+    level = _check_level(level)
+    P, p = _check_inputs(target_probs, source_prior)
+    w = _check_mle(P, weights, p)
+    m, k = P.shape
+    H = mlls_hessian(P, w)
+    free = w > PIN_TOL
+    z = float(norm.ppf(0.5 * (1.0 + level)))
+    cov_w = _tangent_covariance(H, p, free) / m
+    se_w = np.sqrt(np.clip(np.diag(cov_w), 0.0, None))
+    w_max = 1.0 / p
+    w_lo = np.clip(w - z * se_w, 0.0, w_max)
+    w_hi = np.clip(w + z * se_w, 0.0, w_max)
+    se_w = np.where(free, se_w, np.nan)
+    if not free.all():
+        bound = _pinned_bounds(P, w, H, p, free, z)
+        w_lo = np.where(free, w_lo, 0.0)
+        w_hi = np.where(free, w_hi, bound)
+    prior = p * w
+    return PriorInterval(target_prior=prior, lower=np.clip(p * w_lo, 0.0, 1.0), upper=np.clip(p * w_hi, 0.0, 1.0),
+                         weights=w, weights_lower=w_lo, weights_upper=w_hi, std_error=p * se_w, level=level,
+                         method="fisher", pinned=~free, n_target=m, extra={"z": z})
+
+
+def _default_estimator(k: int, p: np.ndarray) -> MLLS:
+    """MLLS with source prior p. MLLS uses no source outputs beyond p_s, so it is fit on the k vertices of the
+    simplex (one example per class) with that prior."""
+    return MLLS().fit(np.eye(k), np.arange(k), source_prior=p)
+
+
+def bootstrap_interval(target_probs, source_prior, *, estimator=None, level: float = 0.95, n_bootstrap: int = 200,
+                       seed: int = 0) -> PriorInterval:
+    """Percentile bootstrap intervals on the target prior: resample the m target rows with replacement
+    ``n_bootstrap`` times, re-estimate each replicate, and take the (1 - level)/2 and (1 + level)/2 quantiles.
+
+    The replicates are solved in batches with the estimator's batched ``estimate`` ((B, m, k) arrays, in chunks of
+    about 32 MB). Replicates flagged ill-conditioned or not converged are kept (their counts are in ``extra``)
+    without the per-call warnings. Reproducible: the resampling uses ``numpy.random.default_rng(seed)``.
+
+    Args:
+        target_probs: (m, k) calibrated probabilities f(x) on the target set.
+        source_prior: (k,) p_s.
+        estimator: a fitted estimator of :mod:`labelshift.estimators` with this source prior; default MLLS
+            (eq. (mlls-sample)). The point estimate is this estimator on the full target set.
+        level: confidence level in (0, 1).
+        n_bootstrap: number of resamples (>= 10; 200 or more recommended at level 0.95, 1000 for 0.99).
+        seed: seed of the resampling.
+
+    ``std_error`` is the standard deviation of the replicates of p_t. f and p_s are treated as known.
+    """
+    level = _check_level(level)
+    P, p = _check_inputs(target_probs, source_prior)
+    m, k = P.shape
+    if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, (int, np.integer)) or n_bootstrap < 10:
+        raise InputError(f"n_bootstrap must be an integer >= 10 (200 or more recommended), got {n_bootstrap!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InputError(f"seed must be a non-negative integer, got {seed!r}.")
+    if estimator is None:
+        estimator = _default_estimator(k, p)
+    else:
+        if not hasattr(estimator, "estimate") or not hasattr(estimator, "n_classes_"):
+            raise InputError(f"estimator must be a fitted label-shift estimator (e.g. MLLS().fit(...)), got "
+                             f"{estimator!r}.")
+        if estimator.n_classes_ != k:
+            raise InputError(f"estimator was fit on {estimator.n_classes_} classes but target_probs has {k} class "
+                             "columns.")
+        if not np.allclose(estimator.source_prior_, p, rtol=0.0, atol=1e-8):
+            raise InputError("estimator was fit with a different source prior than source_prior "
+                             f"({np.round(estimator.source_prior_, 6).tolist()} vs {np.round(p, 6).tolist()}); "
+                             "pass the prior the estimator uses.")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IllConditionedWarning)
+        point = estimator.estimate(P)
+    rng = np.random.default_rng(seed)
+    per_chunk = max(1, _BOOTSTRAP_CHUNK_BYTES // (8 * m * k))
+    weights = np.empty((n_bootstrap, k))
+    priors = np.empty((n_bootstrap, k))
+    n_ill = n_nc = 0
+    for start in range(0, n_bootstrap, per_chunk):
+        b = min(per_chunk, n_bootstrap - start)
+        rows = rng.integers(0, m, size=(b, m))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", IllConditionedWarning)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            est = estimator.estimate(P[rows])
+        weights[start:start + b] = est.weights
+        priors[start:start + b] = est.target_prior
+        n_ill += int(np.sum(est.ill_conditioned))
+        n_nc += int(b - np.sum(est.converged))
+    alpha = 0.5 * (1.0 - level)
+    lo_q, hi_q = alpha, 1.0 - alpha
+    w_lo, w_hi = np.quantile(weights, [lo_q, hi_q], axis=0)
+    lo, hi = np.quantile(priors, [lo_q, hi_q], axis=0)
+    w_point = np.asarray(point.weights, dtype=np.float64)
+    return PriorInterval(
+        target_prior=np.asarray(point.target_prior, dtype=np.float64), lower=np.clip(lo, 0.0, 1.0),
+        upper=np.clip(hi, 0.0, 1.0), weights=w_point, weights_lower=np.maximum(w_lo, 0.0),
+        weights_upper=np.maximum(w_hi, 0.0), std_error=priors.std(axis=0, ddof=1), level=level, method="bootstrap",
+        pinned=w_point <= PIN_TOL, n_target=m,
+        extra={"n_bootstrap": int(n_bootstrap), "seed": int(seed), "estimator": getattr(estimator, "name", None),
+               "n_ill_conditioned": n_ill, "n_not_converged": n_nc})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the no-shift test
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NoShiftTest:
+    """Result of :func:`no_shift_test`.
+
+    Attributes:
+        statistic: 2 m [L_m(w_hat) - L_m(1)] >= 0.
+        dof: k - 1.
+        p_value: P(chi^2_dof >= statistic).
+        method: ``"likelihood-ratio"``.
+        n_target: m.
+    """
+
+    statistic: float
+    dof: int
+    p_value: float
+    method: str = "likelihood-ratio"
+    n_target: int | None = None
+
+    def rejects(self, significance: float = 0.05) -> bool:
+        """True when "no shift" is rejected at this significance level (p_value < significance)."""
+        significance = _check_level(significance, "significance")
+        return bool(self.p_value < significance)
+
+    def to_dict(self) -> dict:
+        return {"statistic": _num(self.statistic), "dof": int(self.dof), "p_value": _num(self.p_value),
+                "method": self.method, "n_target": None if self.n_target is None else int(self.n_target)}
+
+
+def no_shift_test(target_probs, weights, source_prior) -> NoShiftTest:
+    """Likelihood-ratio test of H0: w = 1 (no label shift, p_t = p_s) against the MLLS estimate (eq. mlls-sample).
+
+    Lambda = 2 m [L_m(w_hat) - L_m(1)] with L_m(w) = (1/m) sum_i log f_i^T w, computed as
+    2 sum_i log(f_i^T w_hat / f_i^T 1) (one log per row, no cancellation between two large sums) and clipped at 0
+    (it is >= 0 up to the solver's tolerance, w_hat being the maximiser over W which contains 1). Under H0 it is
+    asymptotically chi^2 with k - 1 degrees of freedom (Wilks: 1 is interior to the (k-1)-dimensional W).
+
+    Args: as :func:`fisher_interval` (``weights`` = the MLLS estimate, or None to solve it here).
+    """
+    P, p = _check_inputs(target_probs, source_prior)
+    w = _check_mle(P, weights, p)
+    m, k = P.shape
+    stat = 2.0 * float(np.sum(np.log((P @ w) / P.sum(axis=1))))
+    stat = max(stat, 0.0)
+    return NoShiftTest(statistic=stat, dof=k - 1, p_value=float(chi2.sf(stat, k - 1)), n_target=m)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# identifiability
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Identifiability:
+    """Result of :func:`identifiability`: the numbers that say whether the estimate can be trusted.
+
+    Attributes:
+        min_hessian_eigenvalue: sigma, the minimum eigenvalue of H = (1/m) sum_i f_i f_i^T / (f_i^T w_hat)^2
+            (Section 5, eq. bound-main).
+        min_free_eigenvalue: the same on the coordinates with w_y > PIN_TOL (the basis of the MLLS flag).
+        confusion_sigma_min, confusion_condition: smallest singular value and condition number of the given
+            confusion matrix (None when none was given).
+        n_source: labelled source examples behind the confusion matrix (None when not given).
+        n_target: m.
+        trustworthy: no reason below applies.
+        reasons: one sentence per failed check, naming the number and its threshold.
+        confusion_snr: sigma_min(C) sqrt(n_source) (None without a confusion matrix).
+        pinned_bounds: per class, the one-standard-error upper bound on w_y for classes pinned at 0 (None for
+            free classes); see the module docstring.
+        max_weight_width: the widest interval on w (None unless ``max_relative_width`` was given).
+    """
+
+    min_hessian_eigenvalue: float
+    min_free_eigenvalue: float
+    confusion_sigma_min: float | None
+    confusion_condition: float | None
+    n_source: int | None
+    n_target: int
+    trustworthy: bool
+    reasons: list[str]
+    confusion_snr: float | None = None
+    pinned_bounds: list = field(default_factory=list)
+    max_weight_width: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"min_hessian_eigenvalue": _num(self.min_hessian_eigenvalue),
+                "min_free_eigenvalue": _num(self.min_free_eigenvalue),
+                "confusion_sigma_min": None if self.confusion_sigma_min is None else _num(self.confusion_sigma_min),
+                "confusion_condition": None if self.confusion_condition is None else _num(self.confusion_condition),
+                "confusion_snr": None if self.confusion_snr is None else _num(self.confusion_snr),
+                "n_source": self.n_source, "n_target": int(self.n_target), "trustworthy": bool(self.trustworthy),
+                "reasons": list(self.reasons), "pinned_bounds": [None if b is None else _num(b)
+                                                                 for b in self.pinned_bounds],
+                "max_weight_width": None if self.max_weight_width is None else _num(self.max_weight_width)}
+
+
+def identifiability(target_probs, weights, source_prior, *, confusion=None, n_source: int | None = None,
+                    max_relative_width: float | None = None, interval: PriorInterval | None = None,
+                    level: float = 0.95) -> Identifiability:
+    """Is the MLLS estimate identified by the data? The checks and their thresholds are in the module docstring:
+    m sigma_free >= MLLS_FLAG_M_SIGMA; for each pinned class, its one-standard-error bound on w_y <= 1/2;
+    sigma_min(C) sqrt(n_source) >= BBSE_FLAG_SNR (when ``confusion`` is given); the interval on w no wider than
+    ``max_relative_width`` (when given).
+
+    Args:
+        target_probs, weights, source_prior: as :func:`fisher_interval` (``weights``: the MLLS estimate or None).
+        confusion: optional (k, k) *joint* confusion matrix of the classifier on labelled source data (entries sum
+            to 1, index [predicted, true]; e.g. ``BBSE().fit(...).confusion_``). Needs ``n_source``.
+        n_source: the number of labelled source examples ``confusion`` was estimated from.
+        max_relative_width: optional bound on the width of the interval on each w_y (= width on p_t(y) / p_s(y)).
+        interval: the interval to check against ``max_relative_width``; default the Fisher interval at ``level``.
+        level: level of that default interval.
+    """
+    P, p = _check_inputs(target_probs, source_prior)
+    w = _check_mle(P, weights, p)
+    m, k = P.shape
+    H = mlls_hessian(P, w)
+    sigma = float(np.linalg.eigvalsh(H)[0])
+    free = w > PIN_TOL
+    sigma_free = float(restricted_min_eigenvalue(H, free))
+    reasons = []
+    m_sigma = m * sigma_free
+    if not m_sigma >= MLLS_FLAG_M_SIGMA:
+        se = 1.0 / math.sqrt(sigma_free) / math.sqrt(m) if sigma_free > 0 else math.inf
+        reasons.append(
+            f"MLLS curvature too low: m * sigma_free = {m} * {sigma_free:.3g} = {m_sigma:.3g} < "
+            f"{MLLS_FLAG_M_SIGMA:g} (MLLS_FLAG_M_SIGMA), so the standard error of w in its worst direction, "
+            f"1/sqrt(m sigma_free) = {se:.3g}, exceeds {MAX_STANDARD_ERROR:g}")
+    bounds = [None] * k
+    if not free.all():
+        b1 = _pinned_bounds(P, w, H, p, free, 1.0)
+        for y in np.flatnonzero(~free):
+            bounds[y] = float(b1[y])
+            if not b1[y] <= MAX_STANDARD_ERROR:
+                reasons.append(
+                    f"class {y} is estimated at w = 0 but not identified: its one-standard-error upper bound on w_{y} "
+                    f"is {b1[y]:.3g} > {MAX_STANDARD_ERROR:g} (the likelihood is nearly flat when mass moves into "
+                    "that class)")
+    sigma_c = cond = snr = None
+    if confusion is not None:
+        C = as_float_array(confusion, "confusion", 2)
+        if C.shape != (k, k):
+            raise InputError(f"confusion has shape {C.shape} but there are {k} classes; pass the k x k joint "
+                             "confusion matrix of the same classifier.")
+        if np.any(C < 0) or abs(C.sum() - 1.0) > 1e-4:
+            raise InputError(f"confusion must be the joint confusion matrix (non-negative entries summing to 1, "
+                             f"e.g. BBSE().fit(...).confusion_); its entries sum to {C.sum():.6g}.")
+        if n_source is None or isinstance(n_source, bool) or not isinstance(n_source, (int, np.integer)) \
+                or n_source < 1:
+            raise InputError(f"n_source must be the (positive integer) number of labelled source examples the "
+                             f"confusion matrix was estimated from, got {n_source!r}.")
+        cond, sigma_c = confusion_condition(C)
+        snr = sigma_c * math.sqrt(n_source)
+        if not snr >= BBSE_FLAG_SNR:
+            reasons.append(
+                f"confusion matrix near singular: sigma_min(C) * sqrt(n_source) = {sigma_c:.3g} * sqrt({n_source}) "
+                f"= {snr:.3g} < {BBSE_FLAG_SNR:g} (BBSE_FLAG_SNR; condition number {cond:.3g}), so its sampling "
+                "noise can make it singular")
+    elif n_source is not None:
+        raise InputError("n_source was given without confusion; pass the joint confusion matrix it belongs to.")
+    max_width = None
+    if max_relative_width is not None:
+        if isinstance(max_relative_width, bool) or not isinstance(max_relative_width, (int, float, np.floating)) \
+                or not max_relative_width > 0:
+            raise InputError(f"max_relative_width must be a positive number, got {max_relative_width!r}.")
+        if interval is None:
+            interval = fisher_interval(P, w, p, level=level)
+        elif len(interval.weights) != k:
+            raise InputError(f"interval has {len(interval.weights)} classes but target_probs has {k}.")
+        widths = np.asarray(interval.weights_upper) - np.asarray(interval.weights_lower)
+        y = int(np.argmax(widths))
+        max_width = float(widths[y])
+        if not max_width <= max_relative_width:
+            reasons.append(
+                f"interval too wide: the {interval.level:.0%} {interval.method} interval on w_{y} is "
+                f"[{interval.weights_lower[y]:.3g}, {interval.weights_upper[y]:.3g}], width {max_width:.3g} > "
+                f"max_relative_width = {max_relative_width:g}")
+    return Identifiability(min_hessian_eigenvalue=sigma, min_free_eigenvalue=sigma_free,
+                           confusion_sigma_min=sigma_c, confusion_condition=cond,
+                           n_source=None if n_source is None else int(n_source), n_target=m,
+                           trustworthy=not reasons, reasons=reasons, confusion_snr=snr, pinned_bounds=bounds,
+                           max_weight_width=max_width)

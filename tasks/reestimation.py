@@ -1,0 +1,501 @@
+"""Prefect tasks of scheduled re-estimation: the registered model, its calibrator, the target batches, the estimate.
+
+What a registered model must carry (MLflow): a model version of ``NAME`` (``models:/NAME@ALIAS`` or
+``models:/NAME/VERSION``) logged with ``mlflow.pytorch.log_model`` and a tensor signature, whose *source run*
+holds, beside the model,
+
+* ``calibration/<CALIBRATOR>.json`` -- the fitted calibrator (:mod:`labelshift.calibration`, e.g. BCTS) with its
+  NLL and ECE, as the training task of the image sweeps logs it;
+* ``calibration/source_holdout.npz`` -- the held-out *labelled source* outputs the calibrator was fit on: arrays
+  ``logits`` (n, k) and ``labels`` (n,). MLLS takes p_s(y) from them (so that the constraint set W and the EM ratio
+  are consistent with the calibrated predictor, DESIGN "numerics"), BBSE its confusion matrix.
+
+:func:`log_reestimation_reference` writes both; the ``reproduce`` flow's calibration task calls it, so every model
+it registers (``labelshift-<dataset>``, aliases ``newest`` / ``latest-good``) can be re-estimated.
+
+MLflow layout of re-estimation (experiment ``reestimation`` by default): one *monitor* run per (registered model,
+target) -- tags ``labelshift.kind = monitor``, ``labelshift.model``, ``labelshift.target`` -- whose metrics
+``prior/<class>`` etc. gain one point per successful re-estimation (``step`` = the run sequence of the watermark),
+so its charts in the MLflow UI are the drift over time; under it one child run per re-estimation with the same
+metrics, the interval, the no-shift p-value, the identifiability numbers, the figure and the summary JSON.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunStatus
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from labelshift.calibration import load_calibrator
+from labelshift.diagnostics import correct_predictions
+from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
+from labelshift.estimators import BBSE, MLLS
+from labelshift.monitoring import TargetBatch, Watermark, load_batch, write_batch_outputs
+from labelshift.plots import figure_png, plot_prior_estimate
+from labelshift.storage import open_store
+from labelshift.uncertainty import bootstrap_interval, fisher_interval, identifiability, no_shift_test
+
+__all__ = ["REFERENCE_ARTIFACT", "ModelBundle", "parse_model_uri", "log_reestimation_reference", "load_bundle",
+           "score_batches", "log_source_holdout", "estimate_shift", "write_outputs", "start_reestimation_run", "log_reestimation",
+           "end_run", "prior_metrics", "ESTIMATORS"]
+
+REFERENCE_ARTIFACT = "calibration/source_holdout.npz"
+MONITOR_KIND = "monitor"
+#: the estimators a re-estimation can use (the main one and the cross-checks)
+ESTIMATORS = ("MLLS", "BBSE-soft", "BBSE-hard")
+_MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
+
+
+def calibrator_artifact(name: str) -> str:
+    return f"calibration/{name}.json"
+
+
+def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
+    """``models:/NAME@ALIAS`` -> (NAME, ALIAS, None); ``models:/NAME/VERSION`` -> (NAME, None, VERSION)."""
+    match = _MODEL_URI.match(uri.strip()) if isinstance(uri, str) else None
+    if not match:
+        raise InputError(f"model must be a registered-model URI 'models:/NAME@ALIAS' or 'models:/NAME/VERSION', got "
+                         f"{uri!r} (e.g. models:/labelshift-mnist-5k@latest-good).")
+    return match["name"], match["alias"], match["version"]
+
+
+def log_source_holdout(client: MlflowClient, run_id: str, holdout_logits, holdout_labels) -> None:
+    """Log the labelled source holdout (``logits``, ``labels``) as :data:`REFERENCE_ARTIFACT` of a model's run."""
+    buf = io.BytesIO()
+    np.savez_compressed(buf, logits=np.asarray(holdout_logits, np.float32),
+                        labels=np.asarray(holdout_labels, np.int64))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(REFERENCE_ARTIFACT).name
+        path.write_bytes(buf.getvalue())
+        client.log_artifact(run_id, str(path), str(Path(REFERENCE_ARTIFACT).parent))
+
+
+def log_reestimation_reference(client: MlflowClient, run_id: str, calibrator, holdout_logits, holdout_labels, *,
+                               name: str = "BCTS", metrics: dict | None = None, model_key: str | None = None) \
+        -> None:
+    """Log what re-estimation needs beside a model into its run: the calibrator JSON (fit on the holdout's
+    logits) and the source holdout itself."""
+    doc = {"calibrator": calibrator.to_dict(), "metrics": metrics or {}, "model_key": model_key}
+    client.log_text(run_id, json.dumps(doc, indent=1, allow_nan=False), calibrator_artifact(name))
+    log_source_holdout(client, run_id, holdout_logits, holdout_labels)
+
+
+@dataclass
+class ModelBundle:
+    """A registered model resolved to one version, with what re-estimation needs from its run."""
+
+    uri: str
+    name: str
+    version: str
+    alias: str | None
+    run_id: str
+    input_shape: tuple[int, ...]
+    n_classes: int
+    calibrator_name: str
+    calibrator: object
+    source_probs: np.ndarray       # calibrated outputs on the labelled source holdout
+    source_labels: np.ndarray
+    model: object = field(repr=False)
+    load_seconds: float = 0.0
+
+    @property
+    def source_prior(self) -> np.ndarray:
+        return np.bincount(self.source_labels, minlength=self.n_classes) / len(self.source_labels)
+
+    def describe(self) -> dict:
+        return {"uri": self.uri, "name": self.name, "version": self.version, "alias": self.alias,
+                "run_id": self.run_id, "input_shape": list(self.input_shape), "n_classes": self.n_classes,
+                "calibrator": self.calibrator_name, "n_source": int(len(self.source_labels))}
+
+
+_BUNDLES: dict[tuple, ModelBundle] = {}
+_BUNDLES_LOCK = threading.Lock()
+
+
+def _registry_error(client: MlflowClient, name: str, alias: str | None, version: str | None, exc) -> Exception:
+    try:
+        registered = client.get_registered_model(name)
+    except Exception:
+        try:
+            names = sorted(m.name for m in client.search_registered_models(max_results=50))
+        except Exception:
+            names = []
+        return ObjectNotFoundError(
+            f"no registered model {name!r} in the MLflow registry ({client.tracking_uri}); registered: "
+            f"{', '.join(names) or 'none'}. Train one with `labelshift reproduce --dataset mnist-5k` (registers "
+            "labelshift-mnist-5k) or register yours with mlflow.pytorch.log_model(..., registered_model_name=...).")
+    if alias is not None:
+        aliases = sorted(getattr(registered, "aliases", {}) or {})
+        return ObjectNotFoundError(
+            f"registered model {name!r} has no alias {alias!r} (its aliases: {', '.join(aliases) or 'none'}). Use "
+            f"one of them, models:/{name}/VERSION, or set it: MlflowClient().set_registered_model_alias({name!r}, "
+            f"{alias!r}, VERSION).")
+    return ObjectNotFoundError(f"registered model {name!r} has no version {version} ({exc}).")
+
+
+def _input_shape(model_uri: str) -> tuple[int, ...]:
+    import mlflow
+
+    info = mlflow.models.get_model_info(model_uri)
+    sig = info.signature
+    if sig is None or sig.inputs is None or not sig.inputs.inputs:
+        raise FormatError(f"{model_uri} has no input signature; log it with an input_example (mlflow.pytorch."
+                          "log_model(model, name=..., input_example=x)) so batches can be checked against it.")
+    spec = sig.inputs.inputs[0]
+    shape = getattr(spec, "shape", None)
+    if not shape or len(shape) < 2:
+        raise FormatError(f"{model_uri}'s signature is not a tensor of shape (-1, ...): {sig.inputs}.")
+    return tuple(int(d) for d in shape[1:])
+
+
+def load_bundle(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS") -> ModelBundle:
+    """Resolve ``model_uri`` in the registry and load the model, its calibrator and the source holdout.
+
+    Bundles are cached in this process by (tracking URI, name, version, calibrator): a served deployment loads a
+    model version once. Raises ObjectNotFoundError (no such model / alias / artifact), InputError (a calibrator or
+    holdout for a different number of classes than the model's), ServiceUnavailableError (MLflow unreachable).
+    """
+    import mlflow
+
+    name, alias, version = parse_model_uri(model_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+    except Exception as exc:
+        if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower() or "INVALID_PARAMETER" in str(exc):
+            raise _registry_error(client, name, alias, version, exc) from None
+        raise ServiceUnavailableError(f"could not read {model_uri} from MLflow at {tracking_uri}: "
+                                      f"{type(exc).__name__}: {exc}") from None
+    key = (tracking_uri, name, str(mv.version), calibrator)
+    with _BUNDLES_LOCK:
+        if key in _BUNDLES:
+            bundle = _BUNDLES[key]
+            return ModelBundle(**{**bundle.__dict__, "uri": model_uri, "alias": alias})
+    t0 = time.perf_counter()
+    if not mv.run_id:
+        raise FormatError(f"{model_uri} (version {mv.version}) has no source run, so no calibrator beside it; "
+                          "log the model from a run that also logs calibration/<NAME>.json and "
+                          f"{REFERENCE_ARTIFACT} (tasks.reestimation.log_reestimation_reference).")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            cal_path = client.download_artifacts(mv.run_id, calibrator_artifact(calibrator), tmp)
+        except Exception:
+            try:
+                present = [a.path for a in client.list_artifacts(mv.run_id, "calibration")]
+            except Exception:
+                present = []
+            raise ObjectNotFoundError(
+                f"{model_uri} (version {mv.version}, run {mv.run_id}) has no calibrator "
+                f"{calibrator_artifact(calibrator)}; found: {', '.join(present) or 'nothing under calibration/'}. "
+                "Pick one that exists (--calibrator) or log it with tasks.reestimation.log_reestimation_reference."
+            ) from None
+        try:
+            ref_path = client.download_artifacts(mv.run_id, REFERENCE_ARTIFACT, tmp)
+        except Exception:
+            raise ObjectNotFoundError(
+                f"{model_uri} (version {mv.version}, run {mv.run_id}) has no {REFERENCE_ARTIFACT} (the labelled "
+                "source holdout MLLS and BBSE are fit on). Models trained by this version of `labelshift "
+                "reproduce` carry it; for others log it with tasks.reestimation.log_reestimation_reference.") \
+                from None
+        doc = json.loads(Path(cal_path).read_text())
+        with np.load(ref_path, allow_pickle=False) as ref:
+            holdout_logits, holdout_labels = ref["logits"], ref["labels"]
+    cal = load_calibrator(doc["calibrator"] if "calibrator" in doc else doc)
+    version_uri = f"models:/{name}/{mv.version}"
+    input_shape = _input_shape(version_uri)
+    model = mlflow.pytorch.load_model(version_uri, map_location="cpu")
+    import torch
+
+    with torch.no_grad():
+        probe = model(torch.zeros((2, *input_shape), dtype=torch.float32))
+    n_classes = int(probe.shape[-1])
+    cal_k = getattr(cal, "n_classes_", None)
+    if cal_k is not None and int(cal_k) != n_classes:
+        raise InputError(f"calibrator {calibrator_artifact(calibrator)} of {model_uri} is for {cal_k} classes but the "
+                         f"model outputs {n_classes}; log the calibrator fit on this model's outputs.")
+    if holdout_logits.ndim != 2 or holdout_logits.shape[1] != n_classes or len(holdout_labels) != len(holdout_logits):
+        raise InputError(f"{REFERENCE_ARTIFACT} of {model_uri} holds logits of shape {holdout_logits.shape} and "
+                         f"{len(holdout_labels)} labels, but the model outputs {n_classes} classes; log the holdout "
+                         "of this model.")
+    source_probs = cal.predict_proba(holdout_logits.astype(np.float64))
+    bundle = ModelBundle(uri=model_uri, name=name, version=str(mv.version), alias=alias, run_id=mv.run_id,
+                         input_shape=input_shape, n_classes=n_classes, calibrator_name=calibrator, calibrator=cal,
+                         source_probs=source_probs, source_labels=holdout_labels.astype(np.int64), model=model,
+                         load_seconds=time.perf_counter() - t0)
+    with _BUNDLES_LOCK:
+        _BUNDLES[key] = bundle
+    return bundle
+
+
+@task(name="load-model", task_run_name="load-{model_uri}", cache_policy=NO_CACHE, persist_result=False)
+def load_model_task(model_uri: str, *, tracking_uri: str, calibrator: str) -> ModelBundle:
+    """The registered model with its calibrator and source holdout (:func:`load_bundle`)."""
+    return load_bundle(model_uri, tracking_uri=tracking_uri, calibrator=calibrator)
+
+
+def _forward(model, x: np.ndarray, batch_size: int) -> np.ndarray:
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(x), batch_size):
+            out.append(model(torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size]))).float().numpy())
+    return np.concatenate(out).astype(np.float64)
+
+
+@task(name="score-batches", task_run_name="score-{target_uri}", cache_policy=NO_CACHE, persist_result=False)
+def score_batches(bundle: ModelBundle, target_uri: str, batches: list[TargetBatch], *, batch_size: int = 1024) \
+        -> list[np.ndarray]:
+    """Calibrated probabilities f(x) of every row of every batch, batch by batch.
+
+    Every batch is read and checked against the model's input signature before the first one is scored, so a bad
+    batch fails the run before any output is written.
+    """
+    from prefect.logging import get_run_logger
+
+    logger = get_run_logger()
+    store = open_store(target_uri)
+    arrays = [load_batch(store, b, input_shape=bundle.input_shape) for b in batches]
+    probs, t0 = [], time.perf_counter()
+    for i, (b, x) in enumerate(zip(batches, arrays)):
+        logits = _forward(bundle.model, x, batch_size)
+        probs.append(bundle.calibrator.predict_proba(logits))
+        logger.info("scored %s (%d of %d): %d rows, %.1f s so far", b.key, i + 1, len(batches), len(x),
+                    time.perf_counter() - t0)
+    return probs
+
+
+def _make(method: str):
+    if method == "MLLS":
+        return MLLS()
+    if method in ("BBSE-soft", "BBSE-hard"):
+        return BBSE(soft=method == "BBSE-soft")
+    raise InputError(f"unknown estimator {method!r}; choose from {', '.join(ESTIMATORS)}.")
+
+
+@task(name="estimate-shift", cache_policy=NO_CACHE, persist_result=False)
+def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: str = "MLLS",
+                   cross_check: list[str] = (), interval: str = "fisher", level: float = 0.95,
+                   significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0) -> dict:
+    """Estimate w and the target prior on the pooled batches, with an interval, the no-shift test and the
+    identifiability report (:mod:`labelshift.uncertainty`); the cross-check estimators alongside."""
+    import warnings
+
+    pooled = np.concatenate(probs)
+    source_prior = bundle.source_prior
+    fits = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # flags are reported below, as data
+        for method in dict.fromkeys([estimator, "MLLS", "BBSE-hard", *cross_check]):
+            try:
+                fits[method] = _make(method).fit(bundle.source_probs, bundle.source_labels, source_prior)
+            except Exception as exc:             # e.g. BBSE refusing a singular confusion matrix
+                fits[method] = exc
+        if isinstance(fits[estimator], Exception):
+            raise fits[estimator]
+        main = fits[estimator].estimate(pooled)
+        mlls = fits["MLLS"].estimate(pooled) if estimator != "MLLS" else main
+        checks = {}
+        for method in cross_check:
+            if method == estimator:
+                continue
+            fit = fits[method]
+            checks[method] = ({"error": str(fit)} if isinstance(fit, Exception) else
+                              {"target_prior": fit.estimate(pooled).target_prior.tolist(),
+                               "weights": fit.estimate(pooled).weights.tolist()})
+    if interval == "bootstrap":
+        ci = bootstrap_interval(pooled, source_prior, estimator=fits[estimator], level=level,
+                                n_bootstrap=n_bootstrap, seed=seed)
+    elif estimator == "MLLS":
+        ci = fisher_interval(pooled, main.weights, source_prior, level=level)
+    else:
+        raise InputError(f"interval='fisher' comes from the MLLS likelihood; with estimator={estimator!r} use "
+                         "interval='bootstrap'.")
+    test = no_shift_test(pooled, mlls.weights, source_prior)
+    hard = fits["BBSE-hard"]
+    confusion = None if isinstance(hard, Exception) else hard.confusion_
+    ident = identifiability(pooled, mlls.weights, source_prior, confusion=confusion,
+                            n_source=len(bundle.source_labels), interval=ci)
+    tv = 0.5 * float(np.abs(main.target_prior - source_prior).sum())
+    change = main.target_prior - source_prior
+    top = int(np.argmax(np.abs(change)))
+    shifted = bool(test.rejects(significance))
+    return {
+        "method": estimator, "n_target": int(len(pooled)), "n_classes": int(bundle.n_classes),
+        "source_prior": source_prior.tolist(), "target_prior": main.target_prior.tolist(),
+        "weights": main.weights.tolist(), "interval": ci.to_dict(), "no_shift_test": test.to_dict(),
+        "identifiability": ident.to_dict(), "cross_check": checks, "significance": significance,
+        "shifted": shifted, "trustworthy": bool(ident.trustworthy), "total_variation": tv,
+        "largest_change": {"class": top, "source": float(source_prior[top]),
+                           "target": float(main.target_prior[top]), "change": float(change[top])},
+        "converged": bool(np.all(main.converged)),
+    }
+
+
+def verdict(result: dict) -> str:
+    """One word for the operator: "Untrustworthy", "Shifted" or "No shift"."""
+    if not result["trustworthy"]:
+        return "Untrustworthy"
+    return "Shifted" if result["shifted"] else "No shift"
+
+
+@task(name="write-outputs", cache_policy=NO_CACHE, persist_result=False)
+def write_outputs(target_uri: str, batches: list[TargetBatch], probs: list[np.ndarray], weights: list[float],
+                  summary: dict) -> list[str]:
+    """Corrected predictions p_t(y|x) proportional to w_y f_y(x) (Saerens et al. 2002) beside each batch, then its
+    summary JSON; each write atomic. Returns the URIs of the corrected arrays."""
+    store = open_store(target_uri)
+    urls = []
+    for b, p in zip(batches, probs):
+        corrected = correct_predictions(p, np.asarray(weights)).astype(np.float32)
+        batch_summary = dict(summary, batch={"key": b.key, "checksum": b.checksum, "rows": int(len(p)),
+                                             "corrected": store.url(b.corrected_key)})
+        write_batch_outputs(store, b, corrected, batch_summary)
+        urls.append(store.url(b.corrected_key))
+    return urls
+
+
+# -- MLflow ----------------------------------------------------------------------------------------------------------
+def _experiment_id(client: MlflowClient, name: str, artifact_root: str | None) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            raise InputError(f"MLflow experiment {name!r} is deleted; restore it (mlflow experiments restore) or "
+                             "choose another --experiment-name.")
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_root)
+    except Exception:
+        exp = client.get_experiment_by_name(name)       # created meanwhile by another run
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def _monitor_run(client: MlflowClient, experiment_id: str, model_name: str, target_url: str) -> str:
+    """The monitor run of (model, target): found by its tags, else created (and ended at once: it only collects
+    the series; logging to an ended run is allowed)."""
+    target_tag = target_url.replace("'", "")
+    found = client.search_runs([experiment_id], filter_string=(
+        f"tags.`labelshift.kind` = '{MONITOR_KIND}' and tags.`labelshift.model` = '{model_name}' and "
+        f"tags.`labelshift.target` = '{target_tag}'"), max_results=1, order_by=["attributes.start_time ASC"])
+    if found:
+        return found[0].info.run_id
+    run = client.create_run(experiment_id, run_name=f"monitor-{model_name}", tags={
+        "labelshift.kind": MONITOR_KIND, "labelshift.model": model_name, "labelshift.target": target_tag,
+        "mlflow.note.content": f"Target prior of {model_name} on {target_url} over time: one point per successful "
+                               "re-estimation (step = run sequence). Each re-estimation is a child run."})
+    client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
+    return run.info.run_id
+
+
+def start_reestimation_run(tracking_uri: str, experiment: str, artifact_root: str | None, *, model_name: str,
+                           target_url: str, run_name: str, params: dict, tags: dict) -> dict:
+    """Create the child run of this re-estimation (under the monitor run of model and target)."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment_id = _experiment_id(client, experiment, artifact_root)
+    monitor = _monitor_run(client, experiment_id, model_name, target_url)
+    run = client.create_run(experiment_id, run_name=run_name, tags={
+        **tags, "mlflow.parentRunId": monitor, "labelshift.kind": "reestimation", "labelshift.model": model_name,
+        "labelshift.target": target_url})
+    client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+    return {"experiment_id": experiment_id, "run_id": run.info.run_id, "monitor_run_id": monitor}
+
+
+def prior_metrics(result: dict) -> dict[str, float]:
+    """The metrics of one re-estimation, by name (per class: ``prior/<c>``, ``prior_lower/<c>``,
+    ``prior_upper/<c>``, ``weight/<c>``; then the test, the identifiability numbers, the size)."""
+    out = {}
+    ci = result["interval"]
+    for c, v in enumerate(result["target_prior"]):
+        out[f"prior/{c}"] = v
+        out[f"prior_lower/{c}"] = ci["lower"][c]
+        out[f"prior_upper/{c}"] = ci["upper"][c]
+        out[f"weight/{c}"] = result["weights"][c]
+        out[f"source_prior/{c}"] = result["source_prior"][c]
+    for method, check in result["cross_check"].items():
+        for c, v in enumerate(check.get("target_prior", [])):
+            out[f"cross_check/{method}/prior/{c}"] = v
+    test, ident = result["no_shift_test"], result["identifiability"]
+    out.update({"no_shift_p_value": test["p_value"], "no_shift_statistic": test["statistic"],
+                "total_variation": result["total_variation"], "shifted": float(result["shifted"]),
+                "trustworthy": float(result["trustworthy"]), "n_target": result["n_target"],
+                "min_hessian_eigenvalue": ident["min_hessian_eigenvalue"],
+                "min_free_eigenvalue": ident["min_free_eigenvalue"]})
+    if ident.get("confusion_condition") is not None:
+        out["confusion_condition"] = ident["confusion_condition"]
+        out["confusion_sigma_min"] = ident["confusion_sigma_min"]
+    return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
+
+
+def log_reestimation(tracking_uri: str, runs: dict, result: dict, summary: dict, figure: bytes, step: int) -> None:
+    """The child run's metrics (at ``step``), the figure and the summary JSON."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, v, now, step) for k, v in prior_metrics(result).items()]
+    for i in range(0, len(metrics), 1000):
+        client.log_batch(runs["run_id"], metrics=metrics[i:i + 1000])
+    client.log_text(runs["run_id"], json.dumps(summary, indent=1, default=str), "reestimation/summary.json")
+    _log_bytes(client, runs["run_id"], figure, "figures", "target_prior.png")
+
+
+def _log_bytes(client: MlflowClient, run_id: str, data: bytes, folder: str, name: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / name
+        path.write_bytes(data)
+        client.log_artifact(run_id, str(path), folder)
+
+
+def log_monitor_point(tracking_uri: str, runs: dict, result: dict, step: int) -> None:
+    """Append this re-estimation to the monitor run's series (after the watermark moved, so a failed run adds no
+    point and a retried one adds its point once)."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    now = int(time.time() * 1000)
+    keep = ("prior/", "prior_lower/", "prior_upper/", "weight/", "no_shift_p_value", "total_variation", "shifted",
+            "trustworthy", "n_target")
+    metrics = [Metric(k, v, now, step) for k, v in prior_metrics(result).items() if k.startswith(keep)]
+    for i in range(0, len(metrics), 1000):
+        client.log_batch(runs["monitor_run_id"], metrics=metrics[i:i + 1000])
+
+
+def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED", cause: str | None = None) -> None:
+    """End the re-estimation's child run (FINISHED, or FAILED / KILLED with the cause as a tag)."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    if cause:
+        client.set_tag(run_id, "error", cause[:5000])
+    client.set_terminated(run_id, status)
+
+
+def render_figure(result: dict, history: list[dict], level: float, title: str) -> bytes:
+    ci = result["interval"]
+    past = [{"sequence": h["sequence"], "target_prior": h["target_prior"],
+             **({"lower": h["lower"], "upper": h["upper"]} if "lower" in h and "upper" in h else {})}
+            for h in history if "target_prior" in h]
+    return figure_png(plot_prior_estimate(result["source_prior"], result["target_prior"], ci["lower"], ci["upper"],
+                                          level=level, title=title, history=past or None))
+
+
+def history_record(result: dict, run_id: str | None) -> dict:
+    """The watermark's record of one successful re-estimation (small: one is kept per run). The watermark adds
+    ``sequence``, ``time``, ``run_id`` and ``batches`` itself (:func:`labelshift.monitoring.commit_watermark`)."""
+    ci = result["interval"]
+    return {"n_target": result["n_target"],
+            "target_prior": [round(v, 6) for v in result["target_prior"]],
+            "lower": [round(v, 6) for v in ci["lower"]], "upper": [round(v, 6) for v in ci["upper"]],
+            "p_value": result["no_shift_test"]["p_value"], "shifted": result["shifted"],
+            "trustworthy": result["trustworthy"], "mlflow_run_id": run_id}
+
+
+def watermark_history(watermark: Watermark) -> list[dict]:
+    return list(watermark.history or [])

@@ -1,0 +1,616 @@
+"""The store side of scheduled re-estimation (issue 5): batch discovery, validation, outputs and the watermark,
+on a local folder and on a real SeaweedFS S3 server (the ``seaweed`` / ``s3_bucket`` fixtures)."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from labelshift.errors import FormatError, InputError, ObjectNotFoundError, StorageError
+from labelshift.monitoring import (
+    CORRECTED_SUFFIX,
+    STATE_PREFIX,
+    SUMMARY_SUFFIX,
+    WATERMARK_KEY,
+    ChangedBatchError,
+    ConcurrentRunError,
+    TargetBatch,
+    Watermark,
+    commit_watermark,
+    find_new_batches,
+    list_batches,
+    load_batch,
+    read_watermark,
+    write_batch_outputs,
+)
+from labelshift.storage import LocalStore, RetryPolicy, open_store
+
+FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, deadline=2.0)
+INPUT_SHAPE = (3,)
+
+
+@pytest.fixture
+def local_store(tmp_path) -> LocalStore:
+    return open_store(str(tmp_path / "target"))
+
+
+@pytest.fixture
+def s3_store(s3_bucket):
+    return open_store(f"s3://{s3_bucket}/target/", retry=FAST_RETRY)
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])
+def store(request):
+    return request.getfixturevalue(f"{request.param}_store")
+
+
+# -- helpers -----------------------------------------------------------------------------------------------------------
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def npy_bytes(arr, allow_pickle: bool = False) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, arr, allow_pickle=allow_pickle)
+    return buffer.getvalue()
+
+
+def features(seed: int, n: int = 5) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, *INPUT_SHAPE)).astype(np.float32)
+
+
+def softmax_rows(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def snapshot(store) -> dict[str, bytes]:
+    """Every object of the store with its content: compared before and after an operation that must write nothing."""
+    return {key: store.get_bytes(key) for key in store.list()}
+
+
+def process(store, batches, *, attempt: int = 1) -> None:
+    """What a run does per batch between find and commit: load, 'correct', write the outputs."""
+    for batch in batches:
+        x = load_batch(store, batch, input_shape=INPUT_SHAPE)
+        write_batch_outputs(store, batch, softmax_rows(x.astype(np.float64)), {"attempt": attempt},
+                            n_rows=x.shape[0])
+
+
+def commit(store, previous, batches, **record):
+    return commit_watermark(store, previous, batches, {"p_value": 0.5, **record})
+
+
+# -- the normal cycle --------------------------------------------------------------------------------------------------
+def test_first_run_sees_all_then_nothing_then_only_the_new_batch(store):
+    store.put_array("2026/11/24/part-0.npy", features(0))
+    store.put_array("2026/11/25/part-0.npy", features(1, n=7))
+    assert read_watermark(store) == Watermark()
+
+    new, watermark = find_new_batches(store)
+    assert [b.key for b in new] == ["2026/11/24/part-0.npy", "2026/11/25/part-0.npy"]
+    assert watermark.sequence == 0 and watermark.processed == {}
+    for batch in new:
+        assert batch.checksum == sha(store.get_bytes(batch.key))
+    x = load_batch(store, new[1], input_shape=INPUT_SHAPE)
+    assert x.dtype == np.float32 and x.shape == (7, 3) and np.array_equal(x, features(1, n=7))
+    process(store, new)
+
+    first = commit(store, watermark, new, target_prior=np.array([0.25, 0.75]), p_value=np.float64(0.01))
+    assert first.sequence == 1 and first.updated_at is not None
+    assert first.processed == {b.key: b.checksum for b in new}
+    assert len(first.history) == 1
+    entry = first.history[0]
+    assert entry["sequence"] == 1 and entry["batches"] == [b.key for b in new]
+    assert entry["target_prior"] == [0.25, 0.75] and entry["p_value"] == 0.01  # numpy values stored as JSON numbers
+    assert read_watermark(store) == first
+
+    assert find_new_batches(store) == ([], first)
+
+    store.put_array("2026/11/26/part-0.npy", features(2))
+    new, watermark = find_new_batches(store)
+    assert [b.key for b in new] == ["2026/11/26/part-0.npy"] and watermark == first
+    process(store, new)
+    second = commit(store, watermark, new)
+    assert second.sequence == 2 and len(second.processed) == 3 and len(second.history) == 2
+    assert second.history[1]["batches"] == ["2026/11/26/part-0.npy"]
+    assert find_new_batches(store)[0] == []
+
+
+def test_outputs_are_written_next_to_each_batch(store):
+    store.put_array("day/a.npy", features(0))
+    [batch], _ = find_new_batches(store)
+    corrected = softmax_rows(np.random.default_rng(3).normal(size=(5, 4)))
+    written = write_batch_outputs(store, batch, corrected, {"target_prior": np.array([0.1, 0.2, 0.3, 0.4])},
+                                  n_rows=5)
+    assert store.list() == ["day/a.corrected.npy", "day/a.npy", "day/a.summary.json"]
+    stored = store.get_array("day/a.corrected.npy")
+    assert stored.dtype == np.float32 and np.allclose(stored, corrected, atol=1e-7)
+    summary = store.get_json("day/a.summary.json")
+    assert summary == written
+    assert summary["target_prior"] == [0.1, 0.2, 0.3, 0.4]
+    assert summary["input"] == {"key": "day/a.npy", "uri": store.url("day/a.npy"), "sha256": batch.checksum, "rows": 5}
+    assert summary["output"]["sha256"] == store.checksum("day/a.corrected.npy")
+    assert summary["output"]["key"] == "day/a.corrected.npy" and summary["output"]["classes"] == 4
+    assert not store.exists(WATERMARK_KEY)  # outputs alone never move the watermark
+
+
+def test_outputs_and_state_are_never_batches(store):
+    for key in ["a.npy", "sub/b.npy", "sub/deeper/c.npy", "_labelshift/cache/x.npy", "sub/_labelshift/d.npy"]:
+        store.put_array(key, features(0))
+    store.put_array("sub/orphan.corrected.npy", np.full((2, 2), 0.5))  # an output whose input was removed
+    store.put_bytes("notes.txt", b"not a batch")
+    store.put_bytes("upper.NPY", npy_bytes(features(0)))  # suffixes are case-sensitive
+    new, watermark = find_new_batches(store)
+    process(store, new)
+    commit(store, watermark, new)
+    # a nested '_labelshift' folder is ordinary data; only the top-level one belongs to the system
+    expected = ["a.npy", "sub/_labelshift/d.npy", "sub/b.npy", "sub/deeper/c.npy"]
+    assert [b.key for b in new] == expected
+    assert [b.key for b in list_batches(store)] == expected  # after outputs and the watermark were written
+    assert store.exists("sub/b" + CORRECTED_SUFFIX) and store.exists("sub/b" + SUMMARY_SUFFIX)
+    assert store.exists(WATERMARK_KEY) and WATERMARK_KEY.startswith(STATE_PREFIX)
+
+    batch = new[2]
+    assert (batch.name, batch.corrected_key, batch.summary_key) == ("sub/b", "sub/b.corrected.npy",
+                                                                     "sub/b.summary.json")
+    for key in ["sub/b.corrected.npy", "_labelshift/x.npy", "b.json", ".npy"]:
+        with pytest.raises(InputError, match="not a batch key"):
+            TargetBatch(key, batch.checksum)
+    with pytest.raises(InputError, match="64 lowercase hex"):
+        TargetBatch("a.npy", "abc")
+
+
+# -- crash between outputs and commit ----------------------------------------------------------------------------------
+def test_crash_between_outputs_and_commit_loses_nothing_and_counts_nothing_twice(store):
+    store.put_array("a.npy", features(0))
+    store.put_array("b.npy", features(1))
+
+    # run 1 crashes after writing all outputs, before the commit
+    new, watermark = find_new_batches(store)
+    with pytest.raises(RuntimeError, match="worker killed"):
+        process(store, new, attempt=1)
+        raise RuntimeError("worker killed")
+    assert store.exists("a.corrected.npy") and store.exists("b.summary.json")
+    assert not store.exists(WATERMARK_KEY) and read_watermark(store) == Watermark()
+
+    # run 2 finds the same batches, overwrites their outputs and commits once
+    retry, watermark = find_new_batches(store)
+    assert retry == new
+    process(store, retry, attempt=2)
+    after = commit(store, watermark, retry)
+    assert after.sequence == 1 and after.processed == {b.key: b.checksum for b in new}
+    assert len(after.history) == 1 and after.history[0]["batches"] == ["a.npy", "b.npy"]
+    assert store.get_json("a.summary.json")["attempt"] == 2
+    assert find_new_batches(store)[0] == []
+
+    # a later run crashes the same way: the committed watermark stays byte for byte as it was
+    store.put_array("c.npy", features(2))
+    committed = store.get_bytes(WATERMARK_KEY)
+    new, watermark = find_new_batches(store)
+    with pytest.raises(RuntimeError):
+        process(store, new)
+        raise RuntimeError("worker killed")
+    assert store.get_bytes(WATERMARK_KEY) == committed
+    assert [b.key for b in find_new_batches(store)[0]] == ["c.npy"]
+
+
+def test_crash_between_corrected_and_summary(store, monkeypatch):
+    store.put_array("a.npy", features(0))
+    new, watermark = find_new_batches(store)
+    real_put = store.put_bytes
+
+    def dying_put(key, data, **kwargs):
+        if key.endswith(SUMMARY_SUFFIX):
+            raise StorageError("connection lost")
+        return real_put(key, data, **kwargs)
+
+    monkeypatch.setattr(store, "put_bytes", dying_put)
+    with pytest.raises(StorageError, match="connection lost"):
+        process(store, new)
+    monkeypatch.undo()
+    assert store.exists("a.corrected.npy") and not store.exists("a.summary.json")
+    assert find_new_batches(store) == (new, Watermark())
+    process(store, new, attempt=2)
+    assert commit(store, watermark, new).processed == {"a.npy": new[0].checksum}
+    assert store.get_json("a.summary.json")["attempt"] == 2
+
+
+# -- empty or missing target -------------------------------------------------------------------------------------------
+def test_empty_target_is_refused_with_a_clear_message(store):
+    with pytest.raises(InputError) as error:
+        find_new_batches(store)
+    message = str(error.value)
+    assert store.uri in message and "NAME.npy" in message and "(n, *model input shape)" in message
+    if isinstance(store, LocalStore):
+        assert "folder does not exist" in message
+        assert not store.root.exists()  # nothing was created
+    else:
+        assert "holds no objects" in message
+    assert store.list() == []
+
+    store.put_bytes("readme.txt", b"data comes tomorrow")
+    store.put_array("x.corrected.npy", np.full((1, 2), 0.5))
+    before = snapshot(store)
+    with pytest.raises(InputError, match=r"holds 2 object\(s\) but none is an input batch \('readme.txt'"):
+        find_new_batches(store)
+    assert snapshot(store) == before
+
+
+def test_missing_local_folder(tmp_path):
+    target = open_store(f"file://{tmp_path}/never/made")
+    with pytest.raises(InputError, match=f"no target batch under file://{tmp_path}/never/made: the folder does not"):
+        find_new_batches(target)
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.integration
+def test_missing_s3_prefix_and_bucket(s3_bucket, seaweed):
+    target = open_store(f"s3://{s3_bucket}/never/written/", retry=FAST_RETRY)
+    with pytest.raises(InputError, match=f"no target batch under s3://{s3_bucket}/never/written: it holds no objects"):
+        find_new_batches(target)
+    assert seaweed.client().list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0
+    missing = open_store("s3://no-such-bucket-labelshift/target", retry=FAST_RETRY)
+    with pytest.raises(ObjectNotFoundError, match="no-such-bucket-labelshift"):
+        find_new_batches(missing)
+
+
+def test_all_batches_deleted_after_a_run(store):
+    store.put_array("a.npy", features(0))
+    new, watermark = find_new_batches(store)
+    commit(store, watermark, new)
+    store.delete("a.npy")
+    before = snapshot(store)
+    with pytest.raises(InputError, match="none is an input batch"):
+        find_new_batches(store)
+    assert snapshot(store) == before
+
+
+# -- bad batches -------------------------------------------------------------------------------------------------------
+UNPICKLED: list[str] = []
+
+
+def _record_unpickling() -> str:
+    UNPICKLED.append("unpickled")
+    return "boom"
+
+
+class Booby:
+    """Records its own unpickling, which must never happen when a batch is loaded."""
+
+    def __reduce__(self):
+        return (_record_unpickling, ())
+
+
+def _valid() -> bytes:
+    return npy_bytes(features(0))
+
+
+def _with_nan() -> np.ndarray:
+    x = features(0)
+    x[1, 2] = np.nan
+    return x
+
+
+def _with_inf() -> np.ndarray:
+    x = features(0)
+    x[3, 0] = -np.inf
+    return x
+
+
+BAD_BATCHES = {
+    # name: (content, error type, pattern the message must hold besides the batch's URI)
+    "int64": (np.arange(6).reshape(2, 3), InputError, r"dtype int64 \(expected float32.*astype\(numpy.float32\)"),
+    "uint8-pixels": (np.zeros((2, 3), np.uint8), InputError, r"dtype uint8.*scaled to \[0, 1\]"),
+    "bool": (np.ones((2, 3), bool), InputError, r"dtype bool \(expected float32"),
+    "complex": (np.ones((2, 3), np.complex128), InputError, r"dtype complex128.*real-valued"),
+    "object": (np.array([[Booby()] * 3], dtype=object), InputError, r"dtype object.*never loaded"),
+    "strings": (np.array([["a", "b", "c"]]), InputError, r"dtype <U1.*plain float array"),
+    "structured": (np.zeros((2,), [("x", "<f4"), ("y", "<f4"), ("z", "<f4")]), InputError, r"dtype.*plain float"),
+    "float128": (np.ones((2, 3), np.longdouble), InputError, r"dtype float128.*astype\(numpy.float32\)"),
+    "trailing-dims": (np.zeros((2, 4), np.float32), InputError, r"shape \(2, 4\), but the model takes \(n, 3\)"),
+    "flattened": (np.zeros((2, 1, 3), np.float32), InputError, r"sizes agree: save arr.reshape\(-1, 3\)"),
+    "1-D": (np.zeros(6, np.float32), InputError, r"shape \(6,\).*1-D array is a flattened"),
+    "scalar": (np.float32(1.0), InputError, r"shape \(\), but the model takes"),
+    "zero-rows": (np.zeros((0, 3), np.float32), InputError, r"zero rows"),
+    "nan": (_with_nan(), InputError, r"1 NaN or infinite value\(s\).*first row 1"),
+    "inf": (_with_inf(), InputError, r"1 NaN or infinite value\(s\).*first row 3"),
+    "float32-overflow": (np.full((2, 3), 1e39), InputError, r"NaN or infinite.*overflow"),
+    "truncated": (_valid()[:-5], FormatError, r"truncated: its header promises 188 bytes"),
+    "extra-bytes": (_valid() + b"\0", FormatError, r"followed by extra bytes"),
+    "garbage": (b"this is not numpy at all", FormatError, r"not a \.npy file"),
+    "empty-file": (b"", FormatError, r"not a \.npy file"),
+    "npz": ("npz", FormatError, r"not a \.npy file"),
+    "pickle": (pickle.dumps(features(0)), FormatError, r"not a \.npy file"),
+    "corrupt-header": (b"\x93NUMPY\x01\x00\x10\x00{'descr': <f4 }\n", FormatError, r"corrupt \.npy header"),
+}
+
+
+def _bad_content(value) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):  # an .npz archive under a .npy name
+        buffer = io.BytesIO()
+        np.savez(buffer, x=features(0))
+        return buffer.getvalue()
+    return npy_bytes(np.asarray(value), allow_pickle=True)
+
+
+@pytest.mark.parametrize("case", BAD_BATCHES)
+def test_bad_batch_is_refused_naming_it_and_nothing_is_written(store, case):
+    content, error_type, pattern = BAD_BATCHES[case]
+    store.put_array("good.npy", features(1))
+    store.put_bytes("2026/bad.npy", _bad_content(content))
+    before = snapshot(store)
+    UNPICKLED.clear()
+
+    new, watermark = find_new_batches(store)  # listing reads no content: the bad batch is a batch like the others
+    assert [b.key for b in new] == ["2026/bad.npy", "good.npy"]
+    with pytest.raises(error_type, match=pattern) as error:
+        process(store, new)  # the bad batch comes first, as in a run that checks every batch before writing
+    assert f"batch {store.url('2026/bad.npy')}" in str(error.value) or store.url("2026/bad.npy") in str(error.value)
+    assert UNPICKLED == []
+    assert snapshot(store) == before  # no output, no watermark
+    assert find_new_batches(store)[0] == new
+
+
+def test_object_arrays_are_not_unpickled():
+    """The sentinel really fires when such a file is unpickled, so the check above can fail."""
+    UNPICKLED.clear()
+    np.load(io.BytesIO(_bad_content(BAD_BATCHES["object"][0])), allow_pickle=True)
+    assert UNPICKLED == ["unpickled"]  # one object, three references (pickle's memo)
+    UNPICKLED.clear()
+
+
+def test_too_many_rows(local_store):
+    local_store.put_array("big.npy", features(0, n=11))
+    [batch], _ = find_new_batches(local_store)
+    with pytest.raises(InputError, match=r"big.npy has 11 rows, more than max_rows=10; split it"):
+        load_batch(local_store, batch, input_shape=INPUT_SHAPE, max_rows=10)
+    assert load_batch(local_store, batch, input_shape=INPUT_SHAPE, max_rows=11).shape == (11, 3)
+    with pytest.raises(InputError, match="input_shape must hold positive sizes"):
+        load_batch(local_store, batch, input_shape=(0,))
+    with pytest.raises(InputError, match="max_rows must be a positive integer"):
+        load_batch(local_store, batch, input_shape=INPUT_SHAPE, max_rows=0)
+
+
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8", ">f8", ">f4"])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_float_batches_are_read_as_float32(local_store, dtype, order):
+    x = np.asarray(np.random.default_rng(0).normal(size=(4, 2, 3)), dtype=dtype, order=order)
+    local_store.put_bytes("x.npy", npy_bytes(x))
+    [batch] = list_batches(local_store)
+    out = load_batch(local_store, batch, input_shape=(2, 3))
+    assert out.dtype == np.float32 and out.flags.c_contiguous and out.flags.writeable
+    assert np.array_equal(out, x.astype(np.float32))
+    assert load_batch(local_store, batch, input_shape=None).shape == (4, 2, 3)
+
+
+def test_batch_without_a_recorded_checksum(local_store):
+    """A batch copied in by another tool (no .sha256 sidecar) is listed with the checksum of its content."""
+    local_store.root.mkdir(parents=True)
+    data = npy_bytes(features(0))
+    (local_store.root / "copied.npy").write_bytes(data)
+    [batch] = list_batches(local_store)
+    assert batch.checksum == sha(data)
+    assert np.array_equal(load_batch(local_store, batch, input_shape=INPUT_SHAPE), features(0))
+
+
+def test_batch_replaced_while_a_run_is_going(store):
+    store.put_array("a.npy", features(0))
+    [listed], watermark = find_new_batches(store)
+    store.put_array("a.npy", features(9))
+    with pytest.raises(ChangedBatchError, match=r"a.npy changed after this run listed it") as error:
+        load_batch(store, listed, input_shape=INPUT_SHAPE)
+    assert error.value.changed == {"a.npy": (listed.checksum, store.checksum("a.npy"))}
+    assert not store.exists(WATERMARK_KEY)
+
+
+# -- a counted batch that changed --------------------------------------------------------------------------------------
+def test_changed_batch_is_refused_unless_reprocessing_is_asked_for(store):
+    store.put_array("a.npy", features(0))
+    store.put_array("b.npy", features(1))
+    new, watermark = find_new_batches(store)
+    process(store, new)
+    first = commit(store, watermark, new)
+
+    store.put_array("a.npy", features(5))  # same key, new content
+    store.put_array("c.npy", features(2))
+    before = snapshot(store)
+    with pytest.raises(ChangedBatchError, match=r"1 batch\(es\) already counted have changed content") as error:
+        find_new_batches(store)
+    message = str(error.value)
+    assert store.url("a.npy") in message and "under a new key" in message and "on_changed='reprocess'" in message
+    assert error.value.changed == {"a.npy": (first.processed["a.npy"], store.checksum("a.npy"))}
+    assert isinstance(error.value, InputError)
+    assert snapshot(store) == before
+
+    new, watermark = find_new_batches(store, on_changed="reprocess")
+    assert [b.key for b in new] == ["a.npy", "c.npy"] and watermark == first
+    process(store, new)
+    second = commit(store, watermark, new)
+    assert second.processed == {"a.npy": store.checksum("a.npy"), "b.npy": first.processed["b.npy"],
+                                "c.npy": store.checksum("c.npy")}
+    assert second.history[-1]["batches"] == ["a.npy", "c.npy"] and second.history[-1]["replaced"] == ["a.npy"]
+    assert "replaced" not in second.history[0]
+    assert find_new_batches(store)[0] == []
+    with pytest.raises(InputError, match="on_changed must be"):
+        find_new_batches(store, on_changed="ignore")
+
+
+def test_deleted_counted_batch_is_not_an_error(store):
+    for key in ["a.npy", "b.npy"]:
+        store.put_array(key, features(0))
+    new, watermark = find_new_batches(store)
+    first = commit(store, watermark, new)
+    store.delete("a.npy")
+    assert find_new_batches(store) == ([], first)
+    assert "a.npy" in read_watermark(store).processed
+
+
+# -- the watermark -----------------------------------------------------------------------------------------------------
+def _valid_watermark() -> dict:
+    return Watermark(sequence=1, processed={"a.npy": "0" * 64}, updated_at="2026-11-25T06:00:00.000+00:00",
+                     history=[{"sequence": 1, "time": "2026-11-25T06:00:00.000+00:00", "batches": ["a.npy"]}],
+                     run_id="r1").to_dict()
+
+
+def _edited(**changes) -> bytes:
+    data = _valid_watermark()
+    data.update(changes)
+    return json.dumps(data).encode()
+
+
+CORRUPT_WATERMARKS = {
+    "not-json": (b'{"sequence": 1, "processed": {', r"not valid UTF-8 JSON"),
+    "not-utf8": (b"\xff\xfe\x00", r"not valid UTF-8 JSON"),
+    "a-list": (b"[1, 2]", r"expected a JSON object, found list"),
+    "no-format": (b'{"sequence": 1}', r"field 'format' must be 'labelshift-watermark'"),
+    "sequence-text": (_edited(sequence="3"), r"field 'sequence' must be a non-negative integer, found '3'"),
+    "sequence-negative": (_edited(sequence=-1), r"field 'sequence' must be a non-negative integer"),
+    "processed-list": (_edited(processed=["a.npy"]), r"field 'processed' must be an object"),
+    "processed-bad-checksum": (_edited(processed={"a.npy": "xyz"}), r"gives 'a.npy' the checksum 'xyz'"),
+    "processed-output-key": (_edited(processed={"a.corrected.npy": "0" * 64}), r"not a batch key"),
+    "history-not-list": (_edited(history={}), r"field 'history' must be a list"),
+    "history-sequence": (_edited(history=[{"sequence": 7}]), r"history' entry has sequence 7, outside 1..1"),
+    "updated-at": (_edited(updated_at="yesterday"), r"field 'updated_at' must be an ISO 8601 time"),
+    "counted-without-run": (_edited(sequence=0, history=[]), r"'sequence' is 0 .* records processed batches"),
+}
+
+
+@pytest.mark.parametrize("case", CORRUPT_WATERMARKS)
+def test_corrupt_watermark_names_the_key_and_the_recovery(store, case):
+    content, pattern = CORRUPT_WATERMARKS[case]
+    store.put_array("a.npy", features(0))
+    store.put_bytes(WATERMARK_KEY, content)
+    before = snapshot(store)
+    for attempt in (lambda: read_watermark(store), lambda: find_new_batches(store),
+                    lambda: commit(store, Watermark(), list_batches(store))):
+        with pytest.raises(FormatError, match=pattern) as error:
+            attempt()
+        message = str(error.value)
+        assert store.url(WATERMARK_KEY) in message and "restore the file from a backup" in message
+        assert "delete it" in message
+    assert snapshot(store) == before
+
+
+def test_watermark_from_a_newer_version(local_store):
+    local_store.put_bytes(WATERMARK_KEY, _edited(version=99))
+    with pytest.raises(FormatError, match=r"watermark version 99, newer than .* upgrade labelshift"):
+        read_watermark(local_store)
+
+
+def test_watermark_whose_content_no_longer_matches_its_checksum(store, request):
+    store.put_array("a.npy", features(0))
+    new, watermark = find_new_batches(store)
+    commit(store, watermark, new)
+    tampered = store.get_bytes(WATERMARK_KEY).replace(b'"sequence": 1', b'"sequence": 5', 1)
+    if isinstance(store, LocalStore):  # the data file changes, its sha256 sidecar does not
+        (store.root / "_labelshift" / "watermark.json").write_bytes(tampered)
+    else:  # replaced behind the store's back, keeping the recorded checksum
+        head = request.getfixturevalue("seaweed").client()
+        full_key = f"{store.prefix}/{WATERMARK_KEY}"
+        recorded = head.head_object(Bucket=store.bucket, Key=full_key)["Metadata"]["sha256"]
+        head.put_object(Bucket=store.bucket, Key=full_key, Body=tampered, Metadata={"sha256": recorded})
+    with pytest.raises(FormatError, match=r"watermark .*watermark.json is corrupt: checksum mismatch") as error:
+        find_new_batches(store)
+    assert "write the same content again" in str(error.value)
+
+
+def test_watermark_round_trip_and_history_limit(local_store):
+    data = _valid_watermark()
+    assert Watermark.from_dict(json.loads(json.dumps(data))).to_dict() == data
+    assert Watermark.from_dict(Watermark().to_dict()) == Watermark()
+
+    for i in range(4):
+        local_store.put_array(f"b{i}.npy", features(i))
+        new, watermark = find_new_batches(local_store)
+        latest = commit_watermark(local_store, watermark, new, {"run": i}, history_limit=2)
+    assert latest.sequence == 4 and len(latest.processed) == 4
+    assert [entry["run"] for entry in latest.history] == [2, 3]
+    assert read_watermark(local_store) == latest
+
+
+# -- committing --------------------------------------------------------------------------------------------------------
+def test_concurrent_commit_is_refused(store):
+    store.put_array("a.npy", features(0))
+    batches_a, seen_by_a = find_new_batches(store)
+    batches_b, seen_by_b = find_new_batches(store)  # a second run started before the first committed
+    won = commit(store, seen_by_a, batches_a, run="A")
+    with pytest.raises(ConcurrentRunError, match=r"moved to sequence 1 .* since this run read sequence 0") as error:
+        commit(store, seen_by_b, batches_b, run="B")
+    assert isinstance(error.value, StorageError)
+    assert read_watermark(store) == won and won.history[0]["run"] == "A"
+    # a stale watermark of the same sequence number is refused too (the run id differs)
+    store.put_array("b.npy", features(1))
+    new, current = find_new_batches(store)
+    commit(store, current, new)
+    with pytest.raises(ConcurrentRunError):
+        commit(store, current, new)
+
+
+def test_commit_overwritten_by_a_rival_right_after_its_write_is_reported(store, monkeypatch):
+    store.put_array("a.npy", features(0))
+    new, watermark = find_new_batches(store)
+    rival = Watermark(sequence=1, processed={"a.npy": new[0].checksum}, updated_at="2026-01-01T00:00:00+00:00",
+                      history=[{"sequence": 1, "batches": ["a.npy"]}], run_id="rival")
+    real_put = store.put_bytes
+
+    def put_then_rival_writes(key, data, **kwargs):
+        digest = real_put(key, data, **kwargs)
+        if key == WATERMARK_KEY:
+            real_put(key, json.dumps(rival.to_dict()).encode())
+        return digest
+
+    monkeypatch.setattr(store, "put_bytes", put_then_rival_writes)
+    with pytest.raises(ConcurrentRunError, match="overwritten by another run"):
+        commit(store, watermark, new)
+    monkeypatch.undo()
+    assert read_watermark(store) == rival
+    assert find_new_batches(store)[0] == []  # the rival counted the batch: it is not counted again
+
+
+def test_commit_refuses_what_would_double_count(store):
+    store.put_array("a.npy", features(0))
+    store.put_array("b.npy", features(1))
+    new, watermark = find_new_batches(store)
+    with pytest.raises(InputError, match=r"\['a.npy'\] are listed more than once"):
+        commit(store, watermark, [new[0], new[0]])
+    with pytest.raises(InputError, match=r"record fields \['sequence', 'batches'\] are set by commit_watermark"):
+        commit_watermark(store, watermark, new, {"sequence": 9, "batches": []})
+    with pytest.raises(InputError, match="cannot be written as JSON"):
+        commit(store, watermark, new, model=object())
+    assert not store.exists(WATERMARK_KEY)
+    first = commit(store, watermark, new[:1])
+    committed = store.get_bytes(WATERMARK_KEY)
+    with pytest.raises(InputError, match=r"\['a.npy'\] are already counted .* count them twice"):
+        commit(store, first, new)
+    assert store.get_bytes(WATERMARK_KEY) == committed
+    assert [b.key for b in find_new_batches(store)[0]] == ["b.npy"]
+
+
+def test_bad_outputs_are_refused_before_anything_is_written(store):
+    store.put_array("a.npy", features(0))
+    [batch], _ = find_new_batches(store)
+    before = snapshot(store)
+    probs = softmax_rows(np.random.default_rng(0).normal(size=(5, 3)))
+    nan_probs = probs.copy()
+    nan_probs[0, 0] = np.nan
+    cases = [
+        (dict(corrected=np.log(probs), summary={}), r"negative entries .* looks like logits"),
+        (dict(corrected=probs * 2, summary={}), r"must sum to 1"),
+        (dict(corrected=nan_probs, summary={}), r"NaN"),
+        (dict(corrected=probs[0], summary={}), r"must be 2-D"),
+        (dict(corrected=probs, summary={}, n_rows=6), r"have 5 rows but the batch has 6"),
+        (dict(corrected=probs, summary={"model": object()}), r"cannot be written as JSON"),
+        (dict(corrected=probs, summary={"input": "x"}), r"summary fields \['input'\] are set by"),
+        (dict(corrected=probs, summary=[1]), r"summary must be a dict"),
+    ]
+    for kwargs, pattern in cases:
+        with pytest.raises(InputError, match=pattern):
+            write_batch_outputs(store, batch, **kwargs)
+    assert snapshot(store) == before

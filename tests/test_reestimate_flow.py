@@ -1,0 +1,324 @@
+"""The ``reestimate`` flow end to end on real parts: SeaweedFS S3, an MLflow server (artifacts proxied to S3), the
+Prefect test server, and a deployment served by a separate process and started through the Prefect API.
+
+The classifier is the Bayes-optimal linear model of a three-class 2-D Gaussian mixture
+(:mod:`tests.reestimation_support`), registered with BCTS and its source holdout, so the true target prior of
+every drawn batch is known.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+
+from labelshift.diagnostics import correct_predictions
+from tests.reestimation_support import K, SHIFTED_PRIOR, SOURCE_PRIOR, draw, npy_bytes, register_model
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL_NAME = "reestimate-e2e"
+
+
+@pytest.fixture(scope="module")
+def registry(mlflow_s3_server):
+    """The classifier registered as models:/reestimate-e2e@production through the MLflow server."""
+    info = register_model(mlflow_s3_server.url, MODEL_NAME)
+    return dict(info, tracking_uri=mlflow_s3_server.url)
+
+
+def _put(seaweed, bucket: str, key: str, arr: np.ndarray) -> None:
+    seaweed.client().put_object(Bucket=bucket, Key=key, Body=npy_bytes(arr))
+
+
+def _keys(seaweed, bucket: str, prefix: str = "") -> list[str]:
+    pages = seaweed.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+def _get(seaweed, bucket: str, key: str) -> bytes:
+    return seaweed.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def _runs(tracking_uri: str, kind: str | None = None, target: str | None = None) -> list:
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name("reestimation")
+    if exp is None:
+        return []
+    filters = []
+    if kind:
+        filters.append(f"tags.`labelshift.kind` = '{kind}'")
+    if target:
+        filters.append(f"tags.`labelshift.target` = '{target}'")
+    return client.search_runs([exp.experiment_id], filter_string=" and ".join(filters), max_results=1000)
+
+
+def _run_flow(registry, target: str, **kw):
+    from flows.reestimate import reestimate
+
+    return reestimate(model=kw.pop("model", registry["model_uri"]), target=target,
+                      tracking_uri=kw.pop("tracking_uri", registry["tracking_uri"]), return_state=True, **kw)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_deployment(name: str, timeout: float = 180.0, proc=None):
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise AssertionError(f"the serving process exited with {proc.returncode}")
+            try:
+                return client.read_deployment_by_name(name)
+            except Exception:
+                time.sleep(1.0)
+    raise AssertionError(f"deployment {name} did not appear within {timeout} s")
+
+
+def test_deployment_processes_new_batches_once_writes_outputs_and_logs_the_drift(
+        prefect_server, registry, seaweed, s3_bucket, tmp_path):
+    from prefect.deployments import run_deployment
+
+    rng = np.random.default_rng(11)
+    target = f"s3://{s3_bucket}/target/"
+    truth = {}
+    for day in ("day-1", "day-2"):
+        x, y = draw(SHIFTED_PRIOR, 2500, rng)
+        _put(seaweed, s3_bucket, f"target/{day}.npy", x)
+        truth[day] = (x, y)
+
+    # the deployment is served by its own process, as `labelshift serve` or a worker would run it
+    env = {**os.environ, **seaweed.env(), "PREFECT_API_URL": prefect_server,
+           "MLFLOW_TRACKING_URI": registry["tracking_uri"], "PYTHONPATH": str(REPO)}
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-c",
+                             "from flows.reestimate import reestimate; reestimate.serve(name='e2e')"],
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    params = {"model": registry["model_uri"], "target": target, "tracking_uri": registry["tracking_uri"]}
+    try:
+        _wait_for_deployment("reestimate/e2e", proc=proc)
+        first = run_deployment("reestimate/e2e", parameters=params, timeout=300)
+        assert first.state.is_completed(), (first.state, (tmp_path / "serve.log").read_text()[-3000:])
+        assert first.state.name == "Shifted"
+
+        keys = _keys(seaweed, s3_bucket, "target/")
+        for day in truth:
+            assert f"target/{day}.corrected.npy" in keys and f"target/{day}.summary.json" in keys
+        watermark = json.loads(_get(seaweed, s3_bucket, "target/_labelshift/watermark.json"))
+        assert watermark["sequence"] == 1 and sorted(watermark["processed"]) == ["day-1.npy", "day-2.npy"]
+
+        # the corrected predictions are p_t(y|x) ~ w_y f_y(x) with the reported w
+        summary = json.loads(_get(seaweed, s3_bucket, "target/day-1.summary.json"))
+        w = np.array(summary["result"]["weights"])
+        corrected = np.load(__import__("io").BytesIO(_get(seaweed, s3_bucket, "target/day-1.corrected.npy")))
+        x = truth["day-1"][0]
+        from labelshift.calibration import load_calibrator   # the calibrator the flow applied, from MLflow
+        client = MlflowClient(registry["tracking_uri"])
+        cal_doc = json.loads(Path(client.download_artifacts(registry["run_id"], "calibration/BCTS.json",
+                                                            str(tmp_path))).read_text())
+        cal = load_calibrator(cal_doc["calibrator"])
+        from tests.reestimation_support import bayes_logits
+        expected = correct_predictions(cal.predict_proba(bayes_logits(x.astype(np.float64))), w)
+        # float32 storage and float32 forward pass: agreement to ~1e-5
+        np.testing.assert_allclose(corrected, expected, atol=1e-4)
+        # the corrected predictions are more accurate on the shifted target than the source-calibrated ones
+        y = truth["day-1"][1]
+        assert (corrected.argmax(1) == y).mean() > (bayes_logits(x).argmax(1) == y).mean()
+
+        # MLflow: one finished child run with the prior per class at step 1, the interval, the p-value, a figure
+        target_url = summary["target"]
+        (child,) = _runs(registry["tracking_uri"], "reestimation", target_url)
+        assert child.info.status == "FINISHED"
+        m = child.data.metrics
+        assert m["no_shift_p_value"] < 0.05 and m["shifted"] == 1.0
+        for c in range(K):
+            assert m[f"prior_lower/{c}"] <= m[f"prior/{c}"] <= m[f"prior_upper/{c}"]
+        assert sum(m[f"prior/{c}"] for c in range(K)) == pytest.approx(1.0, abs=1e-9)
+        artifacts = [a.path for a in client.list_artifacts(child.info.run_id, "figures")]
+        assert "figures/target_prior.png" in artifacts
+        (monitor,) = _runs(registry["tracking_uri"], "monitor", target_url)
+        assert [p.step for p in client.get_metric_history(monitor.info.run_id, "prior/2")] == [1]
+
+        # a third batch later is the only one processed next time
+        x3, _ = draw(SHIFTED_PRIOR, 2000, rng)
+        _put(seaweed, s3_bucket, "target/day-3.npy", x3)
+        before = {k: _get(seaweed, s3_bucket, f"target/{k}.corrected.npy") for k in ("day-1", "day-2")}
+        second = run_deployment("reestimate/e2e", parameters=params, timeout=300)
+        assert second.state.is_completed(), second.state
+        watermark = json.loads(_get(seaweed, s3_bucket, "target/_labelshift/watermark.json"))
+        assert watermark["sequence"] == 2
+        assert [h["batches"] for h in watermark["history"]] == [["day-1.npy", "day-2.npy"], ["day-3.npy"]]
+        assert json.loads(_get(seaweed, s3_bucket, "target/day-3.summary.json"))["result"]["n_target"] == 2000
+        assert {k: _get(seaweed, s3_bucket, f"target/{k}.corrected.npy") for k in before} == before
+        history = client.get_metric_history(monitor.info.run_id, "prior/2")
+        assert sorted(p.step for p in history) == [1, 2]
+
+        # nothing new: a third run says so and changes nothing
+        third = run_deployment("reestimate/e2e", parameters=params, timeout=300)
+        assert third.state.is_completed() and third.state.name == "No new data", third.state
+        assert json.loads(_get(seaweed, s3_bucket, "target/_labelshift/watermark.json"))["sequence"] == 2
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_intervals_cover_the_true_prior_and_unshifted_data_is_not_flagged(prefect_server, registry, seaweed,
+                                                                          s3_bucket):
+    """Coverage over repeated draws, through the flow (in this process: the model is loaded once).
+
+    10 draws x 3 classes = 30 (draw, class) pairs at a nominal 95%: about 28.5 are covered; a binomial sd is
+    sqrt(30 * 0.95 * 0.05) = 1.2. The Fisher interval ignores the error of the 4000-row source holdout (about 0.4
+    of the target's own standard error here, which lowers the true coverage to about 93%), and the classes of one
+    draw are correlated, so the bound is set at 24 (80%): still a "clear majority", and far above what a too-narrow
+    interval would give (half the width covers about 68%). The no-shift test at 5% on unshifted data: 8 draws flag
+    0.4 on average; at most 2 is allowed (P(>= 3) = 0.6% at the nominal level).
+    """
+    rng = np.random.default_rng(2026)
+    covered = 0
+    for i in range(10):
+        prefix = f"cov-{i}/"
+        for part in range(2):
+            x, _ = draw(SHIFTED_PRIOR, 1000, rng)
+            _put(seaweed, s3_bucket, f"{prefix}part-{part}.npy", x)
+        state = _run_flow(registry, f"s3://{s3_bucket}/{prefix}")
+        assert state.is_completed(), state.message
+        res = state.result()["result"]
+        lo, hi = np.array(res["interval"]["lower"]), np.array(res["interval"]["upper"])
+        covered += int(np.sum((lo <= SHIFTED_PRIOR) & (SHIFTED_PRIOR <= hi)))
+        assert res["shifted"]                     # a shift of this size (TV 0.35) at m = 2000 is never missed
+    print(f"coverage of the 95% Fisher intervals: {covered}/30")
+    assert covered >= 24
+
+    flagged = 0
+    for i in range(8):
+        x, _ = draw(SOURCE_PRIOR, 2000, rng)
+        _put(seaweed, s3_bucket, f"same-{i}/batch.npy", x)
+        state = _run_flow(registry, f"s3://{s3_bucket}/same-{i}/")
+        assert state.is_completed(), state.message
+        flagged += int(state.result()["result"]["shifted"])
+        assert state.name in ("No shift", "Shifted")
+    print(f"unshifted draws flagged at 5%: {flagged}/8")
+    assert flagged <= 2
+
+
+# -- bad input and faults: a clear failure, the store and the watermark unchanged, no MLflow run left RUNNING ----------
+def _assert_clean_failure(state, registry, seaweed, bucket, prefix, before, match):
+    assert state.is_failed(), state
+    assert any(m.lower() in (state.message or "").lower() for m in match), state.message
+    assert _keys(seaweed, bucket, prefix) == before            # nothing written, nothing removed
+    running = [r for r in _runs(registry["tracking_uri"]) if r.info.status == "RUNNING"]
+    assert running == []
+
+
+def test_empty_and_missing_targets_fail_clearly(prefect_server, registry, seaweed, s3_bucket, tmp_path):
+    state = _run_flow(registry, f"s3://{s3_bucket}/nothing-here/")
+    _assert_clean_failure(state, registry, seaweed, s3_bucket, "", [], ["no target batch"])
+    missing = tmp_path / "no-such-folder"
+    state = _run_flow(registry, str(missing))
+    assert state.is_failed() and "batch" in state.message.lower(), state.message
+
+
+@pytest.mark.parametrize("bad, words", [
+    (np.zeros((50, 3), np.float32), ["shape"]),
+    (np.zeros((50,), np.float32), ["shape"]),
+    (np.zeros((50, 2), np.int64), ["dtype", "int64"]),
+    (np.full((50, 2), np.nan, np.float32), ["finite", "nan"]),
+])
+def test_a_bad_batch_fails_the_run_before_anything_is_written(prefect_server, registry, seaweed, s3_bucket, bad,
+                                                              words):
+    rng = np.random.default_rng(5)
+    _put(seaweed, s3_bucket, "t/good.npy", draw(SHIFTED_PRIOR, 500, rng)[0])
+    _put(seaweed, s3_bucket, "t/zz-bad.npy", bad)
+    before = _keys(seaweed, s3_bucket, "t/")
+    state = _run_flow(registry, f"s3://{s3_bucket}/t/")
+    _assert_clean_failure(state, registry, seaweed, s3_bucket, "t/", before, words)
+    assert "zz-bad.npy" in state.message
+
+
+def test_missing_alias_wrong_calibrator_and_unreachable_services(prefect_server, registry, seaweed, s3_bucket,
+                                                                 monkeypatch):
+    rng = np.random.default_rng(6)
+    _put(seaweed, s3_bucket, "t/b.npy", draw(SHIFTED_PRIOR, 300, rng)[0])
+    before = _keys(seaweed, s3_bucket, "t/")
+    target = f"s3://{s3_bucket}/t/"
+
+    state = _run_flow(registry, target, model=f"models:/{MODEL_NAME}@no-such-alias")
+    _assert_clean_failure(state, registry, seaweed, s3_bucket, "t/", before, ["no alias 'no-such-alias'"])
+    assert "production" in state.message                      # the aliases that do exist
+
+    state = _run_flow(registry, target, model="models:/no-such-model@production")
+    _assert_clean_failure(state, registry, seaweed, s3_bucket, "t/", before, ["no registered model"])
+
+    bad = register_model(registry["tracking_uri"], f"reestimate-badcal-{uuid.uuid4().hex[:6]}",
+                         calibrator_classes=4, n_holdout=300)
+    state = _run_flow(registry, target, model=bad["model_uri"])
+    _assert_clean_failure(state, registry, seaweed, s3_bucket, "t/", before, ["4 classes"])
+
+    state = _run_flow(registry, target, tracking_uri=f"http://127.0.0.1:{_free_port()}")
+    _assert_clean_failure(state, registry, seaweed, s3_bucket, "t/", before, ["not reachable"])
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{_free_port()}")
+    state = _run_flow(registry, target)
+    assert state.is_failed() and "S3 endpoint" in state.message and "did not answer" in state.message, \
+        state.message
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", seaweed.endpoint)
+    assert _keys(seaweed, s3_bucket, "t/") == before
+
+
+def test_a_crash_between_outputs_and_watermark_loses_and_double_counts_nothing(prefect_server, registry, seaweed,
+                                                                               s3_bucket, monkeypatch):
+    import flows.reestimate as flow_module
+
+    rng = np.random.default_rng(7)
+    for day in ("a", "b"):
+        _put(seaweed, s3_bucket, f"crash/{day}.npy", draw(SHIFTED_PRIOR, 800, rng)[0])
+    target = f"s3://{s3_bucket}/crash/"
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("injected crash after the outputs were written")
+
+    original = flow_module.commit_watermark
+    monkeypatch.setattr(flow_module, "commit_watermark", crash)
+    state = _run_flow(registry, target)
+    assert state.is_failed() and "injected crash" in state.message
+    keys = _keys(seaweed, s3_bucket, "crash/")
+    assert "crash/a.corrected.npy" in keys and "crash/b.summary.json" in keys     # outputs were written ...
+    assert "crash/_labelshift/watermark.json" not in keys                         # ... the watermark was not
+    first_outputs = {k: _get(seaweed, s3_bucket, k) for k in keys if k.endswith(".corrected.npy")}
+    failed = [r for r in _runs(registry["tracking_uri"], "reestimation") if r.info.status == "FAILED"
+              and r.data.tags.get("labelshift.target", "").rstrip("/").endswith(f"{s3_bucket}/crash")]
+    assert len(failed) == 1 and "injected crash" in failed[0].data.tags["error"]
+    monitor_id = failed[0].data.tags["mlflow.parentRunId"]
+    client = MlflowClient(registry["tracking_uri"])
+    assert client.get_metric_history(monitor_id, "prior/0") == []                 # no point for the failed run
+
+    monkeypatch.setattr(flow_module, "commit_watermark", original)
+    state = _run_flow(registry, target)
+    assert state.is_completed(), state.message
+    watermark = json.loads(_get(seaweed, s3_bucket, "crash/_labelshift/watermark.json"))
+    assert watermark["sequence"] == 1 and sorted(watermark["processed"]) == ["a.npy", "b.npy"]
+    assert [h["batches"] for h in watermark["history"]] == [["a.npy", "b.npy"]]
+    assert state.result()["result"]["n_target"] == 1600                            # each row counted once
+    assert {k: _get(seaweed, s3_bucket, k) for k in first_outputs} == first_outputs  # rewritten, identical
+    assert [p.step for p in client.get_metric_history(monitor_id, "prior/0")] == [1]
+    state = _run_flow(registry, target)
+    assert state.name == "No new data"
