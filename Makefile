@@ -14,11 +14,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -e '.[test]'
 	touch $(STAMP)
 
-# the two-Gaussian sweeps, then mnist-5k (LeNet trained on CPU, 20 epochs; BCTS; 100-seed Dirichlet-shift sweeps)
+# the two-Gaussian sweeps, then mnist-5k (LeNet trained on CPU, 20 epochs; BCTS; 100-seed Dirichlet-shift sweeps),
+# the results page; then the operator's side once: label-shifted mnist-5k batches arrive under <store>/target and
+# are re-estimated with the model the sweep registered (a second `estimate` finds no new data)
 run: setup
 	$(BIN)/labelshift reproduce
 	$(BIN)/labelshift reproduce --dataset mnist-5k
 	$(BIN)/labelshift report
+	$(BIN)/labelshift data simulate-target mnist-5k --alpha 1.0 --batches 2 --rows 1000 --seed $$(date +%s)
+	$(BIN)/labelshift estimate --model models:/labelshift-mnist-5k@latest-good
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -142,3 +142,79 @@ def _cmd_estimate(args) -> int:
         if summary.get("verdict") == "Shifted":
             return EXIT_SHIFTED
     return 0
+
+
+# -- labelshift data simulate-target -------------------------------------------------------------------------------
+def register_simulate(dsub) -> None:
+    """``labelshift data simulate-target``: shifted batches of a dataset's test pool, to try re-estimation."""
+    from flows.cli import _common, _csv
+
+    p = dsub.add_parser(
+        "simulate-target", help="write label-shifted batches of a dataset's test images (to try `estimate`)",
+        description=textwrap.fill(
+            "Draw batches of model inputs (float32 in [0, 1], shape (n, C, H, W)) from the test pool of a dataset in "
+            "the object store with a chosen label distribution -- --prior, or one drawn from Dirichlet(--alpha) -- "
+            "and write them as NAME.npy under --to, where `labelshift estimate` or the scheduled reestimate "
+            "deployment picks them up. The true prior is printed and written beside them as "
+            "<prefix>-truth.json. The offline datasets (mnist-5k, digits) are pushed to the store on first use.",
+            79),
+        epilog="example:\n"
+               "  labelshift data simulate-target mnist-5k --to .labelshift/store/target --alpha 0.5 --batches 2\n"
+               "  labelshift estimate --model models:/labelshift-mnist-5k@latest-good",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p, top=False)
+    p.add_argument("name", choices=["mnist-5k", "digits", "mnist", "cifar10"], help="dataset")
+    p.add_argument("--to", metavar="URI", help="target location (default: <store>/target)")
+    p.add_argument("--store", metavar="URI", help="object store holding datasets/<name> (default: as reproduce)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--prior", type=_csv(float), metavar="LIST", help="the target label distribution, k values")
+    g.add_argument("--alpha", type=float, default=None,
+                   help="draw the target prior from a symmetric Dirichlet with this concentration (default: 1.0)")
+    p.add_argument("--batches", type=int, default=2, help="number of batches (default: 2)")
+    p.add_argument("--rows", type=int, default=1000, help="rows per batch (default: 1000)")
+    p.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
+    p.add_argument("--prefix", default=None, help="file name prefix of the batches (default: sim-<seed>)")
+    p.set_defaults(handler=_cmd_simulate)
+
+
+def _cmd_simulate(args) -> int:
+    from flows.cli import UsageError, _local_path, _setup
+
+    if args.batches < 1 or args.rows < 1:
+        raise UsageError("--batches and --rows must be positive")
+    if args.alpha is not None and args.alpha <= 0:
+        raise UsageError(f"--alpha must be positive, got {args.alpha}")
+    env = _setup(args, store_uri=args.store)
+    import numpy as np
+
+    from flows.reestimate import target_uri_for
+    from labelshift.datasets import DATASETS, load_dataset, push_dataset, read_manifest
+    from labelshift.datasets.simulate import simulate_target_batches
+    from labelshift.errors import ObjectNotFoundError
+    from labelshift.storage import open_store
+
+    store = open_store(env.store_uri)
+    prefix = f"datasets/{args.name}"
+    try:
+        read_manifest(store, prefix, expected_name=args.name)
+    except ObjectNotFoundError:
+        if not DATASETS[args.name].offline:
+            raise
+        push_dataset(args.name, store, prefix)
+    ds = load_dataset(store, prefix, expected_name=args.name, splits=("test",))
+    alpha = args.alpha if args.prior is None and args.alpha is not None else (1.0 if args.prior is None else None)
+    xs, ys, prior = simulate_target_batches(ds.test.x, ds.test.y, ds.n_classes, rows=args.rows,
+                                            n_batches=args.batches, target_prior=args.prior, alpha=alpha,
+                                            seed=args.seed)
+    target = open_store(target_uri_for(args.to, env.store_uri))
+    name = args.prefix or f"sim-{args.seed}"
+    for i, x in enumerate(xs):
+        target.put_array(f"{name}-{i}.npy", x)
+    counts = np.bincount(np.concatenate(ys), minlength=ds.n_classes)
+    target.put_json(f"{name}-truth.json", {"dataset": args.name, "target_prior": prior.tolist(),
+                                           "label_frequencies": (counts / counts.sum()).tolist(),
+                                           "batches": [f"{name}-{i}.npy" for i in range(len(xs))]})
+    print(f"wrote {len(xs)} batch(es) of {args.rows} {args.name} test images to {_local_path(target.uri)}/"
+          f"{name}-*.npy")
+    print("true target prior: " + " ".join(f"{v:.3f}" for v in prior))
+    return 0

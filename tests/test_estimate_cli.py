@@ -1,0 +1,111 @@
+"""``labelshift estimate`` (the reestimate flow once, a summary table) and ``labelshift data simulate-target``."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from flows.cli import main
+from tests.reestimation_support import SHIFTED_PRIOR, SOURCE_PRIOR, draw, register_model
+
+
+@pytest.fixture
+def clean_environ():
+    """The CLI exports its settings into os.environ; put the environment back afterwards."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def sqlite_model(tmp_path_factory, mlflow_database_template):
+    import shutil
+
+    folder = tmp_path_factory.mktemp("estimate-cli")
+    shutil.copyfile(mlflow_database_template, folder / "mlflow.db")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    return dict(register_model(uri, "cli-model", n_holdout=3000), tracking_uri=uri, home=folder / "home")
+
+
+def test_help_explains_the_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["estimate", "--help"])
+    out = capsys.readouterr().out
+    for option in ("--model", "--target", "--calibrator", "--interval", "--significance", "--check", "--json"):
+        assert option in out
+    assert "watermark" in out
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--cross-check", "FOO"], "--cross-check: unknown estimator"),
+    (["--level", "1.5"], "--level must be in (0.5, 1)"),
+    (["--significance", "0"], "--significance must be in (0, 0.5)"),
+])
+def test_bad_options_exit_2(argv, expected, capsys, tmp_path, clean_environ):
+    assert main(["estimate", "--home", str(tmp_path), "--model", "models:/x@y", *argv]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_estimate_prints_the_table_and_check_exit_codes(prefect_server, sqlite_model, tmp_path, capsys,
+                                                        clean_environ):
+    rng = np.random.default_rng(3)
+    target = tmp_path / "incoming"
+    target.mkdir()
+    np.save(target / "day-1.npy", draw(SHIFTED_PRIOR, 3000, rng)[0])
+    base = ["estimate", "--home", str(sqlite_model["home"]), "--model", sqlite_model["model_uri"],
+            "--target", str(target), "--tracking-uri", sqlite_model["tracking_uri"]]
+    assert main([*base, "--check"]) == 3                       # shifted
+    out = capsys.readouterr().out
+    assert out.startswith("Shifted: ")
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == ["0", "1", "2"]
+    # the source column is the holdout's label frequencies; the target column sums to 1
+    assert np.allclose([float(r[1]) for r in rows], SOURCE_PRIOR, atol=0.03)
+    assert sum(float(r[2]) for r in rows) == pytest.approx(1.0, abs=2e-4)
+    assert (target / "day-1.corrected.npy").exists() and (target / "_labelshift" / "watermark.json").exists()
+
+    assert main([*base, "--check", "--json"]) == 0             # nothing new: not a failure, not a shift
+    assert json.loads(capsys.readouterr().out)["verdict"] == "No new data"
+
+    np.save(target / "day-2.npy", draw(SOURCE_PRIOR, 3000, rng)[0])
+    assert main([*base, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["batches"] == ["day-2.npy"] and summary["sequence"] == 2
+    assert summary["verdict"] in ("No shift", "Shifted")       # a 5%-level test on unshifted data
+    lo, hi = np.array(summary["result"]["interval"]["lower"]), np.array(summary["result"]["interval"]["upper"])
+    assert np.all(lo <= hi)
+
+
+def test_estimate_failure_exits_1_and_says_nothing_was_written(prefect_server, sqlite_model, tmp_path, capsys,
+                                                                clean_environ):
+    target = tmp_path / "incoming"
+    target.mkdir()
+    np.save(target / "bad.npy", np.zeros((10, 5), np.float32))
+    code = main(["estimate", "--home", str(sqlite_model["home"]), "--model", sqlite_model["model_uri"],
+                 "--target", str(target), "--tracking-uri", sqlite_model["tracking_uri"]])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "bad.npy" in err and "shape (10, 5)" in err and "watermark is unchanged" in err
+    assert sorted(p.name for p in target.iterdir()) == ["bad.npy"]
+
+
+def test_simulate_target_writes_shifted_batches_with_their_truth(tmp_path, capsys, clean_environ):
+    store = tmp_path / "store"
+    code = main(["data", "simulate-target", "digits", "--home", str(tmp_path / "home"), "--store", str(store),
+                 "--prior", "0.5,0.5,0,0,0,0,0,0,0,0", "--batches", "2", "--rows", "400", "--seed", "4"])
+    assert code == 0, capsys.readouterr()
+    target = store / "target"
+    x = np.load(target / "sim-4-0.npy")
+    assert x.shape == (400, 1, 8, 8) and x.dtype == np.float32 and 0 <= x.min() and x.max() <= 1
+    truth = json.loads((target / "sim-4-truth.json").read_text())
+    assert truth["target_prior"][:2] == [0.5, 0.5]
+    freq = np.array(truth["label_frequencies"])
+    # 800 labels drawn from (0.5, 0.5): the share of class 0 has sd 0.018; 4 sd
+    assert freq[2:].sum() == 0 and abs(freq[0] - 0.5) < 0.07
+    from labelshift.monitoring import list_batches
+    from labelshift.storage import open_store
+
+    assert [b.key for b in list_batches(open_store(str(target)))] == ["sim-4-0.npy", "sim-4-1.npy"]
