@@ -57,6 +57,9 @@ def register(sub) -> None:
     p.add_argument("--bootstrap", dest="n_bootstrap", type=int, default=200, metavar="N",
                    help="bootstrap resamples (default: 200)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    p.add_argument("--max-interval-width", type=float, default=None, metavar="W",
+                   help="also call the estimate untrustworthy when the interval on some weight w_y is wider than W "
+                        "(1.0 = as wide as the no-shift weight itself; default: no width check)")
     p.add_argument("--tracking-uri", metavar="URI", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or "
                                                          "the local SQLite store under --home)")
     p.add_argument("--experiment-name", default="reestimation", metavar="NAME",
@@ -110,6 +113,11 @@ def _cmd_estimate(args) -> int:
         raise UsageError(f"--cross-check: unknown estimator(s) {bad}; choose from MLLS, BBSE-soft, BBSE-hard")
     if not 0.5 < args.level < 1:
         raise UsageError(f"--level must be in (0.5, 1), got {args.level}")
+    if args.max_interval_width is not None and args.max_interval_width <= 0:
+        raise UsageError(f"--max-interval-width must be positive, got {args.max_interval_width}")
+    if args.interval == "fisher" and args.estimator != "MLLS":
+        raise UsageError(f"--interval fisher comes from the MLLS likelihood; with --estimator {args.estimator} use "
+                         "--interval bootstrap")
     if not 0 < args.significance < 0.5:
         raise UsageError(f"--significance must be in (0, 0.5), got {args.significance}")
     env = _setup(args, store_uri=args.store, tracking_uri=args.tracking_uri, experiment_name=args.experiment_name)
@@ -127,6 +135,7 @@ def _cmd_estimate(args) -> int:
         state = reestimate(model=args.model, target=target, calibrator=args.calibrator, estimator=args.estimator,
                            cross_check=cross, interval=args.interval, level=args.level,
                            significance=args.significance, n_bootstrap=args.n_bootstrap, seed=args.seed,
+                           max_interval_width=args.max_interval_width,
                            tracking_uri=env.tracking_uri, mlflow_experiment=env.experiment_name,
                            return_state=True)
     if not state.is_completed():

@@ -37,6 +37,7 @@ from prefect.states import Completed
 from pydantic import Field
 
 from flows import settings as settings_mod
+from labelshift.errors import InputError
 from labelshift.monitoring import commit_watermark, find_new_batches
 from labelshift.storage import open_store
 from tasks.reestimation import (end_run, estimate_shift, history_record, load_model_task, log_monitor_point,
@@ -76,6 +77,9 @@ SeedParam = Annotated[int, Field(ge=0, description="Seed of the bootstrap.")]
 TrackingParam = Annotated[str | None, Field(
     description="MLflow tracking URI; default MLFLOW_TRACKING_URI, else the local SQLite store.")]
 ExperimentParam = Annotated[str, Field(min_length=1, description="MLflow experiment of the re-estimation runs.")]
+MaxWidthParam = Annotated[float | None, Field(
+    gt=0.0, description="Threshold: the estimate is also untrustworthy when the interval on some weight w_y is wider "
+                        "than this (1.0 = as wide as the whole no-shift weight). None: no width check.")]
 BatchSizeParam = Annotated[int, Field(ge=1, le=1_000_000, description="Rows per forward pass of the model.")]
 
 
@@ -167,6 +171,7 @@ def reestimate(
     tracking_uri: TrackingParam = None,
     mlflow_experiment: ExperimentParam = DEFAULT_EXPERIMENT,
     batch_size: BatchSizeParam = 1024,
+    max_interval_width: MaxWidthParam = None,
 ):
     """Re-estimate the target label distribution from the target batches that arrived since the last success.
 
@@ -174,6 +179,9 @@ def reestimate(
     estimate with intervals, test and identifiability, the MLflow ids and the output locations.
     """
     logger = get_run_logger()
+    if interval == "fisher" and estimator != "MLLS":
+        raise InputError(f"interval='fisher' comes from the MLLS likelihood; with estimator={estimator!r} use "
+                         "interval='bootstrap'.")
     env = settings_mod.resolve(tracking_uri=tracking_uri, experiment_name=mlflow_experiment)
     target_uri = target_uri_for(target, env.store_uri)
     t0 = time.perf_counter()
@@ -202,7 +210,8 @@ def reestimate(
     flow_run_id, flow_run_name = _flow_run_info()
     params = dict(model=model, model_version=bundle.version, target=store.uri, calibrator=calibrator,
                   estimator=estimator, cross_check=",".join(cross_check), interval=interval, level=level,
-                  significance=significance, n_bootstrap=n_bootstrap, seed=seed, n_batches=len(batches))
+                  significance=significance, n_bootstrap=n_bootstrap, seed=seed, n_batches=len(batches),
+                  max_interval_width=max_interval_width)
     tags = {"prefect.flow_run_id": flow_run_id or "", "prefect.flow_run_name": flow_run_name or "",
             "labelshift.sequence": str(sequence)}
     commit = git_commit()
@@ -217,7 +226,7 @@ def reestimate(
         # 4. the estimate, its uncertainty and identifiability
         result = estimate_shift(bundle, probs, estimator=estimator, cross_check=list(cross_check),
                                 interval=interval, level=level, significance=significance,
-                                n_bootstrap=n_bootstrap, seed=seed)
+                                n_bootstrap=n_bootstrap, seed=seed, max_interval_width=max_interval_width)
         word = verdict(result)
         ui = run_url(env.tracking_uri, runs["experiment_id"], runs["run_id"])
         summary = {

@@ -287,7 +287,8 @@ def _make(method: str):
 @task(name="estimate-shift", cache_policy=NO_CACHE, persist_result=False)
 def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: str = "MLLS",
                    cross_check: list[str] = (), interval: str = "fisher", level: float = 0.95,
-                   significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0) -> dict:
+                   significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0,
+                   max_interval_width: float | None = None) -> dict:
     """Estimate w and the target prior on the pooled batches, with an interval, the no-shift test and the
     identifiability report (:mod:`labelshift.uncertainty`); the cross-check estimators alongside."""
     import warnings
@@ -326,7 +327,7 @@ def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: s
     hard = fits["BBSE-hard"]
     confusion = None if isinstance(hard, Exception) else hard.confusion_
     ident = identifiability(pooled, mlls.weights, source_prior, confusion=confusion,
-                            n_source=len(bundle.source_labels), interval=ci)
+                            n_source=len(bundle.source_labels), interval=ci, max_relative_width=max_interval_width)
     tv = 0.5 * float(np.abs(main.target_prior - source_prior).sum())
     change = main.target_prior - source_prior
     top = int(np.argmax(np.abs(change)))

@@ -43,6 +43,7 @@ def test_help_explains_the_options(capsys):
     (["--cross-check", "FOO"], "--cross-check: unknown estimator"),
     (["--level", "1.5"], "--level must be in (0.5, 1)"),
     (["--significance", "0"], "--significance must be in (0, 0.5)"),
+    (["--estimator", "BBSE-hard"], "with --estimator BBSE-hard use --interval bootstrap"),
 ])
 def test_bad_options_exit_2(argv, expected, capsys, tmp_path, clean_environ):
     assert main(["estimate", "--home", str(tmp_path), "--model", "models:/x@y", *argv]) == 2
@@ -77,6 +78,15 @@ def test_estimate_prints_the_table_and_check_exit_codes(prefect_server, sqlite_m
     assert summary["verdict"] in ("No shift", "Shifted")       # a 5%-level test on unshifted data
     lo, hi = np.array(summary["result"]["interval"]["lower"]), np.array(summary["result"]["interval"]["upper"])
     assert np.all(lo <= hi)
+
+    # BBSE with bootstrap intervals; a width threshold no estimate from 1000 rows can meet -> Untrustworthy (exit 4)
+    np.save(target / "day-3.npy", draw(SHIFTED_PRIOR, 1000, rng)[0])
+    assert main([*base, "--estimator", "BBSE-soft", "--interval", "bootstrap", "--bootstrap", "50",
+                 "--max-interval-width", "0.01", "--check"]) == 4
+    out = capsys.readouterr().out
+    assert out.startswith("Untrustworthy: ") and "NOT TRUSTWORTHY" in out and "0.01" in out
+    watermark = json.loads((target / "_labelshift" / "watermark.json").read_text())
+    assert watermark["sequence"] == 3 and watermark["history"][-1]["trustworthy"] is False
 
 
 def test_estimate_failure_exits_1_and_says_nothing_was_written(prefect_server, sqlite_model, tmp_path, capsys,
