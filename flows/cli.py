@@ -5,7 +5,9 @@
     labelshift stack up|down|status  the local no-Docker stack (SeaweedFS S3, MLflow, Prefect) when installed
     labelshift where                 print where state, results and tracking go, and how to open the UIs
     labelshift data push NAME        build an image dataset and write it to the object store
+    labelshift data simulate-target  write label-shifted batches of a dataset's test images (to try `estimate`)
     labelshift report [--out DIR]    a markdown results page (tables, figures, the paper's claims) from MLflow
+    labelshift estimate --model M    re-estimate the target label distribution of new data once (reestimate flow)
 
 Prefect and MLflow are imported only after the environment is set up (:mod:`flows.settings`), because Prefect
 reads its settings once, at import; ``--help`` and parameter errors therefore answer without importing them.
@@ -132,26 +134,65 @@ def _add_reproduce(sub) -> None:
     o.add_argument("--store", metavar="URI", help=_help("store"))
     o.add_argument("--tracking-uri", metavar="URI", help=_help("tracking_uri"))
     o.add_argument("--experiment-name", dest="mlflow_experiment", metavar="NAME", help=_help("mlflow_experiment"))
+    o.add_argument("--dask", metavar="ADDRESS",
+                   help="run the estimation tasks on a Dask cluster: a scheduler address (tcp://host:8786) or "
+                        "'local' (one single-threaded worker process per core); needs pip install "
+                        "'labelshift[dask]' (default: $LABELSHIFT_DASK_ADDRESS, else threads in this process)")
     o.add_argument("--json", action="store_true", help="print the flow's result (ids, locations, MSE rows) as JSON")
     p.set_defaults(handler=_cmd_reproduce)
 
 
 def _add_serve(sub) -> None:
+    from flows.serve import ENV_CRON, ENV_MODEL, ENV_TARGET, ENV_TIMEZONE
+
     p = sub.add_parser(
-        "serve", help="serve the reproduce flow as a deployment (launch sweeps from the Prefect UI)",
-        description="Register the 'reproduce' deployment and run the flow runs it is asked for, until stopped "
-                    "(Ctrl-C). Its parameters appear as a form in the Prefect UI: open the UI, go to "
-                    "Deployments > reproduce/reproduce, press Run > Custom run, edit the form and submit. "
-                    "With PREFECT_API_URL set the deployment goes to that server; without it a Prefect server "
-                    "with its UI is started for as long as this command runs (state under --home).")
+        "serve", help="serve the reproduce and reestimate flows as deployments (UI launches, cron schedule)",
+        description=textwrap.fill(
+            "Register two Prefect deployments and run the flow runs they are asked for, until stopped (Ctrl-C or "
+            "SIGTERM): 'reproduce/reproduce', the paper's sweeps, whose parameters appear as a form in the Prefect "
+            "UI (Deployments > reproduce/reproduce > Run > Custom run); and 'reestimate/reestimate', the "
+            "re-estimation of the target label distribution on new batches, on the cron schedule of --cron (or "
+            f"${ENV_CRON}) if given, else unscheduled (Run > Quick run in the UI, or `prefect deployment run "
+            "reestimate/reestimate`), one run at a time. With PREFECT_API_URL set the deployments go to that "
+            "server; without it a Prefect server with its UI is started for as long as this command runs (state "
+            "under --home). Stopping pauses the schedule; the next serve resumes it.", 79),
+        epilog="examples:\n"
+               "  labelshift serve                              # both deployments, reestimate unscheduled\n"
+               "  labelshift serve --cron '0 6 * * *'           # reestimate daily at 06:00 UTC\n"
+               "  labelshift serve --cron '30 5 * * mon-fri' --timezone Europe/Paris \\\n"
+               "      --model models:/labelshift-mnist-5k@latest-good --target s3://labelshift/store/target\n"
+               "A flag wins over its environment variable. Exit status: 0 stopped, 1 a server or the deployments "
+               "failed,\n2 bad options (e.g. a malformed cron string: nothing is registered).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p, top=False)
-    p.add_argument("--name", default="reproduce", help="deployment name (default: reproduce)")
-    p.add_argument("--port", type=int, default=4200,
+    d = p.add_argument_group("the deployments")
+    d.add_argument("--name", default="reproduce", help="name of the reproduce deployment (default: reproduce)")
+    d.add_argument("--reestimate-name", default="reestimate", metavar="NAME",
+                   help="name of the reestimate deployment (default: reestimate)")
+    d.add_argument("--limit", type=int, default=1, metavar="N",
+                   help="flow runs this process executes at the same time, both deployments together (default: 1)")
+    d.add_argument("--port", type=int, default=4200,
                    help="port of the Prefect server started when PREFECT_API_URL is not set (default: 4200)")
-    p.add_argument("--limit", type=int, default=1, metavar="N",
-                   help="flow runs executed at the same time (default: 1)")
-    p.add_argument("--store", metavar="URI", help="default object store of the deployment's runs")
-    p.add_argument("--tracking-uri", metavar="URI", help="default MLflow tracking URI of the deployment's runs")
+    r = p.add_argument_group("re-estimation schedule and defaults")
+    r.add_argument("--cron", metavar="'M H DOM MON DOW'",
+                   help="cron schedule of reestimate: five fields minute hour day-of-month month day-of-week, e.g. "
+                        f"'0 6 * * *' for daily at 06:00 (default: ${ENV_CRON}; neither: no schedule). Checked "
+                        "before anything is registered")
+    r.add_argument("--timezone", metavar="ZONE",
+                   help=f"IANA time zone the cron hours are read in, e.g. Europe/Paris (default: ${ENV_TIMEZONE} "
+                        "or UTC)")
+    r.add_argument("--model", metavar="URI",
+                   help="default model of reestimate runs, models:/NAME@ALIAS in the MLflow registry (its "
+                        f"calibrator is logged beside it) (default: ${ENV_MODEL} or the flow's own default, "
+                        "models:/labelshift-mnist-5k@latest-good)")
+    r.add_argument("--target", metavar="URI",
+                   help="default target location of reestimate runs, where new batches arrive: s3://bucket/prefix "
+                        f"or a folder (default: ${ENV_TARGET} or the flow's own default, <store>/target)")
+    o = p.add_argument_group("where runs put results (inherited by every run)")
+    o.add_argument("--store", metavar="URI", help="object store of the runs (default: $LABELSHIFT_STORE or "
+                                                  "<home>/store)")
+    o.add_argument("--tracking-uri", metavar="URI", help="MLflow tracking URI of the runs (default: "
+                                                         "$MLFLOW_TRACKING_URI or sqlite:///<home>/mlflow.db)")
     p.set_defaults(handler=_cmd_serve)
 
 
@@ -178,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_where(sub)
     _add_data(sub)
     _add_report(sub)
+    from flows import estimate_cli
+
+    estimate_cli.register(sub)
     try:
         from flows import stack      # written separately; the command is optional until it exists
     except ImportError:
@@ -253,6 +297,9 @@ def _cmd_reproduce(args) -> int:
         print(f"  Prefect: {env.prefect_api_url}")
     else:
         print("  Prefect: starting a temporary local server (10-30 s) ...")
+    dask = args.dask or os.environ.get("LABELSHIFT_DASK_ADDRESS", "").strip()
+    if dask:
+        print(f"  estimation tasks on Dask: {dask}")
     t0 = time.perf_counter()
     from flows.reproduce import run_in_process     # imports Prefect and MLflow: after the environment is set
 
@@ -261,7 +308,7 @@ def _cmd_reproduce(args) -> int:
     # records the run as crashed; on the temporary server, see _interrupt_handler
     previous = signal.signal(signal.SIGINT, _interrupt_handler) if temporary else None
     try:
-        state = run_in_process(params, temporary_server=temporary)
+        state = run_in_process(params, temporary_server=temporary, dask=args.dask)
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
@@ -337,8 +384,18 @@ def _print_where(env: settings_mod.Settings, result: dict, elapsed: float) -> No
 def _cmd_serve(args) -> int:
     from flows import serve as serve_mod
 
+    if args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {args.limit}")
+    # flags and variables resolved before anything starts; the schedule itself is checked by Prefect's own
+    # validator in serve_deployments, before a server is started or a deployment registered
+    options = serve_mod.reestimate_options(cron=args.cron, timezone=args.timezone, model=args.model,
+                                           target=args.target)
     env = _setup(args, store_uri=args.store, tracking_uri=args.tracking_uri)
-    return serve_mod.serve_reproduce(env, name=args.name, port=args.port, limit=args.limit)
+    try:
+        return serve_mod.serve_deployments(env, name=args.name, reestimate_name=args.reestimate_name,
+                                           port=args.port, limit=args.limit, reestimate=options)
+    except serve_mod.ScheduleError as exc:
+        raise UsageError(str(exc)) from None
 
 
 # -- data push -----------------------------------------------------------------------------------------------------
@@ -365,6 +422,9 @@ def _add_data(sub) -> None:
     push.add_argument("--download", action="store_true", help="download the source files (needs internet)")
     push.add_argument("--seed", type=int, default=0, help="seed of the stratified splits (default: 0)")
     push.set_defaults(handler=_cmd_data_push)
+    from flows import estimate_cli
+
+    estimate_cli.register_simulate(dsub)
     p.set_defaults(handler=lambda args: (p.print_help(), 2)[1])
 
 

@@ -15,6 +15,14 @@ Where the results go (see :mod:`flows.settings` for the defaults):
 
 If anything fails, the MLflow runs are closed as FAILED (never left RUNNING) and the flow run fails with the
 original error as its message.
+
+The estimation tasks run on a thread pool of the flow's process by default. For a fan-out beyond one machine they
+can run on a Dask cluster instead (Prefect's ``DaskTaskRunner``, ``pip install 'labelshift[dask]'``): set
+``LABELSHIFT_DASK_ADDRESS`` to a scheduler address (``tcp://host:8786``) or to ``local`` (a ``LocalCluster`` of one
+single-threaded worker process per core, started for the run), or pass ``labelshift reproduce --dask ADDRESS``.
+The variable is read when this module is imported, so it also applies to the runs of deployments (served or on
+workers) whose process has it. Only the tasks move to Dask; the flow itself (MLflow logging, the store) stays in
+its process, and the results do not depend on the runner (each task draws from its own seeded streams).
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ from flows.params import (AlphaValuesParam, BaseSeedParam, BinsValuesParam, Cali
                           ModelSeedsParam, MuParam, NSeedsParam, NSourceParam, ReproduceParameters,
                           SeedsPerTaskParam, ShiftValuesParam, SizeAlphaParam, SizeShiftParam, StoreParam,
                           TargetSizeParam, TargetSizesParam, TrackingUriParam, TrainLimitParam)
+from labelshift.errors import InputError, LabelShiftError
 from tasks.estimation import aggregate_sweep, estimate_settings
 from tasks.images import calibrate, ensure_dataset, ensure_gpu_limit, estimate_image_settings, predict_pools, \
     train_model
@@ -43,7 +52,11 @@ from tasks.storage import check_store_uri, results_url, save_experiment, save_su
 from tasks.tracking import fail_sweep_runs, finish_sweep_runs, git_commit, log_experiment, run_url, \
     start_sweep_runs
 
-__all__ = ["reproduce", "run_in_process", "active_sweeps", "DEFAULTS"]
+__all__ = ["reproduce", "run_in_process", "active_sweeps", "DEFAULTS", "dask_task_runner", "with_task_runner",
+           "ENV_DASK", "MissingExtraError"]
+
+#: scheduler address of a Dask cluster ("tcp://host:8786"), or "local", for the estimation tasks (see the docstring)
+ENV_DASK = "LABELSHIFT_DASK_ADDRESS"
 
 #: the defaults of every parameter (also those of ``labelshift reproduce`` and ``make run``)
 DEFAULTS = ReproduceParameters()
@@ -80,6 +93,48 @@ def _flow_run_info() -> tuple[str, str]:
 def _workers() -> int:
     """Estimation tasks running at once: one per core (numpy releases the GIL in the heavy loops)."""
     return max(1, os.cpu_count() or 1)
+
+
+class MissingExtraError(LabelShiftError, ImportError):
+    """An optional feature was asked for whose packages are not installed (the message says which extra)."""
+
+
+def dask_task_runner(address: str, **cluster_kwargs):
+    """A ``prefect_dask.DaskTaskRunner`` for a scheduler address, or for a fresh ``LocalCluster`` with ``"local"``.
+
+    Args:
+        address: ``tcp://host:port`` (or ``host:port``, or another Dask protocol such as ``tls://``) of a running
+            ``dask scheduler``; ``"local"`` starts a ``distributed.LocalCluster`` for each flow run and closes it
+            at the end, by default one single-threaded worker process per core.
+        cluster_kwargs: keyword arguments of ``LocalCluster`` (``"local"`` only), e.g. ``n_workers=2,
+            processes=False``.
+
+    Raises:
+        MissingExtraError: prefect-dask is not installed.
+        InputError: the address is empty or malformed, or cluster_kwargs are given with a scheduler address.
+    """
+    address = (address or "").strip()
+    if not address:
+        raise InputError(f"the Dask address is empty; give a scheduler address such as tcp://host:8786, or 'local' "
+                         f"(--dask or ${ENV_DASK})")
+    try:
+        from prefect_dask import DaskTaskRunner
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"the Dask task runner ({ENV_DASK}={address!r} or --dask) needs prefect-dask, which is not installed "
+            f"({exc}); install it with: pip install 'labelshift[dask]'") from None
+    if address.lower() == "local":
+        kwargs = {"n_workers": _workers(), "threads_per_worker": 1, **cluster_kwargs}
+        return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=kwargs)
+    if cluster_kwargs:
+        raise InputError("cluster options apply to the 'local' Dask cluster only; a scheduler at "
+                         f"{address} has its own workers")
+    scheme, sep, rest = address.rpartition("://")
+    host, colon, port = (rest if sep else address).rpartition(":")
+    if not colon or not host or not port.isdigit() or (sep and not scheme.isalpha()):
+        raise InputError(f"{address!r} is not a Dask scheduler address; expected tcp://host:port (the scheduler "
+                         f"listens on 8786 by default: tcp://host:8786), or 'local' (--dask or ${ENV_DASK})")
+    return DaskTaskRunner(address=address if sep else f"tcp://{address}")
 
 
 @flow(name="reproduce", task_runner=ThreadPoolTaskRunner(max_workers=_workers()), validate_parameters=True)
@@ -234,6 +289,22 @@ def reproduce(
     }
 
 
+def with_task_runner(dask: str | None = None):
+    """The ``reproduce`` flow on the Dask cluster ``dask`` names (see :func:`dask_task_runner`), else as imported.
+
+    ``dask=None`` returns the module's flow, which already runs on ``$LABELSHIFT_DASK_ADDRESS`` when that variable
+    was set at import, and on the thread pool otherwise.
+    """
+    if not dask:
+        return reproduce
+    return reproduce.with_options(task_runner=dask_task_runner(dask))
+
+
+# deployments (served or on workers) load `reproduce` from this module: the variable chooses their task runner
+if os.environ.get(ENV_DASK, "").strip():
+    reproduce = with_task_runner(os.environ[ENV_DASK])
+
+
 def _prepare_models(p: ReproduceParameters, env, runs: dict) -> tuple[list, list[dict]]:
     """Image datasets: make sure the dataset is in the store, train (or find cached) one network per model seed,
     compute its valid/test logits and calibrate them. Returns (one Pools per model, their meta dicts)."""
@@ -268,17 +339,34 @@ def _prepare_models(p: ReproduceParameters, env, runs: dict) -> tuple[list, list
     return pools, metas
 
 
-def run_in_process(params: ReproduceParameters, *, temporary_server: bool):
+def run_in_process(params: ReproduceParameters, *, temporary_server: bool, dask: str | None = None):
     """Run the flow in this process (as ``labelshift reproduce`` does) and return its final Prefect state.
 
     With ``temporary_server`` (no PREFECT_API_URL: Prefect's temporary server lives only as long as this process)
     flow-run heartbeats are switched off. They let a lasting server mark a run Crashed when its process
     disappears, which a temporary server cannot outlive to do; and in Prefect 3.9 their thread, which sleeps in
     one-second steps, is joined at the end of each run, adding up to a second.
-    """
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    quiet_heartbeats = temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}) \
-        if temporary_server else nullcontext()
-    with quiet_heartbeats:
-        return reproduce(**params.model_dump(), return_state=True)
+    ``dask`` (a scheduler address or ``"local"``) runs the estimation tasks on a Dask cluster; None keeps the
+    runner chosen at import (``$LABELSHIFT_DASK_ADDRESS`` or the thread pool). Dask workers report their task runs
+    to the API of the flow's settings; a temporary server is therefore started up front and its address put in
+    those settings, or each worker process would start a temporary server of its own.
+    """
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    runner_flow = with_task_runner(dask)
+    updates = {}
+    if temporary_server:
+        updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
+        if _is_dask(runner_flow) and not PREFECT_API_URL.value():
+            from prefect.server.api.server import SubprocessASGIServer
+
+            server = SubprocessASGIServer()          # the one Prefect's client would start; stopped at exit
+            server.start()
+            updates[PREFECT_API_URL] = server.api_url
+    with temporary_settings(updates=updates) if updates else nullcontext():
+        return runner_flow(**params.model_dump(), return_state=True)
+
+
+def _is_dask(flow_) -> bool:
+    return type(flow_.task_runner).__module__.startswith("prefect_dask")

@@ -1,20 +1,42 @@
-"""``labelshift serve``: the ``reproduce`` flow as a Prefect deployment, launched from the Prefect UI.
+"""``labelshift serve``: the ``reproduce`` and ``reestimate`` flows as Prefect deployments served by one process.
 
-The deployment (``reproduce/reproduce`` by default) carries the flow's parameter schema, so the Prefect UI shows
-every parameter of :mod:`flows.params` as a form field with its description and default. To launch a sweep:
+Two deployments are registered with the Prefect server and their runs executed by this process:
 
-1. ``labelshift serve`` (or, with a running server, ``PREFECT_API_URL=http://127.0.0.1:4200/api labelshift serve``);
-2. open the Prefect UI (http://127.0.0.1:4200 by default) -> *Deployments* -> ``reproduce/reproduce``;
-3. *Run* -> *Custom run*, edit the form (experiments, grids, seeds, methods, store...), *Submit*.
+- ``reproduce/reproduce`` -- the paper's sweeps; the Prefect UI shows every parameter of :mod:`flows.params` as a
+  form field with its description and default, so sweeps are launched from the UI;
+- ``reestimate/reestimate`` -- re-estimation of the target label distribution on the batches that arrived since
+  the last successful run (:mod:`flows.reestimate`), on a cron schedule when one is given, one run at a time
+  (deployment concurrency limit 1: a run that comes due while another still works waits for it).
 
-This process executes the runs it is asked for (``--limit`` at a time) in subprocesses that inherit its
-environment, so the runs log to the MLflow tracking URI and object store resolved here (the embedded defaults under
-``--home`` unless MLFLOW_TRACKING_URI / LABELSHIFT_STORE say otherwise). For work pools and many workers use the
-``prefect.yaml`` at the repository root instead.
+For the operator, step by step:
 
-Without PREFECT_API_URL a Prefect server with its UI (``prefect server start``) is started for as long as this
-command runs, with its database under ``<home>/prefect`` -- the same place the temporary servers of
-``labelshift reproduce`` keep theirs, so earlier runs show up in its UI too.
+1. Have the servers: ``labelshift stack up && source .labelshift/stack/env.sh`` (Prefect, MLflow, S3), or nothing
+   at all (without PREFECT_API_URL a Prefect server with its UI is started for as long as this command runs, with
+   its database under ``<home>/prefect``; MLflow and the store then default to ``<home>``).
+2. Start serving, with the schedule and the model and target of the re-estimation::
+
+       labelshift serve --cron "0 6 * * *" --model models:/labelshift-mnist-5k@latest-good \\
+           --target s3://labelshift/store/target
+
+   (or set ``LABELSHIFT_REESTIMATE_CRON``, ``LABELSHIFT_MODEL`` and ``LABELSHIFT_TARGET``; a flag wins over its
+   variable). ``--timezone`` (default UTC) is the zone the cron hours are read in. A malformed cron string or zone
+   stops the command before anything is registered. Without a cron, ``reestimate`` is served unscheduled.
+3. Open the Prefect UI (http://127.0.0.1:4200 by default) -> *Deployments*:
+
+   - ``reproduce/reproduce`` -> *Run* -> *Custom run*: edit the form (experiments, grids, seeds, methods,
+     store...), *Submit*;
+   - ``reestimate/reestimate``: the schedule and its next runs are shown there; *Run* -> *Quick run* re-estimates
+     now (or ``prefect deployment run reestimate/reestimate``). Each run's page ends with a markdown artifact
+     that says whether the target shifted, by how much and whether the estimate can be trusted.
+
+4. Stop with Ctrl-C (or SIGTERM). The schedule is then paused, so runs do not pile up with nobody to execute
+   them; the next ``labelshift serve`` resumes it.
+
+Runs execute here (``--limit`` at a time) in subprocesses that inherit this process's environment, so they log to
+the MLflow tracking URI and object store resolved here (``--tracking-uri``, ``--store``, else MLFLOW_TRACKING_URI
+and LABELSHIFT_STORE, else the embedded defaults under ``--home``), and ``LABELSHIFT_DASK_ADDRESS`` moves their
+estimation tasks to a Dask cluster. For work pools and many workers use the ``prefect.yaml`` at the repository
+root instead (infra/README.md).
 """
 from __future__ import annotations
 
@@ -23,20 +45,147 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import httpx
 
 from flows.settings import Settings
-from labelshift.errors import ServiceUnavailableError
+from labelshift.errors import InputError, ServiceUnavailableError
 
-__all__ = ["serve_reproduce", "start_prefect_server", "DEPLOYMENT_DESCRIPTION"]
+__all__ = ["serve_deployments", "build_deployments", "reestimate_options", "check_schedule", "next_runs",
+           "ReestimateOptions", "ScheduleError", "start_prefect_server", "DEPLOYMENT_DESCRIPTION",
+           "REESTIMATE_DESCRIPTION", "ENV_CRON", "ENV_TIMEZONE", "ENV_MODEL", "ENV_TARGET"]
+
+#: environment variables read by ``labelshift serve`` (a command-line flag wins over its variable)
+ENV_CRON = "LABELSHIFT_REESTIMATE_CRON"
+ENV_TIMEZONE = "LABELSHIFT_REESTIMATE_TIMEZONE"
+ENV_MODEL = "LABELSHIFT_MODEL"
+ENV_TARGET = "LABELSHIFT_TARGET"
+DEFAULT_TIMEZONE = "UTC"
 
 DEPLOYMENT_DESCRIPTION = (
     "Reproduce the label-shift experiments of Garg et al. (NeurIPS 2020), Section 6: weight MSE of BBSE, RLLS, "
     "MLLS-CM and MLLS against the shift, the target size and the number of calibration bins, on two Gaussians. "
     "Results: an MLflow parent run (figures, per-seed tables) with one child run per method, tables and figures in "
     "the object store, and a markdown artifact here.")
+
+REESTIMATE_DESCRIPTION = (
+    "Re-estimate the target label distribution from the unlabelled batches that arrived in the target location "
+    "since the last successful run (MLLS with a BBSE cross-check, Garg et al. 2020): per-class confidence "
+    "intervals, a test of 'no shift', identifiability diagnostics, corrected predictions written next to each "
+    "batch, one MLflow run per re-estimation, and a markdown artifact here. One run at a time.")
+
+
+class ScheduleError(InputError):
+    """The cron string or the time zone of the re-estimation schedule is malformed."""
+
+
+@dataclass(frozen=True)
+class ReestimateOptions:
+    """How ``reestimate`` is served: its schedule and the default parameters of its deployment.
+
+    Attributes:
+        cron: a cron string (``"0 6 * * *"``: daily at 06:00) or None for an unscheduled deployment.
+        timezone: IANA zone the cron is read in.
+        parameters: default parameters of the deployment (``model``, ``target``), only those given.
+        cron_from: where the cron came from (``--cron`` or the variable), for error messages.
+    """
+
+    cron: str | None = None
+    timezone: str = DEFAULT_TIMEZONE
+    parameters: dict[str, str] = field(default_factory=dict)
+    cron_from: str = "--cron"
+
+
+def reestimate_options(cron: str | None = None, timezone: str | None = None, model: str | None = None,
+                       target: str | None = None, environ: Mapping[str, str] | None = None) -> ReestimateOptions:
+    """Resolve the re-estimation options: each argument wins over its environment variable.
+
+    Does not import Prefect (it reads its settings once, at import); :func:`check_schedule` validates the result.
+    """
+    env = os.environ if environ is None else environ
+
+    def pick(value, variable):
+        if value is not None and str(value).strip():
+            return str(value).strip(), None
+        from_env = (env.get(variable) or "").strip()
+        return (from_env, variable) if from_env else (None, None)
+
+    cron_value, cron_var = pick(cron, ENV_CRON)
+    zone, _ = pick(timezone, ENV_TIMEZONE)
+    parameters = {}
+    for name, value, variable in (("model", model, ENV_MODEL), ("target", target, ENV_TARGET)):
+        chosen, _ = pick(value, variable)
+        if chosen is not None:
+            parameters[name] = chosen
+    return ReestimateOptions(cron=cron_value, timezone=zone or DEFAULT_TIMEZONE, parameters=parameters,
+                             cron_from=f"${cron_var}" if cron_var else "--cron")
+
+
+def check_schedule(cron: str, timezone: str = DEFAULT_TIMEZONE, *, source: str = "--cron"):
+    """Validate a cron string and time zone as the Prefect server will; return Prefect's ``CronSchedule``.
+
+    Raises:
+        ScheduleError: with what was wrong and an example of a valid value.
+    """
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    try:
+        return CronSchedule(cron=cron, timezone=timezone)
+    except ValidationError as exc:
+        problems = "; ".join(str(e.get("msg", "")).removeprefix("Value error, ") for e in exc.errors())
+        raise ScheduleError(
+            f"{source} {cron!r} with time zone {timezone!r} is not a valid schedule: {problems}. A cron string has "
+            f"five fields, minute hour day-of-month month day-of-week, e.g. '0 6 * * *' (daily at 06:00) or "
+            f"'30 5 * * mon-fri'; the zone is an IANA name such as UTC or Europe/Paris.") from None
+
+
+def next_runs(cron: str, timezone: str, count: int = 2) -> list[datetime]:
+    """The next ``count`` times the schedule fires, in its zone (for the operator's confirmation message)."""
+    from zoneinfo import ZoneInfo
+
+    from prefect._vendor.croniter import croniter
+
+    it = croniter(cron, datetime.now(ZoneInfo(timezone)))
+    return [it.get_next(datetime) for _ in range(count)]
+
+
+def build_deployments(*, name: str = "reproduce", reestimate_name: str = "reestimate",
+                      reestimate: ReestimateOptions | None = None) -> list:
+    """The two runner deployments (``reproduce`` and ``reestimate``), validated; nothing is registered yet.
+
+    Imports Prefect and the flows: call it once PREFECT_API_URL is final. Raises ScheduleError for a bad
+    schedule and InputError for default parameters the ``reestimate`` flow refuses.
+    """
+    reestimate = reestimate or ReestimateOptions()
+    schedules = None
+    if reestimate.cron:
+        schedules = [check_schedule(reestimate.cron, reestimate.timezone, source=reestimate.cron_from)]
+
+    from prefect.deployments.runner import EntrypointType
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.reestimate import reestimate as reestimate_flow
+    from flows.reproduce import reproduce
+
+    try:
+        reestimate_flow.validate_parameters(dict(reestimate.parameters))
+    except ParameterTypeError as exc:
+        raise InputError(f"--model/--target (or ${ENV_MODEL}/${ENV_TARGET}): {exc}") from None
+    # by module path: served runs import the installed package, whatever the working directory
+    by_module = EntrypointType.MODULE_PATH
+    return [
+        reproduce.to_deployment(name=name, description=DEPLOYMENT_DESCRIPTION,
+                                tags=["labelshift", "paper-reproduction"], entrypoint_type=by_module),
+        reestimate_flow.to_deployment(name=reestimate_name, description=REESTIMATE_DESCRIPTION,
+                                      tags=["labelshift", "operations"], schedules=schedules,
+                                      parameters=dict(reestimate.parameters), concurrency_limit=1,
+                                      entrypoint_type=by_module),
+    ]
 
 
 def _prefect_executable() -> list[str]:
@@ -63,9 +212,11 @@ def start_prefect_server(prefect_home: Path, port: int, *, timeout_s: float = 12
     env.pop("PREFECT_API_URL", None)
     api_url = f"http://127.0.0.1:{port}/api"
     with open(log_path, "ab") as log:
+        # a session of its own: a terminal's Ctrl-C reaches only this process, which first lets Prefect pause the
+        # served schedules on the server, then stops the server (see serve_deployments)
         proc = subprocess.Popen([*_prefect_executable(), "server", "start", "--host", "127.0.0.1", "--port",
                                  str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -92,26 +243,45 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def serve_reproduce(env: Settings, *, name: str = "reproduce", port: int = 4200, limit: int = 1) -> int:
-    """Serve the ``reproduce`` deployment until interrupted (see the module docstring). Returns an exit status."""
+def _describe(ui: str, name: str, reestimate_name: str, options: ReestimateOptions, env: Settings) -> str:
+    lines = [f"Deployment 'reproduce/{name}': open {ui}/deployments, pick it, then Run > Custom run to edit the "
+             f"parameters and launch a sweep."]
+    if options.cron:
+        when = ", ".join(f"{t:%Y-%m-%d %H:%M %Z}" for t in next_runs(options.cron, options.timezone))
+        lines.append(f"Deployment 'reestimate/{reestimate_name}': scheduled '{options.cron}' ({options.timezone}), "
+                     f"next runs {when}; one run at a time.")
+    else:
+        lines.append(f"Deployment 'reestimate/{reestimate_name}': no schedule (give --cron or ${ENV_CRON}); run it "
+                     f"from the UI or with `prefect deployment run reestimate/{reestimate_name}`.")
+    if options.parameters:
+        lines.append("  its defaults: " + ", ".join(f"{k}={v}" for k, v in options.parameters.items()))
+    lines.append(f"Runs log to MLflow at {env.tracking_uri} and store results in {env.store_uri}. "
+                 f"Stop with Ctrl-C.")
+    return "\n".join(lines)
+
+
+def serve_deployments(env: Settings, *, name: str = "reproduce", reestimate_name: str = "reestimate",
+                      port: int = 4200, limit: int = 1, reestimate: ReestimateOptions | None = None) -> int:
+    """Serve the ``reproduce`` and ``reestimate`` deployments until interrupted (see the module docstring).
+
+    The deployments are built and validated before any server is started or anything registered, so a bad
+    schedule fails at once (ScheduleError) and leaves the Prefect server untouched. Returns an exit status.
+    """
+    reestimate = reestimate or ReestimateOptions()
     server = None
     if env.prefect_api_url is None:
+        # Prefect reads PREFECT_API_URL once, at import: point it at the server started below before importing it
+        os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
+    deployments = build_deployments(name=name, reestimate_name=reestimate_name, reestimate=reestimate)
+    if env.prefect_api_url is None:
         print(f"Starting a Prefect server with its UI on http://127.0.0.1:{port} (state in {env.prefect_home}) ...")
-        server, api_url = start_prefect_server(env.prefect_home, port)
-        os.environ["PREFECT_API_URL"] = api_url
+        server, _ = start_prefect_server(env.prefect_home, port)
     try:
-        # imported only now: Prefect reads PREFECT_API_URL at import
         from prefect import serve
 
-        from flows.reproduce import reproduce
-
-        deployment = reproduce.to_deployment(name=name, description=DEPLOYMENT_DESCRIPTION,
-                                             tags=["labelshift", "paper-reproduction"])
         ui = os.environ["PREFECT_API_URL"].removesuffix("/api")
-        print(f"Deployment 'reproduce/{name}': open {ui}/deployments, pick it, then Run > Custom run to edit the "
-              f"parameters and launch a sweep.\nRuns log to MLflow at {env.tracking_uri} and store results in "
-              f"{env.store_uri}. Stop with Ctrl-C.")
-        serve(deployment, limit=limit)
+        print(_describe(ui, name, reestimate_name, reestimate, env), flush=True)
+        serve(*deployments, limit=limit)
     except KeyboardInterrupt:
         pass
     finally:

@@ -312,9 +312,11 @@ def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: s
             if method == estimator:
                 continue
             fit = fits[method]
-            checks[method] = ({"error": str(fit)} if isinstance(fit, Exception) else
-                              {"target_prior": fit.estimate(pooled).target_prior.tolist(),
-                               "weights": fit.estimate(pooled).weights.tolist()})
+            if isinstance(fit, Exception):
+                checks[method] = {"error": str(fit)}
+                continue
+            other = fit.estimate(pooled)
+            checks[method] = {"target_prior": other.target_prior.tolist(), "weights": other.weights.tolist()}
     if interval == "bootstrap":
         ci = bootstrap_interval(pooled, source_prior, estimator=fits[estimator], level=level,
                                 n_bootstrap=n_bootstrap, seed=seed)

@@ -3,8 +3,8 @@
 - ``infra/compose.yaml`` parses and wires the expected services: ports, healthchecks that probe the port each
   service listens on, ``depends_on`` conditions, GPU reservations, and client addresses that name real services.
 - ``prefect.yaml`` parses as Prefect's own model reads it, and every entrypoint imports and names a real flow whose
-  signature accepts the deployment's parameters (the commented ``reestimate`` placeholder is checked as text and
-  skipped until ``flows/reestimate.py`` exists).
+  signature accepts the deployment's parameters; the scheduled ``reestimate`` deployments carry a cron schedule
+  Prefect accepts, one run at a time, and only one of them is scheduled.
 - The ``Dockerfile`` installs the package with the same pip command as the Makefile and pins torch like
   ``pyproject.toml``; it ends as a non-root user and starts a worker on the pool the deployments use.
 - The docker work-pool template matches the variables of Prefect's default ``docker`` template.
@@ -245,7 +245,8 @@ def test_prefect_yaml_is_valid_for_prefect_deploy(prefect_yaml):
     except ImportError:  # a private module; the checks below still run
         pytest.skip("prefect's prefect.yaml model moved")
     model = PrefectYamlModel.model_validate(prefect_yaml)
-    assert {d.name for d in model.deployments} >= {"reproduce", "reproduce-smoke", "reproduce-docker"}
+    assert {d.name for d in model.deployments} >= {"reproduce", "reproduce-smoke", "reproduce-docker", "reestimate",
+                                                   "reestimate-docker"}
 
 
 def test_prefect_yaml_pull_step_uses_the_code_dir_the_image_and_stack_set(prefect_yaml):
@@ -282,33 +283,37 @@ def test_prefect_yaml_work_pools(prefect_yaml):
     assert dict(_dockerfile_env())["LABELSHIFT_POOL"] == "labelshift"
 
 
-def test_prefect_yaml_reestimate_placeholder():
-    """The commented deployment for issue 5 is valid once uncommented; its flow is checked when it exists."""
-    lines = PREFECT_YAML.read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip() == "# - name: reestimate")
-    block = []
-    for line in lines[start:]:
-        if not line.startswith("  #"):
-            break
-        block.append(line.replace("  # ", "  ", 1))
-    text = "deployments:\n" + "\n".join(block).replace(
-        "*process_pool", "{name: labelshift, work_queue_name: default}")
-    (deployment,) = yaml.safe_load(text)["deployments"]
-    assert deployment["entrypoint"] == "flows/reestimate.py:reestimate"
-    (schedule,) = deployment["schedules"]
-    assert len(schedule["cron"].split()) == 5
-    try:
-        from prefect.cli.deploy._models import DeploymentConfig
-    except ImportError:
-        DeploymentConfig = None
-    if DeploymentConfig is not None:
-        DeploymentConfig.model_validate(deployment)
-    if not (ROOT / "flows" / "reestimate.py").is_file():
-        pytest.skip("flows/reestimate.py does not exist yet (issue 5)")
+def test_prefect_yaml_reestimate_deployments(prefect_yaml):
+    """The scheduled re-estimation: daily cron in UTC, one run at a time, on the process pool; the docker variant
+    has its schedule switched off (both would read the same target and watermark)."""
+    from prefect.cli.deploy._models import DeploymentConfig
+    from prefect.client.schemas.schedules import CronSchedule
     from prefect.flows import load_flow_from_entrypoint
 
-    flow = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
-    assert flow.fn.__name__ == "reestimate"
+    deployments = {d["name"]: d for d in prefect_yaml["deployments"]}
+    process, docker = deployments["reestimate"], deployments["reestimate-docker"]
+    flow = load_flow_from_entrypoint(str(ROOT / process["entrypoint"]))
+    assert flow.name == "reestimate" and flow.fn.__name__ == "reestimate"
+    for deployment in (process, docker):
+        DeploymentConfig.model_validate(deployment)
+        assert deployment["entrypoint"] == "flows/reestimate.py:reestimate"
+        assert deployment["concurrency_limit"] == 1
+        assert deployment["enforce_parameter_schema"] is True
+        (schedule,) = deployment["schedules"]
+        cron = CronSchedule(cron=schedule["cron"], timezone=schedule["timezone"])   # as the server validates it
+        assert (cron.cron, cron.timezone) == ("0 6 * * *", "UTC")
+        # the defaults name a registry model and an S3 target, and the flow's own validation accepts them
+        parameters = deployment["parameters"]
+        assert parameters["model"].startswith("models:/") and "@" in parameters["model"]
+        assert parameters["target"].startswith("s3://")
+        flow.validate_parameters(dict(parameters))
+    assert process["schedules"][0].get("active", True) is True
+    assert docker["schedules"][0]["active"] is False
+    assert process["work_pool"]["name"] == "labelshift" and docker["work_pool"]["name"] == "labelshift-docker"
+    # the target is the `target/` folder of the store the stack and compose.yaml give the workers
+    from flows.stack import DEFAULT_BUCKET
+
+    assert process["parameters"]["target"] == f"s3://{DEFAULT_BUCKET}/store/target"
 
 
 # -- Dockerfile --------------------------------------------------------------------------------------------------------
