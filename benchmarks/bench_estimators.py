@@ -52,11 +52,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from labelshift import BBSE, BCTS, MLLS, solvers  # noqa: E402
 from labelshift._validation import check_target_batch  # noqa: E402
 from labelshift.calibration import nll, softmax  # noqa: E402
 from labelshift.shift import dirichlet_prior  # noqa: E402
+
+from report_utils import cpu_model, write_section  # noqa: E402
 
 SECTION = "## Estimators against public implementations"
 README = Path(__file__).resolve().parent / "README.md"
@@ -104,14 +107,7 @@ def timed(fn):
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     blas = ""
     try:
         from threadpoolctl import threadpool_info
@@ -399,13 +395,7 @@ def analysis(args, results, sensitivity) -> list[str]:
 
 
 def write_readme(section: str) -> None:
-    text = README.read_text() if README.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    README.write_text(text.rstrip("\n") + "\n")
+    write_section(SECTION, section, README)
 
 
 def main(argv=None) -> None:
