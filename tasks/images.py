@@ -264,6 +264,24 @@ def predict_pools(store_uri: str, meta: dict) -> dict:
     return out
 
 
+def _registered_run(client: MlflowClient, meta: dict) -> str | None:
+    """The source run of the model version a cached model was registered as (None when not registered)."""
+    if not meta.get("registered_model") or not meta.get("version"):
+        return None
+    try:
+        return client.get_model_version(meta["registered_model"], str(meta["version"])).run_id
+    except Exception:           # the version was deleted from the registry meanwhile: nothing to complete
+        return None
+
+
+def _has_artifact(client: MlflowClient, run_id: str, path: str) -> bool:
+    folder = path.rsplit("/", 1)[0]
+    try:
+        return any(a.path == path for a in client.list_artifacts(run_id, folder))
+    except Exception:
+        return False
+
+
 @task(name="calibrate", task_run_name="calibrate-{meta[dataset]}-seed{meta[model_seed]}", cache_policy=NO_CACHE,
       persist_result=False)
 def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str], *, tracking_uri: str) \
@@ -282,6 +300,13 @@ def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str],
     lv, lt = outputs["logits_valid"].astype(np.float64), outputs["logits_test"].astype(np.float64)
     yv, yt = outputs["valid_y"], outputs["test_y"]
     raw_v, raw_t = softmax(lv), softmax(lt)
+    # a model found in the cache was registered by an earlier run: what re-estimation needs also goes to that run,
+    # the source run of the registered version, when it lacks it (models registered before it was logged there)
+    runs = [run_id]
+    registered_run = _registered_run(client, meta)
+    if registered_run and registered_run != run_id and not _has_artifact(client, registered_run,
+                                                                         "calibration/source_holdout.npz"):
+        runs.append(registered_run)
     first = None
     for name in calibrators:
         cal = CALIBRATORS[name](input_kind="logits").fit(lv, yv)
@@ -296,14 +321,16 @@ def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str],
         text = json.dumps(doc, indent=1, allow_nan=False)
         store.put_bytes(f"{meta['store_prefix']}/calibration/{name}.json", text.encode(),
                         content_type="application/json")
-        client.log_text(run_id, text, f"calibration/{name}.json")
+        for target_run in runs:
+            client.log_text(target_run, text, f"calibration/{name}.json")
         _log_metrics(client, run_id, {f"calibration/{name}/{k}": v for k, v in scores.items()})
         if first is None:
             first = (name, pv, pt)
     # the labelled source holdout the calibrators were fit on, for re-estimation with the registered model
     from .reestimation import log_source_holdout
 
-    log_source_holdout(client, run_id, outputs["logits_valid"], yv)
+    for target_run in runs:
+        log_source_holdout(client, target_run, outputs["logits_valid"], yv)
     name, pv, pt = first
     return images.Pools(valid_raw=raw_v, valid_cal=pv, valid_y=yv, test_raw=raw_t, test_cal=pt, test_y=yt,
                         fingerprint=f"{meta['key']}/{name}")

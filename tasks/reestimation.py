@@ -40,6 +40,7 @@ from prefect.cache_policies import NO_CACHE
 from labelshift.calibration import load_calibrator
 from labelshift.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
+from labelshift import solvers
 from labelshift.estimators import BBSE, MLLS
 from labelshift.monitoring import TargetBatch, Watermark, load_batch, write_batch_outputs
 from labelshift.plots import figure_png, plot_prior_estimate
@@ -206,7 +207,9 @@ def load_bundle(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS") 
             raise ObjectNotFoundError(
                 f"{model_uri} (version {mv.version}, run {mv.run_id}) has no {REFERENCE_ARTIFACT} (the labelled "
                 "source holdout MLLS and BBSE are fit on). Models trained by this version of `labelshift "
-                "reproduce` carry it; for others log it with tasks.reestimation.log_reestimation_reference.") \
+                "reproduce` carry it: rerun `labelshift reproduce --dataset DATASET` (a cached model is not retrained; the "
+                "holdout is added to its run); for other models log it with "
+                "tasks.reestimation.log_reestimation_reference.") \
                 from None
         doc = json.loads(Path(cal_path).read_text())
         with np.load(ref_path, allow_pickle=False) as ref:
@@ -276,6 +279,13 @@ def score_batches(bundle: ModelBundle, target_uri: str, batches: list[TargetBatc
     return probs
 
 
+def joint_confusion(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The joint confusion matrix C[predicted, true] of the hard predictions on labelled source data (entries sum to
+    1; Lipton et al. 2018, the matrix BBSE inverts), computed directly so that the identifiability report has it
+    even when BBSE refuses a singular one."""
+    return solvers.confusion_matrix(probs, labels, probs.shape[1], soft=False)
+
+
 def _make(method: str):
     if method == "MLLS":
         return MLLS()
@@ -298,7 +308,7 @@ def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: s
     fits = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")          # flags are reported below, as data
-        for method in dict.fromkeys([estimator, "MLLS", "BBSE-hard", *cross_check]):
+        for method in dict.fromkeys([estimator, "MLLS", *cross_check]):
             try:
                 fits[method] = _make(method).fit(bundle.source_probs, bundle.source_labels, source_prior)
             except Exception as exc:             # e.g. BBSE refusing a singular confusion matrix
@@ -326,9 +336,8 @@ def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: s
         raise InputError(f"interval='fisher' comes from the MLLS likelihood; with estimator={estimator!r} use "
                          "interval='bootstrap'.")
     test = no_shift_test(pooled, mlls.weights, source_prior)
-    hard = fits["BBSE-hard"]
-    confusion = None if isinstance(hard, Exception) else hard.confusion_
-    ident = identifiability(pooled, mlls.weights, source_prior, confusion=confusion,
+    ident = identifiability(pooled, mlls.weights, source_prior,
+                            confusion=joint_confusion(bundle.source_probs, bundle.source_labels),
                             n_source=len(bundle.source_labels), interval=ci, max_relative_width=max_interval_width)
     tv = 0.5 * float(np.abs(main.target_prior - source_prior).sum())
     change = main.target_prior - source_prior

@@ -6,6 +6,8 @@ Sizes: digits (1,797 8x8 images), 3 epochs on a 300-image subset, 2 alphas x 2 s
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from mlflow import MlflowClient
@@ -153,3 +155,47 @@ def test_report_page_from_mlflow(image_runs, tmp_path, capsys):
     assert "| alpha | BBSE-hard | RLLS | MLLS-CM | MLLS | MLLS-uncal |" in page
     assert "### Claims of Section 6" in page and page.count("**") >= 6
     assert (out / "figures" / "digits" / "mse_vs_alpha.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_registered_image_model_is_reestimated_and_old_runs_get_the_holdout(image_runs):
+    """The digits model the sweep registered can be re-estimated as it is (its run carries the calibrator and the
+    source holdout); a model registered before the holdout was logged gets it on the next (cached) sweep."""
+    from urllib.parse import urlparse
+
+    from flows.reestimate import reestimate
+    from labelshift.datasets.simulate import simulate_target_batches
+
+    client = MlflowClient(image_runs["tracking"])
+    version = client.get_model_version_by_alias("labelshift-digits", "latest-good")
+    holdout = "calibration/source_holdout.npz"
+    assert holdout in {a.path for a in client.list_artifacts(version.run_id, "calibration")}
+
+    # label-shifted digits batches from the test pool: classes 0 and 1 only
+    store = open_store(image_runs["store"])
+    ds = load_dataset(store, "datasets/digits", splits=("test",))
+    prior = np.zeros(10)
+    prior[:2] = 0.5
+    xs, _, _ = simulate_target_batches(ds.test.x, ds.test.y, 10, rows=300, n_batches=2, target_prior=prior, seed=1)
+    target = image_runs["root"] / "target"
+    target.mkdir()
+    for i, x in enumerate(xs):
+        np.save(target / f"b{i}.npy", x)
+    state = reestimate(model="models:/labelshift-digits@latest-good", target=str(target),
+                       tracking_uri=image_runs["tracking"], return_state=True)
+    assert state.is_completed(), state.message
+    res = state.result()["result"]
+    assert state.name in ("Shifted", "Untrustworthy") and res["shifted"]
+    # a 300-image digits network is not perfect; still most of the mass must land on classes 0 and 1
+    assert sum(res["target_prior"][:2]) > 0.8
+    assert np.load(target / "b0.corrected.npy").shape == (300, 10)
+
+    # simulate a model registered before the holdout was logged: remove it from the run's artifacts, then sweep
+    # again (the model is found in the store) -- the registered run gets it back
+    artifact_dir = urlparse(client.get_run(version.run_id).info.artifact_uri).path
+    (Path(artifact_dir) / holdout).unlink()
+    assert holdout not in {a.path for a in client.list_artifacts(version.run_id, "calibration")}
+    kw = dict(SWEEP, store=image_runs["store"], tracking_uri=image_runs["tracking"], mlflow_experiment="test-images",
+              experiments=["alpha"], alpha_values=[1.0], n_seeds=2)
+    again = reproduce(**kw, return_state=True)
+    assert again.is_completed() and again.result()["models"][0]["cached"] is True
+    assert holdout in {a.path for a in client.list_artifacts(version.run_id, "calibration")}
