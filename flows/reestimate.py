@@ -10,8 +10,8 @@ meets new unlabelled data in object storage; on a schedule this flow
    computes calibrated probabilities f(x);
 3. estimates the importance weights w and the target prior p_t(y) = w(y) p_s(y) on the pooled new rows with MLLS
    (Garg et al., NeurIPS 2020, eq. (mlls-sample)) -- BBSE alongside as a cross-check -- with a confidence
-   interval per class (Fisher information of the MLLS likelihood, or a bootstrap), the likelihood-ratio test of
-   "no shift" (w = 1) and the identifiability report (Hessian minimum eigenvalue, confusion-matrix conditioning;
+   interval per class (Fisher information of the MLLS likelihood, or a bootstrap), a two-sample test of
+   "no shift" (w = 1: the mean calibrated prediction on the new data against the source holdout's) and the identifiability report (Hessian minimum eigenvalue, confusion-matrix conditioning;
    :mod:`labelshift.uncertainty`);
 4. writes corrected predictions p_t(y|x) proportional to w_y f_y(x) beside each batch (``NAME.corrected.npy``),
    then a summary (``NAME.summary.json``), each atomically;
@@ -71,7 +71,8 @@ IntervalParam = Annotated[Literal["fisher", "bootstrap"], Field(
                 "'bootstrap' (percentile intervals from resampling the target rows; needed for the BBSE estimators).")]
 LevelParam = Annotated[float, Field(gt=0.5, lt=1.0, description="Confidence level of the intervals.")]
 SignificanceParam = Annotated[float, Field(
-    gt=0.0, lt=0.5, description="Level of the likelihood-ratio test of 'no shift' (w = 1): shifted when p < this.")]
+    gt=0.0, lt=0.5, description="Level of the test of 'no shift' (w = 1; a two-sample test of the mean calibrated prediction, "
+                    "target against the source holdout): shifted when p < this.")]
 NBootstrapParam = Annotated[int, Field(ge=20, le=10000, description="Bootstrap resamples (interval='bootstrap').")]
 SeedParam = Annotated[int, Field(ge=0, description="Seed of the bootstrap.")]
 TrackingParam = Annotated[str | None, Field(
@@ -120,7 +121,7 @@ def summary_markdown(summary: dict) -> str:
              f"**{summary['headline']}**", "",
              f"- new batches: {len(summary['batches'])} ({res['n_target']} rows), run sequence "
              f"{summary['sequence']}",
-             f"- no-shift test (likelihood ratio, {test['dof']} dof): statistic {test['statistic']:.2f}, "
+             f"- no-shift test ({test['method']}, {test['dof']} dof): statistic {test['statistic']:.2f}, "
              f"p {format_p(test['p_value'])} (shifted when p < {res['significance']})",
              f"- total variation between source and target prior: {res['total_variation']:.3f}; largest change: "
              f"class {change['class']} {change['source']:.3f} -> {change['target']:.3f}",

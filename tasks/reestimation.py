@@ -335,7 +335,8 @@ def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: s
     else:
         raise InputError(f"interval='fisher' comes from the MLLS likelihood; with estimator={estimator!r} use "
                          "interval='bootstrap'.")
-    test = no_shift_test(pooled, mlls.weights, source_prior)
+    # two-sample: the source side (calibrator, p_s) is itself estimated from the holdout
+    test = no_shift_test(pooled, mlls.weights, source_prior, source_probs=bundle.source_probs)
     ident = identifiability(pooled, mlls.weights, source_prior,
                             confusion=joint_confusion(bundle.source_probs, bundle.source_labels),
                             n_source=len(bundle.source_labels), interval=ci, max_relative_width=max_interval_width)

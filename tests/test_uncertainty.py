@@ -267,7 +267,7 @@ def test_no_shift_statistic_closed_form_and_zero_at_no_shift():
     assert 0.0 <= t0.statistic < 1e-3 and t0.p_value > 0.99 and not t0.rejects()
     d = t.to_dict()
     assert d == {"statistic": t.statistic, "dof": 2, "p_value": t.p_value, "method": "likelihood-ratio",
-                 "n_target": 500}
+                 "n_target": 500, "n_source": None}
     json.dumps(d, allow_nan=False)
 
 
@@ -486,3 +486,63 @@ def test_to_dict_is_json(small_problem):
                       "level", "method"}
     assert all(isinstance(v, float) for v in d["lower"]) and len(d["upper"]) == 3
     assert json.loads(json.dumps(d, allow_nan=False))["method"] == "fisher"
+
+
+def test_two_sample_no_shift_test_holds_its_level_when_the_calibrator_is_fit_on_source_data():
+    """The realistic setting: BCTS fit on n = 1000 labelled source examples (it learns p_hat_s through its biases),
+    targets of m = 2000 drawn from the *true* source prior. The known-prior likelihood-ratio test then mistakes the
+    source sampling error for a shift; the two-sample test must not.
+
+    300 seeds: the rejection rate of a 5%-level test has sd sqrt(0.05 * 0.95 / 300) = 0.0126, so a correct test lands
+    in 0.05 +- 0.038 (3 sd); the bound is 0.05 + 3 sd = 0.088 above (the first-order theory ignores the temperature's
+    own estimation error, a second-order effect). The LR test's rate here is about 0.40 (measured); it must exceed
+    0.2, showing what the source term corrects. Power: a shift to Q3 at the same sizes is always detected.
+    """
+    from labelshift.calibration import BCTS
+
+    def logits(x):
+        return np.log(PS3) - 0.5 * (np.asarray(x)[:, None] - MU3) ** 2
+
+    n, m, seeds = 1000, 2000, 300
+    rej_lr = rej_two = detected = 0
+    for seed in range(seeds):
+        rng = np.random.default_rng([seed, 77])
+        ys = rng.choice(3, n, p=PS3)
+        xs = MU3[ys] + rng.standard_normal(n)
+        cal = BCTS(input_kind="logits").fit(logits(xs), ys)
+        source_probs = cal.predict_proba(logits(xs))
+        est = MLLS().fit(source_probs, ys)
+        for prior, shifted in ((PS3, False), (Q3, True)):
+            if shifted and seed % 10:
+                continue                       # power on 30 seeds is plenty
+            yt = rng.choice(3, m, p=prior)
+            P = cal.predict_proba(logits(MU3[yt] + rng.standard_normal(m)))
+            w = est.estimate(P).weights
+            two = no_shift_test(P, w, est.source_prior_, source_probs=source_probs)
+            assert two.method == "two-sample" and two.n_source == n and two.dof == 2
+            if shifted:
+                detected += two.rejects(0.05)
+            else:
+                rej_two += two.rejects(0.05)
+                rej_lr += no_shift_test(P, w, est.source_prior_).rejects(0.05)
+    print(f"two-sample test: rejection rate {rej_two / seeds:.3f}; known-prior LR test {rej_lr / seeds:.3f}; "
+          f"power {detected}/30")
+    assert 0.012 <= rej_two / seeds <= 0.088
+    assert rej_lr / seeds > 0.2
+    assert detected == 30
+
+
+def test_two_sample_test_of_one_hot_outputs_is_the_test_of_two_proportions():
+    """Closed form: with one-hot outputs and k = 2 the statistic is the unpooled two-sample z^2 of the class-1
+    proportions, (q1 - p1)^2 / (q1 (1 - q1) / (m - 1) + p1 (1 - p1) / (n - 1)) (ddof = 1 variances)."""
+    n, m = 400, 600
+    ys = np.r_[np.zeros(300, int), np.ones(100, int)]
+    yt = np.r_[np.zeros(390, int), np.ones(210, int)]
+    S, P = np.eye(2)[ys], np.eye(2)[yt]
+    p = np.bincount(ys) / n
+    w = MLLS().fit(S, ys).estimate(P).weights
+    test = no_shift_test(P, w, p, source_probs=S)
+    q1, p1 = yt.mean(), p[1]
+    expected = (q1 - p1) ** 2 / (q1 * (1 - q1) / (m - 1) + p1 * (1 - p1) / (n - 1))
+    assert test.statistic == pytest.approx(expected, rel=1e-9) and test.dof == 1
+    assert test.p_value == pytest.approx(2 * norm.sf(math.sqrt(expected)), rel=1e-9)
