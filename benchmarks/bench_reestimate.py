@@ -259,7 +259,7 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     from labelshift.monitoring import commit_watermark, find_new_batches, load_batch
     from labelshift.storage import open_store
     from tasks.reestimation import (_forward, end_run, estimate_shift, history_record, load_bundle,
-                                    log_monitor_point, log_reestimation, render_figure, start_reestimation_run,
+                                    log_reestimation, render_figure, start_reestimation_run, sync_monitor,
                                     verdict, write_outputs)
     from tasks.tracking import check_tracking_server, git_commit, run_url
 
@@ -319,9 +319,9 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     lap("MLflow: metrics + summary + figure")
     summary["outputs"] = write_outputs.fn(target_uri, batches, probs, result["weights"], summary)
     lap("write corrected predictions + summaries")
-    commit_watermark(store, watermark, batches, record)
+    committed = commit_watermark(store, watermark, batches, record)
     lap("commit watermark")
-    log_monitor_point(env.tracking_uri, runs, result, step=sequence)
+    sync_monitor(env.tracking_uri, runs["monitor_run_id"], committed.history)
     end_run(env.tracking_uri, runs["run_id"], "FINISHED")
     lap("MLflow: monitor point + end run")
     return steps, summary

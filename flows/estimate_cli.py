@@ -36,7 +36,7 @@ def register(sub) -> None:
                "  labelshift estimate --model models:/labelshift-mnist-5k@latest-good --target ./incoming\n"
                "  labelshift estimate --model models:/clf/3 --target s3://bucket/target/ --interval bootstrap\n"
                "  labelshift estimate ... --check     # exit 3 when shifted, 4 when untrustworthy (for cron jobs)\n"
-               "Exit status: 0 done, 1 the run failed (nothing written, watermark unchanged), 2 bad options.",
+               "Exit status: 0 done, 1 the run failed (the watermark did not move), 2 bad options.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p, top=False)
     p.add_argument("--model", required=True, metavar="URI",
@@ -65,6 +65,9 @@ def register(sub) -> None:
     p.add_argument("--experiment-name", default="reestimation", metavar="NAME",
                    help="MLflow experiment (default: reestimation)")
     p.add_argument("--store", metavar="URI", help="object store whose 'target' folder is the default --target")
+    p.add_argument("--reprocess-changed", action="store_true",
+                   help="count a batch whose content changed after it was counted again, with its new content "
+                        "(default: such a batch fails the run, naming it)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     p.add_argument("--check", action="store_true",
                    help=f"exit {EXIT_SHIFTED} when the shift is significant, {EXIT_UNTRUSTWORTHY} when the estimate "
@@ -97,6 +100,8 @@ def format_summary(summary: dict) -> str:
     for method, check in res["cross_check"].items():
         if "target_prior" in check:
             lines.append(f"  cross-check {method}: " + " ".join(f"{v:.4f}" for v in check["target_prior"]))
+    for warning in summary.get("warnings", []):
+        lines.append(f"  warning: {warning}")
     ml = summary.get("mlflow", {})
     lines += ["", f"  MLflow run: {ml.get('ui') or ml.get('run_id')}",
               f"  outputs:    {len(summary.get('outputs', []))} corrected arrays beside the batches under "
@@ -136,12 +141,13 @@ def _cmd_estimate(args) -> int:
                            cross_check=cross, interval=args.interval, level=args.level,
                            significance=args.significance, n_bootstrap=args.n_bootstrap, seed=args.seed,
                            max_interval_width=args.max_interval_width,
+                           on_changed="reprocess" if args.reprocess_changed else "error",
                            tracking_uri=env.tracking_uri, mlflow_experiment=env.experiment_name,
                            return_state=True)
     if not state.is_completed():
         print(f"{PROG} estimate: failed after {time.perf_counter() - t0:.0f} s: {state.message}\n"
-              "  Nothing was written beside the batches and the watermark is unchanged; fix the cause and rerun.",
-              file=sys.stderr)
+              "  The watermark did not move: fix the cause and rerun, and the same batches are taken again (any "
+              "outputs\n  this run wrote beside them are rewritten then).", file=sys.stderr)
         return 1
     summary = state.result()
     print(json.dumps(summary, indent=2, default=str) if args.json else format_summary(summary))

@@ -40,8 +40,8 @@ from flows import settings as settings_mod
 from labelshift.errors import InputError
 from labelshift.monitoring import commit_watermark, find_new_batches
 from labelshift.storage import open_store
-from tasks.reestimation import (end_run, estimate_shift, history_record, load_model_task, log_monitor_point,
-                                log_reestimation, render_figure, score_batches, start_reestimation_run, verdict,
+from tasks.reestimation import (end_run, estimate_shift, history_record, load_model_task, log_reestimation,
+                                render_figure, score_batches, start_reestimation_run, sync_monitor, verdict,
                                 write_outputs)
 from tasks.tracking import check_tracking_server, git_commit, run_url
 
@@ -81,6 +81,9 @@ ExperimentParam = Annotated[str, Field(min_length=1, description="MLflow experim
 MaxWidthParam = Annotated[float | None, Field(
     gt=0.0, description="Threshold: the estimate is also untrustworthy when the interval on some weight w_y is wider "
                         "than this (1.0 = as wide as the whole no-shift weight). None: no width check.")]
+OnChangedParam = Annotated[Literal["error", "reprocess"], Field(
+    description="A batch already counted whose content changed under the same key: 'error' (default) fails the run "
+                "naming it; 'reprocess' counts its new content in place of the old.")]
 BatchSizeParam = Annotated[int, Field(ge=1, le=1_000_000, description="Rows per forward pass of the model.")]
 
 
@@ -173,6 +176,7 @@ def reestimate(
     mlflow_experiment: ExperimentParam = DEFAULT_EXPERIMENT,
     batch_size: BatchSizeParam = 1024,
     max_interval_width: MaxWidthParam = None,
+    on_changed: OnChangedParam = "error",
 ):
     """Re-estimate the target label distribution from the target batches that arrived since the last success.
 
@@ -189,7 +193,7 @@ def reestimate(
 
     # 1. what is new (fails on an empty or missing target; reads only)
     store = open_store(target_uri)
-    batches, watermark = find_new_batches(store)
+    batches, watermark = find_new_batches(store, on_changed=on_changed)
     if not batches:
         message = (f"No new data: all {len(watermark.processed)} batch(es) under {store.uri} were processed "
                    f"(last run {watermark.sequence} at {watermark.updated_at}).")
@@ -245,17 +249,32 @@ def reestimate(
         log_reestimation(env.tracking_uri, runs, result, summary, figure, step=sequence)
         # 5. outputs beside each batch, atomically; then -- only then -- the watermark
         summary["outputs"] = write_outputs(target_uri, batches, probs, result["weights"], summary)
-        commit_watermark(store, watermark, batches, record)
-        # 6. the series of the monitor run, once per successful run
-        log_monitor_point(env.tracking_uri, runs, result, step=sequence)
-        end_run(env.tracking_uri, runs["run_id"], "FINISHED")
+        committed = commit_watermark(store, watermark, batches, record)
     except BaseException as exc:
-        status = "KILLED" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        # cancelled (Prefect's termination signal, Ctrl-C) or failed: the watermark did not move
+        status = "FAILED" if isinstance(exc, Exception) else "KILLED"
         try:
             end_run(env.tracking_uri, runs["run_id"], status, f"{type(exc).__name__}: {exc}")
         except Exception as close_exc:
             logger.error("could not mark MLflow run %s %s: %s", runs["run_id"], status, close_exc)
         raise
+
+    # 6. the batches are counted now: what follows is bookkeeping, and a failure in it must not fail the run (its
+    #    retry would find no new data and the run would look lost). The monitor run's series is synchronised from
+    #    the watermark's history, so a point missed here is added by the next run.
+    summary["warnings"] = []
+    try:
+        sync_monitor(env.tracking_uri, runs["monitor_run_id"], committed.history)
+    except Exception as exc:
+        summary["warnings"].append(f"the monitor run's series was not updated ({type(exc).__name__}: {exc}); the "
+                                   "next run adds the missing point")
+    try:
+        end_run(env.tracking_uri, runs["run_id"], "FINISHED")
+    except Exception as exc:
+        summary["warnings"].append(f"MLflow run {runs['run_id']} could not be marked FINISHED "
+                                   f"({type(exc).__name__}: {exc})")
+    for warning in summary["warnings"]:
+        logger.warning(warning)
 
     summary["seconds"] = time.perf_counter() - t0
     links = {"MLflow run": ui or f"run {runs['run_id']} in experiment '{env.experiment_name}'",

@@ -276,6 +276,7 @@ def serve_deployments(env: Settings, *, name: str = "reproduce", reestimate_name
     if env.prefect_api_url is None:
         print(f"Starting a Prefect server with its UI on http://127.0.0.1:{port} (state in {env.prefect_home}) ...")
         server, _ = start_prefect_server(env.prefect_home, port)
+    status = 0
     try:
         from prefect import serve
 
@@ -284,6 +285,12 @@ def serve_deployments(env: Settings, *, name: str = "reproduce", reestimate_name
         serve(*deployments, limit=limit)
     except KeyboardInterrupt:
         pass
+    except BaseException as exc:
+        status = 1
+        if server is None:
+            raise
+        # the process ends in the finally below, so say here what went wrong
+        print(f"labelshift serve: error: serving failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
         if server is not None:
             _stop(server)
@@ -292,5 +299,5 @@ def serve_deployments(env: Settings, *, name: str = "reproduce", reestimate_name
             sys.stderr.flush()
             # Prefect's background services would now retry delivering their last events to the server just
             # stopped, keeping the process alive for minutes: end it here (everything of ours is closed).
-            os._exit(0)
-    return 0
+            os._exit(status)
+    return status

@@ -20,7 +20,7 @@ How a run uses it
 -----------------
 ::
 
-    batches, watermark = find_new_batches(store)           # InputError when the target holds no batch at all
+    batches, watermark = find_new_batches(store)           # InputError when the target never held a batch
     for batch in batches:
         x = load_batch(store, batch, input_shape=(1, 28, 28))
         ...                                                 # estimate on all batches, then correct each one
@@ -40,7 +40,8 @@ Guarantees
   key raises :class:`ChangedBatchError` naming it (the fix: put new data under a new key). Counting the new content
   in place of the old is possible, but only explicitly: ``find_new_batches(..., on_changed="reprocess")``; the run
   that commits it records the key under ``replaced`` in its history entry. A counted batch that was *deleted* is
-  not an error (retention policies remove old data); it stays in ``processed``.
+  not an error (retention policies remove old data); it stays in ``processed``. When every counted batch is gone
+  and nothing new came, :func:`find_new_batches` returns ``[]`` like any run without new data.
 - **Content pinned for the run.** :func:`load_batch` checks that the bytes it read have the checksum the batch was
   listed with, so a batch replaced in the middle of a run cannot be counted under its old checksum.
 - **Compare-and-set commit.** :func:`commit_watermark` re-reads the watermark and refuses with
@@ -49,6 +50,31 @@ Guarantees
   compare-and-set through :class:`~labelshift.storage.Store`, so two commits landing within the same few
   milliseconds can still both pass; the deployment should run with a concurrency limit of one. Even then no batch
   is lost or counted twice: a lost commit only means its batches (absent from ``processed``) are processed again.
+
+Cost of a run
+-------------
+A run's cost grows with the *new* data, not with the target's history. :func:`find_new_batches` makes
+
+- one listing of the target with a fingerprint per object (:meth:`Store.list_info
+  <labelshift.storage.Store.list_info>`: on S3 one ListObjectsV2 request per 1,000 keys, the ETag and size coming
+  with the keys; locally one ``stat`` per file) and one read of the watermark;
+- a SHA-256 only for batches that are new, or counted but whose fingerprint (size + version token) differs from
+  the one the watermark recorded for them. A batch written through a :class:`~labelshift.storage.Store` has its
+  hash recorded (S3 metadata, local sidecar): one HEAD request or one small read. A batch written by another tool
+  (``boto3.put_object``, ``aws s3 cp``, ``numpy.save``) has none: hashing it reads it whole, once.
+
+A counted batch whose fingerprint matches is taken as unchanged without any request. Then :func:`load_batch`
+reads each new batch once more to score it (so a new batch from another tool is read twice, a counted one never).
+
+The fingerprints live in the watermark beside the checksums (field ``fingerprints``, key -> size and version).
+They are a cache: a batch whose fingerprint is missing or different is hashed, and only a different SHA-256 makes
+it a changed batch; the same SHA-256 under a new fingerprint (the same bytes uploaded again, a local copy or
+``chmod``) just has its fingerprint refreshed. Refreshed fingerprints ride on the watermark that
+:func:`find_new_batches` returns and are written by the next :func:`commit_watermark`; a run without new data
+commits nothing, so until new data comes each run hashes those batches again. Fingerprints are missing in a
+watermark written before they existed (every counted batch is hashed once more, then recorded at the next commit)
+and for a local file changed within :attr:`LocalStore.racy_seconds <labelshift.storage.LocalStore.racy_seconds>` of
+the listing (its times cannot yet prove that it did not change again; it is hashed on the next run too).
 """
 from __future__ import annotations
 
@@ -60,7 +86,7 @@ import math
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
@@ -69,7 +95,7 @@ import numpy as np
 
 from ._validation import check_probabilities
 from .errors import FormatError, InputError, ObjectNotFoundError, StorageError
-from .storage import LocalStore, Store, validate_key
+from .storage import LocalStore, ObjectInfo, Store, validate_key
 
 __all__ = [
     "STATE_PREFIX", "WATERMARK_KEY", "BATCH_SUFFIX", "CORRECTED_SUFFIX", "SUMMARY_SUFFIX",
@@ -87,6 +113,8 @@ CORRECTED_SUFFIX = ".corrected.npy"
 SUMMARY_SUFFIX = ".summary.json"
 
 WATERMARK_FORMAT = "labelshift-watermark"
+#: the major version: a reader refuses a larger one. Compatible additions keep it and are optional fields that
+#: older readers ignore (``fingerprints`` is one: watermarks without it read as having none).
 WATERMARK_VERSION = 1
 
 #: keys of a history entry set by :func:`commit_watermark`; a record passed in may not use them
@@ -123,10 +151,16 @@ def is_batch_key(key: str) -> bool:
 
 @dataclass(frozen=True)
 class TargetBatch:
-    """One input batch of a target: its key in the target store and the SHA-256 of its content when listed."""
+    """One input batch of a target: its key in the target store and the SHA-256 of its content when listed.
+
+    ``fingerprint`` is the listing's :class:`~labelshift.storage.ObjectInfo` of the object, taken before the content
+    was hashed (None when unknown); :func:`commit_watermark` records it so that the next runs need not hash the batch
+    again. It takes no part in equality: two TargetBatch are equal when key and content are.
+    """
 
     key: str
     checksum: str
+    fingerprint: ObjectInfo | None = field(default=None, compare=False)
 
     def __post_init__(self):
         validate_key(self.key, "batch key")
@@ -137,6 +171,9 @@ class TargetBatch:
             )
         if not _is_checksum(self.checksum):
             raise InputError(f"checksum of batch {self.key!r} must be 64 lowercase hex digits, got {self.checksum!r}.")
+        if self.fingerprint is not None and not isinstance(self.fingerprint, ObjectInfo):
+            raise InputError(f"fingerprint of batch {self.key!r} must be an ObjectInfo or None, got "
+                             f"{type(self.fingerprint).__name__}.")
 
     @property
     def name(self) -> str:
@@ -157,7 +194,8 @@ def _is_checksum(value: Any) -> bool:
 
 
 def _checksums(store: Store, keys: list[str]) -> dict[str, str]:
-    """SHA-256 of each key (a HEAD request each on S3, so several at once); keys deleted meanwhile are left out."""
+    """SHA-256 of each key, several at once: the recorded one (a HEAD request on S3, a sidecar read locally), or for
+    an object another tool wrote, computed from its whole content. Keys deleted meanwhile are left out."""
 
     def one(key: str) -> str | None:
         try:
@@ -174,16 +212,35 @@ def _checksums(store: Store, keys: list[str]) -> dict[str, str]:
     return {k: c for k, c in zip(keys, found) if c is not None}
 
 
-def _scan(store: Store) -> tuple[list[str], list[TargetBatch]]:
-    keys = store.list()
+def _trusted(info: ObjectInfo | None, recorded: ObjectInfo | None) -> bool:
+    """True when the listing's fingerprint proves the object is the one whose fingerprint was recorded."""
+    return info is not None and info.version is not None and info == recorded
+
+
+def _scan(store: Store, watermark: Watermark | None = None) -> tuple[list[str], list[TargetBatch]]:
+    """All keys, and every batch with its checksum: from ``watermark`` for a counted batch whose fingerprint matches
+    the recorded one, else hashed (the listing comes first, so a fingerprint is never newer than its hash)."""
+    infos = store.list_info()
+    keys = list(infos)
     batch_keys = [k for k in keys if is_batch_key(k)]
-    checksums = _checksums(store, batch_keys)
-    return keys, [TargetBatch(k, checksums[k]) for k in batch_keys if k in checksums]
+    known = {}
+    if watermark is not None:
+        known = {k: watermark.processed[k] for k in batch_keys
+                 if k in watermark.processed and _trusted(infos[k], watermark.fingerprints.get(k))}
+    hashed = _checksums(store, [k for k in batch_keys if k not in known])
+    logger.debug("%s: %d batch(es) listed, %d known by fingerprint, %d hashed", store.uri, len(batch_keys),
+                 len(known), len(hashed))
+    checksums = {**known, **hashed}
+    return keys, [TargetBatch(k, checksums[k], infos[k]) for k in batch_keys if k in checksums]
 
 
-def list_batches(store: Store) -> list[TargetBatch]:
-    """Every input batch of the target, sorted by key, with its checksum (outputs and ``_labelshift/`` excluded)."""
-    return _scan(store)[1]
+def list_batches(store: Store, watermark: Watermark | None = None) -> list[TargetBatch]:
+    """Every input batch of the target, sorted by key, with its checksum (outputs and ``_labelshift/`` excluded).
+
+    Without ``watermark`` every batch is hashed (a full read of each one from another tool); with it, a counted
+    batch whose fingerprint matches the recorded one gets its recorded checksum instead.
+    """
+    return _scan(store, watermark)[1]
 
 
 # -- the watermark ---------------------------------------------------------------------------------------------------
@@ -203,6 +260,9 @@ class Watermark:
             (keys counted by that run), ``replaced`` (keys whose changed content it counted, if any) and whatever the
             flow recorded (prior, p-value...).
         run_id: random id of the commit that wrote this watermark (None when none); the compare-and-set token.
+        fingerprints: batch key -> :class:`~labelshift.storage.ObjectInfo` (size and version token) listed for the
+            content counted under ``processed``, for counted batches that still exist and whose token could be
+            trusted; a cache that spares hashing them again (see "Cost of a run"). Takes no part in equality.
     """
 
     sequence: int = 0
@@ -210,6 +270,7 @@ class Watermark:
     updated_at: str | None = None
     history: list[dict] = field(default_factory=list)
     run_id: str | None = None
+    fingerprints: dict[str, ObjectInfo] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict:
         """A JSON-ready dict (the content of ``_labelshift/watermark.json``)."""
@@ -220,6 +281,8 @@ class Watermark:
             "updated_at": self.updated_at,
             "run_id": self.run_id,
             "processed": dict(sorted(self.processed.items())),
+            "fingerprints": {key: {"size": info.size, "version": info.version}
+                             for key, info in sorted(self.fingerprints.items())},
             "history": [dict(entry) for entry in self.history],
         }
 
@@ -262,6 +325,7 @@ class Watermark:
                 raise bad(f"field 'processed' holds {key!r}, which is not a batch key")
             if not _is_checksum(checksum):
                 raise bad(f"field 'processed' gives {key!r} the checksum {checksum!r}, not 64 lowercase hex digits")
+        fingerprints = _parse_fingerprints(data.get("fingerprints", {}), processed, bad)
         history = data.get("history")
         if not isinstance(history, list) or not all(isinstance(entry, Mapping) for entry in history):
             raise bad("field 'history' must be a list of objects")
@@ -271,7 +335,25 @@ class Watermark:
         if sequence == 0 and (processed or updated_at is not None):
             raise bad("field 'sequence' is 0 (no successful run) but the watermark records processed batches")
         return cls(sequence=sequence, processed=dict(processed), updated_at=updated_at,
-                   history=[dict(entry) for entry in history], run_id=run_id)
+                   history=[dict(entry) for entry in history], run_id=run_id, fingerprints=fingerprints)
+
+
+def _parse_fingerprints(value: Any, processed: Mapping[str, str], bad) -> dict[str, ObjectInfo]:
+    """The optional ``fingerprints`` field (absent in watermarks written before it existed)."""
+    hint = " (a cache: deleting the field is safe, the batches are then hashed once more)"
+    if not isinstance(value, Mapping):
+        raise bad(f"field 'fingerprints' must be an object of batch key -> size and version{hint}")
+    out = {}
+    for key, entry in value.items():
+        if key not in processed:
+            raise bad(f"field 'fingerprints' holds {key!r}, which is not in 'processed'{hint}")
+        size = entry.get("size") if isinstance(entry, Mapping) else None
+        version = entry.get("version") if isinstance(entry, Mapping) else None
+        if not _is_int(size) or size < 0 or not isinstance(version, str) or not version:
+            raise bad(f"field 'fingerprints' gives {key!r} {entry!r}; expected a non-negative integer 'size' and a "
+                      f"non-empty string 'version'{hint}")
+        out[key] = ObjectInfo(size=size, version=version)
+    return out
 
 
 _RECOVERY = (
@@ -344,15 +426,27 @@ def find_new_batches(
             ``"error"`` (default) raises :class:`ChangedBatchError` naming each one; ``"reprocess"`` returns it with
             the new ones so that its new content is counted in place of the old.
 
-    Returns ``[]`` when every batch was already counted. Raises :class:`InputError` when the target holds no batch at
-    all (empty or missing prefix), saying which URI and what is expected. Writes nothing.
+    Returns ``[]`` when every batch was already counted, including when every counted batch has since been deleted
+    (retention) and none came. Raises :class:`InputError` when the target holds no batch and the watermark never
+    counted one (empty or missing prefix), saying which URI and what is expected. Writes nothing.
+
+    Only new batches and counted ones whose listing fingerprint differs from the recorded one are hashed (see
+    "Cost of a run"). The watermark returned is the one compared against, with its fingerprints brought up to date
+    (batches deleted dropped, new tokens of unchanged content taken); pass it to :func:`commit_watermark`, which
+    writes them.
     """
     if on_changed not in ("error", "reprocess"):
         raise InputError(f"on_changed must be 'error' or 'reprocess', got {on_changed!r}.")
     if watermark is None:
         watermark = read_watermark(store)
-    keys, batches = _scan(store)
+    if not isinstance(watermark, Watermark):
+        raise InputError(f"watermark must be a Watermark (from read_watermark), got {type(watermark).__name__}.")
+    keys, batches = _scan(store, watermark)
     if not batches:
+        if watermark.sequence > 0:
+            logger.info("%s: no batch left (all %d counted batch(es) deleted) and none new", store.uri,
+                        len(watermark.processed))
+            return [], replace(watermark, fingerprints={})
         raise InputError(_no_batch_message(store, keys))
     changed = {b.key: (watermark.processed[b.key], b.checksum) for b in batches
                if b.key in watermark.processed and watermark.processed[b.key] != b.checksum}
@@ -367,9 +461,13 @@ def find_new_batches(
             changed,
         )
     new = [b for b in batches if b.key not in watermark.processed or b.key in changed]
+    # fingerprints of the counted batches that are still there with the content counted
+    fingerprints = {b.key: b.fingerprint for b in batches
+                    if b.key in watermark.processed and b.key not in changed
+                    and b.fingerprint is not None and b.fingerprint.version is not None}
     logger.info("%s: %d batch(es), %d new%s", store.uri, len(batches), len(new),
                 f" ({len(changed)} changed, reprocessed)" if changed else "")
-    return new, watermark
+    return new, replace(watermark, fingerprints=fingerprints)
 
 
 # -- reading a batch -------------------------------------------------------------------------------------------------
@@ -626,12 +724,23 @@ def commit_watermark(store: Store, previous: Watermark, batches: Sequence[Target
     history = [*current.history, entry]
     if history_limit is not None:
         history = history[-history_limit:]
+    processed = {**current.processed, **{b.key: b.checksum for b in batches}}
+    # fingerprints: those ``previous`` carries (refreshed by find_new_batches) for batches still counted with the
+    # same content, then those of the batches counted now; a batch without a trusted token gets none
+    fingerprints = {k: info for k, info in previous.fingerprints.items()
+                    if isinstance(info, ObjectInfo) and info.version is not None
+                    and k in current.processed and previous.processed.get(k) == current.processed[k]}
+    for b in batches:
+        fingerprints.pop(b.key, None)
+        if b.fingerprint is not None and b.fingerprint.version is not None:
+            fingerprints[b.key] = b.fingerprint
     new = Watermark(
         sequence=current.sequence + 1,
-        processed={**current.processed, **{b.key: b.checksum for b in batches}},
+        processed=processed,
         updated_at=now,
         history=json.loads(_encode(history, "the watermark history")),
         run_id=run_id,
+        fingerprints=fingerprints,
     )
     store.put_bytes(WATERMARK_KEY, _encode(new.to_dict(), f"the watermark {uri}"), content_type="application/json")
     written = read_watermark(store)

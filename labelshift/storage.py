@@ -16,6 +16,10 @@ What every store guarantees
   folder). Reads verify the content against the recorded value and raise :class:`~labelshift.errors.FormatError` on
   a mismatch. Objects written by other tools carry no recorded checksum; they are read without verification, and
   :meth:`Store.checksum` computes theirs from the content.
+- **Cheap listing with fingerprints.** :meth:`Store.list_info` gives each key's size and a version token from the
+  listing itself, without reading any object (on S3 from the same ListObjectsV2 pages as :meth:`Store.list`, one
+  request per 1,000 keys; locally one ``stat`` per file). The token changes whenever the object is rewritten, so a
+  caller that remembered it can tell "unchanged" from "maybe changed" without hashing (see :class:`ObjectInfo`).
 - **Safe keys.** Keys with ``..`` or ``.`` segments, a leading ``/``, backslashes, empty segments or NUL bytes are
   refused with :class:`~labelshift.errors.InputError`, as are the reserved ``.sha256`` suffix and the
   ``.labelshift-tmp-`` prefix of temporary files. This keeps local keys inside the root folder.
@@ -65,7 +69,7 @@ from .errors import (
     StorageError,
 )
 
-__all__ = ["Store", "LocalStore", "S3Store", "RetryPolicy", "open_store", "validate_key"]
+__all__ = ["Store", "LocalStore", "S3Store", "ObjectInfo", "RetryPolicy", "open_store", "validate_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +157,31 @@ def _mismatch(uri: str, recorded: str, actual: str) -> FormatError:
 
 
 # -- the interface ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a listing says about one object without reading it: its size and a version token.
+
+    ``version`` is an opaque string that changes whenever the object is written again, so that an equal
+    ``(size, version)`` pair seen at two times means the content did not change in between:
+
+    - S3: the ETag, which S3 changes whenever the content changes (it is the MD5 of the content for a single-part
+      upload, a digest of the parts' MD5s for a multipart one, another digest under SSE-C or SSE-KMS). The same
+      bytes uploaded again may keep it, which is harmless since the content is the same.
+    - local folder: the file's inode, mtime and ctime in nanoseconds. Every write through :class:`LocalStore`
+      renames a new file into place (a new inode); a tool writing in place changes mtime and ctime (ctime cannot be
+      set back by ``touch`` or ``cp -p``).
+
+    ``version`` is None when the store cannot vouch for a token: on S3 when the server sends no ETag; locally when
+    the file changed less than :attr:`LocalStore.racy_seconds` before the listing, because file times have a
+    coarse clock (a few ms) and a second same-size write within the same tick would leave every field as it was
+    (the "racily clean" case git guards against the same way). Such an object must be treated as possibly changed.
+    Tokens are only comparable between listings of the same store.
+    """
+
+    size: int
+    version: str | None
+
+
 class Store:
     """Base class of the object stores: bytes by key, plus JSON, numpy arrays and files on top.
 
@@ -175,6 +204,11 @@ class Store:
 
     def list(self, prefix: str = "") -> list[str]:
         """Keys (relative to the store's root) that start with the string ``prefix``, sorted."""
+        raise NotImplementedError
+
+    def list_info(self, prefix: str = "") -> dict[str, ObjectInfo]:
+        """The keys of :meth:`list` (same order) with the :class:`ObjectInfo` of each, from the listing alone: no
+        request or read per object."""
         raise NotImplementedError
 
     def delete(self, key: str, *, missing_ok: bool = False) -> None:
@@ -279,6 +313,11 @@ class LocalStore(Store):
 
     The root folder is created on the first write. ``content_type`` is accepted and ignored.
     """
+
+    #: :meth:`list_info` gives no version token (None) for a file whose ctime is less than this many seconds before
+    #: the listing started: see :class:`ObjectInfo`. Two seconds cover the kernel's timestamp tick with a wide margin
+    #: (and modest clock skew on a network filesystem).
+    racy_seconds: float = 2.0
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(os.path.abspath(os.fspath(root)))
@@ -411,7 +450,8 @@ class LocalStore(Store):
                 break
             folder = folder.parent
 
-    def list(self, prefix: str = "") -> list[str]:
+    def _walk(self, prefix: str) -> list[tuple[str, str]]:
+        """(key, path) of every file whose key starts with ``prefix``, sorted by key."""
         if not isinstance(prefix, str):
             raise InputError(f"prefix must be a string, got {type(prefix).__name__}.")
         # start the walk at the deepest folder the prefix names, when it is a safe path
@@ -421,14 +461,31 @@ class LocalStore(Store):
             if not _is_valid_key(head):
                 return []
             start = self.root.joinpath(*head.split("/"))
-        keys = []
+        found = []
         for folder, _dirs, files in os.walk(start):
             relative = Path(folder).relative_to(self.root).as_posix()
             for name in files:
                 key = name if relative == "." else f"{relative}/{name}"
                 if key.startswith(prefix) and _is_valid_key(key):
-                    keys.append(key)
-        return sorted(keys)
+                    found.append((key, os.path.join(folder, name)))
+        return sorted(found)
+
+    def list(self, prefix: str = "") -> list[str]:
+        return [key for key, _path in self._walk(prefix)]
+
+    def list_info(self, prefix: str = "") -> dict[str, ObjectInfo]:
+        started = time.time_ns()  # before the walk: a file changed during it counts as recent
+        racy_ns = int(self.racy_seconds * 1e9)
+        infos = {}
+        for key, path in self._walk(prefix):
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):  # deleted since the walk saw it
+                continue
+            recent = started - st.st_ctime_ns < racy_ns
+            version = None if recent else f"{st.st_ino}-{st.st_mtime_ns}-{st.st_ctime_ns}"
+            infos[key] = ObjectInfo(size=st.st_size, version=version)
+        return infos
 
 
 # -- S3 ----------------------------------------------------------------------------------------------------------------
@@ -856,22 +913,33 @@ class S3Store(Store):
             raise ObjectNotFoundError(f"cannot delete {self.url(key)}: no such object.")
         self._call("delete", lambda: self.client.delete_object(Bucket=self.bucket, Key=full_key), key)
 
-    def list(self, prefix: str = "") -> list[str]:
+    def _list_items(self, prefix: str) -> list[tuple[str, dict]]:
+        """(key, ListObjectsV2 entry) of every object whose key starts with ``prefix``, sorted by key."""
         if not isinstance(prefix, str):
             raise InputError(f"prefix must be a string, got {type(prefix).__name__}.")
         root = f"{self.prefix}/" if self.prefix else ""
 
-        def fetch() -> list[str]:
+        def fetch() -> list[dict]:
             found = []
             paginator = self.client.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=self.bucket, Prefix=root + prefix):
-                found.extend(item["Key"] for item in page.get("Contents", []))
+                found.extend(page.get("Contents", []))
             return found
 
-        keys = [k[len(root):] for k in self._call("list", fetch)]
+        items = [(item["Key"][len(root):], item) for item in self._call("list", fetch)]
         self._bucket_seen = True
         # directory markers ('a/') and names that are not valid keys cannot be read through a store: leave them out
-        return sorted(k for k in keys if _is_valid_key(k))
+        return sorted((item for item in items if _is_valid_key(item[0])), key=lambda item: item[0])
+
+    def list(self, prefix: str = "") -> list[str]:
+        return [key for key, _item in self._list_items(prefix)]
+
+    def list_info(self, prefix: str = "") -> dict[str, ObjectInfo]:
+        infos = {}
+        for key, item in self._list_items(prefix):
+            etag = str(item.get("ETag") or "").strip('"')
+            infos[key] = ObjectInfo(size=int(item.get("Size", 0)), version=etag or None)
+        return infos
 
     def create_bucket(self) -> None:
         """Create the bucket if it does not exist yet (a convenience for local stacks and tests)."""

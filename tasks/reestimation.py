@@ -48,7 +48,7 @@ from labelshift.storage import open_store
 from labelshift.uncertainty import bootstrap_interval, fisher_interval, identifiability, no_shift_test
 
 __all__ = ["REFERENCE_ARTIFACT", "ModelBundle", "parse_model_uri", "log_reestimation_reference", "load_bundle",
-           "score_batches", "log_source_holdout", "estimate_shift", "write_outputs", "start_reestimation_run", "log_reestimation",
+           "score_batches", "log_source_holdout", "estimate_shift", "write_outputs", "start_reestimation_run", "log_reestimation", "sync_monitor",
            "end_run", "prior_metrics", "ESTIMATORS"]
 
 REFERENCE_ARTIFACT = "calibration/source_holdout.npz"
@@ -470,16 +470,43 @@ def _log_bytes(client: MlflowClient, run_id: str, data: bytes, folder: str, name
         client.log_artifact(run_id, str(path), folder)
 
 
-def log_monitor_point(tracking_uri: str, runs: dict, result: dict, step: int) -> None:
-    """Append this re-estimation to the monitor run's series (after the watermark moved, so a failed run adds no
-    point and a retried one adds its point once)."""
+def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict]) -> list[int]:
+    """Give the monitor run one point per successful re-estimation (``step`` = its sequence): every history entry
+    of the watermark whose sequence is not in the series yet is logged (the run that just committed, and any whose
+    own logging failed after its commit). Returns the sequences added."""
     client = MlflowClient(tracking_uri=tracking_uri)
-    now = int(time.time() * 1000)
-    keep = ("prior/", "prior_lower/", "prior_upper/", "weight/", "no_shift_p_value", "total_variation", "shifted",
-            "trustworthy", "n_target")
-    metrics = [Metric(k, v, now, step) for k, v in prior_metrics(result).items() if k.startswith(keep)]
+    have = {p.step for p in client.get_metric_history(monitor_run_id, "prior/0")}
+    added, metrics = [], []
+    for entry in history:
+        seq = entry.get("sequence")
+        if seq is None or seq in have or "target_prior" not in entry:
+            continue
+        when = entry.get("time")
+        try:
+            from datetime import datetime
+
+            stamp = int(datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp() * 1000)
+        except Exception:
+            stamp = int(time.time() * 1000)
+        values = {}
+        for c in range(len(entry["target_prior"])):
+            values[f"prior/{c}"] = entry["target_prior"][c]
+            if "lower" in entry and "upper" in entry:
+                values[f"prior_lower/{c}"] = entry["lower"][c]
+                values[f"prior_upper/{c}"] = entry["upper"][c]
+        for key, name in (("p_value", "no_shift_p_value"), ("total_variation", "total_variation"),
+                          ("n_target", "n_target")):
+            if entry.get(key) is not None:
+                values[name] = entry[key]
+        for key in ("shifted", "trustworthy"):
+            if key in entry:
+                values[key] = float(bool(entry[key]))
+        metrics += [Metric(k, float(v), stamp, int(seq)) for k, v in values.items()
+                    if v is not None and math.isfinite(float(v))]
+        added.append(int(seq))
     for i in range(0, len(metrics), 1000):
-        client.log_batch(runs["monitor_run_id"], metrics=metrics[i:i + 1000])
+        client.log_batch(monitor_run_id, metrics=metrics[i:i + 1000])
+    return added
 
 
 def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED", cause: str | None = None) -> None:
@@ -507,6 +534,7 @@ def history_record(result: dict, run_id: str | None) -> dict:
             "target_prior": [round(v, 6) for v in result["target_prior"]],
             "lower": [round(v, 6) for v in ci["lower"]], "upper": [round(v, 6) for v in ci["upper"]],
             "p_value": result["no_shift_test"]["p_value"], "shifted": result["shifted"],
+            "total_variation": round(result["total_variation"], 6),
             "trustworthy": result["trustworthy"], "mlflow_run_id": run_id}
 
 

@@ -98,7 +98,7 @@ def test_estimate_failure_exits_1_and_says_nothing_was_written(prefect_server, s
                  "--target", str(target), "--tracking-uri", sqlite_model["tracking_uri"]])
     assert code == 1
     err = capsys.readouterr().err
-    assert "bad.npy" in err and "shape (10, 5)" in err and "watermark is unchanged" in err
+    assert "bad.npy" in err and "shape (10, 5)" in err and "watermark did not move" in err
     assert sorted(p.name for p in target.iterdir()) == ["bad.npy"]
 
 

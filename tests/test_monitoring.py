@@ -27,7 +27,8 @@ from labelshift.monitoring import (
     read_watermark,
     write_batch_outputs,
 )
-from labelshift.storage import LocalStore, RetryPolicy, open_store
+from labelshift import storage
+from labelshift.storage import LocalStore, ObjectInfo, RetryPolicy, open_store
 
 FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, deadline=2.0)
 INPUT_SHAPE = (3,)
@@ -259,15 +260,25 @@ def test_missing_s3_prefix_and_bucket(s3_bucket, seaweed):
         find_new_batches(missing)
 
 
-def test_all_batches_deleted_after_a_run(store):
+def test_all_batches_deleted_after_a_run_is_no_new_data(store):
+    """Retention removed every counted batch and nothing came: no new data, not an empty target (review M2)."""
     store.put_array("a.npy", features(0))
+    store.put_array("b.npy", features(1))
     new, watermark = find_new_batches(store)
-    commit(store, watermark, new)
+    process(store, new)
+    first = commit(store, watermark, new)
     store.delete("a.npy")
-    before = snapshot(store)
-    with pytest.raises(InputError, match="none is an input batch"):
-        find_new_batches(store)
+    store.delete("b.npy")
+    before = snapshot(store)  # outputs and the watermark are left, no input
+    found, seen = find_new_batches(store)
+    assert found == [] and seen == first and seen.fingerprints == {}
     assert snapshot(store) == before
+    for key in list(store.list()):  # the outputs go too: only the watermark is left
+        if key != WATERMARK_KEY:
+            store.delete(key)
+    assert find_new_batches(store) == ([], first)
+    store.put_array("c.npy", features(2))
+    assert [b.key for b in find_new_batches(store)[0]] == ["c.npy"]
 
 
 # -- bad batches -------------------------------------------------------------------------------------------------------
@@ -479,6 +490,13 @@ CORRUPT_WATERMARKS = {
     "history-sequence": (_edited(history=[{"sequence": 7}]), r"history' entry has sequence 7, outside 1..1"),
     "updated-at": (_edited(updated_at="yesterday"), r"field 'updated_at' must be an ISO 8601 time"),
     "counted-without-run": (_edited(sequence=0, history=[]), r"'sequence' is 0 .* records processed batches"),
+    "fingerprints-list": (_edited(fingerprints=[]), r"field 'fingerprints' must be an object.*deleting the field"),
+    "fingerprint-uncounted": (_edited(fingerprints={"b.npy": {"size": 1, "version": "v"}}),
+                              r"'fingerprints' holds 'b.npy', which is not in 'processed'"),
+    "fingerprint-size": (_edited(fingerprints={"a.npy": {"size": -1, "version": "v"}}),
+                         r"gives 'a.npy' .*non-negative integer 'size'"),
+    "fingerprint-version": (_edited(fingerprints={"a.npy": {"size": 1, "version": None}}),
+                            r"non-empty string 'version'"),
 }
 
 
@@ -614,3 +632,238 @@ def test_bad_outputs_are_refused_before_anything_is_written(store):
         with pytest.raises(InputError, match=pattern):
             write_batch_outputs(store, batch, **kwargs)
     assert snapshot(store) == before
+
+
+# -- cost: only new or changed data is hashed (review H3) --------------------------------------------------------------
+class HashSpy:
+    """Counts, per key, what a run hashes (``store.checksum``) and which batches it reads whole to do so (S3:
+    ``get_bytes`` of an object without recorded sha256; local: the file read of one without a sidecar)."""
+
+    def __init__(self, store, monkeypatch):
+        self.hashed: list[str] = []
+        self.read_whole: list[str] = []
+        real_checksum, real_get = store.checksum, store.get_bytes
+        real_file_sha = storage._file_sha256
+
+        def checksum(key):
+            self.hashed.append(key)
+            return real_checksum(key)
+
+        def get_bytes(key):
+            if not key.startswith(STATE_PREFIX):  # the watermark is read by every run
+                self.read_whole.append(key)
+            return real_get(key)
+
+        def file_sha(path):
+            self.read_whole.append(path.relative_to(store.root).as_posix())
+            return real_file_sha(path)
+
+        monkeypatch.setattr(store, "checksum", checksum)
+        if isinstance(store, LocalStore):
+            monkeypatch.setattr(storage, "_file_sha256", file_sha)
+        else:
+            monkeypatch.setattr(store, "get_bytes", get_bytes)
+
+    def reset(self) -> None:
+        self.hashed.clear()
+        self.read_whole.clear()
+
+
+def put_foreign(store, request, key: str, data: bytes, *, in_place: bool = True) -> None:
+    """Write ``data`` as another tool would: locally a plain file without sidecar (written in place, or through a
+    temporary file renamed over it), on S3 a bare put_object without labelshift's sha256 metadata."""
+    if isinstance(store, LocalStore):
+        path = store.root.joinpath(*key.split("/"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if in_place:
+            path.write_bytes(data)
+        else:
+            temp = path.with_name("upload.tmp")
+            temp.write_bytes(data)
+            temp.replace(path)
+    else:
+        request.getfixturevalue("seaweed").client().put_object(Bucket=store.bucket, Key=f"{store.prefix}/{key}",
+                                                               Body=data)
+
+
+@pytest.fixture
+def settled(monkeypatch):
+    """Local files here are milliseconds old; trust their times anyway (test_fresh_local_file_... covers the
+    default, under which a file changed within LocalStore.racy_seconds has no fingerprint yet)."""
+    monkeypatch.setattr(LocalStore, "racy_seconds", 0.0)
+
+
+def stored_fingerprints(store) -> dict:
+    return json.loads(store.get_bytes(WATERMARK_KEY))["fingerprints"]
+
+
+def test_foreign_batch_is_hashed_once_then_known_by_its_fingerprint(store, request, monkeypatch, settled):
+    foreign = npy_bytes(features(0, n=6))
+    put_foreign(store, request, "day1/foreign.npy", foreign)
+    store.put_array("day1/ours.npy", features(1))
+    spy = HashSpy(store, monkeypatch)
+
+    new, watermark = find_new_batches(store)  # run 1: both are new, each hashed once
+    assert [b.key for b in new] == ["day1/foreign.npy", "day1/ours.npy"]
+    assert sorted(spy.hashed) == ["day1/foreign.npy", "day1/ours.npy"]
+    assert spy.read_whole == ["day1/foreign.npy"]  # ours has its sha256 recorded: no read of its content
+    assert new[0].checksum == sha(foreign) and new[0].fingerprint.size == len(foreign)
+    process(store, new)
+    first = commit(store, watermark, new)
+    recorded = stored_fingerprints(store)
+    assert sorted(recorded) == ["day1/foreign.npy", "day1/ours.npy"]
+    assert recorded["day1/foreign.npy"]["size"] == len(foreign)
+    assert recorded["day1/ours.npy"] == {"size": store.list_info()["day1/ours.npy"].size,
+                                         "version": store.list_info()["day1/ours.npy"].version}
+    assert read_watermark(store).fingerprints == first.fingerprints == {b.key: b.fingerprint for b in new}
+
+    spy.reset()
+    assert find_new_batches(store) == ([], first)  # run 2: nothing new, nothing hashed or read
+    assert spy.hashed == [] and spy.read_whole == []
+
+    for day in (2, 3):  # runs 3 and 4: only the day's new batch is hashed, the counted ones never again
+        spy.reset()
+        key = f"day{day}/foreign.npy"
+        put_foreign(store, request, key, npy_bytes(features(day)))
+        new, watermark = find_new_batches(store)
+        assert [b.key for b in new] == [key]
+        assert spy.hashed == [key] and spy.read_whole == [key]
+        process(store, new)
+        commit(store, watermark, new)
+    spy.reset()
+    assert find_new_batches(store)[0] == [] and spy.hashed == [] and spy.read_whole == []
+    assert len(stored_fingerprints(store)) == 4
+
+
+WRITERS = ["labelshift", "foreign-replace"]
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_rewritten_counted_batch_is_detected_through_its_fingerprint(store, request, monkeypatch, settled, writer):
+    def write(key, arr):
+        if writer == "labelshift":
+            store.put_array(key, arr)
+        else:  # a tool that writes a temporary file and renames it (rsync, aws s3 sync...)
+            put_foreign(store, request, key, npy_bytes(arr), in_place=False)
+
+    write("a.npy", features(0))
+    write("b.npy", features(1))
+    new, watermark = find_new_batches(store)
+    process(store, new)
+    first = commit(store, watermark, new)
+
+    write("a.npy", features(5))  # same key, same size, other content
+    spy = HashSpy(store, monkeypatch)
+    with pytest.raises(ChangedBatchError) as error:
+        find_new_batches(store)
+    assert spy.hashed == ["a.npy"]  # b's fingerprint matched: not hashed
+    assert error.value.changed == {"a.npy": (first.processed["a.npy"], sha(npy_bytes(features(5))))}
+
+    new, watermark = find_new_batches(store, on_changed="reprocess")
+    process(store, new)
+    second = commit(store, watermark, new)
+    assert stored_fingerprints(store)["a.npy"]["version"] == store.list_info()["a.npy"].version
+    assert second.fingerprints["a.npy"] != first.fingerprints["a.npy"]
+    spy.reset()
+    assert find_new_batches(store)[0] == [] and spy.hashed == []
+
+
+def test_in_place_rewrite_right_after_a_listing_is_still_detected(local_store, request, monkeypatch):
+    """The racy case: a file written in place twice within one tick of the file clock keeps its size, inode, mtime
+    and ctime. A file changed within the racy window (default 2 s; 60 s here so that a slow machine cannot step out
+    of it) gets no fingerprint, so it is hashed again."""
+    monkeypatch.setattr(LocalStore, "racy_seconds", 60.0)
+    put_foreign(local_store, request, "a.npy", npy_bytes(features(0)))
+    new, watermark = find_new_batches(local_store)
+    assert new[0].fingerprint.version is None
+    process(local_store, new)
+    committed = commit(local_store, watermark, new)
+    assert committed.fingerprints == {} and stored_fingerprints(local_store) == {}
+    put_foreign(local_store, request, "a.npy", npy_bytes(features(5)))  # same size, same inode, at once
+    with pytest.raises(ChangedBatchError, match="a.npy"):
+        find_new_batches(local_store)
+
+
+def test_same_content_under_a_new_fingerprint_is_not_a_change(store, monkeypatch, settled):
+    store.put_array("a.npy", features(0))
+    store.put_array("b.npy", features(1))
+    new, watermark = find_new_batches(store)
+    process(store, new)
+    commit(store, watermark, new)
+    listed = store.list_info()
+
+    # a stale token (as after a copy of the folder, or another tool's upload of the same bytes)
+    data = json.loads(store.get_bytes(WATERMARK_KEY))
+    data["fingerprints"]["a.npy"]["version"] = "stale"
+    store.put_bytes(WATERMARK_KEY, json.dumps(data).encode())
+    spy = HashSpy(store, monkeypatch)
+    found, seen = find_new_batches(store)
+    assert found == [] and spy.hashed == ["a.npy"]
+    assert seen.fingerprints == {"a.npy": listed["a.npy"], "b.npy": listed["b.npy"]}  # refreshed, not yet written
+    assert stored_fingerprints(store)["a.npy"]["version"] == "stale"
+
+    # refreshed tokens are written by the next commit; until then each run hashes the batch again
+    store.put_array("c.npy", features(2))
+    spy.reset()
+    new, watermark = find_new_batches(store)
+    assert [b.key for b in new] == ["c.npy"] and sorted(spy.hashed) == ["a.npy", "c.npy"]
+    process(store, new)
+    commit(store, watermark, new)
+    assert stored_fingerprints(store)["a.npy"]["version"] == listed["a.npy"].version
+    spy.reset()
+    assert find_new_batches(store)[0] == [] and spy.hashed == []
+
+    # the same bytes written again: the S3 ETag (the MD5 of the content) stays; a local file gets a new inode and is
+    # hashed once, found unchanged
+    store.put_array("b.npy", features(1))
+    spy.reset()
+    assert find_new_batches(store)[0] == []
+    assert spy.hashed == (["b.npy"] if isinstance(store, LocalStore) else [])
+
+
+def test_watermark_without_fingerprints_still_reads(store, monkeypatch, settled):
+    """A watermark written before fingerprints existed: every counted batch is hashed once more (never counted
+    again), and the next commit records the fingerprints."""
+    store.put_array("a.npy", features(0))
+    store.put_array("b.npy", features(1))
+    new, watermark = find_new_batches(store)
+    process(store, new)
+    committed = commit(store, watermark, new)
+    old = {  # the shape the previous version wrote: no 'fingerprints' field
+        "format": "labelshift-watermark", "version": 1, "sequence": 1, "updated_at": committed.updated_at,
+        "run_id": committed.run_id, "processed": committed.processed, "history": committed.history,
+    }
+    store.put_bytes(WATERMARK_KEY, json.dumps(old).encode())
+    assert read_watermark(store) == committed and read_watermark(store).fingerprints == {}
+
+    spy = HashSpy(store, monkeypatch)
+    found, seen = find_new_batches(store)
+    assert found == [] and sorted(spy.hashed) == ["a.npy", "b.npy"]
+    assert sorted(seen.fingerprints) == ["a.npy", "b.npy"]
+    store.put_array("c.npy", features(2))
+    new, watermark = find_new_batches(store)
+    assert [b.key for b in new] == ["c.npy"]
+    process(store, new)
+    commit(store, watermark, new)
+    written = json.loads(store.get_bytes(WATERMARK_KEY))
+    assert sorted(written["fingerprints"]) == ["a.npy", "b.npy", "c.npy"]
+    # what an older reader relies on is unchanged: same major version, processed still maps key -> sha256
+    assert written["version"] == 1
+    assert written["processed"] == {k: sha(store.get_bytes(k)) for k in written["processed"]}
+    spy.reset()
+    assert find_new_batches(store)[0] == [] and spy.hashed == []
+
+
+def test_list_batches_with_a_watermark_hashes_only_what_it_cannot_vouch_for(local_store, monkeypatch, settled):
+    local_store.put_array("a.npy", features(0))
+    new, watermark = find_new_batches(local_store)
+    committed = commit(local_store, watermark, new)
+    local_store.put_array("b.npy", features(1))
+    spy = HashSpy(local_store, monkeypatch)
+    assert [b.key for b in list_batches(local_store, committed)] == ["a.npy", "b.npy"] and spy.hashed == ["b.npy"]
+    spy.reset()
+    assert list_batches(local_store) == list_batches(local_store, committed)
+    assert sorted(spy.hashed) == ["a.npy", "b.npy", "b.npy"]  # without a watermark every batch is hashed
+    with pytest.raises(InputError, match="fingerprint of batch 'a.npy' must be an ObjectInfo"):
+        TargetBatch("a.npy", new[0].checksum, {"size": 1})
+    assert TargetBatch("a.npy", new[0].checksum, ObjectInfo(1, "x")) == TargetBatch("a.npy", new[0].checksum)

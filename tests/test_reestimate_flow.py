@@ -322,3 +322,39 @@ def test_a_crash_between_outputs_and_watermark_loses_and_double_counts_nothing(p
     assert [p.step for p in client.get_metric_history(monitor_id, "prior/0")] == [1]
     state = _run_flow(registry, target)
     assert state.name == "No new data"
+
+
+def test_a_failure_after_the_watermark_moved_does_not_fail_the_run_and_the_next_run_fills_the_series(
+        prefect_server, registry, seaweed, s3_bucket, monkeypatch):
+    """Once the watermark counts the batches, a retry would find no new data: so MLflow trouble after the commit must
+    not fail the run, and the point the monitor run missed is added by the next run (from the watermark's history)."""
+    import flows.reestimate as flow_module
+
+    rng = np.random.default_rng(8)
+    _put(seaweed, s3_bucket, "late/a.npy", draw(SHIFTED_PRIOR, 800, rng)[0])
+    target = f"s3://{s3_bucket}/late/"
+    original = flow_module.sync_monitor
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("MLflow went away after the commit (injected)")
+
+    monkeypatch.setattr(flow_module, "sync_monitor", unreachable)
+    state = _run_flow(registry, target)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert any("injected" in w for w in summary["warnings"])
+    watermark = json.loads(_get(seaweed, s3_bucket, "late/_labelshift/watermark.json"))
+    assert watermark["sequence"] == 1
+    client = MlflowClient(registry["tracking_uri"])
+    monitor_id = summary["mlflow"]["monitor_run_id"]
+    assert client.get_metric_history(monitor_id, "prior/0") == []
+    assert client.get_run(summary["mlflow"]["run_id"]).info.status == "FINISHED"
+
+    monkeypatch.setattr(flow_module, "sync_monitor", original)
+    _put(seaweed, s3_bucket, "late/b.npy", draw(SHIFTED_PRIOR, 800, rng)[0])
+    state = _run_flow(registry, target)
+    assert state.is_completed() and state.result()["warnings"] == []
+    points = {p.step: p.value for p in client.get_metric_history(monitor_id, "prior/0")}
+    history = json.loads(_get(seaweed, s3_bucket, "late/_labelshift/watermark.json"))["history"]
+    assert points == {h["sequence"]: pytest.approx(h["target_prior"][0]) for h in history}
+    assert sorted(points) == [1, 2]

@@ -22,7 +22,7 @@ from labelshift.errors import (
     ServiceUnavailableError,
     StorageError,
 )
-from labelshift.storage import LocalStore, RetryPolicy, S3Store, open_store
+from labelshift.storage import LocalStore, ObjectInfo, RetryPolicy, S3Store, open_store
 from tests.fixtures.seaweed import SeaweedServer, SeaweedServerError
 
 MIB = 1024 * 1024
@@ -126,6 +126,58 @@ def test_unverified_objects_from_other_tools_are_readable(store, request):
         request.getfixturevalue("seaweed").client().put_object(Bucket=store.bucket, Key=f"{store.prefix}/ext/raw.txt", Body=b"raw")
     assert store.get_bytes("ext/raw.txt") == b"raw"
     assert store.checksum("ext/raw.txt") == sha(b"raw")
+
+
+# -- listing with fingerprints -------------------------------------------------------------------------------------------
+def test_list_info_gives_size_and_version_from_the_listing_alone(store, request, monkeypatch):
+    monkeypatch.setattr(LocalStore, "racy_seconds", 0.0)  # files here are fresh; the local test below covers it
+    store.put_bytes("a/x.bin", b"12345")
+    store.put_bytes("a/empty.bin", b"")
+    store.put_bytes("z.bin", b"zz")
+    if isinstance(store, LocalStore):
+        (store.root / "ext.bin").write_bytes(b"raw")
+    else:
+        request.getfixturevalue("seaweed").client().put_object(Bucket=store.bucket, Key=f"{store.prefix}/ext.bin",
+                                                               Body=b"raw")
+
+    def list_info(prefix=""):
+        with monkeypatch.context() as m:
+            if not isinstance(store, LocalStore):
+                for method in ("head_object", "get_object"):  # nothing per object: the listing alone
+                    m.setattr(store.client, method, lambda **kw: pytest.fail("a request per object"))
+            return store.list_info(prefix)
+
+    infos = list_info()
+    assert list(infos) == store.list() == ["a/empty.bin", "a/x.bin", "ext.bin", "z.bin"]
+    assert {k: info.size for k, info in infos.items()} == {"a/empty.bin": 0, "a/x.bin": 5, "ext.bin": 3, "z.bin": 2}
+    assert all(isinstance(info.version, str) and info.version for info in infos.values())
+    assert list(list_info("a/")) == store.list("a/") and list_info("none/") == {}
+    if not isinstance(store, LocalStore):  # SeaweedFS, like AWS, gives the MD5 of a single-part upload as ETag
+        assert infos["z.bin"].version == hashlib.md5(b"zz").hexdigest()
+    assert list_info() == infos  # stable while nothing is written
+    store.put_bytes("a/x.bin", b"54321")  # same size, other content
+    after = list_info()
+    assert after["a/x.bin"].size == 5 and after["a/x.bin"].version != infos["a/x.bin"].version
+    assert {k: after[k] for k in ("a/empty.bin", "ext.bin", "z.bin")} == {k: infos[k] for k in
+                                                                          ("a/empty.bin", "ext.bin", "z.bin")}
+    store.delete("z.bin")
+    assert list(store.list_info()) == ["a/empty.bin", "a/x.bin", "ext.bin"]
+
+
+def test_local_list_info_does_not_vouch_for_a_file_changed_just_now(local_store, monkeypatch):
+    """File times tick coarsely: two same-size writes in one tick leave inode, mtime and ctime alike, so a file
+    changed within racy_seconds of the listing has no version yet (the caller must hash it)."""
+    local_store.put_bytes("a.bin", b"a")
+    monkeypatch.setattr(LocalStore, "racy_seconds", 60.0)
+    assert local_store.list_info() == {"a.bin": ObjectInfo(size=1, version=None)}
+    monkeypatch.setattr(LocalStore, "racy_seconds", 0.0)
+    first = local_store.list_info()["a.bin"].version
+    path = local_store.root / "a.bin"
+    assert first == f"{path.stat().st_ino}-{path.stat().st_mtime_ns}-{path.stat().st_ctime_ns}"
+    os.utime(path, ns=(0, 10**9))  # another tool sets the times (mtime, and with it ctime, change)
+    assert local_store.list_info()["a.bin"].version != first
+    local_store.put_bytes("a.bin", b"a")  # the same bytes again: a new file renamed into place, a new version
+    assert local_store.list_info()["a.bin"] not in (ObjectInfo(1, first), ObjectInfo(1, None))
 
 
 # -- checksums -----------------------------------------------------------------------------------------------------------
