@@ -1,7 +1,7 @@
 """The ``labelshift`` command: run the paper's sweeps, serve them as a Prefect deployment, manage the local stack.
 
     labelshift reproduce [options]   run the sweep on the embedded defaults (or the servers the env names)
-    labelshift serve [options]       serve the reproduce flow as a deployment; launch sweeps from the Prefect UI
+    labelshift serve [options]       serve reproduce (sweeps from the Prefect UI) and reestimate (on a cron schedule)
     labelshift stack up|down|status  the local no-Docker stack (SeaweedFS S3, MLflow, Prefect) when installed
     labelshift where                 print where state, results and tracking go, and how to open the UIs
     labelshift data push NAME        build an image dataset and write it to the object store

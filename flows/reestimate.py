@@ -13,14 +13,16 @@ meets new unlabelled data in object storage; on a schedule this flow
    interval per class (Fisher information of the MLLS likelihood, or a bootstrap), a two-sample test of
    "no shift" (w = 1: the mean calibrated prediction on the new data against the source holdout's) and the identifiability report (Hessian minimum eigenvalue, confusion-matrix conditioning;
    :mod:`labelshift.uncertainty`);
-4. writes corrected predictions p_t(y|x) proportional to w_y f_y(x) beside each batch (``NAME.corrected.npy``),
+4. logs to MLflow (experiment ``reestimation``): a child run per re-estimation with the prior, the interval, the
+   p-value, the identifiability numbers and a figure;
+5. writes corrected predictions p_t(y|x) proportional to w_y f_y(x) beside each batch (``NAME.corrected.npy``),
    then a summary (``NAME.summary.json``), each atomically;
-5. moves the watermark -- only now, after everything else succeeded: a run that fails anywhere before leaves it
+6. moves the watermark -- only now, after all of the above succeeded: a run that fails anywhere before leaves it
    as it was and the next run takes the same batches again (their outputs are rewritten, never counted twice);
-6. logs to MLflow (experiment ``reestimation``): a child run per re-estimation with the prior, the interval, the
-   p-value, the identifiability numbers and a figure, under a monitor run whose metrics chart the prior over
-   time; and ends in a Prefect state named for the verdict -- ``Shifted``, ``No shift``, ``Untrustworthy`` or
-   ``No new data`` -- with a markdown artifact that says it at a glance.
+7. then, as bookkeeping that cannot fail the run any more: brings the series of the monitor run (whose metrics
+   chart the prior over time, one point per successful run) up to date from the watermark's history, ends the
+   child run FINISHED, and ends in a Prefect state named for the verdict -- ``Shifted``, ``No shift``,
+   ``Untrustworthy`` or ``No new data`` -- with a markdown artifact that says it at a glance.
 
 Run it once with ``labelshift estimate --model models:/NAME@ALIAS --target s3://bucket/prefix/``; schedule it
 with ``labelshift serve --cron "0 6 * * *"`` or the ``reestimate`` deployment of ``prefect.yaml``.

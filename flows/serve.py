@@ -34,8 +34,9 @@ For the operator, step by step:
 
 Runs execute here (``--limit`` at a time) in subprocesses that inherit this process's environment, so they log to
 the MLflow tracking URI and object store resolved here (``--tracking-uri``, ``--store``, else MLFLOW_TRACKING_URI
-and LABELSHIFT_STORE, else the embedded defaults under ``--home``), and ``LABELSHIFT_DASK_ADDRESS`` moves their
-estimation tasks to a Dask cluster. For work pools and many workers use the ``prefect.yaml`` at the repository
+and LABELSHIFT_STORE, else the embedded defaults under ``--home``), and ``LABELSHIFT_DASK_ADDRESS`` moves the
+estimation tasks of ``reproduce`` runs to a Dask cluster (``reestimate`` has one estimation per run and runs it in
+the flow's process). For work pools and many workers use the ``prefect.yaml`` at the repository
 root instead (infra/README.md).
 """
 from __future__ import annotations

@@ -112,7 +112,12 @@ class ModelBundle:
 
     @property
     def source_prior(self) -> np.ndarray:
-        return np.bincount(self.source_labels, minlength=self.n_classes) / len(self.source_labels)
+        """p_s(y) for MLLS: the mean calibrated prediction on the source holdout, the prior the calibrated predictor
+        is consistent with (DESIGN "numerics"). For calibrators with class biases fit by NLL (BCTS, VS) it equals
+        the holdout's label frequencies (the bias score equations); for TS and NBVS it can differ from them, and
+        the label frequencies would put W and the EM ratio at odds with f."""
+        prior = self.source_probs.mean(axis=0)
+        return prior / prior.sum()
 
     def describe(self) -> dict:
         return {"uri": self.uri, "name": self.name, "version": self.version, "alias": self.alias,
@@ -262,19 +267,22 @@ def score_batches(bundle: ModelBundle, target_uri: str, batches: list[TargetBatc
         -> list[np.ndarray]:
     """Calibrated probabilities f(x) of every row of every batch, batch by batch.
 
-    Every batch is read and checked against the model's input signature before the first one is scored, so a bad
-    batch fails the run before any output is written.
+    Each batch is read, checked against the model's input signature and scored before the next is read, so only one
+    batch of inputs is in memory (plus the (n, k) probabilities of each); nothing is written here, so a bad batch
+    anywhere still fails the run before any output exists.
     """
     from prefect.logging import get_run_logger
 
     logger = get_run_logger()
     store = open_store(target_uri)
-    arrays = [load_batch(store, b, input_shape=bundle.input_shape) for b in batches]
     probs, t0 = [], time.perf_counter()
-    for i, (b, x) in enumerate(zip(batches, arrays)):
+    for i, b in enumerate(batches):
+        x = load_batch(store, b, input_shape=bundle.input_shape)
         logits = _forward(bundle.model, x, batch_size)
+        rows = len(x)
+        del x
         probs.append(bundle.calibrator.predict_proba(logits))
-        logger.info("scored %s (%d of %d): %d rows, %.1f s so far", b.key, i + 1, len(batches), len(x),
+        logger.info("scored %s (%d of %d): %d rows, %.1f s so far", b.key, i + 1, len(batches), rows,
                     time.perf_counter() - t0)
     return probs
 
@@ -318,7 +326,8 @@ def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: s
         main = fits[estimator].estimate(pooled)
         mlls = fits["MLLS"].estimate(pooled) if estimator != "MLLS" else main
         checks = {}
-        for method in cross_check:
+        # with a BBSE estimator, MLLS (the basis of the identifiability report) is always shown beside it
+        for method in dict.fromkeys([*cross_check, *(["MLLS"] if estimator != "MLLS" else [])]):
             if method == estimator:
                 continue
             fit = fits[method]

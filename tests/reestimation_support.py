@@ -57,7 +57,16 @@ def register_model(tracking_uri: str, name: str, *, alias: str = "production", n
     client = MlflowClient(tracking_uri=tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    if exp is None:
+        # a SQLite store keeps the artifacts beside its database (not in ./mlruns of the working folder)
+        location = None
+        if tracking_uri.startswith("sqlite:///"):
+            from pathlib import Path
+
+            location = (Path(tracking_uri[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+        exp_id = client.create_experiment(experiment, artifact_location=location)
+    else:
+        exp_id = exp.experiment_id
     run_id = client.create_run(exp_id, run_name=f"train-{name}").info.run_id
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pytorch.log_model(net, name="model", registered_model_name=name, input_example=x[:8],

@@ -136,9 +136,11 @@ def test_deployment_processes_new_batches_once_writes_outputs_and_logs_the_drift
         expected = correct_predictions(cal.predict_proba(bayes_logits(x.astype(np.float64))), w)
         # float32 storage and float32 forward pass: agreement to ~1e-5
         np.testing.assert_allclose(corrected, expected, atol=1e-4)
-        # the corrected predictions are more accurate on the shifted target than the source-calibrated ones
+        # the corrected predictions are more accurate on the shifted target than the source-calibrated ones: the
+        # Bayes rule of the target prior gains 1.9 points here in the population (91.7% -> 93.6%, measured on 2e5
+        # draws); on 2500 rows the gain of the same rows has sd ~ sqrt(0.02 / 2500) = 0.3 points: > 0.5 is 4.7 sd
         y = truth["day-1"][1]
-        assert (corrected.argmax(1) == y).mean() > (bayes_logits(x).argmax(1) == y).mean()
+        assert (corrected.argmax(1) == y).mean() > (bayes_logits(x).argmax(1) == y).mean() + 0.005
 
         # MLflow: one finished child run with the prior per class at step 1, the interval, the p-value, a figure
         target_url = summary["target"]
@@ -146,13 +148,18 @@ def test_deployment_processes_new_batches_once_writes_outputs_and_logs_the_drift
         assert child.info.status == "FINISHED"
         m = child.data.metrics
         assert m["no_shift_p_value"] < 0.05 and m["shifted"] == 1.0
+        ci = summary["result"]["interval"]
         for c in range(K):
             assert m[f"prior_lower/{c}"] <= m[f"prior/{c}"] <= m[f"prior_upper/{c}"]
+            # the metrics are the numbers of the summary written beside the batches
+            assert (m[f"prior/{c}"], m[f"prior_lower/{c}"], m[f"prior_upper/{c}"]) == pytest.approx(
+                (summary["result"]["target_prior"][c], ci["lower"][c], ci["upper"][c]), rel=1e-12)
         assert sum(m[f"prior/{c}"] for c in range(K)) == pytest.approx(1.0, abs=1e-9)
         artifacts = [a.path for a in client.list_artifacts(child.info.run_id, "figures")]
         assert "figures/target_prior.png" in artifacts
         (monitor,) = _runs(registry["tracking_uri"], "monitor", target_url)
-        assert [p.step for p in client.get_metric_history(monitor.info.run_id, "prior/2")] == [1]
+        (point,) = client.get_metric_history(monitor.info.run_id, "prior/2")
+        assert point.step == 1 and point.value == pytest.approx(m["prior/2"], abs=1e-6)   # rounded in the history
 
         # a third batch later is the only one processed next time
         x3, _ = draw(SHIFTED_PRIOR, 2000, rng)
