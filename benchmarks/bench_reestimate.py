@@ -150,7 +150,9 @@ def statistics_case(problem: GaussianClasses, S, ys, prior, m: int, seed: int, *
         "fit": (f"of which `MLLS().fit(source)` (n = {len(ys)} labelled rows)", lambda: MLLS().fit(S, ys)),
         "estimate": ("of which `.estimate(P)` on a fitted MLLS", lambda: fitted.estimate(P)),
         "fisher": ("`fisher_interval(P, w, p_s)`", lambda: fisher_interval(P, w, p)),
-        "test": ("`no_shift_test(P, w, p_s)`", lambda: no_shift_test(P, w, p)),
+        "test": ("`no_shift_test(P, w, p_s, source_probs=S)` (two-sample, as the flow)",
+                 lambda: no_shift_test(P, w, p, source_probs=S)),
+        "lr": ("`no_shift_test(P, w, p_s)` (likelihood ratio, p_s known)", lambda: no_shift_test(P, w, p)),
         "ident": ("`identifiability(P, w, p_s, confusion=C, n_source=n, interval=ci)`",
                   lambda: identifiability(P, w, p, confusion=confusion, n_source=n_source, interval=ci)),
     }
@@ -469,7 +471,7 @@ def build_report(args, stats, pinned_stats, flow, command: str, elapsed: float) 
                   f"{args.accuracy:.3f}), MLLS fit on n = {args.n_source} labelled source rows; target prior a "
                   "Dirichlet(1) draw. Seconds per call, and in parentheses the ratio to the baseline at the same m."
                   + flag_note(stats), ""]
-        lines += statistics_table(stats, ["base", "fit", "estimate", "fisher", "test", "ident", "boot"])
+        lines += statistics_table(stats, ["base", "fit", "estimate", "fisher", "test", "lr", "ident", "boot"])
         if pinned_stats:
             pm = list(pinned_stats)
             pins = ", ".join(f"{pinned_stats[m]['pinned']} at m = {m}" for m in pm)
