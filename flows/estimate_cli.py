@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 import time
@@ -39,11 +40,13 @@ def register(sub) -> None:
                "Exit status: 0 done, 1 the run failed (the watermark did not move), 2 bad options.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p, top=False)
-    p.add_argument("--model", required=True, metavar="URI",
+    p.add_argument("--model", metavar="URI",
                    help="registered model: models:/NAME@ALIAS or models:/NAME/VERSION; its run holds the calibrator "
-                        "and the source holdout (models registered by `labelshift reproduce` do)")
+                        "and the source holdout (models registered by `labelshift reproduce` do) (default: "
+                        "$LABELSHIFT_MODEL, else models:/labelshift-mnist-5k@latest-good)")
     p.add_argument("--target", metavar="URI",
-                   help="where the new data is: s3://bucket/prefix/ or a folder (default: <store>/target)")
+                   help="where the new data is: s3://bucket/prefix/ or a folder (default: $LABELSHIFT_TARGET, else "
+                        "<store>/target)")
     p.add_argument("--calibrator", default="BCTS", help="calibrator logged beside the model (default: BCTS)")
     p.add_argument("--estimator", default="MLLS", choices=["MLLS", "BBSE-soft", "BBSE-hard"],
                    help="estimator of the target prior (default: MLLS)")
@@ -128,9 +131,10 @@ def _cmd_estimate(args) -> int:
     env = _setup(args, store_uri=args.store, tracking_uri=args.tracking_uri, experiment_name=args.experiment_name)
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    from flows.reestimate import reestimate, target_uri_for
+    from flows.reestimate import DEFAULT_MODEL, reestimate, target_uri_for
 
-    target = target_uri_for(args.target, env.store_uri)
+    args.model = args.model or os.environ.get("LABELSHIFT_MODEL") or DEFAULT_MODEL
+    target = target_uri_for(args.target or os.environ.get("LABELSHIFT_TARGET"), env.store_uri)
     print(f"{PROG} estimate: {args.model} on {target}"
           + ("" if env.prefect_api_url else " (starting a temporary Prefect server, 10-30 s)"), file=sys.stderr)
     t0 = time.perf_counter()
@@ -179,7 +183,7 @@ def register_simulate(dsub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p, top=False)
     p.add_argument("name", choices=["mnist-5k", "digits", "mnist", "cifar10"], help="dataset")
-    p.add_argument("--to", metavar="URI", help="target location (default: <store>/target)")
+    p.add_argument("--to", metavar="URI", help="target location (default: $LABELSHIFT_TARGET, else <store>/target)")
     p.add_argument("--store", metavar="URI", help="object store holding datasets/<name> (default: as reproduce)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--prior", type=_csv(float), metavar="LIST", help="the target label distribution, k values")
@@ -221,7 +225,7 @@ def _cmd_simulate(args) -> int:
     xs, ys, prior = simulate_target_batches(ds.test.x, ds.test.y, ds.n_classes, rows=args.rows,
                                             n_batches=args.batches, target_prior=args.prior, alpha=alpha,
                                             seed=args.seed)
-    target = open_store(target_uri_for(args.to, env.store_uri))
+    target = open_store(target_uri_for(args.to or os.environ.get("LABELSHIFT_TARGET"), env.store_uri))
     name = args.prefix or f"sim-{args.seed}"
     for i, x in enumerate(xs):
         target.put_array(f"{name}-{i}.npy", x)
