@@ -313,7 +313,7 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
                    "run_id": runs["run_id"], "monitor_run_id": runs["monitor_run_id"], "ui": ui},
         "prefect_flow_run_id": None, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    record = history_record(result, runs["run_id"])
+    record = history_record(result, runs["run_id"], bundle.name)
     figure = render_figure(result, [*watermark.history, dict(record, sequence=sequence)], result["interval"]["level"],
                            f"{bundle.name} v{bundle.version}: target prior, run {sequence}")
     lap("figure (matplotlib PNG)")
@@ -323,7 +323,7 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     lap("write corrected predictions + summaries")
     committed = commit_watermark(store, watermark, batches, record)
     lap("commit watermark")
-    sync_monitor(env.tracking_uri, runs["monitor_run_id"], committed.history)
+    sync_monitor(env.tracking_uri, runs["monitor_run_id"], committed.history, bundle.name)
     end_run(env.tracking_uri, runs["run_id"], "FINISHED")
     lap("MLflow: monitor point + end run")
     return steps, summary

@@ -40,7 +40,7 @@ from pydantic import Field
 
 from flows import settings as settings_mod
 from labelshift.errors import InputError
-from labelshift.monitoring import commit_watermark, find_new_batches
+from labelshift.monitoring import commit_watermark, find_new_batches, read_watermark
 from labelshift.storage import open_store
 from tasks.reestimation import (end_run, estimate_shift, history_record, load_model_task, log_reestimation,
                                 render_figure, score_batches, start_reestimation_run, sync_monitor, verdict,
@@ -162,6 +162,23 @@ def _headline(word: str, res: dict) -> str:
     return f"No significant shift (p {format_p(test['p_value'])}); total variation {res['total_variation']:.3f}."
 
 
+def _commit(store, watermark, batches, record, mlflow_run_id):
+    """Move the watermark. If the commit raises after its write landed (e.g. the store failed while it read the
+    watermark back), the batches are counted all the same: then the watermark's last entry is this run's, and the run
+    goes on as committed instead of failing with its batches counted."""
+    try:
+        return commit_watermark(store, watermark, batches, record)
+    except Exception:
+        try:
+            current = read_watermark(store)
+        except Exception:
+            current = None
+        if current is not None and current.history and \
+                current.history[-1].get("mlflow_run_id") == mlflow_run_id:
+            return current
+        raise
+
+
 @flow(name="reestimate", log_prints=False)
 def reestimate(
     model: ModelParam = DEFAULT_MODEL,
@@ -228,7 +245,7 @@ def reestimate(
                                   target_url=store.uri, run_name=f"reestimate-{sequence}",
                                   params=params, tags=tags)
     try:
-        # 3. calibrated probabilities of every new row (every batch checked before the first is scored)
+        # 3. calibrated probabilities of every new row, batch by batch (nothing is written until all are read)
         probs = score_batches(bundle, target_uri, batches, batch_size=batch_size)
         # 4. the estimate, its uncertainty and identifiability
         result = estimate_shift(bundle, probs, estimator=estimator, cross_check=list(cross_check),
@@ -244,14 +261,14 @@ def reestimate(
                        "run_id": runs["run_id"], "monitor_run_id": runs["monitor_run_id"], "ui": ui},
             "prefect_flow_run_id": flow_run_id, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        record = history_record(result, runs["run_id"])
+        record = history_record(result, runs["run_id"], bundle.name)
         figure = render_figure(result, [*watermark.history, dict(record, sequence=sequence)],
                                result["interval"]["level"],
                                f"{bundle.name} v{bundle.version}: target prior, run {sequence}")
         log_reestimation(env.tracking_uri, runs, result, summary, figure, step=sequence)
         # 5. outputs beside each batch, atomically; then -- only then -- the watermark
         summary["outputs"] = write_outputs(target_uri, batches, probs, result["weights"], summary)
-        committed = commit_watermark(store, watermark, batches, record)
+        committed = _commit(store, watermark, batches, record, runs["run_id"])
     except BaseException as exc:
         # cancelled (Prefect's termination signal, Ctrl-C) or failed: the watermark did not move
         status = "FAILED" if isinstance(exc, Exception) else "KILLED"
@@ -266,10 +283,10 @@ def reestimate(
     #    the watermark's history, so a point missed here is added by the next run.
     summary["warnings"] = []
     try:
-        sync_monitor(env.tracking_uri, runs["monitor_run_id"], committed.history)
+        sync_monitor(env.tracking_uri, runs["monitor_run_id"], committed.history, bundle.name)
     except Exception as exc:
         summary["warnings"].append(f"the monitor run's series was not updated ({type(exc).__name__}: {exc}); the "
-                                   "next run adds the missing point")
+                                   "next run with new data adds the missing point")
     try:
         end_run(env.tracking_uri, runs["run_id"], "FINISHED")
     except Exception as exc:
@@ -282,7 +299,11 @@ def reestimate(
     links = {"MLflow run": ui or f"run {runs['run_id']} in experiment '{env.experiment_name}'",
              "watermark": store.url("_labelshift/watermark.json")}
     summary["links"] = links
-    create_markdown_artifact(markdown=summary_markdown(summary), key="reestimate",
-                             description=f"re-estimation verdict: {word}")
+    try:
+        create_markdown_artifact(markdown=summary_markdown(summary), key="reestimate",
+                                 description=f"re-estimation verdict: {word}")
+    except Exception as exc:
+        summary["warnings"].append(f"the Prefect artifact was not created ({type(exc).__name__}: {exc})")
+        logger.warning(summary["warnings"][-1])
     logger.info("%s -- %s", word, summary["headline"])
     return Completed(name=word, message=summary["headline"], data=summary)

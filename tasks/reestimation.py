@@ -479,23 +479,38 @@ def _log_bytes(client: MlflowClient, run_id: str, data: bytes, folder: str, name
         client.log_artifact(run_id, str(path), folder)
 
 
-def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict]) -> list[int]:
-    """Give the monitor run one point per successful re-estimation (``step`` = its sequence): every history entry
-    of the watermark whose sequence is not in the series yet is logged (the run that just committed, and any whose
-    own logging failed after its commit). Returns the sequences added."""
-    client = MlflowClient(tracking_uri=tracking_uri)
-    have = {p.step for p in client.get_metric_history(monitor_run_id, "prior/0")}
-    added, metrics = [], []
-    for entry in history:
-        seq = entry.get("sequence")
-        if seq is None or seq in have or "target_prior" not in entry:
-            continue
-        when = entry.get("time")
-        try:
-            from datetime import datetime
+#: tag set on a re-estimation's child run once its point is in the monitor run's series
+SYNCED_TAG = "labelshift.monitor_synced"
+#: how many of the most recent history entries a run checks for points the monitor run is missing
+SYNC_LOOKBACK = 30
 
-            stamp = int(datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp() * 1000)
-        except Exception:
+
+def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], model_name: str) -> list[int]:
+    """Give the monitor run of (``model_name``, target) one point per successful re-estimation of that model
+    (``step`` = the run sequence, the time of the run as timestamp).
+
+    The watermark's history is per target, so entries of other models are skipped. An entry's point is logged when
+    its child run (``mlflow_run_id``) does not carry :data:`SYNCED_TAG` yet -- the run that just committed, and any
+    of the last :data:`SYNC_LOOKBACK` whose own logging failed after their commit -- and the tag is set after it.
+    (A watermark deleted to start over restarts the sequence at 1; its points then repeat earlier steps, at later
+    timestamps.) Returns the sequences added.
+    """
+    from datetime import datetime
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    added = []
+    for entry in history[-SYNC_LOOKBACK:]:
+        seq, child = entry.get("sequence"), entry.get("mlflow_run_id")
+        if seq is None or not child or entry.get("model") != model_name or "target_prior" not in entry:
+            continue
+        try:
+            if client.get_run(child).data.tags.get(SYNCED_TAG) == "true":
+                continue
+        except Exception:       # the child run was deleted: its point is still the history's
+            pass
+        try:
+            stamp = int(datetime.fromisoformat(str(entry.get("time")).replace("Z", "+00:00")).timestamp() * 1000)
+        except ValueError:
             stamp = int(time.time() * 1000)
         values = {}
         for c in range(len(entry["target_prior"])):
@@ -510,11 +525,15 @@ def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict]) ->
         for key in ("shifted", "trustworthy"):
             if key in entry:
                 values[key] = float(bool(entry[key]))
-        metrics += [Metric(k, float(v), stamp, int(seq)) for k, v in values.items()
-                    if v is not None and math.isfinite(float(v))]
+        metrics = [Metric(k, float(v), stamp, int(seq)) for k, v in values.items()
+                   if v is not None and math.isfinite(float(v))]
+        for i in range(0, len(metrics), 1000):
+            client.log_batch(monitor_run_id, metrics=metrics[i:i + 1000])
+        try:
+            client.set_tag(child, SYNCED_TAG, "true")
+        except Exception:
+            pass
         added.append(int(seq))
-    for i in range(0, len(metrics), 1000):
-        client.log_batch(monitor_run_id, metrics=metrics[i:i + 1000])
     return added
 
 
@@ -535,11 +554,11 @@ def render_figure(result: dict, history: list[dict], level: float, title: str) -
                                           level=level, title=title, history=past or None))
 
 
-def history_record(result: dict, run_id: str | None) -> dict:
+def history_record(result: dict, run_id: str | None, model_name: str | None = None) -> dict:
     """The watermark's record of one successful re-estimation (small: one is kept per run). The watermark adds
     ``sequence``, ``time``, ``run_id`` and ``batches`` itself (:func:`labelshift.monitoring.commit_watermark`)."""
     ci = result["interval"]
-    return {"n_target": result["n_target"],
+    return {"model": model_name, "n_target": result["n_target"],
             "target_prior": [round(v, 6) for v in result["target_prior"]],
             "lower": [round(v, 6) for v in ci["lower"]], "upper": [round(v, 6) for v in ci["upper"]],
             "p_value": result["no_shift_test"]["p_value"], "shifted": result["shifted"],

@@ -53,3 +53,34 @@ def test_metrics_and_verdicts():
     assert verdict(_result()) == "Shifted"
     assert verdict(_result(shifted=False)) == "No shift"
     assert verdict(_result(trustworthy=False)) == "Untrustworthy"      # untrustworthy wins over the test
+
+
+def test_sync_monitor_logs_each_run_of_its_model_once_and_survives_a_watermark_reset(mlflow_sqlite, tmp_path):
+    """The monitor run of (model, target) gets one point per successful run of that model: entries of another model
+    on the same target are skipped, an entry already synced is not logged twice, a missed one is added later, and
+    after the watermark was deleted (sequences restart at 1) the new runs still get their points."""
+    from mlflow import MlflowClient
+
+    from tasks.reestimation import SYNCED_TAG, sync_monitor
+
+    uri = mlflow_sqlite(tmp_path)
+    client = MlflowClient(uri)
+    exp = client.create_experiment("sync", artifact_location=(tmp_path / "art").as_uri())
+    monitor = client.create_run(exp).info.run_id
+
+    def entry(seq, model, prior0):
+        child = client.create_run(exp).info.run_id
+        return {"sequence": seq, "time": f"2026-11-2{seq}T06:00:00.000+00:00", "model": model, "mlflow_run_id": child,
+                "target_prior": [prior0, 1 - prior0], "lower": [0.0, 0.0], "upper": [1.0, 1.0], "p_value": 0.5,
+                "shifted": False, "trustworthy": True, "n_target": 10}
+
+    history = [entry(1, "A", 0.1), entry(2, "B", 0.2), entry(3, "A", 0.3)]
+    assert sync_monitor(uri, monitor, history[:1], "A") == [1]
+    assert sync_monitor(uri, monitor, history, "A") == [3]          # 1 already synced, 2 is model B's
+    assert sync_monitor(uri, monitor, history, "A") == []
+    assert client.get_run(history[2]["mlflow_run_id"]).data.tags[SYNCED_TAG] == "true"
+    points = sorted((p.step, p.value) for p in client.get_metric_history(monitor, "prior/0"))
+    assert points == [(1, 0.1), (3, 0.3)]
+    reset = [entry(1, "A", 0.7)]                                    # the watermark was deleted and started over
+    assert sync_monitor(uri, monitor, reset, "A") == [1]
+    assert sorted(p.value for p in client.get_metric_history(monitor, "prior/0")) == [0.1, 0.3, 0.7]
