@@ -286,6 +286,10 @@ def serve_deployments(env: Settings, *, name: str = "reproduce", reestimate_name
         serve(*deployments, limit=limit)
     except KeyboardInterrupt:
         pass
+    except SystemExit as exc:             # SIGTERM handled as a clean stop (exit 0), or an explicit exit status
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if server is None:
+            raise
     except BaseException as exc:
         status = 1
         if server is None:
