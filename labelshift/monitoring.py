@@ -88,14 +88,13 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from ._validation import check_probabilities
 from .errors import FormatError, InputError, ObjectNotFoundError, StorageError
-from .storage import LocalStore, ObjectInfo, Store, validate_key
+from .storage import LocalStore, ObjectInfo, Store, json_default, validate_key
 
 __all__ = [
     "STATE_PREFIX", "WATERMARK_KEY", "BATCH_SUFFIX", "CORRECTED_SUFFIX", "SUMMARY_SUFFIX",
@@ -611,19 +610,9 @@ def load_batch(store: Store, batch: TargetBatch, *, input_shape: Sequence[int] |
 
 
 # -- writing outputs -------------------------------------------------------------------------------------------------
-def _json_value(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"object of type {type(value).__name__} is not JSON serialisable")
-
-
 def _encode(obj: Any, what: str) -> bytes:
     try:
-        return json.dumps(obj, indent=2, default=_json_value).encode("utf-8")
+        return json.dumps(obj, indent=2, default=json_default).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InputError(f"{what} cannot be written as JSON ({exc}); pass numbers, strings, lists and dicts.") \
             from None

@@ -69,7 +69,7 @@ from .errors import (
     StorageError,
 )
 
-__all__ = ["Store", "LocalStore", "S3Store", "ObjectInfo", "RetryPolicy", "open_store", "validate_key"]
+__all__ = ["Store", "LocalStore", "S3Store", "ObjectInfo", "RetryPolicy", "open_store", "validate_key", "json_default"]
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
     """Let numpy scalars and arrays (common in results) go into JSON as plain numbers and lists."""
     if isinstance(value, np.generic):
         return value.item()
@@ -235,7 +235,7 @@ class Store:
     def put_json(self, key: str, obj: Any) -> str:
         """Write ``obj`` as indented UTF-8 JSON (numpy scalars and arrays become numbers and lists)."""
         try:
-            text = json.dumps(obj, indent=2, default=_json_default)
+            text = json.dumps(obj, indent=2, default=json_default)
         except (TypeError, ValueError) as exc:
             raise InputError(f"cannot write {self.url(key)} as JSON: {exc}.") from None
         return self.put_bytes(key, text.encode("utf-8"), content_type="application/json")

@@ -42,7 +42,7 @@ from labelshift.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
 from labelshift import solvers
 from labelshift.estimators import BBSE, MLLS
-from labelshift.monitoring import TargetBatch, Watermark, load_batch, write_batch_outputs
+from labelshift.monitoring import TargetBatch, load_batch, write_batch_outputs
 from labelshift.plots import figure_png, plot_prior_estimate
 from labelshift.storage import open_store
 from labelshift.uncertainty import bootstrap_interval, fisher_interval, identifiability, no_shift_test
@@ -334,7 +334,7 @@ def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: s
             if isinstance(fit, Exception):
                 checks[method] = {"error": str(fit)}
                 continue
-            other = fit.estimate(pooled)
+            other = mlls if method == "MLLS" else fit.estimate(pooled)
             checks[method] = {"target_prior": other.target_prior.tolist(), "weights": other.weights.tolist()}
     if interval == "bootstrap":
         ci = bootstrap_interval(pooled, source_prior, estimator=fits[estimator], level=level,
@@ -497,17 +497,24 @@ def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], mo
     """
     from datetime import datetime
 
+    from mlflow.entities import ViewType
+
     client = MlflowClient(tracking_uri=tracking_uri)
+    entries = [e for e in history[-SYNC_LOOKBACK:] if e.get("sequence") is not None and e.get("mlflow_run_id")
+               and e.get("model") == model_name and "target_prior" in e]
+    if not entries:
+        return []
+    # which of their child runs already gave their point: one search (deleted child runs included)
+    ids = ", ".join(f"'{e['mlflow_run_id']}'" for e in entries)
+    experiment_id = client.get_run(monitor_run_id).info.experiment_id
+    synced = {r.info.run_id for r in client.search_runs(
+        [experiment_id], filter_string=f"attributes.run_id IN ({ids}) and tags.`{SYNCED_TAG}` = 'true'",
+        run_view_type=ViewType.ALL, max_results=len(entries))}
     added = []
-    for entry in history[-SYNC_LOOKBACK:]:
-        seq, child = entry.get("sequence"), entry.get("mlflow_run_id")
-        if seq is None or not child or entry.get("model") != model_name or "target_prior" not in entry:
+    for entry in entries:
+        seq, child = entry["sequence"], entry["mlflow_run_id"]
+        if child in synced:
             continue
-        try:
-            if client.get_run(child).data.tags.get(SYNCED_TAG) == "true":
-                continue
-        except Exception:       # the child run was deleted: its point is still the history's
-            pass
         try:
             stamp = int(datetime.fromisoformat(str(entry.get("time")).replace("Z", "+00:00")).timestamp() * 1000)
         except ValueError:
@@ -564,7 +571,3 @@ def history_record(result: dict, run_id: str | None, model_name: str | None = No
             "p_value": result["no_shift_test"]["p_value"], "shifted": result["shifted"],
             "total_variation": round(result["total_variation"], 6),
             "trustworthy": result["trustworthy"], "mlflow_run_id": run_id}
-
-
-def watermark_history(watermark: Watermark) -> list[dict]:
-    return list(watermark.history or [])

@@ -15,15 +15,6 @@ from flows.cli import build_parser, main
 from flows.params import ReproduceParameters
 
 
-@pytest.fixture
-def clean_environ():
-    """The CLI exports its settings into os.environ; put the environment back afterwards."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-
-
 def test_help_lists_every_parameter(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["reproduce", "--help"])
@@ -82,8 +73,7 @@ def test_where_prints_resolved_locations(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.integration
-def test_failed_sweep_exits_1_with_the_cause(prefect_server, mlflow_sqlite, tmp_path, monkeypatch, capsys,
-                                             clean_environ):
+def test_failed_sweep_exits_1_with_the_cause(prefect_server, mlflow_sqlite, tmp_path, monkeypatch, capsys):
     from labelshift.experiments import gaussian
 
     def broken(*args, **kwargs):
@@ -147,7 +137,7 @@ def test_settings_precedence(tmp_path):
     (["--tracking-uri", "http://127.0.0.1:9"], "MLflow tracking server at http://127.0.0.1:9 is not reachable"),
     (["--store", "ftp://host/x"], "unsupported scheme 'ftp'"),
 ])
-def test_unreachable_or_malformed_services_fail_fast(prefect_server, tmp_path, capsys, clean_environ, option,
+def test_unreachable_or_malformed_services_fail_fast(prefect_server, tmp_path, capsys, option,
                                                      expected):
     """Mistakes in where results go fail the run before any estimation, with a message that says what to fix."""
     code = main(["reproduce", "--quick", "--experiments", "bins", "--home", str(tmp_path), *option])

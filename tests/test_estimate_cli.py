@@ -2,22 +2,12 @@
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
 
 from flows.cli import main
 from tests.reestimation_support import SHIFTED_PRIOR, SOURCE_PRIOR, draw, register_model
-
-
-@pytest.fixture
-def clean_environ():
-    """The CLI exports its settings into os.environ; put the environment back afterwards."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +35,12 @@ def test_help_explains_the_options(capsys):
     (["--significance", "0"], "--significance must be in (0, 0.5)"),
     (["--estimator", "BBSE-hard"], "with --estimator BBSE-hard use --interval bootstrap"),
 ])
-def test_bad_options_exit_2(argv, expected, capsys, tmp_path, clean_environ):
+def test_bad_options_exit_2(argv, expected, capsys, tmp_path):
     assert main(["estimate", "--home", str(tmp_path), "--model", "models:/x@y", *argv]) == 2
     assert expected in capsys.readouterr().err
 
 
-def test_estimate_prints_the_table_and_check_exit_codes(prefect_server, sqlite_model, tmp_path, capsys,
-                                                        clean_environ):
+def test_estimate_prints_the_table_and_check_exit_codes(prefect_server, sqlite_model, tmp_path, capsys):
     rng = np.random.default_rng(3)
     target = tmp_path / "incoming"
     target.mkdir()
@@ -91,8 +80,7 @@ def test_estimate_prints_the_table_and_check_exit_codes(prefect_server, sqlite_m
     assert watermark["sequence"] == 3 and watermark["history"][-1]["trustworthy"] is False
 
 
-def test_estimate_failure_exits_1_and_says_nothing_was_written(prefect_server, sqlite_model, tmp_path, capsys,
-                                                                clean_environ):
+def test_estimate_failure_exits_1_and_says_nothing_was_written(prefect_server, sqlite_model, tmp_path, capsys):
     target = tmp_path / "incoming"
     target.mkdir()
     np.save(target / "bad.npy", np.zeros((10, 5), np.float32))
@@ -104,7 +92,7 @@ def test_estimate_failure_exits_1_and_says_nothing_was_written(prefect_server, s
     assert sorted(p.name for p in target.iterdir()) == ["bad.npy"]
 
 
-def test_simulate_target_writes_shifted_batches_with_their_truth(tmp_path, capsys, clean_environ):
+def test_simulate_target_writes_shifted_batches_with_their_truth(tmp_path, capsys):
     store = tmp_path / "store"
     code = main(["data", "simulate-target", "digits", "--home", str(tmp_path / "home"), "--store", str(store),
                  "--prior", "0.5,0.5,0,0,0,0,0,0,0,0", "--batches", "2", "--rows", "400", "--seed", "4"])
@@ -124,7 +112,7 @@ def test_simulate_target_writes_shifted_batches_with_their_truth(tmp_path, capsy
 
 
 def test_a_changed_batch_fails_the_run_unless_reprocessing_is_asked_for(prefect_server, sqlite_model, tmp_path,
-                                                                        capsys, clean_environ):
+                                                                        capsys):
     rng = np.random.default_rng(9)
     target = tmp_path / "incoming"
     target.mkdir()
