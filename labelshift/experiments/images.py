@@ -35,7 +35,7 @@ import numpy as np
 from ..diagnostics import true_weights
 from ..errors import IllConditionedError, InputError
 from ..shift import class_indices, dirichlet_prior, sample_target
-from .sweep import METHOD_NAMES, SettingResult, SweepResult, aggregate, check_seeds, estimate_all, score, \
+from .sweep import METHOD_NAMES, check_methods, SettingResult, SweepResult, aggregate, check_seeds, estimate_all, score, \
     seed_generator, stable_key
 
 __all__ = ["METHODS", "IMAGE_METHOD_NAMES", "DEFAULT_ALPHAS", "DEFAULT_SIZES", "Setting", "Pools",
@@ -141,16 +141,9 @@ class Pools:
 
 
 def check_image_methods(methods) -> list[str]:
-    methods = [methods] if isinstance(methods, str) else list(methods)
-    if not methods:
-        raise InputError(f"methods is empty; choose from {', '.join(IMAGE_METHOD_NAMES)}.")
-    bad = [m for m in methods if m not in IMAGE_METHOD_NAMES]
-    if bad:
-        raise InputError(f"unknown method(s) {bad}; choose from {', '.join(IMAGE_METHOD_NAMES)}.")
+    methods = check_methods(methods, allowed=IMAGE_METHOD_NAMES)
     if "MLLS-binned" in methods:
         raise InputError("'MLLS-binned' is not part of the image sweeps.")
-    if len(set(methods)) != len(methods):
-        raise InputError(f"methods has duplicates: {methods}.")
     return methods
 
 

@@ -26,65 +26,14 @@ import numpy as np
 
 from ..diagnostics import weight_mse
 from ..errors import IllConditionedWarning, InputError
+from ..registry import HESSIAN_METHODS, METHOD_NAMES, RLLS_EXPERIMENT_RHO_SCALE, check_methods, make_estimator
 
 __all__ = ["METHOD_NAMES", "HESSIAN_METHODS", "make_estimator", "stable_key", "seed_generator",
            "source_generator", "check_seeds", "check_methods", "estimate_all", "score", "SettingResult", "SweepResult",
            "aggregate"]
 
-#: every method name the runner understands (the paper's names; "RLLS" is RLLS on the hard confusion matrix)
-METHOD_NAMES = ("BBSE-hard", "BBSE-soft", "RLLS", "RLLS-soft", "MLLS-CM", "MLLS", "MLLS-binned", "PCC")
-#: methods whose diagnostic is the minimum eigenvalue of the negated MLLS Hessian (Section 5)
-HESSIAN_METHODS = frozenset({"MLLS", "MLLS-CM", "MLLS-binned"})
-
 #: spawn key of the source stream, so it never coincides with a seed's stream (see :func:`source_generator`)
 _SOURCE_STREAM = (0x50C,)
-
-
-#: RLLS's rho in the experiments: the public RLLS code that Garg et al. ran (Section 6, footnote) scales the
-#: 3 Delta_C of Azizzadenesheli et al. (2019) by 0.01. The unscaled value (the estimator's default) exceeds
-#: sigma_min(C) for k = 10 and n_source ~ 1000 and shrinks every estimate to w = 1 (MSE ~ 4 on mnist-5k at
-#: alpha = 0.1, against ~0.004 for BBSE), which is not the RLLS of the paper's figures.
-RLLS_EXPERIMENT_RHO_SCALE = 0.01
-
-
-def make_estimator(method: str, *, n_bins: int | None = None):
-    """A fresh, unfitted estimator for a method name of :data:`METHOD_NAMES`."""
-    from .. import estimators as E     # imported late: keeps this module importable on its own
-
-    if method == "BBSE-hard":
-        return E.BBSE(soft=False)
-    if method == "BBSE-soft":
-        return E.BBSE(soft=True)
-    if method == "RLLS":
-        return E.RLLS(soft=False, rho_scale=RLLS_EXPERIMENT_RHO_SCALE)
-    if method == "RLLS-soft":
-        return E.RLLS(soft=True, rho_scale=RLLS_EXPERIMENT_RHO_SCALE)
-    if method == "MLLS-CM":
-        return E.MLLSCM()
-    if method == "MLLS":
-        return E.MLLS()
-    if method == "MLLS-binned":
-        if n_bins is None:
-            raise InputError("method 'MLLS-binned' needs a number of bins: use a setting with n_bins set "
-                             "(settings_grid('bins', ...)) or pass n_bins.")
-        return E.MLLSBinned(n_bins=int(n_bins))
-    if method == "PCC":
-        return E.PCC()
-    raise InputError(f"unknown method {method!r}; choose from {', '.join(METHOD_NAMES)}.")
-
-
-def check_methods(methods) -> list[str]:
-    if isinstance(methods, str):
-        methods = [methods]
-    methods = list(methods)
-    if not methods:
-        raise InputError(f"methods is empty; choose from {', '.join(METHOD_NAMES)}.")
-    bad = [m for m in methods if m not in METHOD_NAMES]
-    if bad:
-        raise InputError(f"unknown method(s) {bad}; choose from {', '.join(METHOD_NAMES)}.")
-    if len(set(methods)) != len(methods):
-        raise InputError(f"methods has duplicates: {methods}.")
-    return methods
 
 
 def stable_key(*parts) -> int:
