@@ -213,7 +213,7 @@ def run_shift(name, P, src_probs, y_src, repeats, keep=MAIN):
     weights, iterations, extra = {}, {}, {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")       # IllConditionedWarning on a few severe-shift sets, quapy's notices
-        for i, (label, _, _, fn) in methods.items():        # untimed warm-up of the (cheap) labelshift methods
+        for label, _, _, fn in methods.values():        # untimed warm-up of the (cheap) labelshift methods
             if label.startswith(("labelshift", "solver")):
                 fn()
         for r in range(repeats):

@@ -42,7 +42,6 @@ import gc
 import math
 import os
 import platform
-import re
 import shutil
 import sys
 import tempfile

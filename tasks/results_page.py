@@ -18,7 +18,6 @@ Plain MLflow client calls; no Prefect.
 from __future__ import annotations
 
 import csv
-import io
 import math
 import shutil
 import tempfile
