@@ -663,8 +663,8 @@ class S3Store(Store):
                 f"cannot {what} {target}: no usable S3 credentials were found ({exc}). Set {_CREDENTIAL_VARS}."
             )
         code, status = _client_error_code(exc) if isinstance(exc, ClientError) else ("", 0)
-        if isinstance(exc, (ConnectionError, HTTPClientError, IncompleteReadError)) or status >= 500 or \
-                status == 429 or code in ("RequestTimeout", "SlowDown", "Throttling", "ThrottlingException"):
+        unavailable = status >= 500 or status == 429 or code in ("RequestTimeout", "SlowDown", "Throttling")
+        if unavailable or isinstance(exc, (ConnectionError, HTTPClientError, IncompleteReadError)):
             return ServiceUnavailableError(
                 f"cannot {what} {target}: the S3 endpoint {self._endpoint()} did not answer properly ({exc}; "
                 f"botocore's {self.retry.mode} retries, at most {self.retry.max_attempts} attempts). Check that the "
@@ -756,8 +756,8 @@ class S3Store(Store):
         except StorageError as exc:
             # a Complete retried by botocore after its first answer was lost may hear NoSuchUpload although the
             # first one went through: fine when the key now holds this content
-            if "NoSuchUpload" not in str(getattr(exc.__cause__, "response", {}).get("Error", {}).get("Code")) \
-                    or self._recorded_checksum(key) != digest:
+            code = getattr(exc.__cause__, "response", {}).get("Error", {}).get("Code")
+            if code != "NoSuchUpload" or self._recorded_checksum(key) != digest:
                 raise
         self._bucket_seen = True
 
