@@ -1,43 +1,34 @@
 """Object storage by URI: one interface over S3-compatible buckets and a local folder.
 
 ``open_store(uri)`` takes ``s3://bucket/prefix`` (any S3-compatible server, through boto3), ``file:///abs/path``
-or a plain local path (the embedded default) and returns a :class:`Store`. Keys are ``/``-separated paths relative
-to the store's root; the same key means the same thing on both backends.
+or a plain local path and returns a :class:`Store`. Keys are ``/``-separated paths relative to the store's root;
+the same key means the same thing on both backends.
 
 What every store guarantees
 ---------------------------
 - **Atomic writes.** A reader sees the old object or the complete new one, never a part. Locally the bytes go to a
-  temporary file in the destination folder, are fsync'ed and then renamed over the target (``os.replace``). On S3 a
-  single PutObject is atomic; objects above ``multipart_threshold`` go up as a multipart upload, which becomes
-  visible only on CompleteMultipartUpload and is aborted when anything fails before that.
-- **Checksums recorded with the object.** Each write computes the SHA-256 of the content and records it: on S3 as
-  object metadata (header ``x-amz-meta-sha256``, set in the same request that creates the object); locally in a
-  sidecar file ``<key>.sha256`` next to the data, in ``sha256sum`` format (so ``sha256sum -c`` works in the
-  folder). Reads verify the content against the recorded value and raise :class:`~labelshift.errors.FormatError` on
-  a mismatch. Objects written by other tools carry no recorded checksum; they are read without verification, and
-  :meth:`Store.checksum` computes theirs from the content.
+  temporary file in the destination folder, are fsync'ed and renamed over the target. On S3 a PutObject is atomic;
+  objects above ``multipart_threshold`` go up through boto3's transfer manager as a multipart upload, which becomes
+  visible only when completed and is aborted when anything fails before that.
+- **Checksums recorded with the object.** Each write records the SHA-256 of the content: on S3 as object metadata
+  (``x-amz-meta-sha256``, sent with the request that creates the object); locally in a sidecar ``<key>.sha256`` in
+  ``sha256sum`` format. Reads verify against it and raise :class:`~labelshift.errors.FormatError` on a mismatch.
+  Objects written by other tools carry none: they are read unverified and :meth:`Store.checksum` hashes them.
 - **Cheap listing with fingerprints.** :meth:`Store.list_info` gives each key's size and a version token from the
-  listing itself, without reading any object (on S3 from the same ListObjectsV2 pages as :meth:`Store.list`, one
-  request per 1,000 keys; locally one ``stat`` per file). The token changes whenever the object is rewritten, so a
-  caller that remembered it can tell "unchanged" from "maybe changed" without hashing (see :class:`ObjectInfo`).
+  listing alone (S3: the ListObjectsV2 pages; locally one ``stat`` per file); see :class:`ObjectInfo`.
 - **Safe keys.** Keys with ``..`` or ``.`` segments, a leading ``/``, backslashes, empty segments or NUL bytes are
   refused with :class:`~labelshift.errors.InputError`, as are the reserved ``.sha256`` suffix and the
-  ``.labelshift-tmp-`` prefix of temporary files. This keeps local keys inside the root folder.
+  ``.labelshift-tmp-`` prefix of temporary files.
 - **Clear errors** (:mod:`labelshift.errors`): a missing bucket or key raises ObjectNotFoundError, refused or absent
   credentials CredentialsError, an unreachable endpoint ServiceUnavailableError; each names the URI, the endpoint
   and what to set.
 
-S3 specifics
-------------
-The endpoint comes from boto3's own lookup (AWS_ENDPOINT_URL_S3, then AWS_ENDPOINT_URL, then the AWS config file),
-unless ``endpoint_url=`` is given; credentials from boto3's standard chain (AWS_ACCESS_KEY_ID /
-AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials, instance roles...). Transient failures (connection errors,
-timeouts, HTTP 5xx, throttling) are retried with exponential backoff and jitter under a :class:`RetryPolicy` whose
-total wait is bounded. botocore's own retries are kept to a single attempt so the two do not multiply.
+On S3 the endpoint and credentials come from boto3's own lookup (AWS_ENDPOINT_URL_S3, then AWS_ENDPOINT_URL, then
+the AWS config file; the standard credential chain) unless ``endpoint_url=`` is given. Transient failures are
+retried by botocore under a :class:`RetryPolicy`.
 
-The local sidecar and the data are two files, renamed one after the other (data first). A crash in between leaves
-the complete new data with the previous checksum; the next read then reports a mismatch instead of returning
-unverified bytes. Writing the key again repairs it.
+Locally the sidecar is renamed into place after the data: a crash in between leaves the new data with the previous
+checksum, which the next read reports as a mismatch instead of returning unverified bytes. Writing again repairs it.
 """
 from __future__ import annotations
 
@@ -46,12 +37,11 @@ import io
 import json
 import logging
 import os
-import random
 import re
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -138,6 +128,13 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _copy(source, target, digest) -> None:
+    """Copy the binary stream ``source`` into ``target`` in chunks, feeding ``digest`` on the way."""
+    for chunk in iter(lambda: source.read(CHUNK), b""):
+        digest.update(chunk)
+        target.write(chunk)
+
+
 def json_default(value: Any) -> Any:
     """Let numpy scalars and arrays (common in results) go into JSON as plain numbers and lists."""
     if isinstance(value, np.generic):
@@ -156,26 +153,26 @@ def _mismatch(uri: str, recorded: str, actual: str) -> FormatError:
     )
 
 
+def _verify(uri: str, recorded: str | None, actual: str) -> None:
+    """Raise FormatError if a checksum was recorded and the content's differs."""
+    if recorded is not None and actual != recorded.lower():
+        raise _mismatch(uri, recorded, actual)
+
+
 # -- the interface ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ObjectInfo:
     """What a listing says about one object without reading it: its size and a version token.
 
-    ``version`` is an opaque string that changes whenever the object is written again, so that an equal
-    ``(size, version)`` pair seen at two times means the content did not change in between:
-
-    - S3: the ETag, which S3 changes whenever the content changes (it is the MD5 of the content for a single-part
-      upload, a digest of the parts' MD5s for a multipart one, another digest under SSE-C or SSE-KMS). The same
-      bytes uploaded again may keep it, which is harmless since the content is the same.
-    - local folder: the file's inode, mtime and ctime in nanoseconds. Every write through :class:`LocalStore`
-      renames a new file into place (a new inode); a tool writing in place changes mtime and ctime (ctime cannot be
-      set back by ``touch`` or ``cp -p``).
+    ``version`` is an opaque string that changes whenever the object is written again, so an equal
+    ``(size, version)`` pair seen at two times means the content did not change in between. On S3 it is the ETag
+    (the same bytes uploaded again may keep it); locally the file's inode, mtime and ctime in nanoseconds (every
+    write through :class:`LocalStore` renames a new file into place; a tool writing in place changes the times).
 
     ``version`` is None when the store cannot vouch for a token: on S3 when the server sends no ETag; locally when
-    the file changed less than :attr:`LocalStore.racy_seconds` before the listing, because file times have a
-    coarse clock (a few ms) and a second same-size write within the same tick would leave every field as it was
-    (the "racily clean" case git guards against the same way). Such an object must be treated as possibly changed.
-    Tokens are only comparable between listings of the same store.
+    the file changed less than :attr:`LocalStore.racy_seconds` before the listing (file times tick coarsely, so a
+    second same-size write in the same tick could leave every field alike). Such an object must be treated as
+    possibly changed. Tokens are only comparable between listings of the same store.
     """
 
     size: int
@@ -183,10 +180,7 @@ class ObjectInfo:
 
 
 class Store:
-    """Base class of the object stores: bytes by key, plus JSON, numpy arrays and files on top.
-
-    Subclasses implement the byte-level methods; the typed helpers here are shared.
-    """
+    """Base class of the object stores: bytes and files by key (subclasses), JSON and numpy arrays on top."""
 
     uri: str
 
@@ -225,11 +219,11 @@ class Store:
 
     def put_file(self, key: str, path: str | os.PathLike) -> str:
         """Upload the local file ``path`` under ``key`` atomically; returns its SHA-256."""
-        return self.put_bytes(key, Path(path).read_bytes())
+        raise NotImplementedError
 
     def get_file(self, key: str, path: str | os.PathLike) -> None:
         """Download ``key`` to ``path`` atomically (temporary file in the same folder, then rename), verified."""
-        _atomic_write(Path(path), lambda f: f.write(self.get_bytes(key)))
+        raise NotImplementedError
 
     # typed helpers
     def put_json(self, key: str, obj: Any) -> str:
@@ -337,36 +331,31 @@ class LocalStore(Store):
             )
         return StorageError(f"cannot write {self.url(key)}: {exc}.")
 
+    def _write(self, key: str, path: Path, write: Callable[[Any], Any], digest: Callable[[], str]) -> str:
+        """Write ``path`` atomically with ``write``, then its sidecar with ``digest()``; returns the digest."""
+        try:
+            _atomic_write(path, write)
+            self._record(path, digest())
+        except OSError as exc:
+            raise self._os_error(key, exc) from exc
+        return digest()
+
     def put_bytes(self, key: str, data: bytes, *, content_type: str | None = None) -> str:
         path = self._path(key)
         _check_bytes(data)
         digest = _sha256(data)
-        try:
-            _atomic_write(path, lambda f: f.write(data))
-            self._record(path, digest)
-        except OSError as exc:
-            raise self._os_error(key, exc) from exc
-        return digest
+        return self._write(key, path, lambda f: f.write(data), lambda: digest)
 
     def put_file(self, key: str, path: str | os.PathLike) -> str:
-        target = self._path(key)
-        source = Path(path)
-        digest = hashlib.sha256()
+        target, source, digest = self._path(key), Path(path), hashlib.sha256()
+        if not source.is_file():
+            raise ObjectNotFoundError(f"cannot upload {source}: no such file.")
 
         def copy(f):
             with open(source, "rb") as src:
-                for chunk in iter(lambda: src.read(CHUNK), b""):
-                    digest.update(chunk)
-                    f.write(chunk)
+                _copy(src, f, digest)
 
-        if not source.is_file():
-            raise ObjectNotFoundError(f"cannot upload {source}: no such file.")
-        try:
-            _atomic_write(target, copy)
-            self._record(target, digest.hexdigest())
-        except OSError as exc:
-            raise self._os_error(key, exc) from exc
-        return digest.hexdigest()
+        return self._write(key, target, copy, digest.hexdigest)
 
     @staticmethod
     def _record(path: Path, digest: str) -> None:
@@ -398,9 +387,7 @@ class LocalStore(Store):
     def get_bytes(self, key: str) -> bytes:
         data, recorded = self._read(key)
         if recorded is not None:
-            actual = _sha256(data)
-            if actual != recorded:
-                raise _mismatch(self.url(key), recorded, actual)
+            _verify(self.url(key), recorded, _sha256(data))
         return data
 
     def get_file(self, key: str, path: str | os.PathLike) -> None:
@@ -416,11 +403,8 @@ class LocalStore(Store):
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
                 raise ObjectNotFoundError(f"no object at {self.url(key)} (store {self.uri}).") from None
             with src:
-                for chunk in iter(lambda: src.read(CHUNK), b""):
-                    digest.update(chunk)
-                    f.write(chunk)
-            if recorded is not None and digest.hexdigest() != recorded:
-                raise _mismatch(self.url(key), recorded, digest.hexdigest())
+                _copy(src, f, digest)
+            _verify(self.url(key), recorded, digest.hexdigest())
 
         _atomic_write(Path(path), copy)
 
@@ -491,47 +475,42 @@ class LocalStore(Store):
 # -- S3 ----------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with jitter for transient S3 failures, bounded in attempts and in total time.
+    """How botocore retries transient S3 failures (connection errors, timeouts, HTTP 5xx, throttling).
 
-    Attempt ``n`` (from 0) waits ``min(max_delay, base_delay * 2**n)`` times a random factor in [0.5, 1) before the
-    next try; no wait may carry the total past ``deadline`` seconds since the first try.
+    ``max_attempts`` counts the first try. ``mode`` is botocore's retry mode: ``"standard"`` (exponential backoff
+    with jitter, at most 20 s a wait) or ``"adaptive"`` (standard plus client-side rate limiting after throttling).
     """
 
     max_attempts: int = 5
-    base_delay: float = 0.2
-    max_delay: float = 5.0
-    deadline: float = 30.0
+    mode: str = "standard"
 
     def __post_init__(self):
-        if self.max_attempts < 1:
-            raise InputError(f"RetryPolicy.max_attempts must be >= 1, got {self.max_attempts}.")
-        if self.base_delay < 0 or self.max_delay < 0 or self.deadline < 0:
-            raise InputError("RetryPolicy delays and deadline must be non-negative.")
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise InputError(f"RetryPolicy.max_attempts must be an integer >= 1, got {self.max_attempts!r}.")
+        if self.mode not in ("standard", "adaptive"):
+            raise InputError(f"RetryPolicy.mode must be 'standard' or 'adaptive', got {self.mode!r}.")
 
-    def delay(self, attempt: int) -> float:
-        return min(self.max_delay, self.base_delay * 2**attempt) * random.uniform(0.5, 1.0)
+    def botocore_retries(self) -> dict:
+        """The ``retries`` setting of botocore's ``Config``."""
+        return {"mode": self.mode, "total_max_attempts": self.max_attempts}
 
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[^/]*)/?(?P<prefix>.*)$", re.IGNORECASE)
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
-_TRANSIENT_CODES = {
-    "InternalError", "ServiceUnavailable", "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
-    "RequestTimeoutException", "RequestLimitExceeded", "TooManyRequestsException", "BandwidthLimitExceeded",
-}
 _CREDENTIAL_CODES = {
     "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
     "InvalidSecurity", "AuthorizationHeaderMalformed", "InvalidClientTokenId", "403",
 }
 _CREDENTIAL_VARS = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE with ~/.aws/credentials)"
-
+_ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # boto3's order; named in messages only
 
 _shared_loader = None
 _shared_loader_lock = threading.Lock()
 
 
 def _botocore_session():
-    """A fresh botocore session (it reads credentials and endpoint from the environment as it is now) that shares
-    one data loader with the others, so the S3 service model is parsed once per process (~0.1 s saved per store)."""
+    """A fresh botocore session (it reads credentials and endpoint from the environment as it is now) sharing one
+    data loader with the others, so the S3 service model is parsed once per process."""
     import botocore.session
 
     global _shared_loader
@@ -550,6 +529,21 @@ def _client_error_code(exc) -> tuple[str, int]:
     return str(error.get("Code", status)), int(status or 0)
 
 
+class _VerifiedReader:
+    """A read-only stream over an open file that raises StorageError at its end unless what was read hashes to
+    ``digest`` (the file changed after the digest was taken)."""
+
+    def __init__(self, f, digest: str, message: str):
+        self._f, self._digest, self._message, self._hash = f, digest, message, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._f.read(size)
+        self._hash.update(chunk)
+        if not chunk and self._hash.hexdigest() != self._digest:
+            raise StorageError(self._message)
+        return chunk
+
+
 class S3Store(Store):
     """Objects in an S3-compatible bucket under an optional key prefix, through boto3.
 
@@ -560,14 +554,14 @@ class S3Store(Store):
     endpoint_url:
         S3 endpoint. Default: what boto3 finds itself (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, config file, AWS).
     retry:
-        :class:`RetryPolicy` for transient errors (connection failures, timeouts, 5xx, throttling).
+        :class:`RetryPolicy` given to botocore for transient errors.
     multipart_threshold, part_size:
-        Objects larger than ``multipart_threshold`` bytes are uploaded in parts of ``part_size`` bytes
-        (at least 5 MiB, S3's minimum).
+        Objects larger than ``multipart_threshold`` bytes are uploaded by boto3's transfer manager in parts of
+        ``part_size`` bytes (at least 5 MiB, S3's minimum).
     connect_timeout, read_timeout:
         Socket timeouts of each request, in seconds.
     client:
-        A ready boto3 S3 client to use instead of building one (its own retry settings then apply as well).
+        A ready boto3 S3 client to use instead of building one (its own retry settings then apply).
     """
 
     def __init__(
@@ -595,27 +589,17 @@ class S3Store(Store):
             raise InputError(f"part_size must be at least {MIN_PART_SIZE} bytes (5 MiB, S3's minimum), got {part_size}.")
         if multipart_threshold < 0:
             raise InputError(f"multipart_threshold must be >= 0, got {multipart_threshold}.")
-        self.bucket = bucket
-        self.prefix = prefix
-        self.endpoint_url = endpoint_url
+        self.bucket, self.prefix, self.endpoint_url = bucket, prefix, endpoint_url
         self.retry = retry or RetryPolicy()
-        self.multipart_threshold = multipart_threshold
-        self.part_size = part_size
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
+        self.multipart_threshold, self.part_size = multipart_threshold, part_size
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self.uri = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
-        self._client = client
-        self._session = None
-        self._lock = threading.Lock()
+        self._client, self._session, self._lock = client, None, threading.Lock()
         self._bucket_seen = False
 
     # pickling (Prefect may hash or ship task arguments): the boto3 client is rebuilt on first use
     def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_client"] = None
-        state["_session"] = None
-        state["_lock"] = None
-        return state
+        return {**self.__dict__, "_client": None, "_session": None, "_lock": None}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -630,11 +614,8 @@ class S3Store(Store):
                     import boto3
                     from botocore.config import Config
 
-                    config = Config(
-                        retries={"mode": "standard", "total_max_attempts": 1},  # RetryPolicy does the retrying
-                        connect_timeout=self.connect_timeout,
-                        read_timeout=self.read_timeout,
-                    )
+                    config = Config(retries=self.retry.botocore_retries(), connect_timeout=self.connect_timeout,
+                                    read_timeout=self.read_timeout)
                     self._session = boto3.session.Session(botocore_session=_botocore_session())
                     self._client = self._session.client("s3", endpoint_url=self.endpoint_url, config=config)
         return self._client
@@ -652,25 +633,78 @@ class S3Store(Store):
         try:
             endpoint = self.client.meta.endpoint_url
         except Exception:  # the client itself could not be built
-            endpoint = self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            endpoint = self.endpoint_url or next(filter(None, map(os.environ.get, _ENDPOINT_VARS)), None)
         if self.endpoint_url:
             source = "the endpoint_url argument"
-        elif os.environ.get("AWS_ENDPOINT_URL_S3"):
-            source = "AWS_ENDPOINT_URL_S3"
-        elif os.environ.get("AWS_ENDPOINT_URL"):
-            source = "AWS_ENDPOINT_URL"
         else:
-            source = "boto3's default; set AWS_ENDPOINT_URL_S3 to use another S3 server"
+            source = next((name for name in _ENDPOINT_VARS if os.environ.get(name) == endpoint),
+                          "boto3's default; set AWS_ENDPOINT_URL_S3 to use another S3 server")
         return f"{endpoint} (from {source})"
 
     def _missing_bucket(self) -> ObjectNotFoundError:
         endpoint = self._endpoint()
-        bare = endpoint.split(" (from")[0]
         return ObjectNotFoundError(
-            f"bucket {self.bucket!r} does not exist at {endpoint}; create it with "
-            f"`aws s3 mb s3://{self.bucket} --endpoint-url {bare}` or boto3's create_bucket(Bucket={self.bucket!r})"
-            f", or point the store at an existing bucket."
+            f"bucket {self.bucket!r} does not exist at {endpoint}; create it with `aws s3 mb s3://{self.bucket} "
+            f"--endpoint-url {endpoint.split(' (from')[0]}` or boto3's create_bucket(Bucket={self.bucket!r}), or "
+            "point the store at an existing bucket."
         )
+
+    def _translate(self, exc: Exception, what: str, key: str | None) -> LabelShiftError | None:
+        """Map a botocore exception (raised once botocore's retries are spent) to the labelshift error family, or
+        None if it is not one we know."""
+        from botocore.exceptions import (
+            ClientError, ConnectionError, HTTPClientError, IncompleteReadError, NoCredentialsError,
+            PartialCredentialsError,
+        )
+
+        target = self.url(key) if key is not None else self.uri
+        if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+            return CredentialsError(
+                f"cannot {what} {target}: no usable S3 credentials were found ({exc}). Set {_CREDENTIAL_VARS}."
+            )
+        code, status = _client_error_code(exc) if isinstance(exc, ClientError) else ("", 0)
+        unavailable = status >= 500 or status == 429 or code in ("RequestTimeout", "SlowDown", "Throttling")
+        if unavailable or isinstance(exc, (ConnectionError, HTTPClientError, IncompleteReadError)):
+            return ServiceUnavailableError(
+                f"cannot {what} {target}: the S3 endpoint {self._endpoint()} did not answer properly ({exc}; "
+                f"botocore's {self.retry.mode} retries, at most {self.retry.max_attempts} attempts). Check that the "
+                "server is running and that AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL) points at it "
+                "(for the local stack: `labelshift stack up` prints the value)."
+            )
+        if not isinstance(exc, ClientError):
+            return None
+        if code == "NoSuchBucket":
+            return self._missing_bucket()
+        if code == "NoSuchUpload":  # a multipart upload that was aborted or already completed
+            return StorageError(f"cannot {what} {target}: the multipart upload no longer exists ({exc}).")
+        if code in ("NoSuchKey", "404", "NotFound") or status == 404:
+            if key is None:
+                return self._missing_bucket()
+            return ObjectNotFoundError(f"no object at {target} (endpoint {self._endpoint()}).")
+        if code in _CREDENTIAL_CODES or status == 403:
+            try:
+                access_key = self._session.get_credentials().access_key
+            except Exception:  # no session (client passed in) or no credentials at all
+                access_key = None
+            who = f"access key id {access_key!r}" if access_key else "the credentials"
+            return CredentialsError(
+                f"cannot {what} {target}: the S3 endpoint {self._endpoint()} refused {who} ({code}: "
+                f"{exc.response.get('Error', {}).get('Message', 'access denied')}). Check {_CREDENTIAL_VARS}, "
+                "and that this identity may access the bucket."
+            )
+        return StorageError(f"cannot {what} {target}: S3 error {code} (HTTP {status}): {exc}.")
+
+    def _call(self, what: str, operation: Callable[[], T], key: str | None = None) -> T:
+        """Run ``operation`` (botocore retries transient errors inside it); translate its error to labelshift's."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return operation()
+        except (BotoCoreError, ClientError) as exc:
+            translated = self._translate(exc, what, key)
+            if translated is None:
+                raise
+            raise translated from exc
 
     def _bucket_exists(self) -> bool:
         try:
@@ -678,80 +712,6 @@ class S3Store(Store):
         except ObjectNotFoundError:
             return False
         return True
-
-    def _translate(self, exc: Exception, what: str, key: str | None):
-        """Map a botocore exception to the labelshift error family (or None if it is not one we know)."""
-        from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
-
-        target = self.url(key) if key is not None else self.uri
-        if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-            return CredentialsError(
-                f"cannot {what} {target}: no usable S3 credentials were found ({exc}). Set {_CREDENTIAL_VARS}."
-            )
-        if isinstance(exc, ClientError):
-            code, status = _client_error_code(exc)
-            if code == "NoSuchBucket":
-                return self._missing_bucket()
-            if code == "NoSuchUpload":  # a multipart upload that was aborted or already completed
-                return StorageError(f"cannot {what} {target}: the multipart upload no longer exists ({exc}).")
-            if code in ("NoSuchKey", "404", "NotFound") or status == 404:
-                if key is None:
-                    return self._missing_bucket()
-                return ObjectNotFoundError(f"no object at {target} (endpoint {self._endpoint()}).")
-            if code in _CREDENTIAL_CODES or status == 403:
-                try:
-                    access_key = self._session.get_credentials().access_key
-                except Exception:  # no session (client passed in) or no credentials at all
-                    access_key = None
-                who = f"access key id {access_key!r}" if access_key else "the credentials"
-                return CredentialsError(
-                    f"cannot {what} {target}: the S3 endpoint {self._endpoint()} refused {who} ({code}: "
-                    f"{exc.response.get('Error', {}).get('Message', 'access denied')}). Check {_CREDENTIAL_VARS}, "
-                    "and that this identity may access the bucket."
-                )
-            return StorageError(f"cannot {what} {target}: S3 error {code} (HTTP {status}): {exc}.")
-        return None
-
-    @staticmethod
-    def _is_transient(exc: Exception) -> bool:
-        from botocore.exceptions import ClientError, ConnectionError, HTTPClientError, IncompleteReadError
-
-        if isinstance(exc, (ConnectionError, HTTPClientError, IncompleteReadError)):
-            return True
-        if isinstance(exc, ClientError):
-            code, status = _client_error_code(exc)
-            return code in _TRANSIENT_CODES or status in (500, 502, 503, 504)
-        return False
-
-    def _call(self, what: str, operation: Callable[[], T], key: str | None = None) -> T:
-        """Run ``operation`` with retries on transient errors; translate the final error to labelshift's family."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            try:
-                return operation()
-            except (BotoCoreError, ClientError) as exc:
-                attempt += 1
-                if self._is_transient(exc):
-                    elapsed = time.monotonic() - started
-                    wait = self.retry.delay(attempt - 1)
-                    if attempt < self.retry.max_attempts and elapsed + wait <= self.retry.deadline:
-                        logger.info("S3 %s failed (%s); retry %d in %.2f s", what, exc, attempt, wait)
-                        time.sleep(wait)
-                        continue
-                    target = self.url(key) if key is not None else self.uri
-                    raise ServiceUnavailableError(
-                        f"cannot {what} {target}: the S3 endpoint {self._endpoint()} did not answer properly after "
-                        f"{attempt} attempt(s) in {time.monotonic() - started:.1f} s ({exc}). Check that the server "
-                        "is running and that AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL) points at it "
-                        "(for the local stack: `labelshift stack up` prints the value)."
-                    ) from exc
-                translated = self._translate(exc, what, key)
-                if translated is None:
-                    raise
-                raise translated from exc
 
     def _head(self, key: str) -> dict | None:
         """HEAD ``key``: its response, or None if the key is absent (ObjectNotFoundError if the bucket is)."""
@@ -767,21 +727,50 @@ class S3Store(Store):
         self._bucket_seen = True
         return response
 
-    # -- the interface -------------------------------------------------------------------------------------------------
+    def _recorded_checksum(self, key: str) -> str | None:
+        response = self._head(key)
+        if response is None:
+            raise ObjectNotFoundError(f"no object at {self.url(key)} (endpoint {self._endpoint()}).")
+        return response.get("Metadata", {}).get(METADATA_CHECKSUM)
+
+    # -- writes --------------------------------------------------------------------------------------------------------
+    def _put_object(self, key: str, body: bytes, digest: str, content_type: str | None) -> dict:
+        """One PutObject of ``body`` with its checksum; returns the response (its ``ETag`` names the version)."""
+        extra = {"ContentType": content_type} if content_type else {}
+        return self._call("write", lambda: self.client.put_object(
+            Bucket=self.bucket, Key=self._full_key(key), Body=body, Metadata={METADATA_CHECKSUM: digest}, **extra,
+        ), key)
+
+    def _upload(self, key: str, stream, digest: str, content_type: str | None) -> None:
+        """Upload ``stream`` (larger than ``multipart_threshold``) through boto3's transfer manager, which aborts
+        the multipart upload when any step fails."""
+        from boto3.s3.transfer import TransferConfig
+
+        extra = {"Metadata": {METADATA_CHECKSUM: digest}, **({"ContentType": content_type} if content_type else {})}
+        # the threshold only bounds what the manager reads ahead to decide; anything sent here goes in parts
+        config = TransferConfig(multipart_threshold=min(self.multipart_threshold + 1, self.part_size),
+                                multipart_chunksize=self.part_size)
+        try:
+            self._call("write", lambda: self.client.upload_fileobj(
+                stream, self.bucket, self._full_key(key), ExtraArgs=extra, Config=config), key)
+        except StorageError as exc:
+            # a Complete retried by botocore after its first answer was lost may hear NoSuchUpload although the
+            # first one went through: fine when the key now holds this content
+            code = getattr(exc.__cause__, "response", {}).get("Error", {}).get("Code")
+            if code != "NoSuchUpload" or self._recorded_checksum(key) != digest:
+                raise
+        self._bucket_seen = True
+
     def put_bytes(self, key: str, data: bytes, *, content_type: str | None = None) -> str:
-        full_key = self._full_key(key)
+        self._full_key(key)
         _check_bytes(data)
         view = memoryview(data).cast("B")
         digest = _sha256(view)
         if len(view) <= self.multipart_threshold:
-            extra = {"ContentType": content_type} if content_type else {}
-            self._call("write", lambda: self.client.put_object(
-                Bucket=self.bucket, Key=full_key, Body=bytes(view), Metadata={METADATA_CHECKSUM: digest}, **extra,
-            ), key)
+            self._put_object(key, bytes(view), digest, content_type)
+            self._bucket_seen = True
         else:
-            chunks = (view[i:i + self.part_size] for i in range(0, len(view), self.part_size))
-            self._multipart(key, digest, content_type, chunks)
-        self._bucket_seen = True
+            self._upload(key, io.BytesIO(view), digest, content_type)
         return digest
 
     def put_file(self, key: str, path: str | os.PathLike) -> str:
@@ -791,112 +780,44 @@ class S3Store(Store):
         if source.stat().st_size <= self.multipart_threshold:
             return self.put_bytes(key, source.read_bytes())
         self._full_key(key)  # validate before reading the file
-        digest = _file_sha256(source)  # metadata must be known when the upload starts
-        rehash = hashlib.sha256()
-
-        def parts() -> Iterator[bytes]:
-            with open(source, "rb") as f:
-                for chunk in iter(lambda: f.read(self.part_size), b""):
-                    rehash.update(chunk)
-                    yield chunk
-
-        def unchanged() -> None:
-            if rehash.hexdigest() != digest:
-                raise StorageError(f"{source} changed while it was being uploaded to {self.url(key)}; upload it again.")
-
-        self._multipart(key, digest, None, parts(), before_complete=unchanged)
-        self._bucket_seen = True
+        digest = _file_sha256(source)  # the metadata is sent when the upload starts
+        message = f"{source} changed while it was being uploaded to {self.url(key)}; upload it again."
+        with open(source, "rb") as f:
+            self._upload(key, _VerifiedReader(f, digest, message), digest, None)
         return digest
 
-    def _multipart(self, key: str, digest: str, content_type: str | None, chunks,
-                   before_complete: Callable[[], None] | None = None) -> None:
-        """Upload ``chunks`` as one multipart object; nothing becomes visible unless every step succeeds."""
+    # -- reads ---------------------------------------------------------------------------------------------------------
+    def _read_into(self, key: str, f) -> None:
+        """GET ``key`` into the binary file ``f`` (rewound first), verified against its recorded checksum."""
+        from botocore.exceptions import HTTPClientError, IncompleteReadError
+
         full_key = self._full_key(key)
-        extra = {"ContentType": content_type} if content_type else {}
-        upload_id = self._call("start a multipart upload to", lambda: self.client.create_multipart_upload(
-            Bucket=self.bucket, Key=full_key, Metadata={METADATA_CHECKSUM: digest}, **extra,
-        ), key)["UploadId"]
-        try:
-            parts = []
-            for number, chunk in enumerate(chunks, start=1):
-                body = bytes(chunk)
-                response = self._call("upload a part to", lambda: self.client.upload_part(
-                    Bucket=self.bucket, Key=full_key, UploadId=upload_id, PartNumber=number, Body=body,
-                ), key)
-                parts.append({"PartNumber": number, "ETag": response["ETag"]})
-            if before_complete is not None:
-                before_complete()
-            self._complete(key, full_key, upload_id, parts, digest)
-        except BaseException:
+        # botocore retries a GET until its response headers arrive; a body cut off after that is ours to retry
+        for attempt in range(1, self.retry.max_attempts + 1):
+            f.seek(0)
+            f.truncate()
+            response = self._call("read", lambda: self.client.get_object(Bucket=self.bucket, Key=full_key), key)
+            digest, body = hashlib.sha256(), response["Body"]  # its read() checks the length at the end
             try:
-                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
-            except Exception as abort_error:  # the original error matters more; the server expires the upload
-                logger.warning("could not abort multipart upload %s of %s: %s", upload_id, self.url(key), abort_error)
-            raise
-
-    def _complete(self, key: str, full_key: str, upload_id: str, parts: list, digest: str) -> None:
-        try:
-            self._call("complete the multipart upload of", lambda: self.client.complete_multipart_upload(
-                Bucket=self.bucket, Key=full_key, UploadId=upload_id, MultipartUpload={"Parts": parts},
-            ), key)
-        except StorageError as exc:
-            # a retried Complete whose first try got through may answer NoSuchUpload: fine if our object is there
-            cause = exc.__cause__
-            code = _client_error_code(cause)[0] if hasattr(cause, "response") else None
-            if code == "NoSuchUpload" and self._recorded_checksum(key) == digest:
-                return
-            raise
-
-    def _recorded_checksum(self, key: str) -> str | None:
-        response = self._head(key)
-        if response is None:
-            raise ObjectNotFoundError(f"no object at {self.url(key)} (endpoint {self._endpoint()}).")
-        return response.get("Metadata", {}).get(METADATA_CHECKSUM)
+                _copy(body, f, digest)
+                break
+            except (HTTPClientError, IncompleteReadError) as exc:
+                if attempt == self.retry.max_attempts:
+                    raise self._translate(exc, "read", key) from exc
+                logger.info("reading %s broke off (%s); reading it again", self.url(key), exc)
+            finally:
+                body.close()  # not `with body`: that yields the raw stream, which skips the length check
+        self._bucket_seen = True
+        _verify(self.url(key), response.get("Metadata", {}).get(METADATA_CHECKSUM), digest.hexdigest())
 
     def get_bytes(self, key: str) -> bytes:
-        full_key = self._full_key(key)
-
-        def fetch() -> tuple[bytes, str | None]:
-            response = self.client.get_object(Bucket=self.bucket, Key=full_key)
-            body = response["Body"]  # a StreamingBody: its read() checks the length against Content-Length
-            try:
-                return body.read(), response.get("Metadata", {}).get(METADATA_CHECKSUM)
-            finally:
-                body.close()
-
-        data, recorded = self._call("read", fetch, key)  # GET errors say NoSuchBucket or NoSuchKey
-        self._bucket_seen = True
-        if recorded is not None:
-            actual = _sha256(data)
-            if actual != recorded.lower():
-                raise _mismatch(self.url(key), recorded, actual)
-        return data
+        buffer = io.BytesIO()
+        self._read_into(key, buffer)
+        return buffer.getvalue()
 
     def get_file(self, key: str, path: str | os.PathLike) -> None:
-        full_key = self._full_key(key)
-        target = Path(path)
-
-        def download(f) -> None:
-            def attempt() -> None:
-                f.seek(0)
-                f.truncate()
-                digest = hashlib.sha256()
-                response = self.client.get_object(Bucket=self.bucket, Key=full_key)
-                body = response["Body"]
-                try:
-                    for chunk in body.iter_chunks(CHUNK):
-                        digest.update(chunk)
-                        f.write(chunk)
-                finally:
-                    body.close()
-                recorded = response.get("Metadata", {}).get(METADATA_CHECKSUM)
-                if recorded is not None and digest.hexdigest() != recorded.lower():
-                    raise _mismatch(self.url(key), recorded, digest.hexdigest())
-
-            self._call("read", attempt, key)
-
-        _atomic_write(target, download)
-        self._bucket_seen = True
+        self._full_key(key)
+        _atomic_write(Path(path), lambda f: self._read_into(key, f))
 
     def exists(self, key: str) -> bool:
         return self._head(key) is not None
@@ -920,11 +841,8 @@ class S3Store(Store):
         root = f"{self.prefix}/" if self.prefix else ""
 
         def fetch() -> list[dict]:
-            found = []
-            paginator = self.client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=root + prefix):
-                found.extend(page.get("Contents", []))
-            return found
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=root + prefix)
+            return [item for page in pages for item in page.get("Contents", [])]
 
         items = [(item["Key"][len(root):], item) for item in self._call("list", fetch)]
         self._bucket_seen = True
@@ -935,22 +853,17 @@ class S3Store(Store):
         return [key for key, _item in self._list_items(prefix)]
 
     def list_info(self, prefix: str = "") -> dict[str, ObjectInfo]:
-        infos = {}
-        for key, item in self._list_items(prefix):
-            etag = str(item.get("ETag") or "").strip('"')
-            infos[key] = ObjectInfo(size=int(item.get("Size", 0)), version=etag or None)
-        return infos
+        return {key: ObjectInfo(size=int(item.get("Size", 0)), version=str(item.get("ETag") or "").strip('"') or None)
+                for key, item in self._list_items(prefix)}
 
     def create_bucket(self) -> None:
         """Create the bucket if it does not exist yet (a convenience for local stacks and tests)."""
         if self._bucket_exists():
             return
-        from botocore.exceptions import ClientError
-
         try:
             self._call("create the bucket", lambda: self.client.create_bucket(Bucket=self.bucket))
         except StorageError as exc:
-            if not isinstance(exc.__cause__, ClientError) or "BucketAlreadyOwnedByYou" not in str(exc):
+            if "BucketAlreadyOwnedByYou" not in str(exc.__cause__):
                 raise
         self._bucket_seen = True
 

@@ -30,7 +30,7 @@ from labelshift.monitoring import (
 from labelshift import storage
 from labelshift.storage import LocalStore, ObjectInfo, RetryPolicy, open_store
 
-FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, deadline=2.0)
+FAST_RETRY = RetryPolicy(max_attempts=3)
 INPUT_SHAPE = (3,)
 
 

@@ -11,7 +11,11 @@ import subprocess
 
 import numpy as np
 import pytest
-from botocore.exceptions import ClientError, EndpointConnectionError
+import urllib3
+import threading
+
+from botocore.awsrequest import AWSResponse
+from botocore.exceptions import ConnectionClosedError, EndpointConnectionError
 
 from labelshift import storage
 from labelshift.errors import (
@@ -26,8 +30,7 @@ from labelshift.storage import LocalStore, ObjectInfo, RetryPolicy, S3Store, ope
 from tests.fixtures.seaweed import SeaweedServer, SeaweedServerError
 
 MIB = 1024 * 1024
-# small budget so error paths finish in well under a second
-FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, deadline=2.0)
+FAST_RETRY = RetryPolicy(max_attempts=3)
 
 
 def sha(data: bytes) -> str:
@@ -51,6 +54,36 @@ def store(request):
 
 def temp_leftovers(folder) -> list[str]:
     return [p.name for p in folder.rglob("*") if p.name.startswith(storage.TEMP_PREFIX)]
+
+
+class _Raw:
+    """The raw stream of a canned HTTP answer, as botocore reads it."""
+
+    def __init__(self, body: bytes):
+        self.body = body
+
+    def stream(self, **_):
+        yield self.body
+
+
+def s3_error_answer(request, status: int, code: str) -> AWSResponse:
+    """An S3 error answer to ``request``, made up on this side (returned from a ``before-send`` handler, it goes
+    through botocore's parsing and retry decision like one from the server)."""
+    body = f"<Error><Code>{code}</Code><Message>made up</Message></Error>".encode()
+    return AWSResponse(request.url, status, {"Content-Type": "application/xml"}, _Raw(body))
+
+
+def on_send(store, operation: str, handler) -> list:
+    """Call ``handler(request, call_number)`` before each HTTP request of ``operation`` the store's client sends
+    (retries included); it may return an answer or raise to stand in for the network. Returns the call log."""
+    calls = []
+
+    def before_send(request, **_):
+        calls.append(request)
+        return handler(request, len(calls))
+
+    store.client.meta.events.register(f"before-send.s3.{operation}", before_send)
+    return calls
 
 
 # -- round trips (both backends) ---------------------------------------------------------------------------------------
@@ -274,12 +307,13 @@ def test_s3_interrupted_multipart_upload_leaves_old_version(s3_bucket, seaweed, 
     new = tmp_path / "new.bin"
     new.write_bytes(os.urandom(11 * MIB))  # three parts: 5 + 5 + 1 MiB
     real_upload_part = store.client.upload_part
-    uploaded = []
+    uploaded, lock = [], threading.Lock()
 
-    def upload_part_then_fail(**kwargs):
-        if uploaded:
-            raise EndpointConnectionError(endpoint_url="http://lost-during-upload")
-        uploaded.append(kwargs["PartNumber"])
+    def upload_part_then_fail(**kwargs):  # parts go up concurrently: only the first to arrive succeeds
+        with lock:
+            if uploaded:
+                raise EndpointConnectionError(endpoint_url="http://lost-during-upload")
+            uploaded.append(kwargs["PartNumber"])
         return real_upload_part(**kwargs)
 
     monkeypatch.setattr(store.client, "upload_part", upload_part_then_fail)
@@ -287,7 +321,7 @@ def test_s3_interrupted_multipart_upload_leaves_old_version(s3_bucket, seaweed, 
         store.put_file("model.bin", new)
     with pytest.raises(ServiceUnavailableError):
         store.put_file("fresh.bin", new)
-    assert uploaded == [1]
+    assert len(uploaded) == 1
     monkeypatch.undo()
     raw = seaweed.client()
     assert raw.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []  # aborted, not left dangling
@@ -312,22 +346,18 @@ def test_s3_complete_retried_after_a_lost_answer(s3_bucket, monkeypatch, second_
     """
     store = open_store(f"s3://{s3_bucket}", retry=FAST_RETRY, multipart_threshold=5 * MIB, part_size=5 * MIB)
     payload = os.urandom(6 * MIB)
-    real_complete = store.client.complete_multipart_upload
-    calls = []
 
-    def complete_then_lose_answer(**kwargs):
-        calls.append(1)
-        if len(calls) == 2 and second_answer == "NoSuchUpload":
-            raise ClientError({"Error": {"Code": "NoSuchUpload", "Message": "gone"},
-                               "ResponseMetadata": {"HTTPStatusCode": 404}}, "CompleteMultipartUpload")
-        response = real_complete(**kwargs)
-        if len(calls) == 1:
-            raise EndpointConnectionError(endpoint_url="http://answer-lost")
-        return response
+    def complete_then_lose_answer(request, call):
+        if call == 1:  # the server completes the upload, then the connection drops before its answer
+            store.client._endpoint.http_session.send(request)
+            raise ConnectionClosedError(endpoint_url=request.url)
+        if second_answer == "NoSuchUpload":
+            return s3_error_answer(request, 404, "NoSuchUpload")
+        return None  # botocore's retry goes to the server
 
-    monkeypatch.setattr(store.client, "complete_multipart_upload", complete_then_lose_answer)
+    calls = on_send(store, "CompleteMultipartUpload", complete_then_lose_answer)
     digest = store.put_bytes("large.bin", payload)
-    assert len(calls) == 2
+    assert len(calls) == 2  # botocore retried the Complete
     assert store.get_bytes("large.bin") == payload and store.checksum("large.bin") == digest
 
 
@@ -344,41 +374,91 @@ def test_s3_create_bucket_is_idempotent(seaweed, monkeypatch):
 
 # -- retries -------------------------------------------------------------------------------------------------------------
 @pytest.mark.integration
-def test_s3_transient_errors_are_retried(s3_store, monkeypatch):
-    real_put = s3_store.client.put_object
-    calls = []
+def test_s3_transient_errors_are_retried(s3_store):
+    def flaky(request, call):
+        if call == 1:
+            raise EndpointConnectionError(endpoint_url=request.url)
+        if call == 2:
+            return s3_error_answer(request, 503, "SlowDown")
+        return None  # the third attempt reaches the server
 
-    def flaky_put(**kwargs):
-        calls.append(1)
-        if len(calls) == 1:
-            raise EndpointConnectionError(endpoint_url="http://flaky")
-        if len(calls) == 2:
-            raise ClientError({"Error": {"Code": "SlowDown", "Message": "reduce your rate"},
-                               "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject")
-        return real_put(**kwargs)
-
-    monkeypatch.setattr(s3_store.client, "put_object", flaky_put)
+    puts = on_send(s3_store, "PutObject", flaky)
     s3_store.put_bytes("retried.txt", b"ok")
-    assert len(calls) == 3
+    assert len(puts) == 3
     assert s3_store.get_bytes("retried.txt") == b"ok"
     # a definite answer (missing key) is not retried
-    real_get = s3_store.client.get_object
-    gets = []
-    monkeypatch.setattr(s3_store.client, "get_object", lambda **kw: gets.append(1) or real_get(**kw))
+    gets = on_send(s3_store, "GetObject", lambda request, call: None)
     with pytest.raises(ObjectNotFoundError):
         s3_store.get_bytes("absent.txt")
     assert len(gets) == 1
+    # and attempts stop at the policy's maximum
+    puts.clear()
+    on_send(s3_store, "PutObject", lambda request, call: s3_error_answer(request, 500, "InternalError"))
+    with pytest.raises(ServiceUnavailableError, match="at most 3 attempts"):
+        s3_store.put_bytes("never.txt", b"no")
+    assert len(puts) == 3 and not s3_store.exists("never.txt")
 
 
-def test_retry_policy_bounds():
-    policy = RetryPolicy(max_attempts=10, base_delay=0.1, max_delay=1.0)
-    delays = [policy.delay(n) for n in range(10)]
-    # jitter factor in [0.5, 1): attempt n waits between half and all of min(max_delay, base * 2**n)
-    for n, d in enumerate(delays):
-        cap = min(1.0, 0.1 * 2**n)
-        assert 0.5 * cap <= d <= cap
-    with pytest.raises(InputError):
-        RetryPolicy(max_attempts=0)
+@pytest.mark.integration
+def test_s3_read_cut_off_mid_body_is_read_again(s3_store, monkeypatch):
+    """botocore retries a request until its answer's headers arrive; a body cut off after that is read again."""
+    s3_store.put_bytes("body.bin", b"0123456789")
+    real_get = s3_store.client.get_object
+    gets = []
+
+    def get_cut_off_once(**kwargs):
+        response = real_get(**kwargs)
+        gets.append(1)
+        if len(gets) == 1:  # the connection breaks while the body streams in
+            response["Body"]._raw_stream.read = lambda *a, **k: (_ for _ in ()).throw(
+                urllib3.exceptions.ProtocolError("Connection broken: IncompleteRead"))
+        return response
+
+    monkeypatch.setattr(s3_store.client, "get_object", get_cut_off_once)
+    assert s3_store.get_bytes("body.bin") == b"0123456789" and len(gets) == 2
+
+
+def test_retry_policy_goes_to_botocore():
+    store = S3Store("some-bucket", endpoint_url="http://127.0.0.1:9", retry=RetryPolicy(max_attempts=4),
+                    connect_timeout=1.5, read_timeout=7.0)
+    config = store.client.meta.config
+    assert config.retries == {"mode": "standard", "total_max_attempts": 4}
+    assert (config.connect_timeout, config.read_timeout) == (1.5, 7.0)
+    assert S3Store("some-bucket").retry == RetryPolicy(max_attempts=5, mode="standard")
+    adaptive = S3Store("some-bucket", endpoint_url="http://127.0.0.1:9", retry=RetryPolicy(mode="adaptive"))
+    assert adaptive.client.meta.config.retries == {"mode": "adaptive", "total_max_attempts": 5}
+    for bad in (dict(max_attempts=0), dict(mode="legacy")):
+        with pytest.raises(InputError):
+            RetryPolicy(**bad)
+
+
+def test_s3_dropped_connections_are_retried_up_to_the_policy(monkeypatch):
+    """A server that accepts each connection and closes it at once: botocore tries exactly max_attempts times."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    accepted = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        store = open_store("s3://some-bucket", endpoint_url=f"http://127.0.0.1:{listener.getsockname()[1]}",
+                           retry=RetryPolicy(max_attempts=3))
+        with pytest.raises(ServiceUnavailableError, match="did not answer properly"):
+            store.put_bytes("k", b"1")
+    finally:
+        listener.close()
+    assert len(accepted) == 3
 
 
 # -- errors --------------------------------------------------------------------------------------------------------------
@@ -440,12 +520,11 @@ def test_s3_unreachable_endpoint_fails_fast(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
-    store = open_store("s3://some-bucket/p", retry=RetryPolicy(max_attempts=2, base_delay=0.01, deadline=1.0),
-                       connect_timeout=0.5)
+    store = open_store("s3://some-bucket/p", retry=RetryPolicy(max_attempts=2), connect_timeout=0.5)
     with pytest.raises(ServiceUnavailableError) as info:
         store.put_bytes("k", b"1")
     message = str(info.value)
-    assert endpoint in message and "from AWS_ENDPOINT_URL_S3" in message and "after 2 attempt(s)" in message
+    assert endpoint in message and "from AWS_ENDPOINT_URL_S3" in message and "at most 2 attempts" in message
     # an explicit endpoint_url wins over the environment and is named as the source
     store = open_store("s3://some-bucket", endpoint_url=endpoint, retry=RetryPolicy(max_attempts=1))
     with pytest.raises(ServiceUnavailableError, match="endpoint_url argument"):
