@@ -42,18 +42,15 @@ root instead (infra/README.md).
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-import httpx
-
+from flows.processes import ServiceProcess, http_ok
 from flows.settings import Settings
+from flows.stack import prefect_server_command
 from labelshift.errors import InputError, ServiceUnavailableError
 
 __all__ = ["serve_deployments", "build_deployments", "reestimate_options", "check_schedule", "next_runs",
@@ -66,6 +63,8 @@ ENV_TIMEZONE = "LABELSHIFT_REESTIMATE_TIMEZONE"
 ENV_MODEL = "LABELSHIFT_MODEL"
 ENV_TARGET = "LABELSHIFT_TARGET"
 DEFAULT_TIMEZONE = "UTC"
+#: seconds the Prefect server started here gets to shut down before it is killed
+_SERVER_STOP_GRACE_S = 15.0
 
 DEPLOYMENT_DESCRIPTION = (
     "Reproduce the label-shift experiments of Garg et al. (NeurIPS 2020), Section 6: weight MSE of BBSE, RLLS, "
@@ -189,22 +188,12 @@ def build_deployments(*, name: str = "reproduce", reestimate_name: str = "reesti
     ]
 
 
-def _prefect_executable() -> list[str]:
-    exe = Path(sys.executable).with_name("prefect")
-    if exe.exists():
-        return [str(exe)]
-    found = shutil.which("prefect")
-    if found:
-        return [found]
-    raise ServiceUnavailableError("the 'prefect' command was not found next to this Python; reinstall the package "
-                                  "(make setup) or set PREFECT_API_URL to a running Prefect server.")
-
-
 def start_prefect_server(prefect_home: Path, port: int, *, timeout_s: float = 120.0,
-                         log_path: Path | None = None) -> tuple[subprocess.Popen, str]:
+                         log_path: Path | None = None) -> tuple[ServiceProcess, str]:
     """Start ``prefect server start`` on 127.0.0.1:port with its state under ``prefect_home``; wait until healthy.
 
-    Returns the process and the API URL. Raises ServiceUnavailableError if it exits or does not answer in time.
+    Returns the process and the API URL. Raises ServiceUnavailableError if it exits or does not answer in time
+    (the server is stopped again).
     """
     prefect_home.mkdir(parents=True, exist_ok=True)
     log_path = log_path or prefect_home / "server.log"
@@ -212,36 +201,17 @@ def start_prefect_server(prefect_home: Path, port: int, *, timeout_s: float = 12
            "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
     api_url = f"http://127.0.0.1:{port}/api"
-    with open(log_path, "ab") as log:
-        # a session of its own: a terminal's Ctrl-C reaches only this process, which first lets Prefect pause the
-        # served schedules on the server, then stops the server (see serve_deployments)
-        proc = subprocess.Popen([*_prefect_executable(), "server", "start", "--host", "127.0.0.1", "--port",
-                                 str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise ServiceUnavailableError(
-                f"the Prefect server exited with status {proc.returncode} (is port {port} taken? try --port); "
-                f"its log: {log_path}")
-        try:
-            if httpx.get(f"{api_url}/health", timeout=2.0).status_code == 200:
-                return proc, api_url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    raise ServiceUnavailableError(f"the Prefect server did not answer on {api_url} within {timeout_s:.0f} s; "
-                                  f"its log: {log_path}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
+    # a session of its own: a terminal's Ctrl-C reaches only this process, which first lets Prefect pause the
+    # served schedules on the server, then stops the server (see serve_deployments)
+    server = ServiceProcess(prefect_server_command(port, "127.0.0.1"), log=log_path, env=env,
+                            name="the Prefect server").start()
     try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        server.wait_ready(lambda: http_ok(f"{api_url}/health"), timeout_s, what=f"on {api_url}",
+                          if_exited=f" (is port {port} taken? try --port)", step=0.5, error=ServiceUnavailableError)
+    except BaseException:
+        server.stop(_SERVER_STOP_GRACE_S)
+        raise
+    return server, api_url
 
 
 def _describe(ui: str, name: str, reestimate_name: str, options: ReestimateOptions, env: Settings) -> str:
@@ -298,7 +268,7 @@ def serve_deployments(env: Settings, *, name: str = "reproduce", reestimate_name
         print(f"labelshift serve: error: serving failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
         if server is not None:
-            _stop(server)
+            server.stop(_SERVER_STOP_GRACE_S)
             print("Stopped the Prefect server.")
             sys.stdout.flush()
             sys.stderr.flush()

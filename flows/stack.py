@@ -28,9 +28,9 @@ Everything lives under the stack folder, ``<home>/stack`` (home: ``--home``, els
 
 Data survives ``down``/``up``; remove the folder to start afresh. ``up`` is idempotent: a service already running
 is left alone. A service that does not become ready within ``--timeout`` seconds stops the whole ``up`` with the
-tail of its log, and the services this ``up`` started are stopped again. ``down`` ends each process group (SIGTERM,
-then SIGKILL after a grace period) and also any process still carrying the stack's marker variable (children that
-left their group), so nothing is left running.
+tail of its log, and the services this ``up`` started are stopped again. ``down`` ends each process group and the
+descendants of its leader (SIGTERM, then SIGKILL after a grace period) and also any process still carrying the
+stack's marker variable (children that left their group), so nothing is left running.
 
 The S3 internals of ``weed mini`` (master, volume, filer and admin servers and their gRPC ports) get free ports
 chosen at each ``up``; only the S3 port is fixed. Credentials are random per stack folder and enforced (requests
@@ -56,6 +56,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
+from flows.processes import (ServiceProcess, free_ports, http_ok, pid_alive, port_in_use, processes_with_env,
+                             signal_processes, wait_until)
+from flows.processes import log_tail as log_tail  # kept importable from here
 from labelshift.errors import LabelShiftError
 
 # -- defaults and names ------------------------------------------------------------------------------------------------
@@ -125,146 +130,71 @@ def find_weed() -> str:
     return found
 
 
-def free_ports(count: int, host: str = HOST) -> list[int]:
-    """``count`` distinct ports free on ``host`` a moment ago (held open together while chosen)."""
-    held = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            held.append(s)
-        return [s.getsockname()[1] for s in held]
-    finally:
-        for s in held:
-            s.close()
-
-
-def port_in_use(port: int, host: str = HOST) -> bool:
-    """True when something accepts connections on host:port (or the port cannot be bound)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        if s.connect_ex((host, port)) == 0:
-            return True
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        # as the servers do: connections of an earlier run in TIME_WAIT do not block the port
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
 # -- processes ---------------------------------------------------------------------------------------------------------
-def _proc_start_ticks(pid: int) -> int | None:
-    """Start time of a process in clock ticks since boot (Linux), to tell it from a later process with its pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    return int(fields[19]) if len(fields) > 19 else None
-
-
-def _reap(pid: int) -> None:
-    """Collect the exit status if the process is our child (a zombie would otherwise look alive)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except (ChildProcessError, OSError):
-        pass
-
-
-def pid_alive(pid: int, start_ticks: int | None = None) -> bool:
-    """True when ``pid`` runs, is not a zombie, and (when known) is the same process that was started."""
-    _reap(pid)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    if stat.exists():
-        try:
-            if stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z":
-                return False
-        except OSError:
-            return False
-        if start_ticks is not None and _proc_start_ticks(pid) != start_ticks:
-            return False
-    return True
-
-
 def marked_processes(root: Path) -> list[int]:
-    """Pids of live processes whose environment carries this stack's marker (Linux; empty elsewhere)."""
-    marker = f"{MARKER_ENV}={root}".encode()
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        pid = int(entry.name)
-        if pid == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if marker in environ.split(b"\0") and pid_alive(pid):
-            found.append(pid)
-    return found
+    """Pids of live processes whose environment carries this stack's marker (those this user may inspect)."""
+    return processes_with_env(MARKER_ENV, str(root))
 
 
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _recorded_start(record: Mapping) -> float | None:
+    """Start time of a service's process from its run record (records of older versions hold clock ticks)."""
+    if record.get("create_time") is not None:
+        return float(record["create_time"])
+    ticks = record.get("start_ticks")
+    if ticks is None or not hasattr(os, "sysconf"):
+        return None
+    return psutil.boot_time() + int(ticks) / os.sysconf("SC_CLK_TCK")
 
 
-def _group_alive(pgid: int) -> bool:
-    """True while any process (zombies aside) belongs to the process group."""
-    _reap(pgid)
-    if Path("/proc").is_dir():
-        return any(True for _ in _group_members(pgid))
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
+# -- command lines of the servers --------------------------------------------------------------------------------------
+def weed_identities(access_key: str, secret_key: str, name: str = "labelshift-stack") -> dict:
+    """SeaweedFS's S3 identity file (``-s3.config``) giving one key pair every right; other keys are refused."""
+    return {"identities": [{"name": name, "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                            "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}
 
 
-def _group_members(pgid: int) -> Iterable[int]:
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            yield int(entry.name)
+def weed_mini_command(weed: str, *, data_dir: Path, identities: Path, ports: Mapping[str, int], host: str = HOST,
+                      sockets: Mapping[str, Path] | None = None, extra_args: Iterable[str] = ()) -> list[str]:
+    """``weed mini`` serving S3 on ``host`` with the identities of that file and bucket auto-creation off.
+
+    ``ports`` maps each port flag (``s3.port`` and :data:`WEED_INTERNAL_PORT_FLAGS`) to its port; ``sockets``
+    (``{"s3": path, "filer": path}``) moves those unix sockets out of the temp folder, skipping paths too long
+    for a socket. WebDAV, the admin UI, Iceberg, Lance and telemetry are off.
+    """
+    command = [weed, "mini", f"-dir={data_dir}", f"-ip={host}", f"-ip.bind={host}",
+               f"-s3.config={identities}", "-s3.autoCreateBucket=false",
+               "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+               "-master.telemetry=false", "-volume.preStopSeconds=0",
+               *[f"-{flag}={port}" for flag, port in ports.items()]]
+    for service, path in (sockets or {}).items():
+        if len(str(path)) < 100:  # unix socket paths are limited to 108 bytes
+            command.append(f"-{service}.localSocket={path}")
+    return [*command, *extra_args]
 
 
-def _wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
+def remove_weed_sockets(ports: Iterable[int | str]) -> None:
+    """Remove this user's unix sockets that weed left in the temp folder for these ports (it does not on exit)."""
+    for port in ports:
+        for path in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
+            try:
+                if path.is_socket() and path.stat().st_uid == os.getuid():
+                    path.unlink()
+            except OSError:
+                pass
 
 
-def log_tail(path: Path, lines: int = 40) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+def mlflow_server_command(port: int, *, backend_store_uri: str, artifacts_destination: str, host: str = HOST,
+                          workers: int = 1) -> list[str]:
+    """``mlflow server`` on host:port, run by this interpreter, proxying artifacts to ``artifacts_destination``."""
+    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
+            "--artifacts-destination", artifacts_destination, "--host", host, "--port", str(port),
+            "--workers", str(workers)]
 
 
-def http_ok(url: str, timeout: float = 2.0) -> bool:
-    """True when GET url answers 2xx."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return 200 <= response.status < 300
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+def prefect_server_command(port: int, host: str = HOST) -> list[str]:
+    """``prefect server start`` (API and UI) on host:port with analytics off, run by this interpreter."""
+    return [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port),
+            "--analytics-off"]
 
 
 # -- S3 ----------------------------------------------------------------------------------------------------------------
@@ -341,6 +271,7 @@ class LocalStack:
     timeout: float = DEFAULT_TIMEOUT_S
     host: str = HOST
     echo: Callable[[str], None] = field(default=lambda message: None, repr=False)
+    _processes: dict[str, ServiceProcess] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).resolve()
@@ -427,36 +358,22 @@ class LocalStack:
         data = self.root / "s3"
         data.mkdir(parents=True, exist_ok=True)
         identities = self.root / "s3-identities.json"
-        self._write_json(identities, {"identities": [{
-            "name": "labelshift-stack",
-            "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-            "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}, mode=0o600)
+        self._write_json(identities, weed_identities(access_key, secret_key), mode=0o600)
         taken = set(self.ports().values()) | {s3_port}
         chosen = [p for p in free_ports(len(WEED_INTERNAL_PORT_FLAGS) + len(taken), self.host) if p not in taken]
-        internal = dict(zip(WEED_INTERNAL_PORT_FLAGS, chosen))
-        command = [
-            find_weed(), "mini", f"-dir={data}", f"-ip={self.host}", f"-ip.bind={self.host}",
-            f"-s3.port={s3_port}", f"-s3.config={identities}", "-s3.autoCreateBucket=false",
-            "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-            "-master.telemetry=false", "-volume.preStopSeconds=0",
-            *[f"-{flag}={port}" for flag, port in internal.items()],
-        ]
-        sock = self.root / "run" / "s3.sock"
-        if len(str(sock)) < 100:  # unix socket paths are limited to 108 bytes
-            command.append(f"-s3.localSocket={sock}")
-        return command
+        ports = {"s3.port": s3_port, **dict(zip(WEED_INTERNAL_PORT_FLAGS, chosen))}
+        return weed_mini_command(find_weed(), data_dir=data, identities=identities, ports=ports, host=self.host,
+                                 sockets={"s3": self.root / "run" / "s3.sock"})
 
     def _mlflow_command(self, port: int) -> list[str]:
         db = self.root / "mlflow" / "mlflow.db"
         db.parent.mkdir(parents=True, exist_ok=True)
-        return [sys.executable, "-m", "mlflow", "server",
-                "--backend-store-uri", f"sqlite:///{db}",
-                "--artifacts-destination", f"s3://{self.bucket}/mlartifacts",
-                "--host", self.host, "--port", str(port), "--workers", str(self.mlflow_workers)]
+        return mlflow_server_command(port, backend_store_uri=f"sqlite:///{db}",
+                                     artifacts_destination=f"s3://{self.bucket}/mlartifacts", host=self.host,
+                                     workers=self.mlflow_workers)
 
     def _prefect_command(self, port: int) -> list[str]:
-        return [sys.executable, "-m", "prefect", "server", "start", "--host", self.host, "--port", str(port),
-                "--analytics-off"]
+        return prefect_server_command(port, self.host)
 
     def _base_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _FOREIGN_AWS_VARS}
@@ -488,18 +405,23 @@ class LocalStack:
 
     # -- process bookkeeping -------------------------------------------------------------------------------------------
     def _launch(self, name: str, command: list[str], env: Mapping[str, str], extra: Mapping | None = None) -> dict:
-        log = self.log_path(name)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as out:
-            out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(command)}\n".encode())
-            out.flush()
-            process = subprocess.Popen(command, cwd=self.root, env=dict(env), stdin=subprocess.DEVNULL,
-                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        record = {"pid": process.pid, "pgid": process.pid, "start_ticks": _proc_start_ticks(process.pid),
-                  "command": command, "log": str(log), **(extra or {})}
+        process = ServiceProcess(command, log=self.log_path(name), env=env, cwd=self.root,
+                                 name=TITLES.get(name, name)).start()
+        self._processes[name] = process
+        record = {"pid": process.pid, "pgid": process.pgid if process.pgid is not None else process.pid,
+                  "create_time": process.create_time, "command": command, "log": str(process.log), **(extra or {})}
         self._write_json(self._run_file(name), record)
         self._pid_file(name).write_text(f"{process.pid}\n")
         return record
+
+    def _process(self, name: str, record: Mapping) -> ServiceProcess:
+        """The service's process: the one this object started, else taken over from its run record."""
+        started = self._processes.get(name)
+        if started is not None and started.pid == record["pid"]:
+            return started
+        return ServiceProcess.attach(record["pid"], create_time=_recorded_start(record),
+                                     pgid=record.get("pgid", record["pid"]), log=record.get("log", os.devnull),
+                                     name=TITLES.get(name, name), command=record.get("command", ()))
 
     def _record(self, name: str) -> dict | None:
         return self._read_json(self._run_file(name))
@@ -509,7 +431,7 @@ class LocalStack:
         record = self._record(name)
         if record is None:
             return None
-        if pid_alive(record["pid"], record.get("start_ticks")):
+        if pid_alive(record["pid"], _recorded_start(record)):
             return record
         self._forget(name)
         return None
@@ -523,17 +445,8 @@ class LocalStack:
         return sorted(p.stem for p in run.glob("worker-*.json")) if run.is_dir() else []
 
     def _wait_ready(self, name: str, record: dict, check: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            if not pid_alive(record["pid"], record.get("start_ticks")):
-                raise StackError(f"{TITLES.get(name, name)} exited while starting; log {record['log']}:\n"
-                                 f"{log_tail(Path(record['log']))}")
-            if check():
-                return
-            time.sleep(0.2)
-        raise StackError(f"{TITLES.get(name, name)} did not answer {what} within {self.timeout:.0f} s "
-                         f"(raise --timeout on a slow machine); log {record['log']}:\n"
-                         f"{log_tail(Path(record['log']))}")
+        self._process(name, record).wait_ready(check, self.timeout, what=what,
+                                               if_slow=" (raise --timeout on a slow machine)", error=StackError)
 
     # -- up / down / status ------------------------------------------------------------------------------------------
     def up(self, *, workers: int = 0, pool: str = DEFAULT_POOL, worker_limit: int = 1) -> dict[str, str]:
@@ -639,13 +552,8 @@ class LocalStack:
         record = self._record(name)
         if record is None:
             return False
-        was_running = pid_alive(record["pid"], record.get("start_ticks"))
-        if was_running:
-            pgid = record.get("pgid", record["pid"])
-            _signal_group(pgid, signal.SIGTERM)
-            if not _wait_until(lambda: not _group_alive(pgid), _STOP_GRACE_S):
-                _signal_group(pgid, signal.SIGKILL)
-                _wait_until(lambda: not _group_alive(pgid), 5.0)
+        was_running = self._process(name, record).stop(_STOP_GRACE_S, kill_wait=5.0)
+        self._processes.pop(name, None)
         if name == "s3":
             self._remove_weed_sockets(record.get("command", []))
         self._forget(name)
@@ -655,31 +563,17 @@ class LocalStack:
         """Stop workers, then Prefect, MLflow and S3; end stray processes of this stack. Returns what was stopped."""
         stopped = [name for name in [*self._worker_names(), *reversed(SERVICES)] if self._stop(name)]
         strays = marked_processes(self.root)
-        for pid in strays:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        if strays and not _wait_until(lambda: not marked_processes(self.root), _STOP_GRACE_S):
-            for pid in marked_processes(self.root):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            _wait_until(lambda: not marked_processes(self.root), 5.0)
+        signal_processes(strays, signal.SIGTERM)
+        if strays and not wait_until(lambda: not marked_processes(self.root), _STOP_GRACE_S):
+            signal_processes(marked_processes(self.root), signal.SIGKILL)
+            wait_until(lambda: not marked_processes(self.root), 5.0)
         return stopped
 
     @staticmethod
     def _remove_weed_sockets(command: list[str]) -> None:
         """weed leaves unix sockets in the temp folder named after its ports; remove those of one weed process."""
-        ports = {arg.rsplit("=", 1)[1] for arg in command if arg.startswith("-") and ".port" in arg and "=" in arg}
-        for port in ports:
-            for path in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
-                try:
-                    if path.is_socket() and path.stat().st_uid == os.getuid():
-                        path.unlink()
-                except OSError:
-                    pass
+        remove_weed_sockets({arg.rsplit("=", 1)[1] for arg in command
+                             if arg.startswith("-") and ".port" in arg and "=" in arg})
 
     def status(self) -> list[ServiceStatus]:
         """State of each service: running (answers its health check), not ready, or stopped."""

@@ -1,0 +1,344 @@
+"""Server processes on this machine: start, wait until ready, stop with everything they started; ports and probes.
+
+:class:`ServiceProcess` starts a command in a process group (a session) of its own with its output appended to a
+log file, waits until a readiness check passes (or fails with the tail of the log), and stops the leader and every
+process it started: those still in its group and its descendants that left it (SIGTERM, then SIGKILL after a
+grace period). A process started by an earlier command is taken over with :meth:`ServiceProcess.attach` from its
+pid and start time.
+
+Process inspection goes through psutil, so the module runs wherever psutil does; process groups and signals are
+POSIX. The start time recorded with a pid (:func:`start_time`) tells a process from a later one that reuses its pid.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import psutil
+
+__all__ = ["HOST", "ServiceProcess", "ServiceStartError", "free_ports", "port_in_use", "http_ok", "log_tail",
+           "wait_until", "pid_alive", "start_time", "processes_with_env", "signal_processes"]
+
+HOST = "127.0.0.1"
+#: start times of one process read by two programs may differ by the rounding of the boot time (whole seconds)
+_SAME_START_S = 1.0
+_PR_SET_PDEATHSIG = 1
+
+
+class ServiceStartError(RuntimeError):
+    """A service exited while starting or did not become ready in time; the message ends with its log tail."""
+
+
+# -- ports and probes --------------------------------------------------------------------------------------------------
+def free_ports(count: int, host: str = HOST) -> list[int]:
+    """``count`` distinct ports free on ``host`` a moment ago (held open together while chosen)."""
+    held = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            held.append(s)
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
+def port_in_use(port: int, host: str = HOST) -> bool:
+    """True when something accepts connections on host:port (or the port cannot be bound)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        if s.connect_ex((host, port)) == 0:
+            return True
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as the servers do: connections of an earlier run in TIME_WAIT do not block the port
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    """True when GET url answers 2xx."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return 200 <= response.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def log_tail(path: Path, lines: int = 40, *, notable: re.Pattern | None = None) -> str:
+    """The last ``lines`` lines of a log; with ``notable``, first the earlier lines matching it (at most 10)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    all_lines = text.splitlines()
+    tail = all_lines[-lines:]
+    if notable is not None:
+        earlier = [line for line in all_lines[:-lines] if notable.search(line)][:10]
+        if earlier:
+            tail = [*earlier, "...", *tail]
+    return "\n".join(tail) or "(empty log)"
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.1) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` seconds pass; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+# -- process identity --------------------------------------------------------------------------------------------------
+def start_time(pid: int) -> float | None:
+    """When ``pid`` started (seconds since the epoch, psutil's ``create_time``), or None if it does not run."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status if the process is our child (a zombie would otherwise look alive)."""
+    if hasattr(os, "waitpid") and hasattr(os, "WNOHANG"):
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except (ChildProcessError, OSError):
+            pass
+
+
+def _running(process: psutil.Process) -> bool:
+    """True while the process runs and is not a zombie (without reaping it)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def pid_alive(pid: int, create_time: float | None = None) -> bool:
+    """True when ``pid`` runs, is not a zombie, and (when ``create_time`` is given) started at that time.
+
+    Reaps the process first if it is a child of this one.
+    """
+    _reap(pid)
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if create_time is not None and abs(process.create_time() - create_time) > _SAME_START_S:
+            return False
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+    return True
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Pids of the live processes (this one aside) whose environment has ``name=value`` (those we may read)."""
+    found = []
+    for process in psutil.process_iter():
+        if process.pid == os.getpid():
+            continue
+        try:
+            if process.environ().get(name) == value and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def signal_processes(pids: Iterable[int], sig: int) -> None:
+    """Send ``sig`` to each pid still running (one that ended meanwhile is skipped)."""
+    for pid in pids:
+        try:
+            psutil.Process(pid).send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (OSError, AttributeError):
+        return None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to send SIGTERM when the parent thread ends."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+# -- one service process -----------------------------------------------------------------------------------------------
+class ServiceProcess:
+    """A server process in a process group of its own, with its output appended to ``log``.
+
+    Args:
+        command: the program and its arguments.
+        log: file that receives stdout and stderr (appended, after a line with the time and the command).
+        env: the whole environment of the process (default: this one's).
+        cwd: its working directory.
+        name: how messages call it ("MLflow server").
+        notable: lines of the log worth showing in an error even before its tail (e.g. a bad flag's complaint).
+        die_with_parent: Linux only: the process gets SIGTERM when the thread that started it ends (even on
+            SIGKILL); ignored elsewhere.
+    """
+
+    def __init__(self, command: Sequence[str], *, log: str | os.PathLike, env: Mapping[str, str] | None = None,
+                 cwd: str | os.PathLike | None = None, name: str | None = None, notable: re.Pattern | None = None,
+                 die_with_parent: bool = False):
+        self.command = [str(part) for part in command]
+        self.log = Path(log)
+        self.env = dict(env) if env is not None else None
+        self.cwd = cwd
+        self.name = name or (Path(self.command[0]).name if self.command else "process")
+        self.notable = notable
+        self.die_with_parent = die_with_parent
+        self.pid: int | None = None
+        self.pgid: int | None = None
+        self.create_time: float | None = None
+        self._popen: subprocess.Popen | None = None
+
+    @classmethod
+    def attach(cls, pid: int, *, create_time: float | None = None, pgid: int | None = None,
+               log: str | os.PathLike = os.devnull, name: str | None = None,
+               command: Sequence[str] = ()) -> "ServiceProcess":
+        """The service started earlier (maybe by another program) as ``pid``, started at ``create_time``."""
+        process = cls(command, log=log, name=name or f"process {pid}")
+        process.pid, process.pgid, process.create_time = pid, pgid, create_time
+        return process
+
+    def start(self) -> "ServiceProcess":
+        """Launch the command (not waiting for it to be ready); returns self."""
+        if self.alive:
+            return self
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        preexec = _die_with_parent if self.die_with_parent and sys.platform.startswith("linux") else None
+        with open(self.log, "ab") as out:
+            out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(self.command)}\n".encode())
+            out.flush()
+            self._popen = subprocess.Popen(self.command, cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
+                                           stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                           preexec_fn=preexec)
+        self.pid = self._popen.pid
+        self.pgid = self.pid if hasattr(os, "killpg") else None
+        self.create_time = start_time(self.pid)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        """True while the started process runs (a zombie does not count)."""
+        if self.pid is None:
+            return False
+        if self._popen is not None:
+            return self._popen.poll() is None
+        return pid_alive(self.pid, self.create_time)
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status once ended, when this object started the process; else None."""
+        return None if self._popen is None else self._popen.poll()
+
+    def tail(self, lines: int = 40) -> str:
+        return log_tail(self.log, lines, notable=self.notable)
+
+    def wait_ready(self, check: Callable[[], bool], timeout: float, *, what: str = "its readiness check",
+                   if_exited: str = "", if_slow: str = "", step: float = 0.2,
+                   error: type[Exception] = ServiceStartError) -> None:
+        """Poll ``check`` until it returns True; the process is left running either way.
+
+        Raises ``error`` when the process exits first or ``timeout`` seconds pass, with ``if_exited`` or
+        ``if_slow`` (advice, e.g. " (raise --timeout)") after the cause, then the log's path and tail.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive:
+                status = f" (exit status {self.returncode})" if self.returncode is not None else ""
+                raise error(f"{self.name} exited while starting{status}{if_exited}; log {self.log}:\n{self.tail()}")
+            if check():
+                return
+            time.sleep(step)
+        raise error(f"{self.name} did not answer {what} within {timeout:.0f} s{if_slow}; log {self.log}:\n"
+                    f"{self.tail()}")
+
+    def _members(self) -> dict[int, psutil.Process]:
+        """The live processes of this service: the leader and its descendants, and whatever is in its group."""
+        found: dict[int, psutil.Process] = {}
+        if self.pid is not None and self.alive:
+            try:
+                leader = psutil.Process(self.pid)
+                found[leader.pid] = leader
+                for child in leader.children(recursive=True):
+                    found[child.pid] = child
+            except psutil.Error:
+                pass
+        if self.pgid is not None:
+            for process in psutil.process_iter():
+                if process.pid not in found and _group_of(process.pid) == self.pgid:
+                    found[process.pid] = process
+        return {pid: p for pid, p in found.items() if _running(p)}
+
+    def _signal(self, members: Mapping[int, psutil.Process], sig: int) -> None:
+        """Signal the group once, and each member outside it (so no process gets the signal twice)."""
+        if self.pgid is not None:
+            try:
+                os.killpg(self.pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid, process in members.items():
+            if self.pgid is None or _group_of(pid) != self.pgid:
+                try:
+                    process.send_signal(sig)
+                except psutil.Error:
+                    pass
+
+    def stop(self, grace: float = 10.0, kill_wait: float = 5.0) -> bool:
+        """End the process and everything it started: SIGTERM, then SIGKILL to what is left after ``grace`` s.
+
+        Returns True when the process was running. Does nothing to a pid now held by another process.
+        """
+        if not self.alive:
+            if self._popen is not None:
+                self._popen.poll()
+            return False
+        tracked = self._members()
+
+        def remaining() -> dict[int, psutil.Process]:
+            current = {pid: p for pid, p in tracked.items() if _running(p)}
+            current.update(self._members())
+            return current
+
+        self._signal(tracked, signal.SIGTERM)
+        if not wait_until(lambda: not remaining(), grace):
+            tracked.update(self._members())
+            self._signal(remaining(), signal.SIGKILL)
+            wait_until(lambda: not remaining(), kill_wait)
+        if self._popen is not None:
+            try:
+                self._popen.wait(timeout=kill_wait)
+            except subprocess.TimeoutExpired:
+                pass
+        return True
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive else "not running"
+        return f"ServiceProcess({self.name!r}, pid={self.pid}, {state})"
