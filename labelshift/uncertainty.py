@@ -109,7 +109,7 @@ from scipy.stats import chi2, norm
 
 from ._validation import as_float_array, check_prior, check_probabilities
 from .diagnostics import confusion_condition
-from .errors import IllConditionedWarning, InputError
+from .errors import FormatError, IllConditionedWarning, InputError
 from .estimators import BBSE_FLAG_SNR, MLLS, MLLS_FLAG_M_SIGMA
 from .solvers import PIN_TOL, mlls_gradient, mlls_hessian, mlls_newton, restricted_min_eigenvalue
 
@@ -155,6 +155,25 @@ def _json_value(v):
     if isinstance(v, dict):
         return {str(k): _json_value(x) for k, x in v.items()}
     return v
+
+
+def _float(x) -> float:
+    """A number read back from JSON: None (written for nan) is nan again."""
+    return math.nan if x is None else float(x)
+
+
+def _array(values) -> np.ndarray:
+    return np.array([_float(v) for v in values], dtype=np.float64)
+
+
+def _require(d, name: str, keys: tuple[str, ...]) -> dict:
+    """``d`` if it is a dict with ``keys``; FormatError naming what is missing otherwise."""
+    if not isinstance(d, dict):
+        raise FormatError(f"{name} must be a dict as written by to_dict(), got {type(d).__name__}.")
+    missing = [k for k in keys if k not in d]
+    if missing:
+        raise FormatError(f"{name} lacks {', '.join(missing)}; pass the dict that to_dict() wrote.")
+    return d
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -339,6 +358,18 @@ class PriorInterval:
                 "pinned": [bool(b) for b in pinned], "n_target": None if self.n_target is None else int(self.n_target),
                 "extra": _json_value(self.extra)}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "PriorInterval":
+        """The interval that :meth:`to_dict` wrote (None read back as nan); ``from_dict(d).to_dict() == d``."""
+        d = _require(d, "interval", ("method", "level", "target_prior", "lower", "upper", "weights", "weights_lower",
+                                     "weights_upper", "std_error"))
+        return cls(target_prior=_array(d["target_prior"]), lower=_array(d["lower"]), upper=_array(d["upper"]),
+                   weights=_array(d["weights"]), weights_lower=_array(d["weights_lower"]),
+                   weights_upper=_array(d["weights_upper"]), std_error=_array(d["std_error"]),
+                   level=float(d["level"]), method=str(d["method"]),
+                   pinned=None if d.get("pinned") is None else np.asarray(d["pinned"], dtype=bool),
+                   n_target=d.get("n_target"), extra=dict(d.get("extra") or {}))
+
 
 def fisher_interval(target_probs, weights, source_prior, *, level: float = 0.95) -> PriorInterval:
     """Normal confidence intervals on the target prior from the Fisher information of the MLLS likelihood
@@ -494,6 +525,14 @@ class NoShiftTest:
                 "method": self.method, "n_target": None if self.n_target is None else int(self.n_target),
                 "n_source": self.n_source}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "NoShiftTest":
+        """The test that :meth:`to_dict` wrote (None read back as nan); ``from_dict(d).to_dict() == d``."""
+        d = _require(d, "no_shift_test", ("statistic", "dof", "p_value"))
+        return cls(statistic=_float(d["statistic"]), dof=int(d["dof"]), p_value=_float(d["p_value"]),
+                   method=str(d.get("method", "likelihood-ratio")), n_target=d.get("n_target"),
+                   n_source=d.get("n_source"))
+
 
 def no_shift_test(target_probs, weights, source_prior, *, source_probs=None) -> NoShiftTest:
     """Test of H0: w = 1 (no label shift, p_t = p_s).
@@ -600,6 +639,19 @@ class Identifiability:
                 "reasons": list(self.reasons), "pinned_bounds": [None if b is None else _num(b)
                                                                  for b in self.pinned_bounds],
                 "max_weight_width": None if self.max_weight_width is None else _num(self.max_weight_width)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Identifiability":
+        """The report that :meth:`to_dict` wrote (a None number read back as nan where one is required, as None
+        where it is optional); ``from_dict(d).to_dict() == d``."""
+        d = _require(d, "identifiability", ("min_hessian_eigenvalue", "min_free_eigenvalue", "n_target",
+                                            "trustworthy"))
+        return cls(min_hessian_eigenvalue=_float(d["min_hessian_eigenvalue"]),
+                   min_free_eigenvalue=_float(d["min_free_eigenvalue"]),
+                   confusion_sigma_min=d.get("confusion_sigma_min"), confusion_condition=d.get("confusion_condition"),
+                   n_source=d.get("n_source"), n_target=int(d["n_target"]), trustworthy=bool(d["trustworthy"]),
+                   reasons=list(d.get("reasons") or []), confusion_snr=d.get("confusion_snr"),
+                   pinned_bounds=list(d.get("pinned_bounds") or []), max_weight_width=d.get("max_weight_width"))
 
 
 def identifiability(target_probs, weights, source_prior, *, confusion=None, n_source: int | None = None,
