@@ -1,23 +1,12 @@
-"""Prefect tasks of scheduled re-estimation: the registered model, its calibrator, the target batches, the estimate.
+"""Prefect tasks of scheduled re-estimation: load the registered model with its calibrator and labelled source
+holdout, score the target batches, assess the shift (:func:`labelshift.report.assess_shift`), log to MLflow and
+write the outputs.
 
-What a registered model must carry (MLflow): a model version of ``NAME`` (``models:/NAME@ALIAS`` or
-``models:/NAME/VERSION``) logged with ``mlflow.pytorch.log_model`` and a tensor signature, whose *source run*
-holds, beside the model,
-
-* ``calibration/<CALIBRATOR>.json`` -- the fitted calibrator (:mod:`labelshift.calibration`, e.g. BCTS) with its
-  NLL and ECE, as the training task of the image sweeps logs it;
-* ``calibration/source_holdout.npz`` -- the held-out *labelled source* outputs the calibrator was fit on: arrays
-  ``logits`` (n, k) and ``labels`` (n,). MLLS takes p_s(y) from them (so that the constraint set W and the EM ratio
-  are consistent with the calibrated predictor, DESIGN "numerics"), BBSE its confusion matrix.
-
-:func:`log_reestimation_reference` writes both; the ``reproduce`` flow's calibration task calls it, so every model
-it registers (``labelshift-<dataset>``, aliases ``newest`` / ``latest-good``) can be re-estimated.
-
-MLflow layout of re-estimation (experiment ``reestimation`` by default): one *monitor* run per (registered model,
-target) -- tags ``labelshift.kind = monitor``, ``labelshift.model``, ``labelshift.target`` -- whose metrics
-``prior/<class>`` etc. gain one point per successful re-estimation (``step`` = the run sequence of the watermark),
-so its charts in the MLflow UI are the drift over time; under it one child run per re-estimation with the same
-metrics, the interval, the no-shift p-value, the identifiability numbers, the figure and the summary JSON.
+A registered model can be re-estimated when its source run holds ``calibration/<CALIBRATOR>.json`` and
+:data:`REFERENCE_ARTIFACT` (``logits`` and ``labels`` of the labelled source holdout), as
+:func:`log_reestimation_reference` writes them. MLflow: one monitor run per (model, target) whose series is the
+prior over time, and under it one child run per re-estimation (:func:`prior_metrics`, the figure, the summary
+JSON). Both layouts are described in ``docs/reestimation.md``.
 """
 from __future__ import annotations
 
@@ -108,10 +97,9 @@ class ModelBundle:
 
     @property
     def source_prior(self) -> np.ndarray:
-        """p_s(y) for MLLS: the mean calibrated prediction on the source holdout, the prior the calibrated predictor
-        is consistent with (DESIGN "numerics"). For calibrators with class biases fit by NLL (BCTS, VS) it equals
-        the holdout's label frequencies (the bias score equations); for TS and NBVS it can differ from them, and
-        the label frequencies would put W and the EM ratio at odds with f."""
+        """p_s(y): the mean calibrated prediction on the source holdout, the prior the calibrated predictor is
+        consistent with (so that W and the EM step of MLLS agree with f). It equals the holdout's label
+        frequencies for BCTS and VS, not always for TS and NBVS; ``docs/reestimation.md``."""
         prior = self.source_probs.mean(axis=0)
         return prior / prior.sum()
 

@@ -1,7 +1,6 @@
 """Unit tests of the pure helpers of :mod:`tasks.reestimation` (no servers)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from labelshift.errors import InputError
