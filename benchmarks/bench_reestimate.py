@@ -261,7 +261,7 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     from labelshift.storage import open_store
     from tasks.reestimation import (_forward, end_run, estimate_shift, history_record, load_bundle,
                                     log_reestimation, render_figure, start_reestimation_run, sync_monitor,
-                                    verdict, write_outputs)
+                                    write_outputs)
     from tasks.tracking import check_tracking_server, git_commit, run_url
 
     steps: dict[str, float] = {}
@@ -299,26 +299,26 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     lap("read + check batches")
     probs = [bundle.calibrator.predict_proba(_forward(bundle.model, x, 1024)) for x in arrays]
     lap("forward + calibrate")
-    result = estimate_shift.fn(bundle, probs, estimator=estimator, cross_check=list(cross_check), interval=interval,
+    report = estimate_shift.fn(bundle, probs, estimator=estimator, cross_check=list(cross_check), interval=interval,
                                level=level, significance=significance, n_bootstrap=n_bootstrap, seed=seed,
                                max_interval_width=None)
     lap("estimate_shift (MLLS + BBSE fits, interval, test, identifiability)")
-    word = verdict(result)
+    word = report.verdict
     ui = run_url(env.tracking_uri, runs["experiment_id"], runs["run_id"])
     summary = {
-        "verdict": word, "headline": _headline(word, result), "sequence": sequence, "model": bundle.describe(),
-        "target": store.uri, "batches": [b.key for b in batches], "result": result,
+        "verdict": word, "headline": _headline(report), "sequence": sequence, "model": bundle.describe(),
+        "target": store.uri, "batches": [b.key for b in batches], "result": report.to_dict(),
         "mlflow": {"tracking_uri": env.tracking_uri, "experiment_id": runs["experiment_id"],
                    "run_id": runs["run_id"], "monitor_run_id": runs["monitor_run_id"], "ui": ui},
         "prefect_flow_run_id": None, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    record = history_record(result, runs["run_id"], bundle.name)
-    figure = render_figure(result, [*watermark.history, dict(record, sequence=sequence)], result["interval"]["level"],
+    record = history_record(report, runs["run_id"], bundle.name)
+    figure = render_figure(report, [*watermark.history, dict(record, sequence=sequence)], report.interval.level,
                            f"{bundle.name} v{bundle.version}: target prior, run {sequence}")
     lap("figure (matplotlib PNG)")
-    log_reestimation(env.tracking_uri, runs, result, summary, figure, step=sequence)
+    log_reestimation(env.tracking_uri, runs, report, summary, figure, step=sequence)
     lap("MLflow: metrics + summary + figure")
-    summary["outputs"] = write_outputs.fn(target_uri, batches, probs, result["weights"], summary)
+    summary["outputs"] = write_outputs.fn(target_uri, batches, probs, report.weights.tolist(), summary)
     lap("write corrected predictions + summaries")
     committed = commit_watermark(store, watermark, batches, record)
     lap("commit watermark")

@@ -81,28 +81,29 @@ def register(sub) -> None:
 def format_summary(summary: dict) -> str:
     """The summary as a plain-text table for the terminal."""
     from flows.reestimate import format_p
+    from labelshift.report import ShiftReport, finite
 
     if summary.get("verdict") == "No new data":
         return f"No new data under {summary['target']} (run sequence {summary.get('sequence')})."
-    res = summary["result"]
-    ci, test, ident = res["interval"], res["no_shift_test"], res["identifiability"]
-    interval_label = f"{ci['level']:.0%} interval"
+    res = ShiftReport.from_dict(summary["result"])
+    ci, test, ident = res.interval, res.no_shift_test, res.identifiability
+    interval_label = f"{ci.level:.0%} interval"
     lines = [f"{summary['verdict']}: {summary['headline']}",
              f"  model {summary['model']['uri']} (version {summary['model']['version']}), "
-             f"{len(summary['batches'])} new batch(es), {res['n_target']} rows, run {summary['sequence']}",
+             f"{len(summary['batches'])} new batch(es), {res.n_target} rows, run {summary['sequence']}",
              "", f"  {'class':>5}  {'source':>8}  {'target':>8}  {interval_label:>19}  {'w':>7}"]
-    for c in range(res["n_classes"]):
-        lines.append(f"  {c:>5}  {res['source_prior'][c]:8.4f}  {res['target_prior'][c]:8.4f}  "
-                     f"[{ci['lower'][c]:.4f}, {ci['upper'][c]:.4f}]  {res['weights'][c]:7.3f}")
-    lines += ["", f"  no-shift test: statistic {test['statistic']:.2f} on {test['dof']} dof, "
-                  f"p {format_p(test['p_value'])}",
-              f"  identifiability: min Hessian eigenvalue {ident['min_hessian_eigenvalue']:.3g}"
-              + (f", confusion condition {ident['confusion_condition']:.3g}"
-                 if ident.get("confusion_condition") is not None else "")
-              + ("" if res["trustworthy"] else "  NOT TRUSTWORTHY: " + "; ".join(ident.get("reasons", [])))]
-    for method, check in res["cross_check"].items():
-        if "target_prior" in check:
-            lines.append(f"  cross-check {method}: " + " ".join(f"{v:.4f}" for v in check["target_prior"]))
+    for c in range(res.n_classes):
+        lines.append(f"  {c:>5}  {res.source_prior[c]:8.4f}  {res.target_prior[c]:8.4f}  "
+                     f"[{ci.lower[c]:.4f}, {ci.upper[c]:.4f}]  {res.weights[c]:7.3f}")
+    lines += ["", f"  no-shift test: statistic {test.statistic:.2f} on {test.dof} dof, "
+                  f"p {format_p(test.p_value)}",
+              f"  identifiability: min Hessian eigenvalue {ident.min_hessian_eigenvalue:.3g}"
+              + (f", confusion condition {ident.confusion_condition:.3g}"
+                 if finite(ident.confusion_condition) else "")
+              + ("" if res.trustworthy else "  NOT TRUSTWORTHY: " + "; ".join(ident.reasons))]
+    for method, check in res.cross_check.items():
+        if check.ok:
+            lines.append(f"  cross-check {method}: " + " ".join(f"{v:.4f}" for v in check.target_prior))
     for warning in summary.get("warnings", []):
         lines.append(f"  warning: {warning}")
     ml = summary.get("mlflow", {})

@@ -39,12 +39,12 @@ from prefect.states import Completed
 from pydantic import Field
 
 from flows import settings as settings_mod
-from labelshift.errors import InputError
 from labelshift.monitoring import commit_watermark, find_new_batches, read_watermark
+from labelshift.registry import check_interval
+from labelshift.report import ShiftReport, finite
 from labelshift.storage import open_store
 from tasks.reestimation import (end_run, estimate_shift, history_record, load_model_task, log_reestimation,
-                                render_figure, score_batches, start_reestimation_run, sync_monitor, verdict,
-                                write_outputs)
+                                render_figure, score_batches, start_reestimation_run, sync_monitor, write_outputs)
 from tasks.tracking import check_tracking_server, git_commit, run_url
 
 __all__ = ["reestimate", "DEFAULT_MODEL", "target_uri_for", "summary_markdown"]
@@ -117,49 +117,48 @@ def _fmt_prior(values) -> str:
 
 def summary_markdown(summary: dict) -> str:
     """The Prefect artifact: the verdict first, then a table per class, then the numbers behind the verdict."""
-    res = summary["result"]
-    ci, test, ident = res["interval"], res["no_shift_test"], res["identifiability"]
+    res = ShiftReport.from_dict(summary["result"])
+    ci, test, ident = res.interval, res.no_shift_test, res.identifiability
     word = summary["verdict"]
     icon = {"Shifted": "⚠️", "No shift": "✅", "Untrustworthy": "❓"}.get(word, "")
-    change = res["largest_change"]
+    change = res.largest_change
     lines = [f"# {icon} {word}: {summary['model']['uri']} on {summary['target']}", "",
              f"**{summary['headline']}**", "",
-             f"- new batches: {len(summary['batches'])} ({res['n_target']} rows), run sequence "
+             f"- new batches: {len(summary['batches'])} ({res.n_target} rows), run sequence "
              f"{summary['sequence']}",
-             f"- no-shift test ({test['method']}, {test['dof']} dof): statistic {test['statistic']:.2f}, "
-             f"p {format_p(test['p_value'])} (shifted when p < {res['significance']})",
-             f"- total variation between source and target prior: {res['total_variation']:.3f}; largest change: "
-             f"class {change['class']} {change['source']:.3f} -> {change['target']:.3f}",
-             f"- identifiability: min Hessian eigenvalue {ident['min_hessian_eigenvalue']:.3g}"
-             + (f", confusion-matrix condition {ident['confusion_condition']:.3g}"
-                if ident.get("confusion_condition") is not None else "")
-             + ("" if res["trustworthy"] else " -- **not trustworthy**: " + "; ".join(ident.get("reasons", []))),
-             "", f"| class | source p_s | target p_t ({res['method']}) | {ci['level']:.0%} interval | w |",
+             f"- no-shift test ({test.method}, {test.dof} dof): statistic {test.statistic:.2f}, "
+             f"p {format_p(test.p_value)} (shifted when p < {res.significance})",
+             f"- total variation between source and target prior: {res.total_variation:.3f}; largest change: "
+             f"class {change.label} {change.source:.3f} -> {change.target:.3f}",
+             f"- identifiability: min Hessian eigenvalue {ident.min_hessian_eigenvalue:.3g}"
+             + (f", confusion-matrix condition {ident.confusion_condition:.3g}"
+                if finite(ident.confusion_condition) else "")
+             + ("" if res.trustworthy else " -- **not trustworthy**: " + "; ".join(ident.reasons)),
+             "", f"| class | source p_s | target p_t ({res.method}) | {ci.level:.0%} interval | w |",
              "|---|---|---|---|---|"]
-    for c in range(res["n_classes"]):
-        lines.append(f"| {c} | {res['source_prior'][c]:.4f} | {res['target_prior'][c]:.4f} | "
-                     f"[{ci['lower'][c]:.4f}, {ci['upper'][c]:.4f}] | {res['weights'][c]:.3f} |")
-    for method, check in res["cross_check"].items():
+    for c in range(res.n_classes):
+        lines.append(f"| {c} | {res.source_prior[c]:.4f} | {res.target_prior[c]:.4f} | "
+                     f"[{ci.lower[c]:.4f}, {ci.upper[c]:.4f}] | {res.weights[c]:.3f} |")
+    for method, check in res.cross_check.items():
         lines.append("")
-        lines.append(f"Cross-check {method}: " + (_fmt_prior(check["target_prior"]) if "target_prior" in check
-                                                  else f"failed ({check.get('error')})"))
+        lines.append(f"Cross-check {method}: " + (_fmt_prior(check.target_prior) if check.ok
+                                                  else f"failed ({check.error})"))
     links = summary.get("links", {})
     if links:
         lines += ["", *[f"- {k}: {v}" for k, v in links.items()]]
     return "\n".join(lines) + "\n"
 
 
-def _headline(word: str, res: dict) -> str:
-    test = res["no_shift_test"]
-    change = res["largest_change"]
-    if word == "Untrustworthy":
-        return ("The estimate cannot be trusted: " + "; ".join(res["identifiability"].get("reasons", []))
-                + f" (p {format_p(test['p_value'])}).")
-    if word == "Shifted":
-        return (f"The label distribution has shifted (p {format_p(test['p_value'])}): total variation "
-                f"{res['total_variation']:.3f}, largest change class {change['class']} "
-                f"{change['source']:.3f} -> {change['target']:.3f}.")
-    return f"No significant shift (p {format_p(test['p_value'])}); total variation {res['total_variation']:.3f}."
+def _headline(report: ShiftReport) -> str:
+    """One sentence for the verdict of ``report``."""
+    p = format_p(report.no_shift_test.p_value)
+    change = report.largest_change
+    if report.verdict == "Untrustworthy":
+        return "The estimate cannot be trusted: " + "; ".join(report.identifiability.reasons) + f" (p {p})."
+    if report.verdict == "Shifted":
+        return (f"The label distribution has shifted (p {p}): total variation {report.total_variation:.3f}, "
+                f"largest change class {change.label} {change.source:.3f} -> {change.target:.3f}.")
+    return f"No significant shift (p {p}); total variation {report.total_variation:.3f}."
 
 
 def _commit(store, watermark, batches, record, mlflow_run_id):
@@ -203,9 +202,7 @@ def reestimate(
     estimate with intervals, test and identifiability, the MLflow ids and the output locations.
     """
     logger = get_run_logger()
-    if interval == "fisher" and estimator != "MLLS":
-        raise InputError(f"interval='fisher' comes from the MLLS likelihood; with estimator={estimator!r} use "
-                         "interval='bootstrap'.")
+    check_interval(estimator, interval)
     env = settings_mod.resolve(tracking_uri=tracking_uri, experiment_name=mlflow_experiment)
     target_uri = target_uri_for(target, env.store_uri)
     t0 = time.perf_counter()
@@ -248,26 +245,25 @@ def reestimate(
         # 3. calibrated probabilities of every new row, batch by batch (nothing is written until all are read)
         probs = score_batches(bundle, target_uri, batches, batch_size=batch_size)
         # 4. the estimate, its uncertainty and identifiability
-        result = estimate_shift(bundle, probs, estimator=estimator, cross_check=list(cross_check),
+        report = estimate_shift(bundle, probs, estimator=estimator, cross_check=list(cross_check),
                                 interval=interval, level=level, significance=significance,
                                 n_bootstrap=n_bootstrap, seed=seed, max_interval_width=max_interval_width)
-        word = verdict(result)
+        word = report.verdict
         ui = run_url(env.tracking_uri, runs["experiment_id"], runs["run_id"])
         summary = {
-            "verdict": word, "headline": _headline(word, result), "sequence": sequence,
+            "verdict": word, "headline": _headline(report), "sequence": sequence,
             "model": bundle.describe(), "target": store.uri, "batches": [b.key for b in batches],
-            "result": result,
+            "result": report.to_dict(),
             "mlflow": {"tracking_uri": env.tracking_uri, "experiment_id": runs["experiment_id"],
                        "run_id": runs["run_id"], "monitor_run_id": runs["monitor_run_id"], "ui": ui},
             "prefect_flow_run_id": flow_run_id, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        record = history_record(result, runs["run_id"], bundle.name)
-        figure = render_figure(result, [*watermark.history, dict(record, sequence=sequence)],
-                               result["interval"]["level"],
+        record = history_record(report, runs["run_id"], bundle.name)
+        figure = render_figure(report, [*watermark.history, dict(record, sequence=sequence)], report.interval.level,
                                f"{bundle.name} v{bundle.version}: target prior, run {sequence}")
-        log_reestimation(env.tracking_uri, runs, result, summary, figure, step=sequence)
+        log_reestimation(env.tracking_uri, runs, report, summary, figure, step=sequence)
         # 5. outputs beside each batch, atomically; then -- only then -- the watermark
-        summary["outputs"] = write_outputs(target_uri, batches, probs, result["weights"], summary)
+        summary["outputs"] = write_outputs(target_uri, batches, probs, report.weights.tolist(), summary)
         committed = _commit(store, watermark, batches, record, runs["run_id"])
     except BaseException as exc:
         # cancelled (Prefect's termination signal, Ctrl-C) or failed: the watermark did not move

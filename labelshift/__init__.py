@@ -8,7 +8,9 @@ The public API::
     est = MLLS().fit(cal.predict_proba(valid_logits), valid_labels)
     res = est.estimate(cal.predict_proba(target_logits))     # res.weights, res.target_prior
 
-Estimators (``labelshift.estimators``), calibrators (``labelshift.calibration``), shift simulation
+The assessment of a target set for monitoring -- estimate, interval, no-shift test, identifiability -- is
+``labelshift.assess_shift`` (a :class:`ShiftReport`). Estimators (``labelshift.estimators``; by name,
+``labelshift.registry``), calibrators (``labelshift.calibration``), shift simulation
 (``labelshift.shift``), diagnostics (``labelshift.diagnostics``) and the paper's two-Gaussian experiments
 (``labelshift.experiments.gaussian``). Errors a user can cause raise :class:`LabelShiftError` subclasses.
 """
@@ -18,11 +20,13 @@ from .calibration import (BCTS, NBVS, TS, VS, BinningCalibrator, ConfusionMatrix
 from .errors import (CredentialsError, FormatError, IllConditionedError, IllConditionedWarning, InputError,
                      LabelShiftError, NotFittedError, ObjectNotFoundError, ServiceUnavailableError, StorageError)
 from .estimators import BBSE, MLLS, MLLSCM, PCC, RLLS, MLLSBinned
+from .report import ShiftReport, assess_shift
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BBSE", "RLLS", "MLLS", "MLLSCM", "MLLSBinned", "PCC", "Estimate", "LabelShiftEstimator",
+    "ShiftReport", "assess_shift",
     "TS", "TemperatureScaling", "BCTS", "VS", "VectorScaling", "NBVS", "ConfusionMatrixCalibrator",
     "BinningCalibrator", "load_calibrator", "nll", "expected_calibration_error",
     "LabelShiftError", "InputError", "NotFittedError", "IllConditionedError", "IllConditionedWarning",

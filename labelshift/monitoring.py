@@ -1,80 +1,16 @@
-"""The store side of scheduled re-estimation (issue 5): target batches, their outputs, and the watermark.
+"""The store side of scheduled re-estimation: target batches, their outputs, and the watermark.
 
-A *target* is a :class:`~labelshift.storage.Store` (an S3 prefix or a local folder) into which unlabelled data
-arrives as batches. The re-estimation flow finds the batches it has not counted yet, estimates the target label
-distribution from them, writes corrected predictions next to each batch and then moves the watermark. This module
-does the bookkeeping; it knows nothing about models or estimators.
+A target (a :class:`~labelshift.storage.Store`: an S3 prefix or a local folder) receives unlabelled batches, keys
+ending in ``.npy`` outside ``_labelshift/``. Beside each batch ``NAME.npy`` a run writes ``NAME.corrected.npy`` and
+then ``NAME.summary.json``; ``_labelshift/watermark.json`` lists every batch counted, by key and SHA-256, and one
+history entry per run. This module keeps those books and knows nothing about models or estimators.
 
-Layout of a target (keys relative to the store)::
-
-    <any/sub/path>/NAME.npy               an input batch: a float array of shape (n, *input_shape)
-    <any/sub/path>/NAME.corrected.npy     output: p_t(y|x) per row, shape (n, k), float32
-    <any/sub/path>/NAME.summary.json      output: the per-batch summary, written after .corrected.npy
-    _labelshift/watermark.json            the watermark, written only after a run succeeded
-    _labelshift/...                       anything else the system keeps
-
-Every key that ends in ``.npy`` is a batch, except outputs (``.corrected.npy``) and keys under ``_labelshift/``.
-Names are case-sensitive (``X.NPY`` is not a batch), and an input may not itself end in ``.corrected.npy``.
-
-How a run uses it
------------------
-::
-
-    batches, watermark = find_new_batches(store)           # InputError when the target never held a batch
-    for batch in batches:
-        x = load_batch(store, batch, input_shape=(1, 28, 28))
-        ...                                                 # estimate on all batches, then correct each one
-        write_batch_outputs(store, batch, corrected, summary)
-    commit_watermark(store, watermark, batches, {"target_prior": [...], "p_value": 0.3})
-
-Guarantees
-----------
-- **Counted once.** The watermark holds every batch ever counted, by key *and* content checksum (SHA-256). It is
-  written last, in one atomic put, only by :func:`commit_watermark`. A run that fails anywhere before that (bad
-  input, crash between writing outputs and committing) leaves it unchanged, so the next run finds the same batches
-  again and processes them in full; their outputs are simply overwritten (the same input gives the same output).
-  ``processed`` is a mapping by key, so a batch can never be counted twice in it.
-- **Nothing written on bad input.** :func:`find_new_batches` and :func:`load_batch` only read. A run that loads
-  and checks every batch before writing any output leaves the target exactly as it was when one batch is bad.
-- **Changed batches are refused, not recounted.** A batch already counted whose content changed under the same
-  key raises :class:`ChangedBatchError` naming it (the fix: put new data under a new key). Counting the new content
-  in place of the old is possible, but only explicitly: ``find_new_batches(..., on_changed="reprocess")``; the run
-  that commits it records the key under ``replaced`` in its history entry. A counted batch that was *deleted* is
-  not an error (retention policies remove old data); it stays in ``processed``. When every counted batch is gone
-  and nothing new came, :func:`find_new_batches` returns ``[]`` like any run without new data.
-- **Content pinned for the run.** :func:`load_batch` checks that the bytes it read have the checksum the batch was
-  listed with, so a batch replaced in the middle of a run cannot be counted under its old checksum.
-- **Compare-and-set commit.** :func:`commit_watermark` re-reads the watermark and refuses with
-  :class:`ConcurrentRunError` when another run committed since this one read it; after writing it reads the
-  watermark back and refuses the same way if another run's write replaced it. Object stores offer no atomic
-  compare-and-set through :class:`~labelshift.storage.Store`, so two commits landing within the same few
-  milliseconds can still both pass; the deployment should run with a concurrency limit of one. Even then no batch
-  is lost or counted twice: a lost commit only means its batches (absent from ``processed``) are processed again.
-
-Cost of a run
--------------
-A run's cost grows with the *new* data, not with the target's history. :func:`find_new_batches` makes
-
-- one listing of the target with a fingerprint per object (:meth:`Store.list_info
-  <labelshift.storage.Store.list_info>`: on S3 one ListObjectsV2 request per 1,000 keys, the ETag and size coming
-  with the keys; locally one ``stat`` per file) and one read of the watermark;
-- a SHA-256 only for batches that are new, or counted but whose fingerprint (size + version token) differs from
-  the one the watermark recorded for them. A batch written through a :class:`~labelshift.storage.Store` has its
-  hash recorded (S3 metadata, local sidecar): one HEAD request or one small read. A batch written by another tool
-  (``boto3.put_object``, ``aws s3 cp``, ``numpy.save``) has none: hashing it reads it whole, once.
-
-A counted batch whose fingerprint matches is taken as unchanged without any request. Then :func:`load_batch`
-reads each new batch once more to score it (so a new batch from another tool is read twice, a counted one never).
-
-The fingerprints live in the watermark beside the checksums (field ``fingerprints``, key -> size and version).
-They are a cache: a batch whose fingerprint is missing or different is hashed, and only a different SHA-256 makes
-it a changed batch; the same SHA-256 under a new fingerprint (the same bytes uploaded again, a local copy or
-``chmod``) just has its fingerprint refreshed. Refreshed fingerprints ride on the watermark that
-:func:`find_new_batches` returns and are written by the next :func:`commit_watermark`; a run without new data
-commits nothing, so until new data comes each run hashes those batches again. Fingerprints are missing in a
-watermark written before they existed (every counted batch is hashed once more, then recorded at the next commit)
-and for a local file changed within :attr:`LocalStore.racy_seconds <labelshift.storage.LocalStore.racy_seconds>` of
-the listing (its times cannot yet prove that it did not change again; it is hashed on the next run too).
+A run calls :func:`find_new_batches` (reads only), :func:`load_batch` per batch (reads and checks the content it
+was listed with), :func:`write_batch_outputs` per batch, and last :func:`commit_watermark` (compare-and-set; only
+it writes the watermark). A run that fails before the commit leaves the watermark as it was, so its batches are
+taken again by the next run and never counted twice; a batch whose content changed after it was counted raises
+:class:`ChangedBatchError` unless ``on_changed="reprocess"``. The layout, the guarantees and the cost of a run
+(listings, hashes, fingerprints) are described in ``docs/reestimation.md``, "The target store".
 """
 from __future__ import annotations
 

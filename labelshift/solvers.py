@@ -563,23 +563,11 @@ def _em_chunk(PT, cn, ps, w, tol, max_iter):
 
 
 def _squarem_chunk(PT, cn, ps, w, *, tol, max_iter, loose=False):
-    """SQUAREM-accelerated EM on one chunk (scheme S3 of Varadhan & Roland, Scand. J. Statistics 2008).
+    """SQUAREM-accelerated EM (Varadhan & Roland 2008, scheme S3, monotone safeguard) on one chunk, from ``w``.
 
-    A cycle takes two EM steps x1 = F(x0), x2 = F(x1), forms r = x1 - x0, v = x2 - 2 x1 + x0 and jumps to
-    x' = x0 + 2 a r + a^2 v with a = |r| / |v| clipped to [1, a_max] (a = 1 gives x' = x2). x' is an affine
-    combination of points of W, so it satisfies p_s^T x' = 1; a is halved towards 1 until x' > 0 wherever x2 > 0
-    (EM cannot revive a zero coordinate). The next cycle starts with F(x'), whose pass also gives L(x'): if L fell
-    below L(x0) the jump is rejected and the cycle restarts from x2, which EM guarantees not to be worse (the
-    monotone safeguard). a_max starts at 1 and is multiplied by 4 whenever a reaches it, divided by 4 after a
-    rejection.
-
-    The passes over the data run in PT's precision (float32 for the warm start of :func:`mlls_newton`); the
-    iterates are float64. Stopping (per problem): ``loose`` -- the plain EM step max_y |x2 - x1|_y is at most
-    ``tol`` or has not halved in three cycles (in single precision the steps stall at the rounding of the
-    gradient); otherwise as :func:`mlls_em` -- Frank-Wolfe gap at x1 <= tol and the geometric tail of the two EM
-    steps, max_y |x2 - x1|_y rho_y / (1 - rho_y) <= tol with rho_y = |x2 - x1|_y / |x1 - x0|_y per coordinate
-    (an extrapolation leaves coordinates converging at different rates; steps below 1e-15 max x1 are rounding
-    and count as 0). Returns x2 and the gap at x1; ``iters`` counts cycles.
+    Passes over the data in PT's precision, iterates in float64. Stops per problem on the EM step (``loose``) or as
+    :func:`mlls_em` (Frank-Wolfe gap and geometric tail, per coordinate). Returns (x2, converged, cycles, gap at
+    x1). The scheme and the stopping rules are described in ``docs/solvers.md``.
     """
     A = PT.shape[0]
     dt = PT.dtype
@@ -743,32 +731,13 @@ def _segment_max(a, b, c):
 
 
 def _polish_chunk(PT, cn, ps, PT32, w, tol, max_iter):
-    """Active-set Newton method on the faces of W for one chunk, from a point close to the optimum (a primal
-    active-set method; the first face is chosen as in Bertsekas' projected Newton method, SIAM J. Control Optim.
-    1982).
+    """Active-set Newton method on the faces of W for one chunk, from a point ``w`` close to the optimum of eq.
+    (mlls-sample): float64 gradient, float32 Hessian, damped by the Newton decrement.
 
-    The face is F = {y : w_y free}, the rest pinned at w_y = 0. Each iteration, with the float64 gradient
-    g_y = grad_y / p_s(y) at w:
-      * the Newton step d on F solves [H_FF, a_F; a_F^T, 0] [d_F; lambda] = [grad_F; 1 - a^T w] (H the negated
-        Hessian, in float32, recomputed unless the last step moved every free w_y by less than 1e-2 of itself --
-        then the last one is kept, and the iteration is a chord step that still gains ~2 digits; a = p_s);
-      * first iteration only: coordinates that the step would take to or below 0 while their gradient pushes
-        them down (g_y < 1 - 1e-3) are pinned and the step recomputed (the warm start has driven the boundary
-        coordinates of a severe shift towards 0 but not to it);
-      * once the face is solved (max |d| <= 1e-6 max w, or stationary as below), or when a pinned coordinate's
-        first-order gain g_y - 1 exceeds 10x the face's own stationarity residual max_F |g_y - 1|, the pinned
-        coordinate with the largest gain g_y > 1 + tol is freed -- restarting from its warm-start value the first
-        time, after that (or without one) from the best point on the segment from w to the vertex e_y / p_s(y)
-        (Newton from w_y = 0 is slow: the likelihood behaves like log(w_y + tiny) there) -- and the Newton step
-        waits for the gradient at the new point;
-      * the step length is 1 when the Newton decrement lambda_N = sqrt(d^T H d / min_i c_i) (the decrement of
-        the self-concordant function sum_i (c_i / min c) log f_i^T w) is below 1/4, else 1 / (1 + lambda_N)
-        (damped Newton, which stays in the domain f_i^T w > 0), and at most the step to the boundary w_y = 0,
-        where the blocking coordinate is pinned.
-    Converged when the Frank-Wolfe gap max_y g_y - 1 <= tol with nothing to free and either the Newton step is
-    at most tol (max-norm) or the face is stationary to 1e-3 tol (max_F |g_y - 1|; ends problems that are flat
-    along the face). Returns (w, converged, iterations, gap, failed): failed problems (domain or stagnation
-    trouble, or the iteration budget spent) go to the interior-point method.
+    Converged when the Frank-Wolfe gap is at most ``tol`` with no pinned coordinate to free and either the Newton
+    step is at most ``tol`` or the face is stationary to 1e-3 ``tol``. Returns (w, converged, iterations, gap,
+    failed); failed problems are for the interior-point method. The pinning and freeing rules and the step length
+    are described in ``docs/solvers.md``.
     """
     A, k, M = PT.shape
     w = w.copy()
@@ -997,7 +966,7 @@ def mlls_newton(probs, source_prior, mask=None, *, tol: float = 1e-10, max_iter:
          step is below 3e-5 max_y w_y or stalls at float32 rounding: cheap iterations that locate the optimum to
          ~1e-5 and, under severe shift, drive the coordinates that belong on the boundary towards 0;
       2. a Newton polish in double precision on the face of W that the warm start points to: an active-set
-         Newton method (see ``_polish_chunk``: coordinates that the step would take below 0 while their gradient
+         Newton method (``docs/solvers.md``: coordinates that the step would take below 0 while their gradient
          pushes down are pinned at w_y = 0, pinned ones are freed when their gradient shows a gain), damped by
          the Newton decrement of the self-concordant log-likelihood; the float64 gradient fixes the solution,
          the Hessian is formed in float32 since it only steers. Converged when the Frank-Wolfe gap is at most

@@ -43,8 +43,8 @@ logger = logging.getLogger("labelshift.training")
 CHECKPOINT_FORMAT = "labelshift-checkpoint"
 CHECKPOINT_VERSION = 1
 
-#: Training settings per dataset (keyword arguments of :func:`train`). ``mnist-5k`` is sized for the CPU budget of
-#: issue 4 (under 2 minutes on 2 cores); ``cifar10`` is the usual ResNet-18 recipe (SGD 0.1, momentum 0.9,
+#: Training settings per dataset (keyword arguments of :func:`train`). ``mnist-5k`` is sized for a CPU budget of
+#: under 2 minutes on 2 cores; ``cifar10`` is the usual ResNet-18 recipe (SGD 0.1, momentum 0.9,
 #: weight decay 5e-4, cosine decay, crop + flip) shortened to 40 epochs for a GPU.
 TRAINING_DEFAULTS: dict[str, dict] = {
     "mnist-5k": dict(epochs=20, batch_size=64, lr=1e-3, optimizer="adam", weight_decay=0.0, schedule="cosine",

@@ -1,101 +1,21 @@
-"""Uncertainty of a label-shift estimate: confidence intervals on the target prior, a test of "no shift", and an
-identifiability report -- for the MLLS estimator of Garg, Wu, Balakrishnan & Lipton, "A Unified View of Label Shift
-Estimation" (NeurIPS 2020), Sections 4.2 and 5.
+"""Uncertainty of an MLLS label-shift estimate (Garg et al., NeurIPS 2020, Sections 4.2 and 5): confidence
+intervals on the target prior, a test of "no shift", and an identifiability report.
 
-Notation: f_i = f(x_i) in the simplex, the calibrated source posterior on target example i (i = 1..m, k classes);
-p_s the source prior; W = {w >= 0, p_s^T w = 1}; L_m(w) = (1/m) sum_i log f_i^T w, the MLLS objective
-eq. (mlls-sample); w_hat its maximiser over W; the target prior is p_t = p_s * w (elementwise).
+Notation: f_i = f(x_i), the calibrated source posterior on target row i (i = 1..m, k classes); p_s the source
+prior; W = {w >= 0, p_s^T w = 1}; L_m(w) = (1/m) sum_i log f_i^T w, eq. (mlls-sample); w_hat its maximiser; the
+target prior is p_t = p_s * w.
 
-Fisher interval (:func:`fisher_interval`)
------------------------------------------
-The negated Hessian of L_m is H(w) = (1/m) sum_i f_i f_i^T / (f_i^T w)^2 (Appendix B, eq. proof-hessian), the
-matrix whose minimum eigenvalue is the sigma of eq. (bound-main); Lemma (bound-finite) says the finite-sample
-error of MLLS is of order sigma^{-1} m^{-1/2}. Here the same matrix gives the error's covariance, not just its
-scale. w_hat maximises a likelihood under one linear constraint, p_s^T w = 1, so only directions inside the
-constraint's tangent space {d : p_s^T d = 0} move the estimate. With Z a (k, k-1) orthonormal basis of that space,
-the asymptotic covariance of the constrained MLE is
+* :func:`fisher_interval` -- normal intervals from the constrained Fisher information, Cov(w_hat) =
+  (1/m) Z (Z^T H Z)^{-1} Z^T with H the negated Hessian of eq. (proof-hessian); one-sided profile-likelihood
+  intervals for classes pinned at w_y = 0.
+* :func:`bootstrap_interval` -- percentile intervals from resampling the target rows, for any estimator.
+* :func:`no_shift_test` -- H0: w = 1, as a likelihood-ratio test (f and p_s known) or a two-sample test of the mean
+  calibrated prediction (source side estimated too).
+* :func:`identifiability` -- whether the estimate can be trusted: m sigma_free >= MLLS_FLAG_M_SIGMA, pinned classes
+  bounded, sigma_min(C) sqrt(n_source) >= BBSE_FLAG_SNR, optionally a maximum interval width.
 
-    Cov(w_hat) = (1/m) Z (Z^T H Z)^{-1} Z^T,          Cov(p_t_hat) = D Cov(w_hat) D,   D = diag(p_s),
-
-(H evaluated at w_hat, i.e. the observed information), and each class gets the normal interval
-p_t_hat(y) +- z se(y) with z = Phi^{-1}((1 + level) / 2), clipped to [0, 1] (on w: to [0, 1 / p_s(y)], the range
-of w_y over W).
-
-Why it holds, and how robust it is. Write s_i = f_i / (f_i^T w) for the score of example i. Two identities make
-the formula simple: (i) the per-example observed information *is* the score outer product, f_i f_i^T / (f_i^T w)^2
-= s_i s_i^T, so H equals the empirical second moment of the scores; (ii) at the maximiser, the mean score (the
-gradient) equals p_s on the free coordinates (the KKT conditions; their multiplier is 1 because
-w^T grad L_m(w) = 1 for every w in W), so Z^T (mean score) = 0. Hence Z^T H Z is also the empirical covariance of
-the projected scores, and the "sandwich" covariance (Z^T H Z)^{-1} [Z^T Cov(s) Z] (Z^T H Z)^{-1}, which needs no
-model to be right, collapses to the formula above. The interval therefore accounts for the sampling error of the
-target set even when f is miscalibrated -- but it is then centred on w_f (the population optimum for that f), not
-on the true w*: the calibration term of eq. (bound-main) is a bias that no interval computed from the target set
-can see.
-
-What it leaves out. f and p_s are treated as known: the error of the calibrator fitted on the labelled source
-data and of the estimated source prior is not included (it is O(n^{-1/2}) for n source examples, so the interval
-is honest when m << n and too short otherwise; the bootstrap over target rows shares this limitation).
-
-Classes at the boundary. When a class is pinned at w_y = 0 by the constraint w >= 0 (w_y <= :data:`PIN_TOL`, as
-in the MLLS conditioning flag) the MLE is not asymptotically normal in that coordinate, and the log-likelihood
-need not even be flat there. The computation then (a) holds the pinned coordinates at 0 and applies the formula
-above to the free coordinates F only (Z spans {d_F : p_F^T d_F = 0}; the pinned classes get no standard error,
-nan); and (b) gives each pinned class y the one-sided interval [0, U_y] from its profile likelihood. Moving mass
-into class y along the direction b (b_y = 1, the free coordinates following the conditional mean of the normal
-approximation on F + {y}, b = Cov[:, y] / Cov[y, y]), the log-likelihood falls by
-
-    2 m [L_m(w_hat) - L_m(w_hat + t b)]  ~=  2 m (a t + t^2 / (2 v)),    t >= 0,
-
-with a = p_s(y) - grad_y L_m(w_hat) >= 0 the KKT slack of the constraint (the rate at which the likelihood falls
-when mass moves into class y) and v the per-example variance of w_y that the Fisher formula gives when y is freed.
-U_y is the t at which the left side -- evaluated exactly, not by the quadratic, because the likelihood of a small
-mixture component flattens as it grows and the quadratic would understate U_y -- reaches z^2, the same
-z = Phi^{-1}((1 + level) / 2) as the free classes. In the quadratic model this is U_y = w_u + sqrt(w_u^2 + z^2 v / m),
-w_u = -a v the unconstrained (negative) estimate, never below the upper end w_u + z sqrt(v / m) of the
-unconstrained normal interval, and equal to z sqrt(v / m) when a = 0: the interval grows continuously out of
-the free-class interval as w_hat_y reaches 0. Measured coverage of the small class near the boundary (k = 3
-Gaussian classes with exact posteriors, level 0.95): p_t(y) = 0.01 at m = 500 (pinned in 20% of seeds) 0.98 over
-1000 seeds; p_t(y) = 0.02 at m = 300, 0.96 over 2000 seeds; an absent class, 0.995. The percentile bootstrap does
-worse there (0.89 at p_t(y) = 0.01, m = 500, over 300 seeds), as percentile bootstraps do at a boundary.
-
-Bootstrap interval (:func:`bootstrap_interval`)
------------------------------------------------
-Resample the m target rows with replacement, re-estimate with a fitted estimator (MLLS by default, any estimator
-of :mod:`labelshift.estimators`), and take the percentile interval of the replicates. It makes no normal
-approximation and works with any estimator (e.g. BBSE, whose weights have no likelihood), at the price of
-re-solving the estimate ``n_bootstrap`` times. Like the Fisher interval it treats f and p_s as known.
-
-No-shift test (:func:`no_shift_test`)
--------------------------------------
-Two forms. With f and p_s known: the likelihood-ratio test of H0: w = 1 (p_t = p_s) against the MLLS alternative
-w in W, Lambda = 2 m [L_m(w_hat) - L_m(1)] ~ chi^2_{k-1} under H0 (Wilks' theorem: w = 1 is an interior point of W,
-which has dimension k - 1, and the information is non-singular when the classes are identifiable). In practice f and
-p_s are fit on n labelled source examples, and their sampling error looks like a shift to that test once m is not
-small next to n; the two-sample form (``source_probs=``, what the ``reestimate`` flow uses) compares the mean
-calibrated prediction on the target with that on the source examples instead -- equal exactly when p_t = p_s if the
-soft confusion matrix is invertible -- with the covariance of both sides (details in :func:`no_shift_test`).
-
-Identifiability (:func:`identifiability`)
------------------------------------------
-An estimate is reported untrustworthy, with a reason that names the number and the threshold, when:
-
-* m sigma_free < :data:`~labelshift.estimators.MLLS_FLAG_M_SIGMA` (= 4). sigma_free is the minimum eigenvalue of H
-  restricted to the free coordinates (w_y > PIN_TOL), the MLLS estimators' own flag. By the covariance above, the
-  standard error of w_hat in its worst direction is at most 1 / sqrt(m sigma_free) (the tangent information
-  Z^T H_FF Z has no eigenvalue below sigma_free), and the flag fires when this bound exceeds 1/2 -- an error of
-  half the no-shift weight w = 1.
-* for a class pinned at 0: its one-standard-error bound (U_y above with z = 1) exceeds the same 1/2. The
-  curvature criterion sees only the free coordinates, so this extends it to the pinned ones: a class with
-  little curvature *and* little slack (the likelihood is flat when mass moves into it) is not identified, while
-  an absent class under severe shift (slack ~ p_s(y)) passes however small its curvature.
-* sigma_min(C) sqrt(n_source) < :data:`~labelshift.estimators.BBSE_FLAG_SNR` (= 2) for the joint confusion matrix
-  C of the classifier on n_source labelled source examples (when given): its entries are means of n_source
-  indicators, so their noise has norm about 1 / sqrt(n_source), and the first-order relative error of BBSE,
-  ||dC|| / sigma_min(C), then exceeds 1/2 (the reasoning of :mod:`labelshift.estimators`). For a calibrated f,
-  the soft confusion matrix is invertible exactly when MLLS is identifiable (Proposition equiv-cond), so a
-  near-singular C is a warning for MLLS too.
-* optionally, the interval on some w_y is wider than ``max_relative_width`` (the width on p_t(y) relative to
-  p_s(y): 1.0 means "as wide as the whole no-shift weight").
+All of them treat f and p_s as known except the two-sample test. The derivations, what each leaves out and the
+measured coverage and size are in ``docs/uncertainty.md``.
 """
 from __future__ import annotations
 
@@ -109,7 +29,7 @@ from scipy.stats import chi2, norm
 
 from ._validation import as_float_array, check_prior, check_probabilities
 from .diagnostics import confusion_condition
-from .errors import IllConditionedWarning, InputError
+from .errors import FormatError, IllConditionedWarning, InputError
 from .estimators import BBSE_FLAG_SNR, MLLS, MLLS_FLAG_M_SIGMA
 from .solvers import PIN_TOL, mlls_gradient, mlls_hessian, mlls_newton, restricted_min_eigenvalue
 
@@ -155,6 +75,25 @@ def _json_value(v):
     if isinstance(v, dict):
         return {str(k): _json_value(x) for k, x in v.items()}
     return v
+
+
+def _float(x) -> float:
+    """A number read back from JSON: None (written for nan) is nan again."""
+    return math.nan if x is None else float(x)
+
+
+def _array(values) -> np.ndarray:
+    return np.array([_float(v) for v in values], dtype=np.float64)
+
+
+def _require(d, name: str, keys: tuple[str, ...]) -> dict:
+    """``d`` if it is a dict with ``keys``; FormatError naming what is missing otherwise."""
+    if not isinstance(d, dict):
+        raise FormatError(f"{name} must be a dict as written by to_dict(), got {type(d).__name__}.")
+    missing = [k for k in keys if k not in d]
+    if missing:
+        raise FormatError(f"{name} lacks {', '.join(missing)}; pass the dict that to_dict() wrote.")
+    return d
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -240,7 +179,8 @@ def _tangent_covariance(H: np.ndarray, p: np.ndarray, support: np.ndarray) -> np
 
 
 def _pinned_bounds(P, w, H, p, free, z: float) -> np.ndarray:
-    """Upper bounds U_y on w_y for the classes pinned at 0 (nan for free ones); see the module docstring.
+    """Upper bounds U_y on w_y for the classes pinned at 0 (nan for free ones); ``docs/uncertainty.md``,
+    "Classes at the boundary".
 
     For each pinned y: the profile direction b (b_y = 1; the free coordinates follow the conditional mean of the
     normal approximation on F + {y}, b = Cov[:, y] / Cov[y, y], so p_s^T b = 0), and U_y is where
@@ -339,6 +279,18 @@ class PriorInterval:
                 "pinned": [bool(b) for b in pinned], "n_target": None if self.n_target is None else int(self.n_target),
                 "extra": _json_value(self.extra)}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "PriorInterval":
+        """The interval that :meth:`to_dict` wrote (None read back as nan); ``from_dict(d).to_dict() == d``."""
+        d = _require(d, "interval", ("method", "level", "target_prior", "lower", "upper", "weights", "weights_lower",
+                                     "weights_upper", "std_error"))
+        return cls(target_prior=_array(d["target_prior"]), lower=_array(d["lower"]), upper=_array(d["upper"]),
+                   weights=_array(d["weights"]), weights_lower=_array(d["weights_lower"]),
+                   weights_upper=_array(d["weights_upper"]), std_error=_array(d["std_error"]),
+                   level=float(d["level"]), method=str(d["method"]),
+                   pinned=None if d.get("pinned") is None else np.asarray(d["pinned"], dtype=bool),
+                   n_target=d.get("n_target"), extra=dict(d.get("extra") or {}))
+
 
 def fisher_interval(target_probs, weights, source_prior, *, level: float = 0.95) -> PriorInterval:
     """Normal confidence intervals on the target prior from the Fisher information of the MLLS likelihood
@@ -347,7 +299,7 @@ def fisher_interval(target_probs, weights, source_prior, *, level: float = 0.95)
     Cov(w_hat) = (1/m) Z (Z^T H Z)^{-1} Z^T with H = (1/m) sum_i f_i f_i^T / (f_i^T w_hat)^2 and Z an orthonormal
     basis of the constraint's tangent space on the free coordinates; Cov(p_t) = diag(p_s) Cov(w_hat) diag(p_s);
     interval p_t +- z se with z = Phi^{-1}((1 + level) / 2). Classes pinned at w_y = 0 get a one-sided interval
-    [0, U_y] from the profile likelihood (module docstring). f and p_s are treated as known.
+    [0, U_y] from the profile likelihood (``docs/uncertainty.md``). f and p_s are treated as known.
 
     Args:
         target_probs: (m, k) calibrated probabilities f(x) on the target set.
@@ -494,34 +446,27 @@ class NoShiftTest:
                 "method": self.method, "n_target": None if self.n_target is None else int(self.n_target),
                 "n_source": self.n_source}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "NoShiftTest":
+        """The test that :meth:`to_dict` wrote (None read back as nan); ``from_dict(d).to_dict() == d``."""
+        d = _require(d, "no_shift_test", ("statistic", "dof", "p_value"))
+        return cls(statistic=_float(d["statistic"]), dof=int(d["dof"]), p_value=_float(d["p_value"]),
+                   method=str(d.get("method", "likelihood-ratio")), n_target=d.get("n_target"),
+                   n_source=d.get("n_source"))
+
 
 def no_shift_test(target_probs, weights, source_prior, *, source_probs=None) -> NoShiftTest:
-    """Test of H0: w = 1 (no label shift, p_t = p_s).
+    """Test of H0: w = 1 (no label shift, p_t = p_s); asymptotically chi^2 with k - 1 degrees of freedom under H0.
 
     With ``source_probs=None`` f and p_s are taken as known: the likelihood-ratio test against the MLLS estimate
-    (eq. mlls-sample), Lambda = 2 m [L_m(w_hat) - L_m(1)] with L_m(w) = (1/m) sum_i log f_i^T w, computed as
-    2 sum_i log(f_i^T w_hat / f_i^T 1) (one log per row, no cancellation between two large sums) and clipped at 0
-    (it is >= 0 up to the solver's tolerance, w_hat being the maximiser over W which contains 1). Under H0 it is
-    asymptotically chi^2 with k - 1 degrees of freedom (Wilks: 1 is interior to the (k-1)-dimensional W).
+    (eq. mlls-sample), Lambda = 2 m [L_m(w_hat) - L_m(1)], clipped at 0.
 
-    With ``source_probs`` = the calibrated outputs on the n labelled source examples the calibrator and p_s were fit
-    on (the usual case), the source side is random too, and a test that takes it as known mistakes its sampling
-    error for a shift once m is not small next to n (in tests/test_uncertainty.py -- three overlapping Gaussian
-    classes, BCTS fit on n = 1000 examples, m = 2000 -- the likelihood-ratio test raises about 39% false alarms at
-    a nominal 5%). The two-sample test compares the mean calibrated prediction on target and source,
-    mu_t = E_t[f(x)] = C p_t and mu_s = E_s[f(x)] = C p_s with C the soft confusion matrix (C[i, y] = E[f_i | y],
-    Lipton et al. 2018): under label shift mu_t = mu_s exactly when p_t = p_s as long as C is invertible, which
-    for a calibrated f is the identifiability condition of MLLS (Proposition equiv-cond). The difference of the
-    sample means has covariance Sigma_t / m + Sigma_s / n (the covariances of f on each side; independent
-    samples), and lies in the sum-zero subspace (rows of f sum to 1), so
-
-        T = (mu_hat_t - mu_hat_s)^T [Sigma_hat_t / m + Sigma_hat_s / n]^+ (mu_hat_t - mu_hat_s)  ~  chi^2_{k-1}
-
-    under H0 (central limit theorem; the pseudo-inverse, taken in an orthonormal basis of the sum-zero subspace, has
-    rank k - 1). It does not use w_hat (``weights`` is not checked), needs no assumption on how the calibrator was
-    fit, and for one-hot outputs it is the classical two-sample test of proportions. Measured size at a nominal 5%
-    (300-1000 seeds): 4.8% at n = 1000, m = 2000; 5.8% at m = 8000; 6.7% at m = 20000; 8% at n = 300, m = 20000 --
-    slightly liberal when m >> n, where the source covariance estimated from few rows is what limits it.
+    With ``source_probs`` (the calibrated outputs on the n labelled source examples the calibrator and p_s were fit
+    on; what the ``reestimate`` flow uses): the two-sample test of the mean calibrated prediction,
+    T = (mu_hat_t - mu_hat_s)^T [Sigma_hat_t / m + Sigma_hat_s / n]^+ (mu_hat_t - mu_hat_s), in an orthonormal basis
+    of the sum-zero subspace (``dof`` drops for a direction without variance on either side). It does not use
+    ``weights``. The likelihood-ratio test mistakes the source side's sampling error for a shift once m is not small
+    next to n; why the two-sample test does not, and its measured size, are in ``docs/uncertainty.md``.
 
     Args: as :func:`fisher_interval` (``weights`` = the MLLS estimate, or None to solve it here; used by the
     likelihood-ratio form); ``source_probs``: (n, k) calibrated source outputs.
@@ -574,7 +519,7 @@ class Identifiability:
         reasons: one sentence per failed check, naming the number and its threshold.
         confusion_snr: sigma_min(C) sqrt(n_source) (None without a confusion matrix).
         pinned_bounds: per class, the one-standard-error upper bound on w_y for classes pinned at 0 (None for
-            free classes); see the module docstring.
+            free classes); ``docs/uncertainty.md``.
         max_weight_width: the widest interval on w (None unless ``max_relative_width`` was given).
     """
 
@@ -601,11 +546,24 @@ class Identifiability:
                                                                  for b in self.pinned_bounds],
                 "max_weight_width": None if self.max_weight_width is None else _num(self.max_weight_width)}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Identifiability":
+        """The report that :meth:`to_dict` wrote (a None number read back as nan where one is required, as None
+        where it is optional); ``from_dict(d).to_dict() == d``."""
+        d = _require(d, "identifiability", ("min_hessian_eigenvalue", "min_free_eigenvalue", "n_target",
+                                            "trustworthy"))
+        return cls(min_hessian_eigenvalue=_float(d["min_hessian_eigenvalue"]),
+                   min_free_eigenvalue=_float(d["min_free_eigenvalue"]),
+                   confusion_sigma_min=d.get("confusion_sigma_min"), confusion_condition=d.get("confusion_condition"),
+                   n_source=d.get("n_source"), n_target=int(d["n_target"]), trustworthy=bool(d["trustworthy"]),
+                   reasons=list(d.get("reasons") or []), confusion_snr=d.get("confusion_snr"),
+                   pinned_bounds=list(d.get("pinned_bounds") or []), max_weight_width=d.get("max_weight_width"))
+
 
 def identifiability(target_probs, weights, source_prior, *, confusion=None, n_source: int | None = None,
                     max_relative_width: float | None = None, interval: PriorInterval | None = None,
                     level: float = 0.95) -> Identifiability:
-    """Is the MLLS estimate identified by the data? The checks and their thresholds are in the module docstring:
+    """Is the MLLS estimate identified by the data? The checks (their reasons are in ``docs/uncertainty.md``):
     m sigma_free >= MLLS_FLAG_M_SIGMA; for each pinned class, its one-standard-error bound on w_y <= 1/2;
     sigma_min(C) sqrt(n_source) >= BBSE_FLAG_SNR (when ``confusion`` is given); the interval on w no wider than
     ``max_relative_width`` (when given).

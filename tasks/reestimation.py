@@ -1,23 +1,12 @@
-"""Prefect tasks of scheduled re-estimation: the registered model, its calibrator, the target batches, the estimate.
+"""Prefect tasks of scheduled re-estimation: load the registered model with its calibrator and labelled source
+holdout, score the target batches, assess the shift (:func:`labelshift.report.assess_shift`), log to MLflow and
+write the outputs.
 
-What a registered model must carry (MLflow): a model version of ``NAME`` (``models:/NAME@ALIAS`` or
-``models:/NAME/VERSION``) logged with ``mlflow.pytorch.log_model`` and a tensor signature, whose *source run*
-holds, beside the model,
-
-* ``calibration/<CALIBRATOR>.json`` -- the fitted calibrator (:mod:`labelshift.calibration`, e.g. BCTS) with its
-  NLL and ECE, as the training task of the image sweeps logs it;
-* ``calibration/source_holdout.npz`` -- the held-out *labelled source* outputs the calibrator was fit on: arrays
-  ``logits`` (n, k) and ``labels`` (n,). MLLS takes p_s(y) from them (so that the constraint set W and the EM ratio
-  are consistent with the calibrated predictor, DESIGN "numerics"), BBSE its confusion matrix.
-
-:func:`log_reestimation_reference` writes both; the ``reproduce`` flow's calibration task calls it, so every model
-it registers (``labelshift-<dataset>``, aliases ``newest`` / ``latest-good``) can be re-estimated.
-
-MLflow layout of re-estimation (experiment ``reestimation`` by default): one *monitor* run per (registered model,
-target) -- tags ``labelshift.kind = monitor``, ``labelshift.model``, ``labelshift.target`` -- whose metrics
-``prior/<class>`` etc. gain one point per successful re-estimation (``step`` = the run sequence of the watermark),
-so its charts in the MLflow UI are the drift over time; under it one child run per re-estimation with the same
-metrics, the interval, the no-shift p-value, the identifiability numbers, the figure and the summary JSON.
+A registered model can be re-estimated when its source run holds ``calibration/<CALIBRATOR>.json`` and
+:data:`REFERENCE_ARTIFACT` (``logits`` and ``labels`` of the labelled source holdout), as
+:func:`log_reestimation_reference` writes them. MLflow: one monitor run per (model, target) whose series is the
+prior over time, and under it one child run per re-estimation (:func:`prior_metrics`, the figure, the summary
+JSON). Both layouts are described in ``docs/reestimation.md``.
 """
 from __future__ import annotations
 
@@ -40,21 +29,17 @@ from prefect.cache_policies import NO_CACHE
 from labelshift.calibration import load_calibrator
 from labelshift.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
-from labelshift import solvers
-from labelshift.estimators import BBSE, MLLS
 from labelshift.monitoring import TargetBatch, load_batch, write_batch_outputs
 from labelshift.plots import figure_png, plot_prior_estimate
+from labelshift.report import ShiftReport, assess_shift, finite
 from labelshift.storage import open_store
-from labelshift.uncertainty import bootstrap_interval, fisher_interval, identifiability, no_shift_test
 
 __all__ = ["REFERENCE_ARTIFACT", "ModelBundle", "parse_model_uri", "log_reestimation_reference", "load_bundle",
            "score_batches", "log_source_holdout", "estimate_shift", "write_outputs", "start_reestimation_run", "log_reestimation", "sync_monitor",
-           "end_run", "prior_metrics", "ESTIMATORS"]
+           "end_run", "prior_metrics", "history_record", "render_figure"]
 
 REFERENCE_ARTIFACT = "calibration/source_holdout.npz"
 MONITOR_KIND = "monitor"
-#: the estimators a re-estimation can use (the main one and the cross-checks)
-ESTIMATORS = ("MLLS", "BBSE-soft", "BBSE-hard")
 _MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
 
 
@@ -112,10 +97,9 @@ class ModelBundle:
 
     @property
     def source_prior(self) -> np.ndarray:
-        """p_s(y) for MLLS: the mean calibrated prediction on the source holdout, the prior the calibrated predictor
-        is consistent with (DESIGN "numerics"). For calibrators with class biases fit by NLL (BCTS, VS) it equals
-        the holdout's label frequencies (the bias score equations); for TS and NBVS it can differ from them, and
-        the label frequencies would put W and the EM ratio at odds with f."""
+        """p_s(y): the mean calibrated prediction on the source holdout, the prior the calibrated predictor is
+        consistent with (so that W and the EM step of MLLS agree with f). It equals the holdout's label
+        frequencies for BCTS and VS, not always for TS and NBVS; ``docs/reestimation.md``."""
         prior = self.source_probs.mean(axis=0)
         return prior / prior.sum()
 
@@ -287,89 +271,16 @@ def score_batches(bundle: ModelBundle, target_uri: str, batches: list[TargetBatc
     return probs
 
 
-def joint_confusion(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """The joint confusion matrix C[predicted, true] of the hard predictions on labelled source data (entries sum to
-    1; Lipton et al. 2018, the matrix BBSE inverts), computed directly so that the identifiability report has it
-    even when BBSE refuses a singular one."""
-    return solvers.confusion_matrix(probs, labels, probs.shape[1], soft=False)
-
-
-def _make(method: str):
-    if method == "MLLS":
-        return MLLS()
-    if method in ("BBSE-soft", "BBSE-hard"):
-        return BBSE(soft=method == "BBSE-soft")
-    raise InputError(f"unknown estimator {method!r}; choose from {', '.join(ESTIMATORS)}.")
-
-
 @task(name="estimate-shift", cache_policy=NO_CACHE, persist_result=False)
 def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: str = "MLLS",
                    cross_check: list[str] = (), interval: str = "fisher", level: float = 0.95,
                    significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0,
-                   max_interval_width: float | None = None) -> dict:
-    """Estimate w and the target prior on the pooled batches, with an interval, the no-shift test and the
-    identifiability report (:mod:`labelshift.uncertainty`); the cross-check estimators alongside."""
-    import warnings
-
-    pooled = np.concatenate(probs)
-    source_prior = bundle.source_prior
-    fits = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")          # flags are reported below, as data
-        for method in dict.fromkeys([estimator, "MLLS", *cross_check]):
-            try:
-                fits[method] = _make(method).fit(bundle.source_probs, bundle.source_labels, source_prior)
-            except Exception as exc:             # e.g. BBSE refusing a singular confusion matrix
-                fits[method] = exc
-        if isinstance(fits[estimator], Exception):
-            raise fits[estimator]
-        main = fits[estimator].estimate(pooled)
-        mlls = fits["MLLS"].estimate(pooled) if estimator != "MLLS" else main
-        checks = {}
-        # with a BBSE estimator, MLLS (the basis of the identifiability report) is always shown beside it
-        for method in dict.fromkeys([*cross_check, *(["MLLS"] if estimator != "MLLS" else [])]):
-            if method == estimator:
-                continue
-            fit = fits[method]
-            if isinstance(fit, Exception):
-                checks[method] = {"error": str(fit)}
-                continue
-            other = mlls if method == "MLLS" else fit.estimate(pooled)
-            checks[method] = {"target_prior": other.target_prior.tolist(), "weights": other.weights.tolist()}
-    if interval == "bootstrap":
-        ci = bootstrap_interval(pooled, source_prior, estimator=fits[estimator], level=level,
-                                n_bootstrap=n_bootstrap, seed=seed)
-    elif estimator == "MLLS":
-        ci = fisher_interval(pooled, main.weights, source_prior, level=level)
-    else:
-        raise InputError(f"interval='fisher' comes from the MLLS likelihood; with estimator={estimator!r} use "
-                         "interval='bootstrap'.")
-    # two-sample: the source side (calibrator, p_s) is itself estimated from the holdout
-    test = no_shift_test(pooled, mlls.weights, source_prior, source_probs=bundle.source_probs)
-    ident = identifiability(pooled, mlls.weights, source_prior,
-                            confusion=joint_confusion(bundle.source_probs, bundle.source_labels),
-                            n_source=len(bundle.source_labels), interval=ci, max_relative_width=max_interval_width)
-    tv = 0.5 * float(np.abs(main.target_prior - source_prior).sum())
-    change = main.target_prior - source_prior
-    top = int(np.argmax(np.abs(change)))
-    shifted = bool(test.rejects(significance))
-    return {
-        "method": estimator, "n_target": int(len(pooled)), "n_classes": int(bundle.n_classes),
-        "source_prior": source_prior.tolist(), "target_prior": main.target_prior.tolist(),
-        "weights": main.weights.tolist(), "interval": ci.to_dict(), "no_shift_test": test.to_dict(),
-        "identifiability": ident.to_dict(), "cross_check": checks, "significance": significance,
-        "shifted": shifted, "trustworthy": bool(ident.trustworthy), "total_variation": tv,
-        "largest_change": {"class": top, "source": float(source_prior[top]),
-                           "target": float(main.target_prior[top]), "change": float(change[top])},
-        "converged": bool(np.all(main.converged)),
-    }
-
-
-def verdict(result: dict) -> str:
-    """One word for the operator: "Untrustworthy", "Shifted" or "No shift"."""
-    if not result["trustworthy"]:
-        return "Untrustworthy"
-    return "Shifted" if result["shifted"] else "No shift"
+                   max_interval_width: float | None = None) -> ShiftReport:
+    """:func:`labelshift.report.assess_shift` on the pooled batches, with the bundle's source holdout and prior."""
+    return assess_shift(bundle.source_probs, bundle.source_labels, probs, source_prior=bundle.source_prior,
+                        estimator=estimator, cross_check=cross_check, interval=interval, level=level,
+                        significance=significance, n_bootstrap=n_bootstrap, seed=seed,
+                        max_interval_width=max_interval_width)
 
 
 @task(name="write-outputs", cache_policy=NO_CACHE, persist_result=False)
@@ -435,37 +346,40 @@ def start_reestimation_run(tracking_uri: str, experiment: str, artifact_root: st
     return {"experiment_id": experiment_id, "run_id": run.info.run_id, "monitor_run_id": monitor}
 
 
-def prior_metrics(result: dict) -> dict[str, float]:
+def prior_metrics(report: ShiftReport) -> dict[str, float]:
     """The metrics of one re-estimation, by name (per class: ``prior/<c>``, ``prior_lower/<c>``,
-    ``prior_upper/<c>``, ``weight/<c>``; then the test, the identifiability numbers, the size)."""
+    ``prior_upper/<c>``, ``weight/<c>``, ``source_prior/<c>``; the cross-checks' priors; then the test, the
+    identifiability numbers, the size). Numbers that are not finite are left out."""
     out = {}
-    ci = result["interval"]
-    for c, v in enumerate(result["target_prior"]):
+    ci = report.interval
+    for c, v in enumerate(report.target_prior.tolist()):
         out[f"prior/{c}"] = v
-        out[f"prior_lower/{c}"] = ci["lower"][c]
-        out[f"prior_upper/{c}"] = ci["upper"][c]
-        out[f"weight/{c}"] = result["weights"][c]
-        out[f"source_prior/{c}"] = result["source_prior"][c]
-    for method, check in result["cross_check"].items():
-        for c, v in enumerate(check.get("target_prior", [])):
-            out[f"cross_check/{method}/prior/{c}"] = v
-    test, ident = result["no_shift_test"], result["identifiability"]
-    out.update({"no_shift_p_value": test["p_value"], "no_shift_statistic": test["statistic"],
-                "total_variation": result["total_variation"], "shifted": float(result["shifted"]),
-                "trustworthy": float(result["trustworthy"]), "n_target": result["n_target"],
-                "min_hessian_eigenvalue": ident["min_hessian_eigenvalue"],
-                "min_free_eigenvalue": ident["min_free_eigenvalue"]})
-    if ident.get("confusion_condition") is not None:
-        out["confusion_condition"] = ident["confusion_condition"]
-        out["confusion_sigma_min"] = ident["confusion_sigma_min"]
-    return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
+        out[f"prior_lower/{c}"] = ci.lower[c]
+        out[f"prior_upper/{c}"] = ci.upper[c]
+        out[f"weight/{c}"] = report.weights[c]
+        out[f"source_prior/{c}"] = report.source_prior[c]
+    for method, check in report.cross_check.items():
+        if check.ok:
+            for c, v in enumerate(check.target_prior.tolist()):
+                out[f"cross_check/{method}/prior/{c}"] = v
+    test, ident = report.no_shift_test, report.identifiability
+    out.update({"no_shift_p_value": test.p_value, "no_shift_statistic": test.statistic,
+                "total_variation": report.total_variation, "shifted": float(report.shifted),
+                "trustworthy": float(report.trustworthy), "n_target": report.n_target,
+                "min_hessian_eigenvalue": ident.min_hessian_eigenvalue,
+                "min_free_eigenvalue": ident.min_free_eigenvalue})
+    if finite(ident.confusion_condition):       # a singular matrix (condition inf) logs neither number
+        out["confusion_condition"] = ident.confusion_condition
+        out["confusion_sigma_min"] = ident.confusion_sigma_min
+    return {k: float(v) for k, v in out.items() if finite(v)}
 
 
-def log_reestimation(tracking_uri: str, runs: dict, result: dict, summary: dict, figure: bytes, step: int) -> None:
-    """The child run's metrics (at ``step``), the figure and the summary JSON."""
+def log_reestimation(tracking_uri: str, runs: dict, report: ShiftReport, summary: dict, figure: bytes,
+                     step: int) -> None:
+    """The child run's metrics (:func:`prior_metrics`, at ``step``), the figure and the summary JSON."""
     client = MlflowClient(tracking_uri=tracking_uri)
     now = int(time.time() * 1000)
-    metrics = [Metric(k, v, now, step) for k, v in prior_metrics(result).items()]
+    metrics = [Metric(k, v, now, step) for k, v in prior_metrics(report).items()]
     for i in range(0, len(metrics), 1000):
         client.log_batch(runs["run_id"], metrics=metrics[i:i + 1000])
     client.log_text(runs["run_id"], json.dumps(summary, indent=1, default=str), "reestimation/summary.json")
@@ -552,22 +466,24 @@ def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED", cause: str
     client.set_terminated(run_id, status)
 
 
-def render_figure(result: dict, history: list[dict], level: float, title: str) -> bytes:
-    ci = result["interval"]
+def render_figure(report: ShiftReport, history: list[dict], level: float, title: str) -> bytes:
+    """The estimated prior with its interval against the source prior, the watermark's history beside it (PNG)."""
+    ci = report.interval
     past = [{"sequence": h["sequence"], "target_prior": h["target_prior"],
              **({"lower": h["lower"], "upper": h["upper"]} if "lower" in h and "upper" in h else {})}
             for h in history if "target_prior" in h]
-    return figure_png(plot_prior_estimate(result["source_prior"], result["target_prior"], ci["lower"], ci["upper"],
-                                          level=level, title=title, history=past or None))
+    return figure_png(plot_prior_estimate(report.source_prior.tolist(), report.target_prior.tolist(),
+                                          ci.lower.tolist(), ci.upper.tolist(), level=level, title=title,
+                                          history=past or None))
 
 
-def history_record(result: dict, run_id: str | None, model_name: str | None = None) -> dict:
+def history_record(report: ShiftReport, run_id: str | None, model_name: str | None = None) -> dict:
     """The watermark's record of one successful re-estimation (small: one is kept per run). The watermark adds
     ``sequence``, ``time``, ``run_id`` and ``batches`` itself (:func:`labelshift.monitoring.commit_watermark`)."""
-    ci = result["interval"]
-    return {"model": model_name, "n_target": result["n_target"],
-            "target_prior": [round(v, 6) for v in result["target_prior"]],
-            "lower": [round(v, 6) for v in ci["lower"]], "upper": [round(v, 6) for v in ci["upper"]],
-            "p_value": result["no_shift_test"]["p_value"], "shifted": result["shifted"],
-            "total_variation": round(result["total_variation"], 6),
-            "trustworthy": result["trustworthy"], "mlflow_run_id": run_id}
+    ci = report.interval
+    return {"model": model_name, "n_target": report.n_target,
+            "target_prior": [round(v, 6) for v in report.target_prior.tolist()],
+            "lower": [round(v, 6) for v in ci.lower.tolist()], "upper": [round(v, 6) for v in ci.upper.tolist()],
+            "p_value": report.no_shift_test.to_dict()["p_value"], "shifted": report.shifted,
+            "total_variation": round(report.total_variation, 6),
+            "trustworthy": report.trustworthy, "mlflow_run_id": run_id}

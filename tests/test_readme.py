@@ -21,3 +21,16 @@ def test_readme_python_example_runs_and_batches_match():
     np.testing.assert_allclose(many[1].weights, res.weights, rtol=0, atol=1e-10)
     one = est.estimate(cal.predict_proba(ns["target_logits"][:500]))
     np.testing.assert_allclose(many[0].weights, one.weights, rtol=0, atol=1e-10)
+
+
+def test_the_docs_that_the_readme_and_the_docstrings_name_exist():
+    root = README.parent
+    named = set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", README.read_text()))
+    for folder in ("labelshift", "tasks", "flows"):
+        for path in (root / folder).rglob("*.py"):
+            named |= set(re.findall(r"``(docs/[\w.-]+\.md)``", path.read_text()))
+    for doc in (root / "docs").glob("*.md"):
+        named |= {f"docs/{m}" for m in re.findall(r"\]\(([\w.-]+\.md)\)", doc.read_text())}
+    assert {"docs/uncertainty.md", "docs/reestimation.md", "docs/solvers.md"} <= named
+    missing = sorted(n for n in named if not (root / n).is_file())
+    assert not missing, f"named but missing: {missing}"

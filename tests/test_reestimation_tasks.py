@@ -1,24 +1,11 @@
 """Unit tests of the pure helpers of :mod:`tasks.reestimation` (no servers)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from labelshift.errors import InputError
-from labelshift.estimators import BBSE
-from tasks.reestimation import joint_confusion, parse_model_uri, prior_metrics, verdict
-
-
-def test_joint_confusion_is_the_matrix_bbse_inverts():
-    rng = np.random.default_rng(0)
-    labels = rng.integers(0, 4, size=500)
-    # a decent classifier: 80% of the mass on the true class
-    probs = 0.8 * np.eye(4)[labels] + 0.2 * rng.dirichlet(np.ones(4), size=500)
-    C = joint_confusion(probs, labels)
-    np.testing.assert_allclose(C, BBSE().fit(probs, labels).confusion_, atol=1e-15)
-    assert C.sum() == pytest.approx(1.0)
-    # columns sum to the label frequencies: C[:, y] = p_s(yhat, y)
-    np.testing.assert_allclose(C.sum(axis=0), np.bincount(labels, minlength=4) / 500)
+from labelshift.report import ShiftReport
+from tasks.reestimation import history_record, parse_model_uri, prior_metrics
 
 
 @pytest.mark.parametrize("uri, parsed", [
@@ -35,24 +22,42 @@ def test_bad_model_uris_say_the_expected_form(uri):
         parse_model_uri(uri)
 
 
-def _result(shifted=True, trustworthy=True):
-    return {"target_prior": [0.2, 0.8], "weights": [0.4, 1.6], "source_prior": [0.5, 0.5],
-            "interval": {"lower": [0.1, 0.7], "upper": [0.3, 0.9]}, "cross_check": {"BBSE-soft": {
-                "target_prior": [0.25, 0.75]}, "BBSE-hard": {"error": "singular"}},
-            "no_shift_test": {"p_value": 1e-5, "statistic": 20.0}, "total_variation": 0.3, "shifted": shifted,
-            "trustworthy": trustworthy, "n_target": 100,
-            "identifiability": {"min_hessian_eigenvalue": 0.1, "min_free_eigenvalue": 0.1,
-                                "confusion_condition": None}}
+def _report(shifted=True, trustworthy=True) -> ShiftReport:
+    """A two-class report as the flow stores it, read back."""
+    return ShiftReport.from_dict({
+        "method": "MLLS", "n_target": 100, "n_classes": 2, "source_prior": [0.5, 0.5], "target_prior": [0.2, 0.8],
+        "weights": [0.4, 1.6],
+        "interval": {"method": "fisher", "level": 0.95, "target_prior": [0.2, 0.8], "lower": [0.1, 0.7],
+                     "upper": [0.3, 0.9], "weights": [0.4, 1.6], "weights_lower": [0.2, 1.4],
+                     "weights_upper": [0.6, 1.8], "std_error": [0.05, 0.05], "pinned": [False, False],
+                     "n_target": 100, "extra": {"z": 1.96}},
+        "no_shift_test": {"statistic": 20.0, "dof": 1, "p_value": 1e-5 if shifted else 0.5, "method": "two-sample",
+                          "n_target": 100, "n_source": 1000},
+        "identifiability": {"min_hessian_eigenvalue": 0.1, "min_free_eigenvalue": 0.1, "confusion_sigma_min": None,
+                            "confusion_condition": None, "confusion_snr": None, "n_source": None, "n_target": 100,
+                            "trustworthy": trustworthy, "reasons": [] if trustworthy else ["too flat"],
+                            "pinned_bounds": [None, None], "max_weight_width": None},
+        "cross_check": {"BBSE-soft": {"target_prior": [0.25, 0.75], "weights": [0.5, 1.5]},
+                        "BBSE-hard": {"error": "singular"}},
+        "significance": 0.05, "converged": True})
 
 
 def test_metrics_and_verdicts():
-    m = prior_metrics(_result())
+    m = prior_metrics(_report())
     assert m["prior/1"] == 0.8 and m["prior_lower/0"] == 0.1 and m["weight/0"] == 0.4
     assert m["cross_check/BBSE-soft/prior/0"] == 0.25 and not any("BBSE-hard" in k for k in m)
     assert "confusion_condition" not in m and m["shifted"] == 1.0
-    assert verdict(_result()) == "Shifted"
-    assert verdict(_result(shifted=False)) == "No shift"
-    assert verdict(_result(trustworthy=False)) == "Untrustworthy"      # untrustworthy wins over the test
+    assert m["total_variation"] == pytest.approx(0.3)
+    assert _report().verdict == "Shifted"
+    assert _report(shifted=False).verdict == "No shift"
+    assert _report(trustworthy=False).verdict == "Untrustworthy"      # untrustworthy wins over the test
+
+
+def test_history_record_is_small_and_rounded():
+    rec = history_record(_report(), "run-1", "clf")
+    assert rec == {"model": "clf", "n_target": 100, "target_prior": [0.2, 0.8], "lower": [0.1, 0.7],
+                   "upper": [0.3, 0.9], "p_value": 1e-5, "shifted": True, "total_variation": 0.3,
+                   "trustworthy": True, "mlflow_run_id": "run-1"}
 
 
 def test_sync_monitor_logs_each_run_of_its_model_once_and_survives_a_watermark_reset(mlflow_sqlite, tmp_path):

@@ -1,0 +1,300 @@
+"""The assessment of one target set: the estimate of the target prior, its interval, the test of "no shift", the
+identifiability report and the cross-checks, as one typed :class:`ShiftReport` made by :func:`assess_shift`.
+
+:meth:`ShiftReport.to_dict` is the JSON form the ``reestimate`` flow stores (the ``result`` of its summary, in the
+store and in MLflow) and :meth:`ShiftReport.from_dict` reads it back. What the numbers mean, and why the test is a
+two-sample one, is in ``docs/reestimation.md`` and ``docs/uncertainty.md``.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._validation import check_labels, check_prior, check_probabilities
+from .errors import FormatError, InputError
+from .registry import REESTIMATION_ESTIMATORS, check_interval, check_methods, make_estimator
+from .solvers import confusion_matrix
+from .uncertainty import (Identifiability, NoShiftTest, PriorInterval, bootstrap_interval, fisher_interval,
+                          identifiability, no_shift_test)
+
+__all__ = ["CrossCheck", "LargestChange", "ShiftReport", "assess_shift", "joint_confusion", "finite", "VERDICTS"]
+
+#: the verdicts of a report, in the order they take precedence: an untrustworthy estimate is not called shifted
+VERDICTS = ("Untrustworthy", "Shifted", "No shift")
+
+#: the estimator whose likelihood the test's companion diagnostics (the identifiability report) are computed on
+_LIKELIHOOD = "MLLS"
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    """Another estimator's answer on the same target set, or why it gave none.
+
+    Attributes:
+        method: the estimator's name (:data:`labelshift.registry.REESTIMATION_ESTIMATORS`).
+        target_prior, weights: its estimate, shape (k,); None when it failed.
+        error: the message of its failure (e.g. BBSE refusing a singular confusion matrix); None when it succeeded.
+    """
+
+    method: str
+    target_prior: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_dict(self) -> dict:
+        if self.error is not None:
+            return {"error": self.error}
+        return {"target_prior": np.asarray(self.target_prior).tolist(), "weights": np.asarray(self.weights).tolist()}
+
+    @classmethod
+    def from_dict(cls, method: str, d: dict) -> "CrossCheck":
+        if not isinstance(d, dict) or not ("error" in d or "target_prior" in d):
+            raise FormatError(f"cross_check[{method!r}] must be a dict with 'target_prior' and 'weights' or with "
+                              f"'error', as CrossCheck.to_dict() writes; got {d!r}.")
+        if "error" in d:
+            return cls(method, error=str(d["error"]))
+        return cls(method, target_prior=np.asarray(d["target_prior"], dtype=np.float64),
+                   weights=None if d.get("weights") is None else np.asarray(d["weights"], dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class LargestChange:
+    """The class whose prior moved most between source and target (largest |p_t(y) - p_s(y)|)."""
+
+    label: int
+    source: float
+    target: float
+
+    @property
+    def change(self) -> float:
+        return self.target - self.source
+
+    def to_dict(self) -> dict:
+        return {"class": self.label, "source": self.source, "target": self.target, "change": self.change}
+
+
+@dataclass(frozen=True)
+class ShiftReport:
+    """Result of :func:`assess_shift`: is the target label distribution shifted, by how much, and can the estimate
+    be trusted.
+
+    Attributes:
+        method: the estimator of the target prior (a name of :data:`labelshift.registry.REESTIMATION_ESTIMATORS`).
+        source_prior: p_s, shape (k,).
+        target_prior: its estimate p_t = w * p_s (renormalised, :class:`labelshift.Estimate`), shape (k,).
+        weights: the estimated w = p_t / p_s, shape (k,).
+        interval: the confidence interval per class on p_t and w (Fisher or bootstrap).
+        no_shift_test: the test of H0: w = 1.
+        identifiability: the identifiability report of the MLLS estimate (Section 5 of the paper).
+        cross_check: other estimators' answers, by name, in the order asked for.
+        significance: the level of the test; the target counts as shifted when its p-value is below it.
+        n_target: the number of target rows m.
+        converged: the estimator reached its tolerance.
+
+    Derived: :attr:`shifted`, :attr:`trustworthy`, :attr:`verdict`, :attr:`total_variation`,
+    :attr:`largest_change`, :attr:`n_classes`.
+    """
+
+    method: str
+    source_prior: np.ndarray
+    target_prior: np.ndarray
+    weights: np.ndarray
+    interval: PriorInterval
+    no_shift_test: NoShiftTest
+    identifiability: Identifiability
+    significance: float
+    n_target: int
+    converged: bool = True
+    cross_check: dict[str, CrossCheck] = field(default_factory=dict)
+
+    @property
+    def n_classes(self) -> int:
+        return int(len(self.target_prior))
+
+    @property
+    def shifted(self) -> bool:
+        """The no-shift test rejects w = 1 at :attr:`significance`."""
+        return bool(self.no_shift_test.rejects(self.significance))
+
+    @property
+    def trustworthy(self) -> bool:
+        """No identifiability check failed (the reasons are in ``identifiability.reasons``)."""
+        return bool(self.identifiability.trustworthy)
+
+    @property
+    def verdict(self) -> str:
+        """One word for the operator, one of :data:`VERDICTS`: "Untrustworthy" wins over the test."""
+        if not self.trustworthy:
+            return "Untrustworthy"
+        return "Shifted" if self.shifted else "No shift"
+
+    @property
+    def total_variation(self) -> float:
+        """(1/2) sum_y |p_t(y) - p_s(y)|."""
+        return 0.5 * float(np.abs(self.target_prior - self.source_prior).sum())
+
+    @property
+    def largest_change(self) -> LargestChange:
+        top = int(np.argmax(np.abs(self.target_prior - self.source_prior)))
+        return LargestChange(top, float(self.source_prior[top]), float(self.target_prior[top]))
+
+    def to_dict(self) -> dict:
+        """JSON-able: the ``result`` of the ``reestimate`` flow's summary (lists of floats; nan as None inside
+        the interval, the test and the identifiability report)."""
+        change = self.target_prior - self.source_prior
+        top = int(np.argmax(np.abs(change)))
+        return {
+            "method": self.method, "n_target": int(self.n_target), "n_classes": self.n_classes,
+            "source_prior": self.source_prior.tolist(), "target_prior": self.target_prior.tolist(),
+            "weights": self.weights.tolist(), "interval": self.interval.to_dict(),
+            "no_shift_test": self.no_shift_test.to_dict(), "identifiability": self.identifiability.to_dict(),
+            "cross_check": {name: check.to_dict() for name, check in self.cross_check.items()},
+            "significance": self.significance, "shifted": self.shifted, "trustworthy": self.trustworthy,
+            "total_variation": self.total_variation,
+            "largest_change": {"class": top, "source": float(self.source_prior[top]),
+                               "target": float(self.target_prior[top]), "change": float(change[top])},
+            "converged": bool(self.converged),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ShiftReport":
+        """The report that :meth:`to_dict` wrote (e.g. ``summary["result"]`` of a stored summary JSON).
+
+        The derived entries (``n_classes``, ``shifted``, ``trustworthy``, ``total_variation``,
+        ``largest_change``) are recomputed from the others, so ``from_dict(d).to_dict() == d`` for every ``d``
+        that :meth:`to_dict` wrote. Raises FormatError when an entry is missing.
+        """
+        if not isinstance(d, dict):
+            raise FormatError(f"a shift report must be a dict as ShiftReport.to_dict() writes, got "
+                              f"{type(d).__name__}.")
+        missing = [k for k in ("method", "n_target", "source_prior", "target_prior", "weights", "interval",
+                               "no_shift_test", "identifiability", "significance") if k not in d]
+        if missing:
+            raise FormatError(f"the shift report lacks {', '.join(missing)}; pass the 'result' of a re-estimation "
+                              "summary (ShiftReport.to_dict()).")
+        return cls(method=str(d["method"]), source_prior=np.asarray(d["source_prior"], dtype=np.float64),
+                   target_prior=np.asarray(d["target_prior"], dtype=np.float64),
+                   weights=np.asarray(d["weights"], dtype=np.float64),
+                   interval=PriorInterval.from_dict(d["interval"]),
+                   no_shift_test=NoShiftTest.from_dict(d["no_shift_test"]),
+                   identifiability=Identifiability.from_dict(d["identifiability"]),
+                   significance=float(d["significance"]), n_target=int(d["n_target"]),
+                   converged=bool(d.get("converged", True)),
+                   cross_check={name: CrossCheck.from_dict(name, c) for name, c in (d.get("cross_check") or {}).items()})
+
+
+def finite(x) -> bool:
+    """``x`` is a number (not None) and finite: what the stored JSON keeps (nan and inf are written as None)."""
+    return x is not None and math.isfinite(float(x))
+
+
+def joint_confusion(probs, labels) -> np.ndarray:
+    """The joint confusion matrix C[predicted, true] of the hard predictions on labelled source data (entries sum
+    to 1; the matrix BBSE inverts, Lipton et al. 2018), computed directly so that the identifiability report has
+    it even when BBSE refuses a singular one."""
+    probs = np.asarray(probs)
+    return confusion_matrix(probs, labels, probs.shape[1], soft=False)
+
+
+def _pool(target_probs) -> np.ndarray:
+    """One (m, k) array from an array or a list of batches."""
+    if isinstance(target_probs, np.ndarray):
+        return target_probs
+    if isinstance(target_probs, Sequence) and not isinstance(target_probs, (str, bytes)) and len(target_probs) \
+            and all(np.ndim(b) == 2 for b in target_probs):
+        return np.concatenate([np.asarray(b) for b in target_probs])
+    return np.asarray(target_probs)
+
+
+def assess_shift(source_probs, source_labels, target_probs, *, source_prior, estimator: str = "MLLS",
+                 cross_check: Sequence[str] = (), interval: str = "fisher", level: float = 0.95,
+                 significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0,
+                 max_interval_width: float | None = None) -> ShiftReport:
+    """Estimate the target prior on ``target_probs`` and say whether it shifted and whether to trust it.
+
+    The estimators are fit on the labelled source outputs with ``source_prior``; the estimate is ``estimator``'s;
+    the interval is :func:`~labelshift.uncertainty.fisher_interval` (MLLS only, eq. (mlls-sample)) or
+    :func:`~labelshift.uncertainty.bootstrap_interval`; the no-shift test is the two-sample test of
+    :func:`~labelshift.uncertainty.no_shift_test` (the source side, calibrator and p_s, is itself estimated from
+    ``source_probs``); the identifiability report is that of the MLLS estimate (Section 5, eq. (bound-main)) with the
+    hard joint confusion matrix of the source outputs. MLLS is fit whatever ``estimator`` is, and shown beside a
+    BBSE estimator as a cross-check. A cross-check estimator that fails (e.g. BBSE on a singular confusion matrix)
+    is reported with its error; the main one failing raises.
+
+    Args:
+        source_probs: (n, k) calibrated outputs on labelled source data.
+        source_labels: (n,) their labels 0..k-1.
+        target_probs: (m, k) calibrated outputs on the target set, or a list of (m_b, k) batches (pooled).
+        source_prior: (k,) p_s the estimators use (the re-estimation flow uses the mean calibrated prediction on
+            the source data; see ``docs/reestimation.md``).
+        estimator: a name of :data:`labelshift.registry.REESTIMATION_ESTIMATORS`.
+        cross_check: names of the same set, run alongside (duplicates and ``estimator`` itself are skipped).
+        interval: ``"fisher"`` (needs a likelihood estimator, MLLS) or ``"bootstrap"``.
+        level: confidence level of the interval, in (0, 1).
+        significance: level of the no-shift test, in (0, 1).
+        n_bootstrap, seed: the bootstrap's resamples and seed (``interval="bootstrap"``).
+        max_interval_width: optional: the estimate is also untrustworthy when the interval on some w_y is wider.
+
+    Raises:
+        InputError: an unknown estimator or interval, ``interval="fisher"`` with a BBSE estimator, shapes or
+            values that do not fit together; whatever the main estimator raises (e.g. IllConditionedError).
+    """
+    check_interval(estimator, interval)
+    cross_check = list(cross_check or ())
+    if cross_check:
+        check_methods(list(dict.fromkeys(cross_check)), allowed=REESTIMATION_ESTIMATORS, argument="cross_check")
+    S = check_probabilities(source_probs, "source_probs", 2)
+    k = S.shape[1]
+    labels = check_labels(source_labels, "source_labels", k, n_rows=S.shape[0])
+    check_prior(source_prior, "source_prior", k)
+    prior = np.asarray(source_prior, dtype=np.float64)    # as given: the report holds the caller's p_s
+    pooled = check_probabilities(_pool(target_probs), "target_probs", 2)
+    if pooled.shape[1] != k:
+        raise InputError(f"target_probs has {pooled.shape[1]} class columns but source_probs has {k}; pass the "
+                         "calibrated outputs of the same classifier on both.")
+
+    fits = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # flags are reported in the identifiability report, as data
+        for method in dict.fromkeys([estimator, _LIKELIHOOD, *cross_check]):
+            try:
+                fits[method] = make_estimator(method).fit(S, labels, prior)
+            except Exception as exc:             # e.g. BBSE refusing a singular confusion matrix
+                fits[method] = exc
+        if isinstance(fits[estimator], Exception):
+            raise fits[estimator]
+        main = fits[estimator].estimate(pooled)
+        mlls = fits[_LIKELIHOOD].estimate(pooled) if estimator != _LIKELIHOOD else main
+        checks = {}
+        # with another estimator, MLLS (the basis of the identifiability report) is always shown beside it
+        for method in dict.fromkeys([*cross_check, *([_LIKELIHOOD] if estimator != _LIKELIHOOD else [])]):
+            if method == estimator:
+                continue
+            fit = fits[method]
+            if isinstance(fit, Exception):
+                checks[method] = CrossCheck(method, error=str(fit))
+                continue
+            other = mlls if method == _LIKELIHOOD else fit.estimate(pooled)
+            checks[method] = CrossCheck(method, target_prior=np.asarray(other.target_prior),
+                                        weights=np.asarray(other.weights))
+    if interval == "bootstrap":
+        ci = bootstrap_interval(pooled, prior, estimator=fits[estimator], level=level, n_bootstrap=n_bootstrap,
+                                seed=seed)
+    else:
+        ci = fisher_interval(pooled, main.weights, prior, level=level)
+    test = no_shift_test(pooled, mlls.weights, prior, source_probs=S)
+    ident = identifiability(pooled, mlls.weights, prior, confusion=joint_confusion(S, labels), n_source=len(labels),
+                            interval=ci, max_relative_width=max_interval_width)
+    test.rejects(significance)                   # checks significance
+    return ShiftReport(method=estimator, source_prior=prior, target_prior=np.asarray(main.target_prior),
+                       weights=np.asarray(main.weights), interval=ci, no_shift_test=test, identifiability=ident,
+                       significance=significance, n_target=int(len(pooled)), converged=bool(np.all(main.converged)),
+                       cross_check=checks)
