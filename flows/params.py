@@ -1,8 +1,9 @@
-"""Typed parameters of the ``reproduce`` flow (the form in the Prefect UI, the options of ``labelshift reproduce``).
+"""Typed parameters of the flows (the forms in the Prefect UI, the options of ``labelshift reproduce`` and
+``labelshift estimate``).
 
 Each parameter is an ``Annotated`` type carrying its constraints and description, so the same definition
-validates the CLI's options (:class:`ReproduceParameters`), the flow's arguments (Prefect validates a call
-against the flow signature) and renders the deployment's form in the Prefect UI.
+validates the CLI's options (:class:`ReproduceParameters`, :class:`ReestimateParameters`), the flow's arguments
+(Prefect validates a call against the flow signature) and renders the deployment's form in the Prefect UI.
 
 The defaults are the paper's two-Gaussian experiments (Section 6, Figures 1 and 2; mu = 1, the true p_s(y|x) as
 predictor, 100 seeds per setting) on the library's default grids (:mod:`labelshift.experiments.gaussian`); the
@@ -13,7 +14,10 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
+from labelshift import registry
+from labelshift.errors import InputError
 from labelshift.experiments import gaussian, images
 
 Dataset = Literal["gaussian", "mnist-5k", "digits", "mnist", "cifar10"]
@@ -216,3 +220,81 @@ class ReproduceParameters(BaseModel):
                 value = ",".join(str(v) for v in value)
             out[name] = "" if value is None else str(value)
         return out
+
+
+# -- the reestimate flow ---------------------------------------------------------------------------------------------
+#: the registered model a re-estimation uses unless told otherwise (``reproduce --dataset mnist-5k`` registers it)
+DEFAULT_MODEL = "models:/labelshift-mnist-5k@latest-good"
+#: MLflow experiment of the re-estimation runs
+REESTIMATE_EXPERIMENT = "reestimation"
+#: type of the error :class:`ReestimateParameters` raises for an estimator without the interval it asks for
+INTERVAL_ERROR = "estimator_interval"
+
+Estimator = Literal[registry.REESTIMATION_ESTIMATORS]
+Interval = Literal[registry.INTERVALS]
+
+ModelParam = Annotated[str, Field(
+    description="The deployed classifier in the MLflow model registry: models:/NAME@ALIAS (e.g. "
+                "models:/labelshift-mnist-5k@latest-good) or models:/NAME/VERSION. Its run must hold the "
+                "calibrator (calibration/<calibrator>.json) and the labelled source holdout "
+                "(calibration/source_holdout.npz), as models registered by `labelshift reproduce` do.")]
+TargetParam = Annotated[str | None, Field(
+    description="Where the new unlabelled data arrives: s3://bucket/prefix/ or a local folder. Every *.npy under it "
+                "is a batch of model inputs, shape (n, *input shape), float. Default: <LABELSHIFT_STORE>/target.")]
+CalibratorParam = Annotated[str, Field(
+    description="Which calibrator logged beside the model to apply (BCTS, TS, VS, NBVS).")]
+EstimatorParam = Annotated[Estimator, Field(
+    description="Estimator of the target prior. MLLS (maximum likelihood, the paper's recommendation) or BBSE "
+                "(confusion-matrix inversion; needs interval='bootstrap').")]
+CrossCheckParam = Annotated[list[Estimator], Field(
+    description="Estimators run alongside for comparison; their priors are logged as cross_check/<method>/...")]
+IntervalParam = Annotated[Interval, Field(
+    description="Confidence intervals per class: 'fisher' (Fisher information of the MLLS likelihood, instant) or "
+                "'bootstrap' (percentile intervals from resampling the target rows; needed for the BBSE estimators).")]
+LevelParam = Annotated[float, Field(gt=0.5, lt=1.0, description="Confidence level of the intervals.")]
+SignificanceParam = Annotated[float, Field(
+    gt=0.0, lt=0.5, description="Level of the test of 'no shift' (w = 1; a two-sample test of the mean calibrated "
+                                "prediction, target against the source holdout): shifted when p < this.")]
+NBootstrapParam = Annotated[int, Field(ge=20, le=10000, description="Bootstrap resamples (interval='bootstrap').")]
+SeedParam = Annotated[int, Field(ge=0, description="Seed of the bootstrap.")]
+TrackingParam = Annotated[str | None, Field(
+    description="MLflow tracking URI; default MLFLOW_TRACKING_URI, else the local SQLite store.")]
+ExperimentParam = Annotated[str, Field(min_length=1, description="MLflow experiment of the re-estimation runs.")]
+MaxWidthParam = Annotated[float | None, Field(
+    gt=0.0, description="Threshold: the estimate is also untrustworthy when the interval on some weight w_y is wider "
+                        "than this (1.0 = as wide as the whole no-shift weight). None: no width check.")]
+OnChangedParam = Annotated[Literal["error", "reprocess"], Field(
+    description="A batch already counted whose content changed under the same key: 'error' (default) fails the run "
+                "naming it; 'reprocess' counts its new content in place of the old.")]
+BatchSizeParam = Annotated[int, Field(ge=1, le=1_000_000, description="Rows per forward pass of the model.")]
+
+
+class ReestimateParameters(BaseModel):
+    """All parameters of the ``reestimate`` flow, validated together (the defaults are the flow's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: ModelParam = DEFAULT_MODEL
+    target: TargetParam = None
+    calibrator: CalibratorParam = "BCTS"
+    estimator: EstimatorParam = "MLLS"
+    cross_check: CrossCheckParam = ["BBSE-soft"]
+    interval: IntervalParam = "fisher"
+    level: LevelParam = 0.95
+    significance: SignificanceParam = 0.05
+    n_bootstrap: NBootstrapParam = 200
+    seed: SeedParam = 0
+    tracking_uri: TrackingParam = None
+    mlflow_experiment: ExperimentParam = REESTIMATE_EXPERIMENT
+    batch_size: BatchSizeParam = 1024
+    max_interval_width: MaxWidthParam = None
+    on_changed: OnChangedParam = "error"
+
+    @model_validator(mode="after")
+    def _interval_fits_estimator(self) -> "ReestimateParameters":
+        try:
+            registry.check_interval(self.estimator, self.interval)
+        except InputError as exc:
+            raise PydanticCustomError(INTERVAL_ERROR, str(exc),
+                                      {"estimator": self.estimator, "interval": self.interval}) from None
+        return self

@@ -31,14 +31,16 @@ with ``labelshift serve --cron "0 6 * * *"`` or the ``reestimate`` deployment of
 # annotations of a module it loads by file path, where string annotations naming this module's aliases would not
 # resolve
 import time
-from typing import Annotated, Literal
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Completed
-from pydantic import Field
 
 from flows import settings as settings_mod
+from flows.params import REESTIMATE_EXPERIMENT as DEFAULT_EXPERIMENT
+from flows.params import (DEFAULT_MODEL, BatchSizeParam, CalibratorParam, CrossCheckParam, EstimatorParam,
+                          ExperimentParam, IntervalParam, LevelParam, MaxWidthParam, ModelParam, NBootstrapParam,
+                          OnChangedParam, SeedParam, SignificanceParam, TargetParam, TrackingParam)
 from labelshift.monitoring import commit_watermark, find_new_batches, read_watermark
 from labelshift.registry import check_interval
 from labelshift.report import ShiftReport, finite
@@ -48,45 +50,6 @@ from tasks.reestimation import (end_run, estimate_shift, history_record, load_mo
 from tasks.tracking import check_tracking_server, git_commit, run_url
 
 __all__ = ["reestimate", "DEFAULT_MODEL", "target_uri_for", "summary_markdown"]
-
-DEFAULT_MODEL = "models:/labelshift-mnist-5k@latest-good"
-DEFAULT_EXPERIMENT = "reestimation"
-Estimator = Literal["MLLS", "BBSE-soft", "BBSE-hard"]
-
-ModelParam = Annotated[str, Field(
-    description="The deployed classifier in the MLflow model registry: models:/NAME@ALIAS (e.g. "
-                "models:/labelshift-mnist-5k@latest-good) or models:/NAME/VERSION. Its run must hold the "
-                "calibrator (calibration/<calibrator>.json) and the labelled source holdout "
-                "(calibration/source_holdout.npz), as models registered by `labelshift reproduce` do.")]
-TargetParam = Annotated[str | None, Field(
-    description="Where the new unlabelled data arrives: s3://bucket/prefix/ or a local folder. Every *.npy under it "
-                "is a batch of model inputs, shape (n, *input shape), float. Default: <LABELSHIFT_STORE>/target.")]
-CalibratorParam = Annotated[str, Field(
-    description="Which calibrator logged beside the model to apply (BCTS, TS, VS, NBVS).")]
-EstimatorParam = Annotated[Estimator, Field(
-    description="Estimator of the target prior. MLLS (maximum likelihood, the paper's recommendation) or BBSE "
-                "(confusion-matrix inversion; needs interval='bootstrap').")]
-CrossCheckParam = Annotated[list[Estimator], Field(
-    description="Estimators run alongside for comparison; their priors are logged as cross_check/<method>/...")]
-IntervalParam = Annotated[Literal["fisher", "bootstrap"], Field(
-    description="Confidence intervals per class: 'fisher' (Fisher information of the MLLS likelihood, instant) or "
-                "'bootstrap' (percentile intervals from resampling the target rows; needed for the BBSE estimators).")]
-LevelParam = Annotated[float, Field(gt=0.5, lt=1.0, description="Confidence level of the intervals.")]
-SignificanceParam = Annotated[float, Field(
-    gt=0.0, lt=0.5, description="Level of the test of 'no shift' (w = 1; a two-sample test of the mean calibrated prediction, "
-                    "target against the source holdout): shifted when p < this.")]
-NBootstrapParam = Annotated[int, Field(ge=20, le=10000, description="Bootstrap resamples (interval='bootstrap').")]
-SeedParam = Annotated[int, Field(ge=0, description="Seed of the bootstrap.")]
-TrackingParam = Annotated[str | None, Field(
-    description="MLflow tracking URI; default MLFLOW_TRACKING_URI, else the local SQLite store.")]
-ExperimentParam = Annotated[str, Field(min_length=1, description="MLflow experiment of the re-estimation runs.")]
-MaxWidthParam = Annotated[float | None, Field(
-    gt=0.0, description="Threshold: the estimate is also untrustworthy when the interval on some weight w_y is wider "
-                        "than this (1.0 = as wide as the whole no-shift weight). None: no width check.")]
-OnChangedParam = Annotated[Literal["error", "reprocess"], Field(
-    description="A batch already counted whose content changed under the same key: 'error' (default) fails the run "
-                "naming it; 'reprocess' counts its new content in place of the old.")]
-BatchSizeParam = Annotated[int, Field(ge=1, le=1_000_000, description="Rows per forward pass of the model.")]
 
 
 def target_uri_for(target: str | None, store_uri: str) -> str:

@@ -56,7 +56,7 @@ __all__ = ["reproduce", "run_in_process", "active_sweeps", "DEFAULTS", "dask_tas
            "ENV_DASK", "MissingExtraError"]
 
 #: scheduler address of a Dask cluster ("tcp://host:8786"), or "local", for the estimation tasks (see the docstring)
-ENV_DASK = "LABELSHIFT_DASK_ADDRESS"
+ENV_DASK = settings_mod.ENV_DASK
 
 #: the defaults of every parameter (also those of ``labelshift reproduce`` and ``make run``)
 DEFAULTS = ReproduceParameters()
@@ -301,8 +301,9 @@ def with_task_runner(dask: str | None = None):
 
 
 # deployments (served or on workers) load `reproduce` from this module: the variable chooses their task runner
-if os.environ.get(ENV_DASK, "").strip():
-    reproduce = with_task_runner(os.environ[ENV_DASK])
+_address = settings_mod.resolve().dask_address
+if _address:
+    reproduce = with_task_runner(_address)
 
 
 def _prepare_models(p: ReproduceParameters, env, runs: dict) -> tuple[list, list[dict]]:

@@ -49,20 +49,15 @@ from datetime import datetime
 from pathlib import Path
 
 from flows.processes import ServiceProcess, http_ok
-from flows.settings import Settings
 from flows.stack import prefect_server_command
+from flows import settings as settings_mod
+from flows.settings import DEFAULT_TIMEZONE, ENV_CRON, ENV_MODEL, ENV_TARGET, ENV_TIMEZONE, Settings
 from labelshift.errors import InputError, ServiceUnavailableError
 
 __all__ = ["serve_deployments", "build_deployments", "reestimate_options", "check_schedule", "next_runs",
            "ReestimateOptions", "ScheduleError", "start_prefect_server", "DEPLOYMENT_DESCRIPTION",
            "REESTIMATE_DESCRIPTION", "ENV_CRON", "ENV_TIMEZONE", "ENV_MODEL", "ENV_TARGET"]
 
-#: environment variables read by ``labelshift serve`` (a command-line flag wins over its variable)
-ENV_CRON = "LABELSHIFT_REESTIMATE_CRON"
-ENV_TIMEZONE = "LABELSHIFT_REESTIMATE_TIMEZONE"
-ENV_MODEL = "LABELSHIFT_MODEL"
-ENV_TARGET = "LABELSHIFT_TARGET"
-DEFAULT_TIMEZONE = "UTC"
 #: seconds the Prefect server started here gets to shut down before it is killed
 _SERVER_STOP_GRACE_S = 15.0
 
@@ -106,19 +101,19 @@ def reestimate_options(cron: str | None = None, timezone: str | None = None, mod
 
     Does not import Prefect (it reads its settings once, at import); :func:`check_schedule` validates the result.
     """
-    env = os.environ if environ is None else environ
+    env = settings_mod.resolve(environ=environ)
 
-    def pick(value, variable):
+    def pick(value, from_env, variable):
         if value is not None and str(value).strip():
             return str(value).strip(), None
-        from_env = (env.get(variable) or "").strip()
         return (from_env, variable) if from_env else (None, None)
 
-    cron_value, cron_var = pick(cron, ENV_CRON)
-    zone, _ = pick(timezone, ENV_TIMEZONE)
+    cron_value, cron_var = pick(cron, env.reestimate_cron, ENV_CRON)
+    zone, _ = pick(timezone, env.reestimate_timezone, ENV_TIMEZONE)
     parameters = {}
-    for name, value, variable in (("model", model, ENV_MODEL), ("target", target, ENV_TARGET)):
-        chosen, _ = pick(value, variable)
+    for name, value, from_env, variable in (("model", model, env.model, ENV_MODEL),
+                                            ("target", target, env.target, ENV_TARGET)):
+        chosen, _ = pick(value, from_env, variable)
         if chosen is not None:
             parameters[name] = chosen
     return ReestimateOptions(cron=cron_value, timezone=zone or DEFAULT_TIMEZONE, parameters=parameters,

@@ -17,23 +17,90 @@ can be pointed elsewhere instead, and then the home is not used for it:
 * ``MLFLOW_TRACKING_URI`` (or ``--tracking-uri``) -- an MLflow server or another backend store.
 * ``LABELSHIFT_STORE`` (or ``--store``) -- an object store URI, ``s3://bucket/prefix`` or a local folder.
 
+Every environment variable the project reads is named once here (:data:`VARIABLES`, which the README's table
+mirrors) and read by :func:`resolve` into one :class:`Settings`; :func:`apply` is the only writer. The two are kept
+apart so that a command can resolve, check and report before anything is exported.
+
 This module only reads and writes environment variables and paths; it imports neither Prefect nor MLflow, so
 the CLI can configure both before they are imported (Prefect reads its settings once, at import).
 """
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
-from dataclasses import dataclass
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-#: environment variables of this project
+# -- the environment variables, each named once ----------------------------------------------------------------------
 ENV_HOME = "LABELSHIFT_HOME"
 ENV_STORE = "LABELSHIFT_STORE"
 ENV_EXPERIMENT = "LABELSHIFT_MLFLOW_EXPERIMENT"
+ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
+ENV_PREFECT_API_URL = "PREFECT_API_URL"
+ENV_MODEL = "LABELSHIFT_MODEL"
+ENV_TARGET = "LABELSHIFT_TARGET"
+ENV_DASK = "LABELSHIFT_DASK_ADDRESS"
+ENV_CRON = "LABELSHIFT_REESTIMATE_CRON"
+ENV_TIMEZONE = "LABELSHIFT_REESTIMATE_TIMEZONE"
+ENV_CACHE = "LABELSHIFT_CACHE"
+#: port of each service of the local stack (``labelshift stack up``)
+ENV_PORTS = {"s3": "LABELSHIFT_S3_PORT", "mlflow": "LABELSHIFT_MLFLOW_PORT", "prefect": "LABELSHIFT_PREFECT_PORT"}
+#: set by ``labelshift stack up --workers`` and the worker image; the deployments' pull step reads it
+ENV_CODE_DIR = "LABELSHIFT_CODE_DIR"
+#: the S3 server and its credentials: read by boto3 itself (``labelshift stack up`` writes them to its env.sh)
+ENV_AWS = ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 DEFAULT_HOME = ".labelshift"
 DEFAULT_EXPERIMENT = "labelshift-reproduce"
+DEFAULT_TIMEZONE = "UTC"
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable as documented: what it sets, its default, and the flag that wins over it."""
+
+    name: str
+    sets: str
+    default: str
+    flag: str = ""
+
+
+#: every environment variable the project reads, in the order of the README's table
+VARIABLES: tuple[Variable, ...] = (
+    Variable(ENV_HOME, "state folder of the embedded defaults (Prefect's temporary server, MLflow's SQLite store, "
+                       "the object store, the local stack)", f"`./{DEFAULT_HOME}`", "`--home`"),
+    Variable(ENV_STORE, "object store of results, datasets and models: `s3://bucket/prefix` or a folder",
+             "`<home>/store`", "`--store`"),
+    Variable(ENV_TRACKING_URI, "MLflow tracking URI (a server `http://host:port` or a local store)",
+             "`sqlite:///<home>/mlflow.db`", "`--tracking-uri`"),
+    Variable(ENV_EXPERIMENT, "MLflow experiment of `reproduce` and `report`", f"`{DEFAULT_EXPERIMENT}`",
+             "`--experiment-name`"),
+    Variable(ENV_PREFECT_API_URL, "a running Prefect server's API", "a temporary local server per command", ""),
+    Variable(ENV_DASK, "Dask cluster of the estimation tasks of `reproduce` (also of served and deployed runs): "
+                       "`tcp://host:8786` or `local`", "threads in the flow's process", "`--dask`"),
+    Variable(ENV_MODEL, "registered model of `estimate` and of the served `reestimate` deployment",
+             "`models:/labelshift-mnist-5k@latest-good`", "`--model`"),
+    Variable(ENV_TARGET, "where new batches arrive for `estimate`, `serve` and `data simulate-target`",
+             "`<store>/target`", "`--target` (`--to`)"),
+    Variable(ENV_CRON, "cron schedule of the served `reestimate` deployment", "unscheduled", "`--cron`"),
+    Variable(ENV_TIMEZONE, "time zone the cron hours are read in", f"`{DEFAULT_TIMEZONE}`", "`--timezone`"),
+    Variable(ENV_PORTS["s3"], "port of the local stack's S3 server", "`8333`", "`--s3-port`"),
+    Variable(ENV_PORTS["mlflow"], "port of the local stack's MLflow server", "`5000`", "`--mlflow-port`"),
+    Variable(ENV_PORTS["prefect"], "port of the local stack's Prefect server", "`4200`", "`--prefect-port`"),
+    Variable(ENV_CACHE, "download folder of `data push --download`", "`~/.cache/labelshift`", ""),
+    Variable(ENV_CODE_DIR, "the checkout a worker runs deployments from (the pull step of `prefect.yaml`)",
+             "set by `stack up --workers` and the worker image", ""),
+    Variable(ENV_AWS[0], "endpoint of the S3 server of `s3://` stores (read by boto3)", "AWS's own endpoint", ""),
+    Variable(ENV_AWS[1], "S3 access key (read by boto3)", "boto3's credential chain", ""),
+    Variable(ENV_AWS[2], "S3 secret key (read by boto3)", "boto3's credential chain", ""),
+)
+
+
+def read(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of one environment variable, without surrounding blanks; None when unset or blank."""
+    env = os.environ if environ is None else environ
+    value = (env.get(name) or "").strip()
+    return value or None
 
 #: the temporary Prefect server needs 5-20 s to start on a small machine; leave a wide margin
 PREFECT_STARTUP_TIMEOUT_S = 180
@@ -52,6 +119,13 @@ class Settings:
         prefect_api_url: a configured Prefect API, or ``None`` for the temporary local server.
         prefect_home: PREFECT_HOME used with the temporary server.
         experiment_name: MLflow experiment the runs are logged to.
+        model: the model of re-estimation from the environment (None: the command's or the flow's default).
+        target: the target location of re-estimation from the environment (None: ``<store>/target``).
+        dask_address: Dask cluster of the sweep's estimation tasks (None: threads in the flow's process).
+        reestimate_cron: cron schedule of the served reestimate deployment (None: unscheduled).
+        reestimate_timezone: time zone of that schedule (None: UTC).
+        stack_ports: the local stack's port per service as the environment gives it, unparsed (None: default).
+        cache_dir: download folder of the image datasets (None: the library's default).
     """
 
     home: Path
@@ -61,6 +135,18 @@ class Settings:
     prefect_api_url: str | None
     prefect_home: Path
     experiment_name: str
+    model: str | None = None
+    target: str | None = None
+    dask_address: str | None = None
+    reestimate_cron: str | None = None
+    reestimate_timezone: str | None = None
+    stack_ports: Mapping[str, str | None] = field(default_factory=dict)
+    cache_dir: Path | None = None
+
+    @property
+    def stack_dir(self) -> Path:
+        """Folder of the local stack: ``<home>/stack`` (absolute)."""
+        return (self.home / "stack").resolve()
 
     @property
     def tracking_is_local(self) -> bool:
@@ -84,7 +170,7 @@ class Settings:
 
 def resolve(home: str | os.PathLike | None = None, *, store_uri: str | None = None,
             tracking_uri: str | None = None, experiment_name: str | None = None,
-            environ: MutableMapping[str, str] | None = None) -> Settings:
+            environ: Mapping[str, str] | None = None) -> Settings:
     """Resolve the settings: explicit arguments win over environment variables, which win over the home folder.
 
     Args:
@@ -93,19 +179,30 @@ def resolve(home: str | os.PathLike | None = None, *, store_uri: str | None = No
         tracking_uri: MLflow tracking URI; default ``$MLFLOW_TRACKING_URI`` or ``sqlite:///<home>/mlflow.db``.
         experiment_name: MLflow experiment; default ``$LABELSHIFT_MLFLOW_EXPERIMENT`` or ``labelshift-reproduce``.
         environ: the environment to read (``os.environ`` by default).
+
+    The other variables of :data:`VARIABLES` are read as the environment gives them (None when unset); the command
+    that has a flag for one lets the flag win, and the code that uses one supplies its default.
     """
     env = os.environ if environ is None else environ
-    home_path = Path(home or env.get(ENV_HOME) or DEFAULT_HOME).expanduser().resolve()
-    store = store_uri or env.get(ENV_STORE) or str(home_path / "store")
-    tracking = tracking_uri or env.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home_path / 'mlflow.db'}"
+    home_path = Path(home or read(ENV_HOME, env) or DEFAULT_HOME).expanduser().resolve()
+    store = store_uri or read(ENV_STORE, env) or str(home_path / "store")
+    tracking = tracking_uri or read(ENV_TRACKING_URI, env) or f"sqlite:///{home_path / 'mlflow.db'}"
+    cache = read(ENV_CACHE, env)
     return Settings(
         home=home_path,
         store_uri=store,
         tracking_uri=tracking,
         artifact_root=local_artifact_root(tracking, home_path),
-        prefect_api_url=env.get("PREFECT_API_URL") or None,
+        prefect_api_url=read(ENV_PREFECT_API_URL, env),
         prefect_home=home_path / "prefect",
-        experiment_name=experiment_name or env.get(ENV_EXPERIMENT) or DEFAULT_EXPERIMENT,
+        experiment_name=experiment_name or read(ENV_EXPERIMENT, env) or DEFAULT_EXPERIMENT,
+        model=read(ENV_MODEL, env),
+        target=read(ENV_TARGET, env),
+        dask_address=read(ENV_DASK, env),
+        reestimate_cron=read(ENV_CRON, env),
+        reestimate_timezone=read(ENV_TIMEZONE, env),
+        stack_ports={service: read(name, env) for service, name in ENV_PORTS.items()},
+        cache_dir=Path(cache).expanduser() if cache else None,
     )
 
 
@@ -131,7 +228,7 @@ def apply(settings: Settings, *, verbose: bool = False,
     settings.create_folders()
     env[ENV_HOME] = str(settings.home)
     env[ENV_STORE] = settings.store_uri
-    env["MLFLOW_TRACKING_URI"] = settings.tracking_uri
+    env[ENV_TRACKING_URI] = settings.tracking_uri
     env[ENV_EXPERIMENT] = settings.experiment_name
     if settings.prefect_api_url is None:
         # the temporary server keeps its SQLite database (and so the run history) under the home

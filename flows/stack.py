@@ -61,12 +61,13 @@ import psutil
 from flows.processes import (ServiceProcess, free_ports, http_ok, pid_alive, port_in_use, processes_with_env,
                              signal_processes, wait_until)
 from flows.processes import log_tail as log_tail  # kept importable from here
+from flows import settings as settings_mod
 from labelshift.errors import LabelShiftError
 
 # -- defaults and names ------------------------------------------------------------------------------------------------
 HOST = "127.0.0.1"
 DEFAULT_PORTS = {"s3": 8333, "mlflow": 5000, "prefect": 4200}
-PORT_ENV = {"s3": "LABELSHIFT_S3_PORT", "mlflow": "LABELSHIFT_MLFLOW_PORT", "prefect": "LABELSHIFT_PREFECT_PORT"}
+PORT_ENV = settings_mod.ENV_PORTS
 DEFAULT_BUCKET = "labelshift"
 DEFAULT_POOL = "labelshift"
 DEFAULT_TIMEOUT_S = 120.0
@@ -91,9 +92,7 @@ class StackError(LabelShiftError, RuntimeError):
 # -- paths and configuration -------------------------------------------------------------------------------------------
 def stack_dir(home: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> Path:
     """``<home>/stack`` with home from the argument, ``$LABELSHIFT_HOME`` or ``./.labelshift`` (absolute)."""
-    env = os.environ if environ is None else environ
-    base = Path(home or env.get("LABELSHIFT_HOME") or ".labelshift").expanduser()
-    return (base / "stack").resolve()
+    return settings_mod.resolve(home, environ=environ).stack_dir
 
 
 def code_dir() -> Path:
@@ -103,9 +102,8 @@ def code_dir() -> Path:
 
 def resolve_port(service: str, value: int | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Port of a service: the explicit value, else its environment variable, else the documented default."""
-    env = os.environ if environ is None else environ
     if value is None:
-        raw = env.get(PORT_ENV[service])
+        raw = settings_mod.resolve(environ=environ).stack_ports[service]
         if raw:
             try:
                 value = int(raw)
@@ -460,7 +458,7 @@ class LocalStack:
         running = {name: self._running(name) for name in SERVICES}
         ports = self.ports()
         for name in SERVICES:  # a running service keeps its port unless another is asked for explicitly
-            if running[name] and getattr(self, f"{name}_port") is None and not os.environ.get(PORT_ENV[name]):
+            if running[name] and getattr(self, f"{name}_port") is None and not settings_mod.resolve().stack_ports[name]:
                 ports[name] = running[name]["port"]
         # a running stack keeps its ports; a request for others is a mistake worth saying
         for name in SERVICES:

@@ -202,7 +202,7 @@ def _pinned_bounds(P, w, H, p, free, z: float) -> np.ndarray:
         t_end = float(np.min(w[neg] / -b[neg])) if neg.any() else 1.0 / p[y]
         fb = P @ b
 
-        def drop(t):
+        def drop(t, fb=fb):
             with np.errstate(divide="ignore", invalid="ignore"):
                 val = 2.0 * float(np.sum(base - np.log(fw + t * fb)))
             return val if np.isfinite(val) else np.inf

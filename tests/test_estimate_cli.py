@@ -131,3 +131,23 @@ def test_a_changed_batch_fails_the_run_unless_reprocessing_is_asked_for(prefect_
     assert summary["batches"] == ["day.npy"] and summary["sequence"] == 2
     watermark = json.loads((target / "_labelshift" / "watermark.json").read_text())
     assert watermark["history"][-1].get("replaced") == ["day.npy"]
+
+
+def test_every_flow_parameter_has_an_option_with_the_flows_default():
+    """The options come from ReestimateParameters; the model and the flow's signature agree on names and defaults."""
+    import inspect
+
+    from flows.cli import build_parser
+    from flows.params import ReestimateParameters
+    from flows.reestimate import reestimate
+
+    signature = inspect.signature(reestimate.fn).parameters
+    assert list(signature) == list(ReestimateParameters.model_fields)
+    for name, parameter in signature.items():
+        assert ReestimateParameters.model_fields[name].default == parameter.default, name
+    parser = build_parser()
+    sub = next(a for a in parser._subparsers._group_actions if a.dest == "command").choices["estimate"]
+    options = {a.dest: a.option_strings for a in sub._actions}
+    assert set(ReestimateParameters.model_fields) <= set(options)
+    assert options["n_bootstrap"] == ["--bootstrap"] and options["on_changed"] == ["--reprocess-changed"]
+    assert options["mlflow_experiment"] == ["--experiment-name"]

@@ -1,4 +1,5 @@
 """The README's library example runs as documented, and its claims about batches hold."""
+import argparse
 import re
 from pathlib import Path
 
@@ -34,3 +35,41 @@ def test_the_docs_that_the_readme_and_the_docstrings_name_exist():
     assert {"docs/uncertainty.md", "docs/reestimation.md", "docs/solvers.md"} <= named
     missing = sorted(n for n in named if not (root / n).is_file())
     assert not missing, f"named but missing: {missing}"
+
+
+def _variables_table() -> list[list[str]]:
+    """The rows of the README's table of environment variables, as cells."""
+    text = README.read_text()
+    start = text.index("| variable | what it sets | default | flag that wins over it |")
+    rows = []
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def test_readme_lists_every_environment_variable_as_the_settings_name_them():
+    """The table is the settings' catalogue: the same variables in the same order, with the same defaults and flags."""
+    from flows.settings import VARIABLES
+
+    rows = _variables_table()
+    assert [r[0] for r in rows] == [f"`{v.name}`" for v in VARIABLES]
+    for row, variable in zip(rows, VARIABLES):
+        assert row == [f"`{variable.name}`", variable.sets, variable.default, variable.flag or "-"]
+
+
+def test_every_flag_in_the_variables_table_exists():
+    from flows.cli import build_parser
+
+    parser = build_parser()
+    options = set()
+    pending = [parser]
+    while pending:
+        p = pending.pop()
+        for action in p._actions:
+            options.update(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                pending.extend(action.choices.values())
+    flags = {f for row in _variables_table() for f in re.findall(r"`(--[a-z0-9-]+)`", row[3])}
+    assert flags and flags <= options, flags - options

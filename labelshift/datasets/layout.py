@@ -168,7 +168,7 @@ def push_dataset(name: str, store, prefix: str, *, source_dir=None, download: bo
         valid_fraction: share of the training pool put in ``valid``; the dataset's default when None.
         test_fraction: share carved out as ``test`` for datasets without one (mnist-5k, digits).
         seed: seed of the stratified splits.
-        cache_dir: where downloads go (default ``$LABELSHIFT_CACHE`` or ``~/.cache/labelshift``).
+        cache_dir: where downloads go (default ``~/.cache/labelshift``, :func:`.sources.default_cache_dir`).
 
     Returns the manifest that was written. A dataset already at ``prefix`` is replaced. Sources are read and
     checked before the first write, so a bad source changes nothing; a failure while writing removes the manifest

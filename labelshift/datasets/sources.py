@@ -24,7 +24,6 @@ images).
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,8 +67,9 @@ class DatasetSpec:
 
 
 def default_cache_dir() -> Path:
-    """Where torchvision downloads land: ``$LABELSHIFT_CACHE`` or ``~/.cache/labelshift``."""
-    return Path(os.environ.get("LABELSHIFT_CACHE", Path.home() / ".cache" / "labelshift"))
+    """Where torchvision downloads land when no ``cache_dir`` is given: ``~/.cache/labelshift`` (the command line
+    passes the folder its settings name)."""
+    return Path.home() / ".cache" / "labelshift"
 
 
 def _file_record(path: Path) -> dict:

@@ -1,31 +1,52 @@
-"""``labelshift estimate``: run the ``reestimate`` flow once and print its summary table.
+"""``labelshift estimate`` (the ``reestimate`` flow once, options from :class:`ReestimateParameters`) and
+``labelshift data simulate-target`` (label-shifted batches to try it on).
 
-    labelshift estimate --model models:/labelshift-mnist-5k@latest-good --target s3://bucket/target/
+    labelshift data simulate-target mnist-5k --to .labelshift/store/target --alpha 0.5
+    labelshift estimate --model models:/labelshift-mnist-5k@latest-good --target .labelshift/store/target
 
 The same flow as the scheduled deployment (:mod:`flows.reestimate`): it processes the batches under ``--target``
 that the watermark does not list yet, writes corrected predictions beside them, moves the watermark and logs to
-MLflow. Registered in the command line by :func:`register` (called from :mod:`flows.cli`).
+MLflow.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import textwrap
 import time
 from contextlib import nullcontext
 
-__all__ = ["register", "format_summary"]
+from pydantic import ValidationError
+
+from flows import settings as settings_mod
+from flows.cli._common import PROG, Opt, UsageError, add_common, add_field, bounds, csv, given, local_path, \
+    option_name, problems, setup, validated
+from flows.params import DEFAULT_MODEL, INTERVAL_ERROR, ReestimateParameters
+
+__all__ = ["register", "register_simulate", "format_summary", "OPTIONS", "EXIT_SHIFTED", "EXIT_UNTRUSTWORTHY"]
 
 #: exit statuses with --check (0 = no shift; 1 = failed; 2 = bad options, as every command)
 EXIT_SHIFTED = 3
 EXIT_UNTRUSTWORTHY = 4
 
+#: how each flow parameter appears on the command line, where it differs from --<name with dashes>
+OPTIONS: dict[str, Opt] = {
+    "model": Opt(metavar="URI", default=f"${settings_mod.ENV_MODEL}, else {DEFAULT_MODEL}"),
+    "target": Opt(metavar="URI", default=f"${settings_mod.ENV_TARGET}, else <store>/target"),
+    "cross_check": Opt(parse=csv(str, allow_empty=True), extra=" Comma-separated; '' for none."),
+    "n_bootstrap": Opt(option="--bootstrap", metavar="N"),
+    "tracking_uri": Opt(metavar="URI"),
+    "mlflow_experiment": Opt(option="--experiment-name", metavar="NAME"),
+    "batch_size": Opt(metavar="N"),
+    "max_interval_width": Opt(metavar="W", default=""),
+    "on_changed": Opt(option="--reprocess-changed", const="reprocess",
+                      help="count a batch whose content changed after it was counted again, with its new content",
+                      default="such a batch fails the run, naming it"),
+}
+
 
 def register(sub) -> None:
-    from flows.cli import _common
-
     p = sub.add_parser(
         "estimate", help="re-estimate the target label distribution of new data once (the reestimate flow)",
         description=textwrap.fill(
@@ -39,43 +60,46 @@ def register(sub) -> None:
                "  labelshift estimate ... --check     # exit 3 when shifted, 4 when untrustworthy (for cron jobs)\n"
                "Exit status: 0 done, 1 the run failed (the watermark did not move), 2 bad options.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common(p, top=False)
-    p.add_argument("--model", metavar="URI",
-                   help="registered model: models:/NAME@ALIAS or models:/NAME/VERSION; its run holds the calibrator "
-                        "and the source holdout (models registered by `labelshift reproduce` do) (default: "
-                        "$LABELSHIFT_MODEL, else models:/labelshift-mnist-5k@latest-good)")
-    p.add_argument("--target", metavar="URI",
-                   help="where the new data is: s3://bucket/prefix/ or a folder (default: $LABELSHIFT_TARGET, else "
-                        "<store>/target)")
-    p.add_argument("--calibrator", default="BCTS", help="calibrator logged beside the model (default: BCTS)")
-    p.add_argument("--estimator", default="MLLS", choices=["MLLS", "BBSE-soft", "BBSE-hard"],
-                   help="estimator of the target prior (default: MLLS)")
-    p.add_argument("--cross-check", default="BBSE-soft", metavar="LIST",
-                   help="comma-separated estimators run alongside ('' for none; default: BBSE-soft)")
-    p.add_argument("--interval", default="fisher", choices=["fisher", "bootstrap"],
-                   help="confidence intervals from the Fisher information (default) or a bootstrap")
-    p.add_argument("--level", type=float, default=0.95, help="confidence level (default: 0.95)")
-    p.add_argument("--significance", type=float, default=0.05,
-                   help="level of the no-shift test; shifted when p < this (default: 0.05)")
-    p.add_argument("--bootstrap", dest="n_bootstrap", type=int, default=200, metavar="N",
-                   help="bootstrap resamples (default: 200)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
-    p.add_argument("--max-interval-width", type=float, default=None, metavar="W",
-                   help="also call the estimate untrustworthy when the interval on some weight w_y is wider than W "
-                        "(1.0 = as wide as the no-shift weight itself; default: no width check)")
-    p.add_argument("--tracking-uri", metavar="URI", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or "
-                                                         "the local SQLite store under --home)")
-    p.add_argument("--experiment-name", default="reestimation", metavar="NAME",
-                   help="MLflow experiment (default: reestimation)")
-    p.add_argument("--store", metavar="URI", help="object store whose 'target' folder is the default --target")
-    p.add_argument("--reprocess-changed", action="store_true",
-                   help="count a batch whose content changed after it was counted again, with its new content "
-                        "(default: such a batch fails the run, naming it)")
+    add_common(p, top=False)
+    for field in ReestimateParameters.model_fields:
+        add_field(p, ReestimateParameters, field, OPTIONS.get(field))
+    p.add_argument("--store", metavar="URI", help="object store whose 'target' folder is the default --target "
+                                                  f"(default: ${settings_mod.ENV_STORE}, else <home>/store)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     p.add_argument("--check", action="store_true",
                    help=f"exit {EXIT_SHIFTED} when the shift is significant, {EXIT_UNTRUSTWORTHY} when the estimate "
                         "is not trustworthy")
-    p.set_defaults(handler=_cmd_estimate)
+    p.set_defaults(handler=run)
+
+
+def _explain(exc: ValidationError) -> str:
+    """The problems of the options, one line each, in the command's words."""
+    lines, unknown = [], {}
+    for err in exc.errors():
+        loc = err.get("loc", ())
+        field = str(loc[0]) if loc else ""
+        option = option_name(field, OPTIONS)
+        if err["type"] == INTERVAL_ERROR:
+            ctx = err["ctx"]
+            lines.append(f"--interval {ctx['interval']} comes from the MLLS likelihood; with --estimator "
+                         f"{ctx['estimator']} use --interval bootstrap")
+        elif err["type"] == "literal_error" and len(loc) == 2:
+            unknown.setdefault(option, []).append(err["input"])
+        elif err["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") \
+                and len(loc) == 1 and bounds(ReestimateParameters, field):
+            lines.append(f"{option} {bounds(ReestimateParameters, field)}, got {err['input']}")
+        else:
+            lines.extend(problems([err], ReestimateParameters, OPTIONS))
+    from labelshift.registry import REESTIMATION_ESTIMATORS
+
+    for option, bad in unknown.items():
+        lines.insert(0, f"{option}: unknown estimator(s) {bad}; choose from {', '.join(REESTIMATION_ESTIMATORS)}")
+    return "\n  ".join(lines)
+
+
+def parameters_from_args(args: argparse.Namespace) -> ReestimateParameters:
+    """The flow parameters given on the command line, validated; raises UsageError."""
+    return validated(ReestimateParameters, given(args, ReestimateParameters), _explain)
 
 
 def format_summary(summary: dict) -> str:
@@ -113,42 +137,25 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _cmd_estimate(args) -> int:
-    from flows.cli import PROG, UsageError, _setup
-
-    cross = [m.strip() for m in args.cross_check.split(",") if m.strip()]
-    bad = [m for m in cross if m not in ("MLLS", "BBSE-soft", "BBSE-hard")]
-    if bad:
-        raise UsageError(f"--cross-check: unknown estimator(s) {bad}; choose from MLLS, BBSE-soft, BBSE-hard")
-    if not 0.5 < args.level < 1:
-        raise UsageError(f"--level must be in (0.5, 1), got {args.level}")
-    if args.max_interval_width is not None and args.max_interval_width <= 0:
-        raise UsageError(f"--max-interval-width must be positive, got {args.max_interval_width}")
-    if args.interval == "fisher" and args.estimator != "MLLS":
-        raise UsageError(f"--interval fisher comes from the MLLS likelihood; with --estimator {args.estimator} use "
-                         "--interval bootstrap")
-    if not 0 < args.significance < 0.5:
-        raise UsageError(f"--significance must be in (0, 0.5), got {args.significance}")
-    env = _setup(args, store_uri=args.store, tracking_uri=args.tracking_uri, experiment_name=args.experiment_name)
+def run(args) -> int:
+    params = parameters_from_args(args)
+    env = setup(args, store_uri=args.store, tracking_uri=params.tracking_uri,
+                experiment_name=params.mlflow_experiment)
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    from flows.reestimate import DEFAULT_MODEL, reestimate, target_uri_for
+    from flows.reestimate import reestimate, target_uri_for
 
-    args.model = args.model or os.environ.get("LABELSHIFT_MODEL") or DEFAULT_MODEL
-    target = target_uri_for(args.target or os.environ.get("LABELSHIFT_TARGET"), env.store_uri)
-    print(f"{PROG} estimate: {args.model} on {target}"
+    model = args.model or env.model or params.model
+    target = target_uri_for(params.target or env.target, env.store_uri)
+    print(f"{PROG} estimate: {model} on {target}"
           + ("" if env.prefect_api_url else " (starting a temporary Prefect server, 10-30 s)"), file=sys.stderr)
     t0 = time.perf_counter()
     quiet = temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}) \
         if env.prefect_api_url is None else nullcontext()
+    call = params.model_dump() | dict(model=model, target=target, tracking_uri=env.tracking_uri,
+                                      mlflow_experiment=env.experiment_name)
     with quiet:
-        state = reestimate(model=args.model, target=target, calibrator=args.calibrator, estimator=args.estimator,
-                           cross_check=cross, interval=args.interval, level=args.level,
-                           significance=args.significance, n_bootstrap=args.n_bootstrap, seed=args.seed,
-                           max_interval_width=args.max_interval_width,
-                           on_changed="reprocess" if args.reprocess_changed else "error",
-                           tracking_uri=env.tracking_uri, mlflow_experiment=env.experiment_name,
-                           return_state=True)
+        state = reestimate(**call, return_state=True)
     if not state.is_completed():
         print(f"{PROG} estimate: failed after {time.perf_counter() - t0:.0f} s: {state.message}\n"
               "  The watermark did not move: fix the cause and rerun, and the same batches are taken again (any "
@@ -167,8 +174,6 @@ def _cmd_estimate(args) -> int:
 # -- labelshift data simulate-target -------------------------------------------------------------------------------
 def register_simulate(dsub) -> None:
     """``labelshift data simulate-target``: shifted batches of a dataset's test pool, to try re-estimation."""
-    from flows.cli import _common, _csv
-
     p = dsub.add_parser(
         "simulate-target", help="write label-shifted batches of a dataset's test images (to try `estimate`)",
         description=textwrap.fill(
@@ -182,29 +187,28 @@ def register_simulate(dsub) -> None:
                "  labelshift data simulate-target mnist-5k --to .labelshift/store/target --alpha 0.5 --batches 2\n"
                "  labelshift estimate --model models:/labelshift-mnist-5k@latest-good",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common(p, top=False)
+    add_common(p, top=False)
     p.add_argument("name", choices=["mnist-5k", "digits", "mnist", "cifar10"], help="dataset")
-    p.add_argument("--to", metavar="URI", help="target location (default: $LABELSHIFT_TARGET, else <store>/target)")
+    p.add_argument("--to", metavar="URI",
+                   help=f"target location (default: ${settings_mod.ENV_TARGET}, else <store>/target)")
     p.add_argument("--store", metavar="URI", help="object store holding datasets/<name> (default: as reproduce)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--prior", type=_csv(float), metavar="LIST", help="the target label distribution, k values")
+    g.add_argument("--prior", type=csv(float), metavar="LIST", help="the target label distribution, k values")
     g.add_argument("--alpha", type=float, default=None,
                    help="draw the target prior from a symmetric Dirichlet with this concentration (default: 1.0)")
     p.add_argument("--batches", type=int, default=2, help="number of batches (default: 2)")
     p.add_argument("--rows", type=int, default=1000, help="rows per batch (default: 1000)")
     p.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
     p.add_argument("--prefix", default=None, help="file name prefix of the batches (default: sim-<seed>)")
-    p.set_defaults(handler=_cmd_simulate)
+    p.set_defaults(handler=run_simulate)
 
 
-def _cmd_simulate(args) -> int:
-    from flows.cli import UsageError, _local_path, _setup
-
+def run_simulate(args) -> int:
     if args.batches < 1 or args.rows < 1:
         raise UsageError("--batches and --rows must be positive")
     if args.alpha is not None and args.alpha <= 0:
         raise UsageError(f"--alpha must be positive, got {args.alpha}")
-    env = _setup(args, store_uri=args.store)
+    env = setup(args, store_uri=args.store)
     import numpy as np
 
     from flows.reestimate import target_uri_for
@@ -220,13 +224,13 @@ def _cmd_simulate(args) -> int:
     except ObjectNotFoundError:
         if not DATASETS[args.name].offline:
             raise
-        push_dataset(args.name, store, prefix)
+        push_dataset(args.name, store, prefix, cache_dir=env.cache_dir)
     ds = load_dataset(store, prefix, expected_name=args.name, splits=("test",))
     alpha = args.alpha if args.prior is None and args.alpha is not None else (1.0 if args.prior is None else None)
     xs, ys, prior = simulate_target_batches(ds.test.x, ds.test.y, ds.n_classes, rows=args.rows,
                                             n_batches=args.batches, target_prior=args.prior, alpha=alpha,
                                             seed=args.seed)
-    target = open_store(target_uri_for(args.to or os.environ.get("LABELSHIFT_TARGET"), env.store_uri))
+    target = open_store(target_uri_for(args.to or env.target, env.store_uri))
     name = args.prefix or f"sim-{args.seed}"
     for i, x in enumerate(xs):
         target.put_array(f"{name}-{i}.npy", x)
@@ -234,7 +238,7 @@ def _cmd_simulate(args) -> int:
     target.put_json(f"{name}-truth.json", {"dataset": args.name, "target_prior": prior.tolist(),
                                            "label_frequencies": (counts / counts.sum()).tolist(),
                                            "batches": [f"{name}-{i}.npy" for i in range(len(xs))]})
-    print(f"wrote {len(xs)} batch(es) of {args.rows} {args.name} test images to {_local_path(target.uri)}/"
+    print(f"wrote {len(xs)} batch(es) of {args.rows} {args.name} test images to {local_path(target.uri)}/"
           f"{name}-*.npy")
     print("true target prior: " + " ".join(f"{v:.3f}" for v in prior))
     return 0

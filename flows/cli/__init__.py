@@ -1,0 +1,81 @@
+"""The ``labelshift`` command: run the paper's sweeps, serve them as a Prefect deployment, manage the local stack.
+
+    labelshift reproduce [options]   run the sweep on the embedded defaults (or the servers the env names)
+    labelshift serve [options]       serve reproduce (sweeps from the Prefect UI) and reestimate (on a cron schedule)
+    labelshift stack up|down|status  the local no-Docker stack (SeaweedFS S3, MLflow, Prefect) when installed
+    labelshift where                 print where state, results and tracking go, and how to open the UIs
+    labelshift data push NAME        build an image dataset and write it to the object store
+    labelshift data simulate-target  write label-shifted batches of a dataset's test images (to try `estimate`)
+    labelshift report [--out DIR]    a markdown results page (tables, figures, the paper's claims) from MLflow
+    labelshift estimate --model M    re-estimate the target label distribution of new data once (reestimate flow)
+
+One module per subcommand; each registers its parser and handler, and shares only :mod:`flows.cli._common`. The
+commands that run a flow (``reproduce``, ``estimate``) build their options from the flow's parameter model in
+:mod:`flows.params`. Prefect and MLflow are imported only after the environment is set up (:mod:`flows.settings`),
+because Prefect reads its settings once, at import; ``--help`` and parameter errors therefore answer without
+importing them.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from flows import settings as settings_mod
+from flows.cli import data, estimate, report, reproduce, serve, where
+from flows.cli._common import PROG, UsageError, add_common
+from flows.cli.reproduce import parameters_from_args
+
+__all__ = ["main", "build_parser", "PROG", "UsageError", "parameters_from_args"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Label shift estimation after Garg et al., 'A Unified View of Label Shift Estimation' "
+                    "(NeurIPS 2020): the paper's experiments as Prefect flows, tracked in MLflow.",
+        epilog=f"Run '{PROG} <command> --help' for a command's options. State goes under ./.labelshift "
+               f"(or ${settings_mod.ENV_HOME}, or --home) unless {settings_mod.ENV_PREFECT_API_URL}, "
+               f"{settings_mod.ENV_TRACKING_URI} or {settings_mod.ENV_STORE} point elsewhere.")
+    add_common(parser, top=True)
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    reproduce.register(sub)
+    serve.register(sub)
+    where.register(sub)
+    data.register(sub)
+    report.register(sub)
+    estimate.register(sub)
+    try:
+        from flows import stack      # written separately; the command is optional until it exists
+    except ImportError:
+        stack = None
+    if stack is not None and hasattr(stack, "register"):
+        stack.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    handler = getattr(args, "handler", None) or getattr(args, "func", None)
+    if handler is None:
+        parser.parse_args([args.command, "--help"])
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except UsageError as exc:
+        sub = f"{PROG} {args.command}"
+        print(f"{sub}: error: {exc}\nRun '{sub} --help' for the options.", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        from labelshift.errors import LabelShiftError
+
+        if isinstance(exc, LabelShiftError) and not getattr(args, "verbose", False):
+            print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+            return 1
+        raise
