@@ -1,6 +1,6 @@
 """Estimators against public implementations: labelshift versus ``abstention`` and ``quapy``, on the same inputs.
 
-The setting of issue 2 ("Benchmark"): k = 10 classes, target sets of m = 5000 rows, mild (Dirichlet alpha = 1.0)
+The setting: k = 10 classes, target sets of m = 5000 rows, mild (Dirichlet alpha = 1.0)
 and severe (alpha = 0.1) shift, S = 100 seeded target sets per shift. The predictor is synthetic but of the kind
 the paper calibrates: class-conditionals N(mu_y, I) in d = 10 dimensions with random means, the Bayes logits
 distorted per class (scale 1.5-2.5, i.e. overconfident, plus biases), about 90% accurate (a CIFAR-10 ResNet is

@@ -1,6 +1,6 @@
 """The ``reestimate`` flow: re-estimate the target label distribution from the batches that arrived since last time.
 
-The operator's side of the system (issue 5). A deployed classifier, registered in MLflow with its calibrator,
+The operator's side of the system. A deployed classifier, registered in MLflow with its calibrator,
 meets new unlabelled data in object storage; on a schedule this flow
 
 1. lists the target batches (``*.npy`` arrays of model inputs under ``target``) that are not yet in the

@@ -1,4 +1,4 @@
-"""The store side of scheduled re-estimation (issue 5): batch discovery, validation, outputs and the watermark,
+"""The store side of scheduled re-estimation: batch discovery, validation, outputs and the watermark,
 on a local folder and on a real SeaweedFS S3 server (the ``seaweed`` / ``s3_bucket`` fixtures)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Object storage (issue 3, item 3): round trips, atomic writes, checksums, key safety and error messages,
+"""Object storage: round trips, atomic writes, checksums, key safety and error messages,
 on a local folder and on a real SeaweedFS S3 server started by the ``seaweed`` fixture."""
 from __future__ import annotations
 
