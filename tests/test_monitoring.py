@@ -643,7 +643,7 @@ class HashSpy:
         self.hashed: list[str] = []
         self.read_whole: list[str] = []
         real_checksum, real_get = store.checksum, store.get_bytes
-        real_file_sha = storage._file_sha256
+        real_file_sha = storage.local.file_sha256
 
         def checksum(key):
             self.hashed.append(key)
@@ -660,7 +660,7 @@ class HashSpy:
 
         monkeypatch.setattr(store, "checksum", checksum)
         if isinstance(store, LocalStore):
-            monkeypatch.setattr(storage, "_file_sha256", file_sha)
+            monkeypatch.setattr(storage.local, "file_sha256", file_sha)
         else:
             monkeypatch.setattr(store, "get_bytes", get_bytes)
 

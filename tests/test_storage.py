@@ -53,7 +53,7 @@ def store(request):
 
 
 def temp_leftovers(folder) -> list[str]:
-    return [p.name for p in folder.rglob("*") if p.name.startswith(storage.TEMP_PREFIX)]
+    return [p.name for p in folder.rglob("*") if p.name.startswith(storage.base.TEMP_PREFIX)]
 
 
 class _Raw:
@@ -251,7 +251,7 @@ def test_local_interrupted_write_leaves_old_version(local_store, monkeypatch):
     def failing_replace(src, dst):
         raise OSError("disk vanished")
 
-    monkeypatch.setattr(storage.os, "replace", failing_replace)
+    monkeypatch.setattr(storage.local.os, "replace", failing_replace)
     with pytest.raises(StorageError, match="disk vanished"):
         local_store.put_bytes("table.csv", b"version 2")
     with pytest.raises(StorageError):
@@ -266,7 +266,7 @@ def test_local_interrupted_write_leaves_old_version(local_store, monkeypatch):
 def test_local_failing_data_source_leaves_nothing(local_store, tmp_path, monkeypatch):
     """A source that breaks after the first chunk: the temporary file is removed, no object appears."""
     source = tmp_path / "big.bin"
-    source.write_bytes(os.urandom(3 * storage.CHUNK))
+    source.write_bytes(os.urandom(3 * storage.base.CHUNK))
     real_open = open
     calls = {"reads": 0}
 
