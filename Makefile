@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-fast bench clean stack-up stack-down stack-status
+.PHONY: setup run test test-fast lint bench clean stack-up stack-down stack-status
 
 setup: $(STAMP)
 
@@ -24,8 +24,12 @@ run: setup
 	$(BIN)/labelshift data simulate-target mnist-5k --alpha 1.0 --batches 2 --rows 1000 --seed $$(date +%s)
 	$(BIN)/labelshift estimate --model models:/labelshift-mnist-5k@latest-good
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -q
+
+# ruff with the small rule set of pyproject.toml; the layering (flows -> tasks -> labelshift) is tests/test_layering.py
+lint: setup
+	$(BIN)/ruff check .
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not integration"
