@@ -34,6 +34,7 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import datetime as _dt  # noqa: E402
+import json  # noqa: E402
 import multiprocessing as mp  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
@@ -106,7 +107,8 @@ def summarise(rows: list[dict]) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # timing
 # ---------------------------------------------------------------------------------------------------------------
-def timing(n: int, m: int, k: int, repeats: int) -> list[tuple[str, float]]:
+def timing(n: int, m: int, k: int, repeats: int) -> list[tuple[str, tuple[float, float]]]:
+    """(label, (median wall seconds, median CPU seconds)) per call; one BLAS thread (set at the top)."""
     problem = WellSpecifiedGaussians.make(k)
     rng = np.random.default_rng(12345)
     Xh, yh = problem.holdout(n, rng)
@@ -120,12 +122,13 @@ def timing(n: int, m: int, k: int, repeats: int) -> list[tuple[str, float]]:
         w = np.maximum(mlls_newton(P, ps).weights, 0.0)
 
         def best(fn):
-            ts = []
+            wall, cpu = [], []
             for _ in range(repeats):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 fn()
-                ts.append(time.perf_counter() - t0)
-            return float(np.median(ts))
+                wall.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
+            return float(np.median(wall)), float(np.median(cpu))
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -147,6 +150,8 @@ def fmt(x, digits=3):
 
 
 def build_report(args, results, times, wall, command) -> str:
+    """The README section. ``wall`` and ``command`` describe the run that produced the grid (which may have been
+    saved with --save and loaded with --load)."""
     z_lo, z_hi = 0.93, 0.97
     lines = [SECTION, "",
              "`benchmarks/bench_intervals.py` measures the source-aware interval of `labelshift.joint_uncertainty` "
@@ -157,7 +162,8 @@ def build_report(args, results, times, wall, command) -> str:
              "",
              f"Produced by `{command}` on {_dt.date.today().isoformat()}; machine: {cpu_model()}, "
              f"nproc {os.cpu_count()} (shared with other jobs), Python {platform.python_version()}, numpy "
-             f"{np.__version__}; {args.workers} worker process(es), wall time {wall / 60:.1f} min. Seeds per cell: "
+             f"{np.__version__}; {args.workers} worker process(es), grid wall time {wall / 60:.1f} min (the machine was "
+             "shared with other jobs). Seeds per cell: "
              f"{args.seeds3} at k = 3, {args.seeds10} at k = 10 (each seed: fresh prior, holdout and target).",
              "",
              "Columns: *cov* = coverage of the free classes (w_hat > 1e-8); *se* = its binomial standard error; "
@@ -187,9 +193,12 @@ def build_report(args, results, times, wall, command) -> str:
     if misses:
         lines += ["Missed: " + "; ".join(misses) + "."]
     if times:
-        lines += ["", f"### Time at m = {args.time_m}, k = 10 (n = {args.time_n}; median of {args.repeats})", "",
-                  "| call | seconds |", "|---|---|"]
-        lines += [f"| {name} | {t:.4f} |" for name, t in times]
+        lines += ["", f"### Time at m = {args.time_m}, k = 10 (n = {args.time_n}; median of {args.repeats}; one BLAS "
+                  "thread)", "",
+                  f"Measured on {cpu_model()} with a load average of {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+                  "cores, so the wall times include waiting for a core; CPU time is the process's own.", "",
+                  "| call | wall (s) | CPU (s) |", "|---|---|---|"]
+        lines += [f"| {name} | {w:.4f} | {c:.4f} |" for name, (w, c) in times]
         lines += ["", "Goal: under 0.1 s at m = 100,000, k = 10."]
     return "\n".join(lines) + "\n"
 
@@ -210,6 +219,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-grid", action="store_true")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--quick", action="store_true", help="k = 3, n = 1000, m = 1000 and 20000, 30 seeds")
+    ap.add_argument("--save", type=Path, help="write the grid's per-cell summaries (and the run's settings) as JSON")
+    ap.add_argument("--load", type=Path, help="report the grid saved by --save instead of running it")
     ap.add_argument("--write-readme", action="store_true", help="write the section into benchmarks/README.md")
     args = ap.parse_args(argv)
     if args.quick:
@@ -219,7 +230,14 @@ def main(argv=None) -> int:
                                                         if (argv or sys.argv[1:]) else "")
     t0 = time.perf_counter()
     results = {}
-    if not args.skip_grid:
+    grid_wall = None
+    if args.load:
+        saved = json.loads(args.load.read_text())
+        command, grid_wall = saved["command"], saved["wall"]
+        for name in ("seeds3", "seeds10", "workers"):
+            setattr(args, name, saved[name])
+        results = {tuple(c["key"]): c["summary"] for c in saved["cells"]}
+    elif not args.skip_grid:
         tasks = []
         for k in args.k:
             seeds = args.seeds3 if k <= 3 else args.seeds10
@@ -237,8 +255,14 @@ def main(argv=None) -> int:
                 if (i + 1) % 20 == 0:
                     print(f"  {i + 1}/{len(tasks)} chunks, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         results = {key: summarise(v) for key, v in rows.items()}
+        grid_wall = time.perf_counter() - t0
+        if args.save:
+            args.save.write_text(json.dumps({
+                "command": command, "wall": grid_wall, "seeds3": args.seeds3, "seeds10": args.seeds10,
+                "workers": args.workers, "cells": [{"key": list(k), "summary": v} for k, v in results.items()]},
+                indent=1))
     times = None if args.skip_timing else timing(args.time_n, args.time_m, 10, args.repeats)
-    report = build_report(args, results, times, time.perf_counter() - t0, command)
+    report = build_report(args, results, times, grid_wall or 0.0, command)
     print(report)
     if args.write_readme:
         write_section(SECTION, report)
