@@ -121,11 +121,11 @@ def timing(n: int, m: int, k: int, repeats: int) -> list[tuple[str, tuple[float,
         P = cal.predict_proba(Xt)
         w = np.maximum(mlls_newton(P, ps).weights, 0.0)
 
-        def best(fn):
+        def best(fn, *fargs, **fkw):
             wall, cpu = [], []
             for _ in range(repeats):
                 t0, c0 = time.perf_counter(), time.process_time()
-                fn()
+                fn(*fargs, **fkw)
                 wall.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
             return float(np.median(wall)), float(np.median(cpu))
@@ -133,12 +133,12 @@ def timing(n: int, m: int, k: int, repeats: int) -> list[tuple[str, tuple[float,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out.append((f"{label}: `source_aware_interval(..., weights=w)` (MLLS estimate given)",
-                        best(lambda: source_aware_interval(Xh, yh, Xt, cal, weights=w))))
+                        best(source_aware_interval, Xh, yh, Xt, cal, weights=w)))
             out.append((f"{label}: `source_aware_interval(...)` (solves MLLS too)",
-                        best(lambda: source_aware_interval(Xh, yh, Xt, cal))))
-            out.append((f"{label}: `mlls_newton` alone (the estimate)", best(lambda: mlls_newton(P, ps))))
+                        best(source_aware_interval, Xh, yh, Xt, cal)))
+            out.append((f"{label}: `mlls_newton` alone (the estimate)", best(mlls_newton, P, ps)))
             out.append((f"{label}: `fisher_interval(P, w, p_s)` (target only, for reference)",
-                        best(lambda: fisher_interval(P, w, ps))))
+                        best(fisher_interval, P, w, ps)))
     return out
 
 

@@ -215,6 +215,12 @@ def _check_outputs(x, name: str, k: int | None) -> np.ndarray:
     return arr
 
 
+def _normal_bound(w_u: float, v: float, z: float) -> float:
+    """The likelihood-ratio upper bound on a coordinate constrained to >= 0 whose unconstrained estimate w_u <= 0 is
+    normal with variance v: the t >= 0 where (t - w_u)^2 - w_u^2 = z^2 v, i.e. w_u + sqrt(w_u^2 + z^2 v)."""
+    return w_u + math.sqrt(w_u * w_u + z * z * max(v, 0.0))
+
+
 def min_holdout_rows(calibrator_kind: str, k: int) -> int:
     """The smallest holdout accepted: MIN_ROWS_PER_PARAMETER rows per calibrator parameter, and at least 2 k.
 
@@ -422,15 +428,12 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
             w_u = min(float((Hinv @ (g[G] - ps[G]))[j]), 0.0)       # unconstrained estimate of w_y (<= 0)
             vt, vh = float(cov_t_G[j, j]), float(cov_h_G[j, j])
 
-            def bound(v, zz):
-                return w_u + math.sqrt(w_u * w_u + zz * zz * max(v, 0.0))
-
             t_w_lo[yy], t_w_hi[yy] = 0.0, float(target_only.weights_upper[yy])
-            u = float(target_only.weights_upper[yy]) + bound(vt + vh, z) - bound(vt, z)
+            u = float(target_only.weights_upper[yy]) + _normal_bound(w_u, vt + vh, z) - _normal_bound(w_u, vt, z)
             u = min(u, w_max[yy])
             w_lo[yy], w_hi[yy] = 0.0, u
             lo[yy], hi[yy] = 0.0, min(ps[yy] * u, 1.0)
-            one_se = bound(vt + vh, 1.0)
+            one_se = _normal_bound(w_u, vt + vh, 1.0)
             if not one_se <= MAX_STANDARD_ERROR:
                 reasons.append(f"class {yy} is estimated at w = 0 but not identified: its one-standard-error bound on "
                                f"w_{yy} (normal model, target and holdout error) is {one_se:.3g} > "
