@@ -408,12 +408,20 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     t_w_hi = np.clip(w + z * se_w_t, 0.0, w_max)
     se_pt_t = ps * se_w_t
 
-    # ---- trustworthiness: the worst direction of the total covariance of w --------------------------------------
+    # ---- trustworthiness: the worst direction of the total covariance of w, relative to max(w_y, 1) ---------------
+    # (an absolute bound of 1/2 on w, as for the target-only check, would flag every class with a large weight --
+    # w_y = 6 known to +-10% -- while the point is whether the data pin w down: so the error is measured relative
+    # to max(w_y, 1), which is the absolute 1/2 of labelshift.uncertainty for weights up to 1)
     if F.size:
-        worst = float(np.sqrt(max(np.linalg.eigvalsh(cov_w[np.ix_(F, F)])[-1], 0.0)))
+        scale_w = np.maximum(w[F], 1.0)
+        rel = cov_w[np.ix_(F, F)] / np.outer(scale_w, scale_w)
+        lam, vec = np.linalg.eigh(rel)
+        worst = float(np.sqrt(max(lam[-1], 0.0)))
         if not worst <= MAX_STANDARD_ERROR:
-            reasons.append(f"w is poorly identified: its standard error in the worst direction is {worst:.3g} > "
-                           f"{MAX_STANDARD_ERROR:g} (half the no-shift weight), target and holdout error together")
+            top = int(F[np.argmax(np.abs(vec[:, -1]))])
+            reasons.append(f"w is poorly identified: its standard error relative to max(w, 1) in the worst direction "
+                           f"(mostly class {top}) is {worst:.3g} > {MAX_STANDARD_ERROR:g}, target and holdout error "
+                           "together; more labelled holdout rows (or target rows) would narrow it")
 
     # ---- classes pinned at w = 0 -----------------------------------------------------------------------------
     pinned = ~free
