@@ -36,7 +36,7 @@ __all__ = ["SourceAwareInterval", "source_aware_interval", "MIN_ROWS_PER_PARAMET
 #: the ``method`` name of the result (the name the flow's ``interval=`` parameter should use)
 METHOD = "source-aware"
 #: the holdout must have at least this many rows per calibrator parameter (BCTS on k classes has k parameters: the
-#: temperature and k - 1 free biases; VS 2k - 1; TS 1; NBVS k) and at least MIN_ROWS_PER_CLASS... see below
+#: temperature and k - 1 free biases; VS 2k - 1; TS 1; NBVS k), and at least 2 k rows: see :func:`min_holdout_rows`
 MIN_ROWS_PER_PARAMETER = 10
 #: kinds of calibrator the sandwich knows the parameters of
 SUPPORTED_CALIBRATORS = ("TS", "BCTS", "VS", "NBVS")
