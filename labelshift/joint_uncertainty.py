@@ -25,7 +25,7 @@ import numpy as np
 from scipy.stats import norm
 
 from ._validation import as_float_array, check_labels
-from .calibration._base import PROB_FLOOR, log_softmax
+from .calibration import PROB_FLOOR, log_softmax
 from .errors import IllConditionedWarning, InputError
 from .solvers import PIN_TOL, mlls_newton, mlls_optimality
 from .uncertainty import MAX_STANDARD_ERROR, PriorInterval, fisher_interval
