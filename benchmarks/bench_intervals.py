@@ -200,8 +200,10 @@ def build_report(args, results, times, wall, command) -> str:
         lines += ["Missed: " + "; ".join(misses) + "."]
     if times:
         lines += ["", f"### Time at m = {args.time_m}, k = 10 (n = {args.time_n}; median of {args.repeats}; one BLAS "
-                  "thread)", "",
-                  f"Measured on {cpu_model()} with a load average of {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+                  "thread)", ""]
+        if getattr(args, "timing_command", command) != command:
+            lines += [f"Timed by `{args.timing_command}` (the grid above was loaded from the run that saved it).", ""]
+        lines += [f"Measured on {cpu_model()} with a load average of {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
                   "cores, so the wall times include waiting for a core; CPU time is the process's own.", "",
                   "| call | wall (s) | CPU (s) |", "|---|---|---|"]
         lines += [f"| {name} | {w:.4f} | {c:.4f} |" for name, (w, c) in times]
@@ -240,6 +242,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     results = {}
     grid_wall = None
+    args.timing_command = command
     if args.load:
         saved = json.loads(args.load.read_text())
         command, grid_wall = saved["command"], saved["wall"]

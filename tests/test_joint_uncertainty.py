@@ -74,6 +74,7 @@ def test_target_part_is_the_fisher_interval(problem3):
     assert np.all(r.std_error > f.std_error)
 
 
+@pytest.mark.slow          # about 5 s of CPU (120 BCTS fits)
 def test_coverage_in_a_small_cell(problem3):
     """k = 3, n = 300 holdout rows, m = 6000 target rows, Dirichlet(1) priors, 120 seeds: about 360 free
     class-intervals.
@@ -96,6 +97,7 @@ def test_coverage_in_a_small_cell(problem3):
     assert covered_fisher / total < 0.88
 
 
+@pytest.mark.slow          # about 4 s of CPU each (100 fits)
 @pytest.mark.parametrize("calibrator", [FastBCTS, partial(VectorScaling, tol=1e-7)], ids=["BCTS", "VS"])
 def test_covariance_matches_the_spread_over_fresh_holdouts_and_targets(problem3, calibrator):
     """Fixed prior; R = 100 replications, each with a fresh holdout (n = 300) and target (m = 6000). The sample
