@@ -8,7 +8,7 @@ posterior then has logits linear in x,
 and the "model" outputs ``scale * (those logits) + offset`` (``scale > 1``: over-confident; ``offset``: a per-class
 bias). BCTS (softmax(z / T + b)) contains the exact posterior at T = scale, b = -offset / scale, so a BCTS fit on
 labelled source rows is consistent and the calibration term of the paper's eq. (bound-main) is zero; vector scaling
-contains it as well. (TS contains it only when ``offset`` is constant, see ``offset=0``.)
+contains it as well. (TS contains it only when ``offset`` is None or the same for every class.)
 
 Target rows are drawn from the same class-conditionals with another prior (label shift). The truth an interval
 on the target prior must cover is that population prior, not the label frequencies of the drawn rows.
