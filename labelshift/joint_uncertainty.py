@@ -1,0 +1,463 @@
+"""Confidence intervals on the target prior that include the error of the labelled source holdout.
+
+:func:`labelshift.uncertainty.fisher_interval` treats the calibrated predictor f and the source prior p_s as known.
+In practice both are estimated from the same n labelled holdout rows: the calibrator's parameters theta by
+minimising the NLL, and p_s = the mean calibrated prediction on the holdout (how the ``reestimate`` flow defines it,
+``ModelBundle.source_prior``). Their O(n^{-1/2}) error moves the MLLS estimate (eq. (mlls-sample) of Garg et al.,
+NeurIPS 2020) as much as the target's own O(m^{-1/2}) error once m is not small next to n, and the target-only
+interval is then too short.
+
+:func:`source_aware_interval` stacks the three estimating equations -- the calibrator's NLL score on the holdout,
+the p_s mean equation on the holdout, the MLLS optimality conditions on the target -- and forms the M-estimation
+(sandwich) covariance of (theta, p_s, w) over the two independent samples. The derivation, and what the interval
+covers and what it does not (the calibration term of eq. (bound-main)), are in ``docs/intervals.md``.
+
+Supported calibrators: the scaling family of :mod:`labelshift.calibration.scaling` (TS, BCTS, VS, NBVS), whose
+calibrated logits are linear in the parameters; the derivatives are analytic.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.stats import norm
+
+from ._validation import as_float_array, check_labels
+from .calibration import PROB_FLOOR, log_softmax
+from .errors import IllConditionedWarning, InputError
+from .solvers import PIN_TOL, mlls_newton, mlls_optimality
+from .uncertainty import MAX_STANDARD_ERROR, PriorInterval, fisher_interval
+
+__all__ = ["SourceAwareInterval", "source_aware_interval", "MIN_ROWS_PER_PARAMETER", "METHOD",
+           "SUPPORTED_CALIBRATORS"]
+
+#: the ``method`` name of the result (the name the flow's ``interval=`` parameter should use)
+METHOD = "source-aware"
+#: the holdout must have at least this many rows per calibrator parameter (BCTS on k classes has k parameters: the
+#: temperature and k - 1 free biases; VS 2k - 1; TS 1; NBVS k), and at least 2 k rows: see :func:`min_holdout_rows`
+MIN_ROWS_PER_PARAMETER = 10
+#: kinds of calibrator the sandwich knows the parameters of
+SUPPORTED_CALIBRATORS = ("TS", "BCTS", "VS", "NBVS")
+
+_LOG_T_BOUND = 30.0                 # the scaling calibrators' bound on |log T| (a fit at the bound is not interior)
+_SCORE_TOL = 0.05                   # |mean holdout score| above this many standard errors: not fit on these rows
+_COND_MAX = 1e12                    # condition number of the NLL Hessian above which theta is not identified
+_HOLDOUT_CHUNK = 4096               # holdout rows per chunk of the dense (rows, k, q) design
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the result
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SourceAwareInterval(PriorInterval):
+    """A :class:`~labelshift.uncertainty.PriorInterval` (``method="source-aware"``) whose covariance includes the
+    holdout's error. Every field of PriorInterval keeps its meaning; ``std_error`` is the total standard error of
+    p_t(y). Added:
+
+    Attributes:
+        source_prior: (k,) p_s = the mean calibrated prediction on the holdout (the prior the interval is for).
+        covariance: (k, k) total covariance of the estimate of p_t = p_s * w (target + holdout parts).
+        covariance_target: (k, k) the part from the target sample alone (= that of ``fisher_interval``).
+        covariance_holdout: (k, k) the part from the holdout (calibrator parameters and p_s).
+        weights_covariance: (k, k) total covariance of w (rows/columns of pinned classes are 0).
+        weights_std_error: (k,) total standard error of w (nan for pinned classes).
+        n_source: holdout rows n.
+        calibrator: the calibrator's kind (e.g. ``"BCTS"``).
+        trustworthy: False when the estimate is poorly identified (see ``reasons``); the interval is then still
+            returned, but should be reported as Untrustworthy.
+        reasons: one sentence per failed check, naming the number and its threshold.
+        target_only: the present target-only interval (``method="fisher"``, as
+            :func:`~labelshift.uncertainty.fisher_interval` computes it) for the same estimate, for comparison.
+    """
+
+    source_prior: np.ndarray = None
+    covariance: np.ndarray = None
+    covariance_target: np.ndarray = None
+    covariance_holdout: np.ndarray = None
+    weights_covariance: np.ndarray = None
+    weights_std_error: np.ndarray = None
+    n_source: int | None = None
+    calibrator: str | None = None
+    trustworthy: bool = True
+    reasons: list = field(default_factory=list)
+    target_only: PriorInterval | None = field(default=None, repr=False)
+
+    @property
+    def holdout_share(self) -> np.ndarray:
+        """(k,) the holdout's share of the variance of each p_t(y) (nan for pinned classes)."""
+        tot = np.diag(self.covariance)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(tot > 0, np.diag(self.covariance_holdout) / tot, np.nan)
+
+    def to_dict(self) -> dict:
+        """:meth:`PriorInterval.to_dict` plus the added fields (matrices as nested lists)."""
+        d = super().to_dict()
+
+        def mat(a):
+            return [[float(v) for v in row] for row in np.asarray(a, dtype=np.float64)]
+
+        d.update({"source_prior": [float(v) for v in self.source_prior], "covariance": mat(self.covariance),
+                  "covariance_target": mat(self.covariance_target),
+                  "covariance_holdout": mat(self.covariance_holdout),
+                  "weights_std_error": [None if not math.isfinite(v) else float(v) for v in self.weights_std_error],
+                  "n_source": int(self.n_source), "calibrator": self.calibrator,
+                  "trustworthy": bool(self.trustworthy), "reasons": list(self.reasons)})
+        return d
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the calibrator's parameters: calibrated logits s_ic = sum_r X_icr theta_r (linear in theta)
+# ---------------------------------------------------------------------------------------------------------------
+class _Design:
+    """The design of a scaling calibrator: blocks of parameters, each a 'scalar scale' (X_ic = z_ic, one
+    parameter: 1/T), a 'vector scale' (X_icr = z_ic [c = r], k parameters) or 'bias' (X_icr = [c = r] for
+    r = 1..k-1; b_0 is pinned, softmax being invariant to a common shift)."""
+
+    def __init__(self, blocks: tuple[str, ...], k: int):
+        self.blocks = blocks
+        self.k = k
+        sizes = {"scalar": 1, "vector": k, "bias": k - 1}
+        self.sizes = [sizes[b] for b in blocks]
+        self.q = sum(self.sizes)
+
+    def row_mean(self, Z: np.ndarray, Wt: np.ndarray) -> np.ndarray:
+        """(rows, q): sum_c Wt_ic X_icr (e.g. Wt = the calibrated probabilities: the mean of X under them)."""
+        out = []
+        for b in self.blocks:
+            if b == "scalar":
+                out.append(np.einsum("ic,ic->i", Wt, Z)[:, None])
+            elif b == "vector":
+                out.append(Wt * Z)
+            else:
+                out.append(Wt[:, 1:])
+        return np.concatenate(out, axis=1)
+
+    def weighted_sum(self, Z: np.ndarray, A: np.ndarray) -> np.ndarray:
+        """(k, q): sum_i A_ic X_icr."""
+        k = self.k
+        out = []
+        for b in self.blocks:
+            if b == "scalar":
+                out.append(np.einsum("ic,ic->c", A, Z)[:, None])
+            elif b == "vector":
+                out.append(np.diag(np.einsum("ic,ic->c", A, Z)))
+            else:
+                out.append(np.diag(A.sum(axis=0))[:, 1:] if k > 1 else np.zeros((k, 0)))
+        return np.concatenate(out, axis=1)
+
+    def dense(self, Z: np.ndarray) -> np.ndarray:
+        """(rows, k, q): X itself (for the holdout, in chunks)."""
+        r, k = Z.shape
+        out = []
+        for b in self.blocks:
+            if b == "scalar":
+                out.append(Z[:, :, None])
+            elif b == "vector":
+                out.append(Z[:, :, None] * np.eye(k)[None])
+            else:
+                out.append(np.broadcast_to(np.eye(k)[None, :, 1:], (r, k, k - 1)))
+        return np.concatenate(out, axis=2)
+
+
+def _calibrator_map(calibrator, k: int):
+    """(design, scale, bias) of a fitted scaling calibrator: calibrated logits = scale * z + bias."""
+    kind = getattr(calibrator, "kind", None)
+    if kind not in SUPPORTED_CALIBRATORS or not getattr(calibrator, "is_fitted", False):
+        if kind in SUPPORTED_CALIBRATORS:
+            raise InputError(f"calibrator is a {kind} that is not fitted; pass the calibrator fit on "
+                             "holdout_outputs, holdout_labels (e.g. BCTS().fit(holdout_outputs, holdout_labels)).")
+        raise InputError(f"calibrator must be a fitted scaling calibrator ({', '.join(SUPPORTED_CALIBRATORS)}) "
+                         f"of labelshift.calibration, got {calibrator!r}; the source-aware interval needs the "
+                         "calibrator's parameters. For other calibrators use interval='bootstrap' or "
+                         "interval='fisher' (which treat the calibrator as known).")
+    if int(calibrator.n_classes_) != k:
+        raise InputError(f"calibrator was fit on {calibrator.n_classes_} classes but the outputs have {k} "
+                         "columns; pass the calibrator fit on this classifier's holdout outputs.")
+    if kind == "TS":
+        return _Design(("scalar",), k), 1.0 / calibrator.temperature_, np.zeros(k)
+    if kind == "BCTS":
+        return _Design(("scalar", "bias"), k), 1.0 / calibrator.temperature_, np.asarray(calibrator.bias_, float)
+    if kind == "VS":
+        return (_Design(("vector", "bias"), k), np.asarray(calibrator.scale_, float),
+                np.asarray(calibrator.bias_, float))
+    return _Design(("vector",), k), np.asarray(calibrator.scale_, float), np.zeros(k)
+
+
+def _log_scores(calibrator, x: np.ndarray, name: str) -> np.ndarray:
+    """The calibrator's view of raw outputs: logits as they are, probabilities as log(max(p, 1e-12))."""
+    if calibrator.input_kind_ == "probs":
+        if np.any(x < 0) or np.max(np.abs(x.sum(axis=1) - 1.0)) > 1e-4:
+            raise InputError(f"{name} must be probabilities (this calibrator was fit on probabilities); pass the "
+                             "classifier's raw outputs of the same kind as at fit.")
+        return np.log(np.maximum(x, PROB_FLOOR))
+    return x
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# input checks
+# ---------------------------------------------------------------------------------------------------------------
+def _check_level(level) -> float:
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < level < 1.0:
+        raise InputError(f"level must be a probability strictly between 0 and 1 (e.g. 0.95 for a 95% interval), "
+                         f"got {level!r}.")
+    return float(level)
+
+
+def _check_outputs(x, name: str, k: int | None) -> np.ndarray:
+    arr = as_float_array(x, name, 2)
+    if arr.shape[0] == 0:
+        raise InputError(f"{name} has no rows; pass the classifier's outputs on the {name.split('_')[0]} rows.")
+    if k is not None and arr.shape[1] != k:
+        raise InputError(f"{name} has {arr.shape[1]} class columns but holdout_outputs has {k}; pass outputs of the "
+                         "same classifier on both.")
+    return arr
+
+
+def _normal_bound(w_u: float, v: float, z: float) -> float:
+    """The likelihood-ratio upper bound on a coordinate constrained to >= 0 whose unconstrained estimate w_u <= 0 is
+    normal with variance v: the t >= 0 where (t - w_u)^2 - w_u^2 = z^2 v, i.e. w_u + sqrt(w_u^2 + z^2 v)."""
+    return w_u + math.sqrt(w_u * w_u + z * z * max(v, 0.0))
+
+
+def min_holdout_rows(calibrator_kind: str, k: int) -> int:
+    """The smallest holdout accepted: MIN_ROWS_PER_PARAMETER rows per calibrator parameter, and at least 2 k.
+
+    The sandwich rests on the normal approximation of the calibrator's M-estimate; ten rows per parameter is the
+    usual rule of thumb for a logistic-type model (and the two-sample terms need a few rows per class). A holdout
+    at this minimum gives an interval whose coverage is not measured in docs/intervals.md (n >= 500 is); one with
+    few rows of some class is flagged by the identifiability checks instead."""
+    q = {"TS": 1, "BCTS": k, "VS": 2 * k - 1, "NBVS": k}[calibrator_kind]
+    return max(MIN_ROWS_PER_PARAMETER * q, 2 * k)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the interval
+# ---------------------------------------------------------------------------------------------------------------
+def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calibrator, *, level: float = 0.95,
+                          weights=None) -> SourceAwareInterval:
+    """Normal confidence intervals on the target prior p_t = p_s * w of MLLS (eq. (mlls-sample) of Garg et al.,
+    NeurIPS 2020) whose covariance includes (a) the target sample, (b) the calibrator's parameters fit on the
+    holdout and (c) p_s, the mean calibrated prediction on the holdout.
+
+    The covariance is the sandwich of the stacked estimating equations (docs/intervals.md):
+    holdout rows j: the NLL score of the calibrator psi_j(theta) and f_theta(x_j) - p_s; target rows i: the MLLS
+    optimality conditions on the free classes F, s_i,F - p_s,F with s_i = f_theta(x_i) / (f_theta(x_i)^T w) (at
+    the MLLS optimum grad L_m = p_s on F with multiplier 1, so these are the KKT conditions with p_s^T w = 1
+    implied). Linearising, w_hat_F - w_F = H_FF^{-1} [mean_i (s_i,F - p_s,F) + A (theta_hat - theta)
+    - (p_s_hat - p_s)_F] with H = (1/m) sum_i s_i s_i^T (the Hessian of eq. (proof-hessian)) and
+    A = mean_i d s_i / d theta; each holdout row then has an influence on w and on p_t = p_s * w, and
+
+        Cov(p_t_hat) = D Cov_target(w) D + (1/n^2) sum_j IF_j IF_j^T,     D = diag(p_s),
+
+    where Cov_target(w) = (1/m) H_FF^{-1} Cov_i(s_i,F) H_FF^{-1} is the target-only Fisher covariance of
+    :func:`~labelshift.uncertainty.fisher_interval`. Interval per class: p_t_hat(y) +- z se(y),
+    z = Phi^{-1}((1 + level) / 2), clipped to [0, 1] (w: to [0, 1 / p_s(y)]).
+
+    Classes pinned at w_y = 0 (w_y <= PIN_TOL) get the one-sided interval [0, U_y]: the target-only profile
+    likelihood bound of fisher_interval, widened by the holdout's share. With y freed (free set F + {y}), the
+    normal model of the unconstrained estimate gives U(V) = w_u + sqrt(w_u^2 + z^2 V) for a variance V of w_y
+    (w_u <= 0: the unconstrained estimate); U_y = U_profile + U(V_target + V_holdout) - U(V_target).
+
+    Args:
+        holdout_outputs: (n, k) the classifier's raw outputs (logits, or probabilities if the calibrator was fit
+            on probabilities) on the labelled source holdout the calibrator was fit on.
+        holdout_labels: (n,) their labels 0..k-1; every class must occur.
+        target_outputs: (m, k) the classifier's raw outputs on the target rows.
+        calibrator: a TS, BCTS, VS or NBVS calibrator fit on exactly (holdout_outputs, holdout_labels) -- checked:
+            its mean NLL score on these rows must be 0 to within 5% of a standard error.
+        level: confidence level in (0, 1).
+        weights: optional MLLS estimate w for the calibrated target rows and p_s = mean calibrated holdout
+            prediction (checked by its duality gap); None solves MLLS here.
+
+    Returns:
+        :class:`SourceAwareInterval` (a PriorInterval with ``method="source-aware"``).
+
+    Raises:
+        InputError: level outside (0, 1); a holdout smaller than :func:`min_holdout_rows`; a class without a
+            holdout example; an unsupported or unfitted calibrator, or one not fit on these holdout rows;
+            mismatched shapes; weights that are not the MLLS estimate.
+    """
+    level = _check_level(level)
+    Xh = _check_outputs(holdout_outputs, "holdout_outputs", None)
+    n, k = Xh.shape
+    if k < 2:
+        raise InputError(f"holdout_outputs has {k} class column; pass one column per class (at least 2).")
+    Xt = _check_outputs(target_outputs, "target_outputs", k)
+    m = Xt.shape[0]
+    design, scale, bias = _calibrator_map(calibrator, k)
+    kind = calibrator.kind
+    y = check_labels(holdout_labels, "holdout_labels", k, n_rows=n)
+    counts = np.bincount(y, minlength=k)
+    missing = np.flatnonzero(counts == 0)
+    if missing.size:
+        raise InputError(
+            f"holdout_labels has no example of class(es) {missing.tolist()}: the calibrator's bias and p_s(y) of "
+            "such a class are not estimable, so neither is its error. Add labelled holdout rows of those classes "
+            "(and refit the calibrator on them).")
+    n_min = min_holdout_rows(kind, k)
+    if n < n_min:
+        raise InputError(
+            f"holdout_outputs has {n} rows, too few to refit a {kind} calibrator ({design.q} parameters) and "
+            f"estimate its error: the source-aware interval needs at least {n_min} "
+            f"(MIN_ROWS_PER_PARAMETER = {MIN_ROWS_PER_PARAMETER} per parameter). Label more holdout rows, or use "
+            "interval='fisher', which treats the calibrator and p_s as known (and is too short when m is not small "
+            "next to n).")
+    Zh = _log_scores(calibrator, Xh, "holdout_outputs")
+    Zt = _log_scores(calibrator, Xt, "target_outputs")
+    z = float(norm.ppf(0.5 * (1.0 + level)))
+
+    # ---- holdout: scores, NLL Hessian J, d p_s / d theta, per-row influence on (theta, p_s) -------------------
+    Ph = np.exp(log_softmax(Zh * scale + bias))
+    R = Ph.copy()
+    R[np.arange(n), y] -= 1.0
+    psi = design.row_mean(Zh, R)                                   # (n, q) per-row NLL score
+    Xbar = design.row_mean(Zh, Ph)                                 # (n, q) mean of X under f
+    J = np.zeros((design.q, design.q))
+    for start in range(0, n, _HOLDOUT_CHUNK):
+        sl = slice(start, start + _HOLDOUT_CHUNK)
+        Xd = design.dense(Zh[sl])
+        J += np.einsum("ic,icr,ics->rs", Ph[sl], Xd, Xd)
+    J = (J - Xbar.T @ Xbar) / n                                    # (1/n) sum_i X_i^T (diag f_i - f_i f_i^T) X_i
+    Dp = (design.weighted_sum(Zh, Ph) - Ph.T @ Xbar) / n           # (k, q) mean d f / d theta on the holdout
+    score_mean = psi.mean(axis=0)
+    score_se = psi.std(axis=0) / math.sqrt(n)
+    off = np.abs(score_mean) > _SCORE_TOL * np.maximum(score_se, 1e-300) + 1e-12
+    if np.any(off):
+        r = int(np.argmax(np.abs(score_mean) / np.maximum(score_se, 1e-300)))
+        raise InputError(
+            f"calibrator was not fit on these holdout rows: its mean NLL score on them is {score_mean[r]:.3g} in "
+            f"parameter {r} ({abs(score_mean[r]) / max(score_se[r], 1e-300):.3g} standard errors; 0 at the fit). "
+            f"Pass the holdout the calibrator was fit on, or refit it: {kind}().fit(holdout_outputs, "
+            "holdout_labels).")
+    ev = np.linalg.eigvalsh(J)
+    reasons = []
+    if not ev[0] > ev[-1] / _COND_MAX:
+        reasons.append(f"the calibrator's parameters are not identified by the holdout: its NLL Hessian has "
+                       f"condition number {ev[-1] / max(ev[0], 1e-300):.3g} > {_COND_MAX:.0e} (separable classes, "
+                       "or a class the classifier never scores)")
+    if kind in ("TS", "BCTS") and abs(math.log(calibrator.temperature_)) >= _LOG_T_BOUND - 1e-6:
+        reasons.append(f"the calibrator's temperature {calibrator.temperature_:.3g} sits at its bound "
+                       f"exp(+-{_LOG_T_BOUND:g}); the normal approximation of its error does not hold")
+    a_inf = -psi @ np.linalg.pinv(J, rcond=1e-14, hermitian=True)   # (n, q) influence on theta (J symmetric)
+    ps = Ph.mean(axis=0)
+    ps = ps / ps.sum()
+    b_inf = (Ph - ps) + a_inf @ Dp.T                               # (n, k) influence on p_s
+
+    # ---- target: calibrated rows, MLLS, the Hessian H and A = mean d s_i / d theta -----------------------------
+    Pt = np.exp(log_softmax(Zt * scale + bias))
+    if weights is None:
+        w = np.maximum(mlls_newton(Pt, ps).weights, 0.0)
+    else:
+        w = as_float_array(weights, "weights", 1)
+        if w.shape != (k,) or np.any(w < -1e-9) or abs(float(w @ ps) - 1.0) > 1e-6:
+            raise InputError("weights must be the MLLS estimate for these target rows with p_s = the mean calibrated "
+                             "holdout prediction (k non-negative entries, sum_y w_y p_s(y) = 1); pass None to "
+                             "solve MLLS here.")
+        w = np.maximum(w, 0.0)
+        gap = float(mlls_optimality(Pt, w, ps))
+        if gap > max(1e-3 / m, 2e-10):
+            raise InputError(f"weights are not the MLLS maximiser for these target rows (duality gap {gap:.3g}); "
+                             "pass None to solve MLLS here.")
+    free = w > PIN_TOL
+    fw = Pt @ w
+    S = Pt / fw[:, None]                                           # s_i = f_i / f_i^T w
+    g = S.mean(axis=0)
+    H = S.T @ S / m
+    Q = S * w                                                      # target posterior q_i = w * f_i / f_i^T w
+    A = (design.weighted_sum(Zt, S) - S.T @ design.row_mean(Zt, Q)) / m     # (k, q): d s_ic / d theta_r = s_ic (X_icr - E_q X_ir)
+
+    def parts(G):
+        """Target and holdout covariance of w_G (free set G), the holdout influence on w_G, and H_GG^{-1}."""
+        HG = H[np.ix_(G, G)]
+        Hinv = np.linalg.pinv(HG, rcond=1e-14, hermitian=True)
+        cov_s = HG - np.outer(g[G], g[G])
+        cov_t = Hinv @ cov_s @ Hinv / m
+        infl = (a_inf @ A[G].T - b_inf[:, G]) @ Hinv               # (n, |G|) influence of holdout rows on w_G
+        infl = infl - infl.mean(axis=0)
+        cov_h = infl.T @ infl / n ** 2
+        return cov_t, cov_h, infl, Hinv
+
+    F = np.flatnonzero(free)
+    cov_t_F, cov_h_F, infl_F, _ = parts(F)
+    cov_w_t = np.zeros((k, k))
+    cov_w_h = np.zeros((k, k))
+    cov_w_t[np.ix_(F, F)] = cov_t_F
+    cov_w_h[np.ix_(F, F)] = cov_h_F
+    infl_w = np.zeros((n, k))
+    infl_w[:, F] = infl_F
+    infl_pt = b_inf * w + infl_w * ps                              # p_t = p_s * w: both move
+    infl_pt -= infl_pt.mean(axis=0)
+    cov_pt_h = infl_pt.T @ infl_pt / n ** 2
+    cov_pt_t = cov_w_t * np.outer(ps, ps)
+    cov_pt = cov_pt_t + cov_pt_h
+    cov_w = cov_w_t + cov_w_h
+
+    se_pt = np.sqrt(np.clip(np.diag(cov_pt), 0.0, None))
+    se_w = np.sqrt(np.clip(np.diag(cov_w), 0.0, None))
+    prior = ps * w
+    w_max = 1.0 / ps
+    lo = np.clip(prior - z * se_pt, 0.0, 1.0)
+    hi = np.clip(prior + z * se_pt, 0.0, 1.0)
+    w_lo = np.clip(w - z * se_w, 0.0, w_max)
+    w_hi = np.clip(w + z * se_w, 0.0, w_max)
+
+    se_w_t = np.sqrt(np.clip(np.diag(cov_w_t), 0.0, None))
+    t_w_lo = np.clip(w - z * se_w_t, 0.0, w_max)
+    t_w_hi = np.clip(w + z * se_w_t, 0.0, w_max)
+    se_pt_t = ps * se_w_t
+
+    # ---- trustworthiness: the worst direction of the total covariance of w, relative to max(w_y, 1) ---------------
+    # (an absolute bound of 1/2 on w, as for the target-only check, would flag every class with a large weight --
+    # w_y = 6 known to +-10% -- while the point is whether the data pin w down: so the error is measured relative
+    # to max(w_y, 1), which is the absolute 1/2 of labelshift.uncertainty for weights up to 1)
+    if F.size:
+        scale_w = np.maximum(w[F], 1.0)
+        rel = cov_w[np.ix_(F, F)] / np.outer(scale_w, scale_w)
+        lam, vec = np.linalg.eigh(rel)
+        worst = float(np.sqrt(max(lam[-1], 0.0)))
+        if not worst <= MAX_STANDARD_ERROR:
+            top = int(F[np.argmax(np.abs(vec[:, -1]))])
+            reasons.append(f"w is poorly identified: its standard error relative to max(w, 1) in the worst direction "
+                           f"(mostly class {top}) is {worst:.3g} > {MAX_STANDARD_ERROR:g}, target and holdout error "
+                           "together; more labelled holdout rows (or target rows) would narrow it")
+
+    # ---- classes pinned at w = 0 -----------------------------------------------------------------------------
+    pinned = ~free
+    if pinned.any():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", IllConditionedWarning)
+            target_only = fisher_interval(Pt, w, ps, level=level)
+        for yy in np.flatnonzero(pinned):
+            G = np.sort(np.append(F, yy))
+            cov_t_G, cov_h_G, _, Hinv = parts(G)
+            j = int(np.flatnonzero(G == yy)[0])
+            w_u = min(float((Hinv @ (g[G] - ps[G]))[j]), 0.0)       # unconstrained estimate of w_y (<= 0)
+            vt, vh = float(cov_t_G[j, j]), float(cov_h_G[j, j])
+
+            t_w_lo[yy], t_w_hi[yy] = 0.0, float(target_only.weights_upper[yy])
+            u = float(target_only.weights_upper[yy]) + _normal_bound(w_u, vt + vh, z) - _normal_bound(w_u, vt, z)
+            u = min(u, w_max[yy])
+            w_lo[yy], w_hi[yy] = 0.0, u
+            lo[yy], hi[yy] = 0.0, min(ps[yy] * u, 1.0)
+            one_se = _normal_bound(w_u, vt + vh, 1.0)
+            if not one_se <= MAX_STANDARD_ERROR:
+                reasons.append(f"class {yy} is estimated at w = 0 but not identified: its one-standard-error bound on "
+                               f"w_{yy} (normal model, target and holdout error) is {one_se:.3g} > "
+                               f"{MAX_STANDARD_ERROR:g}")
+        se_pt = np.where(pinned, np.nan, se_pt)
+        se_w = np.where(pinned, np.nan, se_w)
+        se_pt_t = np.where(pinned, np.nan, se_pt_t)
+    fisher = PriorInterval(target_prior=prior, lower=np.clip(ps * t_w_lo, 0.0, 1.0),
+                           upper=np.clip(ps * t_w_hi, 0.0, 1.0), weights=w, weights_lower=t_w_lo,
+                           weights_upper=t_w_hi, std_error=se_pt_t, level=level, method="fisher", pinned=pinned,
+                           n_target=m, extra={"z": z})
+
+    return SourceAwareInterval(
+        target_prior=prior, lower=lo, upper=hi, weights=w, weights_lower=w_lo, weights_upper=w_hi, std_error=se_pt,
+        level=level, method=METHOD, pinned=pinned, n_target=m,
+        extra={"z": z, "n_source": n, "calibrator": kind, "n_parameters": design.q},
+        source_prior=ps, covariance=cov_pt, covariance_target=cov_pt_t, covariance_holdout=cov_pt_h,
+        weights_covariance=cov_w, weights_std_error=se_w, n_source=n, calibrator=kind,
+        trustworthy=not reasons, reasons=reasons, target_only=fisher)
