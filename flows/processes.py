@@ -181,11 +181,16 @@ def _group_of(pid: int) -> int | None:
         return None
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to send SIGTERM when the parent thread ends."""
-    import ctypes
+def _die_with(parent: int) -> Callable[[], None]:
+    """The function the child runs before exec: ask Linux to send SIGTERM when the parent thread ends; exit at
+    once if the parent already died between the fork and this call (then no signal would ever come)."""
+    def arm() -> None:
+        import ctypes
 
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+    return arm
 
 
 # -- one service process -----------------------------------------------------------------------------------------------
@@ -200,7 +205,8 @@ class ServiceProcess:
         name: how messages call it ("MLflow server").
         notable: lines of the log worth showing in an error even before its tail (e.g. a bad flag's complaint).
         die_with_parent: Linux only: the process gets SIGTERM when the thread that started it ends (even on
-            SIGKILL); ignored elsewhere.
+            SIGKILL), so start it from the main thread; ignored elsewhere. Only the process itself gets the
+            signal, not what it starts in turn (:mod:`flows.lifetime` covers those).
     """
 
     def __init__(self, command: Sequence[str], *, log: str | os.PathLike, env: Mapping[str, str] | None = None,
@@ -232,7 +238,7 @@ class ServiceProcess:
         if self.alive:
             return self
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        preexec = _die_with_parent if self.die_with_parent and sys.platform.startswith("linux") else None
+        preexec = _die_with(os.getpid()) if self.die_with_parent and sys.platform.startswith("linux") else None
         with open(self.log, "ab") as out:
             out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(self.command)}\n".encode())
             out.flush()

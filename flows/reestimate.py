@@ -48,6 +48,9 @@ from labelshift.storage import open_store
 from tasks.reestimation import (end_run, estimate_shift, history_record, load_model_task, log_reestimation,
                                 render_figure, score_batches, start_reestimation_run, sync_monitor, write_outputs)
 from tasks.tracking import check_tracking_server, git_commit, run_url
+from flows.user_errors import install as _log_user_errors_once
+
+_log_user_errors_once()
 
 __all__ = ["reestimate", "DEFAULT_MODEL", "target_uri_for", "summary_markdown"]
 

@@ -51,6 +51,9 @@ from tasks.report import publish_summary, summary_markdown
 from tasks.storage import check_store_uri, results_url, save_experiment, save_summary
 from tasks.tracking import fail_sweep_runs, finish_sweep_runs, git_commit, log_experiment, run_url, \
     start_sweep_runs
+from flows.user_errors import install as _log_user_errors_once
+
+_log_user_errors_once()
 
 __all__ = ["reproduce", "run_in_process", "active_sweeps", "DEFAULTS", "dask_task_runner", "with_task_runner",
            "ENV_DASK", "MissingExtraError"]

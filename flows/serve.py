@@ -198,8 +198,9 @@ def start_prefect_server(prefect_home: Path, port: int, *, timeout_s: float = 12
     api_url = f"http://127.0.0.1:{port}/api"
     # a session of its own: a terminal's Ctrl-C reaches only this process, which first lets Prefect pause the
     # served schedules on the server, then stops the server (see serve_deployments)
+    # it ends with this process even when this one is killed outright (flows.lifetime)
     server = ServiceProcess(prefect_server_command(port, "127.0.0.1"), log=log_path, env=env,
-                            name="the Prefect server").start()
+                            name="the Prefect server", die_with_parent=True).start()
     try:
         server.wait_ready(lambda: http_ok(f"{api_url}/health"), timeout_s, what=f"on {api_url}",
                           if_exited=f" (is port {port} taken? try --port)", step=0.5, error=ServiceUnavailableError)

@@ -61,6 +61,7 @@ import psutil
 from flows.processes import (ServiceProcess, free_ports, http_ok, pid_alive, port_in_use, processes_with_env,
                              signal_processes, wait_until)
 from flows.processes import log_tail as log_tail  # kept importable from here
+from flows.lifetime import MARKER_ENV as COMMAND_MARKER_ENV
 from flows import settings as settings_mod
 from labelshift.errors import LabelShiftError
 
@@ -374,7 +375,8 @@ class LocalStack:
         return prefect_server_command(port, self.host)
 
     def _base_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in _FOREIGN_AWS_VARS}
+        # the stack outlives the command that starts it: without the marker of that command's watchdog
+        env = {k: v for k, v in os.environ.items() if k not in _FOREIGN_AWS_VARS and k != COMMAND_MARKER_ENV}
         env[MARKER_ENV] = str(self.root)
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Literal, Union
 
@@ -62,11 +64,29 @@ def local_path(uri: str) -> str:
     return uri[len("file://"):] if uri.startswith("file://") else uri
 
 
-def setup(args, **overrides) -> settings_mod.Settings:
+_temporary_server = None
+
+
+def setup(args, *, prefect_server: bool = False, **overrides) -> settings_mod.Settings:
     """Resolve the settings (flags in ``overrides`` win), export them for Prefect and MLflow, and route the
-    progress lines of the flows to stdout."""
+    progress lines of the flows to stdout.
+
+    Every process started from here on ends with this one (:func:`flows.lifetime.watch_descendants`). With
+    ``prefect_server`` and no PREFECT_API_URL, the temporary Prefect server is started now, so that it boots while
+    the command imports the rest; :func:`prefect_api` then waits for it and points Prefect at it.
+    """
+    global _temporary_server
+    from flows.lifetime import TemporaryPrefectServer, watch_descendants
+
     env = settings_mod.resolve(getattr(args, "home", None), **overrides)
+    _temporary_server = None
+    watch_descendants()
     settings_mod.apply(env, verbose=args.verbose)
+    if prefect_server and env.prefect_api_url is None and not _prefect_api_in_settings():
+        timeout = float(settings_mod.read("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
+                        or settings_mod.PREFECT_STARTUP_TIMEOUT_S)
+        _temporary_server = TemporaryPrefectServer(env.prefect_home, timeout_s=timeout).start()
+        os.environ[settings_mod.ENV_PREFECT_API_URL] = _temporary_server.api_url
     # one line per finished experiment on stdout (with --verbose, Prefect's run logger prints them already)
     progress = logging.getLogger("labelshift.progress")
     for old in list(progress.handlers):
@@ -78,6 +98,30 @@ def setup(args, **overrides) -> settings_mod.Settings:
     progress.setLevel(logging.INFO)
     progress.propagate = False
     return env
+
+
+def _prefect_api_in_settings() -> bool:
+    """True when Prefect, already imported by the caller (a test harness, a served run), has an API URL."""
+    if "prefect.settings" not in sys.modules:
+        return False
+    from prefect.settings import PREFECT_API_URL
+
+    return bool(PREFECT_API_URL.value())
+
+
+@contextmanager
+def prefect_api(env: settings_mod.Settings):
+    """Where flows run: the configured Prefect API as it is, or the temporary server started by :func:`setup`
+    (waited for, then set as Prefect's API, with flow-run heartbeats off: they let a lasting server mark a run
+    Crashed when its process disappears, which a temporary server cannot outlive to do)."""
+    if env.prefect_api_url is not None or _temporary_server is None:
+        yield
+        return
+    api_url = _temporary_server.wait_ready()
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
 
 
 # -- options from a parameter model ------------------------------------------------------------------------------------

@@ -15,13 +15,12 @@ import json
 import sys
 import textwrap
 import time
-from contextlib import nullcontext
 
 from pydantic import ValidationError
 
 from flows import settings as settings_mod
 from flows.cli._common import PROG, Opt, UsageError, add_common, add_field, bounds, csv, given, local_path, \
-    option_name, problems, setup, validated
+    option_name, prefect_api, problems, setup, validated
 from flows.params import DEFAULT_MODEL, INTERVAL_ERROR, ReestimateParameters
 
 __all__ = ["register", "register_simulate", "format_summary", "OPTIONS", "EXIT_SHIFTED", "EXIT_UNTRUSTWORTHY"]
@@ -139,10 +138,8 @@ def format_summary(summary: dict) -> str:
 
 def run(args) -> int:
     params = parameters_from_args(args)
-    env = setup(args, store_uri=args.store, tracking_uri=params.tracking_uri,
+    env = setup(args, prefect_server=True, store_uri=args.store, tracking_uri=params.tracking_uri,
                 experiment_name=params.mlflow_experiment)
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-
     from flows.reestimate import reestimate, target_uri_for
 
     model = args.model or env.model or params.model
@@ -150,11 +147,9 @@ def run(args) -> int:
     print(f"{PROG} estimate: {model} on {target}"
           + ("" if env.prefect_api_url else " (starting a temporary Prefect server, 10-30 s)"), file=sys.stderr)
     t0 = time.perf_counter()
-    quiet = temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}) \
-        if env.prefect_api_url is None else nullcontext()
     call = params.model_dump() | dict(model=model, target=target, tracking_uri=env.tracking_uri,
                                       mlflow_experiment=env.experiment_name)
-    with quiet:
+    with prefect_api(env):
         state = reestimate(**call, return_state=True)
     if not state.is_completed():
         print(f"{PROG} estimate: failed after {time.perf_counter() - t0:.0f} s: {state.message}\n"

@@ -10,7 +10,7 @@ import textwrap
 import time
 
 from flows import settings as settings_mod
-from flows.cli._common import PROG, Opt, add_common, add_field, given, local_path, option_name, \
+from flows.cli._common import PROG, Opt, add_common, add_field, given, local_path, option_name, prefect_api, \
     problems, setup, validated
 from flows.params import BINS_METHODS, EXPERIMENTS, METHODS, ReproduceParameters
 
@@ -101,7 +101,7 @@ def _explain(exc) -> str:
 
 def run(args) -> int:
     params = parameters_from_args(args)
-    env = setup(args, store_uri=params.store, tracking_uri=params.tracking_uri,
+    env = setup(args, prefect_server=True, store_uri=params.store, tracking_uri=params.tracking_uri,
                 experiment_name=params.mlflow_experiment)
     from flows.plan import plan
 
@@ -124,7 +124,8 @@ def run(args) -> int:
     # records the run as crashed; on the temporary server, see _interrupt_handler
     previous = signal.signal(signal.SIGINT, _interrupt_handler) if temporary else None
     try:
-        state = run_in_process(params, temporary_server=temporary, dask=args.dask)
+        with prefect_api(env):
+            state = run_in_process(params, temporary_server=temporary, dask=args.dask)
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
