@@ -16,9 +16,11 @@ Two ways in besides the PyTorch model of :mod:`tasks.reestimation`:
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,24 +57,27 @@ def class_names_of(bundle) -> list[str]:
 
 
 # -- the pyfunc form of a reference ------------------------------------------------------------------------------------
-class ReferenceModel(mlflow.pyfunc.PythonModel):
-    """A reference as an MLflow pyfunc: ``predict`` takes model outputs (one column per class, or an (n, k) array)
-    and returns the calibrated probabilities, one column per class name."""
+with warnings.catch_warnings():      # MLflow suggests type hints on predict; the reference takes any table or array
+    warnings.simplefilter("ignore", UserWarning)
 
-    def load_context(self, context):
-        doc = json.loads(Path(context.artifacts["reference"]).read_text())
-        self.class_names = doc["class_names"]
-        self.calibrator = load_calibrator(json.loads(Path(context.artifacts["calibrator"]).read_text())["calibrator"])
+    class ReferenceModel(mlflow.pyfunc.PythonModel):
+        """A reference as an MLflow pyfunc: ``predict`` takes model outputs (one column per class, or an (n, k) array)
+        and returns the calibrated probabilities, one column per class name."""
 
-    def predict(self, context, model_input, params=None):
-        import pandas as pd
+        def load_context(self, context):
+            doc = json.loads(Path(context.artifacts["reference"]).read_text())
+            self.class_names = doc["class_names"]
+            self.calibrator = load_calibrator(json.loads(Path(context.artifacts["calibrator"]).read_text())["calibrator"])
 
-        if isinstance(model_input, pd.DataFrame):
-            cols = [c for c in self.class_names if c in model_input.columns]
-            x = model_input[cols].to_numpy() if len(cols) == len(self.class_names) else model_input.to_numpy()
-        else:
-            x = np.asarray(model_input)
-        return pd.DataFrame(self.calibrator.predict_proba(np.asarray(x, dtype=np.float64)), columns=self.class_names)
+        def predict(self, context, model_input, params=None):
+            import pandas as pd
+
+            if isinstance(model_input, pd.DataFrame):
+                cols = [c for c in self.class_names if c in model_input.columns]
+                x = model_input[cols].to_numpy() if len(cols) == len(self.class_names) else model_input.to_numpy()
+            else:
+                x = np.asarray(model_input)
+            return pd.DataFrame(self.calibrator.predict_proba(np.asarray(x, dtype=np.float64)), columns=self.class_names)
 
 
 def _calibrator(name: str, output_kind: str):
@@ -100,19 +105,12 @@ def _log_reference_files(client: MlflowClient, run_id: str, holdout, *, calibrat
     return cal, doc
 
 
-def _register(client: MlflowClient, name: str, run_id: str, model_uri: str, alias: str | None) -> str:
-    try:
-        client.create_registered_model(name)
-    except Exception:
-        pass                                            # exists
-    mv = client.create_model_version(name, model_uri, run_id=run_id, tags={"labelshift.kind": "reference"})
-    for _ in range(120):
-        if client.get_model_version(name, mv.version).status == "READY":
-            break
-        time.sleep(0.5)
+def _registered(client: MlflowClient, name: str, info, alias: str | None) -> str:
+    version = str(info.registered_model_version)
+    client.set_model_version_tag(name, version, "labelshift.kind", "reference")
     if alias:
-        client.set_registered_model_alias(name, alias, mv.version)
-    return str(mv.version)
+        client.set_registered_model_alias(name, alias, version)
+    return version
 
 
 def register_reference(holdout_outputs, holdout_labels, *, name: str, class_names, output_kind: str,
@@ -142,11 +140,15 @@ def register_reference(holdout_outputs, holdout_labels, *, name: str, class_name
             cal_path = Path(client.download_artifacts(run_id, calibrator_artifact(calibrator), tmp))
             if tracking_uri:
                 mlflow.set_tracking_uri(tracking_uri)
+            quiet = logging.getLogger("mlflow.pyfunc")
+            level, quiet.level = quiet.level, logging.ERROR     # its note on pickled python_model objects
             with mlflow.start_run(run_id=run_id):
                 info = mlflow.pyfunc.log_model(name="reference", python_model=ReferenceModel(),
                                                artifacts={"reference": str(ref_path), "calibrator": str(cal_path)},
-                                               pip_requirements=["mlflow", "numpy", "pandas"])
-        version = _register(client, name, run_id, info.model_uri, alias)
+                                               pip_requirements=["mlflow", "numpy", "pandas"],
+                                               registered_model_name=name, await_registration_for=120)
+            quiet.level = level
+        version = _registered(client, name, info, alias)
     except BaseException:
         client.set_terminated(run_id, "FAILED")
         raise
@@ -193,10 +195,11 @@ def register_sklearn_model(model, holdout_x, holdout_y, *, name: str, tracking_u
         with mlflow.start_run(run_id=run_id):
             signature = infer_signature(holdout_x[:5], outputs[:5])
             info = mlflow.sklearn.log_model(model, name="model", signature=signature,
-                                            pip_requirements=["scikit-learn", "mlflow"])
+                                            pip_requirements=["scikit-learn", "mlflow"],
+                                            registered_model_name=name, await_registration_for=120)
         _log_reference_files(client, run_id, holdout, calibrator=calibrator, id_column="id", mode="inputs",
                              output_method=output_method)
-        version = _register(client, name, run_id, info.model_uri, alias)
+        version = _registered(client, name, info, alias)
     except BaseException:
         client.set_terminated(run_id, "FAILED")
         raise
