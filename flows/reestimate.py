@@ -3,7 +3,8 @@
 The operator's side of the system. A deployed classifier, registered in MLflow with its calibrator,
 meets new unlabelled data in object storage; on a schedule this flow
 
-1. lists the target batches (``*.npy`` arrays of model inputs under ``target``) that are not yet in the
+1. lists the target batches (``*.npy`` or ``*.parquet`` under ``target``: model inputs, or, for a registered
+   reference, the model's logged outputs; :mod:`labelshift.batches`, :mod:`tasks.references`) that are not yet in the
    watermark (``<target>/_labelshift/watermark.json``, :mod:`labelshift.monitoring`);
 2. loads the model version and its calibrator and source holdout from the registry
    (:func:`tasks.reestimation.load_bundle`), checks every new batch against the model's input signature, and

@@ -20,7 +20,6 @@ import logging
 import tempfile
 import threading
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +41,7 @@ from labelshift.storage import open_store
 from tasks.reestimation import (REFERENCE_ARTIFACT, ModelBundle, _registry_error, calibrator_artifact, load_bundle,
                                 log_reestimation_reference, parse_model_uri, score_batches, write_outputs)
 
-__all__ = ["REFERENCE_JSON", "ReferenceBundle", "ReferenceModel", "register_reference", "register_reference_file",
+__all__ = ["REFERENCE_JSON", "ReferenceBundle", "reference_model_class", "register_reference", "register_reference_file",
            "register_sklearn_model", "load_reference", "load_for_reestimation", "score_for_reestimation",
            "write_for_reestimation", "class_names_of"]
 
@@ -57,8 +56,10 @@ def class_names_of(bundle) -> list[str]:
 
 
 # -- the pyfunc form of a reference ------------------------------------------------------------------------------------
-with warnings.catch_warnings():      # MLflow suggests type hints on predict; the reference takes any table or array
-    warnings.simplefilter("ignore", UserWarning)
+def reference_model_class():
+    """The pyfunc form of a reference: ``predict`` takes model outputs (one column per class, or an (n, k) array)
+    and returns the calibrated probabilities, one column per class name. (Made on demand: MLflow inspects a
+    PythonModel subclass when it is defined, which needs to happen only where a reference is registered.)"""
 
     class ReferenceModel(mlflow.pyfunc.PythonModel):
         """A reference as an MLflow pyfunc: ``predict`` takes model outputs (one column per class, or an (n, k) array)
@@ -78,6 +79,8 @@ with warnings.catch_warnings():      # MLflow suggests type hints on predict; th
             else:
                 x = np.asarray(model_input)
             return pd.DataFrame(self.calibrator.predict_proba(np.asarray(x, dtype=np.float64)), columns=self.class_names)
+
+    return ReferenceModel
 
 
 def _calibrator(name: str, output_kind: str):
@@ -143,7 +146,7 @@ def register_reference(holdout_outputs, holdout_labels, *, name: str, class_name
             quiet = logging.getLogger("mlflow.pyfunc")
             level, quiet.level = quiet.level, logging.ERROR     # its note on pickled python_model objects
             with mlflow.start_run(run_id=run_id):
-                info = mlflow.pyfunc.log_model(name="reference", python_model=ReferenceModel(),
+                info = mlflow.pyfunc.log_model(name="reference", python_model=reference_model_class()(),
                                                artifacts={"reference": str(ref_path), "calibrator": str(cal_path)},
                                                pip_requirements=["mlflow", "numpy", "pandas"],
                                                registered_model_name=name, await_registration_for=120)
