@@ -3,7 +3,8 @@
 The operator's side of the system. A deployed classifier, registered in MLflow with its calibrator,
 meets new unlabelled data in object storage; on a schedule this flow
 
-1. lists the target batches (``*.npy`` arrays of model inputs under ``target``) that are not yet in the
+1. lists the target batches (``*.npy`` or ``*.parquet`` under ``target``: model inputs, or, for a registered
+   reference, the model's logged outputs; :mod:`labelshift.batches`, :mod:`tasks.references`) that are not yet in the
    watermark (``<target>/_labelshift/watermark.json``, :mod:`labelshift.monitoring`);
 2. loads the model version and its calibrator and source holdout from the registry
    (:func:`tasks.reestimation.load_bundle`), checks every new batch against the model's input signature, and
@@ -45,8 +46,9 @@ from labelshift.monitoring import commit_watermark, find_new_batches, read_water
 from labelshift.registry import check_interval
 from labelshift.report import ShiftReport, finite
 from labelshift.storage import open_store
-from tasks.reestimation import (end_run, estimate_shift, history_record, load_model_task, log_reestimation,
-                                render_figure, score_batches, start_reestimation_run, sync_monitor, write_outputs)
+from tasks.reestimation import (end_run, estimate_shift, history_record, log_reestimation, render_figure,
+                                start_reestimation_run, sync_monitor)
+from tasks.references import class_names_of, load_for_reestimation, score_for_reestimation, write_for_reestimation
 from tasks.tracking import check_tracking_server, git_commit, run_url
 from flows.user_errors import install as _log_user_errors_once
 
@@ -84,6 +86,7 @@ def _fmt_prior(values) -> str:
 def summary_markdown(summary: dict) -> str:
     """The Prefect artifact: the verdict first, then a table per class, then the numbers behind the verdict."""
     res = ShiftReport.from_dict(summary["result"])
+    names = summary.get("classes") or [str(c) for c in range(res.n_classes)]
     ci, test, ident = res.interval, res.no_shift_test, res.identifiability
     word = summary["verdict"]
     icon = {"Shifted": "⚠️", "No shift": "✅", "Untrustworthy": "❓"}.get(word, "")
@@ -95,7 +98,7 @@ def summary_markdown(summary: dict) -> str:
              f"- no-shift test ({test.method}, {test.dof} dof): statistic {test.statistic:.2f}, "
              f"p {format_p(test.p_value)} (shifted when p < {res.significance})",
              f"- total variation between source and target prior: {res.total_variation:.3f}; largest change: "
-             f"class {change.label} {change.source:.3f} -> {change.target:.3f}",
+             f"class {names[change.label]} {change.source:.3f} -> {change.target:.3f}",
              f"- identifiability: min Hessian eigenvalue {ident.min_hessian_eigenvalue:.3g}"
              + (f", confusion-matrix condition {ident.confusion_condition:.3g}"
                 if finite(ident.confusion_condition) else "")
@@ -103,7 +106,7 @@ def summary_markdown(summary: dict) -> str:
              "", f"| class | source p_s | target p_t ({res.method}) | {ci.level:.0%} interval | w |",
              "|---|---|---|---|---|"]
     for c in range(res.n_classes):
-        lines.append(f"| {c} | {res.source_prior[c]:.4f} | {res.target_prior[c]:.4f} | "
+        lines.append(f"| {names[c]} | {res.source_prior[c]:.4f} | {res.target_prior[c]:.4f} | "
                      f"[{ci.lower[c]:.4f}, {ci.upper[c]:.4f}] | {res.weights[c]:.3f} |")
     for method, check in res.cross_check.items():
         lines.append("")
@@ -115,15 +118,16 @@ def summary_markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _headline(report: ShiftReport) -> str:
+def _headline(report: ShiftReport, class_names=None) -> str:
     """One sentence for the verdict of ``report``."""
     p = format_p(report.no_shift_test.p_value)
     change = report.largest_change
+    label = class_names[change.label] if class_names else change.label
     if report.verdict == "Untrustworthy":
         return "The estimate cannot be trusted: " + "; ".join(report.identifiability.reasons) + f" (p {p})."
     if report.verdict == "Shifted":
         return (f"The label distribution has shifted (p {p}): total variation {report.total_variation:.3f}, "
-                f"largest change class {change.label} {change.source:.3f} -> {change.target:.3f}.")
+                f"largest change class {label} {change.source:.3f} -> {change.target:.3f}.")
     return f"No significant shift (p {p}); total variation {report.total_variation:.3f}."
 
 
@@ -190,9 +194,10 @@ def reestimate(
 
     # 2. MLflow reachable before any work; model, calibrator and source holdout from the registry
     check_tracking_server(env.tracking_uri)
-    bundle = load_model_task(model, tracking_uri=env.tracking_uri, calibrator=calibrator)
-    logger.info("model %s -> version %s (run %s), input %s, %d classes, calibrator %s", model, bundle.version,
-                bundle.run_id, bundle.input_shape, bundle.n_classes, calibrator)
+    bundle = load_for_reestimation(model, tracking_uri=env.tracking_uri, calibrator=calibrator)
+    classes = class_names_of(bundle)
+    logger.info("model %s -> version %s (run %s, %s), input %s, classes %s, calibrator %s", model, bundle.version,
+                bundle.run_id, getattr(bundle, "mode", "pytorch"), bundle.input_shape, ", ".join(classes), calibrator)
     sequence = watermark.sequence + 1
     flow_run_id, flow_run_name = _flow_run_info()
     params = dict(model=model, model_version=bundle.version, target=store.uri, calibrator=calibrator,
@@ -209,7 +214,7 @@ def reestimate(
                                   params=params, tags=tags)
     try:
         # 3. calibrated probabilities of every new row, batch by batch (nothing is written until all are read)
-        probs = score_batches(bundle, target_uri, batches, batch_size=batch_size)
+        probs = score_for_reestimation(bundle, target_uri, batches, batch_size=batch_size)
         # 4. the estimate, its uncertainty and identifiability
         report = estimate_shift(bundle, probs, estimator=estimator, cross_check=list(cross_check),
                                 interval=interval, level=level, significance=significance,
@@ -217,19 +222,21 @@ def reestimate(
         word = report.verdict
         ui = run_url(env.tracking_uri, runs["experiment_id"], runs["run_id"])
         summary = {
-            "verdict": word, "headline": _headline(report), "sequence": sequence,
+            "verdict": word, "headline": _headline(report, classes), "sequence": sequence, "classes": classes,
             "model": bundle.describe(), "target": store.uri, "batches": [b.key for b in batches],
             "result": report.to_dict(),
             "mlflow": {"tracking_uri": env.tracking_uri, "experiment_id": runs["experiment_id"],
                        "run_id": runs["run_id"], "monitor_run_id": runs["monitor_run_id"], "ui": ui},
             "prefect_flow_run_id": flow_run_id, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        record = history_record(report, runs["run_id"], bundle.name)
+        named = None if classes == [str(c) for c in range(len(classes))] else classes
+        record = history_record(report, runs["run_id"], bundle.name, named)
         figure = render_figure(report, [*watermark.history, dict(record, sequence=sequence)], report.interval.level,
-                               f"{bundle.name} v{bundle.version}: target prior, run {sequence}")
-        log_reestimation(env.tracking_uri, runs, report, summary, figure, step=sequence)
+                               f"{bundle.name} v{bundle.version}: target prior, run {sequence}", named)
+        log_reestimation(env.tracking_uri, runs, report, summary, figure, step=sequence, class_names=named)
         # 5. outputs beside each batch, atomically; then -- only then -- the watermark
-        summary["outputs"] = write_outputs(target_uri, batches, probs, report.weights.tolist(), summary)
+        summary["outputs"] = write_for_reestimation(bundle, target_uri, batches, probs, report.weights.tolist(),
+                                                    summary)
         committed = _commit(store, watermark, batches, record, runs["run_id"])
     except BaseException as exc:
         # cancelled (Prefect's termination signal, Ctrl-C) or failed: the watermark did not move

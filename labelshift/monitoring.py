@@ -45,6 +45,9 @@ STATE_PREFIX = "_labelshift/"
 WATERMARK_KEY = "_labelshift/watermark.json"
 BATCH_SUFFIX = ".npy"
 CORRECTED_SUFFIX = ".corrected.npy"
+#: every batch format's suffix (``.parquet``: prediction logs or tabular inputs, :mod:`labelshift.batches`)
+BATCH_SUFFIXES = (BATCH_SUFFIX, ".parquet")
+CORRECTED_SUFFIXES = (CORRECTED_SUFFIX, ".corrected.parquet")
 SUMMARY_SUFFIX = ".summary.json"
 
 WATERMARK_FORMAT = "labelshift-watermark"
@@ -78,10 +81,16 @@ class ConcurrentRunError(StorageError):
 
 
 # -- batches ---------------------------------------------------------------------------------------------------------
+def _batch_suffix(key: str) -> str | None:
+    return next((s for s in BATCH_SUFFIXES if key.endswith(s)), None)
+
+
 def is_batch_key(key: str) -> bool:
-    """True when ``key`` names an input batch: ends in ``.npy``, is not an output, is not under ``_labelshift/``."""
-    return key.endswith(BATCH_SUFFIX) and not key.endswith(CORRECTED_SUFFIX) and not key.startswith(STATE_PREFIX) \
-        and len(key.rsplit("/", 1)[-1]) > len(BATCH_SUFFIX)
+    """True when ``key`` names an input batch: ends in ``.npy`` or ``.parquet``, is not an output, is not under
+    ``_labelshift/``."""
+    suffix = _batch_suffix(key)
+    return suffix is not None and not key.endswith(CORRECTED_SUFFIXES) and not key.startswith(STATE_PREFIX) \
+        and len(key.rsplit("/", 1)[-1]) > len(suffix)
 
 
 @dataclass(frozen=True)
@@ -112,12 +121,12 @@ class TargetBatch:
 
     @property
     def name(self) -> str:
-        """The key without ``.npy`` (``2026/11/25/part-0``)."""
-        return self.key[: -len(BATCH_SUFFIX)]
+        """The key without ``.npy`` / ``.parquet`` (``2026/11/25/part-0``)."""
+        return self.key[: -len(_batch_suffix(self.key))]
 
     @property
     def corrected_key(self) -> str:
-        return self.name + CORRECTED_SUFFIX
+        return self.name + (CORRECTED_SUFFIX if self.key.endswith(BATCH_SUFFIX) else CORRECTED_SUFFIXES[1])
 
     @property
     def summary_key(self) -> str:

@@ -26,6 +26,7 @@ from mlflow.entities import Metric, Param, RunStatus
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from labelshift.batches import metric_names
 from labelshift.calibration import load_calibrator
 from labelshift.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
@@ -346,21 +347,29 @@ def start_reestimation_run(tracking_uri: str, experiment: str, artifact_root: st
     return {"experiment_id": experiment_id, "run_id": run.info.run_id, "monitor_run_id": monitor}
 
 
-def prior_metrics(report: ShiftReport) -> dict[str, float]:
+def _class_keys(k: int, class_names=None) -> list[str]:
+    return metric_names(class_names) if class_names else [str(c) for c in range(k)]
+
+
+def prior_metrics(report: ShiftReport, class_names=None) -> dict[str, float]:
     """The metrics of one re-estimation, by name (per class: ``prior/<c>``, ``prior_lower/<c>``,
     ``prior_upper/<c>``, ``weight/<c>``, ``source_prior/<c>``; the cross-checks' priors; then the test, the
-    identifiability numbers, the size). Numbers that are not finite are left out."""
+    identifiability numbers, the size). ``<c>`` is the class name made metric-safe
+    (:func:`labelshift.batches.metric_names`), the index for unnamed classes. Numbers that are not finite are left
+    out."""
     out = {}
     ci = report.interval
-    for c, v in enumerate(report.target_prior.tolist()):
+    keys = _class_keys(report.n_classes, class_names)
+    for c, v in zip(keys, report.target_prior.tolist()):
         out[f"prior/{c}"] = v
-        out[f"prior_lower/{c}"] = ci.lower[c]
-        out[f"prior_upper/{c}"] = ci.upper[c]
-        out[f"weight/{c}"] = report.weights[c]
-        out[f"source_prior/{c}"] = report.source_prior[c]
+        i = keys.index(c)
+        out[f"prior_lower/{c}"] = ci.lower[i]
+        out[f"prior_upper/{c}"] = ci.upper[i]
+        out[f"weight/{c}"] = report.weights[i]
+        out[f"source_prior/{c}"] = report.source_prior[i]
     for method, check in report.cross_check.items():
         if check.ok:
-            for c, v in enumerate(check.target_prior.tolist()):
+            for c, v in zip(keys, check.target_prior.tolist()):
                 out[f"cross_check/{method}/prior/{c}"] = v
     test, ident = report.no_shift_test, report.identifiability
     out.update({"no_shift_p_value": test.p_value, "no_shift_statistic": test.statistic,
@@ -375,11 +384,11 @@ def prior_metrics(report: ShiftReport) -> dict[str, float]:
 
 
 def log_reestimation(tracking_uri: str, runs: dict, report: ShiftReport, summary: dict, figure: bytes,
-                     step: int) -> None:
+                     step: int, class_names=None) -> None:
     """The child run's metrics (:func:`prior_metrics`, at ``step``), the figure and the summary JSON."""
     client = MlflowClient(tracking_uri=tracking_uri)
     now = int(time.time() * 1000)
-    metrics = [Metric(k, v, now, step) for k, v in prior_metrics(report).items()]
+    metrics = [Metric(k, v, now, step) for k, v in prior_metrics(report, class_names).items()]
     for i in range(0, len(metrics), 1000):
         client.log_batch(runs["run_id"], metrics=metrics[i:i + 1000])
     client.log_text(runs["run_id"], json.dumps(summary, indent=1, default=str), "reestimation/summary.json")
@@ -434,11 +443,12 @@ def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], mo
         except ValueError:
             stamp = int(time.time() * 1000)
         values = {}
-        for c in range(len(entry["target_prior"])):
-            values[f"prior/{c}"] = entry["target_prior"][c]
+        keys = _class_keys(len(entry["target_prior"]), entry.get("classes"))
+        for c, key in enumerate(keys):
+            values[f"prior/{key}"] = entry["target_prior"][c]
             if "lower" in entry and "upper" in entry:
-                values[f"prior_lower/{c}"] = entry["lower"][c]
-                values[f"prior_upper/{c}"] = entry["upper"][c]
+                values[f"prior_lower/{key}"] = entry["lower"][c]
+                values[f"prior_upper/{key}"] = entry["upper"][c]
         for key, name in (("p_value", "no_shift_p_value"), ("total_variation", "total_variation"),
                           ("n_target", "n_target")):
             if entry.get(key) is not None:
@@ -466,7 +476,7 @@ def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED", cause: str
     client.set_terminated(run_id, status)
 
 
-def render_figure(report: ShiftReport, history: list[dict], level: float, title: str) -> bytes:
+def render_figure(report: ShiftReport, history: list[dict], level: float, title: str, class_names=None) -> bytes:
     """The estimated prior with its interval against the source prior, the watermark's history beside it (PNG)."""
     ci = report.interval
     past = [{"sequence": h["sequence"], "target_prior": h["target_prior"],
@@ -474,10 +484,12 @@ def render_figure(report: ShiftReport, history: list[dict], level: float, title:
             for h in history if "target_prior" in h]
     return figure_png(plot_prior_estimate(report.source_prior.tolist(), report.target_prior.tolist(),
                                           ci.lower.tolist(), ci.upper.tolist(), level=level, title=title,
+                                          class_names=class_names,
                                           history=past or None))
 
 
-def history_record(report: ShiftReport, run_id: str | None, model_name: str | None = None) -> dict:
+def history_record(report: ShiftReport, run_id: str | None, model_name: str | None = None,
+                   class_names=None) -> dict:
     """The watermark's record of one successful re-estimation (small: one is kept per run). The watermark adds
     ``sequence``, ``time``, ``run_id`` and ``batches`` itself (:func:`labelshift.monitoring.commit_watermark`)."""
     ci = report.interval
@@ -486,4 +498,5 @@ def history_record(report: ShiftReport, run_id: str | None, model_name: str | No
             "lower": [round(v, 6) for v in ci.lower.tolist()], "upper": [round(v, 6) for v in ci.upper.tolist()],
             "p_value": report.no_shift_test.to_dict()["p_value"], "shifted": report.shifted,
             "total_variation": round(report.total_variation, 6),
-            "trustworthy": report.trustworthy, "mlflow_run_id": run_id}
+            "trustworthy": report.trustworthy, "mlflow_run_id": run_id,
+            **({"classes": list(class_names)} if class_names else {})}

@@ -8,6 +8,7 @@
     labelshift data simulate-target  write label-shifted batches of a dataset's test images (to try `estimate`)
     labelshift report [--out DIR]    a markdown results page (tables, figures, the paper's claims) from MLflow
     labelshift estimate --model M    re-estimate the target label distribution of new data once (reestimate flow)
+    labelshift reference register    register a reference (calibrator, holdout, class names) for prediction logs
 
 One module per subcommand; each registers its parser and handler, and shares only :mod:`flows.cli._common`. The
 commands that run a flow (``reproduce``, ``estimate``) build their options from the flow's parameter model in
@@ -21,7 +22,7 @@ import argparse
 import sys
 
 from flows import settings as settings_mod
-from flows.cli import data, estimate, report, reproduce, serve, where
+from flows.cli import data, estimate, reference, report, reproduce, serve, where
 from flows.cli._common import PROG, UsageError, add_common
 from flows.cli.reproduce import parameters_from_args
 
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.register(sub)
     report.register(sub)
     estimate.register(sub)
+    reference.register(sub)
     try:
         from flows import stack      # written separately; the command is optional until it exists
     except ImportError:

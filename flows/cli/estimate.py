@@ -114,9 +114,12 @@ def format_summary(summary: dict) -> str:
     lines = [f"{summary['verdict']}: {summary['headline']}",
              f"  model {summary['model']['uri']} (version {summary['model']['version']}), "
              f"{len(summary['batches'])} new batch(es), {res.n_target} rows, run {summary['sequence']}",
-             "", f"  {'class':>5}  {'source':>8}  {'target':>8}  {interval_label:>19}  {'w':>7}"]
+             ""]
+    names = summary.get("classes") or [str(c) for c in range(res.n_classes)]
+    width = max(5, *(len(n) for n in names))
+    lines.append(f"  {'class':>{width}}  {'source':>8}  {'target':>8}  {interval_label:>19}  {'w':>7}")
     for c in range(res.n_classes):
-        lines.append(f"  {c:>5}  {res.source_prior[c]:8.4f}  {res.target_prior[c]:8.4f}  "
+        lines.append(f"  {names[c]:>{width}}  {res.source_prior[c]:8.4f}  {res.target_prior[c]:8.4f}  "
                      f"[{ci.lower[c]:.4f}, {ci.upper[c]:.4f}]  {res.weights[c]:7.3f}")
     lines += ["", f"  no-shift test: statistic {test.statistic:.2f} on {test.dof} dof, "
                   f"p {format_p(test.p_value)}",

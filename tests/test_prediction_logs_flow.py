@@ -1,0 +1,213 @@
+"""Re-estimation for a scikit-learn deployment end to end on SeaweedFS S3, an MLflow server and Prefect: prediction
+logs as Parquet against a registered reference, tabular inputs scored by a registered sklearn model, and bad input
+failing clearly with the store and the watermark as they were.
+
+Data: scikit-learn's 8x8 digits (offline). A logistic regression is trained on half, its outputs on a labelled
+holdout make the reference, and the rest is resampled to a known shifted class prior.
+"""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from mlflow import MlflowClient
+
+pytestmark = pytest.mark.integration
+
+NAMES = [f"digit-{d}" for d in range(10)]
+SHIFTED = np.array([0.3, 0.02, 0.02, 0.02, 0.02, 0.3, 0.02, 0.02, 0.02, 0.26])
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from sklearn.datasets import load_digits
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = load_digits(return_X_y=True)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(y))
+    x, y = x[order] / 16.0, y[order]
+    train, hold, test = slice(0, 500), slice(500, 1400), slice(1400, None)
+    model = LogisticRegression(max_iter=2000).fit(x[train], y[train])
+    return {"model": model, "hold": (x[hold], y[hold]), "test": (x[test], y[test])}
+
+
+def _shifted(digits, n, seed):
+    x, y = digits["test"]
+    rng = np.random.default_rng(seed)
+    cls = rng.choice(10, size=n, p=SHIFTED)
+    idx = np.array([rng.choice(np.flatnonzero(y == c)) for c in cls])
+    return x[idx], y[idx]
+
+
+def _parquet(table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(pa.table(table), buf)
+    return buf.getvalue()
+
+
+def _keys(seaweed, bucket, prefix):
+    pages = seaweed.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+def _get(seaweed, bucket, key) -> bytes:
+    return seaweed.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def _put(seaweed, bucket, key, body: bytes) -> None:
+    seaweed.client().put_object(Bucket=bucket, Key=key, Body=body)
+
+
+def _run(model_uri, tracking_uri, target):
+    from flows.reestimate import reestimate
+
+    return reestimate(model=model_uri, target=target, tracking_uri=tracking_uri, return_state=True)
+
+
+@pytest.fixture(scope="module")
+def reference(mlflow_s3_server, digits):
+    from tasks.references import register_reference
+
+    x, y = digits["hold"]
+    logits = digits["model"].decision_function(x)
+    info = register_reference(logits, [NAMES[v] for v in y], name="digits-logs", class_names=NAMES,
+                              output_kind="logits", tracking_uri=mlflow_s3_server.url)
+    return dict(info, tracking_uri=mlflow_s3_server.url)
+
+
+def _log_batch(digits, n, seed):
+    x, _ = _shifted(digits, n, seed)
+    logits = digits["model"].decision_function(x).astype(np.float32)
+    return {"request_id": [f"r{seed}-{i}" for i in range(n)], **{c: logits[:, j] for j, c in enumerate(NAMES)},
+            "ts": np.arange(n)}
+
+
+def test_prediction_logs_as_parquet_are_reestimated_with_class_names(prefect_server, reference, digits, seaweed,
+                                                                     s3_bucket):
+    from tasks.references import load_reference
+
+    ref = load_reference(reference["model_uri"], tracking_uri=reference["tracking_uri"])
+    assert ref.mode == "outputs" and ref.model is None and list(ref.class_names) == NAMES
+    # the reference is a pyfunc whose predict applies the calibrator
+    import mlflow.pyfunc
+
+    mlflow.set_tracking_uri(reference["tracking_uri"])
+    pyfunc = mlflow.pyfunc.load_model(reference["model_uri"])
+    x, _ = digits["hold"]
+    out = pyfunc.predict(np.asarray(digits["model"].decision_function(x[:4])))
+    assert list(out.columns) == NAMES and np.allclose(out.to_numpy().sum(1), 1)
+
+    for day in (1, 2):
+        table = _log_batch(digits, 600, day)
+        table["id"] = table.pop("request_id")
+        _put(seaweed, s3_bucket, f"logs/2026/11/2{day}/part-0.parquet", _parquet(table))
+    state = _run(reference["model_uri"], reference["tracking_uri"], f"s3://{s3_bucket}/logs/")
+    assert state.is_completed() and state.name == "Shifted", state.message
+    summary = state.result()
+    assert summary["classes"] == NAMES and summary["model"]["mode"] == "outputs"
+    prior = np.array(summary["result"]["target_prior"])
+    assert np.abs(prior - SHIFTED).sum() / 2 < 0.08, prior
+    assert "digit-0" in summary["headline"] or "digit-5" in summary["headline"] or "digit-9" in summary["headline"]
+
+    keys = _keys(seaweed, s3_bucket, "logs/")
+    assert "logs/2026/11/21/part-0.corrected.parquet" in keys and "logs/_labelshift/watermark.json" in keys
+    corrected = pq.read_table(io.BytesIO(_get(seaweed, s3_bucket, "logs/2026/11/21/part-0.corrected.parquet")))
+    assert corrected.column_names == ["id", *NAMES]
+    assert corrected.column("id").to_pylist()[:2] == ["r1-0", "r1-1"]
+    assert np.allclose(np.column_stack([corrected.column(c).to_numpy() for c in NAMES]).sum(1), 1, atol=1e-5)
+    batch_summary = json.loads(_get(seaweed, s3_bucket, "logs/2026/11/21/part-0.summary.json"))
+    assert batch_summary["output"]["key"].endswith(".corrected.parquet")
+
+    run = MlflowClient(reference["tracking_uri"]).get_run(summary["mlflow"]["run_id"])
+    assert "prior/digit-5" in run.data.metrics and "prior/5" not in run.data.metrics
+    from flows.reestimate import summary_markdown
+
+    assert "| digit-5 |" in summary_markdown(summary)
+
+    state = _run(reference["model_uri"], reference["tracking_uri"], f"s3://{s3_bucket}/logs/")
+    assert state.name == "No new data"
+
+
+def test_a_sklearn_model_scores_tabular_parquet_batches(prefect_server, mlflow_s3_server, digits, seaweed,
+                                                        s3_bucket):
+    import pandas as pd
+
+    from tasks.references import register_sklearn_model
+
+    columns = [f"px{i}" for i in range(64)]
+    x, y = digits["hold"]
+    info = register_sklearn_model(digits["model"], pd.DataFrame(x, columns=columns), y, name="digits-sklearn",
+                                  tracking_uri=mlflow_s3_server.url)
+    xs, _ = _shifted(digits, 800, 7)
+    _put(seaweed, s3_bucket, "tab/a.parquet", _parquet({c: xs[:, i] for i, c in enumerate(columns)}))
+    state = _run(info["model_uri"], mlflow_s3_server.url, f"s3://{s3_bucket}/tab/")
+    assert state.is_completed() and state.name == "Shifted", state.message
+    summary = state.result()
+    assert summary["model"]["mode"] == "sklearn" and summary["classes"] == [str(d) for d in range(10)]
+    prior = np.array(summary["result"]["target_prior"])
+    assert np.abs(prior - SHIFTED).sum() / 2 < 0.1, prior
+    corrected = pq.read_table(io.BytesIO(_get(seaweed, s3_bucket, "tab/a.corrected.parquet")))
+    assert corrected.column_names == [str(d) for d in range(10)]
+
+    # columns checked against the signature before anything is written
+    _put(seaweed, s3_bucket, "tab/b.parquet", _parquet({c.upper(): xs[:, i] for i, c in enumerate(columns)}))
+    before = {k: _get(seaweed, s3_bucket, k) for k in _keys(seaweed, s3_bucket, "tab/")}
+    state = _run(info["model_uri"], mlflow_s3_server.url, f"s3://{s3_bucket}/tab/")
+    assert state.is_failed()
+    assert "tab/b.parquet" in state.message and "'px0' is there as 'PX0'" in state.message, state.message
+    assert {k: _get(seaweed, s3_bucket, k) for k in _keys(seaweed, s3_bucket, "tab/")} == before
+
+
+def _bad_cases(digits):
+    good = _log_batch(digits, 100, 50)
+    logits = np.column_stack([good[c] for c in NAMES])
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    nan = dict(good)
+    nan["digit-3"] = good["digit-3"].copy()
+    nan["digit-3"][4] = np.nan
+    renamed = {("Digit 4" if k == "digit-4" else k): v for k, v in good.items()}
+    eleven = {"out": pa.array([list(r) + [0.0] for r in logits], type=pa.list_(pa.float32()))}
+    return {
+        "renamed": (_parquet(renamed), "bad.parquet", ["no column for class(es) 'digit-4'", "Digit 4"]),
+        "classes": (_parquet(eleven), "bad.parquet", ["11 values", "10 classes"]),
+        "probabilities-declared-logits": (_parquet({c: p[:, j] for j, c in enumerate(NAMES)}), "bad.parquet",
+                                          ["probabilities", "--outputs probabilities"]),
+        "nan": (_parquet(nan), "bad.parquet", ["NaN or infinite", "first row 4"]),
+        "mixed": (np.save(buf := io.BytesIO(), logits) or buf.getvalue(), "bad.npy", ["mix formats", "one format"]),
+    }
+
+
+@pytest.mark.parametrize("case", ["renamed", "classes", "probabilities-declared-logits", "nan", "mixed"])
+def test_bad_prediction_logs_fail_naming_batch_and_fix_with_store_and_watermark_unchanged(
+        prefect_server, reference, digits, seaweed, s3_bucket, case):
+    prefix = f"bad-{case}/"
+    _put(seaweed, s3_bucket, prefix + "first.parquet", _parquet(_log_batch(digits, 300, 40)))
+    assert _run(reference["model_uri"], reference["tracking_uri"], f"s3://{s3_bucket}/{prefix}").is_completed()
+    body, name, words = _bad_cases(digits)[case]
+    _put(seaweed, s3_bucket, prefix + "second.parquet", _parquet(_log_batch(digits, 300, 41)))
+    _put(seaweed, s3_bucket, prefix + name, body)
+    before = {k: _get(seaweed, s3_bucket, k) for k in _keys(seaweed, s3_bucket, prefix)}
+    state = _run(reference["model_uri"], reference["tracking_uri"], f"s3://{s3_bucket}/{prefix}")
+    assert state.is_failed(), state
+    assert name in state.message and all(w in state.message for w in words), state.message
+    assert {k: _get(seaweed, s3_bucket, k) for k in _keys(seaweed, s3_bucket, prefix)} == before
+
+
+def test_a_reference_without_class_names_or_with_an_empty_class_is_refused(mlflow_s3_server, digits):
+    from labelshift.errors import InputError
+    from tasks.references import register_reference
+
+    x, y = digits["hold"]
+    logits = digits["model"].decision_function(x)
+    with pytest.raises(InputError, match="no class names"):
+        register_reference(logits, y, name="nameless", class_names=None, output_kind="logits",
+                           tracking_uri=mlflow_s3_server.url)
+    with pytest.raises(InputError, match="no example of class"):
+        register_reference(logits[y != 7], y[y != 7], name="no-sevens", class_names=NAMES, output_kind="logits",
+                           tracking_uri=mlflow_s3_server.url)
