@@ -36,6 +36,7 @@ from prefect.context import get_run_context
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import settings as settings_mod
+from flows.links import mlflow_links, prefect_flow_run_url
 from flows.plan import plan as plan_tasks
 from flows.params import (AlphaValuesParam, BaseSeedParam, BinsValuesParam, CalibratorsParam, DatasetParam,
                           EpochsParam, ExperimentsParam, GoodAccuracyParam, MethodsParam, MlflowExperimentParam,
@@ -215,11 +216,16 @@ def reproduce(
     if commit:
         tags["mlflow.source.git.commit"] = commit
     run_name = f"{p.dataset}-{flow_run_name or time.strftime('%Y%m%d-%H%M%S')}"
+    prefect_url = prefect_flow_run_url(flow_run_id)
     runs = start_sweep_runs(env.tracking_uri, env.experiment_name, env.artifact_root, run_name=run_name,
                             params=p.as_mlflow_params(), tags=tags,
-                            methods_by_experiment={e: list(p.methods_for(e)) for e in plan})
+                            methods_by_experiment={e: list(p.methods_for(e)) for e in plan},
+                            prefect_url=prefect_url)
     parent_id = runs["parent_run_id"]
     _ACTIVE[parent_id] = env.tracking_uri
+    ui = run_url(env.tracking_uri, runs["experiment_id"], parent_id)
+    _report(f"MLflow run: {ui}" if ui else
+            f"MLflow run {parent_id} in experiment '{env.experiment_name}' ({env.mlflow_ui_command()})")
     try:
         # 3. fan-out: estimate every method on every (setting, seed), all experiments submitted at once
         pending, models = {}, []
@@ -251,11 +257,16 @@ def reproduce(
 
         # 5. the summary: store, MLflow, Prefect artifact
         summary_rows = [dict(row, experiment=s.kind) for s in sweeps for row in s.to_records()]
-        ui = run_url(env.tracking_uri, runs["experiment_id"], parent_id)
-        links = {"MLflow run": ui or f"run {parent_id} in experiment '{env.experiment_name}' "
-                                     f"(`{env.mlflow_ui_command()}`)",
-                 "results": results_url(env.store_uri, parent_id)}
-        links.update({f"figure {k.rsplit('/', 1)[-1]}": v["url"] for k, v in files.items() if k.endswith(".png")})
+        links = mlflow_links(env.tracking_uri, runs["experiment_id"], parent_id,
+                             [f"figures/mse_vs_{s.kind}.png" for s in sweeps])
+        if not links:
+            links = {"MLflow run": f"run {parent_id} in experiment '{env.experiment_name}' "
+                                   f"(`{env.mlflow_ui_command()}`)"}
+            links.update({f"figure {k.rsplit('/', 1)[-1]}": v["url"] for k, v in files.items()
+                          if k.endswith(".png")})
+        links["results in the object store"] = results_url(env.store_uri, parent_id)
+        if prefect_url:
+            links["this flow run"] = prefect_url
         stored = save_summary(env.store_uri, parent_id, {
             "parameters": p.model_dump(), "mlflow": {"tracking_uri": env.tracking_uri, "run_id": parent_id,
                                                      "experiment_id": runs["experiment_id"]},
