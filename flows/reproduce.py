@@ -168,9 +168,15 @@ def reproduce(
 
     Args:
         dataset: Data set. 'gaussian': mixture of two unit-variance Gaussians at -mu and +mu (Example 1), with the
-            true p_s(y|x) as the predictor.
-        experiments: Which sweeps to run: 'shift' (MSE vs p_t(y=1)), 'size' (MSE vs target size m), 'bins' (MSE
-            and minimum Hessian eigenvalue vs number of calibration bins).
+            true p_s(y|x) as the predictor. 'mnist-5k', 'digits' (offline, pushed to the store on first use),
+            'mnist', 'cifar10' (push them first with `labelshift data push`): a network trained on the train pool,
+            BCTS-calibrated on the valid pool, Dirichlet-shifted target sets from the test pool; the Gaussian
+            defaults of experiments, methods and target_size are then replaced by alpha+size, the image methods
+            and 5000.
+        experiments: Which sweeps to run. Gaussian: 'shift' (MSE vs p_t(y=1) at m = target_size), 'size' (MSE vs
+            target size m at p_t(y=1) = size_shift), 'bins' (MSE and minimum Hessian eigenvalue vs number of
+            calibration bins). Image datasets: 'alpha' (MSE vs Dirichlet alpha at m = target_size) and 'size' (at
+            alpha = size_alpha).
         shift_values: p_t(y=1) values of the shift sweep, each in (0, 1); the source is balanced.
         target_sizes: Target sizes m of the size sweep (at p_t(y=1) = size_shift).
         bins_values: Numbers of equal-width bins of the bins sweep (at m = target_size, p_t(y=1) = size_shift).
