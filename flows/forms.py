@@ -54,12 +54,11 @@ TITLES = {
     "size_shift": "p_t(y=1) of the size and bins experiments",
     "size_alpha": "Dirichlet alpha of the size experiment",
     "mu": "Class mean distance mu", "n_source": "Labelled source examples",
-    "model_seeds": "Networks trained", "epochs": "Training epochs (optional)",
-    "train_limit": "Training subset size (optional)", "calibrators": "Calibrators",
+    "model_seeds": "Networks trained", "epochs": "Training epochs",
+    "train_limit": "Training subset size", "calibrators": "Calibrators",
     "good_accuracy": "Accuracy for the 'latest-good' alias",
-    "base_seed": "Base seed", "seeds_per_task": "Seeds per Prefect task (optional)",
-    "store": "Object store (optional)", "tracking_uri": "MLflow tracking URI (optional)",
-    "mlflow_experiment": "MLflow experiment (optional)",
+    "base_seed": "Base seed", "seeds_per_task": "Seeds per Prefect task",
+    "store": "Object store", "tracking_uri": "MLflow tracking URI", "mlflow_experiment": "MLflow experiment",
 }
 
 #: what differs in the image family: choices and defaults
@@ -108,12 +107,18 @@ def family_schema(flow_schema: dict, family: str) -> dict:
         prop = _drop_null(source[name])
         field = ReproduceParameters.model_fields[name]
         if field.description:        # the richer text of flows.params, whatever the flow's docstring says
-            prop["description"] = field.description
+            # the form renders descriptions as markdown: '<home>' would vanish as an unknown HTML tag
+            prop["description"] = field.description.replace("<", "&lt;").replace(">", "&gt;")
         prop["title"] = TITLES.get(name, name)
         prop["position"] = position
         props[name] = prop
+    other = "reproduce deployment named like this one with the suffix " + IMAGES_SUFFIX
     if family == "gaussian":
         props["dataset"]["enum"] = ["gaussian"]
+        props["dataset"]["description"] = (
+            "This form runs the two-Gaussian sweeps ('gaussian': the paper's mixture of two unit-variance "
+            "Gaussians, Example 1, with the true p_s(y|x) as the predictor). The image datasets (mnist-5k, "
+            f"digits, mnist, cifar10) have a form of their own: the {other}.")
         props["experiments"]["items"]["enum"] = list(EXPERIMENTS)
         props["methods"]["items"]["enum"] = _gaussian_methods(props["methods"]["items"]["enum"])
     else:

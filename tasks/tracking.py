@@ -14,8 +14,9 @@ Layout of what lands in MLflow:
   ``<experiment>/<x name>`` and ``<experiment>/min_eigenvalue`` (MLLS family) at the same steps; one metric per
   setting, ``<experiment>/mse/<x name> <value>``, so the run's overview lists every point, not only the last
   step; and the method's own figure ``figures/<method>_mse_vs_<experiment>.png``.
-* the experiment is tagged ``mlflow.experimentKind = custom_model_development``, so MLflow 3 opens it on its
-  runs (model training) rather than on the GenAI tracing overview; runs carry a markdown description
+* the experiment is tagged ``mlflow.experimentKind = custom_model_development`` (model training, not GenAI), and
+  the links given out (:func:`run_url`, :func:`experiment_url`) ask for MLflow 3's model-training view, which the
+  UI otherwise replaces by its GenAI tracing overview (a per-browser switch); runs carry a markdown description
   (``mlflow.note.content``) linking back to the Prefect flow run when its URL is known.
 
 Every function takes the tracking URI and run ids explicitly and talks to MLflow through an ``MlflowClient``:
@@ -40,7 +41,7 @@ from prefect.cache_policies import NO_CACHE
 from labelshift.errors import ServiceUnavailableError
 
 __all__ = ["X_NAMES", "check_tracking_server", "start_sweep_runs", "log_experiment", "finish_sweep_runs",
-           "fail_sweep_runs", "run_url", "artifact_url", "git_commit", "metric_steps", "EXPERIMENT_KIND_TAG",
+           "fail_sweep_runs", "run_url", "experiment_url", "artifact_url", "git_commit", "metric_steps", "EXPERIMENT_KIND_TAG",
            "MODEL_TRAINING_KIND", "mark_model_training"]
 
 #: the experiment tag MLflow 3 reads to choose an experiment's view, and its value for model training
@@ -67,20 +68,34 @@ def git_commit(start: str | os.PathLike | None = None) -> str | None:
     return commit if out.returncode == 0 and len(commit) == 40 else None
 
 
+#: the MLflow 3 UI opens on its GenAI view unless told otherwise (a switch it remembers per browser, which a
+#: link can set); every link given to a person asks for the model-training view, where runs and metrics are
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
+
+
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
-    """The MLflow UI address of a run when the tracking URI is a server, else None."""
+    """The MLflow UI address of a run (in the model-training view) when the tracking URI is a server, else None."""
     if tracking_uri.startswith(("http://", "https://")):
-        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"
     return None
 
 
-def artifact_url(tracking_uri: str, run_id: str, path: str) -> str | None:
-    """An http address that opens one artifact of a run in a browser (the server proxies it from the artifact
-    store), when the tracking URI is a server; else None."""
+def experiment_url(tracking_uri: str, experiment_id: str) -> str | None:
+    """The MLflow UI address of an experiment's runs table when the tracking URI is a server, else None."""
     if tracking_uri.startswith(("http://", "https://")):
-        from urllib.parse import urlencode
+        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs?{MODEL_TRAINING_VIEW}"
+    return None
 
-        return f"{tracking_uri.rstrip('/')}/get-artifact?{urlencode({'path': path, 'run_uuid': run_id})}"
+
+def artifact_url(tracking_uri: str, experiment_id: str, run_id: str, path: str) -> str | None:
+    """The MLflow UI page that shows one artifact of a run (an image is previewed there; the server proxies it
+    from the artifact store), when the tracking URI is a server; else None. (The server's own download
+    address, ``/get-artifact``, always sends an attachment, which a browser saves instead of showing.)"""
+    if tracking_uri.startswith(("http://", "https://")):
+        from urllib.parse import quote
+
+        return (f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}/artifactPath/"
+                f"{quote(path)}?{MODEL_TRAINING_VIEW}")
     return None
 
 
