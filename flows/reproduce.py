@@ -9,9 +9,10 @@ experiments are aggregated and logged.
 Where the results go (see :mod:`flows.settings` for the defaults):
 
 * MLflow: a parent run per call with the parameters, figures and per-seed tables; a child run per method with
-  the MSE curves as metrics (``step`` = index of the setting), see :mod:`tasks.tracking`;
+  the MSE curves as metrics (``step`` = the swept value) and its own figures, see :mod:`tasks.tracking`; the
+  run's http address goes to the flow-run log as soon as it exists, and the runs link back to the flow run;
 * the object store: ``results/<mlflow run id>/`` with CSV tables, figures and ``summary.json``;
-* Prefect: a markdown artifact with the MSE tables and links.
+* Prefect: a markdown artifact with the MSE tables and http links (MLflow run, experiment, figures).
 
 If anything fails, the MLflow runs are closed as FAILED (never left RUNNING) and the flow run fails with the
 original error as its message.
