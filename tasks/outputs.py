@@ -5,6 +5,8 @@ import csv
 import dataclasses
 import io
 
+import numpy as np
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -35,9 +37,18 @@ def render_outputs(sweep, dataset: str | None = None) -> dict[str, bytes]:
     method -> PNG, for that method's MLflow run) and its per-seed table (CSV: one row per setting, seed and method
     with the estimated and true weights, MSE, minimum Hessian eigenvalue and solver flags)."""
     return {"figure": figure_png(plot_sweep(sweep, dataset)),
-            "method_figures": {method: figure_png(plot_sweep(_one_method(sweep, method), dataset))
-                               for method in sweep.methods},
+            "method_figures": _method_figures(sweep, dataset),
             "per_seed_csv": records_csv([row for res in sweep.results for row in res.to_records()])}
+
+
+def _method_figures(sweep, dataset: str | None) -> dict[str, bytes]:
+    """One figure per method with at least one finite MSE (a curve of NaNs has nothing to draw: on a log axis
+    matplotlib cannot even place its ticks)."""
+    out = {}
+    for j, method in enumerate(sweep.methods):
+        if np.isfinite(np.asarray(sweep.mse_mean, dtype=float)[:, j]).any():
+            out[method] = figure_png(plot_sweep(_one_method(sweep, method), dataset))
+    return out
 
 
 def _one_method(sweep, method: str):
