@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-fast lint bench clean stack-up stack-down stack-status
+.PHONY: setup setup-ui run test test-fast test-ui lint bench clean stack-up stack-down stack-status
 
 setup: $(STAMP)
 
@@ -33,6 +33,26 @@ lint: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not integration"
+
+# The UIs as a person sees them (tests_ui/): headless Chromium driven by Playwright against a local stack and
+# `labelshift serve` on free loopback ports; screenshots of each step in .labelshift/ui-screens/. Playwright's
+# own browser download is not used: Debian's chromium is installed when missing (needs root or sudo).
+UI_STAMP := $(VENV)/.installed-ui
+CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser)
+
+setup-ui: setup $(UI_STAMP)
+	@if [ -z "$(CHROMIUM)" ]; then \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; \
+	fi
+
+$(UI_STAMP): pyproject.toml
+	$(BIN)/python -m pip install -e '.[test,ui]'
+	touch $(UI_STAMP)
+
+test-ui: setup-ui
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests_ui
 
 clean:
 	rm -rf $(VENV) .labelshift build *.egg-info

@@ -9,9 +9,10 @@ experiments are aggregated and logged.
 Where the results go (see :mod:`flows.settings` for the defaults):
 
 * MLflow: a parent run per call with the parameters, figures and per-seed tables; a child run per method with
-  the MSE curves as metrics (``step`` = index of the setting), see :mod:`tasks.tracking`;
+  the MSE curves as metrics (``step`` = the swept value) and its own figures, see :mod:`tasks.tracking`; the
+  run's http address goes to the flow-run log as soon as it exists, and the runs link back to the flow run;
 * the object store: ``results/<mlflow run id>/`` with CSV tables, figures and ``summary.json``;
-* Prefect: a markdown artifact with the MSE tables and links.
+* Prefect: a markdown artifact with the MSE tables and http links (MLflow run, experiment, figures).
 
 If anything fails, the MLflow runs are closed as FAILED (never left RUNNING) and the flow run fails with the
 original error as its message.
@@ -36,6 +37,7 @@ from prefect.context import get_run_context
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import settings as settings_mod
+from flows.links import mlflow_links, prefect_flow_run_url
 from flows.plan import plan as plan_tasks
 from flows.params import (AlphaValuesParam, BaseSeedParam, BinsValuesParam, CalibratorsParam, DatasetParam,
                           EpochsParam, ExperimentsParam, GoodAccuracyParam, MethodsParam, MlflowExperimentParam,
@@ -170,9 +172,15 @@ def reproduce(
 
     Args:
         dataset: Data set. 'gaussian': mixture of two unit-variance Gaussians at -mu and +mu (Example 1), with the
-            true p_s(y|x) as the predictor.
-        experiments: Which sweeps to run: 'shift' (MSE vs p_t(y=1)), 'size' (MSE vs target size m), 'bins' (MSE
-            and minimum Hessian eigenvalue vs number of calibration bins).
+            true p_s(y|x) as the predictor. 'mnist-5k', 'digits' (offline, pushed to the store on first use),
+            'mnist', 'cifar10' (push them first with `labelshift data push`): a network trained on the train pool,
+            BCTS-calibrated on the valid pool, Dirichlet-shifted target sets from the test pool; the Gaussian
+            defaults of experiments, methods and target_size are then replaced by alpha+size, the image methods
+            and 5000.
+        experiments: Which sweeps to run. Gaussian: 'shift' (MSE vs p_t(y=1) at m = target_size), 'size' (MSE vs
+            target size m at p_t(y=1) = size_shift), 'bins' (MSE and minimum Hessian eigenvalue vs number of
+            calibration bins). Image datasets: 'alpha' (MSE vs Dirichlet alpha at m = target_size) and 'size' (at
+            alpha = size_alpha).
         shift_values: p_t(y=1) values of the shift sweep, each in (0, 1); the source is balanced.
         target_sizes: Target sizes m of the size sweep (at p_t(y=1) = size_shift).
         bins_values: Numbers of equal-width bins of the bins sweep (at m = target_size, p_t(y=1) = size_shift).
@@ -218,11 +226,16 @@ def reproduce(
     if commit:
         tags["mlflow.source.git.commit"] = commit
     run_name = f"{p.dataset}-{flow_run_name or time.strftime('%Y%m%d-%H%M%S')}"
+    prefect_url = prefect_flow_run_url(flow_run_id)
     runs = start_sweep_runs(env.tracking_uri, env.experiment_name, env.artifact_root, run_name=run_name,
                             params=p.as_mlflow_params(), tags=tags,
-                            methods_by_experiment={e: list(p.methods_for(e)) for e in plan})
+                            methods_by_experiment={e: list(p.methods_for(e)) for e in plan},
+                            prefect_url=prefect_url)
     parent_id = runs["parent_run_id"]
     _ACTIVE[parent_id] = env.tracking_uri
+    ui = run_url(env.tracking_uri, runs["experiment_id"], parent_id)
+    _report(f"MLflow run: {ui}" if ui else
+            f"MLflow run {parent_id} in experiment '{env.experiment_name}' ({env.mlflow_ui_command()})")
     try:
         # 3. fan-out: estimate every method on every (setting, seed), all experiments submitted at once
         pending, models = {}, []
@@ -254,11 +267,16 @@ def reproduce(
 
         # 5. the summary: store, MLflow, Prefect artifact
         summary_rows = [dict(row, experiment=s.kind) for s in sweeps for row in s.to_records()]
-        ui = run_url(env.tracking_uri, runs["experiment_id"], parent_id)
-        links = {"MLflow run": ui or f"run {parent_id} in experiment '{env.experiment_name}' "
-                                     f"(`{env.mlflow_ui_command()}`)",
-                 "results": results_url(env.store_uri, parent_id)}
-        links.update({f"figure {k.rsplit('/', 1)[-1]}": v["url"] for k, v in files.items() if k.endswith(".png")})
+        links = mlflow_links(env.tracking_uri, runs["experiment_id"], parent_id,
+                             [f"figures/mse_vs_{s.kind}.png" for s in sweeps])
+        if not links:
+            links = {"MLflow run": f"run {parent_id} in experiment '{env.experiment_name}' "
+                                   f"(`{env.mlflow_ui_command()}`)"}
+            links.update({f"figure {k.rsplit('/', 1)[-1]}": v["url"] for k, v in files.items()
+                          if k.endswith(".png")})
+        links["results in the object store"] = results_url(env.store_uri, parent_id)
+        if prefect_url:
+            links["this flow run"] = prefect_url
         stored = save_summary(env.store_uri, parent_id, {
             "parameters": p.model_dump(), "mlflow": {"tracking_uri": env.tracking_uri, "run_id": parent_id,
                                                      "experiment_id": runs["experiment_id"]},

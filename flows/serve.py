@@ -173,9 +173,11 @@ def build_deployments(*, name: str = "reproduce", reestimate_name: str = "reesti
         raise InputError(f"--model/--target (or ${ENV_MODEL}/${ENV_TARGET}): {exc}") from None
     # by module path: served runs import the installed package, whatever the working directory
     by_module = EntrypointType.MODULE_PATH
+    from flows.forms import reproduce_deployments
+
     return [
-        reproduce.to_deployment(name=name, description=DEPLOYMENT_DESCRIPTION,
-                                tags=["labelshift", "paper-reproduction"], entrypoint_type=by_module),
+        *reproduce_deployments(reproduce, name=name, description=DEPLOYMENT_DESCRIPTION,
+                               tags=["labelshift", "paper-reproduction"], entrypoint_type=by_module),
         reestimate_flow.to_deployment(name=reestimate_name, description=REESTIMATE_DESCRIPTION,
                                       tags=["labelshift", "operations"], schedules=schedules,
                                       parameters=dict(reestimate.parameters), concurrency_limit=1,
@@ -211,8 +213,8 @@ def start_prefect_server(prefect_home: Path, port: int, *, timeout_s: float = 12
 
 
 def _describe(ui: str, name: str, reestimate_name: str, options: ReestimateOptions, env: Settings) -> str:
-    lines = [f"Deployment 'reproduce/{name}': open {ui}/deployments, pick it, then Run > Custom run to edit the "
-             f"parameters and launch a sweep."]
+    lines = [f"Deployment 'reproduce/{name}' (two Gaussians) and 'reproduce/{name}-images' (image datasets): open "
+             f"{ui}/deployments, pick one, then Run > Custom run to edit the parameters and launch a sweep."]
     if options.cron:
         when = ", ".join(f"{t:%Y-%m-%d %H:%M %Z}" for t in next_runs(options.cron, options.timezone))
         lines.append(f"Deployment 'reestimate/{reestimate_name}': scheduled '{options.cron}' ({options.timezone}), "

@@ -396,6 +396,7 @@ class LocalStack:
                        AWS_EC2_METADATA_DISABLED="true")
         elif name == "prefect":
             env.pop("PREFECT_API_URL", None)
+            env["PREFECT_UI_API_URL"] = f"{urls['prefect']}/api"     # the UI's own calls (else port 4200)
             env["PREFECT_HOME"] = str(self.root / "prefect")
             (self.root / "prefect").mkdir(parents=True, exist_ok=True)
         return env

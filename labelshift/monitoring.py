@@ -351,7 +351,8 @@ def _no_batch_message(store: Store, keys: list[str]) -> str:
     return (
         f"no target batch under {store.uri}: {why}. Put the unlabelled data there as NAME.npy files, each a float "
         f"array of shape (n, *model input shape) saved with numpy.save (e.g. {store.url('2026/01/31/part-0.npy')}); "
-        f"*{CORRECTED_SUFFIX} outputs and keys under {STATE_PREFIX} are not batches."
+        f"*{CORRECTED_SUFFIX} outputs and keys under {STATE_PREFIX} are not batches. To try re-estimation, "
+        f"`labelshift data simulate-target mnist-5k --to {store.uri}` writes label-shifted test images there."
     )
 
 

@@ -124,8 +124,9 @@ def _registry_error(client: MlflowClient, name: str, alias: str | None, version:
             names = []
         return ObjectNotFoundError(
             f"no registered model {name!r} in the MLflow registry ({client.tracking_uri}); registered: "
-            f"{', '.join(names) or 'none'}. Train one with `labelshift reproduce --dataset mnist-5k` (registers "
-            "labelshift-mnist-5k) or register yours with mlflow.pytorch.log_model(..., registered_model_name=...).")
+            f"{', '.join(names) or 'none'}. Train one with `labelshift reproduce --dataset mnist-5k --tracking-uri "
+            f"{client.tracking_uri}` (registers labelshift-mnist-5k; or run the reproduce-images deployment) or "
+            "register yours with mlflow.pytorch.log_model(..., registered_model_name=...).")
     if alias is not None:
         aliases = sorted(getattr(registered, "aliases", {}) or {})
         return ObjectNotFoundError(

@@ -20,6 +20,9 @@ def summary_markdown(title: str, sweeps: list, links: dict[str, str]) -> str:
     """Markdown: one table per experiment (rows: x values; columns: mean MSE +- standard error per method),
     then the links (MLflow run, store folder, figures)."""
     lines = [f"# {title}", ""]
+    web = {name: target for name, target in links.items() if _is_web(target)}
+    if web:     # what opens in a browser first, so it is seen without scrolling
+        lines += [" · ".join(f"[{name}]({target})" for name, target in web.items()), ""]
     for sweep in sweeps:
         methods = list(sweep.methods)
         x = {"shift": "p_t(y=1)", "size": "m", "bins": "bins", "alpha": "alpha"}.get(sweep.kind, "value")
@@ -32,8 +35,13 @@ def summary_markdown(title: str, sweeps: list, links: dict[str, str]) -> str:
             lines.append("| " + " | ".join([f"{value:g}", *cells]) + " |")
         lines.append("")
     lines += ["## Where to look", ""]
-    lines += [f"- **{name}**: {target}" for name, target in links.items()]
+    lines += [f"- **{name}**: [{target}]({target})" if _is_web(target) else f"- **{name}**: {target}"
+              for name, target in links.items()]
     return "\n".join(lines) + "\n"
+
+
+def _is_web(target: str) -> bool:
+    return str(target).startswith(("http://", "https://"))
 
 
 @task(name="publish-summary", cache_policy=NO_CACHE, persist_result=False)

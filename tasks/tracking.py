@@ -6,10 +6,18 @@ Layout of what lands in MLflow:
   ``prefect.flow_run_id``, ``prefect.flow_run_name`` and ``mlflow.source.git.commit`` (when the code is a git
   checkout); the figures under ``figures/`` (PNG); the per-seed estimates as ``tables/per_seed_<experiment>.csv``
   and the per-setting summary as ``tables/summary.csv`` (the MLflow UI previews CSV artifacts as tables).
-* child run per method (tag ``mlflow.parentRunId``, so the UI nests it): for each experiment the MSE curve as
-  metric ``<experiment>/mse`` with ``step`` = index of the setting, its standard error ``<experiment>/mse_se``,
-  the x value ``<experiment>/<x name>`` at the same step (so a chart of either metric against step reads as the
-  curve), and ``<experiment>/min_eigenvalue`` for the MLLS family.
+* child run per method, named ``<method> · <parent run name>`` so the run table shows the method (tag
+  ``mlflow.parentRunId``, so the UI nests it): for each experiment the MSE curve as metric ``<experiment>/mse``
+  whose ``step`` is the swept value itself when it is an integer (target size m, number of bins) and the value in
+  thousandths otherwise (p_t(y=1) = 0.1 is step 100; the tag ``labelshift.step.<experiment>`` says which), so an
+  MLflow chart against step reads as the curve; its standard error ``<experiment>/mse_se``, the x value
+  ``<experiment>/<x name>`` and ``<experiment>/min_eigenvalue`` (MLLS family) at the same steps; one metric per
+  setting, ``<experiment>/mse/<x name> <value>``, so the run's overview lists every point, not only the last
+  step; and the method's own figure ``figures/<method>_mse_vs_<experiment>.png``.
+* the experiment is tagged ``mlflow.experimentKind = custom_model_development`` (model training, not GenAI), and
+  the links given out (:func:`run_url`, :func:`experiment_url`) ask for MLflow 3's model-training view, which the
+  UI otherwise replaces by its GenAI tracing overview (a per-browser switch); runs carry a markdown description
+  (``mlflow.note.content``) linking back to the Prefect flow run when its URL is known.
 
 Every function takes the tracking URI and run ids explicitly and talks to MLflow through an ``MlflowClient``:
 MLflow's "active run" is thread-local and Prefect runs tasks on worker threads, so the fluent API
@@ -33,7 +41,14 @@ from prefect.cache_policies import NO_CACHE
 from labelshift.errors import ServiceUnavailableError
 
 __all__ = ["X_NAMES", "check_tracking_server", "start_sweep_runs", "log_experiment", "finish_sweep_runs",
-           "fail_sweep_runs", "run_url", "git_commit"]
+           "fail_sweep_runs", "run_url", "experiment_url", "artifact_url", "git_commit", "metric_steps", "EXPERIMENT_KIND_TAG",
+           "MODEL_TRAINING_KIND", "mark_model_training"]
+
+#: the experiment tag MLflow 3 reads to choose an experiment's view, and its value for model training
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"
+#: tag with the address of the Prefect flow run that logged a run
+PREFECT_URL_TAG = "prefect.flow_run_url"
 
 #: metric name of each experiment's x value
 X_NAMES = {"shift": "p_t1", "size": "m", "bins": "n_bins", "alpha": "alpha"}
@@ -53,11 +68,70 @@ def git_commit(start: str | os.PathLike | None = None) -> str | None:
     return commit if out.returncode == 0 and len(commit) == 40 else None
 
 
+#: the MLflow 3 UI opens on its GenAI view unless told otherwise (a switch it remembers per browser, which a
+#: link can set); every link given to a person asks for the model-training view, where runs and metrics are
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
+
+
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
-    """The MLflow UI address of a run when the tracking URI is a server, else None."""
+    """The MLflow UI address of a run (in the model-training view) when the tracking URI is a server, else None."""
     if tracking_uri.startswith(("http://", "https://")):
-        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"
     return None
+
+
+def experiment_url(tracking_uri: str, experiment_id: str) -> str | None:
+    """The MLflow UI address of an experiment's runs table when the tracking URI is a server, else None."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs?{MODEL_TRAINING_VIEW}"
+    return None
+
+
+def artifact_url(tracking_uri: str, experiment_id: str, run_id: str, path: str) -> str | None:
+    """The MLflow UI page that shows one artifact of a run (an image is previewed there; the server proxies it
+    from the artifact store), when the tracking URI is a server; else None. (The server's own download
+    address, ``/get-artifact``, always sends an attachment, which a browser saves instead of showing.)"""
+    if tracking_uri.startswith(("http://", "https://")):
+        from urllib.parse import quote
+
+        return (f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}/artifactPath/"
+                f"{quote(path)}?{MODEL_TRAINING_VIEW}")
+    return None
+
+
+def metric_steps(values) -> tuple[list[int], str]:
+    """The MLflow ``step`` of each swept value, and what the step means.
+
+    Integer values (target size m, number of bins) are their own step; fractional ones are counted in
+    thousandths (p_t(y=1) = 0.05 is step 50), or in the index of the setting when thousandths would collide.
+    """
+    floats = [float(v) for v in values]
+    if all(v.is_integer() for v in floats):
+        return [int(v) for v in floats], "value"
+    thousandths = [round(v * 1000) for v in floats]
+    if len(set(thousandths)) == len(thousandths) and all(abs(t - v * 1000) < 1e-6 for t, v in
+                                                          zip(thousandths, floats)):
+        return thousandths, "value x 1000"
+    return list(range(len(floats))), "index of the setting"
+
+
+def _value_text(value) -> str:
+    return f"{float(value):g}"
+
+
+def mark_model_training(client: MlflowClient, experiment_id: str) -> None:
+    """Tag the experiment as model training, so MLflow 3 opens it on its runs (not the GenAI overview)."""
+    exp = client.get_experiment(experiment_id)
+    if (exp.tags or {}).get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+
+
+def _note(prefect_url: str | None, text: str) -> dict[str, str]:
+    """The run description MLflow shows on a run's overview (markdown), with the link to Prefect."""
+    if not prefect_url:
+        return {"mlflow.note.content": text}
+    return {"mlflow.note.content": f"{text}\n\nPrefect flow run: [{prefect_url}]({prefect_url})",
+            PREFECT_URL_TAG: prefect_url}
 
 
 def check_tracking_server(tracking_uri: str, timeout_s: float = 10.0) -> None:
@@ -85,13 +159,15 @@ def _experiment_id(client: MlflowClient, name: str, artifact_root: str | None) -
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             client.restore_experiment(exp.experiment_id)
+        mark_model_training(client, exp.experiment_id)
         return exp.experiment_id
     location = None
     if artifact_root is not None:
         location = Path(artifact_root, name).resolve().as_uri() if "://" not in artifact_root else \
             f"{artifact_root.rstrip('/')}/{name}"
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location,
+                                        tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
     except Exception:                       # created concurrently by another run: use that one
         exp = client.get_experiment_by_name(name)
         if exp is None:
@@ -101,9 +177,11 @@ def _experiment_id(client: MlflowClient, name: str, artifact_root: str | None) -
 
 @task(name="start-mlflow-runs", cache_policy=NO_CACHE, persist_result=False)
 def start_sweep_runs(tracking_uri: str, experiment_name: str, artifact_root: str | None, run_name: str,
-                     params: dict[str, str], tags: dict[str, str], methods_by_experiment: dict[str, list[str]]
-                     ) -> dict:
+                     params: dict[str, str], tags: dict[str, str], methods_by_experiment: dict[str, list[str]],
+                     prefect_url: str | None = None) -> dict:
     """Create the parent run and one child run per method; returns their ids.
+
+    ``prefect_url``: the address of the Prefect flow run, tagged on every run and linked from its description.
 
     Returns:
         ``{"experiment_id", "parent_run_id", "child_run_ids": {method: run_id}}``.
@@ -111,7 +189,9 @@ def start_sweep_runs(tracking_uri: str, experiment_name: str, artifact_root: str
     check_tracking_server(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment_id = _experiment_id(client, experiment_name, artifact_root)
-    parent = client.create_run(experiment_id, run_name=run_name, tags=tags)
+    parent = client.create_run(experiment_id, run_name=run_name, tags={**tags, **_note(
+        prefect_url, "Label-shift sweep: the figures are under Artifacts > figures, one child run per method "
+                     "holds its MSE curves (metrics) and its own figures.")})
     parent_id = parent.info.run_id
     try:
         client.log_batch(parent_id, params=[Param(k, str(v)[:_MAX_PARAM]) for k, v in params.items()])
@@ -121,9 +201,12 @@ def start_sweep_runs(tracking_uri: str, experiment_name: str, artifact_root: str
         children = {}
         for method in methods:
             experiments = [e for e, names in methods_by_experiment.items() if method in names]
-            child = client.create_run(experiment_id, run_name=f"{run_name}/{method}", tags={
+            note = (f"{method} in the sweep {run_name}: metrics `<experiment>/mse` against the swept value "
+                    f"(chart x axis: step), one `<experiment>/mse/<x> <value>` per setting, figures under Artifacts.")
+            child = client.create_run(experiment_id, run_name=f"{method} · {run_name}", tags={
                 "mlflow.parentRunId": parent_id, "method": method, **{k: v for k, v in tags.items()
-                                                                       if not k.startswith("mlflow.")}})
+                                                                       if not k.startswith("mlflow.")},
+                **_note(prefect_url, note)})
             children[method] = child.info.run_id
             client.log_batch(child.info.run_id, params=[Param("method", method),
                                                         Param("experiments", ",".join(experiments))])
@@ -140,14 +223,23 @@ def _finite(x) -> bool:
 def _curve_metrics(sweep, method: str) -> list[Metric]:
     j = list(sweep.methods).index(method)
     now = int(time.time() * 1000)
-    x_name = f"{sweep.kind}/{X_NAMES.get(sweep.kind, 'x')}"
+    x = X_NAMES.get(sweep.kind, "x")
+    x_name = f"{sweep.kind}/{x}"
+    steps, _ = metric_steps(sweep.values)
     out = []
-    for step, value in enumerate(sweep.values):
-        row = {x_name: float(value), f"{sweep.kind}/mse": float(sweep.mse_mean[step, j]),
-               f"{sweep.kind}/mse_se": float(sweep.mse_se[step, j]),
-               f"{sweep.kind}/min_eigenvalue": float(sweep.min_eigenvalue_mean[step, j])}
+    for i, (step, value) in enumerate(zip(steps, sweep.values)):
+        row = {x_name: float(value), f"{sweep.kind}/mse": float(sweep.mse_mean[i, j]),
+               f"{sweep.kind}/mse_se": float(sweep.mse_se[i, j]),
+               f"{sweep.kind}/min_eigenvalue": float(sweep.min_eigenvalue_mean[i, j])}
         out += [Metric(k, v, now, step) for k, v in row.items() if _finite(v)]
+        point = float(sweep.mse_mean[i, j])
+        if _finite(point):
+            out.append(Metric(f"{sweep.kind}/mse/{x} {_value_text(value)}", point, now, 0))
     return out
+
+
+def method_figure_path(kind: str, method: str) -> str:
+    return f"figures/{method}_mse_vs_{kind}.png"
 
 
 def _log_bytes(client: MlflowClient, run_id: str, data: bytes, artifact_file: str) -> None:
@@ -161,13 +253,21 @@ def _log_bytes(client: MlflowClient, run_id: str, data: bytes, artifact_file: st
 
 @task(name="log-experiment", task_run_name="log-{sweep.kind}", cache_policy=NO_CACHE, persist_result=False)
 def log_experiment(tracking_uri: str, runs: dict, sweep, outputs: dict[str, bytes]) -> dict[str, str]:
-    """Log one experiment: each method's curve on its child run; the figure and the per-seed table (from
-    :func:`tasks.outputs.render_outputs`) on the parent. Returns the artifact paths written on the parent."""
+    """Log one experiment: each method's curve and its own figure on its child run; the figure and the per-seed
+    table (from :func:`tasks.outputs.render_outputs`) on the parent. Returns the artifact paths written on the
+    parent."""
     client = MlflowClient(tracking_uri=tracking_uri)
+    _, step_means = metric_steps(sweep.values)
     for method in sweep.methods:
+        child = runs["child_run_ids"][method]
         metrics = _curve_metrics(sweep, method)
         for i in range(0, len(metrics), _MAX_BATCH):
-            client.log_batch(runs["child_run_ids"][method], metrics=metrics[i:i + _MAX_BATCH])
+            client.log_batch(child, metrics=metrics[i:i + _MAX_BATCH])
+        client.set_tag(child, f"labelshift.step.{sweep.kind}",
+                       f"step = {X_NAMES.get(sweep.kind, 'x')} ({step_means})")
+        figure = (outputs.get("method_figures") or {}).get(method)
+        if figure is not None:
+            _log_bytes(client, child, figure, method_figure_path(sweep.kind, method))
     parent = runs["parent_run_id"]
     paths = {"figure": f"figures/mse_vs_{sweep.kind}.png", "table": f"tables/per_seed_{sweep.kind}.csv"}
     _log_bytes(client, parent, outputs["figure"], paths["figure"])

@@ -62,19 +62,27 @@ def test_mlflow_parent_and_children(sweep_run):
     assert set(by_method) == set(METHODS) | {"MLLS-binned"}
     assert all(r.info.status == "FINISHED" for r in children)
 
-    # the curves: one metric value per setting, step = index of the setting, x value logged beside it
+    # the child run's name starts with its method, so the run table's truncated names still show it
+    assert all(r.info.run_name.startswith(r.data.tags["method"] + " ") for r in children)
+    # the curves: one metric value per setting, step = the swept value (p_t(y=1) in thousandths, m itself), the
+    # x value logged beside it
     mlls = by_method["MLLS"].info.run_id
     mse = client.get_metric_history(mlls, "shift/mse")
-    assert sorted(m.step for m in mse) == [0, 1]
+    assert sorted(m.step for m in mse) == [100, 500]
     x = {m.step: m.value for m in client.get_metric_history(mlls, "shift/p_t1")}
-    assert x == {0: 0.1, 1: 0.5}
-    assert {m.step: m.value for m in client.get_metric_history(mlls, "size/m")} == {0: 100.0, 1: 300.0}
+    assert x == {100: 0.1, 500: 0.5}
+    assert {m.step: m.value for m in client.get_metric_history(mlls, "size/m")} == {100: 100.0, 300: 300.0}
+    assert by_method["MLLS"].data.tags["labelshift.step.shift"] == "step = p_t1 (value x 1000)"
+    # every point of a curve in the run's overview (latest values), not only the last step
+    latest = by_method["MLLS"].data.metrics
+    assert latest["shift/mse/p_t1 0.1"] == pytest.approx({m.step: m.value for m in mse}[100])
+    assert {"shift/mse/p_t1 0.5", "size/mse/m 100", "size/mse/m 300"} <= set(latest)
     # the logged MSE is the mean over seeds of the per-seed rows in the summary
     rows = [r for r in result["rows"] if r["experiment"] == "shift" and r["method"] == "MLLS"]
     assert sorted(m.value for m in mse) == pytest.approx(sorted(r["mse_mean"] for r in rows))
     binned = by_method["MLLS-binned"].info.run_id
     eig = client.get_metric_history(binned, "bins/min_eigenvalue")
-    assert sorted(m.step for m in eig) == [0, 1] and all(m.value > 0 for m in eig)
+    assert sorted(m.step for m in eig) == [2, 4] and all(m.value > 0 for m in eig)
     # BBSE has no Hessian: no eigenvalue metric rather than NaNs
     assert client.get_metric_history(by_method["BBSE-hard"].info.run_id, "shift/min_eigenvalue") == []
 
@@ -84,6 +92,15 @@ def test_mlflow_artifacts_are_pngs_and_tables(sweep_run, tmp_path):
     client = MlflowClient(sweep_run["tracking"])
     figures = {f.path for f in client.list_artifacts(run_id, "figures")}
     assert figures == {"figures/mse_vs_shift.png", "figures/mse_vs_size.png", "figures/mse_vs_bins.png"}
+    # each method's run has its own figures
+    mlls = sweep_run["state"].result()["mlflow"]["child_run_ids"]["MLLS"]
+    assert {f.path for f in client.list_artifacts(mlls, "figures")} == {"figures/MLLS_mse_vs_shift.png",
+                                                                        "figures/MLLS_mse_vs_size.png"}
+    binned = sweep_run["state"].result()["mlflow"]["child_run_ids"]["MLLS-binned"]
+    assert {f.path for f in client.list_artifacts(binned, "figures")} == {"figures/MLLS-binned_mse_vs_bins.png"}
+    # the experiment opens on its runs in MLflow 3 (model training, not the GenAI overview)
+    exp = client.get_experiment(client.get_run(run_id).info.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     local = client.download_artifacts(run_id, "figures/mse_vs_size.png", str(tmp_path))
     assert open(local, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     table = client.download_artifacts(run_id, "tables/per_seed_shift.csv", str(tmp_path))

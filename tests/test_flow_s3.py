@@ -62,4 +62,4 @@ def test_reproduce_with_s3_store_and_mlflow_server(prefect_server, seaweed, s3_b
     assert {r.data.tags["method"] for r in children} == {"BBSE-hard", "BBSE-soft", "RLLS", "MLLS-CM", "MLLS",
                                                           "MLLS-binned"}
     binned = next(r for r in children if r.data.tags["method"] == "MLLS-binned")
-    assert [m.step for m in client.get_metric_history(binned.info.run_id, "bins/mse")] == [0, 1]
+    assert [m.step for m in client.get_metric_history(binned.info.run_id, "bins/mse")] == [2, 6]

@@ -92,7 +92,9 @@ def test_image_sweep_completes_with_runs_and_figures(image_runs):
     arts = {a.path for a in client.list_artifacts(parent.info.run_id, "figures")}
     assert arts == {"figures/mse_vs_alpha.png", "figures/mse_vs_size.png"}
     mlls = client.get_run(result["mlflow"]["child_run_ids"]["MLLS"])
-    assert sorted(m.step for m in client.get_metric_history(mlls.info.run_id, "alpha/mse")) == [0, 1]
+    # alpha in thousandths as the step (0.1 -> 100, 10 -> 10000), the target size m as itself
+    assert sorted(m.step for m in client.get_metric_history(mlls.info.run_id, "alpha/mse")) == [100, 10000]
+    assert sorted(m.step for m in client.get_metric_history(mlls.info.run_id, "size/mse")) == [100, 400]
 
 
 def test_training_logged_registered_and_reloadable(image_runs):

@@ -98,8 +98,6 @@ def _read_deployment(api_url: str, full_name: str):
 
 @pytest.mark.integration
 def test_serve_registers_both_deployments_with_the_schedule_and_stops_cleanly(prefect_server, tmp_path):
-    from flows.params import ReproduceParameters
-
     tag = uuid.uuid4().hex[:8]
     reproduce_name, reestimate_name = f"reproduce-{tag}", f"reestimate-{tag}"
     log = tmp_path / "serve.log"
@@ -134,9 +132,11 @@ def test_serve_registers_both_deployments_with_the_schedule_and_stops_cleanly(pr
         assert {"model", "target", "estimator", "interval", "level", "significance"} <= set(props)
         assert reestimate.entrypoint == "flows.reestimate.reestimate"    # by module: any working directory
 
-        # reproduce: unscheduled, with the full parameter form
+        # reproduce: unscheduled, with the form of the two-Gaussian family (flows.forms)
+        from flows.forms import FAMILIES
+
         assert reproduce.schedules == []
-        assert list(reproduce.parameter_openapi_schema["properties"]) == list(ReproduceParameters.model_fields)
+        assert list(reproduce.parameter_openapi_schema["properties"]) == FAMILIES["gaussian"]
         assert reproduce.entrypoint == "flows.reproduce.reproduce"
 
         output = log.read_text()
