@@ -29,13 +29,13 @@ from prefect.cache_policies import NO_CACHE
 from labelshift.calibration import load_calibrator
 from labelshift.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
-from labelshift.monitoring import TargetBatch, load_batch, write_batch_outputs
+from labelshift.monitoring import ChangedBatchError, RejectedBatch, TargetBatch, load_batch, write_batch_outputs
 from labelshift.plots import figure_png, plot_prior_estimate
 from labelshift.report import ShiftReport, assess_shift, finite
 from labelshift.storage import open_store
 
 __all__ = ["REFERENCE_ARTIFACT", "ModelBundle", "parse_model_uri", "log_reestimation_reference", "load_bundle",
-           "score_batches", "log_source_holdout", "estimate_shift", "write_outputs", "start_reestimation_run", "log_reestimation", "sync_monitor",
+           "score_batches", "ScoredBatches", "score_or_reject", "log_rejections", "log_source_holdout", "estimate_shift", "write_outputs", "start_reestimation_run", "log_reestimation", "sync_monitor",
            "end_run", "prior_metrics", "history_record", "render_figure"]
 
 REFERENCE_ARTIFACT = "calibration/source_holdout.npz"
@@ -271,6 +271,48 @@ def score_batches(bundle: ModelBundle, target_uri: str, batches: list[TargetBatc
     return probs
 
 
+@dataclass
+class ScoredBatches:
+    """What :func:`score_or_reject` made of the new batches: the good ones with their probabilities, those that
+    failed their checks (rejected, with the reason) and those gone or replaced since the listing (skipped: the next
+    run lists them afresh)."""
+
+    batches: list[TargetBatch]
+    probs: list[np.ndarray]
+    rejected: list[RejectedBatch] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+
+
+@task(name="score-batches", task_run_name="score-{target_uri}", cache_policy=NO_CACHE, persist_result=False)
+def score_or_reject(bundle: ModelBundle, target_uri: str, batches: list[TargetBatch], *, batch_size: int = 1024) \
+        -> ScoredBatches:
+    """:func:`score_batches`, going on past a bad batch: every batch is read and checked in one pass, a batch whose
+    content fails (:class:`FormatError`, :class:`InputError`) is set aside as rejected with its message, one deleted
+    or replaced since the listing as skipped. Trouble with the store itself (unreachable, credentials) still fails."""
+    from prefect.logging import get_run_logger
+
+    logger = get_run_logger()
+    store = open_store(target_uri)
+    out = ScoredBatches([], [])
+    for b in batches:
+        try:
+            x = load_batch(store, b, input_shape=bundle.input_shape)
+        except (ObjectNotFoundError, ChangedBatchError) as exc:
+            out.skipped.append({"key": b.key, "reason": str(exc)})
+            logger.warning("skipped %s: %s", b.key, exc)
+            continue
+        except (FormatError, InputError) as exc:
+            out.rejected.append(RejectedBatch(b, str(exc)))
+            logger.warning("rejected %s: %s", b.key, exc)
+            continue
+        out.probs.append(bundle.calibrator.predict_proba(_forward(bundle.model, x, batch_size)))
+        out.batches.append(b)
+        del x
+    logger.info("%d batch(es) scored, %d rejected, %d skipped", len(out.batches), len(out.rejected),
+                len(out.skipped))
+    return out
+
+
 @task(name="estimate-shift", cache_policy=NO_CACHE, persist_result=False)
 def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: str = "MLLS",
                    cross_check: list[str] = (), interval: str = "fisher", level: float = 0.95,
@@ -384,6 +426,17 @@ def log_reestimation(tracking_uri: str, runs: dict, report: ShiftReport, summary
         client.log_batch(runs["run_id"], metrics=metrics[i:i + 1000])
     client.log_text(runs["run_id"], json.dumps(summary, indent=1, default=str), "reestimation/summary.json")
     _log_bytes(client, runs["run_id"], figure, "figures", "target_prior.png")
+
+
+def log_rejections(tracking_uri: str, run_id: str, rejected: list[dict], summary: dict | None = None) -> None:
+    """The batches a run rejected: metric ``n_rejected``, tag ``labelshift.rejected`` (their keys) and, when given,
+    the summary JSON (which lists them with their reasons)."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    client.log_metric(run_id, "n_rejected", float(len(rejected)))
+    if rejected:
+        client.set_tag(run_id, "labelshift.rejected", ", ".join(r["key"] for r in rejected)[:5000])
+    if summary is not None:
+        client.log_text(run_id, json.dumps(summary, indent=1, default=str), "reestimation/summary.json")
 
 
 def _log_bytes(client: MlflowClient, run_id: str, data: bytes, folder: str, name: str) -> None:
