@@ -458,7 +458,8 @@ def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], mo
 
     The watermark's history is per target, so entries of other models are skipped. An entry's point is logged when
     its child run (``mlflow_run_id``) does not carry :data:`SYNCED_TAG` yet -- the run that just committed, and any
-    of the last :data:`SYNC_LOOKBACK` whose own logging failed after their commit -- and the tag is set after it.
+    of the last :data:`SYNC_LOOKBACK` whose own logging failed after their commit -- and the tag is set after it
+    (and such a child run still RUNNING, because MLflow was down when it ended, is ended FINISHED).
     (A watermark deleted to start over restarts the sequence at 1; its points then repeat earlier steps, at later
     timestamps.) Returns the sequences added.
     """
@@ -505,6 +506,9 @@ def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], mo
             client.log_batch(monitor_run_id, metrics=metrics[i:i + 1000])
         try:
             client.set_tag(child, SYNCED_TAG, "true")
+            # its batches are counted, so it succeeded: a run whose end MLflow missed (the server was down) ends now
+            if client.get_run(child).info.status == "RUNNING":
+                client.set_terminated(child, "FINISHED")
         except Exception:
             pass
         added.append(int(seq))
