@@ -266,6 +266,11 @@ MaxWidthParam = Annotated[float | None, Field(
 OnChangedParam = Annotated[Literal["error", "reprocess"], Field(
     description="A batch already counted whose content changed under the same key: 'error' (default) fails the run "
                 "naming it; 'reprocess' counts its new content in place of the old.")]
+OnInvalidParam = Annotated[Literal["quarantine", "error"], Field(
+    description="A new batch that fails its checks (not a .npy array, wrong dtype or shape, NaN, corrupt): "
+                "'quarantine' (default) records it in the watermark as rejected, with its reason, and goes on with "
+                "the good batches (it is tried again once its content changes); 'error' fails the run, naming every "
+                "bad batch, and counts nothing.")]
 BatchSizeParam = Annotated[int, Field(ge=1, le=1_000_000, description="Rows per forward pass of the model.")]
 
 
@@ -289,6 +294,7 @@ class ReestimateParameters(BaseModel):
     batch_size: BatchSizeParam = 1024
     max_interval_width: MaxWidthParam = None
     on_changed: OnChangedParam = "error"
+    on_invalid: OnInvalidParam = "quarantine"
 
     @model_validator(mode="after")
     def _interval_fits_estimator(self) -> "ReestimateParameters":

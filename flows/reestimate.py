@@ -41,13 +41,14 @@ from flows import settings as settings_mod
 from flows.params import REESTIMATE_EXPERIMENT as DEFAULT_EXPERIMENT
 from flows.params import (DEFAULT_MODEL, BatchSizeParam, CalibratorParam, CrossCheckParam, EstimatorParam,
                           ExperimentParam, IntervalParam, LevelParam, MaxWidthParam, ModelParam, NBootstrapParam,
-                          OnChangedParam, SeedParam, SignificanceParam, TargetParam, TrackingParam)
+                          OnChangedParam, OnInvalidParam, SeedParam, SignificanceParam, TargetParam, TrackingParam)
+from labelshift.errors import InputError
 from labelshift.monitoring import commit_watermark, find_new_batches, read_watermark
 from labelshift.registry import check_interval
 from labelshift.report import ShiftReport, finite
 from labelshift.storage import open_store
-from tasks.reestimation import (end_run, estimate_shift, history_record, log_reestimation, render_figure,
-                                start_reestimation_run, sync_monitor)
+from tasks.reestimation import (end_run, estimate_shift, history_record, log_reestimation, log_rejections,
+                                render_figure, start_reestimation_run, sync_monitor)
 from tasks.references import class_names_of, load_for_reestimation, score_for_reestimation, write_for_reestimation
 from tasks.tracking import check_tracking_server, git_commit, run_url
 from flows.user_errors import install as _log_user_errors_once
@@ -83,8 +84,24 @@ def _fmt_prior(values) -> str:
     return "[" + ", ".join(f"{v:.3f}" for v in values) + "]"
 
 
+def rejected_markdown(summary: dict) -> list[str]:
+    """The batches a run rejected or skipped, one line each with the reason (markdown lines; none if none)."""
+    lines = []
+    for title, items, what in (("Rejected batches", summary.get("rejected", []),
+                                "not counted, recorded in the watermark; tried again once their content changes"),
+                               ("Skipped batches", summary.get("skipped", []),
+                                "gone or replaced since the listing; the next run lists them again")):
+        if items:
+            lines += ["", f"**{title}** ({len(items)}: {what}):", ""]
+            lines += [f"- `{item['key']}`: {item['reason']}" for item in items]
+    return lines
+
+
 def summary_markdown(summary: dict) -> str:
     """The Prefect artifact: the verdict first, then a table per class, then the numbers behind the verdict."""
+    if "result" not in summary:  # no estimate: every new batch was rejected or skipped
+        return "\n".join([f"# ❌ {summary['verdict']}: {summary['target']}", "", f"**{summary['headline']}**",
+                          *rejected_markdown(summary)]) + "\n"
     res = ShiftReport.from_dict(summary["result"])
     names = summary.get("classes") or [str(c) for c in range(res.n_classes)]
     ci, test, ident = res.interval, res.no_shift_test, res.identifiability
@@ -112,6 +129,7 @@ def summary_markdown(summary: dict) -> str:
         lines.append("")
         lines.append(f"Cross-check {method}: " + (_fmt_prior(check.target_prior) if check.ok
                                                   else f"failed ({check.error})"))
+    lines += rejected_markdown(summary)
     links = summary.get("links", {})
     if links:
         lines += ["", *[f"- {k}: {v}" for k, v in links.items()]]
@@ -131,12 +149,12 @@ def _headline(report: ShiftReport, class_names=None) -> str:
     return f"No significant shift (p {p}); total variation {report.total_variation:.3f}."
 
 
-def _commit(store, watermark, batches, record, mlflow_run_id):
+def _commit(store, watermark, batches, record, mlflow_run_id, rejected=()):
     """Move the watermark. If the commit raises after its write landed (e.g. the store failed while it read the
     watermark back), the batches are counted all the same: then the watermark's last entry is this run's, and the run
     goes on as committed instead of failing with its batches counted."""
     try:
-        return commit_watermark(store, watermark, batches, record)
+        return commit_watermark(store, watermark, batches, record, rejected=rejected)
     except Exception:
         try:
             current = read_watermark(store)
@@ -146,6 +164,38 @@ def _commit(store, watermark, batches, record, mlflow_run_id):
                 current.history[-1].get("mlflow_run_id") == mlflow_run_id:
             return current
         raise
+
+
+def _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger):
+    """No new batch passed its checks: record the rejected ones (if any) in the watermark, list them in MLflow and
+    the artifact, end the MLflow run, and complete as "No valid data"."""
+    names = ", ".join(r["key"] for r in [*rejected, *scored.skipped])
+    headline = (f"No valid data: none of the {len(rejected) + len(scored.skipped)} new batch(es) under {store.uri} "
+                f"could be used ({names}). " + ("Rejected batches are recorded in the watermark and not tried again "
+                                                "until their content changes: fix (write them again) or delete them. "
+                                                if rejected else "")
+                + ("Skipped batches were deleted or replaced while the run read them; the next run lists them "
+                   "again." if scored.skipped else ""))
+    summary = {"verdict": "No valid data", "headline": headline.strip(), "target": store.uri, "batches": [],
+               "sequence": watermark.sequence + bool(rejected), "rejected": rejected, "skipped": scored.skipped,
+               "mlflow": {"tracking_uri": env.tracking_uri, "experiment_id": runs["experiment_id"],
+                          "run_id": runs["run_id"], "monitor_run_id": runs["monitor_run_id"]},
+               "seconds": time.perf_counter() - t0}
+    log_rejections(env.tracking_uri, runs["run_id"], rejected, summary)
+    if scored.rejected:
+        record = {"model": None, "mlflow_run_id": runs["run_id"]}
+        summary["sequence"] = _commit(store, watermark, [], record, runs["run_id"], rejected=scored.rejected).sequence
+    try:  # the rejections are recorded now: closing the MLflow run may not fail the run any more
+        end_run(env.tracking_uri, runs["run_id"], "FINISHED")
+    except Exception as exc:
+        logger.warning("MLflow run %s could not be marked FINISHED (%s: %s)", runs["run_id"], type(exc).__name__, exc)
+    logger.warning(summary["headline"])
+    try:
+        create_markdown_artifact(markdown=summary_markdown(summary), key="reestimate",
+                                 description="re-estimation verdict: No valid data")
+    except Exception as exc:
+        logger.warning("the Prefect artifact was not created (%s: %s)", type(exc).__name__, exc)
+    return Completed(name="No valid data", message=summary["headline"], data=summary)
 
 
 @flow(name="reestimate", log_prints=False)
@@ -165,6 +215,7 @@ def reestimate(
     batch_size: BatchSizeParam = 1024,
     max_interval_width: MaxWidthParam = None,
     on_changed: OnChangedParam = "error",
+    on_invalid: OnInvalidParam = "quarantine",
 ):
     """Re-estimate the target label distribution from the target batches that arrived since the last success.
 
@@ -183,6 +234,11 @@ def reestimate(
     if not batches:
         message = (f"No new data: all {len(watermark.processed)} batch(es) under {store.uri} were processed "
                    f"(last run {watermark.sequence} at {watermark.updated_at}).")
+        if watermark.rejected:
+            held = sorted(watermark.rejected)
+            message += (f" {len(held)} batch(es) rejected earlier are left alone until their content changes: "
+                        + ", ".join(held[:10]) + (" ..." if len(held) > 10 else "")
+                        + "; fix (write them again) or delete them.")
         logger.info(message)
         create_markdown_artifact(markdown=f"# No new data\n\n{message}\n", key="reestimate",
                                  description="re-estimation verdict")
@@ -203,7 +259,7 @@ def reestimate(
     params = dict(model=model, model_version=bundle.version, target=store.uri, calibrator=calibrator,
                   estimator=estimator, cross_check=",".join(cross_check), interval=interval, level=level,
                   significance=significance, n_bootstrap=n_bootstrap, seed=seed, n_batches=len(batches),
-                  max_interval_width=max_interval_width)
+                  max_interval_width=max_interval_width, on_invalid=on_invalid)
     tags = {"prefect.flow_run_id": flow_run_id or "", "prefect.flow_run_name": flow_run_name or "",
             "labelshift.sequence": str(sequence)}
     commit = git_commit()
@@ -213,8 +269,19 @@ def reestimate(
                                   target_url=store.uri, run_name=f"reestimate-{sequence}",
                                   params=params, tags=tags)
     try:
-        # 3. calibrated probabilities of every new row, batch by batch (nothing is written until all are read)
-        probs = score_for_reestimation(bundle, target_uri, batches, batch_size=batch_size)
+        # 3. calibrated probabilities of every new row, batch by batch (nothing is written until all are read); every
+        #    bad batch is found in this one pass
+        scored = score_for_reestimation(bundle, target_uri, batches, batch_size=batch_size)
+        rejected = [{"key": r.key, "reason": r.reason} for r in scored.rejected]
+        if rejected and on_invalid == "error":
+            raise InputError(
+                f"{len(rejected)} of {len(batches)} new batch(es) failed their checks: "
+                + " ".join(f"[{r['key']}] {r['reason']}" for r in rejected)
+                + " Nothing was counted. Fix or delete these batches and run again, or run with "
+                  "on_invalid='quarantine' (CLI: without --fail-on-invalid) to go on with the good ones.")
+        if not scored.batches:
+            return _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger)
+        batches, probs = scored.batches, scored.probs
         # 4. the estimate, its uncertainty and identifiability
         report = estimate_shift(bundle, probs, estimator=estimator, cross_check=list(cross_check),
                                 interval=interval, level=level, significance=significance,
@@ -228,16 +295,18 @@ def reestimate(
             "mlflow": {"tracking_uri": env.tracking_uri, "experiment_id": runs["experiment_id"],
                        "run_id": runs["run_id"], "monitor_run_id": runs["monitor_run_id"], "ui": ui},
             "prefect_flow_run_id": flow_run_id, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "rejected": rejected, "skipped": scored.skipped,
         }
         named = None if classes == [str(c) for c in range(len(classes))] else classes
         record = history_record(report, runs["run_id"], bundle.name, named)
         figure = render_figure(report, [*watermark.history, dict(record, sequence=sequence)], report.interval.level,
                                f"{bundle.name} v{bundle.version}: target prior, run {sequence}", named)
         log_reestimation(env.tracking_uri, runs, report, summary, figure, step=sequence, class_names=named)
+        log_rejections(env.tracking_uri, runs["run_id"], rejected)
         # 5. outputs beside each batch, atomically; then -- only then -- the watermark
         summary["outputs"] = write_for_reestimation(bundle, target_uri, batches, probs, report.weights.tolist(),
                                                     summary)
-        committed = _commit(store, watermark, batches, record, runs["run_id"])
+        committed = _commit(store, watermark, batches, record, runs["run_id"], rejected=scored.rejected)
     except BaseException as exc:
         # cancelled (Prefect's termination signal, Ctrl-C) or failed: the watermark did not move
         status = "FAILED" if isinstance(exc, Exception) else "KILLED"

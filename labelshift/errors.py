@@ -38,6 +38,11 @@ class StorageError(LabelShiftError, OSError):
     """Object store problem: missing bucket or key, missing credentials, unreachable endpoint, bad URI."""
 
 
+class ConflictError(StorageError):
+    """A conditional write was refused: the object is no longer the version it was read as (another writer moved
+    it), or it exists where it was expected not to."""
+
+
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """The bucket, key or local path does not exist."""
 

@@ -6,8 +6,10 @@ then ``NAME.summary.json``; ``_labelshift/watermark.json`` lists every batch cou
 history entry per run. This module keeps those books and knows nothing about models or estimators.
 
 A run calls :func:`find_new_batches` (reads only), :func:`load_batch` per batch (reads and checks the content it
-was listed with), :func:`write_batch_outputs` per batch, and last :func:`commit_watermark` (compare-and-set; only
-it writes the watermark). A run that fails before the commit leaves the watermark as it was, so its batches are
+was listed with), :func:`write_batch_outputs` per batch, and last :func:`commit_watermark` (an atomic
+compare-and-swap of the watermark on the version that was read; only it writes the watermark). A batch that fails
+its checks can be committed as rejected (:class:`RejectedBatch`): recorded with its reason and checksum, not
+counted, and not offered again until its content changes. A run that fails before the commit leaves the watermark as it was, so its batches are
 taken again by the next run and never counted twice; a batch whose content changed after it was counted raises
 :class:`ChangedBatchError` unless ``on_changed="reprocess"``. The layout, the guarantees and the cost of a run
 (listings, hashes, fingerprints) are described in ``docs/reestimation.md``, "The target store".
@@ -29,12 +31,12 @@ from typing import Any, Literal
 import numpy as np
 
 from ._validation import check_probabilities
-from .errors import FormatError, InputError, ObjectNotFoundError, StorageError
+from .errors import ConflictError, FormatError, InputError, ObjectNotFoundError
 from .storage import LocalStore, ObjectInfo, Store, json_default, validate_key
 
 __all__ = [
     "STATE_PREFIX", "WATERMARK_KEY", "BATCH_SUFFIX", "CORRECTED_SUFFIX", "SUMMARY_SUFFIX",
-    "TargetBatch", "Watermark", "ChangedBatchError", "ConcurrentRunError",
+    "TargetBatch", "RejectedBatch", "Watermark", "ChangedBatchError", "ConcurrentRunError",
     "is_batch_key", "list_batches", "read_watermark", "find_new_batches", "load_batch", "write_batch_outputs",
     "commit_watermark",
 ]
@@ -56,7 +58,7 @@ WATERMARK_FORMAT = "labelshift-watermark"
 WATERMARK_VERSION = 1
 
 #: keys of a history entry set by :func:`commit_watermark`; a record passed in may not use them
-HISTORY_KEYS = ("sequence", "time", "run_id", "batches", "replaced")
+HISTORY_KEYS = ("sequence", "time", "run_id", "batches", "replaced", "rejected")
 #: keys of a batch summary set by :func:`write_batch_outputs`
 SUMMARY_KEYS = ("input", "output")
 
@@ -76,7 +78,7 @@ class ChangedBatchError(InputError):
         self.changed = dict(changed or {})
 
 
-class ConcurrentRunError(StorageError):
+class ConcurrentRunError(ConflictError):
     """Another run moved the watermark between this run's read and its commit; this run's commit was refused."""
 
 
@@ -133,6 +135,25 @@ class TargetBatch:
         return self.name + SUMMARY_SUFFIX
 
 
+@dataclass(frozen=True)
+class RejectedBatch:
+    """A batch that failed its checks (:func:`load_batch`), with the reason: committed as rejected, it is not counted
+    and not offered again by :func:`find_new_batches` until its content (checksum) changes."""
+
+    batch: TargetBatch
+    reason: str
+
+    def __post_init__(self):
+        if not isinstance(self.batch, TargetBatch):
+            raise InputError(f"RejectedBatch.batch must be a TargetBatch, got {type(self.batch).__name__}.")
+        if not isinstance(self.reason, str) or not self.reason:
+            raise InputError("RejectedBatch.reason must be a non-empty string saying what is wrong with the batch.")
+
+    @property
+    def key(self) -> str:
+        return self.batch.key
+
+
 def _is_checksum(value: Any) -> bool:
     return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
 
@@ -162,8 +183,9 @@ def _trusted(info: ObjectInfo | None, recorded: ObjectInfo | None) -> bool:
 
 
 def _scan(store: Store, watermark: Watermark | None = None) -> tuple[list[str], list[TargetBatch]]:
-    """All keys, and every batch with its checksum: from ``watermark`` for a counted batch whose fingerprint matches
-    the recorded one, else hashed (the listing comes first, so a fingerprint is never newer than its hash)."""
+    """All keys, and every batch with its checksum: from ``watermark`` for a counted (or rejected) batch whose
+    fingerprint matches the recorded one, else hashed (the listing comes first, so a fingerprint is never newer than
+    its hash)."""
     infos = store.list_info()
     keys = list(infos)
     batch_keys = [k for k in keys if is_batch_key(k)]
@@ -171,6 +193,8 @@ def _scan(store: Store, watermark: Watermark | None = None) -> tuple[list[str], 
     if watermark is not None:
         known = {k: watermark.processed[k] for k in batch_keys
                  if k in watermark.processed and _trusted(infos[k], watermark.fingerprints.get(k))}
+        known.update({k: entry["sha256"] for k, entry in watermark.rejected.items()
+                      if k in infos and k not in known and _trusted(infos[k], _rejected_info(entry))})
     hashed = _checksums(store, [k for k in batch_keys if k not in known])
     logger.debug("%s: %d batch(es) listed, %d known by fingerprint, %d hashed", store.uri, len(batch_keys),
                  len(known), len(hashed))
@@ -207,6 +231,11 @@ class Watermark:
         fingerprints: batch key -> :class:`~labelshift.storage.ObjectInfo` (size and version token) listed for the
             content counted under ``processed``, for counted batches that still exist and whose token could be
             trusted; a cache that spares hashing them again (see "Cost of a run"). Takes no part in equality.
+        rejected: batch key -> ``{"sha256", "reason", "time", "sequence"}`` (and ``size``, ``version`` of the
+            listing when known) for batches a run rejected (quarantined) and that are still there: not counted,
+            and not offered again while their content is the one rejected.
+        token: the store's version token of the watermark as it was read (None: there was none); the commit
+            writes only if the watermark is still that version. Not written, and no part of equality.
     """
 
     sequence: int = 0
@@ -215,6 +244,8 @@ class Watermark:
     history: list[dict] = field(default_factory=list)
     run_id: str | None = None
     fingerprints: dict[str, ObjectInfo] = field(default_factory=dict, compare=False)
+    rejected: dict[str, dict] = field(default_factory=dict)
+    token: str | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict:
         """A JSON-ready dict (the content of ``_labelshift/watermark.json``)."""
@@ -228,6 +259,8 @@ class Watermark:
             "fingerprints": {key: {"size": info.size, "version": info.version}
                              for key, info in sorted(self.fingerprints.items())},
             "history": [dict(entry) for entry in self.history],
+            **({"rejected": {key: dict(entry) for key, entry in sorted(self.rejected.items())}}
+               if self.rejected else {}),
         }
 
     @classmethod
@@ -270,6 +303,7 @@ class Watermark:
             if not _is_checksum(checksum):
                 raise bad(f"field 'processed' gives {key!r} the checksum {checksum!r}, not 64 lowercase hex digits")
         fingerprints = _parse_fingerprints(data.get("fingerprints", {}), processed, bad)
+        rejected = _parse_rejected(data.get("rejected", {}), bad)
         history = data.get("history")
         if not isinstance(history, list) or not all(isinstance(entry, Mapping) for entry in history):
             raise bad("field 'history' must be a list of objects")
@@ -279,7 +313,8 @@ class Watermark:
         if sequence == 0 and (processed or updated_at is not None):
             raise bad("field 'sequence' is 0 (no successful run) but the watermark records processed batches")
         return cls(sequence=sequence, processed=dict(processed), updated_at=updated_at,
-                   history=[dict(entry) for entry in history], run_id=run_id, fingerprints=fingerprints)
+                   history=[dict(entry) for entry in history], run_id=run_id, fingerprints=fingerprints,
+                   rejected=rejected)
 
 
 def _parse_fingerprints(value: Any, processed: Mapping[str, str], bad) -> dict[str, ObjectInfo]:
@@ -298,6 +333,30 @@ def _parse_fingerprints(value: Any, processed: Mapping[str, str], bad) -> dict[s
                       f"non-empty string 'version'{hint}")
         out[key] = ObjectInfo(size=size, version=version)
     return out
+
+
+def _parse_rejected(value: Any, bad) -> dict[str, dict]:
+    """The optional ``rejected`` field (batches in quarantine)."""
+    hint = " (deleting an entry, or the field, lets the next run try that batch again)"
+    if not isinstance(value, Mapping):
+        raise bad(f"field 'rejected' must be an object of batch key -> sha256 and reason{hint}")
+    out = {}
+    for key, entry in value.items():
+        if not isinstance(key, str) or not is_batch_key(key):
+            raise bad(f"field 'rejected' holds {key!r}, which is not a batch key{hint}")
+        if not isinstance(entry, Mapping) or not _is_checksum(entry.get("sha256")) \
+                or not isinstance(entry.get("reason"), str):
+            raise bad(f"field 'rejected' gives {key!r} {entry!r}; expected a 'sha256' of 64 lowercase hex digits "
+                      f"and a 'reason'{hint}")
+        out[key] = dict(entry)
+    return out
+
+
+def _rejected_info(entry: Mapping) -> ObjectInfo | None:
+    size, version = entry.get("size"), entry.get("version")
+    if _is_int(size) and isinstance(version, str) and version:
+        return ObjectInfo(size=size, version=version)
+    return None
 
 
 _RECOVERY = (
@@ -320,7 +379,7 @@ def read_watermark(store: Store) -> Watermark:
     uri = store.url(WATERMARK_KEY)
     for attempt in range(2):
         try:
-            data = store.get_bytes(WATERMARK_KEY)
+            data, token = store.read_versioned(WATERMARK_KEY)
             break
         except ObjectNotFoundError:
             # a missing bucket raises from exists() too; only an absent key means "no run yet"
@@ -335,7 +394,7 @@ def read_watermark(store: Store) -> Watermark:
         parsed = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"the watermark {uri} is not valid UTF-8 JSON ({exc}). {_RECOVERY}") from None
-    return Watermark.from_dict(parsed, source=f"the watermark {uri}")
+    return replace(Watermark.from_dict(parsed, source=f"the watermark {uri}"), token=token)
 
 
 # -- finding work ----------------------------------------------------------------------------------------------------
@@ -372,7 +431,8 @@ def find_new_batches(
             the new ones so that its new content is counted in place of the old.
 
     Returns ``[]`` when every batch was already counted, including when every counted batch has since been deleted
-    (retention) and none came. Raises :class:`InputError` when the target holds no batch and the watermark never
+    (retention) and none came. A batch rejected earlier (``watermark.rejected``) whose content is still the one
+    rejected is not returned; with new content it is new again. Raises :class:`InputError` when the target holds no batch and the watermark never
     counted one (empty or missing prefix), saying which URI and what is expected. Writes nothing.
 
     Only new batches and counted ones whose listing fingerprint differs from the recorded one are hashed (see
@@ -391,8 +451,13 @@ def find_new_batches(
         if watermark.sequence > 0:
             logger.info("%s: no batch left (all %d counted batch(es) deleted) and none new", store.uri,
                         len(watermark.processed))
-            return [], replace(watermark, fingerprints={})
+            return [], replace(watermark, fingerprints={}, rejected={})
         raise InputError(_no_batch_message(store, keys))
+    # in quarantine: rejected with the content listed now; left alone until that content changes
+    listed = {b.key for b in batches}
+    held = {b.key for b in batches if watermark.rejected.get(b.key, {}).get("sha256") == b.checksum}
+    rejected = {k: entry for k, entry in watermark.rejected.items() if k in listed}
+    batches = [b for b in batches if b.key not in held]
     changed = {b.key: (watermark.processed[b.key], b.checksum) for b in batches
                if b.key in watermark.processed and watermark.processed[b.key] != b.checksum}
     if changed and on_changed == "error":
@@ -410,9 +475,10 @@ def find_new_batches(
     fingerprints = {b.key: b.fingerprint for b in batches
                     if b.key in watermark.processed and b.key not in changed
                     and b.fingerprint is not None and b.fingerprint.version is not None}
-    logger.info("%s: %d batch(es), %d new%s", store.uri, len(batches), len(new),
-                f" ({len(changed)} changed, reprocessed)" if changed else "")
-    return new, replace(watermark, fingerprints=fingerprints)
+    logger.info("%s: %d batch(es), %d new%s%s", store.uri, len(batches) + len(held), len(new),
+                f" ({len(changed)} changed, reprocessed)" if changed else "",
+                f", {len(held)} rejected earlier and unchanged" if held else "")
+    return new, replace(watermark, fingerprints=fingerprints, rejected=rejected)
 
 
 # -- reading a batch -------------------------------------------------------------------------------------------------
@@ -605,15 +671,23 @@ def write_batch_outputs(store: Store, batch: TargetBatch, corrected: Any, summar
 
 # -- committing ------------------------------------------------------------------------------------------------------
 def commit_watermark(store: Store, previous: Watermark, batches: Sequence[TargetBatch], record: Mapping[str, Any],
-                     *, history_limit: int | None = None) -> Watermark:
+                     *, rejected: Sequence[RejectedBatch] = (), history_limit: int | None = None) -> Watermark:
     """Count ``batches`` as processed: write sequence + 1, with them in ``processed`` and ``record`` in ``history``.
 
-    Compare-and-set: the watermark is read again first and the commit refused with :class:`ConcurrentRunError` if
-    it is no longer ``previous`` (another run committed meanwhile); after the single atomic write it is read back and
-    the same error raised if another run's write replaced it. ``record`` (JSON-serialisable, e.g. prior and p-value)
-    goes into the new history entry beside ``sequence``, ``time``, ``run_id``, ``batches`` and, for batches counted
-    again with new content, ``replaced``; it may not use those names. ``history_limit`` keeps only the most recent
-    entries (``processed`` always keeps every batch). Returns the new watermark.
+    Compare-and-swap: the watermark is written only if it is still the version ``previous`` was read as
+    (``previous.token``; :meth:`~labelshift.storage.Store.compare_and_swap`: ``If-Match`` on S3, an exclusive lock
+    on a local folder); otherwise nothing is written and :class:`ConcurrentRunError` is raised: another run
+    committed meanwhile, and the batches of this run are taken by the next one. Of any number of concurrent commits
+    on the same version exactly one succeeds. On a store that cannot write conditionally
+    (``store.conditional_writes()`` False) the watermark is compared, written, then read back, and the same error
+    raised if another run's write replaced it: a narrower window, not none.
+
+    ``rejected`` batches (:class:`RejectedBatch`) are recorded under ``rejected`` with their reason and checksum,
+    not counted; a commit may hold only rejections (``batches`` empty). ``record`` (JSON-serialisable, e.g. prior
+    and p-value) goes into the new history entry beside ``sequence``, ``time``, ``run_id``, ``batches``, for batches
+    counted again with new content ``replaced``, and the keys ``rejected``; it may not use those names.
+    ``history_limit`` keeps only the most recent entries (``processed`` always keeps every batch). Returns the new
+    watermark.
 
     A batch already counted with the same checksum is refused (:class:`InputError`): it would be counted twice.
     """
@@ -626,64 +700,84 @@ def commit_watermark(store: Store, previous: Watermark, batches: Sequence[Target
         raise InputError(f"record fields {taken} are set by commit_watermark; rename them in the record.")
     if history_limit is not None and (not _is_int(history_limit) or history_limit < 1):
         raise InputError(f"history_limit must be a positive integer or None, got {history_limit!r}.")
-    batches = list(batches)
+    batches, rejected = list(batches), list(rejected)
     if not all(isinstance(b, TargetBatch) for b in batches):
         raise InputError("batches must be TargetBatch objects (as returned by find_new_batches).")
-    keys = [b.key for b in batches]
+    if not all(isinstance(r, RejectedBatch) for r in rejected):
+        raise InputError("rejected must be RejectedBatch objects (a TargetBatch and the reason).")
+    if not batches and not rejected:
+        raise InputError("nothing to commit: pass the batches counted or the batches rejected.")
+    keys = [b.key for b in batches] + [r.key for r in rejected]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})
     if duplicates:
-        raise InputError(f"batches {duplicates} are listed more than once; count each batch once.")
+        raise InputError(f"batches {duplicates} are listed more than once; count or reject each batch once.")
     uri = store.url(WATERMARK_KEY)
 
-    current = read_watermark(store)
-    if (current.sequence, current.run_id) != (previous.sequence, previous.run_id):
-        raise ConcurrentRunError(
-            f"the watermark {uri} moved to sequence {current.sequence} (updated {current.updated_at}) since this run "
-            f"read sequence {previous.sequence}: another run committed meanwhile. Nothing was counted by this run; "
-            "its outputs are overwritten by the next run that counts these batches. Run again, and give the "
-            "deployment a concurrency limit of one."
-        )
-    again = [b.key for b in batches if current.processed.get(b.key) == b.checksum]
+    again = [b.key for b in batches if previous.processed.get(b.key) == b.checksum]
     if again:
         raise InputError(
             f"batches {again[:5]} are already counted in {uri} with the same content; committing them again would "
             "count them twice. Commit only the batches find_new_batches returned."
         )
-    replaced = [b.key for b in batches if b.key in current.processed]
+    replaced = [b.key for b in batches if b.key in previous.processed]
     now = _now()
     run_id = uuid.uuid4().hex
-    entry = {"sequence": current.sequence + 1, "time": now, "run_id": run_id, "batches": keys}
+    sequence = previous.sequence + 1
+    entry = {"sequence": sequence, "time": now, "run_id": run_id, "batches": [b.key for b in batches]}
     if replaced:
         entry["replaced"] = replaced
+    if rejected:
+        entry["rejected"] = [r.key for r in rejected]
     entry.update(record)
-    history = [*current.history, entry]
+    history = [*previous.history, entry]
     if history_limit is not None:
         history = history[-history_limit:]
-    processed = {**current.processed, **{b.key: b.checksum for b in batches}}
+    processed = {**previous.processed, **{b.key: b.checksum for b in batches}}
     # fingerprints: those ``previous`` carries (refreshed by find_new_batches) for batches still counted with the
     # same content, then those of the batches counted now; a batch without a trusted token gets none
     fingerprints = {k: info for k, info in previous.fingerprints.items()
-                    if isinstance(info, ObjectInfo) and info.version is not None
-                    and k in current.processed and previous.processed.get(k) == current.processed[k]}
+                    if isinstance(info, ObjectInfo) and info.version is not None and k in previous.processed}
     for b in batches:
         fingerprints.pop(b.key, None)
         if b.fingerprint is not None and b.fingerprint.version is not None:
             fingerprints[b.key] = b.fingerprint
+    quarantine = {k: v for k, v in previous.rejected.items() if k not in keys}
+    for r in rejected:
+        held = {"sha256": r.batch.checksum, "reason": r.reason, "time": now, "sequence": sequence}
+        if r.batch.fingerprint is not None and r.batch.fingerprint.version is not None:
+            held.update(size=r.batch.fingerprint.size, version=r.batch.fingerprint.version)
+        quarantine[r.key] = held
     new = Watermark(
-        sequence=current.sequence + 1,
+        sequence=sequence,
         processed=processed,
         updated_at=now,
         history=json.loads(_encode(history, "the watermark history")),
         run_id=run_id,
         fingerprints=fingerprints,
+        rejected=quarantine,
     )
-    store.put_bytes(WATERMARK_KEY, _encode(new.to_dict(), f"the watermark {uri}"), content_type="application/json")
-    written = read_watermark(store)
-    if written.run_id != run_id:
+    payload = _encode(new.to_dict(), f"the watermark {uri}")
+    try:
+        token = store.compare_and_swap(WATERMARK_KEY, payload, previous.token, content_type="application/json")
+    except ConflictError:
+        current = read_watermark(store)
+        if current.run_id == run_id:  # this very write landed; a retry of it, after its answer was lost, was refused
+            return replace(new, token=current.token)
         raise ConcurrentRunError(
-            f"the watermark {uri} was overwritten by another run (sequence {written.sequence}) right after this "
-            "run's commit. Batches the winning run did not count are processed again by the next run; none is "
-            "counted twice. Give the deployment a concurrency limit of one."
-        )
-    logger.info("%s: committed sequence %d with %d batch(es)", uri, new.sequence, len(batches))
-    return new
+            f"the watermark {uri} moved to sequence {current.sequence} (updated {current.updated_at}) since this run "
+            f"read sequence {previous.sequence}: another run committed meanwhile. Nothing was counted by this run; "
+            "its batches are taken by the next run and its outputs rewritten then. Run again, and give the "
+            "deployment a concurrency limit of one."
+        ) from None
+    if not store.conditional_writes(WATERMARK_KEY):
+        written = read_watermark(store)
+        if written.run_id != run_id:
+            raise ConcurrentRunError(
+                f"the watermark {uri} was overwritten by another run (sequence {written.sequence}) right after this "
+                "run's commit (this store does not write conditionally, so two commits can both pass). Batches the "
+                "winning run did not count are processed again by the next run; none is counted twice. Give the "
+                "deployment a concurrency limit of one."
+            )
+    logger.info("%s: committed sequence %d with %d batch(es)%s", uri, new.sequence, len(batches),
+                f", {len(rejected)} rejected" if rejected else "")
+    return replace(new, token=token)

@@ -30,13 +30,13 @@ from labelshift.batches import metric_names
 from labelshift.calibration import load_calibrator
 from labelshift.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
-from labelshift.monitoring import TargetBatch, load_batch, write_batch_outputs
+from labelshift.monitoring import RejectedBatch, TargetBatch, load_batch, write_batch_outputs
 from labelshift.plots import figure_png, plot_prior_estimate
 from labelshift.report import ShiftReport, assess_shift, finite
 from labelshift.storage import open_store
 
 __all__ = ["REFERENCE_ARTIFACT", "ModelBundle", "parse_model_uri", "log_reestimation_reference", "load_bundle",
-           "score_batches", "log_source_holdout", "estimate_shift", "write_outputs", "start_reestimation_run", "log_reestimation", "sync_monitor",
+           "score_batches", "ScoredBatches", "log_rejections", "log_source_holdout", "estimate_shift", "write_outputs", "start_reestimation_run", "log_reestimation", "sync_monitor",
            "end_run", "prior_metrics", "history_record", "render_figure"]
 
 REFERENCE_ARTIFACT = "calibration/source_holdout.npz"
@@ -273,6 +273,18 @@ def score_batches(bundle: ModelBundle, target_uri: str, batches: list[TargetBatc
     return probs
 
 
+@dataclass
+class ScoredBatches:
+    """What scoring made of the new batches: the good ones with their probabilities, those that
+    failed their checks (rejected, with the reason) and those gone or replaced since the listing (skipped: the next
+    run lists them afresh)."""
+
+    batches: list[TargetBatch]
+    probs: list[np.ndarray]
+    rejected: list[RejectedBatch] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+
+
 @task(name="estimate-shift", cache_policy=NO_CACHE, persist_result=False)
 def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: str = "MLLS",
                    cross_check: list[str] = (), interval: str = "fisher", level: float = 0.95,
@@ -396,6 +408,17 @@ def log_reestimation(tracking_uri: str, runs: dict, report: ShiftReport, summary
     _log_bytes(client, runs["run_id"], figure, "figures", "target_prior.png")
 
 
+def log_rejections(tracking_uri: str, run_id: str, rejected: list[dict], summary: dict | None = None) -> None:
+    """The batches a run rejected: metric ``n_rejected``, tag ``labelshift.rejected`` (their keys) and, when given,
+    the summary JSON (which lists them with their reasons)."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    client.log_metric(run_id, "n_rejected", float(len(rejected)))
+    if rejected:
+        client.set_tag(run_id, "labelshift.rejected", ", ".join(r["key"] for r in rejected)[:5000])
+    if summary is not None:
+        client.log_text(run_id, json.dumps(summary, indent=1, default=str), "reestimation/summary.json")
+
+
 def _log_bytes(client: MlflowClient, run_id: str, data: bytes, folder: str, name: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / name
@@ -415,7 +438,8 @@ def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], mo
 
     The watermark's history is per target, so entries of other models are skipped. An entry's point is logged when
     its child run (``mlflow_run_id``) does not carry :data:`SYNCED_TAG` yet -- the run that just committed, and any
-    of the last :data:`SYNC_LOOKBACK` whose own logging failed after their commit -- and the tag is set after it.
+    of the last :data:`SYNC_LOOKBACK` whose own logging failed after their commit -- and the tag is set after it
+    (and such a child run still RUNNING, because MLflow was down when it ended, is ended FINISHED).
     (A watermark deleted to start over restarts the sequence at 1; its points then repeat earlier steps, at later
     timestamps.) Returns the sequences added.
     """
@@ -463,6 +487,9 @@ def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], mo
             client.log_batch(monitor_run_id, metrics=metrics[i:i + 1000])
         try:
             client.set_tag(child, SYNCED_TAG, "true")
+            # its batches are counted, so it succeeded: a run whose end MLflow missed (the server was down) ends now
+            if client.get_run(child).info.status == "RUNNING":
+                client.set_terminated(child, "FINISHED")
         except Exception:
             pass
         added.append(int(seq))

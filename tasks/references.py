@@ -36,10 +36,11 @@ from labelshift.batches import (OUTPUT_KINDS, OutputSpec, batch_format, check_on
 from labelshift.calibration import load_calibrator
 from labelshift.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
-from labelshift.monitoring import TargetBatch, load_batch
+from labelshift.monitoring import ChangedBatchError, RejectedBatch, TargetBatch, load_batch
 from labelshift.storage import open_store
-from tasks.reestimation import (REFERENCE_ARTIFACT, ModelBundle, _registry_error, calibrator_artifact, load_bundle,
-                                log_reestimation_reference, parse_model_uri, score_batches, write_outputs)
+from tasks.reestimation import (REFERENCE_ARTIFACT, ModelBundle, ScoredBatches, _forward, _registry_error,
+                                calibrator_artifact, load_bundle, log_reestimation_reference, parse_model_uri,
+                                write_outputs)
 
 __all__ = ["REFERENCE_JSON", "ReferenceBundle", "reference_model_class", "register_reference", "register_reference_file",
            "register_sklearn_model", "load_reference", "load_for_reestimation", "score_for_reestimation",
@@ -424,32 +425,59 @@ def _model_scores(bundle: ReferenceBundle, x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _score_batch(bundle, store, b: TargetBatch, batch_size: int) -> np.ndarray:
+    """Calibrated probabilities of every row of one batch (its rows stream through in chunks; only the (n, k)
+    probabilities stay). Raises FormatError/InputError for a batch that fails its checks."""
+    if isinstance(bundle, ModelBundle):
+        x = load_batch(store, b, input_shape=bundle.input_shape)
+        return bundle.calibrator.predict_proba(_forward(bundle.model, x, batch_size))
+    uri, fmt = store.url(b.key), batch_format(b.key)
+    parts = []
+    if bundle.mode == "outputs":
+        for chunk in iter_output_chunks(_bytes(store, b), fmt, bundle.spec, uri):
+            parts.append(bundle.calibrator.predict_proba(chunk.astype(np.float64)))
+    elif fmt == "parquet":
+        for chunk in iter_feature_chunks(_bytes(store, b), uri, bundle.input_columns,
+                                         chunk_rows=max(batch_size, 1024)):
+            parts.append(bundle.calibrator.predict_proba(_model_scores(bundle, chunk)))
+    else:
+        x = load_batch(store, b, input_shape=bundle.input_shape)
+        for i in range(0, len(x), max(batch_size, 1)):
+            parts.append(bundle.calibrator.predict_proba(_model_scores(bundle, x[i:i + batch_size])))
+    return np.concatenate(parts)
+
+
 @task(name="score-batches", task_run_name="score-{target_uri}", cache_policy=NO_CACHE, persist_result=False)
 def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], *, batch_size: int = 1024) \
-        -> list[np.ndarray]:
-    """Calibrated probabilities of every row of every batch, in any mode and format; every batch is read and checked
-    before anything is written. (Each batch's rows stream through in chunks; only the (n, k) probabilities stay.)"""
+        -> ScoredBatches:
+    """Calibrated probabilities of every row of every batch, in any mode and format, in one pass that goes on past a
+    bad batch: a batch whose content fails its checks (FormatError, InputError) is set aside as rejected with its
+    message, one deleted or replaced since the listing as skipped. Nothing is written here. Different formats under
+    one target, or trouble with the store itself (unreachable, credentials), still fail."""
+    from prefect.logging import get_run_logger
+
+    logger = get_run_logger()
     store = open_store(target_uri)
     _check_formats(bundle, store, batches)
-    if isinstance(bundle, ModelBundle):
-        return score_batches.fn(bundle, target_uri, batches, batch_size=batch_size)
-    probs = []
-    for b in batches:
-        uri, fmt = store.url(b.key), batch_format(b.key)
-        data = _bytes(store, b)
-        parts = []
-        if bundle.mode == "outputs":
-            for chunk in iter_output_chunks(data, fmt, bundle.spec, uri):
-                parts.append(bundle.calibrator.predict_proba(chunk.astype(np.float64)))
-        elif fmt == "parquet":
-            for chunk in iter_feature_chunks(data, uri, bundle.input_columns, chunk_rows=max(batch_size, 1024)):
-                parts.append(bundle.calibrator.predict_proba(_model_scores(bundle, chunk)))
-        else:
-            x = load_batch(store, b, input_shape=bundle.input_shape)
-            for i in range(0, len(x), max(batch_size, 1)):
-                parts.append(bundle.calibrator.predict_proba(_model_scores(bundle, x[i:i + batch_size])))
-        probs.append(np.concatenate(parts))
-    return probs
+    out, t0 = ScoredBatches([], []), time.perf_counter()
+    for i, b in enumerate(batches):
+        try:
+            probs = _score_batch(bundle, store, b, batch_size)
+        except (ObjectNotFoundError, ChangedBatchError) as exc:
+            out.skipped.append({"key": b.key, "reason": str(exc)})
+            logger.warning("skipped %s: %s", b.key, exc)
+            continue
+        except (FormatError, InputError) as exc:
+            out.rejected.append(RejectedBatch(b, str(exc)))
+            logger.warning("rejected %s: %s", b.key, exc)
+            continue
+        out.probs.append(probs)
+        out.batches.append(b)
+        logger.info("scored %s (%d of %d): %d rows, %.1f s so far", b.key, i + 1, len(batches), len(probs),
+                    time.perf_counter() - t0)
+    logger.info("%d batch(es) scored, %d rejected, %d skipped", len(out.batches), len(out.rejected),
+                len(out.skipped))
+    return out
 
 
 @task(name="write-outputs", cache_policy=NO_CACHE, persist_result=False)

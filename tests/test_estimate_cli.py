@@ -84,12 +84,18 @@ def test_estimate_failure_exits_1_and_says_nothing_was_written(prefect_server, s
     target = tmp_path / "incoming"
     target.mkdir()
     np.save(target / "bad.npy", np.zeros((10, 5), np.float32))
-    code = main(["estimate", "--home", str(sqlite_model["home"]), "--model", sqlite_model["model_uri"],
-                 "--target", str(target), "--tracking-uri", sqlite_model["tracking_uri"]])
+    base = ["estimate", "--home", str(sqlite_model["home"]), "--model", sqlite_model["model_uri"],
+            "--target", str(target), "--tracking-uri", sqlite_model["tracking_uri"]]
+    code = main([*base, "--fail-on-invalid"])
     assert code == 1
     err = capsys.readouterr().err
     assert "bad.npy" in err and "shape (10, 5)" in err and "watermark did not move" in err
     assert sorted(p.name for p in target.iterdir()) == ["bad.npy"]
+    # the default: the bad batch is rejected (recorded, not counted) and the run completes saying so
+    assert main(base) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("No valid data") and "rejected bad.npy" in out and "shape (10, 5)" in out
+    assert json.loads((target / "_labelshift" / "watermark.json").read_text())["processed"] == {}
 
 
 def test_simulate_target_writes_shifted_batches_with_their_truth(tmp_path, capsys):

@@ -572,6 +572,10 @@ def test_concurrent_commit_is_refused(store):
 
 
 def test_commit_overwritten_by_a_rival_right_after_its_write_is_reported(store, monkeypatch):
+    """On a store without conditional writes the commit is compare, write, read back: a rival's write landing just
+    after it is reported (with conditional writes the rival's own commit would be refused instead)."""
+    monkeypatch.setattr(store, "conditional_writes", lambda key=None: False)
+    monkeypatch.setattr(store, "compare_and_swap", storage.Store.compare_and_swap.__get__(store))
     store.put_array("a.npy", features(0))
     new, watermark = find_new_batches(store)
     rival = Watermark(sequence=1, processed={"a.npy": new[0].checksum}, updated_at="2026-01-01T00:00:00+00:00",

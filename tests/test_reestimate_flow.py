@@ -250,15 +250,75 @@ def test_empty_and_missing_targets_fail_clearly(prefect_server, registry, seawee
     (np.zeros((50, 2), np.int64), ["dtype", "int64"]),
     (np.full((50, 2), np.nan, np.float32), ["finite", "nan"]),
 ])
-def test_a_bad_batch_fails_the_run_before_anything_is_written(prefect_server, registry, seaweed, s3_bucket, bad,
-                                                              words):
+def test_a_bad_batch_fails_a_strict_run_before_anything_is_written(prefect_server, registry, seaweed, s3_bucket, bad,
+                                                                   words):
     rng = np.random.default_rng(5)
     _put(seaweed, s3_bucket, "t/good.npy", draw(SHIFTED_PRIOR, 500, rng)[0])
     _put(seaweed, s3_bucket, "t/zz-bad.npy", bad)
     before = _keys(seaweed, s3_bucket, "t/")
-    state = _run_flow(registry, f"s3://{s3_bucket}/t/")
+    state = _run_flow(registry, f"s3://{s3_bucket}/t/", on_invalid="error")
     _assert_clean_failure(state, registry, seaweed, s3_bucket, "t/", before, words)
-    assert "zz-bad.npy" in state.message
+    assert "zz-bad.npy" in state.message and "Nothing was counted" in state.message
+
+
+def test_bad_batches_are_quarantined_all_named_and_the_run_goes_on(prefect_server, registry, seaweed, s3_bucket):
+    """Default policy: every bad batch is named in one run (strict too), recorded as rejected and not counted; the
+    good ones are counted; a later run leaves the rejected alone until their content changes."""
+    rng = np.random.default_rng(15)
+    _put(seaweed, s3_bucket, "q/good.npy", draw(SHIFTED_PRIOR, 600, rng)[0])
+    _put(seaweed, s3_bucket, "q/bad-dtype.npy", np.zeros((50, 2), np.int64))
+    _put(seaweed, s3_bucket, "q/bad-nan.npy", np.full((50, 2), np.nan, np.float32))
+    seaweed.client().put_object(Bucket=s3_bucket, Key="q/bad-garbage.npy", Body=b"not an array")
+    bad = ["bad-dtype.npy", "bad-garbage.npy", "bad-nan.npy"]
+    target = f"s3://{s3_bucket}/q/"
+
+    strict = _run_flow(registry, target, on_invalid="error")
+    assert strict.is_failed() and all(k in strict.message for k in bad), strict.message
+
+    state = _run_flow(registry, target)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["batches"] == ["good.npy"] and [r["key"] for r in summary["rejected"]] == bad
+    assert "int64" in summary["rejected"][0]["reason"] and "NaN" in summary["rejected"][2]["reason"]
+    watermark = json.loads(_get(seaweed, s3_bucket, "q/_labelshift/watermark.json"))
+    assert list(watermark["processed"]) == ["good.npy"] and sorted(watermark["rejected"]) == bad
+    assert watermark["history"][-1]["rejected"] == bad
+    child = MlflowClient(registry["tracking_uri"]).get_run(summary["mlflow"]["run_id"])
+    assert child.data.metrics["n_rejected"] == 3 and child.data.params["on_invalid"] == "quarantine"
+    assert child.data.tags["labelshift.rejected"] == ", ".join(bad)
+    from flows.cli.estimate import format_summary
+    from flows.reestimate import summary_markdown
+
+    for text in (summary_markdown(summary), format_summary(summary)):
+        assert all(k in text for k in bad) and "rejected" in text.lower()
+
+    again = _run_flow(registry, target)
+    assert again.name == "No new data" and "3 batch(es) rejected earlier" in again.message
+
+    seaweed.client().delete_object(Bucket=s3_bucket, Key="q/bad-dtype.npy")
+    _put(seaweed, s3_bucket, "q/bad-nan.npy", draw(SHIFTED_PRIOR, 300, rng)[0])      # fixed: new content
+    fixed = _run_flow(registry, target)
+    assert fixed.is_completed() and fixed.result()["batches"] == ["bad-nan.npy"], fixed.message
+    watermark = json.loads(_get(seaweed, s3_bucket, "q/_labelshift/watermark.json"))
+    assert sorted(watermark["processed"]) == ["bad-nan.npy", "good.npy"]
+    assert list(watermark["rejected"]) == ["bad-garbage.npy"]
+    assert [h["batches"] for h in watermark["history"]] == [["good.npy"], ["bad-nan.npy"]]
+
+
+def test_only_bad_batches_is_no_valid_data_and_the_rejections_are_recorded(prefect_server, registry, seaweed,
+                                                                           s3_bucket):
+    seaweed.client().put_object(Bucket=s3_bucket, Key="n/a.npy", Body=b"garbage")
+    _put(seaweed, s3_bucket, "n/b.npy", np.zeros((10, 5), np.float32))
+    state = _run_flow(registry, f"s3://{s3_bucket}/n/")
+    assert state.is_completed() and state.name == "No valid data", state.message
+    assert "a.npy" in state.message and "b.npy" in state.message and "fix" in state.message
+    summary = state.result()
+    assert [r["key"] for r in summary["rejected"]] == ["a.npy", "b.npy"]
+    watermark = json.loads(_get(seaweed, s3_bucket, "n/_labelshift/watermark.json"))
+    assert watermark["processed"] == {} and sorted(watermark["rejected"]) == ["a.npy", "b.npy"]
+    run = MlflowClient(registry["tracking_uri"]).get_run(summary["mlflow"]["run_id"])
+    assert run.info.status == "FINISHED" and run.data.metrics["n_rejected"] == 2
+    assert _run_flow(registry, f"s3://{s3_bucket}/n/").name == "No new data"
 
 
 def test_missing_alias_wrong_calibrator_and_unreachable_services(prefect_server, registry, seaweed, s3_bucket,

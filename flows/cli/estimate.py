@@ -42,6 +42,11 @@ OPTIONS: dict[str, Opt] = {
     "on_changed": Opt(option="--reprocess-changed", const="reprocess",
                       help="count a batch whose content changed after it was counted again, with its new content",
                       default="such a batch fails the run, naming it"),
+    "on_invalid": Opt(option="--fail-on-invalid", const="error",
+                      help="fail the run, counting nothing, when a new batch fails its checks (every bad batch is "
+                           "named)",
+                      default="such a batch is rejected: recorded in the watermark with its reason, not counted, "
+                              "and the run goes on with the good ones"),
 }
 
 
@@ -106,8 +111,12 @@ def format_summary(summary: dict) -> str:
     from flows.reestimate import format_p
     from labelshift.report import ShiftReport, finite
 
+    held = [f"  rejected {r['key']}: {r['reason']}" for r in summary.get("rejected", [])] \
+        + [f"  skipped {r['key']}: {r['reason']}" for r in summary.get("skipped", [])]
     if summary.get("verdict") == "No new data":
         return f"No new data under {summary['target']} (run sequence {summary.get('sequence')})."
+    if "result" not in summary:
+        return "\n".join([f"{summary['verdict']}: {summary.get('headline', '')}", *held])
     res = ShiftReport.from_dict(summary["result"])
     ci, test, ident = res.interval, res.no_shift_test, res.identifiability
     interval_label = f"{ci.level:.0%} interval"
@@ -130,6 +139,10 @@ def format_summary(summary: dict) -> str:
     for method, check in res.cross_check.items():
         if check.ok:
             lines.append(f"  cross-check {method}: " + " ".join(f"{v:.4f}" for v in check.target_prior))
+    if held:
+        lines += ["", f"  {len(summary.get('rejected', []))} batch(es) rejected (recorded in the watermark, not "
+                      "counted, tried again once their content changes), "
+                      f"{len(summary.get('skipped', []))} skipped (gone or replaced while the run read them):", *held]
     for warning in summary.get("warnings", []):
         lines.append(f"  warning: {warning}")
     ml = summary.get("mlflow", {})

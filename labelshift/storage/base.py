@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, InputError, StorageError
+from ..errors import ConflictError, FormatError, InputError, StorageError
 
 CHECKSUM_SUFFIX = ".sha256"
 TEMP_PREFIX = ".labelshift-tmp-"
@@ -110,6 +110,17 @@ class VerifiedReader:
         return chunk
 
 
+def conflict(uri: str, expected: str | None, current: str | None) -> ConflictError:
+    if expected is None:
+        what = "it exists now, and this write expected to create it"
+    elif current is None:
+        what = "it was deleted meanwhile"
+    else:
+        what = f"it is at version {current[:16]}, this write expected {expected[:16]}"
+    return ConflictError(f"conditional write of {uri} refused: {what}. Another writer changed it since it was read; "
+                         "read it again and retry.")
+
+
 def json_default(value: Any) -> Any:
     """Let numpy scalars and arrays (common in results) go into JSON as plain numbers and lists."""
     if isinstance(value, np.generic):
@@ -178,6 +189,37 @@ class Store:
     def url(self, key: str) -> str:
         """The full URI of ``key`` (``s3://bucket/prefix/key`` or ``file:///root/key``)."""
         raise NotImplementedError
+
+    # compare-and-swap (subclasses may make it atomic)
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        """The content of ``key`` and its version token, read together (the token to pass to
+        :meth:`compare_and_swap`); ObjectNotFoundError if absent. The base token is the content's SHA-256."""
+        data = self.get_bytes(key)
+        return data, sha256(data)
+
+    def _current_token(self, key: str) -> str | None:
+        try:
+            return self.read_versioned(key)[1]
+        except FileNotFoundError:
+            return None
+
+    def conditional_writes(self, key: str | None = None) -> bool:
+        """True when :meth:`compare_and_swap` is atomic against concurrent calls on the same key; False when it is
+        a read-compare-write that two writers within milliseconds can both pass."""
+        return False
+
+    def compare_and_swap(self, key: str, data: bytes, expected: str | None, *,
+                         content_type: str | None = None) -> str:
+        """Write ``data`` under ``key`` only if it is still the version ``expected`` (a token from
+        :meth:`read_versioned`; None: only if ``key`` does not exist). Returns the new version token; raises
+        :class:`~labelshift.errors.ConflictError` and writes nothing otherwise. The base version compares, then
+        writes: not atomic (see :meth:`conditional_writes`)."""
+        check_bytes(data)
+        current = self._current_token(key)
+        if current != expected:
+            raise conflict(self.url(key), expected, current)
+        self.put_bytes(key, data, content_type=content_type)
+        return sha256(data)
 
     def put_file(self, key: str, path: str | os.PathLike) -> str:
         """Upload the local file ``path`` under ``key`` atomically; returns its SHA-256."""

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import io
 import os
@@ -12,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, ObjectNotFoundError, StorageError
-from .base import (CHECKSUM_SUFFIX, TEMP_PREFIX, ObjectInfo, Store, check_bytes, check_prefix, copy_stream, file_sha256,
-                   is_valid_key, sha256, validate_key, verify)
+from .base import (CHECKSUM_SUFFIX, TEMP_PREFIX, ObjectInfo, Store, check_bytes, check_prefix, conflict, copy_stream,
+                   file_sha256, is_valid_key, sha256, validate_key, verify)
 
 _NOT_THERE = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def atomic_write(path: Path, write: Callable[[io.BufferedWriter], Any]) -> None:
@@ -76,8 +79,12 @@ class LocalStore(Store):
 
     # -- writes --------------------------------------------------------------------------------------------------------
     def _write(self, key: str, path: Path, write: Callable[[Any], Any], digest: Callable[[], str]) -> str:
-        """Write ``path`` atomically with ``write``, then its sidecar with ``digest()``; returns the digest."""
+        """Write ``path`` atomically with ``write``, then its sidecar with ``digest()``; returns the digest.
+
+        The old sidecar is removed first, so a write that fails at any step leaves either the old or the new content,
+        readable: a file without a sidecar is read unverified, never reported as corrupt."""
         try:
+            _sidecar(path).unlink(missing_ok=True)
             atomic_write(path, write)
             line = f"{digest()}  {path.name}\n".encode()
             atomic_write(_sidecar(path), lambda f: f.write(line))
@@ -87,8 +94,54 @@ class LocalStore(Store):
                 "local stores cannot hold both 'a' and 'a/b'."
             ) from exc
         except OSError as exc:
+            if exc.errno in _DISK_FULL:
+                raise StorageError(
+                    f"cannot write {self.url(key)}: the disk holding {self.root} is full ({exc.strerror}). Nothing "
+                    "was half-written (the object keeps its previous content); free some space and run again."
+                ) from exc
             raise StorageError(f"cannot write {self.url(key)}: {exc}.") from exc
         return digest()
+
+    # -- compare-and-swap ----------------------------------------------------------------------------------------------
+    def conditional_writes(self, key: str | None = None) -> bool:
+        """True: :meth:`compare_and_swap` holds an exclusive ``flock`` on a lock file beside the object (atomic
+        between processes and threads on this machine, and on network filesystems whose locks work across hosts)."""
+        return True
+
+    @contextlib.contextmanager
+    def _locked(self, key: str, path: Path):
+        lock = path.with_name(f"{TEMP_PREFIX}lock-{path.name}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageError(f"cannot lock {self.url(key)} for a conditional write ({lock}: {exc}).") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        data = self.get_bytes(key)
+        return data, sha256(data)
+
+    def compare_and_swap(self, key: str, data: bytes, expected: str | None, *,
+                         content_type: str | None = None) -> str:
+        """Under an exclusive lock: compare the SHA-256 of the file's content with ``expected``, then write it like
+        :meth:`put_bytes`. The token is the content's SHA-256."""
+        path = self._path(key)
+        check_bytes(data)
+        digest = sha256(data)
+        with self._locked(key, path):
+            try:
+                current = file_sha256(path)
+            except _NOT_THERE:
+                current = None
+            if current != expected:
+                raise conflict(self.url(key), expected, current)
+            self._write(key, path, lambda f: f.write(data), lambda: digest)
+        return digest
 
     def put_bytes(self, key: str, data: bytes, *, content_type: str | None = None) -> str:
         path = self._path(key)

@@ -15,8 +15,8 @@ from typing import Any
 
 from ..errors import (CredentialsError, InputError, LabelShiftError, ObjectNotFoundError, ServiceUnavailableError,
                       StorageError)
-from .base import (ObjectInfo, Store, VerifiedReader, check_bytes, check_prefix, copy_stream, file_sha256,
-                   is_valid_key, sha256, validate_key, verify)
+from .base import (TEMP_PREFIX, ObjectInfo, Store, VerifiedReader, check_bytes, check_prefix, conflict, copy_stream,
+                   file_sha256, is_valid_key, sha256, validate_key, verify)
 from .local import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -31,6 +31,21 @@ _CREDENTIAL_CODES = {
 }
 _CREDENTIAL_VARS = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE with ~/.aws/credentials)"
 _ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # boto3's order; named in messages only
+#: name of the small object, beside the key of a first compare-and-swap, that tells whether the server honours
+#: conditional writes (not a valid key: listings never show it)
+PROBE_NAME = f"{TEMP_PREFIX}conditional-write-probe"
+_NEVER_AN_ETAG = '"00000000000000000000000000000000-labelshift"'
+_conditional: dict[tuple[str, str], bool] = {}  # (endpoint, bucket) -> honours If-Match and If-None-Match
+_conditional_lock = threading.Lock()
+
+
+def _refused(exc: Exception) -> bool:
+    """True for a conditional write's refusal: 412 PreconditionFailed, or AWS's 409 ConditionalRequestConflict (a
+    concurrent conditional write on the key is in progress)."""
+    response = getattr(exc, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
 
 
 @dataclass(frozen=True)
@@ -321,8 +336,9 @@ class S3Store(Store):
         return digest
 
     # -- reads ---------------------------------------------------------------------------------------------------------
-    def _read_into(self, key: str, f) -> None:
-        """GET ``key`` into the binary file ``f`` (rewound first), verified against its recorded checksum."""
+    def _read_into(self, key: str, f) -> dict:
+        """GET ``key`` into the binary file ``f`` (rewound first), verified against its recorded checksum; returns the
+        response (its headers)."""
         from botocore.exceptions import HTTPClientError, IncompleteReadError
 
         full_key = self._full_key(key)
@@ -343,6 +359,7 @@ class S3Store(Store):
                 body.close()  # not `with body`: that yields the raw stream, which skips the length check
         self._bucket_seen = True
         verify(self.url(key), response.get("Metadata", {}).get(METADATA_CHECKSUM), digest.hexdigest())
+        return response
 
     def get_bytes(self, key: str) -> bytes:
         buffer = io.BytesIO()
@@ -355,6 +372,76 @@ class S3Store(Store):
 
     def exists(self, key: str) -> bool:
         return self._head(key) is not None
+
+    # -- compare-and-swap ----------------------------------------------------------------------------------------------
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        """The content and the ETag of the very response that carried it."""
+        buffer = io.BytesIO()
+        response = self._read_into(key, buffer)
+        data = buffer.getvalue()
+        return data, response.get("ETag") or f"sha256:{sha256(data)}"
+
+    def _current_token(self, key: str) -> str | None:
+        response = self._head(key)
+        return None if response is None else response.get("ETag")
+
+    def _conditional_put(self, full_key: str, body: bytes, key: str, **condition) -> dict | None:
+        """PUT with an ``IfMatch`` or ``IfNoneMatch`` condition: the response, or None when the server refused it."""
+        from botocore.exceptions import ClientError
+
+        def put():
+            try:
+                return self.client.put_object(Bucket=self.bucket, Key=full_key, Body=body, **condition)
+            except ClientError as exc:
+                if _refused(exc):
+                    return None
+                raise
+
+        return self._call("write", put, key)
+
+    def conditional_writes(self, key: str | None = None) -> bool:
+        """Whether the server honours ``If-None-Match: *`` and ``If-Match`` on PUT (AWS S3 does since 2024, SeaweedFS
+        answers PreconditionFailed too). Found once per endpoint and bucket and process, by up to three PUTs of a
+        small probe object beside ``key``: a server that ignores the headers accepts what must be refused."""
+        cache = (str(self.client.meta.endpoint_url), self.bucket)
+        with _conditional_lock:
+            known = _conditional.get(cache)
+        if known is not None:
+            return known
+        folder = self._full_key(key).rpartition("/")[0] if key else self.prefix
+        probe = f"{folder}/{PROBE_NAME}" if folder else PROBE_NAME
+        honoured = False
+        for _ in range(2):  # accepted the first time: the probe may just not have existed yet
+            if self._conditional_put(probe, b"probe", key, IfNoneMatch="*") is None:
+                honoured = self._conditional_put(probe, b"probe", key, IfMatch=_NEVER_AN_ETAG) is None
+                break
+        if not honoured:
+            logger.warning(
+                "the S3 endpoint %s ignores conditional writes (If-Match / If-None-Match): compare-and-swap on %s "
+                "falls back to read, compare, write, which two writers within milliseconds can both pass. Give "
+                "each target one writer at a time (a concurrency limit of one), or use a server that supports "
+                "them.", self._endpoint(), self.uri)
+        with _conditional_lock:
+            _conditional[cache] = honoured
+        return honoured
+
+    def compare_and_swap(self, key: str, data: bytes, expected: str | None, *,
+                         content_type: str | None = None) -> str:
+        """One PUT with ``If-Match: <expected ETag>`` (``If-None-Match: *`` when ``expected`` is None); the server
+        refuses it with PreconditionFailed when another write came first. On a server that ignores these headers
+        (:meth:`conditional_writes` is False) a HEAD, a comparison and a plain PUT instead. The token is the ETag."""
+        full_key = self._full_key(key)
+        check_bytes(data)
+        if not self.conditional_writes(key):
+            return Store.compare_and_swap(self, key, data, expected, content_type=content_type)
+        body = bytes(memoryview(data).cast("B"))
+        condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
+        response = self._conditional_put(full_key, body, key, **condition,
+                                         **self._extra_args(sha256(body), content_type))
+        if response is None:
+            raise conflict(self.url(key), expected, self._current_token(key))
+        self._bucket_seen = True
+        return response.get("ETag") or self._current_token(key)
 
     def checksum(self, key: str) -> str:
         recorded = self._recorded_checksum(key)
