@@ -11,6 +11,7 @@ JSON). Both layouts are described in ``docs/reestimation.md``.
 from __future__ import annotations
 
 import io
+import logging
 import json
 import math
 import re
@@ -347,15 +348,71 @@ def _monitor_run(client: MlflowClient, experiment_id: str, model_name: str, targ
     return run.info.run_id
 
 
+#: tag of a re-estimation child run naming the process that runs it: ``host/pid/start time``
+OWNER_TAG = "labelshift.owner"
+
+
+def _owner(pid: int | None = None) -> str:
+    import os
+    import socket
+
+    import psutil
+
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}/{pid}/{psutil.Process(pid).create_time():.2f}"
+
+
+def _owner_gone(owner: str) -> bool:
+    """True when ``owner`` (see :func:`_owner`) names a process of this host that no longer runs."""
+    import socket
+
+    import psutil
+
+    try:
+        host, pid, started = owner.rsplit("/", 2)
+        pid_i, started_f = int(pid), float(started)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return False                    # another machine's process: cannot tell, leave it
+    try:
+        return abs(psutil.Process(pid_i).create_time() - started_f) > 1.0     # the pid now names another process
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+def end_orphaned_runs(client: MlflowClient, experiment_id: str, monitor_run_id: str) -> list[str]:
+    """End KILLED the child runs of ``monitor_run_id`` still RUNNING whose process, on this host, is gone (a command
+    killed outright cannot end its own run); returns their ids. Runs of live processes and of other hosts are left
+    alone, and a failure here never fails the caller."""
+    ended = []
+    try:
+        runs = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{monitor_run_id}' "
+                                                                 "and attributes.status = 'RUNNING'", max_results=200)
+        for run in runs:
+            owner = run.data.tags.get(OWNER_TAG)
+            if owner and _owner_gone(owner):
+                client.set_tag(run.info.run_id, "labelshift.ended_by",
+                               "the next re-estimation: the process that ran it was killed before it could end it")
+                client.set_terminated(run.info.run_id, status="KILLED")
+                ended.append(run.info.run_id)
+    except Exception as exc:                                    # bookkeeping only
+        logging.getLogger(__name__).warning("could not check for orphaned MLflow runs: %s", exc)
+    return ended
+
+
 def start_reestimation_run(tracking_uri: str, experiment: str, artifact_root: str | None, *, model_name: str,
                            target_url: str, run_name: str, params: dict, tags: dict) -> dict:
     """Create the child run of this re-estimation (under the monitor run of model and target)."""
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment_id = _experiment_id(client, experiment, artifact_root)
     monitor = _monitor_run(client, experiment_id, model_name, target_url)
+    end_orphaned_runs(client, experiment_id, monitor)
     run = client.create_run(experiment_id, run_name=run_name, tags={
         **tags, "mlflow.parentRunId": monitor, "labelshift.kind": "reestimation", "labelshift.model": model_name,
-        "labelshift.target": target_url})
+        "labelshift.target": target_url, OWNER_TAG: _owner()})
     client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
     return {"experiment_id": experiment_id, "run_id": run.info.run_id, "monitor_run_id": monitor}
 

@@ -190,10 +190,13 @@ def test_sigkill_leaves_no_process_and_the_next_run_counts_every_batch_once(sett
     runs = [r for r in client.search_runs([experiment.experiment_id]) if "labelshift.sequence" in r.data.tags]
     finished = [r for r in runs if r.info.status == "FINISHED"]
     running = [r for r in runs if r.info.status == "RUNNING"]
+    killed = [r for r in runs if r.info.status == "KILLED"]
     assert len(finished) == len(watermark["history"])
-    # a run killed outright cannot close its MLflow run: those stay RUNNING (README, "Faults")
+    # a run killed outright cannot close its MLflow run; the next run ends it KILLED, none is left RUNNING
+    assert not running, [r.info.run_id for r in running]
+    assert all(r.data.tags.get("labelshift.ended_by") for r in killed)
     print(f"kills: {[(n, r['killed'], r['started']) for n, r in results.items()]}; MLflow re-estimation runs: "
-          f"{len(finished)} FINISHED, {len(running)} RUNNING (left by the killed commands)")
+          f"{len(finished)} FINISHED, {len(killed)} KILLED by the next run")
 
 
 def test_sigkill_of_reproduce_leaves_no_process(setting, tmp_path):

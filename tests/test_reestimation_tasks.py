@@ -89,3 +89,35 @@ def test_sync_monitor_logs_each_run_of_its_model_once_and_survives_a_watermark_r
     reset = [entry(1, "A", 0.7)]                                    # the watermark was deleted and started over
     assert sync_monitor(uri, monitor, reset, "A") == [1]
     assert sorted(p.value for p in client.get_metric_history(monitor, "prior/0")) == [0.1, 0.3, 0.7]
+
+
+def test_a_child_run_whose_process_is_gone_is_ended_killed_by_the_next_run(tmp_path, mlflow_sqlite):
+    """A command killed outright cannot end its MLflow run; the next re-estimation of the same target ends it KILLED
+    when its owner (host/pid/start time) is a process of this host that no longer runs, and leaves alone the runs
+    of live processes and of other hosts."""
+    import socket
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    from tasks.reestimation import OWNER_TAG, _owner, end_orphaned_runs
+
+    uri = mlflow_sqlite(tmp_path)
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("reestimation-orphans", artifact_location=str(tmp_path / "artifacts"))
+    monitor = client.create_run(experiment).info.run_id
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    dead_owner = _owner(child.pid)
+    child.kill()
+    child.wait()
+    owners = {"dead": dead_owner, "alive": _owner(), "elsewhere": f"not-{socket.gethostname()}/1/0.00",
+              "untagged": None}
+    ids = {}
+    for name, owner in owners.items():
+        tags = {"mlflow.parentRunId": monitor, **({OWNER_TAG: owner} if owner else {})}
+        ids[name] = client.create_run(experiment, tags=tags).info.run_id
+    assert end_orphaned_runs(client, experiment, monitor) == [ids["dead"]]
+    status = {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
+    assert status == {"dead": "KILLED", "alive": "RUNNING", "elsewhere": "RUNNING", "untagged": "RUNNING"}
+    assert "killed" in client.get_run(ids["dead"]).data.tags["labelshift.ended_by"]
