@@ -8,10 +8,14 @@ Section 2: p_t(x | y) = p_s(x | y)) every function g of the input has
 in particular every function of the classifier's calibrated output f(x). A new class, covariate shift or a broken
 input pipeline changes p(x | y), and with it the distribution of f(x) in ways that no reweighting of the holdout's
 classes reproduces. :func:`label_shift_test` checks this identity on indicator features of regions of the output
-simplex (predicted class x confidence bin, the bins set on the labelled holdout), with w the MLLS estimate
-(eq. mlls-sample) from the same target rows, and returns a Wald chi-squared statistic whose covariance includes
-the target's sampling, the holdout's sampling and the estimation of w. Derivation, measured size and power, and
-what to do when it fires: ``docs/label_shift_test.md``.
+simplex (predicted class x confidence bin, the bins set on the labelled holdout): is the target's histogram over
+the regions a mixture, with some class weights, of the holdout's class-conditional histograms? The default form
+is the likelihood-ratio test of that multinomial model, in which the class weights (a binned MLLS) and the
+holdout's class-conditional histograms are estimated jointly under the null, so the estimation of w and the
+holdout's finite size are both in the null distribution (Wilks: chi^2 with regions - classes dof). A Wald form
+with the MLLS weights and a delta-method covariance is kept for comparison (``method="wald"``; liberal under
+severe shift, see the docs). Derivation, measured size and power, and what to do when it fires:
+``docs/label_shift_test.md``.
 
     from labelshift.label_shift_test import label_shift_test
     res = label_shift_test(holdout_probs, holdout_labels, target_probs)   # calibrated outputs, holdout labels
@@ -50,6 +54,10 @@ MAX_CONFIDENCE_BINS = 4
 _SUM_TOL = 1e-6
 # eigenvalues of the (sum-zero) covariance below this fraction of the largest are treated as zero
 _EIG_REL = 1e-10
+# q_y at or below this counts as pinned at 0 in the null fit (one more degree of freedom)
+_Q_TOL = 1e-6
+#: the two forms of the test
+METHODS = ("likelihood-ratio", "wald")
 # pseudo-count (spread over the regions by their pooled holdout frequency) in the holdout variance of each class
 _SMOOTH = 1.0
 
@@ -90,10 +98,12 @@ class LabelShiftTest:
     """Result of :func:`label_shift_test`: a test of H0 "target = source under label shift" (p_t(x|y) = p_s(x|y)).
 
     Attributes:
-        statistic: the Wald statistic D^T Sigma^+ D >= 0 of the region residuals D (module docstring).
-        dof: its degrees of freedom, the rank of Sigma (number of regions - 1 unless some region has no variance).
+        statistic: likelihood ratio 2 (l_1 - l_0) of the region counts (default), or the Wald statistic
+            D^T Sigma^+ D (``method="wald"``); >= 0.
+        dof: likelihood ratio: regions - classes with a positive weight under the null fit; Wald: rank of Sigma.
         p_value: P(chi^2_dof >= statistic), asymptotic.
-        weights: the MLLS weights w_hat the expected fractions use (k,).
+        weights: the weights w the expected fractions use (k,): the null fit's (a binned MLLS that also uses the
+            target to refine the class-conditional histograms) for the likelihood ratio, the MLLS weights for Wald.
         source_prior: p_s the weights are relative to (k,).
         regions: every region, sorted by |z|, largest first (the evidence).
         class_z: per predicted class c, the standardised residual of the fraction of target rows predicted c
@@ -101,7 +111,7 @@ class LabelShiftTest:
         n_target, n_holdout: m and n.
         bonferroni_z: |z| above which a region counts as disagreeing: Phi^{-1}(1 - alpha / (2 * number of regions))
             at alpha = 0.05.
-        method: ``"region-wald"``.
+        method: ``"likelihood-ratio"`` or ``"wald"``.
     """
 
     statistic: float
@@ -114,7 +124,7 @@ class LabelShiftTest:
     n_target: int
     n_holdout: int
     bonferroni_z: float
-    method: str = "region-wald"
+    method: str = "likelihood-ratio"
     extra: dict = field(default_factory=dict)
 
     def rejects(self, significance: float = 0.05) -> bool:
@@ -283,37 +293,158 @@ def _tangent_inverse(H: np.ndarray, p: np.ndarray, free: np.ndarray) -> np.ndarr
     return K
 
 
+def _null_fit(N: np.ndarray, T: np.ndarray, q0: np.ndarray, tol: float = 1e-12, max_iter: int = 20_000):
+    """Maximum likelihood under H0 of the region counts: holdout N[y, r] ~ Multinomial(n_y, pi_y), target
+    T[r] ~ Multinomial(m, sum_y q_y pi_y), jointly over pi (k x J, rows in the simplex) and q (the simplex), by
+    EM (the target rows' classes are the missing data). Returns (pi, q, 2 (l_1 - l_0), iterations), l_1 the
+    unrestricted maximum (pi_y = N_y / n_y, target frequencies T / m)."""
+    k, J = N.shape
+    n_y = N.sum(axis=1)
+    m = T.sum()
+    pooled = (N.sum(axis=0) + T) / (n_y.sum() + m)
+    pi = (N + pooled[None, :]) / (n_y[:, None] + 1.0)          # strictly positive start (EM keeps zeros at zero)
+    q = np.maximum(np.asarray(q0, dtype=np.float64), 1e-3 / k)
+    q /= q.sum()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        l1 = float(np.sum(np.where(N > 0, N * np.log(N / n_y[:, None]), 0.0))
+                   + np.sum(np.where(T > 0, T * np.log(T / m), 0.0)))
+
+    def loglik(pi, q):
+        mix = q @ pi
+        with np.errstate(divide="ignore"):
+            a = np.where(N > 0, N * np.log(np.where(N > 0, pi, 1.0)), 0.0).sum()
+            b = np.where(T > 0, T * np.log(np.where(T > 0, mix, 1.0)), 0.0).sum()
+        return float(a + b)
+
+    def em(pi, q):
+        joint = q[:, None] * pi                                 # (k, J)
+        mix = joint.sum(axis=0)
+        resp = joint * np.where(mix > 0, T / np.where(mix > 0, mix, 1.0), 0.0)[None, :]   # T_r * rho[y, r]
+        tq = resp.sum(axis=1)
+        return (N + resp) / (n_y + tq)[:, None], tq / m
+
+    # EM accelerated by SQUAREM (Varadhan & Roland 2008, step S3), each extrapolation checked to increase the
+    # likelihood (else the plain double EM step is kept)
+    prev = loglik(pi, q)
+    it = 0
+    while it < max_iter:
+        pi1, q1 = em(pi, q)
+        pi2, q2 = em(pi1, q1)
+        it += 2
+        r = np.concatenate([(pi1 - pi).ravel(), q1 - q])
+        v = np.concatenate([(pi2 - pi1).ravel(), q2 - q1]) - r
+        nv = float(np.linalg.norm(v))
+        best = (pi2, q2, loglik(pi2, q2))
+        if nv > 0:
+            alpha = -float(np.linalg.norm(r)) / nv
+            if alpha < -1.0:
+                th = np.concatenate([pi.ravel(), q]) - 2 * alpha * r + alpha ** 2 * v
+                pi3 = np.maximum(th[:k * J].reshape(k, J), 1e-300)
+                q3 = np.maximum(th[k * J:], 0.0)
+                pi3 /= pi3.sum(axis=1, keepdims=True)
+                q3 /= q3.sum()
+                pi3, q3 = em(pi3, q3)
+                it += 1
+                l3 = loglik(pi3, q3)
+                if l3 > best[2]:
+                    best = (pi3, q3, l3)
+        pi, q, cur = best
+        if cur - prev <= tol * max(1.0, abs(cur)):
+            break
+        prev = cur
+    stat = max(2.0 * (l1 - loglik(pi, q)), 0.0)
+    return pi, q, stat, it
+
+
+def _holdout_cov(N: np.ndarray, pi, q: np.ndarray) -> np.ndarray:
+    """Covariance of sum_y q_y pi_hat_y from the holdout's class-conditional region frequencies: sum_y q_y^2
+    (diag(pi_y) - pi_y pi_y^T) / n_y, with pi the given (null-fitted) frequencies, or when None the holdout's own
+    with a pseudo-count _SMOOTH spread by the pooled frequencies (a region where class y was never seen still gets
+    a variance)."""
+    k, J = N.shape
+    n_y = N.sum(axis=1)
+    if pi is None:
+        pooled = N.sum(axis=0) / n_y.sum()
+        pi = (N + _SMOOTH * pooled[None, :]) / (n_y[:, None] + _SMOOTH)
+    out = np.zeros((J, J))
+    for c in range(k):
+        out += (q[c] ** 2 / n_y[c]) * (np.diag(pi[c]) - np.outer(pi[c], pi[c]))
+    return out
+
+
+def _wald_target_cov(P, w, p, bt, pi, observed, J) -> np.ndarray:
+    """Per-row covariance of the target part of D for the Wald form: IF_i = e_{r_i} - A K psi_i, A = G diag(p_s),
+    psi_i = f_i / f_i^T w, K the tangent inverse of the MLLS information (docs/label_shift_test.md)."""
+    m, k = P.shape
+    psi = P / (P @ w)[:, None]
+    H = psi.T @ psi / m
+    K = _tangent_inverse(H, p, w > PIN_TOL)
+    psi_bar = psi.mean(axis=0)
+    R = np.zeros((J, k))
+    for c in range(k):
+        R[:, c] = np.bincount(bt, weights=psi[:, c], minlength=J)
+    R /= m
+    cov_e = np.diag(observed) - np.outer(observed, observed)
+    cross = (R - np.outer(observed, psi_bar)) @ ((pi.T * p[None, :]) @ K).T
+    AK = (pi.T * p[None, :]) @ K
+    return cov_e - cross - cross.T + AK @ (H - np.outer(psi_bar, psi_bar)) @ AK.T
+
+
+def _wald(D: np.ndarray, sigma: np.ndarray) -> tuple[float, int]:
+    """D^T Sigma^+ D in the sum-zero subspace (the regions partition the simplex) and the rank."""
+    J = D.shape[0]
+    U = null_space(np.ones((1, J)))
+    C = U.T @ sigma @ U
+    lam, V = np.linalg.eigh(0.5 * (C + C.T))
+    keep = lam > max(float(lam.max()), 0.0) * _EIG_REL
+    proj = V[:, keep].T @ (U.T @ D)
+    return float(np.sum(proj ** 2 / lam[keep])), int(keep.sum())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the test
 # ---------------------------------------------------------------------------------------------------------------
 def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=None, source_prior=None,
                      min_region_rows: int = MIN_REGION_ROWS, max_confidence_bins: int = MAX_CONFIDENCE_BINS,
-                     class_names=None) -> LabelShiftTest:
+                     class_names=None, method: str = "likelihood-ratio") -> LabelShiftTest:
     """Test H0: the target differs from the source by label shift only (p_t(x | y) = p_s(x | y), Garg et al. 2020,
     Section 2), from the calibrated outputs of one classifier on a labelled holdout and on unlabelled target rows.
 
     Under H0, for each region R of the output simplex, P_t(f(x) in R) = sum_y p_t(y) P_s(f(x) in R | y). Regions:
     predicted class x confidence bin (max_y f_y), bins at holdout quantiles so that each holds at least
     ``min_region_rows`` holdout rows (at most ``max_confidence_bins`` per predicted class; classes predicted fewer
-    than ``min_region_rows`` times on the holdout are pooled into one region). With D_R = target fraction - that
-    sum (p_t = p_s * w_hat, w_hat the MLLS estimate on these target rows), the statistic is D^T Sigma^+ D, Sigma the
-    first-order covariance of D from (a) the m target rows, (b) the n holdout rows (class-conditional region
-    frequencies) and (c) w_hat, linearised through the MLLS estimating equations; chi^2 with rank(Sigma) dof.
+    than ``min_region_rows`` times on the holdout are pooled into one region) -- the degenerate-bin rule.
 
-    Assumptions: the calibrated likelihood ratio f(x)_y / p_s(y) is treated as fixed (the calibrator's fit on the
-    holdout is not propagated; measured size with BCTS refit on each holdout in docs/label_shift_test.md); rows
-    independent. What it cannot see: a violation that leaves the distribution of f(x) a mixture of the holdout's
-    class-conditional ones (e.g. drift along directions the classifier ignores).
+    ``method="likelihood-ratio"`` (default): holdout counts N[y, R] ~ Multinomial(n_y, pi_y), target counts
+    T[R] ~ Multinomial(m, sum_y q_y pi_y) under H0, unrestricted target frequencies under H1. The null maximum over
+    (pi, q) is found by EM (SQUAREM-accelerated), so q = p_t (a binned MLLS) and the histograms pi are estimated
+    jointly from both samples; 2 (l_1 - l_0) ~ chi^2 with J - k dof (J regions; a class whose weight is 0 at the
+    null fit adds one dof back, the conservative side of the boundary's chi-bar-squared law).
+    ``method="wald"``: D_R = target fraction - sum_y p_t_hat(y) pi_hat_y(R) with p_t_hat from the MLLS weights,
+    D^T Sigma^+ D with Sigma from the target rows, the holdout rows and the MLLS estimating equations (delta
+    method); measured liberal under severe shift (docs/label_shift_test.md).
+
+    Per-region evidence: z_R = (observed - expected) / sd, expected = sum_y p_t(y) (holdout fraction of class y in
+    R) with p_t from the null fit (likelihood ratio) or MLLS (Wald), sd from the target's and the holdout's
+    multinomial variances; it ranks the regions (it ignores the estimation of w; the p-value does not).
+
+    Assumptions: rows independent; the regions are fixed by the holdout (their dependence on it, and the
+    calibrator's fit on it, are not propagated -- the measured size with BCTS refit on every holdout is in the
+    docs). The test does not need calibrated outputs for its validity (the identity holds for any fixed f), only
+    for the regions to be meaningful. What it cannot see: a violation that leaves the distribution of f(x) a
+    mixture of the holdout's class-conditional ones (e.g. drift along directions the classifier ignores).
 
     Args:
         holdout_probs: (n, k) calibrated outputs on the labelled holdout (the rows the calibrator was fit on).
         holdout_labels: (n,) integer labels 0..k-1; every class needs at least :data:`MIN_CLASS_ROWS` rows.
         target_probs: (m, k) calibrated outputs on the target rows.
-        weights: the MLLS weights for these target rows relative to ``source_prior`` (checked for optimality), or
-            None (default) to solve MLLS here.
+        weights: the MLLS weights for these target rows relative to ``source_prior`` (checked for optimality): the
+            starting point of the null fit (likelihood ratio) or the weights tested (Wald); None (default) starts
+            the null fit at w = 1, or solves MLLS here for Wald.
         source_prior: p_s; default the holdout's class frequencies (what ``MLLS().fit`` uses).
         min_region_rows, max_confidence_bins: the region rule above.
         class_names: optional k names used in the region names.
+        method: ``"likelihood-ratio"`` (default) or ``"wald"``.
 
     Returns:
         :class:`LabelShiftTest`.
@@ -349,61 +480,48 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
                          f"{few.tolist()} (counts {n_y[few].tolist()}); the test needs each class's outputs on the "
                          "holdout to know what that class looks like. Add labelled holdout examples of those "
                          "classes.")
+    if method not in METHODS:
+        raise InputError(f"method must be one of {METHODS}, got {method!r}.")
     p = n_y / n if source_prior is None else check_prior(source_prior, "source_prior", k)
-    w = _mlls_weights(P, p, weights)
-    q = p * w                                                     # p_t_hat
+    w_given = None if weights is None else _mlls_weights(P, p, weights)
 
     regions = _make_regions(S, min_region_rows, max_confidence_bins)
     J = regions.n_regions
+    if J < k + 2:
+        raise InputError(f"the holdout gives only {J} regions of the output simplex (at least {min_region_rows} "
+                         f"holdout rows per region), fewer than k + 2 = {k + 2}: the test has no degrees of freedom "
+                         f"left after estimating the {k} class weights. Collect a larger labelled holdout (n = {n} "
+                         "now; the size is measured from n = 500 at k = 10), or lower min_region_rows.")
     bs = regions.assign(S)
     bt = regions.assign(P)
-
-    # holdout: class-conditional region frequencies pi[y, r] (the columns of G^T)
     N = np.zeros((k, J))
     np.add.at(N, (y, bs), 1.0)
-    pi = N / n_y[:, None]
-    observed = np.bincount(bt, minlength=J) / m
-    expected = q @ pi
-    D = observed - expected
+    T = np.bincount(bt, minlength=J).astype(np.float64)
+    observed = T / m
 
-    # (a) + (c): per target row, IF_i = e_{r_i} - A K psi_i (centred), A = G diag(p_s), psi_i = f_i / f_i^T w
-    fw = P @ w
-    psi = P / fw[:, None]
-    H = psi.T @ psi / m
-    free = w > PIN_TOL
-    K = _tangent_inverse(H, p, free)
-    psi_bar = psi.mean(axis=0)
-    R = np.zeros((J, k))
-    for c in range(k):
-        R[:, c] = np.bincount(bt, weights=psi[:, c], minlength=J)
-    R /= m
-    cov_e = np.diag(observed) - np.outer(observed, observed)
-    cov_e_psi = R - np.outer(observed, psi_bar)
-    cov_psi = H - np.outer(psi_bar, psi_bar)
-    AK = (pi.T * p[None, :]) @ K                                 # (J, k)
-    cross = cov_e_psi @ AK.T
-    sigma_t = cov_e - cross - cross.T + AK @ cov_psi @ AK.T
-    # (b): the holdout's class-conditional frequencies, pseudo-count _SMOOTH spread by the pooled frequencies so a
-    # region where class y was never seen on the holdout still gets a variance
-    pooled = N.sum(axis=0) / n
-    pis = (N + _SMOOTH * pooled[None, :]) / (n_y[:, None] + _SMOOTH)
-    sigma_s = np.zeros((J, J))
-    for c in range(k):
-        sigma_s += (q[c] ** 2 / n_y[c]) * (np.diag(pis[c]) - np.outer(pis[c], pis[c]))
-    sigma = sigma_t / m + sigma_s
-
-    # D and Sigma live in the sum-zero subspace (regions partition the simplex): Wald statistic there
-    if J >= 2:
-        U = null_space(np.ones((1, J)))
-        C = U.T @ sigma @ U
-        lam, V = np.linalg.eigh(0.5 * (C + C.T))
-        keep = lam > max(float(lam.max()), 0.0) * _EIG_REL
-        proj = V[:, keep].T @ (U.T @ D)
-        stat = float(np.sum(proj ** 2 / lam[keep]))
-        dof = int(keep.sum())
+    if method == "likelihood-ratio":
+        q0 = p if w_given is None else p * w_given
+        pi, q, stat, iters = _null_fit(N, T, q0)
+        free = q > _Q_TOL
+        dof = J - int(free.sum())
+        w = q / p
+        # evidence: the holdout's own histograms reweighted by the null fit's q (what "the holdout reweighted by
+        # w" predicts), against the target; sd from both samples' multinomial variances
+        expected = q @ (N / n_y[:, None])
+        D = observed - expected
+        sigma = (np.diag(expected) - np.outer(expected, expected)) / m + _holdout_cov(N, None, q)
+        p_value = float(chi2.sf(stat, dof))
+        extra = {"em_iterations": iters}
     else:
-        stat, dof = 0.0, 0
-    p_value = float(chi2.sf(stat, dof)) if dof > 0 else 1.0
+        w = w_given if w_given is not None else np.maximum(mlls_newton(P, p).weights, 0.0)
+        q = p * w
+        pi = N / n_y[:, None]
+        expected = q @ pi
+        D = observed - expected
+        sigma = _wald_target_cov(P, w, p, bt, pi, observed, J) / m + _holdout_cov(N, None, q)
+        stat, dof = _wald(D, sigma)
+        p_value = float(chi2.sf(stat, dof)) if dof > 0 else 1.0
+        extra = {}
 
     se = np.sqrt(np.maximum(np.diag(sigma), 1e-300))
     z = D / se
@@ -426,5 +544,5 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     bonf = float(norm.isf(0.05 / (2 * J)))
     return LabelShiftTest(statistic=stat, dof=dof, p_value=p_value, weights=w, source_prior=p, regions=tuple(items),
                           class_z=class_z, n_target=m, n_holdout=n, bonferroni_z=bonf,
-                          extra={"n_regions": J, "min_region_rows": min_region_rows,
-                                 "max_confidence_bins": max_confidence_bins})
+                          method=method, extra={"n_regions": J, "min_region_rows": min_region_rows,
+                                                "max_confidence_bins": max_confidence_bins, **extra})
