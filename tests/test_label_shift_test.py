@@ -17,9 +17,9 @@ MEANS = np.array([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 2.0, 0], [0, 0, 0, 2.0]
 SOURCE_PRIOR = np.array([0.4, 0.3, 0.2, 0.1])
 
 
-def posterior(x: np.ndarray) -> np.ndarray:
+def posterior(x: np.ndarray, prior=SOURCE_PRIOR) -> np.ndarray:
     """Exact source posterior p_s(y | x) of the Gaussian classes N(mu_y, I) (calibrated by construction)."""
-    z = x @ MEANS.T - 0.5 * np.sum(MEANS ** 2, axis=1) + np.log(SOURCE_PRIOR)
+    z = x @ MEANS.T - 0.5 * np.sum(MEANS ** 2, axis=1) + np.log(prior)
     z -= z.max(axis=1, keepdims=True)
     p = np.exp(z)
     return p / p.sum(axis=1, keepdims=True)
@@ -161,3 +161,30 @@ def test_error_bad_arguments():
     res = label_shift_test(S, ys, P)
     with pytest.raises(InputError, match="significance"):
         res.rejects(5)
+
+
+def test_region_rule_pools_rarely_predicted_classes_and_keeps_bins_filled():
+    # class 3 makes 1.5% of the holdout, so it is predicted fewer than min_region_rows = 25 times: it gets one
+    # region without confidence bins (several such classes would share it); every other region holds at least 25
+    # holdout rows (quantile bins, no ties here)
+    rng = np.random.default_rng(6)
+    prior = np.array([0.4, 0.35, 0.235, 0.015])
+    x, ys = draw(prior, 1000, rng)
+    S = posterior(x, prior)
+    assert np.sum(S.argmax(axis=1) == 3) < 25 and np.sum(ys == 3) >= 5
+    xt, _ = draw(np.array([0.3, 0.3, 0.3, 0.1]), 1000, rng)
+    res = label_shift_test(S, ys, posterior(xt, prior))
+    rare = [r for r in res.regions if 3 in r.predicted_classes]
+    assert len(rare) == 1 and rare[0].name == "predicted class 3" and rare[0].holdout_rows < 25
+    assert (rare[0].confidence_low, rare[0].confidence_high) == (0.0, 1.0)
+    assert all(r.holdout_rows >= 25 for r in res.regions if 3 not in r.predicted_classes)
+    assert sum(r.holdout_rows for r in res.regions) == 1000
+    assert abs(sum(r.observed for r in res.regions) - 1.0) < 1e-12
+    assert np.isfinite(res.class_z).all()
+    # two rare classes share one region
+    prior2 = np.array([0.485, 0.485, 0.015, 0.015])
+    x2, y2 = draw(prior2, 1000, rng)
+    res2 = label_shift_test(posterior(x2, prior2), y2, posterior(xt, prior2))
+    shared = [r for r in res2.regions if len(r.predicted_classes) > 1]
+    assert len(shared) == 1 and set(shared[0].predicted_classes) == {2, 3}
+    assert "rarely predicted" in shared[0].name and np.isnan(res2.class_z[[2, 3]]).all()
