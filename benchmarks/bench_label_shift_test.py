@@ -51,6 +51,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from labelshift import BCTS  # noqa: E402
+from labelshift.errors import InputError  # noqa: E402
 from labelshift.label_shift_test import label_shift_test  # noqa: E402
 
 from report_utils import cpu_model, write_section  # noqa: E402
@@ -95,6 +96,15 @@ def target_prior(family: str, k: int, source_prior, rng):
     return rng.dirichlet(np.full(k, PRIOR_ALPHA[family]))
 
 
+def _p(S, ys, P):
+    """The test's p-value, or None when it refuses the input (a class with fewer than MIN_CLASS_ROWS holdout rows
+    in a small holdout under the imbalanced source prior): such replicates are counted and reported as skipped."""
+    try:
+        return label_shift_test(S, ys, P).p_value
+    except InputError:
+        return None
+
+
 def _softmax_cal(zs, ys):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -115,7 +125,7 @@ def gauss_replicate(args):
         pt = target_prior(family, prob.k, prob.source_prior, rng)
         zt, _ = prob.draw(pt, m, rng, shift=shift if kind == "shift" else 0.0,
                           contract=shift if kind == "contract" else 1.0)
-        out.append(label_shift_test(S, ys, cal.predict_proba(zt)).p_value)
+        out.append(_p(S, ys, cal.predict_proba(zt)))
     return family, out
 
 
@@ -161,7 +171,7 @@ def tabular_replicate(args):
     cal = _softmax_cal(t.logits(xs), ys)
     pt = target_prior("Dir(10)", t.k, t.source_prior, rng)
     xt, _ = t.draw(pt, m, rng, broken=True)
-    return label_shift_test(cal.predict_proba(t.logits(xs)), ys, cal.predict_proba(t.logits(xt))).p_value
+    return _p(cal.predict_proba(t.logits(xs)), ys, cal.predict_proba(t.logits(xt)))
 
 
 # -- mnist-5k ------------------------------------------------------------------------------------------------------
@@ -239,7 +249,7 @@ def mnist_replicate(args):
     else:
         zt = logits[targ]
     cal = _softmax_cal(zs, ys)
-    return label_shift_test(cal.predict_proba(zs), ys, cal.predict_proba(zt)).p_value
+    return _p(cal.predict_proba(zs), ys, cal.predict_proba(zt))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -268,10 +278,27 @@ def time_test(repeats: int = 5) -> tuple[float, float, float]:
     return tuple(float(np.median(times[key])) for key in ("given", "inside", "mlls"))
 
 
-def rate(pvals) -> tuple[float, float, int]:
-    p = np.asarray(pvals, dtype=np.float64)
+def rate(pvals) -> tuple[float, float, str]:
+    """Rejection rate at ALPHA, its binomial standard error, and the replicates used (and skipped)."""
+    used = [v for v in pvals if v is not None]
+    p = np.asarray(used, dtype=np.float64)
     r = float(np.mean(p < ALPHA))
-    return r, math.sqrt(max(r * (1 - r), 1e-12) / p.size), int(p.size)
+    skipped = len(pvals) - len(used)
+    count = f"{p.size}" + (f" ({skipped} skipped)" if skipped else "")
+    return r, math.sqrt(max(r * (1 - r), 1e-12) / p.size), count
+
+
+def cached(key: str, ex, fn, tasks):
+    """Per-cell results kept in benchmarks/out/lst_cells.json, so a rerun (or a crash) redoes only what is missing."""
+    import json
+    path = OUT / "lst_cells.json"
+    OUT.mkdir(parents=True, exist_ok=True)
+    store = json.loads(path.read_text()) if path.exists() else {}
+    if key not in store:
+        store = json.loads(path.read_text()) if path.exists() else {}
+        store[key] = list(ex.map(fn, tasks, chunksize=4))
+        path.write_text(json.dumps(store))
+    return store[key]
 
 
 def fmt_rate(r, se, goal_ok) -> str:
@@ -300,18 +327,21 @@ def main(argv=None) -> int:
     by_family = {f: [] for f in PRIOR_FAMILIES}
     if "gauss" not in args.skip:
         for n in args.n:
-            res = list(ex.map(gauss_replicate, [("size", n, args.m, 0.0, s) for s in range(args.reps)], chunksize=4))
+            res = cached(f"gauss size n={n} m={args.m} reps={args.reps}", ex, gauss_replicate,
+                   [("size", n, args.m, 0.0, s) for s in range(args.reps)])
             for j, m in enumerate(args.m):
                 r, se, cnt = rate([p[j] for _, p in res])
                 rows_size.append(("Gaussian, BCTS", m, n, "4 families", r, se, cnt))
                 for fam, p in res:
-                    by_family[fam].append(p[j])
+                    if p[j] is not None:
+                        by_family[fam].append(p[j])
             print(f"gauss n={n} done ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     if "mnist" not in args.skip:
         _mnist_models(args.noise)
         for n in [v for v in args.n if v <= 1000]:
             m = 2000
-            p = list(ex.map(mnist_replicate, [("size", n, m, args.noise, s) for s in range(args.reps)], chunksize=4))
+            p = cached(f"mnist size n={n} m={m} reps={args.reps}", ex, mnist_replicate,
+                   [("size", n, m, args.noise, s) for s in range(args.reps)])
             r, se, cnt = rate(p)
             rows_size.append(("mnist-5k, logistic + BCTS", m, n, "Dir(10), fits the pool", r, se, cnt))
             print(f"mnist size n={n} done ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
@@ -322,17 +352,21 @@ def main(argv=None) -> int:
                 for kind, label in [("new class", "(a) new class: digit 9 is 10% of the target"),
                                     ("rotation", "(b) covariate: mnist-5k rotated 30 degrees"),
                                     ("noise", f"(b) covariate: mnist-5k pixel noise sd {args.noise:g}")]:
-                    p = list(ex.map(mnist_replicate, [(kind, n, m, args.noise, s) for s in range(args.power_reps)]))
+                    p = cached(f"mnist {kind} n={n} m={m} noise={args.noise} reps={args.power_reps}", ex, mnist_replicate,
+                   [(kind, n, m, args.noise, s) for s in range(args.power_reps)])
                     rows_power.append((label, m, n) + rate(p))
             for shift in args.gauss_shift:
-                res = list(ex.map(gauss_replicate, [("shift", n, [m], shift, s) for s in range(args.power_reps)]))
+                res = cached(f"gauss shift {shift} n={n} m={m} reps={args.power_reps}", ex, gauss_replicate,
+                   [("shift", n, [m], shift, s) for s in range(args.power_reps)])
                 rows_power.append((f"(b) covariate: Gaussian class means each moved by {shift:g} (random directions)",
                                    m, n) + rate([p[0] for _, p in res]))
             for f in args.gauss_contract:
-                res = list(ex.map(gauss_replicate, [("contract", n, [m], f, s) for s in range(args.power_reps)]))
+                res = cached(f"gauss contract {f} n={n} m={m} reps={args.power_reps}", ex, gauss_replicate,
+                   [("contract", n, [m], f, s) for s in range(args.power_reps)])
                 rows_power.append((f"(b) covariate: Gaussian class means moved to {f:g} x their distance from the "
                                    "centroid", m, n) + rate([p[0] for _, p in res]))
-            p = list(ex.map(tabular_replicate, [(n, m, s) for s in range(args.power_reps)]))
+            p = cached(f"tabular n={n} m={m} reps={args.power_reps}", ex, tabular_replicate,
+                   [(n, m, s) for s in range(args.power_reps)])
             rows_power.append(("(c) broken feature: tabular logistic, top column constant", m, n) + rate(p))
             print(f"power n={n} done ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     ex.shutdown()
@@ -342,7 +376,8 @@ def main(argv=None) -> int:
     lines = [SECTION, "",
              f"`python benchmarks/{Path(__file__).name}{' ' + ' '.join(argv if argv is not None else sys.argv[1:])}`"
              f" on {cpu_model()}, nproc {os.cpu_count()} (shared with other jobs), Python "
-             f"{platform.python_version()}, numpy {np.__version__}; {elapsed / 60:.0f} min. "
+             f"{platform.python_version()}, numpy {np.__version__}; {elapsed / 60:.0f} min (cells already in "
+             "benchmarks/out/lst_cells.json are reused, not rerun). "
              "Nominal level 5%; ± is the binomial standard error. Problems and sampling: the docstring of the "
              "script; the test: `docs/label_shift_test.md`.", "",
              "**Size** (rejection rate under true label shift; goal <= 7%):", "",
@@ -351,7 +386,7 @@ def main(argv=None) -> int:
         lines.append(f"| {prob} | {m:,} | {n:,} | {fam} | {fmt_rate(r, se, r <= 0.07)} | {cnt} |")
     if any(by_family.values()):
         lines += ["", "Gaussian size by prior family (all n and m pooled): " + ", ".join(
-            f"{f} {100 * rate(v)[0]:.1f}% ± {100 * rate(v)[1]:.1f} ({len(v)})" for f, v in by_family.items() if v)
+            f"{f} {100 * rate(v)[0]:.1f}% ± {100 * rate(v)[1]:.1f} ({rate(v)[2]})" for f, v in by_family.items() if v)
             + "."]
     if rows_power:
         lines += ["", "**Power** (rejection rate when label shift fails; goal >= 80% at m = 2,000):", "",
