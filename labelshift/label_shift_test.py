@@ -1,0 +1,548 @@
+"""Is it label shift at all? A goodness-of-fit test of the label-shift assumption on the calibrated outputs.
+
+Under label shift (Garg, Wu, Balakrishnan & Lipton, "A Unified View of Label Shift Estimation", NeurIPS 2020,
+Section 2: p_t(x | y) = p_s(x | y)) every function g of the input has
+
+    E_t[g(x)] = sum_y p_t(y) E_s[g(x) | y] = E_s[w(y) g(x)],        w(y) = p_t(y) / p_s(y),
+
+in particular every function of the classifier's calibrated output f(x). A new class, covariate shift or a broken
+input pipeline changes p(x | y), and with it the distribution of f(x) in ways that no reweighting of the holdout's
+classes reproduces. :func:`label_shift_test` checks this identity on indicator features of regions of the output
+simplex (predicted class x confidence bin, the bins set on the labelled holdout): is the target's histogram over
+the regions a mixture, with some class weights, of the holdout's class-conditional histograms? The default form
+is the likelihood-ratio test of that multinomial model, in which the class weights (a binned MLLS) and the
+holdout's class-conditional histograms are estimated jointly under the null, so the estimation of w and the
+holdout's finite size are both in the null distribution (Wilks: chi^2 with regions - classes dof). A Wald form
+with the MLLS weights and a delta-method covariance is kept for comparison (``method="wald"``; liberal under
+severe shift, see the docs). Derivation, measured size and power, and what to do when it fires:
+``docs/label_shift_test.md``.
+
+    from labelshift.label_shift_test import label_shift_test
+    res = label_shift_test(holdout_probs, holdout_labels, target_probs)   # calibrated outputs, holdout labels
+    if res.rejects(0.05):
+        print(res.summary())          # "Not label shift: chi2 = ..., p = ...; predicted class 3, confidence ..."
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.linalg import null_space
+from scipy.stats import chi2, norm
+
+from ._validation import as_float_array, check_labels, check_prior, check_probabilities
+from .errors import InputError
+from .solvers import PIN_TOL, mlls_gradient, mlls_newton
+
+__all__ = ["LabelShiftTest", "Region", "label_shift_test", "MIN_HOLDOUT", "MIN_CLASS_ROWS", "MIN_TARGET",
+           "MIN_REGION_ROWS", "MAX_CONFIDENCE_BINS"]
+
+#: the test refuses holdouts smaller than this (its size is measured from n = 500 up; see docs/label_shift_test.md)
+MIN_HOLDOUT = 200
+#: ... and holdouts with fewer than this many examples of some class (its class-conditional region frequencies
+#: would rest on a handful of rows)
+MIN_CLASS_ROWS = 5
+#: ... and target sets smaller than this
+MIN_TARGET = 50
+#: default: a confidence bin must hold at least this many holdout rows (the degenerate-bin rule)
+MIN_REGION_ROWS = 25
+#: default: at most this many confidence bins per predicted class
+MAX_CONFIDENCE_BINS = 4
+
+# |p_s^T w - 1| above this: the weights are not in W
+_SUM_TOL = 1e-6
+# eigenvalues of the (sum-zero) covariance below this fraction of the largest are treated as zero
+_EIG_REL = 1e-10
+# q_y at or below this counts as pinned at 0 in the null fit (one more degree of freedom)
+_Q_TOL = 1e-6
+#: the two forms of the test
+METHODS = ("likelihood-ratio", "wald")
+# pseudo-count (spread over the regions by their pooled holdout frequency) in the holdout variance of each class
+_SMOOTH = 1.0
+
+
+@dataclass(frozen=True)
+class Region:
+    """One region of the output simplex and how the target disagrees with the reweighted holdout there.
+
+    Attributes:
+        name: e.g. ``"predicted class 3, confidence 0.52-0.81"`` (class names when given).
+        predicted_classes: the argmax classes of the region (one, or several for the pooled rarely-predicted ones).
+        confidence_low, confidence_high: the bin of max_y f_y(x): low <= confidence < high (the last bin of a class
+            includes 1).
+        observed: fraction of target rows in the region.
+        expected: fraction expected under label shift, sum_y p_t_hat(y) * (fraction of holdout class y in it).
+        z: standardised residual (observed - expected) / its standard error under the null.
+        holdout_rows: holdout rows in the region.
+    """
+
+    name: str
+    predicted_classes: tuple
+    confidence_low: float
+    confidence_high: float
+    observed: float
+    expected: float
+    z: float
+    holdout_rows: int
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "predicted_classes": [int(c) for c in self.predicted_classes],
+                "confidence_low": float(self.confidence_low), "confidence_high": float(self.confidence_high),
+                "observed": float(self.observed), "expected": float(self.expected), "z": _num(self.z),
+                "holdout_rows": int(self.holdout_rows)}
+
+
+@dataclass(frozen=True)
+class LabelShiftTest:
+    """Result of :func:`label_shift_test`: a test of H0 "target = source under label shift" (p_t(x|y) = p_s(x|y)).
+
+    Attributes:
+        statistic: likelihood ratio 2 (l_1 - l_0) of the region counts (default), or the Wald statistic
+            D^T Sigma^+ D (``method="wald"``); >= 0.
+        dof: likelihood ratio: regions - classes with a positive weight under the null fit; Wald: rank of Sigma.
+        p_value: P(chi^2_dof >= statistic), asymptotic.
+        weights: the weights w the expected fractions use (k,): the null fit's (a binned MLLS that also uses the
+            target to refine the class-conditional histograms) for the likelihood ratio, the MLLS weights for Wald.
+        source_prior: p_s the weights are relative to (k,).
+        regions: every region, sorted by |z|, largest first (the evidence).
+        class_z: per predicted class c, the standardised residual of the fraction of target rows predicted c
+            (all its confidence bins together); nan for classes pooled with others.
+        n_target, n_holdout: m and n.
+        bonferroni_z: |z| above which a region counts as disagreeing: Phi^{-1}(1 - alpha / (2 * number of regions))
+            at alpha = 0.05.
+        method: ``"likelihood-ratio"`` or ``"wald"``.
+    """
+
+    statistic: float
+    dof: int
+    p_value: float
+    weights: np.ndarray
+    source_prior: np.ndarray
+    regions: tuple
+    class_z: np.ndarray
+    n_target: int
+    n_holdout: int
+    bonferroni_z: float
+    method: str = "likelihood-ratio"
+    extra: dict = field(default_factory=dict)
+
+    def rejects(self, significance: float = 0.05) -> bool:
+        """True when label shift is rejected at this significance level (p_value < significance)."""
+        if isinstance(significance, bool) or not isinstance(significance, (int, float, np.floating)) \
+                or not 0.0 < significance < 1.0:
+            raise InputError(f"significance must be a probability strictly between 0 and 1 (e.g. 0.05), got "
+                             f"{significance!r}.")
+        return bool(self.p_value < significance)
+
+    def disagreeing(self, limit: int = 5) -> list:
+        """The regions whose |z| exceeds the Bonferroni threshold, largest first, at most ``limit`` of them; when
+        none does, the single largest one (so that a rejection always names where to look)."""
+        out = [r for r in self.regions if abs(r.z) > self.bonferroni_z][:limit]
+        return out if out else list(self.regions[:1])
+
+    def summary(self, significance: float = 0.05, limit: int = 3) -> str:
+        """One line for a report: the verdict, the statistic, the p-value and where the target disagrees."""
+        head = ("Not label shift" if self.rejects(significance) else "Consistent with label shift")
+        parts = [f"{head}: chi2 = {self.statistic:.1f} on {self.dof} dof, p = {self.p_value:.3g}"]
+        if self.rejects(significance):
+            ev = [f"{r.name}: {100 * r.observed:.1f}% of target vs {100 * r.expected:.1f}% expected "
+                  f"(z = {r.z:+.1f})" for r in self.disagreeing(limit)]
+            parts.append("; ".join(ev))
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        return {"statistic": _num(self.statistic), "dof": int(self.dof), "p_value": _num(self.p_value),
+                "method": self.method, "n_target": int(self.n_target), "n_holdout": int(self.n_holdout),
+                "weights": [_num(v) for v in self.weights], "source_prior": [_num(v) for v in self.source_prior],
+                "bonferroni_z": _num(self.bonferroni_z), "class_z": [_num(v) for v in self.class_z],
+                "disagreeing": [r.to_dict() for r in self.disagreeing()],
+                "regions": [r.to_dict() for r in self.regions]}
+
+
+def _num(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# regions of the output simplex
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Regions:
+    group: np.ndarray          # (k,) group index of each predicted class (classes pooled share one)
+    group_offset: np.ndarray   # (G,) first region index of each group
+    inner_edges: np.ndarray    # (G, B-1) inner confidence edges per group, padded with +inf
+    n_regions: int
+    members: list              # per group: tuple of predicted classes
+    bounds: list               # per region: (group, low, high)
+
+    def assign(self, probs: np.ndarray) -> np.ndarray:
+        pred = probs.argmax(axis=1)
+        conf = probs[np.arange(probs.shape[0]), pred]
+        g = self.group[pred]
+        if self.inner_edges.shape[1] == 0:
+            return self.group_offset[g]
+        return self.group_offset[g] + (conf[:, None] >= self.inner_edges[g]).sum(axis=1)
+
+
+def _make_regions(probs: np.ndarray, min_rows: int, max_bins: int) -> _Regions:
+    """Regions from the holdout outputs: per predicted class c with n_c holdout rows, B_c = min(max_bins,
+    n_c // min_rows) confidence bins at the holdout's quantiles of max_y f_y (duplicate edges merged), so every
+    bin holds at least ``min_rows`` holdout rows up to ties. Classes predicted fewer than ``min_rows`` times are
+    pooled into one region (with one bin)."""
+    k = probs.shape[1]
+    pred = probs.argmax(axis=1)
+    conf = probs[np.arange(probs.shape[0]), pred]
+    counts = np.bincount(pred, minlength=k)
+    rare = tuple(int(c) for c in np.flatnonzero(counts < min_rows))
+    members = [(int(c),) for c in range(k) if counts[c] >= min_rows]
+    if rare:
+        members.append(rare)
+    group = np.empty(k, dtype=np.int64)
+    edges_per_group = []
+    for gi, mem in enumerate(members):
+        group[list(mem)] = gi
+        sel = np.isin(pred, mem)
+        nb = max(1, min(max_bins, int(sel.sum()) // min_rows)) if len(mem) == 1 else 1
+        if nb > 1:
+            e = np.quantile(conf[sel], np.arange(1, nb) / nb)
+            e = np.unique(e[(e > conf[sel].min()) & (e <= conf[sel].max())])
+        else:
+            e = np.empty(0)
+        edges_per_group.append(e)
+    width = max((len(e) for e in edges_per_group), default=0)
+    inner = np.full((len(members), width), np.inf)
+    offsets = np.zeros(len(members), dtype=np.int64)
+    bounds = []
+    r = 0
+    for gi, e in enumerate(edges_per_group):
+        inner[gi, :len(e)] = e
+        offsets[gi] = r
+        full = np.concatenate([[0.0], e, [1.0]])
+        for b in range(len(e) + 1):
+            bounds.append((gi, float(full[b]), float(full[b + 1])))
+        r += len(e) + 1
+    return _Regions(group=group, group_offset=offsets, inner_edges=inner, n_regions=r, members=members,
+                    bounds=bounds)
+
+
+def _region_name(members: tuple, low: float, high: float, class_names) -> str:
+    name = (lambda c: str(class_names[c])) if class_names is not None else str
+    if len(members) == 1:
+        what = f"predicted class {name(members[0])}"
+    else:
+        what = "predicted class in {" + ", ".join(name(c) for c in members) + "} (rarely predicted on the holdout)"
+    if low <= 0.0 and high >= 1.0:
+        return what
+    return f"{what}, confidence {low:.2f}-{high:.2f}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# input checks and MLLS
+# ---------------------------------------------------------------------------------------------------------------
+def _check_int(value, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise InputError(f"{name} must be an integer >= {low}, got {value!r}.")
+    return int(value)
+
+
+def _mlls_weights(P: np.ndarray, p: np.ndarray, weights) -> np.ndarray:
+    k = P.shape[1]
+    if weights is None:
+        return np.maximum(mlls_newton(P, p).weights, 0.0)
+    w = as_float_array(weights, "weights", 1)
+    if w.shape[0] != k:
+        raise InputError(f"weights has {w.shape[0]} entries but target_probs has {k} class columns; pass the MLLS "
+                         "weights estimated on these target_probs (or weights=None to solve MLLS here).")
+    if np.any(w < -1e-9):
+        raise InputError(f"weights has negative entries (min {w.min():.3g}); the test needs the MLLS estimate, "
+                         "which lies in W = {w >= 0, sum_y w_y p_s(y) = 1}. Pass MLLS weights or weights=None.")
+    w = np.maximum(w, 0.0)
+    total = float(w @ p)
+    if abs(total - 1.0) > _SUM_TOL:
+        raise InputError(f"weights are not in W: sum_y w_y p_s(y) = {total:.8g}, not 1. Pass the MLLS weights "
+                         "estimated with the holdout's class frequencies as source prior (MLLS().fit(holdout_probs, "
+                         "holdout_labels)), or weights=None to solve MLLS here.")
+    if np.any(P @ w <= 0):
+        raise InputError("weights give zero likelihood to some target rows (f_i^T w = 0): they are not the MLLS "
+                         "estimate for these target_probs. Pass weights=None to solve MLLS here.")
+    gap = float(np.max(mlls_gradient(P, w) / p) - 1.0)
+    tol = max(1e-3 / P.shape[0], 1e-8)
+    if gap > tol:
+        raise InputError(f"weights are not the MLLS maximiser for these target_probs (duality gap {gap:.3g} > "
+                         f"{tol:.3g}); the null covariance is derived at the maximum. Pass "
+                         "MLLS().fit(holdout_probs, holdout_labels).estimate(target_probs).weights, or weights=None.")
+    return w
+
+
+def _tangent_inverse(H: np.ndarray, p: np.ndarray, free: np.ndarray) -> np.ndarray:
+    """K = Z (Z^T H_FF Z)^{-1} Z^T on the free coordinates F (0 elsewhere), Z an orthonormal basis of
+    {d_F : p_F^T d_F = 0}: the linearisation of the MLLS estimating equations (see docs/label_shift_test.md)."""
+    k = H.shape[0]
+    K = np.zeros((k, k))
+    idx = np.flatnonzero(free)
+    if idx.size < 2:
+        return K
+    Z = null_space(p[idx][None, :])
+    A = Z.T @ H[np.ix_(idx, idx)] @ Z
+    lam, V = np.linalg.eigh(0.5 * (A + A.T))
+    lam = np.maximum(lam, max(1e-14 * float(lam.max()), 1e-300))
+    B = Z @ V
+    K[np.ix_(idx, idx)] = (B / lam) @ B.T
+    return K
+
+
+def _null_fit(N: np.ndarray, T: np.ndarray, q0: np.ndarray, tol: float = 1e-12, max_iter: int = 20_000):
+    """Maximum likelihood under H0 of the region counts: holdout N[y, r] ~ Multinomial(n_y, pi_y), target
+    T[r] ~ Multinomial(m, sum_y q_y pi_y), jointly over pi (k x J, rows in the simplex) and q (the simplex), by
+    EM (the target rows' classes are the missing data). Returns (pi, q, 2 (l_1 - l_0), iterations), l_1 the
+    unrestricted maximum (pi_y = N_y / n_y, target frequencies T / m)."""
+    k, J = N.shape
+    n_y = N.sum(axis=1)
+    m = T.sum()
+    pooled = (N.sum(axis=0) + T) / (n_y.sum() + m)
+    pi = (N + pooled[None, :]) / (n_y[:, None] + 1.0)          # strictly positive start (EM keeps zeros at zero)
+    q = np.maximum(np.asarray(q0, dtype=np.float64), 1e-3 / k)
+    q /= q.sum()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        l1 = float(np.sum(np.where(N > 0, N * np.log(N / n_y[:, None]), 0.0))
+                   + np.sum(np.where(T > 0, T * np.log(T / m), 0.0)))
+
+    def loglik(pi, q):
+        mix = q @ pi
+        with np.errstate(divide="ignore"):
+            a = np.where(N > 0, N * np.log(np.where(N > 0, pi, 1.0)), 0.0).sum()
+            b = np.where(T > 0, T * np.log(np.where(T > 0, mix, 1.0)), 0.0).sum()
+        return float(a + b)
+
+    def em(pi, q):
+        joint = q[:, None] * pi                                 # (k, J)
+        mix = joint.sum(axis=0)
+        resp = joint * np.where(mix > 0, T / np.where(mix > 0, mix, 1.0), 0.0)[None, :]   # T_r * rho[y, r]
+        tq = resp.sum(axis=1)
+        return (N + resp) / (n_y + tq)[:, None], tq / m
+
+    # EM accelerated by SQUAREM (Varadhan & Roland 2008, step S3), each extrapolation checked to increase the
+    # likelihood (else the plain double EM step is kept)
+    prev = loglik(pi, q)
+    it = 0
+    while it < max_iter:
+        pi1, q1 = em(pi, q)
+        pi2, q2 = em(pi1, q1)
+        it += 2
+        r = np.concatenate([(pi1 - pi).ravel(), q1 - q])
+        v = np.concatenate([(pi2 - pi1).ravel(), q2 - q1]) - r
+        nv = float(np.linalg.norm(v))
+        best = (pi2, q2, loglik(pi2, q2))
+        if nv > 0:
+            alpha = -float(np.linalg.norm(r)) / nv
+            if alpha < -1.0:
+                th = np.concatenate([pi.ravel(), q]) - 2 * alpha * r + alpha ** 2 * v
+                pi3 = np.maximum(th[:k * J].reshape(k, J), 1e-300)
+                q3 = np.maximum(th[k * J:], 0.0)
+                pi3 /= pi3.sum(axis=1, keepdims=True)
+                q3 /= q3.sum()
+                pi3, q3 = em(pi3, q3)
+                it += 1
+                l3 = loglik(pi3, q3)
+                if l3 > best[2]:
+                    best = (pi3, q3, l3)
+        pi, q, cur = best
+        if cur - prev <= tol * max(1.0, abs(cur)):
+            break
+        prev = cur
+    stat = max(2.0 * (l1 - loglik(pi, q)), 0.0)
+    return pi, q, stat, it
+
+
+def _holdout_cov(N: np.ndarray, pi, q: np.ndarray) -> np.ndarray:
+    """Covariance of sum_y q_y pi_hat_y from the holdout's class-conditional region frequencies: sum_y q_y^2
+    (diag(pi_y) - pi_y pi_y^T) / n_y, with pi the given (null-fitted) frequencies, or when None the holdout's own
+    with a pseudo-count _SMOOTH spread by the pooled frequencies (a region where class y was never seen still gets
+    a variance)."""
+    k, J = N.shape
+    n_y = N.sum(axis=1)
+    if pi is None:
+        pooled = N.sum(axis=0) / n_y.sum()
+        pi = (N + _SMOOTH * pooled[None, :]) / (n_y[:, None] + _SMOOTH)
+    out = np.zeros((J, J))
+    for c in range(k):
+        out += (q[c] ** 2 / n_y[c]) * (np.diag(pi[c]) - np.outer(pi[c], pi[c]))
+    return out
+
+
+def _wald_target_cov(P, w, p, bt, pi, observed, J) -> np.ndarray:
+    """Per-row covariance of the target part of D for the Wald form: IF_i = e_{r_i} - A K psi_i, A = G diag(p_s),
+    psi_i = f_i / f_i^T w, K the tangent inverse of the MLLS information (docs/label_shift_test.md)."""
+    m, k = P.shape
+    psi = P / (P @ w)[:, None]
+    H = psi.T @ psi / m
+    K = _tangent_inverse(H, p, w > PIN_TOL)
+    psi_bar = psi.mean(axis=0)
+    R = np.zeros((J, k))
+    for c in range(k):
+        R[:, c] = np.bincount(bt, weights=psi[:, c], minlength=J)
+    R /= m
+    cov_e = np.diag(observed) - np.outer(observed, observed)
+    cross = (R - np.outer(observed, psi_bar)) @ ((pi.T * p[None, :]) @ K).T
+    AK = (pi.T * p[None, :]) @ K
+    return cov_e - cross - cross.T + AK @ (H - np.outer(psi_bar, psi_bar)) @ AK.T
+
+
+def _wald(D: np.ndarray, sigma: np.ndarray) -> tuple[float, int]:
+    """D^T Sigma^+ D in the sum-zero subspace (the regions partition the simplex) and the rank."""
+    J = D.shape[0]
+    U = null_space(np.ones((1, J)))
+    C = U.T @ sigma @ U
+    lam, V = np.linalg.eigh(0.5 * (C + C.T))
+    keep = lam > max(float(lam.max()), 0.0) * _EIG_REL
+    proj = V[:, keep].T @ (U.T @ D)
+    return float(np.sum(proj ** 2 / lam[keep])), int(keep.sum())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the test
+# ---------------------------------------------------------------------------------------------------------------
+def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=None, source_prior=None,
+                     min_region_rows: int = MIN_REGION_ROWS, max_confidence_bins: int = MAX_CONFIDENCE_BINS,
+                     class_names=None, method: str = "likelihood-ratio") -> LabelShiftTest:
+    """Test H0: the target differs from the source by label shift only (p_t(x | y) = p_s(x | y), Garg et al. 2020,
+    Section 2), from the calibrated outputs of one classifier on a labelled holdout and on unlabelled target rows.
+
+    Under H0, for each region R of the output simplex, P_t(f(x) in R) = sum_y p_t(y) P_s(f(x) in R | y). Regions:
+    predicted class x confidence bin (max_y f_y), bins at holdout quantiles so that each holds at least
+    ``min_region_rows`` holdout rows (at most ``max_confidence_bins`` per predicted class; classes predicted fewer
+    than ``min_region_rows`` times on the holdout are pooled into one region) -- the degenerate-bin rule.
+
+    ``method="likelihood-ratio"`` (default): holdout counts N[y, R] ~ Multinomial(n_y, pi_y), target counts
+    T[R] ~ Multinomial(m, sum_y q_y pi_y) under H0, unrestricted target frequencies under H1. The null maximum over
+    (pi, q) is found by EM (SQUAREM-accelerated), so q = p_t (a binned MLLS) and the histograms pi are estimated
+    jointly from both samples; 2 (l_1 - l_0) ~ chi^2 with J - k dof (J regions; a class whose weight is 0 at the
+    null fit adds one dof back, the conservative side of the boundary's chi-bar-squared law).
+    ``method="wald"``: D_R = target fraction - sum_y p_t_hat(y) pi_hat_y(R) with p_t_hat from the MLLS weights,
+    D^T Sigma^+ D with Sigma from the target rows, the holdout rows and the MLLS estimating equations (delta
+    method); measured liberal under severe shift (docs/label_shift_test.md).
+
+    Per-region evidence: z_R = (observed - expected) / sd, expected = sum_y p_t(y) (holdout fraction of class y in
+    R) with p_t from the null fit (likelihood ratio) or MLLS (Wald), sd from the target's and the holdout's
+    multinomial variances; it ranks the regions (it ignores the estimation of w; the p-value does not).
+
+    Assumptions: rows independent; the regions are fixed by the holdout (their dependence on it, and the
+    calibrator's fit on it, are not propagated -- the measured size with BCTS refit on every holdout is in the
+    docs). The test does not need calibrated outputs for its validity (the identity holds for any fixed f), only
+    for the regions to be meaningful. What it cannot see: a violation that leaves the distribution of f(x) a
+    mixture of the holdout's class-conditional ones (e.g. drift along directions the classifier ignores).
+
+    Args:
+        holdout_probs: (n, k) calibrated outputs on the labelled holdout (the rows the calibrator was fit on).
+        holdout_labels: (n,) integer labels 0..k-1; every class needs at least :data:`MIN_CLASS_ROWS` rows.
+        target_probs: (m, k) calibrated outputs on the target rows.
+        weights: the MLLS weights for these target rows relative to ``source_prior`` (checked for optimality): the
+            starting point of the null fit (likelihood ratio) or the weights tested (Wald); None (default) starts
+            the null fit at w = 1, or solves MLLS here for Wald.
+        source_prior: p_s; default the holdout's class frequencies (what ``MLLS().fit`` uses).
+        min_region_rows, max_confidence_bins: the region rule above.
+        class_names: optional k names used in the region names.
+        method: ``"likelihood-ratio"`` (default) or ``"wald"``.
+
+    Returns:
+        :class:`LabelShiftTest`.
+
+    Raises:
+        InputError: shapes or classes that do not match, a class with too few holdout rows, a holdout smaller than
+            :data:`MIN_HOLDOUT` or a target smaller than :data:`MIN_TARGET`, weights that are not the MLLS optimum.
+    """
+    S = check_probabilities(holdout_probs, "holdout_probs", 2)
+    n, k = S.shape
+    P = check_probabilities(target_probs, "target_probs", 2)
+    m = P.shape[0]
+    if P.shape[1] != k:
+        raise InputError(f"target_probs has {P.shape[1]} class columns but holdout_probs has {k}; both must be the "
+                         "calibrated outputs of the same classifier (same classes, same order).")
+    y = check_labels(holdout_labels, "holdout_labels", k, n_rows=n)
+    min_region_rows = _check_int(min_region_rows, "min_region_rows", 1)
+    max_confidence_bins = _check_int(max_confidence_bins, "max_confidence_bins", 1)
+    if class_names is not None and len(class_names) != k:
+        raise InputError(f"class_names has {len(class_names)} entries but there are {k} classes.")
+    if n < MIN_HOLDOUT:
+        raise InputError(f"the holdout has n = {n} rows, fewer than MIN_HOLDOUT = {MIN_HOLDOUT}: the null "
+                         "distribution of the test rests on the holdout's class-conditional output frequencies and "
+                         "is not reliable with so few rows (its size is measured for n >= 500). Collect a larger "
+                         "labelled holdout.")
+    if m < MIN_TARGET:
+        raise InputError(f"target_probs has m = {m} rows, fewer than MIN_TARGET = {MIN_TARGET}; test a larger "
+                         "target batch (or several batches together).")
+    n_y = np.bincount(y, minlength=k)
+    few = np.flatnonzero(n_y < MIN_CLASS_ROWS)
+    if few.size:
+        raise InputError(f"holdout_labels has fewer than MIN_CLASS_ROWS = {MIN_CLASS_ROWS} examples of class(es) "
+                         f"{few.tolist()} (counts {n_y[few].tolist()}); the test needs each class's outputs on the "
+                         "holdout to know what that class looks like. Add labelled holdout examples of those "
+                         "classes.")
+    if method not in METHODS:
+        raise InputError(f"method must be one of {METHODS}, got {method!r}.")
+    p = n_y / n if source_prior is None else check_prior(source_prior, "source_prior", k)
+    w_given = None if weights is None else _mlls_weights(P, p, weights)
+
+    regions = _make_regions(S, min_region_rows, max_confidence_bins)
+    J = regions.n_regions
+    if J < k + 2:
+        raise InputError(f"the holdout gives only {J} regions of the output simplex (at least {min_region_rows} "
+                         f"holdout rows per region), fewer than k + 2 = {k + 2}: the test has no degrees of freedom "
+                         f"left after estimating the {k} class weights. Collect a larger labelled holdout (n = {n} "
+                         "now; the size is measured from n = 500 at k = 10), or lower min_region_rows.")
+    bs = regions.assign(S)
+    bt = regions.assign(P)
+    N = np.zeros((k, J))
+    np.add.at(N, (y, bs), 1.0)
+    T = np.bincount(bt, minlength=J).astype(np.float64)
+    observed = T / m
+
+    if method == "likelihood-ratio":
+        q0 = p if w_given is None else p * w_given
+        pi, q, stat, iters = _null_fit(N, T, q0)
+        free = q > _Q_TOL
+        dof = J - int(free.sum())
+        w = q / p
+        # evidence: the holdout's own histograms reweighted by the null fit's q (what "the holdout reweighted by
+        # w" predicts), against the target; sd from both samples' multinomial variances
+        expected = q @ (N / n_y[:, None])
+        D = observed - expected
+        sigma = (np.diag(expected) - np.outer(expected, expected)) / m + _holdout_cov(N, None, q)
+        p_value = float(chi2.sf(stat, dof))
+        extra = {"em_iterations": iters}
+    else:
+        w = w_given if w_given is not None else np.maximum(mlls_newton(P, p).weights, 0.0)
+        q = p * w
+        pi = N / n_y[:, None]
+        expected = q @ pi
+        D = observed - expected
+        sigma = _wald_target_cov(P, w, p, bt, pi, observed, J) / m + _holdout_cov(N, None, q)
+        stat, dof = _wald(D, sigma)
+        p_value = float(chi2.sf(stat, dof)) if dof > 0 else 1.0
+        extra = {}
+
+    se = np.sqrt(np.maximum(np.diag(sigma), 1e-300))
+    z = D / se
+    holdout_rows = N.sum(axis=0).astype(int)
+    items = []
+    for r, (g, lo, hi) in enumerate(regions.bounds):
+        mem = tuple(regions.members[g])
+        items.append(Region(name=_region_name(mem, lo, hi, class_names), predicted_classes=mem,
+                            confidence_low=lo, confidence_high=hi, observed=float(observed[r]),
+                            expected=float(expected[r]), z=float(z[r]), holdout_rows=int(holdout_rows[r])))
+    items.sort(key=lambda it: -abs(it.z))
+    class_z = np.full(k, np.nan)
+    for g, mem in enumerate(regions.members):
+        if len(mem) != 1:
+            continue
+        a = np.zeros(J)
+        a[[r for r, b in enumerate(regions.bounds) if b[0] == g]] = 1.0
+        v = float(a @ sigma @ a)
+        class_z[mem[0]] = float(a @ D) / math.sqrt(v) if v > 0 else np.nan
+    bonf = float(norm.isf(0.05 / (2 * J)))
+    return LabelShiftTest(statistic=stat, dof=dof, p_value=p_value, weights=w, source_prior=p, regions=tuple(items),
+                          class_z=class_z, n_target=m, n_holdout=n, bonferroni_z=bonf,
+                          method=method, extra={"n_regions": J, "min_region_rows": min_region_rows,
+                                                "max_confidence_bins": max_confidence_bins, **extra})

@@ -1,0 +1,190 @@
+"""The label-shift test (labelshift.label_shift_test): size under label shift, power against a new class and
+covariate shift, the evidence it names, and the errors it raises."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy.stats import binom
+
+from labelshift import MLLS
+from labelshift.errors import InputError
+from labelshift.label_shift_test import MIN_HOLDOUT, LabelShiftTest, label_shift_test
+
+K, D = 4, 4
+MEANS = np.array([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 2.0, 0], [0, 0, 0, 2.0]])
+SOURCE_PRIOR = np.array([0.4, 0.3, 0.2, 0.1])
+
+
+def posterior(x: np.ndarray, prior=SOURCE_PRIOR) -> np.ndarray:
+    """Exact source posterior p_s(y | x) of the Gaussian classes N(mu_y, I) (calibrated by construction)."""
+    z = x @ MEANS.T - 0.5 * np.sum(MEANS ** 2, axis=1) + np.log(prior)
+    z -= z.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def draw(prior, m, rng, means=MEANS):
+    y = rng.choice(len(prior), size=m, p=prior)
+    return means[y] + rng.normal(size=(m, D)), y
+
+
+def holdout(n, rng):
+    x, y = draw(SOURCE_PRIOR, n, rng)
+    return posterior(x), y
+
+
+def test_size_under_label_shift_within_binomial_tolerance():
+    # 200 independent null draws (fresh holdout of n = 1000 and target of m = 2000 each, target priors from
+    # Dirichlet(1)), nominal 5%. If the true size were the goal's 7%, the number of rejections would exceed
+    # binom.ppf(0.999, 200, 0.07) = 25 with probability 0.1%: that is the bound. It also must not be absurdly
+    # conservative: at a true size of 2% the count is below binom.ppf(0.001, 200, 0.02) = 0 only 0.1% of the time,
+    # so we ask for at least one rejection.
+    rng = np.random.default_rng(20261126)
+    rejections = 0
+    for _ in range(200):
+        S, ys = holdout(1000, rng)
+        xt, _ = draw(rng.dirichlet(np.ones(K)), 2000, rng)
+        res = label_shift_test(S, ys, posterior(xt))
+        assert 0.0 <= res.p_value <= 1.0 and res.statistic >= 0.0
+        rejections += res.rejects(0.05)
+    assert rejections <= binom.ppf(0.999, 200, 0.07)
+    assert rejections >= 1
+
+
+def test_rejects_a_new_class_and_names_the_region():
+    # a fifth class the model never saw, a tight cluster (sd 0.3) at the origin, equidistant from the four means,
+    # makes 10% of the target: its rows get low-confidence predictions, mostly of the commonest class 0, which no
+    # reweighting of the holdout's classes reproduces. (A new class as spread out as the known ones, sd 1, sitting
+    # between two of them, looks like their boundary rows and is mostly missed: docs/label_shift_test.md.)
+    rng = np.random.default_rng(1)
+    S, ys = holdout(2000, rng)
+    xk, _ = draw(np.full(K, 0.25), 1800, rng)
+    xt = np.vstack([xk, 0.3 * rng.normal(size=(200, D))])
+    res = label_shift_test(S, ys, posterior(xt))
+    assert res.rejects(0.05) and res.p_value < 0.01
+    top = res.disagreeing()[0]
+    assert top.predicted_classes == (0,)
+    assert top.confidence_low == 0.0                    # the lowest-confidence bin of class 0
+    assert top.observed > top.expected and abs(top.z) > res.bonferroni_z
+    assert f"predicted class {top.predicted_classes[0]}, confidence 0.00-" in top.name
+    assert res.summary().startswith("Not label shift: chi2 = ")
+    assert top.name in res.summary()
+
+
+def test_rejects_covariate_shift_but_not_the_same_data_under_label_shift():
+    rng = np.random.default_rng(2)
+    S, ys = holdout(2000, rng)
+    prior = np.array([0.1, 0.2, 0.3, 0.4])
+    xt, _ = draw(prior, 2000, rng)
+    assert not label_shift_test(S, ys, posterior(xt)).rejects(0.01)
+    # the same target with every input shrunk towards the origin: the classes overlap more, confidence drops
+    res = label_shift_test(S, ys, posterior(0.6 * xt))
+    assert res.rejects(0.01)
+    assert res.disagreeing()[0].observed > res.disagreeing()[0].expected or res.disagreeing()[0].confidence_low > 0
+
+
+def test_weights_and_the_wald_form():
+    rng = np.random.default_rng(3)
+    S, ys = holdout(1000, rng)
+    xt, _ = draw(np.array([0.1, 0.2, 0.3, 0.4]), 3000, rng)
+    P = posterior(xt)
+    w = MLLS().fit(S, ys).estimate(P).weights
+    lr = label_shift_test(S, ys, P, weights=w)
+    lr0 = label_shift_test(S, ys, P)
+    assert lr.statistic == pytest.approx(lr0.statistic, abs=1e-3)      # the start point does not change the fit
+    assert lr.method == "likelihood-ratio" and lr.dof == lr.extra["n_regions"] - K
+    np.testing.assert_allclose(lr.weights, w, atol=0.15)                # the binned null fit is close to MLLS
+    wald = label_shift_test(S, ys, P, weights=w, method="wald")
+    assert wald.method == "wald" and 0.0 <= wald.p_value <= 1.0
+    np.testing.assert_allclose(wald.weights, w)
+    d = lr.to_dict()
+    json.dumps(d)
+    assert d["method"] == "likelihood-ratio" and len(d["regions"]) == lr.extra["n_regions"]
+    assert isinstance(lr, LabelShiftTest)
+
+
+def test_class_names_in_regions():
+    rng = np.random.default_rng(4)
+    S, ys = holdout(1000, rng)
+    xt, _ = draw(SOURCE_PRIOR, 500, rng)
+    res = label_shift_test(S, ys, posterior(xt), class_names=["cat", "dog", "cow", "hen"])
+    assert all(r.name.startswith("predicted class ") for r in res.regions)
+    assert any("dog" in r.name for r in res.regions)
+    assert np.isfinite(res.class_z).all()
+
+
+def _ok(rng=None):
+    rng = rng or np.random.default_rng(5)
+    S, ys = holdout(1000, rng)
+    xt, _ = draw(SOURCE_PRIOR, 500, rng)
+    return S, ys, posterior(xt)
+
+
+def test_error_mismatched_classes():
+    S, ys, P = _ok()
+    with pytest.raises(InputError, match="target_probs has 3 class columns but holdout_probs has 4.*same classifier"):
+        label_shift_test(S, ys, P[:, :3] / P[:, :3].sum(axis=1, keepdims=True))
+
+
+def test_error_class_without_holdout_examples():
+    S, ys, P = _ok()
+    keep = ys != 3
+    with pytest.raises(InputError, match=r"class\(es\) \[3\].*Add labelled holdout examples"):
+        label_shift_test(S[keep], ys[keep], P)
+
+
+def test_error_holdout_too_small():
+    S, ys, P = _ok()
+    with pytest.raises(InputError, match=f"MIN_HOLDOUT = {MIN_HOLDOUT}.*Collect a larger labelled holdout"):
+        label_shift_test(S[:150], ys[:150], P)
+    # enough rows, but too few regions for the degrees of freedom the weights use up
+    with pytest.raises(InputError, match="regions.*fewer than k \\+ 2.*Collect a larger labelled holdout"):
+        label_shift_test(S, ys, P, min_region_rows=400)
+
+
+def test_error_bad_arguments():
+    S, ys, P = _ok()
+    with pytest.raises(InputError, match="holdout_labels has 999 labels"):
+        label_shift_test(S, ys[:999], P)
+    with pytest.raises(InputError, match="weights has 3 entries.*weights=None"):
+        label_shift_test(S, ys, P, weights=np.ones(3))
+    with pytest.raises(InputError, match="not the MLLS maximiser"):
+        label_shift_test(S, ys, P, weights=np.ones(K))
+    with pytest.raises(InputError, match="method must be one of"):
+        label_shift_test(S, ys, P, method="bootstrap")
+    with pytest.raises(InputError, match="target_probs has m = 10 rows"):
+        label_shift_test(S, ys, P[:10])
+    with pytest.raises(InputError, match="looks like logits"):
+        label_shift_test(np.log(S), ys, P)
+    res = label_shift_test(S, ys, P)
+    with pytest.raises(InputError, match="significance"):
+        res.rejects(5)
+
+
+def test_region_rule_pools_rarely_predicted_classes_and_keeps_bins_filled():
+    # class 3 makes 1.5% of the holdout, so it is predicted fewer than min_region_rows = 25 times: it gets one
+    # region without confidence bins (several such classes would share it); every other region holds at least 25
+    # holdout rows (quantile bins, no ties here)
+    rng = np.random.default_rng(6)
+    prior = np.array([0.4, 0.35, 0.235, 0.015])
+    x, ys = draw(prior, 1000, rng)
+    S = posterior(x, prior)
+    assert np.sum(S.argmax(axis=1) == 3) < 25 and np.sum(ys == 3) >= 5
+    xt, _ = draw(np.array([0.3, 0.3, 0.3, 0.1]), 1000, rng)
+    res = label_shift_test(S, ys, posterior(xt, prior))
+    rare = [r for r in res.regions if 3 in r.predicted_classes]
+    assert len(rare) == 1 and rare[0].name == "predicted class 3" and rare[0].holdout_rows < 25
+    assert (rare[0].confidence_low, rare[0].confidence_high) == (0.0, 1.0)
+    assert all(r.holdout_rows >= 25 for r in res.regions if 3 not in r.predicted_classes)
+    assert sum(r.holdout_rows for r in res.regions) == 1000
+    assert abs(sum(r.observed for r in res.regions) - 1.0) < 1e-12
+    assert np.isfinite(res.class_z).all()
+    # two rare classes share one region
+    prior2 = np.array([0.485, 0.485, 0.015, 0.015])
+    x2, y2 = draw(prior2, 1000, rng)
+    res2 = label_shift_test(posterior(x2, prior2), y2, posterior(xt, prior2))
+    shared = [r for r in res2.regions if len(r.predicted_classes) > 1]
+    assert len(shared) == 1 and set(shared[0].predicted_classes) == {2, 3}
+    assert "rarely predicted" in shared[0].name and np.isnan(res2.class_z[[2, 3]]).all()
