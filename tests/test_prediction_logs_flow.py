@@ -63,10 +63,10 @@ def _put(seaweed, bucket, key, body: bytes) -> None:
     seaweed.client().put_object(Bucket=bucket, Key=key, Body=body)
 
 
-def _run(model_uri, tracking_uri, target):
+def _run(model_uri, tracking_uri, target, **options):
     from flows.reestimate import reestimate
 
-    return reestimate(model=model_uri, target=target, tracking_uri=tracking_uri, return_state=True)
+    return reestimate(model=model_uri, target=target, tracking_uri=tracking_uri, return_state=True, **options)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ def test_a_sklearn_model_scores_tabular_parquet_batches(prefect_server, mlflow_s
     # columns checked against the signature before anything is written
     _put(seaweed, s3_bucket, "tab/b.parquet", _parquet({c.upper(): xs[:, i] for i, c in enumerate(columns)}))
     before = {k: _get(seaweed, s3_bucket, k) for k in _keys(seaweed, s3_bucket, "tab/")}
-    state = _run(info["model_uri"], mlflow_s3_server.url, f"s3://{s3_bucket}/tab/")
+    state = _run(info["model_uri"], mlflow_s3_server.url, f"s3://{s3_bucket}/tab/", on_invalid="error")
     assert state.is_failed()
     assert "tab/b.parquet" in state.message and "'px0' is there as 'PX0'" in state.message, state.message
     assert {k: _get(seaweed, s3_bucket, k) for k in _keys(seaweed, s3_bucket, "tab/")} == before
@@ -193,10 +193,19 @@ def test_bad_prediction_logs_fail_naming_batch_and_fix_with_store_and_watermark_
     _put(seaweed, s3_bucket, prefix + "second.parquet", _parquet(_log_batch(digits, 300, 41)))
     _put(seaweed, s3_bucket, prefix + name, body)
     before = {k: _get(seaweed, s3_bucket, k) for k in _keys(seaweed, s3_bucket, prefix)}
-    state = _run(reference["model_uri"], reference["tracking_uri"], f"s3://{s3_bucket}/{prefix}")
+    state = _run(reference["model_uri"], reference["tracking_uri"], f"s3://{s3_bucket}/{prefix}", on_invalid="error")
     assert state.is_failed(), state
     assert name in state.message and all(w in state.message for w in words), state.message
     assert {k: _get(seaweed, s3_bucket, k) for k in _keys(seaweed, s3_bucket, prefix)} == before
+    if case == "mixed":
+        return                   # a target mixing formats is refused whole, whatever the policy
+    # the default policy: the bad batch is quarantined with the same reason, the good one is counted
+    state = _run(reference["model_uri"], reference["tracking_uri"], f"s3://{s3_bucket}/{prefix}")
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["batches"] == ["second.parquet"], summary["batches"]
+    assert [r["key"] for r in summary["rejected"]] == [name]
+    assert all(w in summary["rejected"][0]["reason"] for w in words), summary["rejected"]
 
 
 def test_a_reference_without_class_names_or_with_an_empty_class_is_refused(mlflow_s3_server, digits):

@@ -101,7 +101,8 @@ def test_the_reestimate_flow_logs_a_bad_batch_once(prefect_server, mlflow_databa
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
            "PREFECT_API_URL": prefect_server}
     done = subprocess.run([sys.executable, "-m", "flows.cli", "estimate", "--home", str(tmp_path / "home"),
-                           "--model", model["model_uri"], "--target", str(target), "--tracking-uri", uri],
+                           "--model", model["model_uri"], "--target", str(target), "--tracking-uri", uri,
+                           "--fail-on-invalid"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
     assert done.stderr.count("shape (10, 5)") == 1 and "Traceback" not in done.stderr, done.stderr
