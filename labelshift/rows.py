@@ -160,22 +160,28 @@ def mlls_pass(P: np.ndarray, w, *, hessian: bool = False, precision=np.float64):
     return obj, grad / m, (H / m if hessian else None), dead
 
 
+def _owner(a: np.ndarray):
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a.base if a.base is not None else a
+
+
 def joined(parts) -> np.ndarray:
-    """The rows of ``parts`` (a list of (m_b, k) arrays) as one array: without a copy when they are consecutive views
-    of one C-contiguous array (as a streamed reader fills them), else concatenated."""
+    """The rows of ``parts`` (a list of (m_b, k) arrays) as one array: a read-only view without a copy when they
+    are consecutive C-contiguous pieces of one buffer (as a streamed reader fills them), else concatenated."""
     parts = list(parts)
     if len(parts) == 1:
         return parts[0]
-    base = parts[0].base if parts and isinstance(parts[0], np.ndarray) else None
-    if base is not None and base.ndim == 2 and base.flags.c_contiguous and \
-            all(isinstance(p, np.ndarray) and p.base is base and p.ndim == 2 and p.flags.c_contiguous for p in parts):
-        start = (parts[0].__array_interface__["data"][0] - base.__array_interface__["data"][0]) // base.strides[0]
-        at = start
+    first = parts[0]
+    if all(isinstance(p, np.ndarray) and p.ndim == 2 and p.flags.c_contiguous and p.dtype == first.dtype
+           and p.shape[1] == first.shape[1] for p in parts) and len({id(_owner(p)) for p in parts}) == 1:
+        at = first.__array_interface__["data"][0]
         for p in parts:
-            offset = (p.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // base.strides[0]
-            if offset != at or p.shape[1] != base.shape[1]:
+            if p.__array_interface__["data"][0] != at:
                 break
-            at += p.shape[0]
+            at += p.nbytes
         else:
-            return base[start:at]
+            total = sum(p.shape[0] for p in parts)
+            return np.lib.stride_tricks.as_strided(first, shape=(total, first.shape[1]), strides=first.strides,
+                                                   writeable=False)
     return np.concatenate(parts)

@@ -200,6 +200,7 @@ def _pinned_bounds(P, w, H, p, free, z: float) -> np.ndarray:
     2 m [L_m(w_hat) - L_m(w_hat + t b)] reaches z^2, found by bisection on the exact log-likelihood (convex and
     increasing in t >= 0), or the end of the segment inside W if it never does."""
     m, k = P.shape
+    large = _rows.is_large(P)
     out = np.full(k, np.nan)
     fw = _dot(P, w)
     base = np.log(fw)
@@ -217,7 +218,11 @@ def _pinned_bounds(P, w, H, p, free, z: float) -> np.ndarray:
 
         def drop(t, fb=fb):
             with np.errstate(divide="ignore", invalid="ignore"):
-                val = 2.0 * float(np.sum(base - np.log(fw + t * fb)))
+                if large:       # in row blocks: no (m,) temporaries
+                    val = 2.0 * sum(float(np.sum(base[sl] - np.log(fw[sl] + t * fb[sl])))
+                                    for sl in _rows.blocks(m))
+                else:
+                    val = 2.0 * float(np.sum(base - np.log(fw + t * fb)))
             return val if np.isfinite(val) else np.inf
 
         if drop(t_end) <= target:
