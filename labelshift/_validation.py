@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import rows as _rows
 from .errors import InputError
 
 #: rows of a probability matrix must sum to 1 within this tolerance (float32 outputs of a softmax drift ~1e-6)
@@ -63,8 +64,13 @@ def _valid_probability_rows(arr: np.ndarray) -> bool:
 
 
 def check_probabilities(x, name: str, ndim: int | tuple[int, ...] = 2) -> np.ndarray:
-    """A matrix (or batch) of probability vectors over classes in its last axis."""
-    arr = as_float_array(x, name, ndim, check_finite=False)
+    """A matrix (or batch) of probability vectors over classes in its last axis. A large single set
+    (:func:`labelshift.rows.is_large`) given as float32 stays float32 (no float64 copy of it is made)."""
+    if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim in ((ndim,) if isinstance(ndim, int) else ndim) \
+            and _rows.is_large(x):
+        arr = x
+    else:
+        arr = as_float_array(x, name, ndim, check_finite=False)
     if _valid_probability_rows(arr):
         if arr.shape[-1] < 2:
             raise InputError(f"{name} has {arr.shape[-1]} class column(s); label shift needs at least 2 classes.")

@@ -27,6 +27,7 @@ import numpy as np
 from scipy.linalg import null_space
 from scipy.stats import chi2, norm
 
+from . import rows as _rows
 from ._validation import as_float_array, check_prior, check_probabilities
 from .diagnostics import confusion_condition
 from .errors import FormatError, IllConditionedWarning, InputError
@@ -115,6 +116,18 @@ def _check_inputs(target_probs, source_prior):
     return P, check_prior(p, "source_prior", k)
 
 
+def _dot(P, w) -> np.ndarray:
+    """P @ w in float64; in row blocks for a large set (:mod:`labelshift.rows`)."""
+    return _rows.row_dot(P, w) if _rows.is_large(P) else P @ w
+
+
+def _mean_cov(P) -> tuple[np.ndarray, np.ndarray]:
+    """Column means and covariance (ddof 1); in one blocked pass for a large set (:mod:`labelshift.rows`)."""
+    if _rows.is_large(P):
+        return _rows.mean_cov(P)
+    return P.mean(axis=0), np.cov(P, rowvar=False, ddof=1)
+
+
 def _mle_gap_tol(m: int) -> float:
     """Largest Frank-Wolfe duality gap accepted for 'w is the MLLS maximiser'. The gap bounds L_m(w_hat) - L_m(w),
     so the likelihood-ratio statistic is off by at most 2 m gap: <= 2e-3 here (MLLS's default tol is 1e-10)."""
@@ -142,7 +155,7 @@ def _check_mle(P, weights, p) -> np.ndarray:
         if abs(total - 1.0) > _SUM_TOL:
             raise InputError(f"weights are not in W: sum_y w_y p_s(y) = {total:.8g}, not 1. Pass the MLLS weights "
                              "estimated with this source_prior (or None to solve MLLS here).")
-    fw = P @ w
+    fw = _dot(P, w)
     if np.any(fw <= 0):
         raise InputError(f"weights give zero likelihood to {int(np.sum(fw <= 0))} target row(s) (f_i^T w = 0): "
                          "they are not the MLLS estimate for these target_probs.")
@@ -187,8 +200,9 @@ def _pinned_bounds(P, w, H, p, free, z: float) -> np.ndarray:
     2 m [L_m(w_hat) - L_m(w_hat + t b)] reaches z^2, found by bisection on the exact log-likelihood (convex and
     increasing in t >= 0), or the end of the segment inside W if it never does."""
     m, k = P.shape
+    large = _rows.is_large(P)
     out = np.full(k, np.nan)
-    fw = P @ w
+    fw = _dot(P, w)
     base = np.log(fw)
     target = z * z
     for y in np.flatnonzero(~free):
@@ -200,11 +214,15 @@ def _pinned_bounds(P, w, H, p, free, z: float) -> np.ndarray:
         b[~grown] = 0.0
         neg = b < 0
         t_end = float(np.min(w[neg] / -b[neg])) if neg.any() else 1.0 / p[y]
-        fb = P @ b
+        fb = _dot(P, b)
 
         def drop(t, fb=fb):
             with np.errstate(divide="ignore", invalid="ignore"):
-                val = 2.0 * float(np.sum(base - np.log(fw + t * fb)))
+                if large:       # in row blocks: no (m,) temporaries
+                    val = 2.0 * sum(float(np.sum(base[sl] - np.log(fw[sl] + t * fb[sl])))
+                                    for sl in _rows.blocks(m))
+                else:
+                    val = 2.0 * float(np.sum(base - np.log(fw + t * fb)))
             return val if np.isfinite(val) else np.inf
 
         if drop(t_end) <= target:
@@ -475,7 +493,8 @@ def no_shift_test(target_probs, weights, source_prior, *, source_probs=None) -> 
     m, k = P.shape
     if source_probs is None:
         w = _check_mle(P, weights, p)
-        stat = 2.0 * float(np.sum(np.log((P @ w) / P.sum(axis=1))))
+        sums = _rows.row_dot(P, np.ones(k)) if _rows.is_large(P) else P.sum(axis=1)
+        stat = 2.0 * float(np.sum(np.log(_dot(P, w) / sums)))
         stat = max(stat, 0.0)
         return NoShiftTest(statistic=stat, dof=k - 1, p_value=float(chi2.sf(stat, k - 1)), n_target=m)
     S = check_probabilities(source_probs, "source_probs", 2)
@@ -489,8 +508,9 @@ def no_shift_test(target_probs, weights, source_prior, *, source_probs=None) -> 
     # rows sum to 1, so the means and their difference live in the sum-zero subspace: work in an orthonormal basis
     # U (k, k-1) of it; a direction without variance on either side (a class never predicted) carries no test
     U = null_space(np.ones((1, k)))
-    diff = U.T @ (P.mean(axis=0) - S.mean(axis=0))
-    cov = U.T @ (np.cov(P, rowvar=False, ddof=1) / m + np.cov(S, rowvar=False, ddof=1) / n) @ U
+    mean_t, cov_t = _mean_cov(P)
+    diff = U.T @ (mean_t - S.mean(axis=0))
+    cov = U.T @ (cov_t / m + np.cov(S, rowvar=False, ddof=1) / n) @ U
     lam, V = np.linalg.eigh(0.5 * (cov + cov.T))
     keep = lam > max(float(lam.max()), 0.0) * 1e-12
     proj = V[:, keep].T @ diff

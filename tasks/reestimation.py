@@ -34,6 +34,7 @@ from labelshift.errors import FormatError, InputError, ObjectNotFoundError, Serv
 from labelshift.monitoring import RejectedBatch, TargetBatch, load_batch, write_batch_outputs
 from labelshift.plots import figure_png, plot_prior_estimate
 from labelshift.report import ShiftReport, assess_shift, finite
+from labelshift.rows import joined
 from labelshift.storage import open_store
 
 __all__ = ["REFERENCE_ARTIFACT", "ModelBundle", "parse_model_uri", "log_reestimation_reference", "load_bundle",
@@ -291,8 +292,9 @@ def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: s
                    cross_check: list[str] = (), interval: str = "fisher", level: float = 0.95,
                    significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0,
                    max_interval_width: float | None = None) -> ShiftReport:
-    """:func:`labelshift.report.assess_shift` on the pooled batches, with the bundle's source holdout and prior."""
-    return assess_shift(bundle.source_probs, bundle.source_labels, probs, source_prior=bundle.source_prior,
+    """:func:`labelshift.report.assess_shift` on the pooled batches, with the bundle's source holdout and prior (the
+    batches pooled without a copy when they are views of one array, :func:`labelshift.rows.joined`)."""
+    return assess_shift(bundle.source_probs, bundle.source_labels, joined(probs), source_prior=bundle.source_prior,
                         estimator=estimator, cross_check=cross_check, interval=interval, level=level,
                         significance=significance, n_bootstrap=n_bootstrap, seed=seed,
                         max_interval_width=max_interval_width)

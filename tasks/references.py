@@ -30,9 +30,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from labelshift import calibration as calibration_mod
-from labelshift.batches import (OUTPUT_KINDS, OutputSpec, batch_format, check_one_format, check_reference,
-                                corrected_parquet, default_class_names, iter_feature_chunks, iter_output_chunks,
-                                read_holdout, read_ids, write_corrected)
+from labelshift import rows as rows_mod
+from labelshift.batches import (OUTPUT_KINDS, OutputSpec, batch_format, batch_rows, check_one_format,
+                                check_reference, default_class_names, iter_feature_chunks, iter_ids,
+                                iter_output_chunks, read_holdout, write_corrected_parquet, write_corrected_file)
 from labelshift.calibration import load_calibrator
 from labelshift.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
@@ -425,18 +426,78 @@ def _model_scores(bundle: ReferenceBundle, x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _download(store, b: TargetBatch, folder: Path, name: str) -> Path:
+    """The batch as the local file ``folder/name``, streamed from the store (verified against its recorded checksum on
+    the way) and hashed again against the checksum this run listed."""
+    from labelshift.monitoring import ChangedBatchError
+    from labelshift.storage.base import file_sha256
+
+    path = folder / f"{name}{Path(b.key).suffix}"
+    store.get_file(b.key, path)
+    digest = file_sha256(path)
+    if digest != b.checksum:
+        raise ChangedBatchError(f"batch {store.url(b.key)} changed after this run listed it (listed sha256 "
+                                f"{b.checksum[:12]}..., read {digest[:12]}...); run again.", {b.key: (b.checksum, digest)})
+    return path
+
+
+def _skip(out: ScoredBatches, b: TargetBatch, exc: Exception, logger) -> None:
+    out.skipped.append({"key": b.key, "reason": str(exc)})
+    logger.warning("skipped %s: %s", b.key, exc)
+
+
+def _reject(out: ScoredBatches, b: TargetBatch, exc: Exception, logger) -> None:
+    out.rejected.append(RejectedBatch(b, str(exc)))
+    logger.warning("rejected %s: %s", b.key, exc)
+
+
+def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out: ScoredBatches, logger) -> None:
+    """Prediction logs: every batch streamed to a temporary file, then read in row chunks, calibrated chunk by chunk
+    into one pooled float32 (m, k) array; the good batches get consecutive views of it (so pooling them is free:
+    :func:`labelshift.rows.joined`). A batch that fails its checks part-way gives its rows back to the next one."""
+    with tempfile.TemporaryDirectory(prefix="labelshift-batches-") as tmp, rows_mod.one_blas_thread():
+        files = []
+        for i, b in enumerate(batches):
+            uri, fmt = store.url(b.key), batch_format(b.key)
+            try:
+                path = _download(store, b, Path(tmp), f"batch-{i}")
+                files.append((b, uri, fmt, path, batch_rows(path, fmt, uri)))
+            except (ObjectNotFoundError, ChangedBatchError) as exc:
+                _skip(out, b, exc, logger)
+            except (FormatError, InputError) as exc:
+                _reject(out, b, exc, logger)
+        pooled = np.empty((sum(f[4] for f in files), bundle.n_classes), dtype=np.float32)
+        at = 0
+        for b, uri, fmt, path, n in files:
+            row = at
+            try:
+                for chunk in iter_output_chunks(path, fmt, bundle.spec, uri):
+                    if row + len(chunk) > at + n:
+                        raise FormatError(f"batch {uri} holds more rows than its metadata says ({n}); write it "
+                                          "again.")
+                    pooled[row:row + len(chunk)] = bundle.calibrator.predict_proba(chunk.astype(np.float64))
+                    row += len(chunk)
+                if row != at + n:
+                    raise FormatError(f"batch {uri} holds {row - at} rows but its metadata says {n}; write it again.")
+            except (FormatError, InputError) as exc:
+                _reject(out, b, exc, logger)
+                continue
+            finally:
+                path.unlink(missing_ok=True)
+            out.batches.append(b)
+            out.probs.append(pooled[at:row])
+            at = row
+
+
 def _score_batch(bundle, store, b: TargetBatch, batch_size: int) -> np.ndarray:
-    """Calibrated probabilities of every row of one batch (its rows stream through in chunks; only the (n, k)
-    probabilities stay). Raises FormatError/InputError for a batch that fails its checks."""
+    """Calibrated probabilities of every row of one batch of model inputs (its rows stream through in chunks; only
+    the (n, k) probabilities stay). Raises FormatError/InputError for a batch that fails its checks."""
     if isinstance(bundle, ModelBundle):
         x = load_batch(store, b, input_shape=bundle.input_shape)
         return bundle.calibrator.predict_proba(_forward(bundle.model, x, batch_size))
     uri, fmt = store.url(b.key), batch_format(b.key)
     parts = []
-    if bundle.mode == "outputs":
-        for chunk in iter_output_chunks(_bytes(store, b), fmt, bundle.spec, uri):
-            parts.append(bundle.calibrator.predict_proba(chunk.astype(np.float64)))
-    elif fmt == "parquet":
+    if fmt == "parquet":
         for chunk in iter_feature_chunks(_bytes(store, b), uri, bundle.input_columns,
                                          chunk_rows=max(batch_size, 1024)):
             parts.append(bundle.calibrator.predict_proba(_model_scores(bundle, chunk)))
@@ -453,50 +514,89 @@ def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], 
     """Calibrated probabilities of every row of every batch, in any mode and format, in one pass that goes on past a
     bad batch: a batch whose content fails its checks (FormatError, InputError) is set aside as rejected with its
     message, one deleted or replaced since the listing as skipped. Nothing is written here. Different formats under
-    one target, or trouble with the store itself (unreachable, credentials), still fail."""
+    one target, or trouble with the store itself (unreachable, credentials), still fail. Rows stream through in
+    chunks; only the (n, k) probabilities stay: float32 views of one pooled array for prediction logs, float64 per
+    batch for models scored here."""
     from prefect.logging import get_run_logger
 
     logger = get_run_logger()
     store = open_store(target_uri)
     _check_formats(bundle, store, batches)
     out, t0 = ScoredBatches([], []), time.perf_counter()
-    for i, b in enumerate(batches):
-        try:
-            probs = _score_batch(bundle, store, b, batch_size)
-        except (ObjectNotFoundError, ChangedBatchError) as exc:
-            out.skipped.append({"key": b.key, "reason": str(exc)})
-            logger.warning("skipped %s: %s", b.key, exc)
-            continue
-        except (FormatError, InputError) as exc:
-            out.rejected.append(RejectedBatch(b, str(exc)))
-            logger.warning("rejected %s: %s", b.key, exc)
-            continue
-        out.probs.append(probs)
-        out.batches.append(b)
-        logger.info("scored %s (%d of %d): %d rows, %.1f s so far", b.key, i + 1, len(batches), len(probs),
-                    time.perf_counter() - t0)
-    logger.info("%d batch(es) scored, %d rejected, %d skipped", len(out.batches), len(out.rejected),
-                len(out.skipped))
+    if isinstance(bundle, ReferenceBundle) and bundle.mode == "outputs":
+        _score_logs(bundle, store, batches, out, logger)
+    else:
+        for i, b in enumerate(batches):
+            try:
+                probs = _score_batch(bundle, store, b, batch_size)
+            except (ObjectNotFoundError, ChangedBatchError) as exc:
+                _skip(out, b, exc, logger)
+                continue
+            except (FormatError, InputError) as exc:
+                _reject(out, b, exc, logger)
+                continue
+            out.probs.append(probs)
+            out.batches.append(b)
+            logger.info("scored %s (%d of %d): %d rows, %.1f s so far", b.key, i + 1, len(batches), len(probs),
+                        time.perf_counter() - t0)
+    logger.info("%d batch(es) scored, %d rejected, %d skipped in %.1f s", len(out.batches), len(out.rejected),
+                len(out.skipped), time.perf_counter() - t0)
     return out
+
+
+def _take(ids, pending: list, n: int):
+    """The next ``n`` ids from the chunk iterator ``ids`` (whose chunks need not be n long); None without ids."""
+    import pyarrow as pa
+
+    have = sum(len(a) for a in pending)
+    while have < n:
+        chunk = next(ids, None)
+        if chunk is None:
+            if not pending:
+                return None
+            raise FormatError(f"the id column holds {have} rows fewer than the outputs; write the batch again.")
+        pending.append(chunk)
+        have += len(chunk)
+    joined = pa.concat_arrays(pending) if len(pending) > 1 else pending[0]
+    pending[:] = [joined.slice(n)] if len(joined) > n else []
+    return joined.slice(0, n)
+
+
+def _corrected_chunks(probs: np.ndarray, weights: np.ndarray, ids, chunk_rows: int):
+    pending: list = []
+    for sl in rows_mod.blocks(len(probs), chunk_rows):
+        block = probs[sl]
+        yield correct_predictions(block, weights).astype(np.float32), _take(ids, pending, len(block))
 
 
 @task(name="write-outputs", cache_policy=NO_CACHE, persist_result=False)
 def write_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], probs: list[np.ndarray],
                            weights: list[float], summary: dict) -> list[str]:
     """Corrected predictions beside each batch: ``.corrected.npy`` for .npy batches (as for PyTorch models),
-    ``.corrected.parquet`` with one column per class name (and the batch's id column) for Parquet batches."""
+    ``.corrected.parquet`` with one column per class name (and the batch's id column) for Parquet batches, written
+    row group by row group to a temporary file (the batch's id column streamed from a downloaded copy), then
+    uploaded."""
     if all(b.key.endswith(".npy") for b in batches):
         return write_outputs.fn(target_uri, batches, probs, weights, summary)
     store = open_store(target_uri)
     names = class_names_of(bundle)
     id_column = getattr(bundle, "id_column", None)
+    w = np.asarray(weights, dtype=np.float64)
+    chunk_rows = rows_mod.ROW_BLOCK
     urls = []
-    for b, p in zip(batches, probs):
-        corrected = correct_predictions(p, np.asarray(weights)).astype(np.float32)
-        ids = read_ids(_bytes(store, b), store.url(b.key), id_column)
-        payload = corrected_parquet(corrected, names, ids, id_column)
-        batch_summary = dict(summary, batch={"key": b.key, "checksum": b.checksum, "rows": int(len(p)),
-                                             "corrected": store.url(b.corrected_key)})
-        write_corrected(store, b, payload, b.corrected_key, batch_summary, rows=len(p), classes=len(names))
-        urls.append(store.url(b.corrected_key))
+    with rows_mod.one_blas_thread():
+        for b, p in zip(batches, probs):
+            with tempfile.TemporaryDirectory(prefix="labelshift-corrected-") as tmp:
+                folder = Path(tmp)
+                if id_column:
+                    source = _download(store, b, folder, "batch")
+                    ids = iter_ids(source, store.url(b.key), id_column, chunk_rows=chunk_rows)
+                else:
+                    ids = iter_ids(None, store.url(b.key), None)
+                out = folder / "corrected.parquet"
+                write_corrected_parquet(out, _corrected_chunks(p, w, ids, chunk_rows), names, id_column)
+                batch_summary = dict(summary, batch={"key": b.key, "checksum": b.checksum, "rows": int(len(p)),
+                                                     "corrected": store.url(b.corrected_key)})
+                write_corrected_file(store, b, out, b.corrected_key, batch_summary, rows=len(p), classes=len(names))
+            urls.append(store.url(b.corrected_key))
     return urls

@@ -1,0 +1,187 @@
+"""Passes over the rows of one large (m, k) array of probabilities in blocks, accumulating in float64.
+
+A target of 10 million rows and 10 classes is 400 MB as float32 and 800 MB as float64; a whole-array float64
+temporary (``P.astype(float64)``, ``P * v[:, None]``, ``np.cov(P)``) doubles or triples that. The functions here
+read ``P`` in blocks of :data:`ROW_BLOCK` rows, convert each block to float64 and add its contribution to float64
+sums, so that their memory is one block whatever m is, and ``P`` may stay float32. Their results equal the
+whole-array formulas up to the rounding of the summation order (relative 1e-12 or better at m = 10^7).
+
+:func:`is_large` decides where the library switches to them: a single (m, k) set (or a batch of one set with
+uniform row weights) of more than :data:`LARGE_ROWS` rows; such a set is also kept in float32 when given so
+(:func:`labelshift._validation.check_probabilities`). Below that the whole-array formulas run as before, so results
+on smaller inputs are unchanged to the bit.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import numpy as np
+
+__all__ = ["ROW_BLOCK", "LARGE_ROWS", "is_large", "single_set", "blocks", "row_dot", "column_sums", "mean_cov",
+           "argmax_counts", "mlls_pass", "one_blas_thread", "joined"]
+
+#: rows per block (2.5 MB of float32, 5 MB of float64 at k = 10: the float64 temporaries of a block stay in cache)
+ROW_BLOCK = 65536
+#: single sets with more rows than this use the blocked passes
+LARGE_ROWS = 1 << 20
+
+
+@functools.lru_cache(maxsize=1)
+def _controller():
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:        # pragma: no cover - threadpoolctl comes with scikit-learn
+        return None
+    return ThreadpoolController()
+
+
+def one_blas_thread():
+    """A context in which BLAS runs on one thread. The products of a block are small (65536 x k): threads gain
+    little on them, and on a busy machine OpenBLAS threads waiting for each other make a pass over 10^6 rows
+    take 0.1-0.3 s instead of 4 ms (measured on the 2-core benchmark machine under load)."""
+    ctl = _controller()
+    return ctl.limit(limits=1, user_api="blas") if ctl is not None else contextlib.nullcontext()
+
+
+def _single_threaded(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with one_blas_thread():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+def single_set(probs, mask=None) -> np.ndarray | None:
+    """The (m, k) rows of ``probs`` when it is one set with uniform row weights -- an (m, k) array, or a (1, M, k)
+    batch whose mask is None or all equal -- else None. No copy."""
+    if not isinstance(probs, np.ndarray) or probs.dtype not in (np.float32, np.float64):
+        return None
+    if probs.ndim == 3 and probs.shape[0] == 1:
+        P = probs[0]
+    elif probs.ndim == 2:
+        P = probs
+    else:
+        return None
+    if mask is not None:
+        c = np.asarray(mask)
+        if c.size != P.shape[0] or not np.all(c.ravel() == c.ravel()[0]) or not c.ravel()[0] > 0:
+            return None
+    return P
+
+
+def is_large(probs, mask=None) -> bool:
+    """Whether the blocked passes apply: one set (:func:`single_set`) of more than :data:`LARGE_ROWS` rows."""
+    P = single_set(probs, mask)
+    return P is not None and P.shape[0] > LARGE_ROWS
+
+
+def blocks(m: int, size: int | None = None):
+    size = ROW_BLOCK if size is None else int(size)
+    for a in range(0, m, size):
+        yield slice(a, min(a + size, m))
+
+
+@_single_threaded
+def row_dot(P: np.ndarray, w) -> np.ndarray:
+    """f_i^T w for every row, float64 (m,)."""
+    w = np.asarray(w, dtype=np.float64)
+    out = np.empty(P.shape[0])
+    for sl in blocks(P.shape[0]):
+        np.matmul(P[sl].astype(np.float64, copy=False), w, out=out[sl])
+    return out
+
+
+@_single_threaded
+def column_sums(P: np.ndarray) -> np.ndarray:
+    """sum_i f_i, float64 (k,)."""
+    total = np.zeros(P.shape[1])
+    for sl in blocks(P.shape[0]):
+        total += P[sl].sum(axis=0, dtype=np.float64)
+    return total
+
+
+@_single_threaded
+def mean_cov(P: np.ndarray, ddof: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Column means and covariance (as ``np.cov(P, rowvar=False, ddof=ddof)``) in one pass: each block is
+    centred on the first block's mean before its cross-products are added (shifted data, so no cancellation)."""
+    m, k = P.shape
+    shift = P[:min(m, ROW_BLOCK)].mean(axis=0, dtype=np.float64)
+    s = np.zeros(k)
+    ss = np.zeros((k, k))
+    for sl in blocks(m):
+        B = P[sl].astype(np.float64) - shift
+        s += B.sum(axis=0)
+        ss += B.T @ B
+    d = s / m
+    cov = (ss - m * np.outer(d, d)) / (m - ddof)
+    return shift + d, 0.5 * (cov + cov.T)
+
+
+@_single_threaded
+def argmax_counts(P: np.ndarray) -> np.ndarray:
+    """Counts of the argmax prediction per class, float64 (k,)."""
+    k = P.shape[1]
+    counts = np.zeros(k)
+    for sl in blocks(P.shape[0]):
+        counts += np.bincount(np.argmax(P[sl], axis=1), minlength=k)
+    return counts
+
+
+@_single_threaded
+def mlls_pass(P: np.ndarray, w, *, hessian: bool = False, precision=np.float64):
+    """One pass of the MLLS quantities at w: (objective, gradient, Hessian or None, whether some row has
+    f_i^T w <= 0), all (1/m)-normalised as :func:`labelshift.solvers.mlls_objective`, ``mlls_gradient`` and
+    ``mlls_hessian``. Rows with f_i^T w <= 0 contribute nothing to the gradient and Hessian and make the
+    objective -inf. ``precision=np.float32`` computes the blocks in single precision (the sums stay float64):
+    the EM warm start of the row solver, which only needs to locate the optimum."""
+    m, k = P.shape
+    w = np.asarray(w, dtype=np.float64)
+    wp = w.astype(precision)
+    obj, grad = 0.0, np.zeros(k)
+    H = np.zeros((k, k)) if hessian else None
+    dead = False
+    for sl in blocks(P.shape[0]):
+        B = P[sl].astype(precision, copy=False)
+        fw = B @ wp
+        bad = fw <= 0
+        if bad.any():
+            dead = True
+            fw = np.where(bad, 1.0, fw).astype(precision)
+            inv = np.where(bad, 0.0, 1.0 / fw).astype(precision)
+        else:
+            inv = 1.0 / fw
+        obj += float(np.log(fw).sum(dtype=np.float64))
+        grad += (inv @ B).astype(np.float64)
+        if hessian:
+            Bv = B * inv[:, None]
+            H += (Bv.T @ Bv).astype(np.float64)
+    obj = -np.inf if dead else obj / m
+    return obj, grad / m, (H / m if hessian else None), dead
+
+
+def _owner(a: np.ndarray):
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a.base if a.base is not None else a
+
+
+def joined(parts) -> np.ndarray:
+    """The rows of ``parts`` (a list of (m_b, k) arrays) as one array: a read-only view without a copy when they
+    are consecutive C-contiguous pieces of one buffer (as a streamed reader fills them), else concatenated."""
+    parts = list(parts)
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    if all(isinstance(p, np.ndarray) and p.ndim == 2 and p.flags.c_contiguous and p.dtype == first.dtype
+           and p.shape[1] == first.shape[1] for p in parts) and len({id(_owner(p)) for p in parts}) == 1:
+        at = first.__array_interface__["data"][0]
+        for p in parts:
+            if p.__array_interface__["data"][0] != at:
+                break
+            at += p.nbytes
+        else:
+            total = sum(p.shape[0] for p in parts)
+            return np.lib.stride_tricks.as_strided(first, shape=(total, first.shape[1]), strides=first.strides,
+                                                   writeable=False)
+    return np.concatenate(parts)
