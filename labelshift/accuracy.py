@@ -68,6 +68,7 @@ class AccuracyEstimate:
         per_class_recall: (k,) recall_y of the deployed model on the holdout.
         corrected_per_class_recall: (k,) recall'_y of the corrected rule on the holdout.
         target_prior: (k,) p_t_hat used as weights.
+        weights: (k,) the MLLS weights w of the corrected rule (p_t_hat / p_s).
         variance: the parts of std_error^2: ``prior_target`` (target sample), ``prior_holdout`` (calibrator and
             p_s), ``recall`` (holdout recall, binomial, with the small-count floor), ``cross`` (2 Cov(recall,
             prior) through the shared holdout rows; may be negative).
@@ -97,6 +98,7 @@ class AccuracyEstimate:
     per_class_recall: np.ndarray
     corrected_per_class_recall: np.ndarray
     target_prior: np.ndarray
+    weights: np.ndarray
     variance: dict
     level: float
     method: str = METHOD
@@ -156,7 +158,7 @@ class AccuracyEstimate:
             if f.name not in d:
                 continue
             v = d[f.name]
-            if f.name in ("per_class_recall", "corrected_per_class_recall", "target_prior"):
+            if f.name in ("per_class_recall", "corrected_per_class_recall", "target_prior", "weights"):
                 kw[f.name] = np.array([_float(x) for x in v])
             elif f.name == "variance":
                 kw[f.name] = {key: _float(x) for key, x in v.items()}
@@ -219,7 +221,7 @@ def _rule_accuracy(correct, y, counts, pt, cov_t, infl_pt, target_infl, target_c
             (clip(est - z * se_batch), clip(est + z * se_batch), se_batch), parts)
 
 
-def _target_influence(Pt, w, pinned):
+def _target_influence(Pt, w, ps, pinned):
     """(m, k) influence of each target row on p_t_hat = p_s * w_hat with p_s fixed (the target part of the
     source-aware covariance): p_s,F * H_FF^{-1} (s_i,F - mean s_F), s_i = f_i / f_i^T w."""
     m, k = Pt.shape
@@ -229,7 +231,7 @@ def _target_influence(Pt, w, pinned):
     H = SF.T @ SF / m
     Hinv = np.linalg.pinv(H, rcond=1e-14, hermitian=True)
     out = np.zeros((m, k))
-    out[:, F] = (SF - SF.mean(axis=0)) @ Hinv
+    out[:, F] = ((SF - SF.mean(axis=0)) @ Hinv) * ps[F]
     return out, S
 
 
@@ -297,7 +299,7 @@ def expected_accuracy(holdout_outputs, holdout_labels, target_outputs, calibrato
 
     Ph = calibrator.predict_proba(Xh)
     Pt = calibrator.predict_proba(Xt)
-    target_infl, S = _target_influence(Pt, w, pinned)
+    target_infl, S = _target_influence(Pt, w, np.asarray(interval.source_prior, dtype=np.float64), pinned)
     Q = S * w                                                      # target posteriors under p_t_hat
     # deployed rule: argmax of the raw outputs
     correct = np.argmax(Xh, axis=1) == y
@@ -315,6 +317,6 @@ def expected_accuracy(holdout_outputs, holdout_labels, target_outputs, calibrato
         std_error=se, batch_lower=blo, batch_upper=bhi, batch_std_error=bse, corrected=est_c,
         corrected_lower=clo, corrected_upper=chi, corrected_std_error=cse, corrected_batch_lower=cblo,
         corrected_batch_upper=cbhi, corrected_batch_std_error=cbse, per_class_recall=r,
-        corrected_per_class_recall=rc, target_prior=pt.copy(), variance=parts, level=float(level),
+        corrected_per_class_recall=rc, target_prior=pt.copy(), weights=w.copy(), variance=parts, level=float(level),
         n_source=n, n_target=int(Xt.shape[0]), trustworthy=bool(interval.trustworthy),
         reasons=list(interval.reasons))
