@@ -271,6 +271,9 @@ def build_report(args, results, wall, command) -> str:
     lines += ["", f"Cells outside [0.93, 0.97] ({len(misses)} of {4 * len(results)} coverages; with "
               f"{args.seeds} seeds about 1 in 20 falls outside by chance when the true rate is 0.95):", ""]
     lines += [f"* {x}" for x in misses] or ["* none"]
+    lines += ["", "Reading (what the run above showed is in `docs/accuracy.md`, section \"Measured coverage\"): the "
+              "deployed model's intervals are checked against a population truth; the corrected rule's against the "
+              "truth of each seed's own rule, with the rule held fixed in the variance."]
     return "\n".join(lines) + "\n"
 
 
