@@ -70,6 +70,11 @@ class SourceAwareInterval(PriorInterval):
         reasons: one sentence per failed check, naming the number and its threshold.
         target_only: the present target-only interval (``method="fisher"``, as
             :func:`~labelshift.uncertainty.fisher_interval` computes it) for the same estimate, for comparison.
+        holdout_influence: (n, k) the influence of each holdout row on the estimate of p_t (centred, in holdout row
+            order): p_t_hat - p_t ~ (target part) + (1/n) sum_j holdout_influence[j], and
+            ``covariance_holdout = holdout_influence.T @ holdout_influence / n**2``. For quantities estimated on the
+            same holdout rows whose error is correlated with the prior's (:mod:`labelshift.accuracy`). Not
+            serialised by ``to_dict``.
     """
 
     source_prior: np.ndarray = None
@@ -83,6 +88,7 @@ class SourceAwareInterval(PriorInterval):
     trustworthy: bool = True
     reasons: list = field(default_factory=list)
     target_only: PriorInterval | None = field(default=None, repr=False)
+    holdout_influence: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def holdout_share(self) -> np.ndarray:
@@ -460,4 +466,4 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
         extra={"z": z, "n_source": n, "calibrator": kind, "n_parameters": design.q},
         source_prior=ps, covariance=cov_pt, covariance_target=cov_pt_t, covariance_holdout=cov_pt_h,
         weights_covariance=cov_w, weights_std_error=se_w, n_source=n, calibrator=kind,
-        trustworthy=not reasons, reasons=reasons, target_only=fisher)
+        trustworthy=not reasons, reasons=reasons, target_only=fisher, holdout_influence=infl_pt)

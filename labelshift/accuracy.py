@@ -1,0 +1,322 @@
+"""What the shift costs: the deployed model's expected accuracy on the target, with an interval.
+
+Under label shift p_t(x | y) = p_s(x | y) (Garg et al., NeurIPS 2020, Section 2), so the recall of any fixed rule,
+r_y = P(rule(x) = y | y), is the same on source and target. The accuracy of the rule on the target is therefore
+
+    acc_t = sum_y r_y p_t(y),
+
+with r_y measured on the labelled source holdout and p_t estimated by MLLS (eq. (mlls-sample)). Two rules are
+reported: the deployed model (argmax of its raw outputs) and the corrected one (argmax_y w_y f_y(x) with f the
+calibrated predictor and w the MLLS weights, :func:`labelshift.diagnostics.correct_predictions`).
+
+The interval's variance adds the target prior's covariance from :func:`labelshift.joint_uncertainty.
+source_aware_interval` (target sample, calibrator parameters and p_s) to the recall's sampling error on the holdout,
+including the covariance between the two (both are computed from the same holdout rows). The formula and what it
+does not cover (calibration bias, shift that is not label shift) are in ``docs/accuracy.md``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+from scipy.stats import norm
+
+from ._validation import as_float_array, check_labels
+from .errors import InputError
+from .joint_uncertainty import SourceAwareInterval, source_aware_interval
+
+__all__ = ["AccuracyEstimate", "expected_accuracy", "METHOD"]
+
+#: the ``method`` of the result: the variance is that of the source-aware interval plus the holdout recall's
+METHOD = "source-aware"
+
+
+def _num(v):
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _float(v):
+    return float("nan") if v is None else float(v)
+
+
+@dataclass(frozen=True)
+class AccuracyEstimate:
+    """The deployed model's accuracy on the source holdout and its expected accuracy on the target.
+
+    Two estimands, both under the label-shift assumption and a calibrated f (``docs/accuracy.md``):
+
+    * *expected* accuracy on the target population, acc_t = sum_y r_y p_t(y): ``lower``/``upper`` is a confidence
+      interval for it (``std_error`` its standard error);
+    * the accuracy on the m target rows that were scored (what their labels would show, if they arrived):
+      ``batch_lower``/``batch_upper`` is a prediction interval for it around the same point estimate. It is wider,
+      by the Bernoulli spread of m rows' correctness.
+
+    Attributes:
+        source: accuracy of the deployed model on the n labelled holdout rows.
+        source_std_error: its binomial standard error sqrt(a (1 - a) / n).
+        expected: sum_y recall_y * p_t_hat(y), recall from the holdout, p_t_hat from MLLS.
+        lower, upper: the interval on ``expected`` at ``level`` (normal, clipped to [0, 1]).
+        std_error: standard error of ``expected``.
+        batch_lower, batch_upper, batch_std_error: the prediction interval for the accuracy on the target rows.
+        corrected: the same for the corrected predictions argmax_y w_y f_y(x): sum_y recall'_y p_t_hat(y).
+        corrected_lower, corrected_upper, corrected_std_error: its interval (the rule's w and calibrator held fixed,
+            see docs/accuracy.md).
+        corrected_batch_lower, corrected_batch_upper, corrected_batch_std_error: its prediction interval on the
+            target rows.
+        per_class_recall: (k,) recall_y of the deployed model on the holdout.
+        corrected_per_class_recall: (k,) recall'_y of the corrected rule on the holdout.
+        target_prior: (k,) p_t_hat used as weights.
+        weights: (k,) the MLLS weights w of the corrected rule (p_t_hat / p_s).
+        variance: the parts of std_error^2: ``prior_target`` (target sample), ``prior_holdout`` (calibrator and
+            p_s), ``recall`` (holdout recall, binomial, with the small-count floor), ``cross`` (2 Cov(recall,
+            prior) through the shared holdout rows; may be negative).
+        level: confidence level.
+        method: ``"source-aware"``.
+        n_source, n_target: holdout and target rows.
+        trustworthy, reasons: those of the target-prior interval (an estimate of p_t that is poorly identified
+            makes this one poorly identified too).
+    """
+
+    source: float
+    source_std_error: float
+    expected: float
+    lower: float
+    upper: float
+    std_error: float
+    batch_lower: float
+    batch_upper: float
+    batch_std_error: float
+    corrected: float
+    corrected_lower: float
+    corrected_upper: float
+    corrected_std_error: float
+    corrected_batch_lower: float
+    corrected_batch_upper: float
+    corrected_batch_std_error: float
+    per_class_recall: np.ndarray
+    corrected_per_class_recall: np.ndarray
+    target_prior: np.ndarray
+    weights: np.ndarray
+    variance: dict
+    level: float
+    method: str = METHOD
+    n_source: int = 0
+    n_target: int = 0
+    trustworthy: bool = True
+    reasons: list = field(default_factory=list)
+
+    @property
+    def change(self) -> float:
+        """expected - source: what the shift costs (negative) or gains (positive), in accuracy."""
+        return self.expected - self.source
+
+    def covers(self, accuracy: float) -> bool:
+        """Whether ``accuracy`` lies in [lower, upper]."""
+        return bool(self.lower <= accuracy <= self.upper)
+
+    def summary(self, digits: int = 2) -> str:
+        """One line for a verdict, e.g. ``accuracy estimated 0.91 [0.89, 0.93], 0.95 on the source; corrected
+        predictions 0.93 [0.91, 0.95]``."""
+        f = f"{{:.{digits}f}}"
+        s = (f"accuracy estimated {f.format(self.expected)} [{f.format(self.lower)}, {f.format(self.upper)}], "
+             f"{f.format(self.source)} on the source; corrected predictions {f.format(self.corrected)} "
+             f"[{f.format(self.corrected_lower)}, {f.format(self.corrected_upper)}]")
+        return s if self.trustworthy else s + " (untrustworthy: the target prior is poorly identified)"
+
+    def to_dict(self) -> dict:
+        """JSON-able: floats (None for nan), lists for the per-class arrays."""
+        d = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, np.ndarray):
+                d[f.name] = [_num(x) for x in v]
+            elif isinstance(v, dict):
+                d[f.name] = {key: _num(x) for key, x in v.items()}
+            elif isinstance(v, bool):
+                d[f.name] = v
+            elif isinstance(v, (int, np.integer)) and f.name in ("n_source", "n_target"):
+                d[f.name] = int(v)
+            elif isinstance(v, (float, np.floating)):
+                d[f.name] = _num(v)
+            else:
+                d[f.name] = list(v) if isinstance(v, list) else v
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "AccuracyEstimate":
+        """The estimate that :meth:`to_dict` wrote; ``from_dict(d).to_dict() == d``."""
+        if not isinstance(d, dict):
+            raise InputError(f"accuracy must be a dict as AccuracyEstimate.to_dict writes it, got {type(d).__name__}.")
+        missing = [f.name for f in fields(cls) if f.name not in d and f.name not in ("method", "trustworthy",
+                                                                                     "reasons")]
+        if missing:
+            raise InputError(f"accuracy dict lacks {missing}; pass a dict that AccuracyEstimate.to_dict wrote.")
+        kw = {}
+        for f in fields(cls):
+            if f.name not in d:
+                continue
+            v = d[f.name]
+            if f.name in ("per_class_recall", "corrected_per_class_recall", "target_prior", "weights"):
+                kw[f.name] = np.array([_float(x) for x in v])
+            elif f.name == "variance":
+                kw[f.name] = {key: _float(x) for key, x in v.items()}
+            elif f.name in ("n_source", "n_target"):
+                kw[f.name] = int(v)
+            elif f.name in ("method",):
+                kw[f.name] = str(v)
+            elif f.name == "trustworthy":
+                kw[f.name] = bool(v)
+            elif f.name == "reasons":
+                kw[f.name] = list(v)
+            else:
+                kw[f.name] = _float(v)
+        return cls(**kw)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the variance of sum_y r_y p_t(y)
+# ---------------------------------------------------------------------------------------------------------------
+def _rule_accuracy(correct, y, counts, pt, cov_t, infl_pt, target_infl, target_correct_prob, z):
+    """Point estimate, standard errors (population, batch) and variance parts for one rule.
+
+    correct: (n,) bools, the rule right on holdout row j; y: (n,) labels; counts: (k,) n_y; pt: (k,) p_t_hat;
+    cov_t: (k, k) target part of Cov(p_t_hat); infl_pt: (n, k) holdout influence on p_t_hat; target_infl: (m, k)
+    target-row influence on p_t_hat (centred); target_correct_prob: (m,) P(rule right | x_i) on the target rows.
+    """
+    n = y.shape[0]
+    m = target_infl.shape[0]
+    hits = np.bincount(y, weights=correct.astype(np.float64), minlength=counts.size)
+    r = hits / counts
+    est = float(r @ pt)
+    # holdout influence: recall (a ratio of means over the holdout) and the prior, through the same rows
+    infl_r = (pt * n / counts)[y] * (correct - r[y])
+    infl_p = infl_pt @ r
+    infl = infl_r + infl_p
+    infl = infl - infl.mean()
+    var_h = float(infl @ infl) / n ** 2
+    var_rec = float(infl_r @ infl_r) / n ** 2                       # = sum_y p_t(y)^2 r_y (1 - r_y) / n_y
+    var_ph = float(infl_p @ infl_p - n * infl_p.mean() ** 2) / n ** 2
+    # a class whose holdout recall is 0 or 1 has binomial variance 0; floor r (1 - r) at p0 (1 - p0),
+    # p0 = 1 / (n_y + 2) (the plus-two estimate of a proportion with no misses), which leaves other classes alone
+    p0 = 1.0 / (counts + 2.0)
+    floor = float(np.sum(pt ** 2 * np.maximum(p0 * (1 - p0) - r * (1 - r), 0.0) / counts))
+    var_t = float(r @ cov_t @ r)
+    var = var_t + var_h + floor
+    se = math.sqrt(max(var, 0.0))
+    # the accuracy on the m target rows: mean_i c_i, c_i Bernoulli(pi_i) given x_i; its difference from the
+    # estimate has target part Var(c_i - phi_i) / m = (E pi (1 - pi) + Var(pi - phi)) / m
+    phi = target_infl @ r
+    d = target_correct_prob - phi
+    var_batch_t = (float(np.mean(target_correct_prob * (1 - target_correct_prob))) + float(np.var(d))) / m
+    se_batch = math.sqrt(max(var_batch_t + var_h + floor, 0.0))
+    parts = {"prior_target": var_t, "prior_holdout": var_ph, "recall": var_rec + floor,
+             "cross": var_h - var_rec - var_ph}
+
+    def clip(v):
+        return float(min(max(v, 0.0), 1.0))
+
+    return (r, est, (clip(est - z * se), clip(est + z * se), se),
+            (clip(est - z * se_batch), clip(est + z * se_batch), se_batch), parts)
+
+
+def _target_influence(Pt, w, ps, pinned):
+    """(m, k) influence of each target row on p_t_hat = p_s * w_hat with p_s fixed (the target part of the
+    source-aware covariance): p_s,F * H_FF^{-1} (s_i,F - mean s_F), s_i = f_i / f_i^T w."""
+    m, k = Pt.shape
+    S = Pt / (Pt @ w)[:, None]
+    F = np.flatnonzero(~pinned)
+    SF = S[:, F]
+    H = SF.T @ SF / m
+    Hinv = np.linalg.pinv(H, rcond=1e-14, hermitian=True)
+    out = np.zeros((m, k))
+    out[:, F] = ((SF - SF.mean(axis=0)) @ Hinv) * ps[F]
+    return out, S
+
+
+def expected_accuracy(holdout_outputs, holdout_labels, target_outputs, calibrator, *, weights=None,
+                      level: float = 0.95, interval: SourceAwareInterval | None = None) -> AccuracyEstimate:
+    """The deployed model's expected accuracy on the target, sum_y recall_y p_t(y), with a normal interval whose
+    variance includes the target prior's uncertainty (target rows, calibrator and p_s fit on the holdout) and the
+    holdout recall's sampling error, correlated through the shared holdout rows; and the same for the predictions
+    corrected to the target, argmax_y w_y f_y(x) (Garg et al., NeurIPS 2020: label shift, Section 2; MLLS,
+    eq. (mlls-sample)).
+
+    recall_y is the share of the holdout's class-y rows whose argmax of ``holdout_outputs`` is y. Under label shift
+    it is the recall on the target as well. The formula: ``docs/accuracy.md``.
+
+    Args:
+        holdout_outputs: (n, k) the deployed model's raw outputs (logits, or probabilities if the calibrator was
+            fit on probabilities) on the labelled source holdout the calibrator was fit on.
+        holdout_labels: (n,) their labels 0..k-1; every class must occur.
+        target_outputs: (m, k) the model's raw outputs on the target rows.
+        calibrator: a fitted TS, BCTS, VS or NBVS calibrator fit on (holdout_outputs, holdout_labels).
+        weights: optional MLLS weights for these rows (as :func:`~labelshift.joint_uncertainty.source_aware_interval`
+            takes them); None solves MLLS.
+        level: confidence level in (0, 1).
+        interval: optional result of ``source_aware_interval`` on exactly these inputs (reused, not recomputed);
+            its level need not be ``level``.
+
+    Returns:
+        :class:`AccuracyEstimate`.
+
+    Raises:
+        InputError: level outside (0, 1); mismatched shapes; a class without a holdout example; anything
+            ``source_aware_interval`` refuses; an ``interval`` that was not computed on these inputs.
+    """
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < level < 1.0:
+        raise InputError(f"level must be a probability strictly between 0 and 1 (e.g. 0.95 for a 95% interval), "
+                         f"got {level!r}.")
+    Xh = as_float_array(holdout_outputs, "holdout_outputs", 2)
+    n, k = Xh.shape
+    if n == 0 or k < 2:
+        raise InputError(f"holdout_outputs has shape {Xh.shape}; pass the model's outputs on the labelled holdout "
+                         "rows, one column per class (at least 2).")
+    Xt = as_float_array(target_outputs, "target_outputs", 2)
+    if Xt.shape[1] != k or Xt.shape[0] == 0:
+        raise InputError(f"target_outputs has shape {Xt.shape} but holdout_outputs has {k} class columns; pass "
+                         "the same model's outputs on the target rows (at least one row, k columns).")
+    y = check_labels(holdout_labels, "holdout_labels", k, n_rows=n)
+    counts = np.bincount(y, minlength=k).astype(np.float64)
+    missing = np.flatnonzero(counts == 0)
+    if missing.size:
+        raise InputError(f"holdout_labels has no example of class(es) {missing.tolist()}: their recall, and so the "
+                         "accuracy on a target that contains them, is not estimable. Add labelled holdout rows of "
+                         "those classes (and refit the calibrator on them).")
+    if interval is None:
+        interval = source_aware_interval(Xh, y, Xt, calibrator, level=level, weights=weights)
+    elif (not isinstance(interval, SourceAwareInterval) or interval.holdout_influence is None
+          or interval.holdout_influence.shape != (n, k) or interval.n_target != Xt.shape[0]):
+        raise InputError("interval must be the SourceAwareInterval that source_aware_interval returned for these "
+                         "holdout and target rows; pass interval=None to compute it here.")
+    z = float(norm.ppf(0.5 * (1.0 + level)))
+    pt = np.asarray(interval.target_prior, dtype=np.float64)
+    w = np.asarray(interval.weights, dtype=np.float64)
+    pinned = np.asarray(interval.pinned, dtype=bool)
+    cov_t = np.asarray(interval.covariance_target, dtype=np.float64)
+    infl_pt = np.asarray(interval.holdout_influence, dtype=np.float64)
+
+    Ph = calibrator.predict_proba(Xh)
+    Pt = calibrator.predict_proba(Xt)
+    target_infl, S = _target_influence(Pt, w, np.asarray(interval.source_prior, dtype=np.float64), pinned)
+    Q = S * w                                                      # target posteriors under p_t_hat
+    # deployed rule: argmax of the raw outputs
+    correct = np.argmax(Xh, axis=1) == y
+    pi_t = Q[np.arange(Xt.shape[0]), np.argmax(Xt, axis=1)]
+    r, est, (lo, hi, se), (blo, bhi, bse), parts = _rule_accuracy(correct, y, counts, pt, cov_t, infl_pt,
+                                                                   target_infl, pi_t, z)
+    # corrected rule: argmax_y w_y f_y(x)
+    correct_c = np.argmax(Ph * w, axis=1) == y
+    pi_c = Q.max(axis=1)
+    rc, est_c, (clo, chi, cse), (cblo, cbhi, cbse), _ = _rule_accuracy(correct_c, y, counts, pt, cov_t, infl_pt,
+                                                                       target_infl, pi_c, z)
+    src = float(correct.mean())
+    return AccuracyEstimate(
+        source=src, source_std_error=math.sqrt(src * (1 - src) / n), expected=est, lower=lo, upper=hi,
+        std_error=se, batch_lower=blo, batch_upper=bhi, batch_std_error=bse, corrected=est_c,
+        corrected_lower=clo, corrected_upper=chi, corrected_std_error=cse, corrected_batch_lower=cblo,
+        corrected_batch_upper=cbhi, corrected_batch_std_error=cbse, per_class_recall=r,
+        corrected_per_class_recall=rc, target_prior=pt.copy(), weights=w.copy(), variance=parts, level=float(level),
+        n_source=n, n_target=int(Xt.shape[0]), trustworthy=bool(interval.trustworthy),
+        reasons=list(interval.reasons))
