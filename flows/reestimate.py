@@ -271,7 +271,8 @@ def reestimate(
     try:
         # 3. calibrated probabilities of every new row, batch by batch (nothing is written until all are read); every
         #    bad batch is found in this one pass
-        scored = score_for_reestimation(bundle, target_uri, batches, batch_size=batch_size)
+        scored = score_for_reestimation(bundle, target_uri, batches, batch_size=batch_size,
+                                        log_rejections=on_invalid != "error")
         rejected = [{"key": r.key, "reason": r.reason} for r in scored.rejected]
         if rejected and on_invalid == "error":
             raise InputError(

@@ -448,10 +448,12 @@ def _skip(out: ScoredBatches, b: TargetBatch, exc: Exception, logger) -> None:
 
 def _reject(out: ScoredBatches, b: TargetBatch, exc: Exception, logger) -> None:
     out.rejected.append(RejectedBatch(b, str(exc)))
-    logger.warning("rejected %s: %s", b.key, exc)
+    if logger is not None:              # in strict mode the flow reports every rejection at once, in its error
+        logger.warning("rejected %s: %s", b.key, exc)
 
 
-def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out: ScoredBatches, logger) -> None:
+def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out: ScoredBatches, logger,
+                reject_logger) -> None:
     """Prediction logs: every batch streamed to a temporary file, then read in row chunks, calibrated chunk by chunk
     into one pooled float32 (m, k) array; the good batches get consecutive views of it (so pooling them is free:
     :func:`labelshift.rows.joined`). A batch that fails its checks part-way gives its rows back to the next one."""
@@ -465,7 +467,7 @@ def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out:
             except (ObjectNotFoundError, ChangedBatchError) as exc:
                 _skip(out, b, exc, logger)
             except (FormatError, InputError) as exc:
-                _reject(out, b, exc, logger)
+                _reject(out, b, exc, reject_logger)
         pooled = np.empty((sum(f[4] for f in files), bundle.n_classes), dtype=np.float32)
         at = 0
         for b, uri, fmt, path, n in files:
@@ -480,7 +482,7 @@ def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out:
                 if row != at + n:
                     raise FormatError(f"batch {uri} holds {row - at} rows but its metadata says {n}; write it again.")
             except (FormatError, InputError) as exc:
-                _reject(out, b, exc, logger)
+                _reject(out, b, exc, reject_logger)
                 continue
             finally:
                 path.unlink(missing_ok=True)
@@ -509,8 +511,8 @@ def _score_batch(bundle, store, b: TargetBatch, batch_size: int) -> np.ndarray:
 
 
 @task(name="score-batches", task_run_name="score-{target_uri}", cache_policy=NO_CACHE, persist_result=False)
-def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], *, batch_size: int = 1024) \
-        -> ScoredBatches:
+def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], *, batch_size: int = 1024,
+                           log_rejections: bool = True) -> ScoredBatches:
     """Calibrated probabilities of every row of every batch, in any mode and format, in one pass that goes on past a
     bad batch: a batch whose content fails its checks (FormatError, InputError) is set aside as rejected with its
     message, one deleted or replaced since the listing as skipped. Nothing is written here. Different formats under
@@ -523,8 +525,9 @@ def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], 
     store = open_store(target_uri)
     _check_formats(bundle, store, batches)
     out, t0 = ScoredBatches([], []), time.perf_counter()
+    reject_logger = logger if log_rejections else None
     if isinstance(bundle, ReferenceBundle) and bundle.mode == "outputs":
-        _score_logs(bundle, store, batches, out, logger)
+        _score_logs(bundle, store, batches, out, logger, reject_logger)
     else:
         for i, b in enumerate(batches):
             try:
@@ -533,7 +536,7 @@ def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], 
                 _skip(out, b, exc, logger)
                 continue
             except (FormatError, InputError) as exc:
-                _reject(out, b, exc, logger)
+                _reject(out, b, exc, reject_logger)
                 continue
             out.probs.append(probs)
             out.batches.append(b)
