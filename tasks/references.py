@@ -238,6 +238,7 @@ class ReferenceBundle:
     input_shape: tuple[int, ...] | None = None
     model: object = field(default=None, repr=False)
     load_seconds: float = 0.0
+    source_outputs: np.ndarray | None = field(default=None, repr=False)   # raw holdout outputs, float64
 
     @property
     def n_classes(self) -> int:
@@ -363,7 +364,7 @@ def load_reference(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS
         class_names=names, output_kind=kind, calibrator_name=calibrator, calibrator=cal,
         source_probs=cal.predict_proba(holdout), source_labels=labels, id_column=(doc or {}).get("id_column"),
         output_method=method, input_columns=columns, input_shape=shape, model=model,
-        load_seconds=time.perf_counter() - t0)
+        load_seconds=time.perf_counter() - t0, source_outputs=holdout)
     with _LOCK:
         _CACHE[key] = bundle
     return bundle
@@ -425,33 +426,43 @@ def _model_scores(bundle: ReferenceBundle, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _score_batch(bundle, store, b: TargetBatch, batch_size: int) -> np.ndarray:
+def _calibrated(bundle, scores, raw: list) -> np.ndarray:
+    """The calibrated probabilities of raw model outputs, kept (float32) in ``raw`` for the source-aware interval;
+    the probabilities are computed from the kept values, so that both describe the same rows exactly."""
+    kept = np.asarray(scores).astype(np.float32)
+    raw.append(kept)
+    return bundle.calibrator.predict_proba(kept.astype(np.float64))
+
+
+def _score_batch(bundle, store, b: TargetBatch, batch_size: int, raw: list | None = None) -> np.ndarray:
     """Calibrated probabilities of every row of one batch (its rows stream through in chunks; only the (n, k)
-    probabilities stay). Raises FormatError/InputError for a batch that fails its checks."""
+    probabilities stay, and the raw outputs as float32 in ``raw`` when given). Raises FormatError/InputError for a
+    batch that fails its checks."""
+    raw = [] if raw is None else raw
     if isinstance(bundle, ModelBundle):
         x = load_batch(store, b, input_shape=bundle.input_shape)
-        return bundle.calibrator.predict_proba(_forward(bundle.model, x, batch_size))
+        return _calibrated(bundle, _forward(bundle.model, x, batch_size), raw)
     uri, fmt = store.url(b.key), batch_format(b.key)
     parts = []
     if bundle.mode == "outputs":
         for chunk in iter_output_chunks(_bytes(store, b), fmt, bundle.spec, uri):
-            parts.append(bundle.calibrator.predict_proba(chunk.astype(np.float64)))
+            parts.append(_calibrated(bundle, chunk, raw))
     elif fmt == "parquet":
         for chunk in iter_feature_chunks(_bytes(store, b), uri, bundle.input_columns,
                                          chunk_rows=max(batch_size, 1024)):
-            parts.append(bundle.calibrator.predict_proba(_model_scores(bundle, chunk)))
+            parts.append(_calibrated(bundle, _model_scores(bundle, chunk), raw))
     else:
         x = load_batch(store, b, input_shape=bundle.input_shape)
         for i in range(0, len(x), max(batch_size, 1)):
-            parts.append(bundle.calibrator.predict_proba(_model_scores(bundle, x[i:i + batch_size])))
+            parts.append(_calibrated(bundle, _model_scores(bundle, x[i:i + batch_size]), raw))
     return np.concatenate(parts)
 
 
 @task(name="score-batches", task_run_name="score-{target_uri}", cache_policy=NO_CACHE, persist_result=False)
 def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], *, batch_size: int = 1024) \
         -> ScoredBatches:
-    """Calibrated probabilities of every row of every batch, in any mode and format, in one pass that goes on past a
-    bad batch: a batch whose content fails its checks (FormatError, InputError) is set aside as rejected with its
+    """Calibrated probabilities (and the raw outputs they came from, float32) of every row of every batch, in any mode
+    and format, in one pass that goes on past a bad batch: a batch whose content fails its checks (FormatError, InputError) is set aside as rejected with its
     message, one deleted or replaced since the listing as skipped. Nothing is written here. Different formats under
     one target, or trouble with the store itself (unreachable, credentials), still fail."""
     from prefect.logging import get_run_logger
@@ -461,8 +472,9 @@ def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], 
     _check_formats(bundle, store, batches)
     out, t0 = ScoredBatches([], []), time.perf_counter()
     for i, b in enumerate(batches):
+        raw: list = []
         try:
-            probs = _score_batch(bundle, store, b, batch_size)
+            probs = _score_batch(bundle, store, b, batch_size, raw)
         except (ObjectNotFoundError, ChangedBatchError) as exc:
             out.skipped.append({"key": b.key, "reason": str(exc)})
             logger.warning("skipped %s: %s", b.key, exc)
@@ -472,6 +484,7 @@ def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], 
             logger.warning("rejected %s: %s", b.key, exc)
             continue
         out.probs.append(probs)
+        out.outputs.append(np.concatenate(raw))
         out.batches.append(b)
         logger.info("scored %s (%d of %d): %d rows, %.1f s so far", b.key, i + 1, len(batches), len(probs),
                     time.perf_counter() - t0)
