@@ -21,9 +21,16 @@ Per cell (k, alpha, n, m), over the seeds:
 
 The timing table runs on one problem at m = 100,000, k = 10 (median over repeats; the machine is shared).
 
+``--null-seeds N`` also measures the false-alarm rate of the ``reestimate`` flow's no-shift test (the two-sample
+test of :func:`labelshift.uncertainty.no_shift_test` with the calibrated holdout as its source side) on null draws:
+the same per-seed procedure with the target drawn from the source prior itself, N seeds per (k, n, m) of
+``--null-n`` x ``--null-m`` (default n = 1,000, m = 20,000; goal <= 7% at the nominal 5%).
+
     python benchmarks/bench_intervals.py                    # the whole grid (about 15 min of CPU on 2 cores)
     python benchmarks/bench_intervals.py --quick            # a smoke test
     python benchmarks/bench_intervals.py --write-readme     # also write the section of benchmarks/README.md
+    python benchmarks/bench_intervals.py --skip-grid --skip-timing --null-seeds 1000 --write-readme
+                                                            # only the no-shift test's false alarms (subsection)
 """
 from __future__ import annotations
 
@@ -53,11 +60,13 @@ from labelshift.calibration.scaling import BCTS, NBVS, TemperatureScaling, Vecto
 from labelshift.experiments.well_specified import WellSpecifiedGaussians  # noqa: E402
 from labelshift.joint_uncertainty import source_aware_interval  # noqa: E402
 from labelshift.solvers import mlls_newton  # noqa: E402
-from labelshift.uncertainty import fisher_interval  # noqa: E402
+from labelshift.uncertainty import fisher_interval, no_shift_test  # noqa: E402
 
 from report_utils import cpu_model, write_section  # noqa: E402
 
 SECTION = "## Intervals that include the holdout's error (source-aware vs Fisher)"
+NULL_SUBSECTION = "### False alarms of the no-shift test"
+SIGNIFICANCE = 0.05
 LEVEL = 0.95
 
 
@@ -86,6 +95,77 @@ def run_seed(k: int, alpha: float, n: int, m: int, seed: int, calibrator: str = 
 def _run_chunk(args):
     k, alpha, n, m, seeds, calibrator = args
     return (k, alpha, n, m), [run_seed(k, alpha, n, m, s, calibrator) for s in seeds]
+
+
+def run_null_seed(k: int, n: int, m: int, seed: int, calibrator: str = "BCTS") -> float:
+    """The p-value of the flow's no-shift test on one null draw: the target is drawn from the source prior."""
+    problem = WellSpecifiedGaussians.make(k)
+    rng = np.random.default_rng([k, 0, n, m, seed, 7])
+    Xh, yh = problem.holdout(n, rng)
+    Xt, _ = problem.draw(problem.source_prior, m, rng)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = CALIBRATORS[calibrator]().fit(Xh, yh)
+        S, P = cal.predict_proba(Xh), cal.predict_proba(Xt)
+        ps = S.mean(axis=0)
+        ps = ps / ps.sum()
+        w = np.maximum(mlls_newton(P, ps).weights, 0.0)
+        return float(no_shift_test(P, w, ps, source_probs=S).p_value)
+
+
+def _run_null_chunk(args):
+    k, n, m, seeds, calibrator = args
+    return (k, n, m), [run_null_seed(k, n, m, s, calibrator) for s in seeds]
+
+
+def null_sizes(ks, ns, ms, seeds: int, workers: int, calibrator: str) -> dict:
+    """{(k, n, m): (false-alarm rate at SIGNIFICANCE, its binomial se, seeds)}."""
+    tasks = []
+    step = max(1, seeds // 8)
+    for k in ks:
+        for n in ns:
+            for m in ms:
+                for s0 in range(0, seeds, step):
+                    tasks.append((k, n, m, list(range(s0, min(seeds, s0 + step))), calibrator))
+    pvals: dict = {}
+    with mp.get_context("fork").Pool(workers) as pool:
+        for key, chunk in pool.imap_unordered(_run_null_chunk, tasks):
+            pvals.setdefault(key, []).extend(chunk)
+    out = {}
+    for key, ps in pvals.items():
+        rate = float(np.mean(np.asarray(ps) < SIGNIFICANCE))
+        out[key] = (rate, float(np.sqrt(rate * (1 - rate) / len(ps))), len(ps))
+    return out
+
+
+def null_report(sizes: dict, command: str, wall: float, calibrator: str) -> str:
+    lines = [NULL_SUBSECTION, "",
+             f"The flow's no-shift test (`no_shift_test(P, w, p_s, source_probs=S)`: the two-sample test of the mean "
+             f"calibrated prediction, target against the holdout) on null draws: the target is drawn from the source "
+             f"prior, {calibrator} refit on every holdout, nominal level {SIGNIFICANCE:g}. Produced by `{command}` on "
+             f"{_dt.date.today().isoformat()} ({wall / 60:.1f} min on {os.cpu_count()} shared cores). "
+             "Goal: at most 7%.", "",
+             "| k | n | m | false alarms | se | seeds | goal |", "|---|---|---|---|---|---|---|"]
+    for (k, n, m), (rate, se, count) in sorted(sizes.items()):
+        lines.append(f"| {k} | {n} | {m} | {100 * rate:.1f}% | {100 * se:.1f}% | {count} | "
+                     f"{'met' if rate <= 0.07 else 'missed'} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_null_subsection(text: str) -> None:
+    """Put the subsection at the end of the benchmark's section of benchmarks/README.md (replacing an older one)."""
+    import re
+
+    from report_utils import README
+
+    readme = README.read_text()
+    section = re.search(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", readme, re.S | re.M)
+    if section is None:
+        raise SystemExit(f"benchmarks/README.md has no section {SECTION!r}; run the grid with --write-readme first")
+    body = section.group(0)
+    body = re.sub(rf"^{re.escape(NULL_SUBSECTION)}\n.*?(?=^### |^## |\Z)", "", body, flags=re.S | re.M)
+    body = body.rstrip("\n") + "\n\n" + text + "\n"
+    README.write_text(readme[:section.start()] + body + readme[section.end():])
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -233,6 +313,10 @@ def main(argv=None) -> int:
     ap.add_argument("--save", type=Path, help="write the grid's per-cell summaries (and the run's settings) as JSON")
     ap.add_argument("--load", type=Path, help="report the grid saved by --save instead of running it")
     ap.add_argument("--write-readme", action="store_true", help="write the section into benchmarks/README.md")
+    ap.add_argument("--null-seeds", type=int, default=0,
+                    help="seeds per cell of the no-shift test's false-alarm table (0: not run)")
+    ap.add_argument("--null-n", type=int, nargs="+", default=[1000], help="holdout sizes of the false-alarm table")
+    ap.add_argument("--null-m", type=int, nargs="+", default=[20_000], help="target sizes of the false-alarm table")
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.m, args.k, args.alpha, args.seeds3, args.seeds10, args.repeats = \
@@ -240,6 +324,17 @@ def main(argv=None) -> int:
     command = "python benchmarks/bench_intervals.py" + (" " + " ".join(sys.argv[1:] if argv is None else argv)
                                                         if (argv or sys.argv[1:]) else "")
     t0 = time.perf_counter()
+    null_text = None
+    if args.null_seeds:
+        sizes = null_sizes(args.k, args.null_n, args.null_m, args.null_seeds, args.workers, args.calibrator)
+        null_text = null_report(sizes, command, time.perf_counter() - t0, args.calibrator)
+        print(null_text)
+        if args.skip_grid and args.skip_timing and not args.load:
+            if args.write_readme:
+                write_null_subsection(null_text)
+                print("written to benchmarks/README.md", file=sys.stderr)
+            return 0
+        t0 = time.perf_counter()
     results = {}
     grid_wall = None
     args.timing_command = command
@@ -276,6 +371,8 @@ def main(argv=None) -> int:
                 indent=1))
     times = None if args.skip_timing else timing(args.time_n, args.time_m, 10, args.repeats)
     report = build_report(args, results, times, grid_wall or 0.0, command)
+    if null_text:
+        report = report.rstrip("\n") + "\n\n" + null_text
     print(report)
     if args.write_readme and args.calibrator != "BCTS":
         print("not written to benchmarks/README.md: its section is the BCTS (well-specified) run", file=sys.stderr)

@@ -249,9 +249,13 @@ EstimatorParam = Annotated[Estimator, Field(
 CrossCheckParam = Annotated[list[Estimator], Field(
     description="Estimators run alongside for comparison; their priors are logged as cross_check/<method>/...")]
 IntervalParam = Annotated[Interval, Field(
-    description="Confidence intervals per class: 'fisher' (Fisher information of the MLLS likelihood, instant) or "
-                "'bootstrap' (percentile intervals from resampling the target rows; needed for the BBSE estimators).")]
-LevelParam = Annotated[float, Field(gt=0.5, lt=1.0, description="Confidence level of the intervals.")]
+    description="Confidence intervals per class: 'source-aware' (default; MLLS sandwich that includes the error of "
+                "the calibrator and p_s fit on the labelled holdout -- needs a TS, BCTS, VS or NBVS calibrator), "
+                "'fisher' (Fisher information of the MLLS likelihood, target sampling error only: too short when "
+                "the holdout is small next to the target) or 'bootstrap' (percentiles from resampling the target "
+                "rows, target only; needed for the BBSE estimators). See docs/intervals.md.")]
+LevelParam = Annotated[float, Field(gt=0.0, lt=1.0, description="Confidence level of the intervals, strictly between "
+                                                                "0 and 1 (e.g. 0.95 for 95% intervals).")]
 SignificanceParam = Annotated[float, Field(
     gt=0.0, lt=0.5, description="Level of the test of 'no shift' (w = 1; a two-sample test of the mean calibrated "
                                 "prediction, target against the source holdout): shifted when p < this.")]
@@ -284,7 +288,7 @@ class ReestimateParameters(BaseModel):
     calibrator: CalibratorParam = "BCTS"
     estimator: EstimatorParam = "MLLS"
     cross_check: CrossCheckParam = ["BBSE-soft"]
-    interval: IntervalParam = "fisher"
+    interval: IntervalParam = "source-aware"
     level: LevelParam = 0.95
     significance: SignificanceParam = 0.05
     n_bootstrap: NBootstrapParam = 200

@@ -11,19 +11,21 @@ meets new unlabelled data in object storage; on a schedule this flow
    computes calibrated probabilities f(x);
 3. estimates the importance weights w and the target prior p_t(y) = w(y) p_s(y) on the pooled new rows with MLLS
    (Garg et al., NeurIPS 2020, eq. (mlls-sample)) -- BBSE alongside as a cross-check -- with a confidence
-   interval per class (Fisher information of the MLLS likelihood, or a bootstrap), a two-sample test of
-   "no shift" (w = 1: the mean calibrated prediction on the new data against the source holdout's) and the identifiability report (Hessian minimum eigenvalue, confusion-matrix conditioning;
+   interval per class (by default source-aware: it includes the error of the calibrator and p_s fit on the labelled
+   holdout; the target-only Fisher interval or a bootstrap by name), a test of the label-shift assumption itself
+   (:mod:`labelshift.label_shift_test`), a two-sample test of "no shift" (w = 1: the mean calibrated prediction on the new data against the source holdout's) and the identifiability report (Hessian minimum eigenvalue, confusion-matrix conditioning;
    :mod:`labelshift.uncertainty`);
 4. logs to MLflow (experiment ``reestimation``): a child run per re-estimation with the prior, the interval, the
    p-value, the identifiability numbers and a figure;
 5. writes corrected predictions p_t(y|x) proportional to w_y f_y(x) beside each batch (``NAME.corrected.npy``),
-   then a summary (``NAME.summary.json``), each atomically;
+   then a summary (``NAME.summary.json``), each atomically -- except under "Not label shift", when the weights mean
+   nothing and no outputs are written;
 6. moves the watermark -- only now, after all of the above succeeded: a run that fails anywhere before leaves it
    as it was and the next run takes the same batches again (their outputs are rewritten, never counted twice);
 7. then, as bookkeeping that cannot fail the run any more: brings the series of the monitor run (whose metrics
    chart the prior over time, one point per successful run) up to date from the watermark's history, ends the
-   child run FINISHED, and ends in a Prefect state named for the verdict -- ``Shifted``, ``No shift``,
-   ``Untrustworthy`` or ``No new data`` -- with a markdown artifact that says it at a glance.
+   child run FINISHED, and ends in a Prefect state named for the verdict -- ``Not label shift``,
+   ``Untrustworthy``, ``Shifted``, ``No shift`` (in that precedence), ``No valid data`` or ``No new data`` -- with a markdown artifact that says it at a glance.
 
 Run it once with ``labelshift estimate --model models:/NAME@ALIAS --target s3://bucket/prefix/``; schedule it
 with ``labelshift serve --cron "0 6 * * *"`` or the ``reestimate`` deployment of ``prefect.yaml``.
@@ -45,7 +47,7 @@ from flows.params import (DEFAULT_MODEL, BatchSizeParam, CalibratorParam, CrossC
 from labelshift.errors import InputError
 from labelshift.monitoring import commit_watermark, find_new_batches, read_watermark
 from labelshift.registry import check_interval
-from labelshift.report import ShiftReport, finite
+from labelshift.report import NOT_LABEL_SHIFT, ShiftReport, check_holdout, finite
 from labelshift.storage import open_store
 from tasks.reestimation import (end_run, estimate_shift, history_record, log_reestimation, log_rejections,
                                 render_figure, start_reestimation_run, sync_monitor)
@@ -106,7 +108,7 @@ def summary_markdown(summary: dict) -> str:
     names = summary.get("classes") or [str(c) for c in range(res.n_classes)]
     ci, test, ident = res.interval, res.no_shift_test, res.identifiability
     word = summary["verdict"]
-    icon = {"Shifted": "⚠️", "No shift": "✅", "Untrustworthy": "❓"}.get(word, "")
+    icon = {"Shifted": "⚠️", "No shift": "✅", "Untrustworthy": "❓", NOT_LABEL_SHIFT: "🚫"}.get(word, "")
     change = res.largest_change
     lines = [f"# {icon} {word}: {summary['model']['uri']} on {summary['target']}", "",
              f"**{summary['headline']}**", "",
@@ -119,8 +121,11 @@ def summary_markdown(summary: dict) -> str:
              f"- identifiability: min Hessian eigenvalue {ident.min_hessian_eigenvalue:.3g}"
              + (f", confusion-matrix condition {ident.confusion_condition:.3g}"
                 if finite(ident.confusion_condition) else "")
-             + ("" if res.trustworthy else " -- **not trustworthy**: " + "; ".join(ident.reasons)),
-             "", f"| class | source p_s | target p_t ({res.method}) | {ci.level:.0%} interval | w |",
+             + ("" if res.trustworthy else " -- **not trustworthy**: " + "; ".join(res.reasons)),
+             f"- interval: {ci.method}" + (" (includes the labelled holdout's error: calibrator and p_s)"
+                                           if ci.method == "source-aware" else " (target sampling error only)"),
+             *_label_shift_markdown(res, names),
+             "", f"| class | source p_s | target p_t ({res.method}) | {ci.level:.0%} {ci.method} interval | w |",
              "|---|---|---|---|---|"]
     for c in range(res.n_classes):
         lines.append(f"| {names[c]} | {res.source_prior[c]:.4f} | {res.target_prior[c]:.4f} | "
@@ -129,6 +134,8 @@ def summary_markdown(summary: dict) -> str:
         lines.append("")
         lines.append(f"Cross-check {method}: " + (_fmt_prior(check.target_prior) if check.ok
                                                   else f"failed ({check.error})"))
+    if summary.get("outputs_withheld"):
+        lines += ["", f"**No corrected outputs were written:** {summary['outputs_withheld']}"]
     lines += rejected_markdown(summary)
     links = summary.get("links", {})
     if links:
@@ -136,13 +143,33 @@ def summary_markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _label_shift_markdown(res: ShiftReport, names) -> list[str]:
+    """The label-shift test's lines of the artifact: its one-line summary and, when it rejects, a table of the
+    output regions where the target disagrees with the holdout reweighted by class."""
+    if not res.label_shift_tested:
+        return []
+    lines = [f"- label-shift test: {res.label_shift_summary}"]
+    lst = res.label_shift
+    if lst is not None and res.label_shift_ok is False:
+        lines += ["", "Where the target disagrees with the holdout reweighted by class (output regions):", "",
+                  "| region | target fraction | expected under label shift | z |", "|---|---|---|---|"]
+        lines += [f"| {r.name} | {r.observed:.3f} | {r.expected:.3f} | {r.z:+.1f} |" for r in lst.disagreeing()]
+        lines += ["", "The estimate below assumes label shift and is **not meaningful** for these data; see "
+                      "\"What an operator should do\" in docs/label_shift_test.md.", ""]
+    return lines
+
+
 def _headline(report: ShiftReport, class_names=None) -> str:
     """One sentence for the verdict of ``report``."""
     p = format_p(report.no_shift_test.p_value)
     change = report.largest_change
     label = class_names[change.label] if class_names else change.label
+    if report.verdict == NOT_LABEL_SHIFT:
+        return (f"The new data are not label-shifted source data ({report.label_shift_summary}); the estimated "
+                "weights mean nothing and no corrected outputs were written: find the cause (a new class, input "
+                "drift, a broken feature pipeline) before acting on this target.")
     if report.verdict == "Untrustworthy":
-        return "The estimate cannot be trusted: " + "; ".join(report.identifiability.reasons) + f" (p {p})."
+        return "The estimate cannot be trusted: " + "; ".join(report.reasons) + f" (p {p})."
     if report.verdict == "Shifted":
         return (f"The label distribution has shifted (p {p}): total variation {report.total_variation:.3f}, "
                 f"largest change class {label} {change.source:.3f} -> {change.target:.3f}.")
@@ -205,7 +232,7 @@ def reestimate(
     calibrator: CalibratorParam = "BCTS",
     estimator: EstimatorParam = "MLLS",
     cross_check: CrossCheckParam = ["BBSE-soft"],     # noqa: B006 - Prefect copies parameter defaults
-    interval: IntervalParam = "fisher",
+    interval: IntervalParam = "source-aware",
     level: LevelParam = 0.95,
     significance: SignificanceParam = 0.05,
     n_bootstrap: NBootstrapParam = 200,
@@ -252,6 +279,8 @@ def reestimate(
     check_tracking_server(env.tracking_uri)
     bundle = load_for_reestimation(model, tracking_uri=env.tracking_uri, calibrator=calibrator)
     classes = class_names_of(bundle)
+    # a holdout that cannot carry this re-estimation fails here, before anything is written
+    check_holdout(bundle.source_labels, bundle.n_classes, interval=interval, calibrator=bundle.calibrator)
     logger.info("model %s -> version %s (run %s, %s), input %s, classes %s, calibrator %s", model, bundle.version,
                 bundle.run_id, getattr(bundle, "mode", "pytorch"), bundle.input_shape, ", ".join(classes), calibrator)
     sequence = watermark.sequence + 1
@@ -283,10 +312,11 @@ def reestimate(
         if not scored.batches:
             return _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger)
         batches, probs = scored.batches, scored.probs
-        # 4. the estimate, its uncertainty and identifiability
+        # 4. the estimate, its uncertainty and identifiability, and the test of label shift itself
         report = estimate_shift(bundle, probs, estimator=estimator, cross_check=list(cross_check),
                                 interval=interval, level=level, significance=significance,
-                                n_bootstrap=n_bootstrap, seed=seed, max_interval_width=max_interval_width)
+                                n_bootstrap=n_bootstrap, seed=seed, max_interval_width=max_interval_width,
+                                outputs=scored.outputs, class_names=classes)
         word = report.verdict
         ui = run_url(env.tracking_uri, runs["experiment_id"], runs["run_id"])
         summary = {
@@ -304,9 +334,17 @@ def reestimate(
                                f"{bundle.name} v{bundle.version}: target prior, run {sequence}", named)
         log_reestimation(env.tracking_uri, runs, report, summary, figure, step=sequence, class_names=named)
         log_rejections(env.tracking_uri, runs["run_id"], rejected)
-        # 5. outputs beside each batch, atomically; then -- only then -- the watermark
-        summary["outputs"] = write_for_reestimation(bundle, target_uri, batches, probs, report.weights.tolist(),
-                                                    summary)
+        # 5. outputs beside each batch, atomically (none when the data are not label-shifted: the weights mean
+        #    nothing); then -- only then -- the watermark, which counts the batches either way (they were examined)
+        if word == NOT_LABEL_SHIFT:
+            summary["outputs"] = []
+            summary["outputs_withheld"] = (
+                "the label-shift test rejected the assumption the correction rests on. The batches are counted in "
+                "the watermark (they were examined); after fixing the cause, write the fixed batches under new "
+                "names, or rewrite them and run with on_changed='reprocess' (CLI: --reprocess-changed).")
+        else:
+            summary["outputs"] = write_for_reestimation(bundle, target_uri, batches, probs,
+                                                        report.weights.tolist(), summary)
         committed = _commit(store, watermark, batches, record, runs["run_id"], rejected=scored.rejected)
     except BaseException as exc:
         # cancelled (Prefect's termination signal, Ctrl-C) or failed: the watermark did not move

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 from scipy.stats import norm
@@ -111,6 +111,28 @@ class SourceAwareInterval(PriorInterval):
                   "n_source": int(self.n_source), "calibrator": self.calibrator,
                   "trustworthy": bool(self.trustworthy), "reasons": list(self.reasons)})
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SourceAwareInterval":
+        """The interval that :meth:`to_dict` wrote; ``from_dict(d).to_dict() == d`` (the target-only interval and
+        the covariance of w are not stored, and read back as None)."""
+        base = PriorInterval.from_dict(d)
+        missing = [key for key in ("source_prior", "covariance", "covariance_target", "covariance_holdout",
+                                   "weights_std_error", "n_source") if key not in d]
+        if missing:
+            raise InputError(f"a source-aware interval dict lacks {', '.join(missing)}; pass what "
+                             "SourceAwareInterval.to_dict() wrote.")
+
+        def arr(values):
+            return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+
+        return cls(**{f.name: getattr(base, f.name) for f in fields(PriorInterval)},
+                   source_prior=arr(d["source_prior"]), covariance=np.asarray(d["covariance"], dtype=np.float64),
+                   covariance_target=np.asarray(d["covariance_target"], dtype=np.float64),
+                   covariance_holdout=np.asarray(d["covariance_holdout"], dtype=np.float64),
+                   weights_std_error=arr(d["weights_std_error"]), n_source=int(d["n_source"]),
+                   calibrator=d.get("calibrator"), trustworthy=bool(d.get("trustworthy", True)),
+                   reasons=list(d.get("reasons") or []))
 
 
 # ---------------------------------------------------------------------------------------------------------------

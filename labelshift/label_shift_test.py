@@ -159,6 +159,30 @@ class LabelShiftTest:
                 "disagreeing": [r.to_dict() for r in self.disagreeing()],
                 "regions": [r.to_dict() for r in self.regions]}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "LabelShiftTest":
+        """The result that :meth:`to_dict` wrote (None read back as nan; ``disagreeing`` is recomputed from the
+        regions); ``from_dict(d).to_dict() == d``."""
+        missing = [key for key in ("statistic", "dof", "p_value", "n_target", "n_holdout", "weights", "source_prior",
+                                   "bonferroni_z", "class_z", "regions") if key not in (d if isinstance(d, dict) else {})]
+        if missing:
+            raise InputError(f"a label-shift test dict lacks {', '.join(missing)}; pass what LabelShiftTest.to_dict() "
+                             "wrote.")
+
+        def num(v) -> float:
+            return math.nan if v is None else float(v)
+
+        regions = tuple(Region(name=str(r["name"]), predicted_classes=tuple(int(c) for c in r["predicted_classes"]),
+                               confidence_low=float(r["confidence_low"]), confidence_high=float(r["confidence_high"]),
+                               observed=float(r["observed"]), expected=float(r["expected"]), z=num(r["z"]),
+                               holdout_rows=int(r["holdout_rows"])) for r in d["regions"])
+        return cls(statistic=num(d["statistic"]), dof=int(d["dof"]), p_value=num(d["p_value"]),
+                   weights=np.asarray([num(v) for v in d["weights"]]),
+                   source_prior=np.asarray([num(v) for v in d["source_prior"]]), regions=regions,
+                   class_z=np.asarray([num(v) for v in d["class_z"]]), n_target=int(d["n_target"]),
+                   n_holdout=int(d["n_holdout"]), bonferroni_z=num(d["bonferroni_z"]),
+                   method=str(d.get("method", "likelihood-ratio")))
+
 
 def _num(x) -> float | None:
     x = float(x)

@@ -161,8 +161,10 @@ def figure_png(fig: Figure, dpi: int = 120) -> bytes:
 
 
 def plot_prior_estimate(source_prior, target_prior, lower, upper, *, class_names=None, level: float = 0.95,
-                        title: str = "Estimated target prior", history: list[dict] | None = None) -> Figure:
-    """Bars of the source prior p_s(y) and the estimated target prior p_t(y) with its ``level`` interval, per class.
+                        title: str = "Estimated target prior", history: list[dict] | None = None,
+                        interval_label: str | None = None) -> Figure:
+    """Bars of the source prior p_s(y) and the estimated target prior p_t(y) with its ``level`` interval, per class;
+    ``interval_label`` names the interval in the legend (e.g. "source-aware (target + holdout error)").
 
     ``history`` (optional): earlier re-estimations as dicts with ``sequence`` and ``target_prior`` (a list of k
     floats) and optionally ``lower`` / ``upper``; the figure then gets a second panel with p_t(y) per class against
@@ -180,7 +182,7 @@ def plot_prior_estimate(source_prior, target_prior, lower, upper, *, class_names
     ax.bar(x - 0.2, ps, width=0.4, color="tab:gray", alpha=0.6, label="source p_s(y)")
     err = np.vstack([np.clip(pt - lo, 0, None), np.clip(hi - pt, 0, None)])
     ax.bar(x + 0.2, pt, width=0.4, color="tab:red", alpha=0.8, yerr=err, capsize=3,
-           label=f"target p_t(y), {level:.0%} CI")
+           label=f"target p_t(y), {level:.0%} " + (f"{interval_label} interval" if interval_label else "CI"))
     ax.set_xticks(x, names, fontsize=8, rotation=0 if k <= 10 else 90)
     ax.set_xlabel("class")
     ax.set_ylabel("prior")

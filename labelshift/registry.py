@@ -72,8 +72,9 @@ METHOD_NAMES: tuple[str, ...] = tuple(ESTIMATORS)
 HESSIAN_METHODS = frozenset(name for name, spec in ESTIMATORS.items() if spec.likelihood)
 #: the estimators a re-estimation can use (the main one and the cross-checks)
 REESTIMATION_ESTIMATORS: tuple[str, ...] = tuple(name for name, spec in ESTIMATORS.items() if spec.reestimation)
-#: interval methods of a re-estimation: the MLLS likelihood's Fisher information, or a bootstrap over target rows
-INTERVALS: tuple[str, ...] = ("fisher", "bootstrap")
+#: interval methods of a re-estimation: the MLLS sandwich that includes the holdout's error (calibrator and p_s),
+#: the MLLS likelihood's Fisher information (target only), or a bootstrap over target rows (target only)
+INTERVALS: tuple[str, ...] = ("source-aware", "fisher", "bootstrap")
 
 
 def make_estimator(method: str, *, n_bins: int | None = None):
@@ -100,10 +101,11 @@ def check_methods(methods, *, allowed: tuple[str, ...] = METHOD_NAMES, argument:
 
 
 def check_interval(estimator: str, interval: str) -> None:
-    """The estimator/interval combination of a re-estimation: the Fisher interval needs a likelihood estimator."""
+    """The estimator/interval combination of a re-estimation: the source-aware and Fisher intervals need a
+    likelihood estimator."""
     check_methods([estimator], allowed=REESTIMATION_ESTIMATORS, argument="estimator")
     if interval not in INTERVALS:
         raise InputError(f"interval must be one of {', '.join(INTERVALS)}, got {interval!r}.")
-    if interval == "fisher" and not ESTIMATORS[estimator].likelihood:
-        raise InputError(f"interval 'fisher' comes from the MLLS likelihood; with estimator {estimator!r} use "
+    if interval in ("fisher", "source-aware") and not ESTIMATORS[estimator].likelihood:
+        raise InputError(f"interval {interval!r} comes from the MLLS likelihood; with estimator {estimator!r} use "
                          "interval 'bootstrap' (or estimator 'MLLS').")

@@ -1,5 +1,6 @@
 """The assessment of one target set: the estimate of the target prior, its interval, the test of "no shift", the
-identifiability report and the cross-checks, as one typed :class:`ShiftReport` made by :func:`assess_shift`.
+test of the label-shift assumption itself, the identifiability report and the cross-checks, as one typed
+:class:`ShiftReport` made by :func:`assess_shift`.
 
 :meth:`ShiftReport.to_dict` is the JSON form the ``reestimate`` flow stores (the ``result`` of its summary, in the
 store and in MLflow) and :meth:`ShiftReport.from_dict` reads it back. What the numbers mean, and why the test is a
@@ -16,15 +17,21 @@ import numpy as np
 
 from ._validation import check_labels, check_prior, check_probabilities
 from .errors import FormatError, InputError
+from .joint_uncertainty import SUPPORTED_CALIBRATORS, SourceAwareInterval, min_holdout_rows, source_aware_interval
+from .label_shift_test import LabelShiftTest, label_shift_test
 from .registry import REESTIMATION_ESTIMATORS, check_interval, check_methods, make_estimator
 from .solvers import confusion_matrix
 from .uncertainty import (Identifiability, NoShiftTest, PriorInterval, bootstrap_interval, fisher_interval,
                           identifiability, no_shift_test)
 
-__all__ = ["CrossCheck", "LargestChange", "ShiftReport", "assess_shift", "joint_confusion", "finite", "VERDICTS"]
+__all__ = ["CrossCheck", "LargestChange", "ShiftReport", "assess_shift", "check_holdout", "joint_confusion", "finite",
+           "VERDICTS", "NOT_LABEL_SHIFT"]
 
-#: the verdicts of a report, in the order they take precedence: an untrustworthy estimate is not called shifted
-VERDICTS = ("Untrustworthy", "Shifted", "No shift")
+#: the verdict when the label-shift assumption itself is rejected (the weights then mean nothing)
+NOT_LABEL_SHIFT = "Not label shift"
+#: the verdicts of a report, in the order they take precedence: data that are not label-shifted get no estimate,
+#: and an untrustworthy estimate is not called shifted
+VERDICTS = (NOT_LABEL_SHIFT, "Untrustworthy", "Shifted", "No shift")
 
 #: the estimator whose likelihood the test's companion diagnostics (the identifiability report) are computed on
 _LIKELIHOOD = "MLLS"
@@ -91,16 +98,20 @@ class ShiftReport:
         source_prior: p_s, shape (k,).
         target_prior: its estimate p_t = w * p_s (renormalised, :class:`labelshift.Estimate`), shape (k,).
         weights: the estimated w = p_t / p_s, shape (k,).
-        interval: the confidence interval per class on p_t and w (Fisher or bootstrap).
+        interval: the confidence interval per class on p_t and w (source-aware, Fisher or bootstrap).
         no_shift_test: the test of H0: w = 1.
+        label_shift: the test of the label-shift assumption (:func:`labelshift.label_shift_test.label_shift_test`);
+            None when it was not run (see ``label_shift_error``).
+        label_shift_error: why the label-shift test could not run (e.g. too small a holdout); None when it ran or
+            was not asked for.
         identifiability: the identifiability report of the MLLS estimate (Section 5 of the paper).
         cross_check: other estimators' answers, by name, in the order asked for.
         significance: the level of the test; the target counts as shifted when its p-value is below it.
         n_target: the number of target rows m.
         converged: the estimator reached its tolerance.
 
-    Derived: :attr:`shifted`, :attr:`trustworthy`, :attr:`verdict`, :attr:`total_variation`,
-    :attr:`largest_change`, :attr:`n_classes`.
+    Derived: :attr:`shifted`, :attr:`label_shift_ok`, :attr:`trustworthy`, :attr:`reasons`, :attr:`verdict`,
+    :attr:`total_variation`, :attr:`largest_change`, :attr:`n_classes`.
     """
 
     method: str
@@ -114,6 +125,8 @@ class ShiftReport:
     n_target: int
     converged: bool = True
     cross_check: dict[str, CrossCheck] = field(default_factory=dict)
+    label_shift: LabelShiftTest | None = None
+    label_shift_error: str | None = None
 
     @property
     def n_classes(self) -> int:
@@ -125,16 +138,46 @@ class ShiftReport:
         return bool(self.no_shift_test.rejects(self.significance))
 
     @property
+    def label_shift_ok(self) -> bool | None:
+        """The label-shift test does not reject at :attr:`significance`; None when it was not run."""
+        if self.label_shift is None:
+            return None
+        return not self.label_shift.rejects(self.significance)
+
+    @property
+    def label_shift_tested(self) -> bool:
+        """The report carries an outcome of the label-shift test (a result, or why it could not run)."""
+        return self.label_shift is not None or self.label_shift_error is not None
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why the estimate is not trustworthy: the identifiability report's reasons, then the interval's."""
+        return [*self.identifiability.reasons, *(getattr(self.interval, "reasons", None) or [])]
+
+    @property
     def trustworthy(self) -> bool:
-        """No identifiability check failed (the reasons are in ``identifiability.reasons``)."""
-        return bool(self.identifiability.trustworthy)
+        """No identifiability check failed and the interval is trustworthy (the reasons are in :attr:`reasons`)."""
+        return bool(self.identifiability.trustworthy) and bool(getattr(self.interval, "trustworthy", True))
 
     @property
     def verdict(self) -> str:
-        """One word for the operator, one of :data:`VERDICTS`: "Untrustworthy" wins over the test."""
+        """One word for the operator, one of :data:`VERDICTS`: "Not label shift" wins over everything, then
+        "Untrustworthy" over the no-shift test."""
+        if self.label_shift_ok is False:
+            return NOT_LABEL_SHIFT
         if not self.trustworthy:
             return "Untrustworthy"
         return "Shifted" if self.shifted else "No shift"
+
+    @property
+    def label_shift_summary(self) -> str | None:
+        """One line on the label-shift test: its verdict, statistic, p-value and where the target disagrees; or
+        why it was not run (None when it was not asked for)."""
+        if self.label_shift is not None:
+            return self.label_shift.summary(self.significance)
+        if self.label_shift_error is not None:
+            return f"Label-shift test not run: {self.label_shift_error}"
+        return None
 
     @property
     def total_variation(self) -> float:
@@ -162,6 +205,10 @@ class ShiftReport:
             "largest_change": {"class": top, "source": float(self.source_prior[top]),
                                "target": float(self.target_prior[top]), "change": float(change[top])},
             "converged": bool(self.converged),
+            **({"label_shift_test": (self.label_shift.to_dict() if self.label_shift is not None
+                                     else {"error": self.label_shift_error}),
+                "label_shift_ok": self.label_shift_ok, "label_shift_summary": self.label_shift_summary}
+               if self.label_shift_tested else {}),
         }
 
     @classmethod
@@ -170,7 +217,8 @@ class ShiftReport:
 
         The derived entries (``n_classes``, ``shifted``, ``trustworthy``, ``total_variation``,
         ``largest_change``) are recomputed from the others, so ``from_dict(d).to_dict() == d`` for every ``d``
-        that :meth:`to_dict` wrote. Raises FormatError when an entry is missing.
+        that :meth:`to_dict` wrote. Dicts written before the label-shift test existed (no ``label_shift_test``)
+        read back without one. Raises FormatError when an entry is missing.
         """
         if not isinstance(d, dict):
             raise FormatError(f"a shift report must be a dict as ShiftReport.to_dict() writes, got "
@@ -180,15 +228,29 @@ class ShiftReport:
         if missing:
             raise FormatError(f"the shift report lacks {', '.join(missing)}; pass the 'result' of a re-estimation "
                               "summary (ShiftReport.to_dict()).")
+        lst, lst_error = None, None
+        stored = d.get("label_shift_test")
+        if stored is not None:
+            if not isinstance(stored, dict):
+                raise FormatError(f"label_shift_test must be a dict as LabelShiftTest.to_dict() writes, or "
+                                  f"{{'error': ...}}; got {stored!r}.")
+            if "error" in stored:
+                lst_error = str(stored["error"])
+            else:
+                lst = LabelShiftTest.from_dict(stored)
+        interval = d["interval"]
+        interval_cls = SourceAwareInterval if isinstance(interval, dict) and \
+            interval.get("method") == "source-aware" else PriorInterval
         return cls(method=str(d["method"]), source_prior=np.asarray(d["source_prior"], dtype=np.float64),
                    target_prior=np.asarray(d["target_prior"], dtype=np.float64),
                    weights=np.asarray(d["weights"], dtype=np.float64),
-                   interval=PriorInterval.from_dict(d["interval"]),
+                   interval=interval_cls.from_dict(interval),
                    no_shift_test=NoShiftTest.from_dict(d["no_shift_test"]),
                    identifiability=Identifiability.from_dict(d["identifiability"]),
                    significance=float(d["significance"]), n_target=int(d["n_target"]),
                    converged=bool(d.get("converged", True)),
-                   cross_check={name: CrossCheck.from_dict(name, c) for name, c in (d.get("cross_check") or {}).items()})
+                   cross_check={name: CrossCheck.from_dict(name, c) for name, c in (d.get("cross_check") or {}).items()},
+                   label_shift=lst, label_shift_error=lst_error)
 
 
 def finite(x) -> bool:
@@ -214,15 +276,54 @@ def _pool(target_probs) -> np.ndarray:
     return np.asarray(target_probs)
 
 
+def check_holdout(source_labels, n_classes: int, *, interval: str = "fisher", calibrator=None) -> None:
+    """The labelled source holdout can carry a re-estimation with this interval; InputError naming the fix if not.
+
+    Every class needs a holdout example (p_s(y), the calibrator's bias and the class-conditional outputs of a class
+    without one are not estimable); ``interval="source-aware"`` also needs a calibrator whose parameters it knows
+    (:data:`labelshift.joint_uncertainty.SUPPORTED_CALIBRATORS`) and a holdout large enough to refit it
+    (:func:`labelshift.joint_uncertainty.min_holdout_rows`).
+    """
+    labels = np.asarray(source_labels)
+    counts = np.bincount(labels.astype(np.int64), minlength=n_classes) if labels.size else np.zeros(n_classes, int)
+    missing = np.flatnonzero(counts[:n_classes] == 0).tolist()
+    if missing:
+        raise InputError(f"the labelled source holdout has no example of class(es) {missing}: their source prior, "
+                         "calibration and class-conditional outputs cannot be estimated. Add labelled holdout rows of "
+                         "those classes and register the model (or reference) again with them, so that the "
+                         "calibrator is refit on a holdout that covers every class.")
+    if interval != "source-aware":
+        return
+    kind = getattr(calibrator, "kind", None)
+    if kind not in SUPPORTED_CALIBRATORS:
+        raise InputError(f"interval 'source-aware' needs a scaling calibrator ({', '.join(SUPPORTED_CALIBRATORS)}) "
+                         f"whose parameters it can propagate, got {kind or type(calibrator).__name__!r}; use "
+                         "calibrator BCTS (the default), or interval 'bootstrap' or 'fisher' (both treat the "
+                         "calibrator and p_s as known).")
+    need = min_holdout_rows(kind, n_classes)
+    if labels.size < need:
+        raise InputError(f"the labelled source holdout has {labels.size} rows, too few to refit the {kind} calibrator "
+                         f"and estimate its error: interval 'source-aware' needs at least {need}. Label more "
+                         "holdout rows and register the model again, or use interval 'fisher' (which treats the "
+                         "calibrator and p_s as known, and is too short when the target is not small next to the "
+                         "holdout).")
+
+
 def assess_shift(source_probs, source_labels, target_probs, *, source_prior, estimator: str = "MLLS",
                  cross_check: Sequence[str] = (), interval: str = "fisher", level: float = 0.95,
                  significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0,
-                 max_interval_width: float | None = None) -> ShiftReport:
+                 max_interval_width: float | None = None, source_outputs=None, target_outputs=None,
+                 calibrator=None, label_shift_check: bool = True, class_names=None) -> ShiftReport:
     """Estimate the target prior on ``target_probs`` and say whether it shifted and whether to trust it.
 
     The estimators are fit on the labelled source outputs with ``source_prior``; the estimate is ``estimator``'s;
-    the interval is :func:`~labelshift.uncertainty.fisher_interval` (MLLS only, eq. (mlls-sample)) or
-    :func:`~labelshift.uncertainty.bootstrap_interval`; the no-shift test is the two-sample test of
+    the interval is :func:`~labelshift.joint_uncertainty.source_aware_interval` (MLLS only; it includes the error
+    of the calibrator and p_s fit on the holdout, and needs the raw outputs and the calibrator),
+    :func:`~labelshift.uncertainty.fisher_interval` (MLLS only, eq. (mlls-sample); target only) or
+    :func:`~labelshift.uncertainty.bootstrap_interval` (target only); the label-shift test
+    (:func:`~labelshift.label_shift_test.label_shift_test`, with the MLLS weights) checks that the target's
+    calibrated outputs are the holdout's reweighted by class -- a holdout it cannot use (too small, a class with
+    fewer than 5 rows) is recorded as "not run" with the reason, not raised; the no-shift test is the two-sample test of
     :func:`~labelshift.uncertainty.no_shift_test` (the source side, calibrator and p_s, is itself estimated from
     ``source_probs``); the identifiability report is that of the MLLS estimate (Section 5, eq. (bound-main)) with the
     hard joint confusion matrix of the source outputs. MLLS is fit whatever ``estimator`` is, and shown beside a
@@ -237,15 +338,22 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
             the source data; see ``docs/reestimation.md``).
         estimator: a name of :data:`labelshift.registry.REESTIMATION_ESTIMATORS`.
         cross_check: names of the same set, run alongside (duplicates and ``estimator`` itself are skipped).
-        interval: ``"fisher"`` (needs a likelihood estimator, MLLS) or ``"bootstrap"``.
+        interval: ``"source-aware"`` or ``"fisher"`` (both need a likelihood estimator, MLLS) or ``"bootstrap"``.
         level: confidence level of the interval, in (0, 1).
         significance: level of the no-shift test, in (0, 1).
         n_bootstrap, seed: the bootstrap's resamples and seed (``interval="bootstrap"``).
         max_interval_width: optional: the estimate is also untrustworthy when the interval on some w_y is wider.
+        source_outputs, target_outputs, calibrator: ``interval="source-aware"`` only: the classifier's raw outputs
+            (what ``calibrator`` takes) on the holdout, (n, k), and on the target, (m, k) or a list of batches in
+            the order of ``target_probs``; the fitted calibrator that made ``source_probs`` from them.
+        label_shift_check: run the label-shift test (default); False leaves it out of the report.
+        class_names: optional k names used in the label-shift test's evidence.
 
     Raises:
-        InputError: an unknown estimator or interval, ``interval="fisher"`` with a BBSE estimator, shapes or
-            values that do not fit together; whatever the main estimator raises (e.g. IllConditionedError).
+        InputError: an unknown estimator or interval, ``interval="fisher"`` or ``"source-aware"`` with a BBSE
+            estimator, a holdout without an example of some class (or, for ``"source-aware"``, too small to refit
+            the calibrator, an unsupported calibrator, no raw outputs), shapes or values that do not fit together;
+            whatever the main estimator raises (e.g. IllConditionedError).
     """
     check_interval(estimator, interval)
     cross_check = list(cross_check or ())
@@ -255,11 +363,21 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
     k = S.shape[1]
     labels = check_labels(source_labels, "source_labels", k, n_rows=S.shape[0])
     check_prior(source_prior, "source_prior", k)
+    check_holdout(labels, k, interval=interval, calibrator=calibrator)
     prior = np.asarray(source_prior, dtype=np.float64)    # as given: the report holds the caller's p_s
     pooled = check_probabilities(_pool(target_probs), "target_probs", 2)
     if pooled.shape[1] != k:
         raise InputError(f"target_probs has {pooled.shape[1]} class columns but source_probs has {k}; pass the "
                          "calibrated outputs of the same classifier on both.")
+    if interval == "source-aware":
+        if source_outputs is None or target_outputs is None:
+            raise InputError("interval 'source-aware' needs the classifier's raw outputs on the holdout and the target "
+                             "(source_outputs, target_outputs) and the calibrator; pass them, or use interval "
+                             "'fisher'.")
+        raw_target = _pool(target_outputs)
+        if np.shape(raw_target)[0] != pooled.shape[0]:
+            raise InputError(f"target_outputs has {np.shape(raw_target)[0]} rows but target_probs has "
+                             f"{pooled.shape[0]}; pass the raw outputs of the same target rows, in the same order.")
 
     fits = {}
     with warnings.catch_warnings():
@@ -288,13 +406,25 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
     if interval == "bootstrap":
         ci = bootstrap_interval(pooled, prior, estimator=fits[estimator], level=level, n_bootstrap=n_bootstrap,
                                 seed=seed)
+    elif interval == "source-aware":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")      # its checks are reported as reasons, as data
+            ci = source_aware_interval(source_outputs, labels, raw_target, calibrator, level=level,
+                                       weights=main.weights)
     else:
         ci = fisher_interval(pooled, main.weights, prior, level=level)
     test = no_shift_test(pooled, mlls.weights, prior, source_probs=S)
+    lst, lst_error = None, None
+    if label_shift_check:
+        try:
+            lst = label_shift_test(S, labels, pooled, weights=np.maximum(np.asarray(mlls.weights), 0.0),
+                                   source_prior=prior, class_names=class_names)
+        except InputError as exc:                # e.g. a holdout too small for its regions: "not run", with why
+            lst_error = str(exc)
     ident = identifiability(pooled, mlls.weights, prior, confusion=joint_confusion(S, labels), n_source=len(labels),
                             interval=ci, max_relative_width=max_interval_width)
     test.rejects(significance)                   # checks significance
     return ShiftReport(method=estimator, source_prior=prior, target_prior=np.asarray(main.target_prior),
                        weights=np.asarray(main.weights), interval=ci, no_shift_test=test, identifiability=ident,
                        significance=significance, n_target=int(len(pooled)), converged=bool(np.all(main.converged)),
-                       cross_check=checks)
+                       cross_check=checks, label_shift=lst, label_shift_error=lst_error)

@@ -33,7 +33,7 @@ from labelshift.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
 from labelshift.monitoring import RejectedBatch, TargetBatch, load_batch, write_batch_outputs
 from labelshift.plots import figure_png, plot_prior_estimate
-from labelshift.report import ShiftReport, assess_shift, finite
+from labelshift.report import NOT_LABEL_SHIFT, ShiftReport, assess_shift, finite
 from labelshift.rows import joined
 from labelshift.storage import open_store
 
@@ -97,6 +97,7 @@ class ModelBundle:
     source_labels: np.ndarray
     model: object = field(repr=False)
     load_seconds: float = 0.0
+    source_outputs: np.ndarray | None = field(default=None, repr=False)   # raw holdout logits, float64
 
     @property
     def source_prior(self) -> np.ndarray:
@@ -228,7 +229,7 @@ def load_bundle(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS") 
     bundle = ModelBundle(uri=model_uri, name=name, version=str(mv.version), alias=alias, run_id=mv.run_id,
                          input_shape=input_shape, n_classes=n_classes, calibrator_name=calibrator, calibrator=cal,
                          source_probs=source_probs, source_labels=holdout_labels.astype(np.int64), model=model,
-                         load_seconds=time.perf_counter() - t0)
+                         load_seconds=time.perf_counter() - t0, source_outputs=holdout_logits.astype(np.float64))
     with _BUNDLES_LOCK:
         _BUNDLES[key] = bundle
     return bundle
@@ -277,27 +278,32 @@ def score_batches(bundle: ModelBundle, target_uri: str, batches: list[TargetBatc
 
 @dataclass
 class ScoredBatches:
-    """What scoring made of the new batches: the good ones with their probabilities, those that
-    failed their checks (rejected, with the reason) and those gone or replaced since the listing (skipped: the next
-    run lists them afresh)."""
+    """What scoring made of the new batches: the good ones with their probabilities (and the raw outputs those came
+    from, float32, batch by batch like ``probs``), those that failed their checks (rejected, with the reason) and
+    those gone or replaced since the listing (skipped: the next run lists them afresh)."""
 
     batches: list[TargetBatch]
     probs: list[np.ndarray]
     rejected: list[RejectedBatch] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
+    outputs: list[np.ndarray] = field(default_factory=list)
 
 
 @task(name="estimate-shift", cache_policy=NO_CACHE, persist_result=False)
 def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: str = "MLLS",
-                   cross_check: list[str] = (), interval: str = "fisher", level: float = 0.95,
+                   cross_check: list[str] = (), interval: str = "source-aware", level: float = 0.95,
                    significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0,
-                   max_interval_width: float | None = None) -> ShiftReport:
-    """:func:`labelshift.report.assess_shift` on the pooled batches, with the bundle's source holdout and prior (the
-    batches pooled without a copy when they are views of one array, :func:`labelshift.rows.joined`)."""
+                   max_interval_width: float | None = None, outputs: list[np.ndarray] | None = None,
+                   class_names=None) -> ShiftReport:
+    """:func:`labelshift.report.assess_shift` on the pooled batches, with the bundle's source holdout and prior
+    (and, for the source-aware interval, the raw holdout outputs, the calibrator and the raw target ``outputs``);
+    the batches are pooled without a copy when they are views of one array (:func:`labelshift.rows.joined`)."""
     return assess_shift(bundle.source_probs, bundle.source_labels, joined(probs), source_prior=bundle.source_prior,
                         estimator=estimator, cross_check=cross_check, interval=interval, level=level,
                         significance=significance, n_bootstrap=n_bootstrap, seed=seed,
-                        max_interval_width=max_interval_width)
+                        max_interval_width=max_interval_width, source_outputs=bundle.source_outputs,
+                        target_outputs=None if outputs is None else joined(outputs), calibrator=bundle.calibrator,
+                        class_names=class_names)
 
 
 @task(name="write-outputs", cache_policy=NO_CACHE, persist_result=False)
@@ -426,7 +432,8 @@ def _class_keys(k: int, class_names=None) -> list[str]:
 def prior_metrics(report: ShiftReport, class_names=None) -> dict[str, float]:
     """The metrics of one re-estimation, by name (per class: ``prior/<c>``, ``prior_lower/<c>``,
     ``prior_upper/<c>``, ``weight/<c>``, ``source_prior/<c>``; the cross-checks' priors; then the test, the
-    identifiability numbers, the size). ``<c>`` is the class name made metric-safe
+    identifiability numbers, the size; the label-shift test's ``label_shift_statistic``, ``label_shift_p_value``,
+    ``label_shift_dof`` and ``label_shift_ok`` when it ran). ``<c>`` is the class name made metric-safe
     (:func:`labelshift.batches.metric_names`), the index for unnamed classes. Numbers that are not finite are left
     out."""
     out = {}
@@ -452,18 +459,30 @@ def prior_metrics(report: ShiftReport, class_names=None) -> dict[str, float]:
     if finite(ident.confusion_condition):       # a singular matrix (condition inf) logs neither number
         out["confusion_condition"] = ident.confusion_condition
         out["confusion_sigma_min"] = ident.confusion_sigma_min
+    if report.label_shift is not None:
+        lst = report.label_shift
+        out.update({"label_shift_statistic": lst.statistic, "label_shift_p_value": lst.p_value,
+                    "label_shift_dof": lst.dof, "label_shift_ok": float(bool(report.label_shift_ok))})
     return {k: float(v) for k, v in out.items() if finite(v)}
 
 
 def log_reestimation(tracking_uri: str, runs: dict, report: ShiftReport, summary: dict, figure: bytes,
                      step: int, class_names=None) -> None:
-    """The child run's metrics (:func:`prior_metrics`, at ``step``), the figure and the summary JSON."""
+    """The child run's metrics (:func:`prior_metrics`, at ``step``), the verdict as the tag ``labelshift.verdict``,
+    the figure, the summary JSON and the label-shift test's result (``reestimation/label_shift_test.json``)."""
     client = MlflowClient(tracking_uri=tracking_uri)
     now = int(time.time() * 1000)
     metrics = [Metric(k, v, now, step) for k, v in prior_metrics(report, class_names).items()]
     for i in range(0, len(metrics), 1000):
         client.log_batch(runs["run_id"], metrics=metrics[i:i + 1000])
+    client.set_tag(runs["run_id"], "labelshift.verdict", report.verdict)
     client.log_text(runs["run_id"], json.dumps(summary, indent=1, default=str), "reestimation/summary.json")
+    if report.label_shift_tested:
+        doc = {"ok": report.label_shift_ok, "significance": report.significance,
+               "summary": report.label_shift_summary,
+               **(report.label_shift.to_dict() if report.label_shift is not None
+                  else {"error": report.label_shift_error})}
+        client.log_text(runs["run_id"], json.dumps(doc, indent=1, default=str), "reestimation/label_shift_test.json")
     _log_bytes(client, runs["run_id"], figure, "figures", "target_prior.png")
 
 
@@ -493,7 +512,9 @@ SYNC_LOOKBACK = 30
 
 def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], model_name: str) -> list[int]:
     """Give the monitor run of (``model_name``, target) one point per successful re-estimation of that model
-    (``step`` = the run sequence, the time of the run as timestamp).
+    (``step`` = the run sequence, the time of the run as timestamp): the prior with its interval, the tests'
+    p-values (``no_shift_p_value``, ``label_shift_p_value``); under "Not label shift" only the latter, the size and
+    ``label_shift_ok`` = 0.
 
     The watermark's history is per target, so entries of other models are skipped. An entry's point is logged when
     its child run (``mlflow_run_id``) does not carry :data:`SYNCED_TAG` yet -- the run that just committed, and any
@@ -508,7 +529,7 @@ def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], mo
 
     client = MlflowClient(tracking_uri=tracking_uri)
     entries = [e for e in history[-SYNC_LOOKBACK:] if e.get("sequence") is not None and e.get("mlflow_run_id")
-               and e.get("model") == model_name and "target_prior" in e]
+               and e.get("model") == model_name and ("target_prior" in e or "label_shift_p_value" in e)]
     if not entries:
         return []
     # which of their child runs already gave their point: one search (deleted child runs included)
@@ -527,16 +548,19 @@ def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], mo
         except ValueError:
             stamp = int(time.time() * 1000)
         values = {}
-        keys = _class_keys(len(entry["target_prior"]), entry.get("classes"))
-        for c, key in enumerate(keys):
-            values[f"prior/{key}"] = entry["target_prior"][c]
-            if "lower" in entry and "upper" in entry:
-                values[f"prior_lower/{key}"] = entry["lower"][c]
-                values[f"prior_upper/{key}"] = entry["upper"][c]
+        if "target_prior" in entry:     # none under "Not label shift": that estimate means nothing
+            keys = _class_keys(len(entry["target_prior"]), entry.get("classes"))
+            for c, key in enumerate(keys):
+                values[f"prior/{key}"] = entry["target_prior"][c]
+                if "lower" in entry and "upper" in entry:
+                    values[f"prior_lower/{key}"] = entry["lower"][c]
+                    values[f"prior_upper/{key}"] = entry["upper"][c]
         for key, name in (("p_value", "no_shift_p_value"), ("total_variation", "total_variation"),
-                          ("n_target", "n_target")):
+                          ("n_target", "n_target"), ("label_shift_p_value", "label_shift_p_value")):
             if entry.get(key) is not None:
                 values[name] = entry[key]
+        if entry.get("label_shift_ok") is not None:
+            values["label_shift_ok"] = float(bool(entry["label_shift_ok"]))
         for key in ("shifted", "trustworthy"):
             if key in entry:
                 values[key] = float(bool(entry[key]))
@@ -563,27 +587,41 @@ def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED", cause: str
     client.set_terminated(run_id, status)
 
 
+#: how the figure's legend names each interval
+INTERVAL_LABELS = {"source-aware": "source-aware (target + holdout error)", "fisher": "Fisher (target only)",
+                   "bootstrap": "bootstrap (target only)"}
+
+
 def render_figure(report: ShiftReport, history: list[dict], level: float, title: str, class_names=None) -> bytes:
-    """The estimated prior with its interval against the source prior, the watermark's history beside it (PNG)."""
+    """The estimated prior with its interval against the source prior, the watermark's history beside it (PNG).
+    The legend names the interval; under "Not label shift" the title says that the estimate is not meaningful."""
     ci = report.interval
     past = [{"sequence": h["sequence"], "target_prior": h["target_prior"],
              **({"lower": h["lower"], "upper": h["upper"]} if "lower" in h and "upper" in h else {})}
             for h in history if "target_prior" in h]
+    if report.verdict == NOT_LABEL_SHIFT:
+        title = f"{title}\nNot label shift: this estimate is not meaningful"
     return figure_png(plot_prior_estimate(report.source_prior.tolist(), report.target_prior.tolist(),
                                           ci.lower.tolist(), ci.upper.tolist(), level=level, title=title,
-                                          class_names=class_names,
-                                          history=past or None))
+                                          class_names=class_names, history=past or None,
+                                          interval_label=INTERVAL_LABELS.get(ci.method, ci.method)))
 
 
 def history_record(report: ShiftReport, run_id: str | None, model_name: str | None = None,
                    class_names=None) -> dict:
     """The watermark's record of one successful re-estimation (small: one is kept per run). The watermark adds
-    ``sequence``, ``time``, ``run_id`` and ``batches`` itself (:func:`labelshift.monitoring.commit_watermark`)."""
+    ``sequence``, ``time``, ``run_id`` and ``batches`` itself (:func:`labelshift.monitoring.commit_watermark`).
+    Under "Not label shift" the record holds no estimate (no prior, interval, no-shift p-value: they mean
+    nothing), only the verdict, the size and the label-shift test's p-value."""
+    lst = report.label_shift
+    tested = {"label_shift_p_value": None if lst is None or not finite(lst.p_value) else float(lst.p_value),
+              "label_shift_ok": report.label_shift_ok} if report.label_shift_tested else {}
+    base = {"model": model_name, "verdict": report.verdict, "n_target": report.n_target, **tested,
+            "mlflow_run_id": run_id, **({"classes": list(class_names)} if class_names else {})}
+    if report.verdict == NOT_LABEL_SHIFT:
+        return base
     ci = report.interval
-    return {"model": model_name, "n_target": report.n_target,
-            "target_prior": [round(v, 6) for v in report.target_prior.tolist()],
+    return {**base, "target_prior": [round(v, 6) for v in report.target_prior.tolist()],
             "lower": [round(v, 6) for v in ci.lower.tolist()], "upper": [round(v, 6) for v in ci.upper.tolist()],
-            "p_value": report.no_shift_test.to_dict()["p_value"], "shifted": report.shifted,
-            "total_variation": round(report.total_variation, 6),
-            "trustworthy": report.trustworthy, "mlflow_run_id": run_id,
-            **({"classes": list(class_names)} if class_names else {})}
+            "interval": ci.method, "p_value": report.no_shift_test.to_dict()["p_value"], "shifted": report.shifted,
+            "total_variation": round(report.total_variation, 6), "trustworthy": report.trustworthy}

@@ -239,6 +239,7 @@ class ReferenceBundle:
     input_shape: tuple[int, ...] | None = None
     model: object = field(default=None, repr=False)
     load_seconds: float = 0.0
+    source_outputs: np.ndarray | None = field(default=None, repr=False)   # raw holdout outputs, float64
 
     @property
     def n_classes(self) -> int:
@@ -364,7 +365,7 @@ def load_reference(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS
         class_names=names, output_kind=kind, calibrator_name=calibrator, calibrator=cal,
         source_probs=cal.predict_proba(holdout), source_labels=labels, id_column=(doc or {}).get("id_column"),
         output_method=method, input_columns=columns, input_shape=shape, model=model,
-        load_seconds=time.perf_counter() - t0)
+        load_seconds=time.perf_counter() - t0, source_outputs=holdout)
     with _LOCK:
         _CACHE[key] = bundle
     return bundle
@@ -456,7 +457,9 @@ def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out:
                 reject_logger) -> None:
     """Prediction logs: every batch streamed to a temporary file, then read in row chunks, calibrated chunk by chunk
     into one pooled float32 (m, k) array; the good batches get consecutive views of it (so pooling them is free:
-    :func:`labelshift.rows.joined`). A batch that fails its checks part-way gives its rows back to the next one."""
+    :func:`labelshift.rows.joined`), and so do their raw outputs (float32, for the source-aware interval; the
+    probabilities are computed from the kept values). A batch that fails its checks part-way gives its rows back to
+    the next one."""
     with tempfile.TemporaryDirectory(prefix="labelshift-batches-") as tmp, rows_mod.one_blas_thread():
         files = []
         for i, b in enumerate(batches):
@@ -468,7 +471,9 @@ def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out:
                 _skip(out, b, exc, logger)
             except (FormatError, InputError) as exc:
                 _reject(out, b, exc, reject_logger)
-        pooled = np.empty((sum(f[4] for f in files), bundle.n_classes), dtype=np.float32)
+        total = sum(f[4] for f in files)
+        pooled = np.empty((total, bundle.n_classes), dtype=np.float32)
+        pooled_raw = np.empty((total, bundle.n_classes), dtype=np.float32)     # for the source-aware interval
         at = 0
         for b, uri, fmt, path, n in files:
             row = at
@@ -477,7 +482,9 @@ def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out:
                     if row + len(chunk) > at + n:
                         raise FormatError(f"batch {uri} holds more rows than its metadata says ({n}); write it "
                                           "again.")
-                    pooled[row:row + len(chunk)] = bundle.calibrator.predict_proba(chunk.astype(np.float64))
+                    kept = pooled_raw[row:row + len(chunk)]
+                    kept[:] = chunk
+                    pooled[row:row + len(chunk)] = bundle.calibrator.predict_proba(kept.astype(np.float64))
                     row += len(chunk)
                 if row != at + n:
                     raise FormatError(f"batch {uri} holds {row - at} rows but its metadata says {n}; write it again.")
@@ -488,33 +495,45 @@ def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out:
                 path.unlink(missing_ok=True)
             out.batches.append(b)
             out.probs.append(pooled[at:row])
+            out.outputs.append(pooled_raw[at:row])
             at = row
 
 
-def _score_batch(bundle, store, b: TargetBatch, batch_size: int) -> np.ndarray:
-    """Calibrated probabilities of every row of one batch of model inputs (its rows stream through in chunks; only
-    the (n, k) probabilities stay). Raises FormatError/InputError for a batch that fails its checks."""
+def _calibrated(bundle, scores, raw: list) -> np.ndarray:
+    """The calibrated probabilities of raw model outputs, kept (float32) in ``raw`` for the source-aware interval;
+    the probabilities are computed from the kept values, so that both describe the same rows exactly."""
+    kept = np.asarray(scores).astype(np.float32)
+    raw.append(kept)
+    return bundle.calibrator.predict_proba(kept.astype(np.float64))
+
+
+def _score_batch(bundle, store, b: TargetBatch, batch_size: int, raw: list | None = None) -> np.ndarray:
+    """Calibrated probabilities of every row of one batch (its rows stream through in chunks; only the (n, k)
+    probabilities stay, and the raw outputs as float32 in ``raw`` when given). Raises FormatError/InputError for a
+    batch that fails its checks."""
+    raw = [] if raw is None else raw
     if isinstance(bundle, ModelBundle):
         x = load_batch(store, b, input_shape=bundle.input_shape)
-        return bundle.calibrator.predict_proba(_forward(bundle.model, x, batch_size))
+        return _calibrated(bundle, _forward(bundle.model, x, batch_size), raw)
     uri, fmt = store.url(b.key), batch_format(b.key)
     parts = []
     if fmt == "parquet":
         for chunk in iter_feature_chunks(_bytes(store, b), uri, bundle.input_columns,
                                          chunk_rows=max(batch_size, 1024)):
-            parts.append(bundle.calibrator.predict_proba(_model_scores(bundle, chunk)))
+            parts.append(_calibrated(bundle, _model_scores(bundle, chunk), raw))
     else:
         x = load_batch(store, b, input_shape=bundle.input_shape)
         for i in range(0, len(x), max(batch_size, 1)):
-            parts.append(bundle.calibrator.predict_proba(_model_scores(bundle, x[i:i + batch_size])))
+            parts.append(_calibrated(bundle, _model_scores(bundle, x[i:i + batch_size]), raw))
     return np.concatenate(parts)
 
 
 @task(name="score-batches", task_run_name="score-{target_uri}", cache_policy=NO_CACHE, persist_result=False)
 def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], *, batch_size: int = 1024,
                            log_rejections: bool = True) -> ScoredBatches:
-    """Calibrated probabilities of every row of every batch, in any mode and format, in one pass that goes on past a
-    bad batch: a batch whose content fails its checks (FormatError, InputError) is set aside as rejected with its
+    """Calibrated probabilities (and the raw outputs they came from, float32) of every row of every batch, in any mode
+    and format, in one pass that goes on past a bad batch: a batch whose content fails its checks (FormatError,
+    InputError) is set aside as rejected with its
     message, one deleted or replaced since the listing as skipped. Nothing is written here. Different formats under
     one target, or trouble with the store itself (unreachable, credentials), still fail. Rows stream through in
     chunks; only the (n, k) probabilities stay: float32 views of one pooled array for prediction logs, float64 per
@@ -530,8 +549,9 @@ def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], 
         _score_logs(bundle, store, batches, out, logger, reject_logger)
     else:
         for i, b in enumerate(batches):
+            raw: list = []
             try:
-                probs = _score_batch(bundle, store, b, batch_size)
+                probs = _score_batch(bundle, store, b, batch_size, raw)
             except (ObjectNotFoundError, ChangedBatchError) as exc:
                 _skip(out, b, exc, logger)
                 continue
@@ -539,6 +559,7 @@ def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], 
                 _reject(out, b, exc, reject_logger)
                 continue
             out.probs.append(probs)
+            out.outputs.append(np.concatenate(raw))
             out.batches.append(b)
             logger.info("scored %s (%d of %d): %d rows, %.1f s so far", b.key, i + 1, len(batches), len(probs),
                         time.perf_counter() - t0)

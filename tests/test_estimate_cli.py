@@ -24,14 +24,17 @@ def test_help_explains_the_options(capsys):
     with pytest.raises(SystemExit):
         main(["estimate", "--help"])
     out = capsys.readouterr().out
-    for option in ("--model", "--target", "--calibrator", "--interval", "--significance", "--check", "--json"):
-        assert option in out
+    for option in ("--model", "--target", "--calibrator", "--interval", "--significance", "--check", "--json",
+                   "source-aware", "5 when the new data are not label shift"):
+        assert option in " ".join(out.split())
     assert "watermark" in out
 
 
 @pytest.mark.parametrize("argv, expected", [
     (["--cross-check", "FOO"], "--cross-check: unknown estimator"),
-    (["--level", "1.5"], "--level must be in (0.5, 1)"),
+    (["--level", "1.5"], "--level must be in (0, 1), got 1.5; pass a confidence level such as 0.95"),
+    (["--level", "0"], "--level must be in (0, 1), got 0.0"),
+    (["--estimator", "BBSE-soft", "--interval", "source-aware"], "with --estimator BBSE-soft use --interval bootstrap"),
     (["--significance", "0"], "--significance must be in (0, 0.5)"),
     (["--estimator", "BBSE-hard"], "with --estimator BBSE-hard use --interval bootstrap"),
 ])
@@ -78,6 +81,19 @@ def test_estimate_prints_the_table_and_check_exit_codes(prefect_server, sqlite_m
     assert "cross-check MLLS:" in out                          # MLLS always shown beside a BBSE estimator
     watermark = json.loads((target / "_labelshift" / "watermark.json").read_text())
     assert watermark["sequence"] == 3 and watermark["history"][-1]["trustworthy"] is False
+
+    # a class the model never saw (a tight cluster at the centre, 20% of the rows): Not label shift (exit 5), the
+    # evidence in the table, no corrected outputs, the batch counted
+    x, _ = draw(SOURCE_PRIOR, 2400, rng)
+    np.save(target / "day-4.npy", np.concatenate([x, 0.3 * rng.standard_normal((600, 2)).astype(np.float32)]))
+    assert main([*base, "--check"]) == 5
+    out = capsys.readouterr().out
+    assert out.startswith("Not label shift: ") and "label-shift test: Not label shift: chi2 = " in out
+    assert "% expected (z = " in out and "NOT MEANINGFUL" in out and "none written" in out
+    assert not (target / "day-4.corrected.npy").exists() and not (target / "day-4.summary.json").exists()
+    watermark = json.loads((target / "_labelshift" / "watermark.json").read_text())
+    assert "day-4.npy" in watermark["processed"] and watermark["history"][-1]["verdict"] == "Not label shift"
+    assert "target_prior" not in watermark["history"][-1] and watermark["history"][-1]["label_shift_ok"] is False
 
 
 def test_estimate_failure_exits_1_and_says_nothing_was_written(prefect_server, sqlite_model, tmp_path, capsys):

@@ -109,7 +109,11 @@ def test_deployment_processes_new_batches_once_writes_outputs_and_logs_the_drift
     proc = subprocess.Popen([sys.executable, "-c",
                              "from flows.reestimate import reestimate; reestimate.serve(name='e2e')"],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    params = {"model": registry["model_uri"], "target": target, "tracking_uri": registry["tracking_uri"]}
+    # the label-shift test runs at the same level as the no-shift test and, like any test, fires by chance on some
+    # label-shifted draws (about 2% here); day-3 below is one of them at 5% (p = 0.018), so this test of the
+    # deployment's bookkeeping runs both tests at 1% (the shift, total variation 0.35, has p < 1e-16 either way)
+    params = {"model": registry["model_uri"], "target": target, "tracking_uri": registry["tracking_uri"],
+              "significance": 0.01}
     try:
         _wait_for_deployment("reestimate/e2e", proc=proc)
         first = run_deployment("reestimate/e2e", parameters=params, timeout=300)
@@ -193,10 +197,10 @@ def test_intervals_cover_the_true_prior_and_unshifted_data_is_not_flagged(prefec
     """Coverage over repeated draws, through the flow (in this process: the model is loaded once).
 
     10 draws x 3 classes = 30 (draw, class) pairs at a nominal 95%: about 28.5 are covered; a binomial sd is
-    sqrt(30 * 0.95 * 0.05) = 1.2. The Fisher interval ignores the error of the 4000-row source holdout (about 0.4
-    of the target's own standard error here, which lowers the true coverage to about 93%), and the classes of one
-    draw are correlated, so the bound is set at 24 (80%): still a "clear majority", and far above what a too-narrow
-    interval would give (half the width covers about 68%). The no-shift test at 5% on unshifted data: 8 draws flag
+    sqrt(30 * 0.95 * 0.05) = 1.2. The default (source-aware) interval includes the error of the 4000-row source
+    holdout (about 0.4 of the target's own standard error here; the target-only Fisher interval, which ignores it,
+    covers about 93%), and the classes of one draw are correlated, so the bound is set at 24 (80%): still a "clear
+    majority", and far above what a too-narrow interval would give (half the width covers about 68%). The no-shift test at 5% on unshifted data: 8 draws flag
     0.4 on average; at most 2 is allowed (P(>= 3) = 0.6% at the nominal level).
     """
     rng = np.random.default_rng(2026)
@@ -212,7 +216,7 @@ def test_intervals_cover_the_true_prior_and_unshifted_data_is_not_flagged(prefec
         lo, hi = np.array(res["interval"]["lower"]), np.array(res["interval"]["upper"])
         covered += int(np.sum((lo <= SHIFTED_PRIOR) & (SHIFTED_PRIOR <= hi)))
         assert res["shifted"]                     # a shift of this size (TV 0.35) at m = 2000 is never missed
-    print(f"coverage of the 95% Fisher intervals: {covered}/30")
+    print(f"coverage of the 95% source-aware intervals: {covered}/30")
     assert covered >= 24
 
     flagged = 0
@@ -425,3 +429,81 @@ def test_a_failure_after_the_watermark_moved_does_not_fail_the_run_and_the_next_
     history = json.loads(_get(seaweed, s3_bucket, "late/_labelshift/watermark.json"))["history"]
     assert points == {h["sequence"]: pytest.approx(h["target_prior"][0]) for h in history}
     assert sorted(points) == [1, 2]
+
+
+# -- the source-aware interval and the label-shift test ------------------------------------------------------------
+def _artifact(state) -> str:
+    """The markdown of the run's ``reestimate`` artifact, read back from the Prefect API."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["reestimate"]),
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    assert len(found) == 1
+    return found[0].data
+
+
+def test_label_shift_is_shifted_with_source_aware_intervals_and_a_new_class_is_not_label_shift(
+        prefect_server, registry, seaweed, s3_bucket):
+    """True label shift: Shifted, the default (source-aware) interval, the label-shift test passed, outputs written.
+    A class the model never saw (a tight cluster at the centre of the three classes, 20% of the rows): "Not label
+    shift" with its evidence in the summary, the Prefect artifact and MLflow; no corrected outputs; the batch
+    counted in the watermark; the monitor run gets the test's p-value and no prior."""
+    rng = np.random.default_rng(11)
+    client = MlflowClient(registry["tracking_uri"])
+    x, _ = draw(SHIFTED_PRIOR, 3000, rng)
+    _put(seaweed, s3_bucket, "lst/day-1.npy", x)
+    target = f"s3://{s3_bucket}/lst/"
+    state = _run_flow(registry, target)
+    assert state.is_completed() and state.name == "Shifted", state.message
+    summary = state.result()
+    res = summary["result"]
+    assert res["interval"]["method"] == "source-aware" and res["interval"]["n_source"] == 4000
+    assert res["label_shift_ok"] is True and res["label_shift_summary"].startswith("Consistent with label shift")
+    lo, hi = np.array(res["interval"]["lower"]), np.array(res["interval"]["upper"])
+    assert np.all(lo <= SHIFTED_PRIOR + 0.05) and np.all(SHIFTED_PRIOR - 0.05 <= hi)
+    assert "lst/day-1.corrected.npy" in _keys(seaweed, s3_bucket, "lst/")
+    child = client.get_run(summary["mlflow"]["run_id"])
+    assert child.data.tags["labelshift.verdict"] == "Shifted" and child.data.metrics["label_shift_ok"] == 1.0
+    assert "- interval: source-aware (includes the labelled holdout's error" in _artifact(state)
+
+    x, _ = draw(SOURCE_PRIOR, 2400, rng)
+    _put(seaweed, s3_bucket, "lst/day-2.npy",
+         np.concatenate([x, 0.3 * rng.standard_normal((600, 2)).astype(np.float32)]))
+    state = _run_flow(registry, target)
+    assert state.is_completed() and state.name == "Not label shift", state.message
+    summary = state.result()
+    res = summary["result"]
+    assert summary["verdict"] == "Not label shift" and res["label_shift_ok"] is False
+    assert summary["headline"].startswith("The new data are not label-shifted source data (Not label shift: chi2 = ")
+    assert "% of target vs " in summary["headline"] and "no corrected outputs were written" in summary["headline"]
+    lst = res["label_shift_test"]
+    assert lst["p_value"] < 1e-6 and lst["dof"] >= 2 and lst["disagreeing"]
+    # the regions where the target disagrees: more rows than the reweighted holdout explains
+    assert max(r["z"] for r in lst["disagreeing"]) > 4
+    # no corrected outputs, the batch counted
+    keys = _keys(seaweed, s3_bucket, "lst/")
+    assert "lst/day-2.corrected.npy" not in keys and "lst/day-2.summary.json" not in keys
+    assert summary["outputs"] == [] and "on_changed='reprocess'" in summary["outputs_withheld"]
+    watermark = json.loads(_get(seaweed, s3_bucket, "lst/_labelshift/watermark.json"))
+    assert "day-2.npy" in watermark["processed"] and watermark["history"][-1]["verdict"] == "Not label shift"
+    # the Prefect artifact: the summary line and the table of disagreeing regions
+    md = _artifact(state)
+    assert md.startswith("# 🚫 Not label shift: ") and "- label-shift test: Not label shift: chi2 = " in md
+    assert "| region | target fraction | expected under label shift | z |" in md
+    assert f"| {lst['disagreeing'][0]['name']} | " in md and "**No corrected outputs were written:**" in md
+    # MLflow: the metrics, the tag and the test's JSON; the monitor run's point is the p-value, without a prior
+    child = client.get_run(summary["mlflow"]["run_id"])
+    assert child.data.tags["labelshift.verdict"] == "Not label shift"
+    assert child.data.metrics["label_shift_dof"] == lst["dof"] and child.data.metrics["label_shift_ok"] == 0.0
+    assert child.data.metrics["label_shift_statistic"] == pytest.approx(lst["statistic"])
+    assert "label_shift_p_value" in child.data.metrics
+    doc = json.loads(Path(client.download_artifacts(child.info.run_id, "reestimation/label_shift_test.json",
+                                                    str(Path(os.environ.get("TMPDIR", "/tmp"))
+                                                        / uuid.uuid4().hex))).read_text())
+    assert doc["ok"] is False and doc["statistic"] == pytest.approx(lst["statistic"])
+    monitor = summary["mlflow"]["monitor_run_id"]
+    assert [p.step for p in client.get_metric_history(monitor, "label_shift_p_value")] == [1, 2]
+    assert [p.step for p in client.get_metric_history(monitor, "prior/0")] == [1]      # no prior for run 2

@@ -55,9 +55,28 @@ def test_metrics_and_verdicts():
 
 def test_history_record_is_small_and_rounded():
     rec = history_record(_report(), "run-1", "clf")
-    assert rec == {"model": "clf", "n_target": 100, "target_prior": [0.2, 0.8], "lower": [0.1, 0.7],
-                   "upper": [0.3, 0.9], "p_value": 1e-5, "shifted": True, "total_variation": 0.3,
-                   "trustworthy": True, "mlflow_run_id": "run-1"}
+    assert rec == {"model": "clf", "verdict": "Shifted", "n_target": 100, "target_prior": [0.2, 0.8],
+                   "lower": [0.1, 0.7], "upper": [0.3, 0.9], "interval": "fisher", "p_value": 1e-5, "shifted": True,
+                   "total_variation": 0.3, "trustworthy": True, "mlflow_run_id": "run-1"}
+
+
+def test_not_label_shift_record_and_metrics_hold_the_test_and_no_estimate():
+    from labelshift.report import assess_shift
+    from tests.test_report import _gaussian_case
+
+    Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(drift=2.0)
+    report = assess_shift(sp, yh, pt, source_prior=prior, interval="source-aware", source_outputs=Xh,
+                          target_outputs=Xt, calibrator=cal)
+    assert report.verdict == "Not label shift"
+    rec = history_record(report, "run-2", "clf")
+    assert rec["verdict"] == "Not label shift" and rec["label_shift_ok"] is False
+    assert rec["label_shift_p_value"] == pytest.approx(report.label_shift.p_value)
+    assert not {"target_prior", "lower", "upper", "p_value", "shifted"} & set(rec)
+    m = prior_metrics(report)
+    assert m["label_shift_ok"] == 0.0 and m["label_shift_dof"] == report.label_shift.dof
+    assert m["label_shift_statistic"] == pytest.approx(report.label_shift.statistic)
+    assert "label_shift_p_value" in m or report.label_shift.p_value == 0.0
+    assert "label_shift_statistic" not in prior_metrics(_report())            # an old report: no test, no metric
 
 
 def test_sync_monitor_logs_each_run_of_its_model_once_and_survives_a_watermark_reset(mlflow_sqlite, tmp_path):

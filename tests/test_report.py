@@ -6,6 +6,7 @@ report existed) on the inputs of :func:`_case` below.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from labelshift import ShiftReport, assess_shift
 from labelshift.errors import FormatError, InputError
 from labelshift.estimators import BBSE
-from labelshift.report import CrossCheck, joint_confusion
+from labelshift.report import NOT_LABEL_SHIFT, VERDICTS, CrossCheck, check_holdout, joint_confusion
 from tests.reestimation_support import K, SHIFTED_PRIOR, SOURCE_PRIOR, bayes_logits, draw
 
 GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "shift_report_golden.json").read_text())
@@ -78,8 +79,12 @@ def _assert_same(a, b, path="result"):
 @pytest.mark.parametrize("name", list(CASES))
 def test_assess_shift_gives_what_the_task_gave(name):
     sp, ys, probs, prior = _case(name)
-    report = assess_shift(sp, ys, probs, source_prior=prior, **CASES[name])
+    report = assess_shift(sp, ys, probs, source_prior=prior, label_shift_check=False, **CASES[name])
     _assert_same(report.to_dict(), GOLDEN[name])
+    # the label-shift test adds its entries after the old ones and changes none of them
+    with_test = assess_shift(sp, ys, probs, source_prior=prior, **CASES[name]).to_dict()
+    assert list(with_test)[-3:] == ["label_shift_test", "label_shift_ok", "label_shift_summary"]
+    _assert_same({k: v for k, v in with_test.items() if k in GOLDEN[name]}, GOLDEN[name])
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -135,3 +140,113 @@ def test_joint_confusion_is_the_matrix_bbse_inverts():
     assert C.sum() == pytest.approx(1.0)
     # columns sum to the label frequencies: C[:, y] = p_s(yhat, y)
     np.testing.assert_allclose(C.sum(axis=0), np.bincount(labels, minlength=4) / 500)
+
+
+# -- the label-shift test and the source-aware interval in the report ------------------------------------------------
+def _gaussian_case(k=3, n=1500, m=4000, seed=0, prior=None, drift=0.0, new_class=0.0):
+    """Raw outputs of a well-specified classifier (BCTS contains the exact posterior) on a labelled holdout and a
+    target: label-shifted by ``prior``, or with its inputs moved by ``drift`` along the first axis, or with a share
+    ``new_class`` of rows from a class the model never saw (a tight cluster at the centre)."""
+    from labelshift.calibration import BCTS
+    from labelshift.experiments.well_specified import WellSpecifiedGaussians
+
+    problem = WellSpecifiedGaussians.make(k)
+    rng = np.random.default_rng(seed)
+    Xh, yh = problem.holdout(n, rng)
+    target_prior = problem.source_prior if prior is None else np.asarray(prior, float)
+    Xt, _ = problem.draw(target_prior, m, rng)
+    if drift or new_class:
+        x = rng.normal(size=(m, k)) + problem.sep * np.eye(k)[rng.choice(k, size=m, p=target_prior)]
+        x[:, 0] += drift
+        n_new = int(new_class * m)
+        x[:n_new] = problem.sep / k + 0.3 * rng.normal(size=(n_new, k))
+        Xt = problem.outputs(x)
+    cal = BCTS().fit(Xh, yh)
+    sp = cal.predict_proba(Xh)
+    prior_s = sp.mean(axis=0)
+    return Xh, yh, Xt, cal, sp, cal.predict_proba(Xt), prior_s / prior_s.sum()
+
+
+def test_source_aware_interval_and_label_shift_test_under_label_shift():
+    Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(prior=[0.6, 0.3, 0.1])
+    r = assess_shift(sp, yh, [pt[:1500], pt[1500:]], source_prior=prior, interval="source-aware",
+                     source_outputs=Xh, target_outputs=[Xt[:1500], Xt[1500:]], calibrator=cal,
+                     class_names=["a", "b", "c"])
+    assert r.interval.method == "source-aware" and r.interval.n_source == len(yh)
+    fisher = assess_shift(sp, yh, pt, source_prior=prior, interval="fisher")
+    np.testing.assert_allclose(r.target_prior, fisher.target_prior)
+    assert np.all(r.interval.width >= fisher.interval.width - 1e-12)        # the holdout's error is added
+    assert np.all(r.interval.covers([0.6, 0.3, 0.1]))
+    assert r.label_shift is not None and r.label_shift_ok is True and r.verdict == "Shifted"
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["label_shift_ok"] is True and d["label_shift_summary"].startswith("Consistent with label shift")
+    assert d["interval"]["method"] == "source-aware" and d["interval"]["n_source"] == len(yh)
+    back = ShiftReport.from_dict(d)
+    assert back.to_dict() == d and back.verdict == "Shifted"
+    assert back.interval.method == "source-aware" and back.label_shift.p_value == pytest.approx(r.label_shift.p_value)
+
+
+@pytest.mark.parametrize("kind", ["new class", "covariate shift"])
+def test_not_label_shift_wins_over_every_other_verdict(kind):
+    kw = {"new_class": 0.15} if kind == "new class" else {"drift": 2.0}
+    Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(**kw)
+    r = assess_shift(sp, yh, pt, source_prior=prior, interval="source-aware", source_outputs=Xh,
+                     target_outputs=Xt, calibrator=cal)
+    assert r.label_shift_ok is False and r.verdict == NOT_LABEL_SHIFT == VERDICTS[0]
+    assert r.label_shift.p_value < 1e-6 and r.label_shift.disagreeing()
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["label_shift_ok"] is False and d["label_shift_summary"].startswith("Not label shift")
+    assert d["label_shift_test"]["disagreeing"][0]["name"].startswith("predicted class")
+    back = ShiftReport.from_dict(d)
+    assert back.verdict == NOT_LABEL_SHIFT and back.to_dict() == d
+
+
+def test_label_shift_test_that_cannot_run_is_recorded_not_raised():
+    sp, ys, probs, prior = _case("mlls-fisher")
+    keep = np.r_[np.flatnonzero(ys == 0)[:3], np.flatnonzero(ys != 0)]          # class 0: 3 holdout rows (< 5)
+    r = assess_shift(sp[keep], ys[keep], probs, source_prior=prior, interval="fisher")
+    assert r.label_shift is None and "MIN_CLASS_ROWS" in r.label_shift_error and r.label_shift_ok is None
+    assert r.verdict in ("Shifted", "No shift", "Untrustworthy")
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["label_shift_test"] == {"error": r.label_shift_error} and d["label_shift_ok"] is None
+    assert d["label_shift_summary"].startswith("Label-shift test not run")
+    assert ShiftReport.from_dict(d).to_dict() == d
+
+
+def test_old_dicts_load_without_the_new_fields():
+    for d in GOLDEN.values():
+        back = ShiftReport.from_dict(json.loads(json.dumps(d)))
+        assert back.label_shift is None and back.label_shift_error is None and back.label_shift_ok is None
+        assert back.verdict != NOT_LABEL_SHIFT and "label_shift_test" not in back.to_dict()
+
+
+def test_untrustworthy_source_aware_interval_makes_the_report_untrustworthy():
+    from labelshift.joint_uncertainty import SourceAwareInterval
+
+    Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(prior=[0.6, 0.3, 0.1])
+    r = assess_shift(sp, yh, pt, source_prior=prior, interval="source-aware", source_outputs=Xh,
+                     target_outputs=Xt, calibrator=cal)
+    flagged = SourceAwareInterval.from_dict({**r.interval.to_dict(), "trustworthy": False,
+                                             "reasons": ["the calibrator's temperature sits at its bound"]})
+    bad = dataclasses.replace(r, interval=flagged)
+    assert not bad.trustworthy and bad.verdict == "Untrustworthy"
+    assert bad.reasons[-1] == "the calibrator's temperature sits at its bound"
+
+
+def test_bad_holdouts_and_source_aware_arguments_name_the_fix():
+    Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case()
+    with pytest.raises(InputError, match="no example of class.*Add labelled holdout rows"):
+        check_holdout(np.zeros(50, int), 3, interval="fisher")
+    with pytest.raises(InputError, match="too few to refit the BCTS calibrator.*interval 'fisher'"):
+        check_holdout(np.arange(15) % 3, 3, interval="source-aware", calibrator=cal)
+    check_holdout(np.arange(15) % 3, 3, interval="fisher", calibrator=cal)          # fine without the sandwich
+    with pytest.raises(InputError, match="scaling calibrator.*interval 'bootstrap' or 'fisher'"):
+        check_holdout(yh, 3, interval="source-aware", calibrator=object())
+    with pytest.raises(InputError, match="raw outputs"):
+        assess_shift(sp, yh, pt, source_prior=prior, interval="source-aware", calibrator=cal)
+    with pytest.raises(InputError, match="interval 'source-aware' comes from the MLLS likelihood.*'bootstrap'"):
+        assess_shift(sp, yh, pt, source_prior=prior, estimator="BBSE-soft", interval="source-aware",
+                     source_outputs=Xh, target_outputs=Xt, calibrator=cal)
+    with pytest.raises(InputError, match="level"):
+        assess_shift(sp, yh, pt, source_prior=prior, interval="source-aware", source_outputs=Xh,
+                     target_outputs=Xt, calibrator=cal, level=1.0)

@@ -23,11 +23,13 @@ from flows.cli._common import PROG, Opt, UsageError, add_common, add_field, boun
     option_name, prefect_api, problems, setup, validated
 from flows.params import DEFAULT_MODEL, INTERVAL_ERROR, ReestimateParameters
 
-__all__ = ["register", "register_simulate", "format_summary", "OPTIONS", "EXIT_SHIFTED", "EXIT_UNTRUSTWORTHY"]
+__all__ = ["register", "register_simulate", "format_summary", "OPTIONS", "EXIT_SHIFTED", "EXIT_UNTRUSTWORTHY",
+           "EXIT_NOT_LABEL_SHIFT"]
 
 #: exit statuses with --check (0 = no shift; 1 = failed; 2 = bad options, as every command)
 EXIT_SHIFTED = 3
 EXIT_UNTRUSTWORTHY = 4
+EXIT_NOT_LABEL_SHIFT = 5
 
 #: how each flow parameter appears on the command line, where it differs from --<name with dashes>
 OPTIONS: dict[str, Opt] = {
@@ -55,13 +57,15 @@ def register(sub) -> None:
         "estimate", help="re-estimate the target label distribution of new data once (the reestimate flow)",
         description=textwrap.fill(
             "Run the 'reestimate' flow once: take the batches (*.npy arrays of model inputs) under --target that "
-            "no earlier run processed, apply the registered model and its calibrator, estimate the target prior "
-            "with MLLS (BBSE as a cross-check) with confidence intervals, test for 'no shift', write corrected "
-            "predictions beside each batch, move the watermark and log to MLflow. Prints the summary table.", 79),
+            "no earlier run processed, apply the registered model and its calibrator, test that the new data are "
+            "label-shifted source data at all, estimate the target prior with MLLS (BBSE as a cross-check) with "
+            "confidence intervals (source-aware by default: they include the labelled holdout's error), test for "
+            "'no shift', write corrected predictions beside each batch (not under 'Not label shift'), move the "
+            "watermark and log to MLflow. Prints the summary table.", 79),
         epilog="examples:\n"
                "  labelshift estimate --model models:/labelshift-mnist-5k@latest-good --target ./incoming\n"
                "  labelshift estimate --model models:/clf/3 --target s3://bucket/target/ --interval bootstrap\n"
-               "  labelshift estimate ... --check     # exit 3 when shifted, 4 when untrustworthy (for cron jobs)\n"
+               "  labelshift estimate ... --check     # exit 3 shifted, 4 untrustworthy, 5 not label shift\n"
                "Exit status: 0 done, 1 the run failed (the watermark did not move), 2 bad options.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(p, top=False)
@@ -72,7 +76,8 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     p.add_argument("--check", action="store_true",
                    help=f"exit {EXIT_SHIFTED} when the shift is significant, {EXIT_UNTRUSTWORTHY} when the estimate "
-                        "is not trustworthy")
+                        f"is not trustworthy, {EXIT_NOT_LABEL_SHIFT} when the new data are not label shift (the "
+                        "label-shift test rejects: no estimate to act on, no corrected outputs)")
     p.set_defaults(handler=run)
 
 
@@ -91,7 +96,8 @@ def _explain(exc: ValidationError) -> str:
             unknown.setdefault(option, []).append(err["input"])
         elif err["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") \
                 and len(loc) == 1 and bounds(ReestimateParameters, field):
-            lines.append(f"{option} {bounds(ReestimateParameters, field)}, got {err['input']}")
+            lines.append(f"{option} {bounds(ReestimateParameters, field)}, got {err['input']}"
+                         + ("; pass a confidence level such as 0.95 for 95% intervals" if field == "level" else ""))
         else:
             lines.extend(problems([err], ReestimateParameters, OPTIONS))
     from labelshift.registry import REESTIMATION_ESTIMATORS
@@ -119,11 +125,18 @@ def format_summary(summary: dict) -> str:
         return "\n".join([f"{summary['verdict']}: {summary.get('headline', '')}", *held])
     res = ShiftReport.from_dict(summary["result"])
     ci, test, ident = res.interval, res.no_shift_test, res.identifiability
-    interval_label = f"{ci.level:.0%} interval"
+    interval_label = f"{ci.level:.0%} {ci.method}"
     lines = [f"{summary['verdict']}: {summary['headline']}",
              f"  model {summary['model']['uri']} (version {summary['model']['version']}), "
              f"{len(summary['batches'])} new batch(es), {res.n_target} rows, run {summary['sequence']}",
              ""]
+    if res.label_shift_tested:
+        lines.append(f"  label-shift test: {res.label_shift_summary}")
+        if res.label_shift_ok is False:
+            lines += [f"    {r.name}: {100 * r.observed:.1f}% of target vs {100 * r.expected:.1f}% expected "
+                      f"(z = {r.z:+.1f})" for r in res.label_shift.disagreeing()]
+            lines.append("    the estimate below assumes label shift: NOT MEANINGFUL for these data")
+        lines.append("")
     names = summary.get("classes") or [str(c) for c in range(res.n_classes)]
     width = max(5, *(len(n) for n in names))
     lines.append(f"  {'class':>{width}}  {'source':>8}  {'target':>8}  {interval_label:>19}  {'w':>7}")
@@ -135,7 +148,7 @@ def format_summary(summary: dict) -> str:
               f"  identifiability: min Hessian eigenvalue {ident.min_hessian_eigenvalue:.3g}"
               + (f", confusion condition {ident.confusion_condition:.3g}"
                  if finite(ident.confusion_condition) else "")
-              + ("" if res.trustworthy else "  NOT TRUSTWORTHY: " + "; ".join(ident.reasons))]
+              + ("" if res.trustworthy else "  NOT TRUSTWORTHY: " + "; ".join(res.reasons))]
     for method, check in res.cross_check.items():
         if check.ok:
             lines.append(f"  cross-check {method}: " + " ".join(f"{v:.4f}" for v in check.target_prior))
@@ -148,7 +161,8 @@ def format_summary(summary: dict) -> str:
     ml = summary.get("mlflow", {})
     lines += ["", f"  MLflow run: {ml.get('ui') or ml.get('run_id')}",
               f"  outputs:    {len(summary.get('outputs', []))} corrected arrays beside the batches under "
-              f"{summary['target']}"]
+              f"{summary['target']}" + (f" -- none written: {summary['outputs_withheld']}"
+                                        if summary.get("outputs_withheld") else "")]
     return "\n".join(lines)
 
 
@@ -175,6 +189,8 @@ def run(args) -> int:
     summary = state.result()
     print(json.dumps(summary, indent=2, default=str) if args.json else format_summary(summary))
     if args.check:
+        if summary.get("verdict") == "Not label shift":
+            return EXIT_NOT_LABEL_SHIFT
         if summary.get("verdict") == "Untrustworthy":
             return EXIT_UNTRUSTWORTHY
         if summary.get("verdict") == "Shifted":
