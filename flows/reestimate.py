@@ -134,6 +134,7 @@ def summary_markdown(summary: dict) -> str:
         lines.append("")
         lines.append(f"Cross-check {method}: " + (_fmt_prior(check.target_prior) if check.ok
                                                   else f"failed ({check.error})"))
+    lines += _accuracy_markdown(res, names)
     if summary.get("outputs_withheld"):
         lines += ["", f"**No corrected outputs were written:** {summary['outputs_withheld']}"]
     lines += rejected_markdown(summary)
@@ -141,6 +142,26 @@ def summary_markdown(summary: dict) -> str:
     if links:
         lines += ["", *[f"- {k}: {v}" for k, v in links.items()]]
     return "\n".join(lines) + "\n"
+
+
+def _accuracy_markdown(res: ShiftReport, names) -> list[str]:
+    """What the shift costs: the deployed model's accuracy on the holdout and expected on the target (per-class
+    recall on the holdout weighted by the estimated prior), and that of the corrected predictions."""
+    acc = res.accuracy
+    if acc is None or res.verdict == NOT_LABEL_SHIFT:
+        return []
+    level = f"{acc.level:.0%}"
+    lines = ["", "What the shift costs in accuracy (per-class recall on the holdout, weighted by the estimated "
+                 "target prior; docs/accuracy.md):", "",
+             f"| predictions | accuracy on the source | expected on the target | {level} interval |", "|---|---|---|---|",
+             f"| deployed model | {acc.source:.3f} | {acc.expected:.3f} | [{acc.lower:.3f}, {acc.upper:.3f}] |",
+             f"| corrected to the target | | {acc.corrected:.3f} | [{acc.corrected_lower:.3f}, "
+             f"{acc.corrected_upper:.3f}] |", "",
+             "The corrected figure's interval is short when the calibrator is misspecified (benchmarks/README.md).",
+             "", "| class | recall on the holdout | target p_t |", "|---|---|---|"]
+    lines += [f"| {names[c]} | {acc.per_class_recall[c]:.3f} | {res.target_prior[c]:.4f} |"
+              for c in range(res.n_classes)]
+    return lines
 
 
 def _label_shift_markdown(res: ShiftReport, names) -> list[str]:
@@ -168,12 +189,13 @@ def _headline(report: ShiftReport, class_names=None) -> str:
         return (f"The new data are not label-shifted source data ({report.label_shift_summary}); the estimated "
                 "weights mean nothing and no corrected outputs were written: find the cause (a new class, input "
                 "drift, a broken feature pipeline) before acting on this target.")
+    cost = f" The deployed model's {report.accuracy_summary}." if report.accuracy is not None else ""
     if report.verdict == "Untrustworthy":
         return "The estimate cannot be trusted: " + "; ".join(report.reasons) + f" (p {p})."
     if report.verdict == "Shifted":
         return (f"The label distribution has shifted (p {p}): total variation {report.total_variation:.3f}, "
-                f"largest change class {label} {change.source:.3f} -> {change.target:.3f}.")
-    return f"No significant shift (p {p}); total variation {report.total_variation:.3f}."
+                f"largest change class {label} {change.source:.3f} -> {change.target:.3f}.{cost}")
+    return f"No significant shift (p {p}); total variation {report.total_variation:.3f}.{cost}"
 
 
 def _commit(store, watermark, batches, record, mlflow_run_id, rejected=()):

@@ -17,6 +17,7 @@ import numpy as np
 
 from ._validation import check_labels, check_prior, check_probabilities
 from .errors import FormatError, InputError
+from .accuracy import AccuracyEstimate, expected_accuracy
 from .joint_uncertainty import SUPPORTED_CALIBRATORS, SourceAwareInterval, min_holdout_rows, source_aware_interval
 from .label_shift_test import LabelShiftTest, label_shift_test
 from .registry import REESTIMATION_ESTIMATORS, check_interval, check_methods, make_estimator
@@ -109,6 +110,8 @@ class ShiftReport:
         significance: the level of the test; the target counts as shifted when its p-value is below it.
         n_target: the number of target rows m.
         converged: the estimator reached its tolerance.
+        accuracy: the deployed model's accuracy on the holdout and its expected accuracy on the target, with an
+            interval (:func:`labelshift.accuracy.expected_accuracy`); None unless the interval is source-aware.
 
     Derived: :attr:`shifted`, :attr:`label_shift_ok`, :attr:`trustworthy`, :attr:`reasons`, :attr:`verdict`,
     :attr:`total_variation`, :attr:`largest_change`, :attr:`n_classes`.
@@ -127,6 +130,7 @@ class ShiftReport:
     cross_check: dict[str, CrossCheck] = field(default_factory=dict)
     label_shift: LabelShiftTest | None = None
     label_shift_error: str | None = None
+    accuracy: AccuracyEstimate | None = None
 
     @property
     def n_classes(self) -> int:
@@ -209,6 +213,7 @@ class ShiftReport:
                                      else {"error": self.label_shift_error}),
                 "label_shift_ok": self.label_shift_ok, "label_shift_summary": self.label_shift_summary}
                if self.label_shift_tested else {}),
+            **({"accuracy": self.accuracy.to_dict()} if self.accuracy is not None else {}),
         }
 
     @classmethod
@@ -250,7 +255,18 @@ class ShiftReport:
                    significance=float(d["significance"]), n_target=int(d["n_target"]),
                    converged=bool(d.get("converged", True)),
                    cross_check={name: CrossCheck.from_dict(name, c) for name, c in (d.get("cross_check") or {}).items()},
-                   label_shift=lst, label_shift_error=lst_error)
+                   label_shift=lst, label_shift_error=lst_error,
+                   accuracy=AccuracyEstimate.from_dict(d["accuracy"]) if d.get("accuracy") else None)
+
+    @property
+    def accuracy_summary(self) -> str | None:
+        """One phrase on the deployed model's accuracy, e.g. "accuracy estimated 0.91 [0.89, 0.93], 0.95 on the
+        source"; None without an accuracy estimate."""
+        acc = self.accuracy
+        if acc is None:
+            return None
+        return (f"accuracy estimated {acc.expected:.2f} [{acc.lower:.2f}, {acc.upper:.2f}], {acc.source:.2f} on the "
+                "source")
 
 
 def finite(x) -> bool:
@@ -413,6 +429,13 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
                                        weights=main.weights)
     else:
         ci = fisher_interval(pooled, main.weights, prior, level=level)
+    accuracy = None
+    if interval == "source-aware":
+        try:
+            accuracy = expected_accuracy(source_outputs, labels, raw_target, calibrator, weights=main.weights,
+                                         level=level, interval=ci)
+        except InputError:              # e.g. a class the holdout never predicts right: reported without it
+            accuracy = None
     test = no_shift_test(pooled, mlls.weights, prior, source_probs=S)
     lst, lst_error = None, None
     if label_shift_check:
@@ -427,4 +450,4 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
     return ShiftReport(method=estimator, source_prior=prior, target_prior=np.asarray(main.target_prior),
                        weights=np.asarray(main.weights), interval=ci, no_shift_test=test, identifiability=ident,
                        significance=significance, n_target=int(len(pooled)), converged=bool(np.all(main.converged)),
-                       cross_check=checks, label_shift=lst, label_shift_error=lst_error)
+                       cross_check=checks, label_shift=lst, label_shift_error=lst_error, accuracy=accuracy)

@@ -456,6 +456,12 @@ def prior_metrics(report: ShiftReport, class_names=None) -> dict[str, float]:
                 "trustworthy": float(report.trustworthy), "n_target": report.n_target,
                 "min_hessian_eigenvalue": ident.min_hessian_eigenvalue,
                 "min_free_eigenvalue": ident.min_free_eigenvalue})
+    acc = report.accuracy
+    if acc is not None:
+        out.update({"accuracy_expected": acc.expected, "accuracy_lower": acc.lower, "accuracy_upper": acc.upper,
+                    "accuracy_source": acc.source, "accuracy_change": acc.change,
+                    "accuracy_corrected": acc.corrected, "accuracy_corrected_lower": acc.corrected_lower,
+                    "accuracy_corrected_upper": acc.corrected_upper})
     if finite(ident.confusion_condition):       # a singular matrix (condition inf) logs neither number
         out["confusion_condition"] = ident.confusion_condition
         out["confusion_sigma_min"] = ident.confusion_sigma_min
@@ -561,6 +567,9 @@ def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], mo
                 values[name] = entry[key]
         if entry.get("label_shift_ok") is not None:
             values["label_shift_ok"] = float(bool(entry["label_shift_ok"]))
+        if entry.get("accuracy"):         # expected, lower, upper, on the source
+            values.update(zip(("accuracy_expected", "accuracy_lower", "accuracy_upper", "accuracy_source"),
+                              entry["accuracy"]))
         for key in ("shifted", "trustworthy"):
             if key in entry:
                 values[key] = float(bool(entry[key]))
@@ -624,4 +633,7 @@ def history_record(report: ShiftReport, run_id: str | None, model_name: str | No
     return {**base, "target_prior": [round(v, 6) for v in report.target_prior.tolist()],
             "lower": [round(v, 6) for v in ci.lower.tolist()], "upper": [round(v, 6) for v in ci.upper.tolist()],
             "interval": ci.method, "p_value": report.no_shift_test.to_dict()["p_value"], "shifted": report.shifted,
-            "total_variation": round(report.total_variation, 6), "trustworthy": report.trustworthy}
+            "total_variation": round(report.total_variation, 6), "trustworthy": report.trustworthy,
+            **({"accuracy": [round(float(v), 6) for v in (report.accuracy.expected, report.accuracy.lower,
+                                                           report.accuracy.upper, report.accuracy.source)]}
+               if report.accuracy is not None else {})}

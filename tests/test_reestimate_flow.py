@@ -468,6 +468,14 @@ def test_label_shift_is_shifted_with_source_aware_intervals_and_a_new_class_is_n
     child = client.get_run(summary["mlflow"]["run_id"])
     assert child.data.tags["labelshift.verdict"] == "Shifted" and child.data.metrics["label_shift_ok"] == 1.0
     assert "- interval: source-aware (includes the labelled holdout's error" in _artifact(state)
+    # what the shift costs, in the verdict text, the artifact and MLflow (child run and monitor series)
+    acc = res["accuracy"]
+    assert f"accuracy estimated {acc['expected']:.2f} [{acc['lower']:.2f}, {acc['upper']:.2f}], " \
+           f"{acc['source']:.2f} on the source" in summary["headline"]
+    assert "What the shift costs in accuracy" in _artifact(state)
+    assert child.data.metrics["accuracy_expected"] == pytest.approx(acc["expected"])
+    monitor = client.get_run(summary["mlflow"]["monitor_run_id"])
+    assert monitor.data.metrics["accuracy_expected"] == pytest.approx(acc["expected"], abs=1e-6)
 
     x, _ = draw(SOURCE_PRIOR, 2400, rng)
     _put(seaweed, s3_bucket, "lst/day-2.npy",

@@ -184,6 +184,12 @@ def test_source_aware_interval_and_label_shift_test_under_label_shift():
     back = ShiftReport.from_dict(d)
     assert back.to_dict() == d and back.verdict == "Shifted"
     assert back.interval.method == "source-aware" and back.label_shift.p_value == pytest.approx(r.label_shift.p_value)
+    # what the shift costs: the expected accuracy rides along with the source-aware interval
+    acc = r.accuracy
+    assert acc is not None and acc.lower <= acc.expected <= acc.upper and back.accuracy.expected == acc.expected
+    assert acc.expected == pytest.approx(float(acc.per_class_recall @ r.target_prior), rel=1e-9)
+    assert r.accuracy_summary.startswith(f"accuracy estimated {acc.expected:.2f} [")
+    assert fisher.accuracy is None and "accuracy" not in fisher.to_dict()
 
 
 @pytest.mark.parametrize("kind", ["new class", "covariate shift"])

@@ -152,6 +152,10 @@ def format_summary(summary: dict) -> str:
     for method, check in res.cross_check.items():
         if check.ok:
             lines.append(f"  cross-check {method}: " + " ".join(f"{v:.4f}" for v in check.target_prior))
+    if res.accuracy is not None and res.verdict != "Not label shift":
+        acc = res.accuracy
+        lines.append(f"  {res.accuracy_summary}; corrected predictions {acc.corrected:.2f} "
+                     f"[{acc.corrected_lower:.2f}, {acc.corrected_upper:.2f}]")
     if held:
         lines += ["", f"  {len(summary.get('rejected', []))} batch(es) rejected (recorded in the watermark, not "
                       "counted, tried again once their content changes), "
