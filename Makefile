@@ -21,7 +21,7 @@ run: setup
 	$(BIN)/labelshift reproduce
 	$(BIN)/labelshift reproduce --dataset mnist-5k
 	$(BIN)/labelshift report
-	$(BIN)/labelshift data simulate-target mnist-5k --alpha 1.0 --batches 2 --rows 1000 --seed $$(date +%s)
+	$(BIN)/labelshift data simulate-target mnist-5k --alpha 5.0 --batches 2 --rows 200 --seed $$(date +%s)
 	$(BIN)/labelshift estimate --model models:/labelshift-mnist-5k@latest-good
 
 test: setup lint

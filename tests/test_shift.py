@@ -108,3 +108,24 @@ def test_sample_target_bad_input(prior, m, match):
 def test_sample_target_labels_out_of_range():
     with pytest.raises(LabelShiftError, match="pool_labels"):
         sample_target(np.array([0, 1, 5]), [0.5, 0.5], 10, np.random.default_rng(0))
+
+
+def test_simulated_target_batches_draw_without_replacement_while_the_pool_allows():
+    """Rows of a class come from distinct pool members across all batches while the pool holds enough of them (a
+    random subset of an i.i.d. pool is i.i.d.); only a class that needs more repeats, and repeated_classes names
+    it."""
+    from labelshift.datasets.simulate import repeated_classes, simulate_target_batches
+
+    pool_y = np.repeat(np.arange(3), 100)
+    pool_x = np.arange(300, dtype=np.float32).reshape(300, 1, 1, 1)     # each image is its own pool index
+    xs, ys, _ = simulate_target_batches(pool_x, pool_y, 3, rows=60, n_batches=3, target_prior=[0.4, 0.3, 0.3],
+                                        seed=5)
+    ids = np.concatenate([x.ravel() for x in xs]).astype(int)
+    assert len(ids) == 180 and len(np.unique(ids)) == 180                 # no image twice, across batches
+    assert all(np.array_equal(pool_y[x.ravel().astype(int)], y) for x, y in zip(xs, ys))
+    assert repeated_classes(pool_y, ys) == []
+    xs, ys, _ = simulate_target_batches(pool_x, pool_y, 3, rows=300, n_batches=1, target_prior=[0.8, 0.1, 0.1],
+                                        seed=5)
+    assert repeated_classes(pool_y, ys) == [0]
+    ids = xs[0].ravel().astype(int)
+    assert len(np.unique(ids[pool_y[ids] == 1])) == int(np.sum(pool_y[ids] == 1))   # the others still distinct

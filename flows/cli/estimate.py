@@ -1,7 +1,7 @@
 """``labelshift estimate`` (the ``reestimate`` flow once, options from :class:`ReestimateParameters`) and
 ``labelshift data simulate-target`` (label-shifted batches to try it on).
 
-    labelshift data simulate-target mnist-5k --to .labelshift/store/target --alpha 0.5
+    labelshift data simulate-target mnist-5k --to .labelshift/store/target --alpha 5
     labelshift estimate --model models:/labelshift-mnist-5k@latest-good --target .labelshift/store/target
 
 The same flow as the scheduled deployment (:mod:`flows.reestimate`): it processes the batches under ``--target``
@@ -212,10 +212,12 @@ def register_simulate(dsub) -> None:
             "the object store with a chosen label distribution -- --prior, or one drawn from Dirichlet(--alpha) -- "
             "and write them as NAME.npy under --to, where `labelshift estimate` or the scheduled reestimate "
             "deployment picks them up. The true prior is printed and written beside them as "
-            "<prefix>-truth.json. The offline datasets (mnist-5k, digits) are pushed to the store on first use.",
+            "<prefix>-truth.json. The offline datasets (mnist-5k, digits) are pushed to the store on first use. "
+            "Images are drawn without replacement while the pool has enough of a class (repeated rows are not "
+            "independent draws, which the label-shift test of `estimate` assumes); a note says when some repeat.",
             79),
         epilog="example:\n"
-               "  labelshift data simulate-target mnist-5k --to .labelshift/store/target --alpha 0.5 --batches 2\n"
+               "  labelshift data simulate-target mnist-5k --to .labelshift/store/target --alpha 5 --batches 2\n"
                "  labelshift estimate --model models:/labelshift-mnist-5k@latest-good",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(p, top=False)
@@ -228,7 +230,8 @@ def register_simulate(dsub) -> None:
     g.add_argument("--alpha", type=float, default=None,
                    help="draw the target prior from a symmetric Dirichlet with this concentration (default: 1.0)")
     p.add_argument("--batches", type=int, default=2, help="number of batches (default: 2)")
-    p.add_argument("--rows", type=int, default=1000, help="rows per batch (default: 1000)")
+    p.add_argument("--rows", type=int, default=200,
+                   help="rows per batch (default: 200; the mnist-5k test pool holds 100 images per class)")
     p.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
     p.add_argument("--prefix", default=None, help="file name prefix of the batches (default: sim-<seed>)")
     p.set_defaults(handler=run_simulate)
@@ -244,7 +247,7 @@ def run_simulate(args) -> int:
 
     from flows.reestimate import target_uri_for
     from labelshift.datasets import DATASETS, load_dataset, push_dataset, read_manifest
-    from labelshift.datasets.simulate import simulate_target_batches
+    from labelshift.datasets.simulate import repeated_classes, simulate_target_batches
     from labelshift.errors import ObjectNotFoundError
     from labelshift.storage import open_store
 
@@ -272,4 +275,10 @@ def run_simulate(args) -> int:
     print(f"wrote {len(xs)} batch(es) of {args.rows} {args.name} test images to {local_path(target.uri)}/"
           f"{name}-*.npy")
     print("true target prior: " + " ".join(f"{v:.3f}" for v in prior))
+    repeated = repeated_classes(ds.test.y, ys)
+    if repeated:
+        print(f"note: the test pool holds too few images of class(es) {repeated} for {args.batches} x {args.rows} "
+              "rows, so some of their rows repeat; repeated rows are not independent draws, and the label-shift "
+              "test of `estimate` may then answer 'Not label shift'. Fewer --rows or a milder shift (larger "
+              "--alpha) avoid it.", file=sys.stderr)
     return 0
