@@ -58,6 +58,10 @@ _EIG_REL = 1e-10
 _Q_TOL = 1e-6
 #: the two forms of the test
 METHODS = ("likelihood-ratio", "wald")
+#: the reference distributions of the likelihood ratio: a parametric bootstrap from the fitted null, or chi^2
+CALIBRATIONS = ("bootstrap", "chi2")
+#: default number of bootstrap draws
+BOOTSTRAP_DRAWS = 200
 # pseudo-count (spread over the regions by their pooled holdout frequency) in the holdout variance of each class
 _SMOOTH = 1.0
 
@@ -176,24 +180,34 @@ class _Regions:
     n_regions: int
     members: list              # per group: tuple of predicted classes
     bounds: list               # per region: (group, low, high)
+    score: str = "confidence"
 
     def assign(self, probs: np.ndarray) -> np.ndarray:
-        pred = probs.argmax(axis=1)
-        conf = probs[np.arange(probs.shape[0]), pred]
+        pred, conf = _score(probs, self.score)
         g = self.group[pred]
         if self.inner_edges.shape[1] == 0:
             return self.group_offset[g]
         return self.group_offset[g] + (conf[:, None] >= self.inner_edges[g]).sum(axis=1)
 
 
-def _make_regions(probs: np.ndarray, min_rows: int, max_bins: int) -> _Regions:
+def _score(probs: np.ndarray, kind: str):
+    """Predicted class and the within-class score the bins cut: the confidence max_y f_y, or the margin between the
+    two largest outputs."""
+    pred = probs.argmax(axis=1)
+    top = probs[np.arange(probs.shape[0]), pred]
+    if kind == "confidence":
+        return pred, top
+    second = np.partition(probs, probs.shape[1] - 2, axis=1)[:, -2]
+    return pred, top - second
+
+
+def _make_regions(probs: np.ndarray, min_rows: int, max_bins: int, score: str = "confidence") -> _Regions:
     """Regions from the holdout outputs: per predicted class c with n_c holdout rows, B_c = min(max_bins,
     n_c // min_rows) confidence bins at the holdout's quantiles of max_y f_y (duplicate edges merged), so every
     bin holds at least ``min_rows`` holdout rows up to ties. Classes predicted fewer than ``min_rows`` times are
     pooled into one region (with one bin)."""
     k = probs.shape[1]
-    pred = probs.argmax(axis=1)
-    conf = probs[np.arange(probs.shape[0]), pred]
+    pred, conf = _score(probs, score)
     counts = np.bincount(pred, minlength=k)
     rare = tuple(int(c) for c in np.flatnonzero(counts < min_rows))
     members = [(int(c),) for c in range(k) if counts[c] >= min_rows]
@@ -224,7 +238,7 @@ def _make_regions(probs: np.ndarray, min_rows: int, max_bins: int) -> _Regions:
             bounds.append((gi, float(full[b]), float(full[b + 1])))
         r += len(e) + 1
     return _Regions(group=group, group_offset=offsets, inner_edges=inner, n_regions=r, members=members,
-                    bounds=bounds)
+                    bounds=bounds, score=score)
 
 
 def _region_name(members: tuple, low: float, high: float, class_names) -> str:
@@ -356,6 +370,88 @@ def _null_fit(N: np.ndarray, T: np.ndarray, q0: np.ndarray, tol: float = 1e-12, 
     return pi, q, stat, it
 
 
+def _null_fit_batch(N: np.ndarray, T: np.ndarray, q0: np.ndarray, pi0: np.ndarray | None = None,
+                    tol: float = 1e-10, max_iter: int = 1_000) -> np.ndarray:
+    """:func:`_null_fit` for B data sets at once (N: (B, k, J), T: (B, J), q0: (k,)): the same SQUAREM-accelerated
+    EM (extrapolation kept only where it raises the likelihood), vectorised over the batch, each draw stopping on
+    its own; started at (pi0, q0) when pi0 (k, J) is given (the bootstrap: the draws lie near the fit they come
+    from), else as :func:`_null_fit`. Returns the B statistics 2 (l_1 - l_0)."""
+    B, k, J = N.shape
+    n_y = N.sum(axis=2)                                          # (B, k)
+    m = T.sum(axis=1)                                            # (B,)
+    Npos, Tpos = N > 0, T > 0
+    l1 = np.where(Npos, N * np.log(np.where(Npos, N, 1.0) / np.maximum(n_y, 1.0)[:, :, None]), 0.0).sum(axis=(1, 2)) \
+        + np.where(Tpos, T * np.log(np.where(Tpos, T, 1.0) / m[:, None]), 0.0).sum(axis=1)
+    if pi0 is None:
+        pooled = (N.sum(axis=1) + T) / (n_y.sum(axis=1) + m)[:, None]
+        pi = (N + pooled[:, None, :]) / (n_y[:, :, None] + 1.0)
+    else:
+        pi = np.maximum(np.asarray(pi0, dtype=np.float64), 1e-8)
+        pi = np.broadcast_to(pi / pi.sum(axis=1, keepdims=True), (B, k, J)).copy()
+    q = np.maximum(np.asarray(q0, dtype=np.float64), 1e-3 / k)
+    q = np.broadcast_to(q / q.sum(), (B, k)).copy()
+
+    def loglik(pi, q, a):
+        mix = np.einsum("bk,bkj->bj", q, pi)
+        Np, Tp = Npos[a], Tpos[a]
+        x = np.where(Np, N[a] * np.log(np.where(Np, pi, 1.0)), 0.0).sum(axis=(1, 2))
+        return x + np.where(Tp, T[a] * np.log(np.where(Tp, np.maximum(mix, 1e-300), 1.0)), 0.0).sum(axis=1)
+
+    def em(pi, q, Na, Ta, nya, ma):
+        joint = q[:, :, None] * pi
+        mix = joint.sum(axis=1)
+        resp = joint * np.where(mix > 0, Ta / np.where(mix > 0, mix, 1.0), 0.0)[:, None, :]
+        tq = resp.sum(axis=2)
+        return (Na + resp) / (nya + tq)[:, :, None], tq / ma[:, None]
+
+    prev = loglik(pi, q, slice(None))
+    active = np.ones(B, dtype=bool)
+    it = 0
+    while it < max_iter and active.any():
+        a = np.flatnonzero(active)
+        sub = (N[a], T[a], n_y[a], m[a])
+        p0, q0_ = pi[a], q[a]
+        p1, q1 = em(p0, q0_, *sub)
+        p2, q2 = em(p1, q1, *sub)
+        r_pi, r_q = p1 - p0, q1 - q0_
+        v_pi, v_q = p2 - p1 - r_pi, q2 - q1 - r_q
+        nr = np.sqrt((r_pi ** 2).sum(axis=(1, 2)) + (r_q ** 2).sum(axis=1))
+        nv = np.sqrt((v_pi ** 2).sum(axis=(1, 2)) + (v_q ** 2).sum(axis=1))
+        alpha = -nr / np.where(nv > 0, nv, 1.0)
+        alpha = np.where((nv > 0) & (alpha < -1.0), alpha, -1.0)
+        p3 = np.maximum(p0 - 2 * alpha[:, None, None] * r_pi + alpha[:, None, None] ** 2 * v_pi, 1e-300)
+        q3 = np.maximum(q0_ - 2 * alpha[:, None] * r_q + alpha[:, None] ** 2 * v_q, 0.0)
+        p3, q3 = em(p3 / p3.sum(axis=2, keepdims=True), q3 / q3.sum(axis=1, keepdims=True), *sub)
+        it += 3
+        l2, l3 = loglik(p2, q2, a), loglik(p3, q3, a)
+        better = l3 > l2
+        pi[a] = np.where(better[:, None, None], p3, p2)
+        q[a] = np.where(better[:, None], q3, q2)
+        cur = np.where(better, l3, l2)
+        active[a[cur - prev[a] <= tol * np.maximum(1.0, np.abs(cur))]] = False
+        prev[a] = cur
+    return np.maximum(2.0 * (l1 - loglik(pi, q, slice(None))), 0.0)
+
+
+def _bootstrap_null(pi: np.ndarray, q: np.ndarray, n_y: np.ndarray, m: int, stat: float, draws: int,
+                    seed: int, smooth: float = 0.0) -> np.ndarray:
+    """Parametric bootstrap of the likelihood ratio from the fitted null: holdout counts N*_y ~ Multinomial(n_y,
+    pi_y) with the holdout's class sizes, target counts T* ~ Multinomial(m, sum_y q_y pi_y), each refitted by the
+    batched EM. Returns the ``draws`` statistics."""
+    rng = np.random.default_rng([seed, 0x15])
+    k, J = pi.shape
+    pi = np.maximum(pi, 0.0)
+    pi = pi / pi.sum(axis=1, keepdims=True)
+    if smooth > 0:
+        pooled = (n_y @ pi) / n_y.sum()
+        pi = (n_y[:, None] * pi + smooth * pooled[None, :]) / (n_y[:, None] + smooth)
+    mix = q @ pi
+    mix = mix / mix.sum()
+    Nb = rng.multinomial(n_y.astype(np.int64), pi, size=(draws, k)).astype(np.float64)
+    Tb = rng.multinomial(int(m), mix, size=draws).astype(np.float64)
+    return _null_fit_batch(Nb, Tb, q, pi)
+
+
 def _holdout_cov(N: np.ndarray, pi, q: np.ndarray) -> np.ndarray:
     """Covariance of sum_y q_y pi_hat_y from the holdout's class-conditional region frequencies: sum_y q_y^2
     (diag(pi_y) - pi_y pi_y^T) / n_y, with pi the given (null-fitted) frequencies, or when None the holdout's own
@@ -406,7 +502,8 @@ def _wald(D: np.ndarray, sigma: np.ndarray) -> tuple[float, int]:
 # ---------------------------------------------------------------------------------------------------------------
 def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=None, source_prior=None,
                      min_region_rows: int = MIN_REGION_ROWS, max_confidence_bins: int = MAX_CONFIDENCE_BINS,
-                     class_names=None, method: str = "likelihood-ratio") -> LabelShiftTest:
+                     class_names=None, method: str = "likelihood-ratio", calibration: str = "bootstrap",
+                     bootstrap_draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> LabelShiftTest:
     """Test H0: the target differs from the source by label shift only (p_t(x | y) = p_s(x | y), Garg et al. 2020,
     Section 2), from the calibrated outputs of one classifier on a labelled holdout and on unlabelled target rows.
 
@@ -482,6 +579,10 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
                          "classes.")
     if method not in METHODS:
         raise InputError(f"method must be one of {METHODS}, got {method!r}.")
+    if calibration not in CALIBRATIONS:
+        raise InputError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}.")
+    bootstrap_draws = _check_int(bootstrap_draws, "bootstrap_draws", 19)
+    seed = _check_int(seed, "seed", 0)
     p = n_y / n if source_prior is None else check_prior(source_prior, "source_prior", k)
     w_given = None if weights is None else _mlls_weights(P, p, weights)
 
@@ -510,8 +611,14 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
         expected = q @ (N / n_y[:, None])
         D = observed - expected
         sigma = (np.diag(expected) - np.outer(expected, expected)) / m + _holdout_cov(N, None, q)
-        p_value = float(chi2.sf(stat, dof))
-        extra = {"em_iterations": iters}
+        p_chi2 = float(chi2.sf(stat, dof))
+        extra = {"em_iterations": iters, "calibration": calibration, "p_value_chi2": p_chi2}
+        if calibration == "bootstrap":
+            boot = _bootstrap_null(pi, q, n_y, m, stat, bootstrap_draws, seed)
+            p_value = float((1 + np.sum(boot >= stat - 1e-9 * max(1.0, stat))) / (bootstrap_draws + 1))
+            extra.update(bootstrap_draws=bootstrap_draws, seed=seed)
+        else:
+            p_value = p_chi2
     else:
         w = w_given if w_given is not None else np.maximum(mlls_newton(P, p).weights, 0.0)
         q = p * w
