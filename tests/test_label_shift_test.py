@@ -198,7 +198,9 @@ def test_region_rule_pools_rarely_predicted_classes_and_keeps_bins_filled():
 
 
 def test_batched_null_fit_matches_the_single_fit():
-    # the bootstrap's batched EM must find the same maxima as the one-data-set EM the observed statistic uses
+    # the bootstrap's batched EM must find the same maxima as the one-data-set EM the observed statistic uses; it
+    # stops at a looser tolerance (1e-9 relative in the log-likelihood, max 500 iterations: the statistic to ~1e-3,
+    # far below what moves a bootstrap p-value), hence atol 1e-2; stopping early only makes LR* larger (conservative)
     rng = np.random.default_rng(7)
     k, J = 4, 12
     pi = rng.dirichlet(np.ones(J), size=k)
@@ -209,11 +211,12 @@ def test_batched_null_fit_matches_the_single_fit():
         stats_single.append(_null_fit(N, T, np.full(k, 0.25))[2])
         N_all.append(N)
         T_all.append(T)
-    batch = _null_fit_batch(np.array(N_all), np.array(T_all), np.full(k, 0.25), max_iter=5_000)
-    np.testing.assert_allclose(batch, stats_single, atol=1e-3)
+    batch = _null_fit_batch(np.array(N_all), np.array(T_all), np.full(k, 0.25))
+    np.testing.assert_allclose(batch, stats_single, atol=1e-2)
+    assert np.all(batch >= np.array(stats_single) - 1e-6)
     # started at the truth (as the bootstrap starts at the fit it draws from): the same maxima
-    started = _null_fit_batch(np.array(N_all), np.array(T_all), np.full(k, 0.25), pi, max_iter=5_000)
-    np.testing.assert_allclose(started, stats_single, atol=1e-3)
+    started = _null_fit_batch(np.array(N_all), np.array(T_all), np.full(k, 0.25), pi)
+    np.testing.assert_allclose(started, stats_single, atol=1e-2)
 
 
 def test_bootstrap_follows_the_chi_squared_law_when_wilks_applies():
@@ -224,7 +227,7 @@ def test_bootstrap_follows_the_chi_squared_law_when_wilks_applies():
     k, J = 4, 12
     pi = rng.dirichlet(np.full(J, 5.0), size=k)
     q = np.array([0.2, 0.3, 0.25, 0.25])
-    boot = _bootstrap_null(pi, q, np.array([2000, 2000, 2000, 2000]), 20_000, 0.0, 400, 0)
+    boot = _bootstrap_null(pi, q, np.array([2000, 2000, 2000, 2000]), 20_000, 400, 0)
     d = J - k
     assert abs(boot.mean() - d) <= 4 * np.sqrt(2 * d / 400) + 0.05 * d
 
@@ -241,6 +244,7 @@ def test_bootstrap_calibration_is_deterministic_and_reported():
     assert a.extra["calibration"] == "bootstrap" and a.extra["bootstrap_draws"] == 200
     assert c.extra["calibration"] == "chi2" and c.p_value == c.extra["p_value_chi2"] == a.extra["p_value_chi2"]
     assert a.statistic == c.statistic and a.dof == c.dof                   # only the reference law differs
+    assert a.to_dict()["calibration"] == "bootstrap" and c.to_dict()["bootstrap_draws"] is None
     assert 1.0 / 201 <= a.p_value <= 1.0                                   # Monte Carlo p-value (1 + #) / (B + 1)
     d = label_shift_test(S, ys, P, seed=1, bootstrap_draws=99)
     assert d.extra["bootstrap_draws"] == 99 and 1.0 / 100 <= d.p_value <= 1.0
