@@ -516,7 +516,7 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     ``bootstrap_draws`` = B sets of holdout counts N*_y ~ Multinomial(n_y, pi_hat_y) (the holdout's class sizes) and
     target counts T* ~ Multinomial(m, sum_y q_hat_y pi_hat_y), each refitted (EM batched over the draws, started at
     the fit), p = (1 + #{LR* >= LR}) / (B + 1). It accounts for the boundary (classes with weight near 0) and for
-    sparse regions, where the chi^2 reference is conservative; measured size 4-6% where chi^2 gave 1-5%
+    sparse regions, where the chi^2 reference is conservative; measured size 3.5-5.8% where chi^2 gave 1-5%
     (docs/label_shift_test.md). Cost: about 0.05-0.4 s, independent of m beyond drawing the counts.
     ``method="wald"``: D_R = target fraction - sum_y p_t_hat(y) pi_hat_y(R) with p_t_hat from the MLLS weights,
     D^T Sigma^+ D with Sigma from the target rows, the holdout rows and the MLLS estimating equations (delta
