@@ -28,7 +28,7 @@ Problems
   trained on 5,000 rows; the most important column (largest ||coef[:, j]|| * sd_j) is replaced by a constant (its
   source mean) in the target.
 
-    python benchmarks/bench_label_shift_test.py                   # all of it (13-25 min on 2 busy cores)
+    python benchmarks/bench_label_shift_test.py                   # all of it (about 30 min on 2 busy cores)
     python benchmarks/bench_label_shift_test.py --quick           # 40 replicates per cell: a smoke test
     python benchmarks/bench_label_shift_test.py --write-readme    # also write the table into benchmarks/README.md
 """
