@@ -28,7 +28,7 @@ Problems
   trained on 5,000 rows; the most important column (largest ||coef[:, j]|| * sd_j) is replaced by a constant (its
   source mean) in the target.
 
-    python benchmarks/bench_label_shift_test.py                   # all of it (13-25 min on 2 busy cores)
+    python benchmarks/bench_label_shift_test.py                   # all of it (about 30 min on 2 busy cores)
     python benchmarks/bench_label_shift_test.py --quick           # 40 replicates per cell: a smoke test
     python benchmarks/bench_label_shift_test.py --write-readme    # also write the table into benchmarks/README.md
 """
@@ -97,12 +97,15 @@ def target_prior(family: str, k: int, source_prior, rng):
 
 
 def _p(S, ys, P):
-    """The test's p-value, or None when it refuses the input (a class with fewer than MIN_CLASS_ROWS holdout rows
-    in a small holdout under the imbalanced source prior): such replicates are counted and reported as skipped."""
+    """The test's p-values [default calibration (bootstrap), chi-squared reference] (one test: the chi-squared
+    p-value of the same statistic is in ``extra``), or None when it refuses the input (a class with fewer than
+    MIN_CLASS_ROWS holdout rows in a small holdout under the imbalanced source prior): such replicates are counted
+    and reported as skipped."""
     try:
-        return label_shift_test(S, ys, P).p_value
+        res = label_shift_test(S, ys, P)
     except InputError:
         return None
+    return [res.p_value, res.extra["p_value_chi2"]]
 
 
 def _softmax_cal(zs, ys):
@@ -278,9 +281,10 @@ def time_test(repeats: int = 5) -> tuple[float, float, float]:
     return tuple(float(np.median(times[key])) for key in ("given", "inside", "mlls"))
 
 
-def rate(pvals) -> tuple[float, float, str]:
-    """Rejection rate at ALPHA, its binomial standard error, and the replicates used (and skipped)."""
-    used = [v for v in pvals if v is not None]
+def rate(pvals, col: int = 0) -> tuple[float, float, str]:
+    """Rejection rate at ALPHA, its binomial standard error, and the replicates used (and skipped); ``col`` picks
+    the p-value (0: the default bootstrap calibration, 1: the chi-squared reference)."""
+    used = [v[col] for v in pvals if v is not None]
     p = np.asarray(used, dtype=np.float64)
     r = float(np.mean(p < ALPHA))
     skipped = len(pvals) - len(used)
@@ -289,9 +293,9 @@ def rate(pvals) -> tuple[float, float, str]:
 
 
 def cached(key: str, ex, fn, tasks):
-    """Per-cell results kept in benchmarks/out/lst_cells.json, so a rerun (or a crash) redoes only what is missing."""
+    """Per-cell results kept in benchmarks/out/lst_cells_v2.json, so a rerun (or a crash) redoes only what is missing."""
     import json
-    path = OUT / "lst_cells.json"
+    path = OUT / "lst_cells_v2.json"
     OUT.mkdir(parents=True, exist_ok=True)
     store = json.loads(path.read_text()) if path.exists() else {}
     if key not in store:
@@ -331,7 +335,8 @@ def main(argv=None) -> int:
                    [("size", n, args.m, 0.0, s) for s in range(args.reps)])
             for j, m in enumerate(args.m):
                 r, se, cnt = rate([p[j] for _, p in res])
-                rows_size.append(("Gaussian, BCTS", m, n, "4 families", r, se, cnt))
+                rows_size.append(("Gaussian, BCTS", m, n, "4 families", r, se, cnt,
+                                  rate([p[j] for _, p in res], 1)))
                 for fam, p in res:
                     if p[j] is not None:
                         by_family[fam].append(p[j])
@@ -343,7 +348,7 @@ def main(argv=None) -> int:
             p = cached(f"mnist size n={n} m={m} reps={args.reps}", ex, mnist_replicate,
                    [("size", n, m, args.noise, s) for s in range(args.reps)])
             r, se, cnt = rate(p)
-            rows_size.append(("mnist-5k, logistic + BCTS", m, n, "Dir(10), fits the pool", r, se, cnt))
+            rows_size.append(("mnist-5k, logistic + BCTS", m, n, "Dir(10), fits the pool", r, se, cnt, rate(p, 1)))
             print(f"mnist size n={n} done ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     if "power" not in args.skip:
         m = 2000
@@ -354,20 +359,21 @@ def main(argv=None) -> int:
                                     ("noise", f"(b) covariate: mnist-5k pixel noise sd {args.noise:g}")]:
                     p = cached(f"mnist {kind} n={n} m={m} noise={args.noise} reps={args.power_reps}", ex, mnist_replicate,
                    [(kind, n, m, args.noise, s) for s in range(args.power_reps)])
-                    rows_power.append((label, m, n) + rate(p))
+                    rows_power.append((label, m, n) + rate(p) + (rate(p, 1),))
             for shift in args.gauss_shift:
                 res = cached(f"gauss shift {shift} n={n} m={m} reps={args.power_reps}", ex, gauss_replicate,
                    [("shift", n, [m], shift, s) for s in range(args.power_reps)])
                 rows_power.append((f"(b) covariate: Gaussian class means each moved by {shift:g} (random directions)",
-                                   m, n) + rate([p[0] for _, p in res]))
+                                   m, n) + rate([p[0] for _, p in res]) + (rate([p[0] for _, p in res], 1),))
             for f in args.gauss_contract:
                 res = cached(f"gauss contract {f} n={n} m={m} reps={args.power_reps}", ex, gauss_replicate,
                    [("contract", n, [m], f, s) for s in range(args.power_reps)])
                 rows_power.append((f"(b) covariate: Gaussian class means moved to {f:g} x their distance from the "
-                                   "centroid", m, n) + rate([p[0] for _, p in res]))
+                                   "centroid", m, n) + rate([p[0] for _, p in res]) + (rate([p[0] for _, p in res], 1),))
             p = cached(f"tabular n={n} m={m} reps={args.power_reps}", ex, tabular_replicate,
                    [(n, m, s) for s in range(args.power_reps)])
-            rows_power.append(("(c) broken feature: tabular logistic, top column constant", m, n) + rate(p))
+            rows_power.append(("(c) broken feature: tabular logistic, top column constant", m, n) + rate(p)
+                              + (rate(p, 1),))
             print(f"power n={n} done ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     ex.shutdown()
     timing = time_test() if "timing" not in args.skip else None
@@ -377,22 +383,27 @@ def main(argv=None) -> int:
              f"`python benchmarks/{Path(__file__).name}{' ' + ' '.join(argv if argv is not None else sys.argv[1:])}`"
              f" on {cpu_model()}, nproc {os.cpu_count()} (shared with other jobs), Python "
              f"{platform.python_version()}, numpy {np.__version__}; {elapsed / 60:.0f} min (cells already in "
-             "benchmarks/out/lst_cells.json are reused, not rerun). "
+             "benchmarks/out/lst_cells_v2.json are reused, not rerun). "
              "Nominal level 5%; ± is the binomial standard error. Problems and sampling: the docstring of the "
              "script; the test: `docs/label_shift_test.md`.", "",
              "**Size** (rejection rate under true label shift; goal <= 7%):", "",
-             "| problem | m | n | target priors | size | replicates |", "|---|---|---|---|---|---|"]
-    for prob, m, n, fam, r, se, cnt in rows_size:
-        lines.append(f"| {prob} | {m:,} | {n:,} | {fam} | {fmt_rate(r, se, r <= 0.07)} | {cnt} |")
+             "| problem | m | n | target priors | size (bootstrap, default) | size (chi-squared reference) | "
+             "replicates |", "|---|---|---|---|---|---|---|"]
+    for prob, m, n, fam, r, se, cnt, (r2, se2, _) in rows_size:
+        lines.append(f"| {prob} | {m:,} | {n:,} | {fam} | {fmt_rate(r, se, r <= 0.07)} | "
+                     f"{fmt_rate(r2, se2, r2 <= 0.07)} | {cnt} |")
     if any(by_family.values()):
-        lines += ["", "Gaussian size by prior family (all n and m pooled): " + ", ".join(
-            f"{f} {100 * rate(v)[0]:.1f}% ± {100 * rate(v)[1]:.1f} ({rate(v)[2]})" for f, v in by_family.items() if v)
-            + "."]
+        for col, what in ((0, "bootstrap"), (1, "chi-squared reference")):
+            lines += ["", f"Gaussian size by prior family ({what}; all n and m pooled): " + ", ".join(
+                f"{f} {100 * rate(v, col)[0]:.1f}% ± {100 * rate(v, col)[1]:.1f} ({rate(v, col)[2]})"
+                for f, v in by_family.items() if v) + "."]
     if rows_power:
         lines += ["", "**Power** (rejection rate when label shift fails; goal >= 80% at m = 2,000):", "",
-                  "| alternative | m | n | power | replicates |", "|---|---|---|---|---|"]
-        for label, m, n, r, se, cnt in rows_power:
-            lines.append(f"| {label} | {m:,} | {n:,} | {fmt_rate(r, se, r >= 0.8)} | {cnt} |")
+                  "| alternative | m | n | power (bootstrap, default) | power (chi-squared reference) | replicates |",
+                  "|---|---|---|---|---|---|"]
+        for label, m, n, r, se, cnt, (r2, se2, _) in rows_power:
+            lines.append(f"| {label} | {m:,} | {n:,} | {fmt_rate(r, se, r >= 0.8)} | {fmt_rate(r2, se2, r2 >= 0.8)} "
+                         f"| {cnt} |")
         lines += ["", f"Tabular problem: {tab.k} classes, {tab.d} features, source accuracy {tab.accuracy:.2f}; "
                   f"broken column {tab.broken}."]
     if timing is not None:

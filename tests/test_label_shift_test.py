@@ -10,7 +10,8 @@ from scipy.stats import binom
 
 from labelshift import MLLS
 from labelshift.errors import InputError
-from labelshift.label_shift_test import MIN_HOLDOUT, LabelShiftTest, label_shift_test
+from labelshift.label_shift_test import (MIN_HOLDOUT, LabelShiftTest, _bootstrap_null, _null_fit, _null_fit_batch,
+                                         label_shift_test)
 
 K, D = 4, 4
 MEANS = np.array([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 2.0, 0], [0, 0, 0, 2.0]])
@@ -154,6 +155,12 @@ def test_error_bad_arguments():
         label_shift_test(S, ys, P, weights=np.ones(K))
     with pytest.raises(InputError, match="method must be one of"):
         label_shift_test(S, ys, P, method="bootstrap")
+    with pytest.raises(InputError, match="calibration must be one of"):
+        label_shift_test(S, ys, P, calibration="exact")
+    with pytest.raises(InputError, match="bootstrap_draws must be an integer >= 19"):
+        label_shift_test(S, ys, P, bootstrap_draws=10)
+    with pytest.raises(InputError, match="seed must be an integer >= 0"):
+        label_shift_test(S, ys, P, seed=-1)
     with pytest.raises(InputError, match="target_probs has m = 10 rows"):
         label_shift_test(S, ys, P[:10])
     with pytest.raises(InputError, match="looks like logits"):
@@ -188,3 +195,59 @@ def test_region_rule_pools_rarely_predicted_classes_and_keeps_bins_filled():
     shared = [r for r in res2.regions if len(r.predicted_classes) > 1]
     assert len(shared) == 1 and set(shared[0].predicted_classes) == {2, 3}
     assert "rarely predicted" in shared[0].name and np.isnan(res2.class_z[[2, 3]]).all()
+
+
+def test_batched_null_fit_matches_the_single_fit():
+    # the bootstrap's batched EM must find the same maxima as the one-data-set EM the observed statistic uses; it
+    # stops at a looser tolerance (1e-9 relative in the log-likelihood, max 500 iterations: the statistic to ~1e-3,
+    # far below what moves a bootstrap p-value), hence atol 1e-2; stopping early only makes LR* larger (conservative)
+    rng = np.random.default_rng(7)
+    k, J = 4, 12
+    pi = rng.dirichlet(np.ones(J), size=k)
+    stats_single, N_all, T_all = [], [], []
+    for _ in range(6):
+        N = rng.multinomial([80, 60, 40, 20], pi).astype(float)
+        T = rng.multinomial(500, rng.dirichlet(np.ones(k)) @ pi).astype(float)
+        stats_single.append(_null_fit(N, T, np.full(k, 0.25))[2])
+        N_all.append(N)
+        T_all.append(T)
+    batch = _null_fit_batch(np.array(N_all), np.array(T_all), np.full(k, 0.25))
+    np.testing.assert_allclose(batch, stats_single, atol=1e-2)
+    assert np.all(batch >= np.array(stats_single) - 1e-6)
+    # started at the truth (as the bootstrap starts at the fit it draws from): the same maxima
+    started = _null_fit_batch(np.array(N_all), np.array(T_all), np.full(k, 0.25), pi)
+    np.testing.assert_allclose(started, stats_single, atol=1e-2)
+
+
+def test_bootstrap_follows_the_chi_squared_law_when_wilks_applies():
+    # away from the boundary (all q_y well inside (0, 1)) and with every cell well filled, the bootstrap law of the
+    # statistic is close to chi^2 with J - k dof: 400 draws, mean within 4 standard errors
+    # (sd of a chi^2_d is sqrt(2 d); se of the mean sqrt(2 d / 400)) plus 5% for the finite-sample bias
+    rng = np.random.default_rng(8)
+    k, J = 4, 12
+    pi = rng.dirichlet(np.full(J, 5.0), size=k)
+    q = np.array([0.2, 0.3, 0.25, 0.25])
+    boot = _bootstrap_null(pi, q, np.array([2000, 2000, 2000, 2000]), 20_000, 400, 0)
+    d = J - k
+    assert abs(boot.mean() - d) <= 4 * np.sqrt(2 * d / 400) + 0.05 * d
+
+
+def test_bootstrap_calibration_is_deterministic_and_reported():
+    rng = np.random.default_rng(9)
+    S, ys = holdout(1000, rng)
+    xt, _ = draw(np.array([0.1, 0.2, 0.3, 0.4]), 2000, rng)
+    P = posterior(xt)
+    a = label_shift_test(S, ys, P)
+    b = label_shift_test(S, ys, P)
+    c = label_shift_test(S, ys, P, calibration="chi2")
+    assert a.p_value == b.p_value                                          # fixed default seed
+    assert a.extra["calibration"] == "bootstrap" and a.extra["bootstrap_draws"] == 200
+    assert c.extra["calibration"] == "chi2" and c.p_value == c.extra["p_value_chi2"] == a.extra["p_value_chi2"]
+    assert a.statistic == c.statistic and a.dof == c.dof                   # only the reference law differs
+    assert a.to_dict()["calibration"] == "bootstrap" and c.to_dict()["bootstrap_draws"] is None
+    assert 1.0 / 201 <= a.p_value <= 1.0                                   # Monte Carlo p-value (1 + #) / (B + 1)
+    d = label_shift_test(S, ys, P, seed=1, bootstrap_draws=99)
+    assert d.extra["bootstrap_draws"] == 99 and 1.0 / 100 <= d.p_value <= 1.0
+    # under label shift both references agree roughly (the Monte Carlo error of a p-value near 0.5 with 200 draws
+    # has sd 0.035; the chi-squared reference is conservative near the boundary, so allow 0.3)
+    assert abs(a.p_value - c.p_value) < 0.3
