@@ -110,7 +110,8 @@ class LabelShiftTest:
             D^T Sigma^+ D (``method="wald"``); >= 0.
         dof: likelihood ratio: regions - classes with a positive weight under the null fit; Wald: rank of Sigma.
         p_value: default (``calibration="bootstrap"``): (1 + #{draws with statistic* >= statistic}) / (B + 1), B
-            draws of the parametric bootstrap from the null fit; ``calibration="chi2"`` (and the Wald form):
+            draws of the parametric bootstrap from the null fit (beyond every draw: the smaller of 1/(B+1) and the
+            chi^2 tail, so that levels below 1/(B+1) can still reject); ``calibration="chi2"`` (and the Wald form):
             P(chi^2_dof >= statistic), asymptotic. ``extra["p_value_chi2"]`` holds the chi^2 p-value in both cases.
         weights: the weights w the expected fractions use (k,): the null fit's (a binned MLLS that also uses the
             target to refine the class-conditional histograms) for the likelihood ratio, the MLLS weights for Wald.
@@ -194,7 +195,10 @@ class LabelShiftTest:
                    source_prior=np.asarray([num(v) for v in d["source_prior"]]), regions=regions,
                    class_z=np.asarray([num(v) for v in d["class_z"]]), n_target=int(d["n_target"]),
                    n_holdout=int(d["n_holdout"]), bonferroni_z=num(d["bonferroni_z"]),
-                   method=str(d.get("method", "likelihood-ratio")))
+                   method=str(d.get("method", "likelihood-ratio")),
+                   extra={"calibration": d.get("calibration", "chi2"),
+                          "p_value_chi2": num(d.get("p_value_chi2", d["p_value"])),
+                          "bootstrap_draws": d.get("bootstrap_draws")})
 
 
 def _num(x) -> float | None:
@@ -644,7 +648,12 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
         extra = {"em_iterations": iters, "calibration": calibration, "p_value_chi2": p_chi2}
         if calibration == "bootstrap":
             boot = _bootstrap_null(pi, q, n_y, m, bootstrap_draws, seed)
-            p_value = float((1 + np.sum(boot >= stat - 1e-9 * max(1.0, stat))) / (bootstrap_draws + 1))
+            exceed = int(np.sum(boot >= stat - 1e-9 * max(1.0, stat)))
+            p_value = float((1 + exceed) / (bootstrap_draws + 1))
+            if exceed == 0:
+                # beyond every draw: the bootstrap resolves no p-value below 1/(B+1), so a level below that could
+                # never reject; there the chi^2 tail (conservative under the null, as measured) says how far out
+                p_value = min(p_value, p_chi2)
             extra.update(bootstrap_draws=bootstrap_draws, seed=seed)
         else:
             p_value = p_chi2
