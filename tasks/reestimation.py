@@ -154,6 +154,20 @@ def _input_shape(model_uri: str) -> tuple[int, ...]:
     return tuple(int(d) for d in shape[1:])
 
 
+def resolve_version(client: MlflowClient, model_uri: str, tracking_uri: str):
+    """``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` -> (NAME, ALIAS, the model version). Raises
+    ObjectNotFoundError naming what is registered, ServiceUnavailableError when MLflow does not answer."""
+    name, alias, version = parse_model_uri(model_uri)
+    try:
+        mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+    except Exception as exc:
+        if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower() or "INVALID_PARAMETER" in str(exc):
+            raise _registry_error(client, name, alias, version, exc) from None
+        raise ServiceUnavailableError(f"could not read {model_uri} from MLflow at {tracking_uri}: "
+                                      f"{type(exc).__name__}: {exc}") from None
+    return name, alias, mv
+
+
 def load_bundle(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS") -> ModelBundle:
     """Resolve ``model_uri`` in the registry and load the model, its calibrator and the source holdout.
 
@@ -163,15 +177,8 @@ def load_bundle(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS") 
     """
     import mlflow
 
-    name, alias, version = parse_model_uri(model_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
-    try:
-        mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
-    except Exception as exc:
-        if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower() or "INVALID_PARAMETER" in str(exc):
-            raise _registry_error(client, name, alias, version, exc) from None
-        raise ServiceUnavailableError(f"could not read {model_uri} from MLflow at {tracking_uri}: "
-                                      f"{type(exc).__name__}: {exc}") from None
+    name, alias, mv = resolve_version(client, model_uri, tracking_uri)
     key = (tracking_uri, name, str(mv.version), calibrator)
     with _BUNDLES_LOCK:
         if key in _BUNDLES:

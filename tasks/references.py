@@ -36,12 +36,11 @@ from labelshift.batches import (OUTPUT_KINDS, OutputSpec, batch_format, batch_ro
                                 iter_output_chunks, read_holdout, write_corrected_parquet, write_corrected_file)
 from labelshift.calibration import load_calibrator
 from labelshift.diagnostics import correct_predictions
-from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
+from labelshift.errors import FormatError, InputError, ObjectNotFoundError
 from labelshift.monitoring import ChangedBatchError, RejectedBatch, TargetBatch, load_batch
 from labelshift.storage import open_store
-from tasks.reestimation import (REFERENCE_ARTIFACT, ModelBundle, ScoredBatches, _forward, _registry_error,
-                                calibrator_artifact, load_bundle, log_reestimation_reference, parse_model_uri,
-                                write_outputs)
+from tasks.reestimation import (REFERENCE_ARTIFACT, ModelBundle, ScoredBatches, _forward, resolve_version,
+                                calibrator_artifact, load_bundle, log_reestimation_reference, write_outputs)
 
 __all__ = ["REFERENCE_JSON", "ReferenceBundle", "reference_model_class", "register_reference", "register_reference_file",
            "register_sklearn_model", "load_reference", "load_for_reestimation", "score_for_reestimation",
@@ -267,18 +266,6 @@ _CACHE: dict[tuple, ReferenceBundle] = {}
 _LOCK = threading.Lock()
 
 
-def _resolve(client: MlflowClient, model_uri: str, tracking_uri: str):
-    name, alias, version = parse_model_uri(model_uri)
-    try:
-        mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
-    except Exception as exc:
-        if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower() or "INVALID_PARAMETER" in str(exc):
-            raise _registry_error(client, name, alias, version, exc) from None
-        raise ServiceUnavailableError(f"could not read {model_uri} from MLflow at {tracking_uri}: "
-                                      f"{type(exc).__name__}: {exc}") from None
-    return name, alias, mv
-
-
 def _download_json(client: MlflowClient, run_id: str, path: str) -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -307,7 +294,7 @@ def load_reference(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS
     """Resolve ``model_uri`` and load what re-estimation needs, in the mode its version calls for: a reference
     (prediction logs), a scikit-learn or pyfunc model (inputs), or a PyTorch model (:func:`load_bundle`)."""
     client = MlflowClient(tracking_uri=tracking_uri)
-    name, alias, mv = _resolve(client, model_uri, tracking_uri)
+    name, alias, mv = resolve_version(client, model_uri, tracking_uri)
     key = (tracking_uri, name, str(mv.version), calibrator)
     with _LOCK:
         if key in _CACHE:
