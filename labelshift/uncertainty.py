@@ -203,7 +203,7 @@ def _pinned_bounds(P, w, H, p, free, z: float) -> np.ndarray:
     large = _rows.is_large(P)
     out = np.full(k, np.nan)
     fw = _dot(P, w)
-    base = np.log(fw)
+    base = None if large else np.log(fw)         # large: drop(t) = -2 sum log1p(t fb_i / fw_i), one (m,) vector
     target = z * z
     for y in np.flatnonzero(~free):
         grown = free.copy()
@@ -215,12 +215,13 @@ def _pinned_bounds(P, w, H, p, free, z: float) -> np.ndarray:
         neg = b < 0
         t_end = float(np.min(w[neg] / -b[neg])) if neg.any() else 1.0 / p[y]
         fb = _dot(P, b)
+        if large:
+            fb /= fw
 
         def drop(t, fb=fb):
             with np.errstate(divide="ignore", invalid="ignore"):
                 if large:       # in row blocks: no (m,) temporaries
-                    val = 2.0 * sum(float(np.sum(base[sl] - np.log(fw[sl] + t * fb[sl])))
-                                    for sl in _rows.blocks(m))
+                    val = -2.0 * sum(float(np.sum(np.log1p(t * fb[sl]))) for sl in _rows.blocks(m))
                 else:
                     val = 2.0 * float(np.sum(base - np.log(fw + t * fb)))
             return val if np.isfinite(val) else np.inf
