@@ -29,7 +29,7 @@ from ._validation import as_float_array, as_float_rows, check_labels
 from .calibration import PROB_FLOOR, log_softmax
 from .errors import IllConditionedWarning, InputError
 from .solvers import PIN_TOL, mlls_newton, mlls_optimality
-from .uncertainty import MAX_STANDARD_ERROR, PriorInterval, fisher_interval
+from .uncertainty import MAX_STANDARD_ERROR, PriorInterval, _pinned_bounds, fisher_interval
 
 __all__ = ["SourceAwareInterval", "source_aware_interval", "MIN_ROWS_PER_PARAMETER", "METHOD",
            "SUPPORTED_CALIBRATORS"]
@@ -268,6 +268,15 @@ def _calibrated_rows(Xt: np.ndarray, calibrator, scale, bias) -> np.ndarray:
     return out
 
 
+def _calibrated_dot(Xt: np.ndarray, calibrator, scale, bias, v: np.ndarray) -> np.ndarray:
+    """(m,) float64 f_i^T v over the calibrated rows of a large target, made block by block."""
+    out = np.empty(Xt.shape[0])
+    with _rows.one_blas_thread():
+        for sl in _rows.blocks(Xt.shape[0]):
+            out[sl] = _calibrated_block(Xt[sl], calibrator, scale, bias)[1] @ v
+    return out
+
+
 def _target_pass_rows(Xt: np.ndarray, calibrator, scale, bias, design: "_Design", w: np.ndarray):
     """g = mean_i s_i, H = (1/m) sum_i s_i s_i^T and A = (1/m) sum_i d s_i / d theta over a large target, in one
     pass over row blocks with float64 sums (the whole-array formulas of :func:`source_aware_interval`)."""
@@ -500,10 +509,13 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     # ---- classes pinned at w = 0 -----------------------------------------------------------------------------
     pinned = ~free
     if pinned.any():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", IllConditionedWarning)
-            target_only = fisher_interval(Pt if Pt is not None else _calibrated_rows(Xt, calibrator, scale, bias),
-                                          w, ps, level=level)
+        if large:         # the target-only profile bound, on calibrated rows made block by block
+            t_upper = _pinned_bounds(None, w, H, ps, free, z, m=m,
+                                     rows_dot=lambda v: _calibrated_dot(Xt, calibrator, scale, bias, v))
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", IllConditionedWarning)
+                t_upper = fisher_interval(Pt, w, ps, level=level).weights_upper
         for yy in np.flatnonzero(pinned):
             G = np.sort(np.append(F, yy))
             cov_t_G, cov_h_G, _, Hinv = parts(G)
@@ -511,8 +523,8 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
             w_u = min(float((Hinv @ (g[G] - ps[G]))[j]), 0.0)       # unconstrained estimate of w_y (<= 0)
             vt, vh = float(cov_t_G[j, j]), float(cov_h_G[j, j])
 
-            t_w_lo[yy], t_w_hi[yy] = 0.0, float(target_only.weights_upper[yy])
-            u = float(target_only.weights_upper[yy]) + _normal_bound(w_u, vt + vh, z) - _normal_bound(w_u, vt, z)
+            t_w_lo[yy], t_w_hi[yy] = 0.0, float(t_upper[yy])
+            u = float(t_upper[yy]) + _normal_bound(w_u, vt + vh, z) - _normal_bound(w_u, vt, z)
             u = min(u, w_max[yy])
             w_lo[yy], w_hi[yy] = 0.0, u
             lo[yy], hi[yy] = 0.0, min(ps[yy] * u, 1.0)
