@@ -30,6 +30,17 @@ def as_float_array(x, name: str, ndim: int | tuple[int, ...], check_finite: bool
     return arr
 
 
+def as_float_rows(x, name: str) -> np.ndarray:
+    """:func:`as_float_array` for an (m, k) array of raw outputs, except that a large float32 set
+    (:func:`labelshift.rows.is_large`) is returned as it is (checked for NaN/inf in row blocks), not copied to
+    float64; callers read it in row blocks (:func:`labelshift.rows.blocks`)."""
+    if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 and x.size and _rows.is_large(x):
+        for sl in _rows.blocks(x.shape[0]):
+            _check_finite(x[sl], name)
+        return x
+    return as_float_array(x, name, 2)
+
+
 def _check_finite(arr: np.ndarray, name: str) -> None:
     if not np.all(np.isfinite(arr)):
         bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 from scipy.stats import norm
 
-from ._validation import as_float_array, check_labels
+from . import rows as _rows
+from ._validation import as_float_array, as_float_rows, check_labels
 from .errors import InputError
 from .joint_uncertainty import SourceAwareInterval, source_aware_interval
 
@@ -178,15 +179,15 @@ class AccuracyEstimate:
 # ---------------------------------------------------------------------------------------------------------------
 # the variance of sum_y r_y p_t(y)
 # ---------------------------------------------------------------------------------------------------------------
-def _rule_accuracy(correct, y, counts, pt, cov_t, infl_pt, target_infl, target_correct_prob, z):
+def _rule_accuracy(correct, y, counts, pt, cov_t, infl_pt, target_terms, z):
     """Point estimate, standard errors (population, batch) and variance parts for one rule.
 
     correct: (n,) bools, the rule right on holdout row j; y: (n,) labels; counts: (k,) n_y; pt: (k,) p_t_hat;
-    cov_t: (k, k) target part of Cov(p_t_hat); infl_pt: (n, k) holdout influence on p_t_hat; target_infl: (m, k)
-    target-row influence on p_t_hat (centred); target_correct_prob: (m,) P(rule right | x_i) on the target rows.
+    cov_t: (k, k) target part of Cov(p_t_hat); infl_pt: (n, k) holdout influence on p_t_hat; target_terms(r):
+    (m, E_i pi_i (1 - pi_i), Var_i(pi_i - phi_i)) over the target rows, pi_i = P(rule right | x_i) and
+    phi_i = (target-row influence on p_t_hat) @ r (:func:`_target_terms`, or :func:`_target_terms_rows` in row blocks).
     """
     n = y.shape[0]
-    m = target_infl.shape[0]
     hits = np.bincount(y, weights=correct.astype(np.float64), minlength=counts.size)
     r = hits / counts
     est = float(r @ pt)
@@ -207,9 +208,8 @@ def _rule_accuracy(correct, y, counts, pt, cov_t, infl_pt, target_infl, target_c
     se = math.sqrt(max(var, 0.0))
     # the accuracy on the m target rows: mean_i c_i, c_i Bernoulli(pi_i) given x_i; its difference from the
     # estimate has target part Var(c_i - phi_i) / m = (E pi (1 - pi) + Var(pi - phi)) / m
-    phi = target_infl @ r
-    d = target_correct_prob - phi
-    var_batch_t = (float(np.mean(target_correct_prob * (1 - target_correct_prob))) + float(np.var(d))) / m
+    m, mean_pp, var_d = target_terms(r)
+    var_batch_t = (mean_pp + var_d) / m
     se_batch = math.sqrt(max(var_batch_t + var_h + floor, 0.0))
     parts = {"prior_target": var_t, "prior_holdout": var_ph, "recall": var_rec + floor,
              "cross": var_h - var_rec - var_ph}
@@ -219,6 +219,60 @@ def _rule_accuracy(correct, y, counts, pt, cov_t, infl_pt, target_infl, target_c
 
     return (r, est, (clip(est - z * se), clip(est + z * se), se),
             (clip(est - z * se_batch), clip(est + z * se_batch), se_batch), parts)
+
+
+def _target_terms(target_infl, target_correct_prob):
+    """target_terms of :func:`_rule_accuracy` from the (m, k) influences and the (m,) pi_i in memory."""
+    def terms(r):
+        phi = target_infl @ r
+        d = target_correct_prob - phi
+        return (target_infl.shape[0], float(np.mean(target_correct_prob * (1 - target_correct_prob))),
+                float(np.var(d)))
+    return terms
+
+
+def _target_terms_rows(Xt, calibrator, w, ps, pinned):
+    """target_terms of both rules (deployed, corrected) for a large target (:func:`labelshift.rows.is_large`): the
+    calibrated rows are made block by block from the raw outputs, with float64 sums (two passes: H_FF and mean s_F,
+    then the per-rule sums), as the whole-array :func:`_target_influence` and :func:`_target_terms` compute them."""
+    m, k = Xt.shape
+    F = np.flatnonzero(~pinned)
+
+    def calibrated(sl):
+        Pb = calibrator.predict_proba(Xt[sl].astype(np.float64))
+        return Pb / (Pb @ w)[:, None]
+
+    ssum, SS = np.zeros(k), np.zeros((k, k))
+    with _rows.one_blas_thread():
+        for sl in _rows.blocks(m):
+            Sb = calibrated(sl)
+            ssum += Sb.sum(axis=0)
+            SS += Sb.T @ Sb
+    sbar = ssum[F] / m
+    Hinv = np.linalg.pinv(SS[np.ix_(F, F)] / m, rcond=1e-14, hermitian=True)
+
+    def run(r_dep, r_cor):
+        """[(m, mean pi (1 - pi), Var(pi - phi)) for the deployed rule, the same for the corrected rule]."""
+        vs = [Hinv @ (ps[F] * r[F]) for r in (r_dep, r_cor)]   # phi_i = (s_i,F - mean s_F) Hinv (p_s,F * r_F)
+        pp, ds, dss, shift = np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2)
+        with _rows.one_blas_thread():
+            for sl in _rows.blocks(m):
+                Sb = calibrated(sl)
+                Qb = Sb * w
+                pis = (Qb[np.arange(Qb.shape[0]), np.argmax(Xt[sl], axis=1)], Qb.max(axis=1))
+                for t in range(2):
+                    pi = pis[t]
+                    d = pi - (Sb[:, F] - sbar) @ vs[t]
+                    if sl.start == 0:
+                        shift[t] = float(d.mean())         # shifted sums: no cancellation in the variance
+                    pp[t] += float(np.sum(pi * (1 - pi)))
+                    e = d - shift[t]
+                    ds[t] += float(e.sum())
+                    dss[t] += float(e @ e)
+        mu = ds / m
+        return [(m, float(pp[t] / m), float(max(dss[t] / m - mu[t] * mu[t], 0.0))) for t in range(2)]
+
+    return run
 
 
 def _target_influence(Pt, w, ps, pinned):
@@ -273,7 +327,7 @@ def expected_accuracy(holdout_outputs, holdout_labels, target_outputs, calibrato
     if n == 0 or k < 2:
         raise InputError(f"holdout_outputs has shape {Xh.shape}; pass the model's outputs on the labelled holdout "
                          "rows, one column per class (at least 2).")
-    Xt = as_float_array(target_outputs, "target_outputs", 2)
+    Xt = as_float_rows(target_outputs, "target_outputs")
     if Xt.shape[1] != k or Xt.shape[0] == 0:
         raise InputError(f"target_outputs has shape {Xt.shape} but holdout_outputs has {k} class columns; pass "
                          "the same model's outputs on the target rows (at least one row, k columns).")
@@ -298,19 +352,24 @@ def expected_accuracy(holdout_outputs, holdout_labels, target_outputs, calibrato
     infl_pt = np.asarray(interval.holdout_influence, dtype=np.float64)
 
     Ph = calibrator.predict_proba(Xh)
-    Pt = calibrator.predict_proba(Xt)
-    target_infl, S = _target_influence(Pt, w, np.asarray(interval.source_prior, dtype=np.float64), pinned)
-    Q = S * w                                                      # target posteriors under p_t_hat
-    # deployed rule: argmax of the raw outputs
-    correct = np.argmax(Xh, axis=1) == y
-    pi_t = Q[np.arange(Xt.shape[0]), np.argmax(Xt, axis=1)]
-    r, est, (lo, hi, se), (blo, bhi, bse), parts = _rule_accuracy(correct, y, counts, pt, cov_t, infl_pt,
-                                                                   target_infl, pi_t, z)
-    # corrected rule: argmax_y w_y f_y(x)
-    correct_c = np.argmax(Ph * w, axis=1) == y
-    pi_c = Q.max(axis=1)
+    correct = np.argmax(Xh, axis=1) == y                           # deployed rule: argmax of the raw outputs
+    correct_c = np.argmax(Ph * w, axis=1) == y                     # corrected rule: argmax_y w_y f_y(x)
+    ps = np.asarray(interval.source_prior, dtype=np.float64)
+    if _rows.is_large(Xt):
+        # one large target: its calibrated rows are made block by block, never as a whole (m, k) float64 array
+        def recall(c):
+            return np.bincount(y, weights=c.astype(np.float64), minlength=k) / counts
+        both = _target_terms_rows(Xt, calibrator, w, ps, pinned)(recall(correct), recall(correct_c))
+        terms, terms_c = (lambda r: both[0]), (lambda r: both[1])
+    else:
+        Pt = calibrator.predict_proba(Xt)
+        target_infl, S = _target_influence(Pt, w, ps, pinned)
+        Q = S * w                                                  # target posteriors under p_t_hat
+        terms = _target_terms(target_infl, Q[np.arange(Xt.shape[0]), np.argmax(Xt, axis=1)])
+        terms_c = _target_terms(target_infl, Q.max(axis=1))
+    r, est, (lo, hi, se), (blo, bhi, bse), parts = _rule_accuracy(correct, y, counts, pt, cov_t, infl_pt, terms, z)
     rc, est_c, (clo, chi, cse), (cblo, cbhi, cbse), _ = _rule_accuracy(correct_c, y, counts, pt, cov_t, infl_pt,
-                                                                       target_infl, pi_c, z)
+                                                                       terms_c, z)
     src = float(correct.mean())
     return AccuracyEstimate(
         source=src, source_std_error=math.sqrt(src * (1 - src) / n), expected=est, lower=lo, upper=hi,

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 from scipy.stats import norm
 
-from ._validation import as_float_array, check_labels
+from . import rows as _rows
+from ._validation import as_float_array, as_float_rows, check_labels
 from .calibration import PROB_FLOOR, log_softmax
 from .errors import IllConditionedWarning, InputError
 from .solvers import PIN_TOL, mlls_newton, mlls_optimality
-from .uncertainty import MAX_STANDARD_ERROR, PriorInterval, fisher_interval
+from .uncertainty import MAX_STANDARD_ERROR, PriorInterval, _pinned_bounds, fisher_interval
 
 __all__ = ["SourceAwareInterval", "source_aware_interval", "MIN_ROWS_PER_PARAMETER", "METHOD",
            "SUPPORTED_CALIBRATORS"]
@@ -233,14 +234,64 @@ def _check_level(level) -> float:
     return float(level)
 
 
-def _check_outputs(x, name: str, k: int | None) -> np.ndarray:
-    arr = as_float_array(x, name, 2)
+def _check_outputs(x, name: str, k: int | None, rows: bool = False) -> np.ndarray:
+    arr = as_float_rows(x, name) if rows else as_float_array(x, name, 2)
     if arr.shape[0] == 0:
         raise InputError(f"{name} has no rows; pass the classifier's outputs on the {name.split('_')[0]} rows.")
     if k is not None and arr.shape[1] != k:
         raise InputError(f"{name} has {arr.shape[1]} class columns but holdout_outputs has {k}; pass outputs of the "
                          "same classifier on both.")
     return arr
+
+
+def _given_weights(weights, k: int, ps: np.ndarray) -> np.ndarray:
+    w = as_float_array(weights, "weights", 1)
+    if w.shape != (k,) or np.any(w < -1e-9) or abs(float(w @ ps) - 1.0) > 1e-6:
+        raise InputError("weights must be the MLLS estimate for these target rows with p_s = the mean calibrated "
+                         "holdout prediction (k non-negative entries, sum_y w_y p_s(y) = 1); pass None to "
+                         "solve MLLS here.")
+    return np.maximum(w, 0.0)
+
+
+def _calibrated_block(Xb: np.ndarray, calibrator, scale, bias) -> tuple[np.ndarray, np.ndarray]:
+    """(Z, P) of a block of target rows, float64, as the whole-array code computes them."""
+    Zb = _log_scores(calibrator, Xb.astype(np.float64), "target_outputs")
+    return Zb, np.exp(log_softmax(Zb * scale + bias))
+
+
+def _calibrated_rows(Xt: np.ndarray, calibrator, scale, bias) -> np.ndarray:
+    """The calibrated target rows of a large set as a float32 (m, k) array (made block by block): for the MLLS
+    solve without given weights and the target-only bound of pinned classes (float32 rounding, relative 1e-7)."""
+    out = np.empty(Xt.shape, dtype=np.float32)
+    for sl in _rows.blocks(Xt.shape[0]):
+        out[sl] = _calibrated_block(Xt[sl], calibrator, scale, bias)[1]
+    return out
+
+
+def _calibrated_dot(Xt: np.ndarray, calibrator, scale, bias, v: np.ndarray) -> np.ndarray:
+    """(m,) float64 f_i^T v over the calibrated rows of a large target, made block by block."""
+    out = np.empty(Xt.shape[0])
+    with _rows.one_blas_thread():
+        for sl in _rows.blocks(Xt.shape[0]):
+            out[sl] = _calibrated_block(Xt[sl], calibrator, scale, bias)[1] @ v
+    return out
+
+
+def _target_pass_rows(Xt: np.ndarray, calibrator, scale, bias, design: "_Design", w: np.ndarray):
+    """g = mean_i s_i, H = (1/m) sum_i s_i s_i^T and A = (1/m) sum_i d s_i / d theta over a large target, in one
+    pass over row blocks with float64 sums (the whole-array formulas of :func:`source_aware_interval`)."""
+    m, k = Xt.shape
+    gs = np.zeros(k)
+    H = np.zeros((k, k))
+    A = np.zeros((k, design.q))
+    with _rows.one_blas_thread():
+        for sl in _rows.blocks(m):
+            Zb, Pb = _calibrated_block(Xt[sl], calibrator, scale, bias)
+            Sb = Pb / (Pb @ w)[:, None]
+            gs += Sb.sum(axis=0)
+            H += Sb.T @ Sb
+            A += design.weighted_sum(Zb, Sb) - Sb.T @ design.row_mean(Zb, Sb * w)
+    return gs / m, H / m, A / m
 
 
 def _normal_bound(w_u: float, v: float, z: float) -> float:
@@ -312,8 +363,9 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     n, k = Xh.shape
     if k < 2:
         raise InputError(f"holdout_outputs has {k} class column; pass one column per class (at least 2).")
-    Xt = _check_outputs(target_outputs, "target_outputs", k)
+    Xt = _check_outputs(target_outputs, "target_outputs", k, rows=True)
     m = Xt.shape[0]
+    large = _rows.is_large(Xt)
     design, scale, bias = _calibrator_map(calibrator, k)
     kind = calibrator.kind
     y = check_labels(holdout_labels, "holdout_labels", k, n_rows=n)
@@ -333,7 +385,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
             "interval='fisher', which treats the calibrator and p_s as known (and is too short when m is not small "
             "next to n).")
     Zh = _log_scores(calibrator, Xh, "holdout_outputs")
-    Zt = _log_scores(calibrator, Xt, "target_outputs")
+    Zt = None if large else _log_scores(calibrator, Xt, "target_outputs")
     z = float(norm.ppf(0.5 * (1.0 + level)))
 
     # ---- holdout: scores, NLL Hessian J, d p_s / d theta, per-row influence on (theta, p_s) -------------------
@@ -374,27 +426,30 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     b_inf = (Ph - ps) + a_inf @ Dp.T                               # (n, k) influence on p_s
 
     # ---- target: calibrated rows, MLLS, the Hessian H and A = mean d s_i / d theta -----------------------------
-    Pt = np.exp(log_softmax(Zt * scale + bias))
+    Pt = None if large else np.exp(log_softmax(Zt * scale + bias))
     if weights is None:
-        w = np.maximum(mlls_newton(Pt, ps).weights, 0.0)
+        w = np.maximum(mlls_newton(Pt if not large else _calibrated_rows(Xt, calibrator, scale, bias),
+                                   ps).weights, 0.0)
     else:
-        w = as_float_array(weights, "weights", 1)
-        if w.shape != (k,) or np.any(w < -1e-9) or abs(float(w @ ps) - 1.0) > 1e-6:
-            raise InputError("weights must be the MLLS estimate for these target rows with p_s = the mean calibrated "
-                             "holdout prediction (k non-negative entries, sum_y w_y p_s(y) = 1); pass None to "
-                             "solve MLLS here.")
-        w = np.maximum(w, 0.0)
+        w = _given_weights(weights, k, ps)
+    if large:
+        # one large set: the calibrated rows are made block by block (never a whole (m, k) float64 array)
+        g, H, A = _target_pass_rows(Xt, calibrator, scale, bias, design, w)
+        gap = float(np.max(g / ps) - 1.0)
+    elif weights is not None:
         gap = float(mlls_optimality(Pt, w, ps))
-        if gap > max(1e-3 / m, 2e-10):
-            raise InputError(f"weights are not the MLLS maximiser for these target rows (duality gap {gap:.3g}); "
-                             "pass None to solve MLLS here.")
+    if weights is not None and gap > max(1e-3 / m, 2e-10):
+        raise InputError(f"weights are not the MLLS maximiser for these target rows (duality gap {gap:.3g}); "
+                         "pass None to solve MLLS here.")
     free = w > PIN_TOL
-    fw = Pt @ w
-    S = Pt / fw[:, None]                                           # s_i = f_i / f_i^T w
-    g = S.mean(axis=0)
-    H = S.T @ S / m
-    Q = S * w                                                      # target posterior q_i = w * f_i / f_i^T w
-    A = (design.weighted_sum(Zt, S) - S.T @ design.row_mean(Zt, Q)) / m     # (k, q): d s_ic / d theta_r = s_ic (X_icr - E_q X_ir)
+    if not large:
+        fw = Pt @ w
+        S = Pt / fw[:, None]                                       # s_i = f_i / f_i^T w
+        g = S.mean(axis=0)
+        H = S.T @ S / m
+        Q = S * w                                                  # target posterior q_i = w * f_i / f_i^T w
+        # (k, q): d s_ic / d theta_r = s_ic (X_icr - E_q X_ir)
+        A = (design.weighted_sum(Zt, S) - S.T @ design.row_mean(Zt, Q)) / m
 
     def parts(G):
         """Target and holdout covariance of w_G (free set G), the holdout influence on w_G, and H_GG^{-1}."""
@@ -454,9 +509,13 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     # ---- classes pinned at w = 0 -----------------------------------------------------------------------------
     pinned = ~free
     if pinned.any():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", IllConditionedWarning)
-            target_only = fisher_interval(Pt, w, ps, level=level)
+        if large:         # the target-only profile bound, on calibrated rows made block by block
+            t_upper = _pinned_bounds(None, w, H, ps, free, z, m=m,
+                                     rows_dot=lambda v: _calibrated_dot(Xt, calibrator, scale, bias, v))
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", IllConditionedWarning)
+                t_upper = fisher_interval(Pt, w, ps, level=level).weights_upper
         for yy in np.flatnonzero(pinned):
             G = np.sort(np.append(F, yy))
             cov_t_G, cov_h_G, _, Hinv = parts(G)
@@ -464,8 +523,8 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
             w_u = min(float((Hinv @ (g[G] - ps[G]))[j]), 0.0)       # unconstrained estimate of w_y (<= 0)
             vt, vh = float(cov_t_G[j, j]), float(cov_h_G[j, j])
 
-            t_w_lo[yy], t_w_hi[yy] = 0.0, float(target_only.weights_upper[yy])
-            u = float(target_only.weights_upper[yy]) + _normal_bound(w_u, vt + vh, z) - _normal_bound(w_u, vt, z)
+            t_w_lo[yy], t_w_hi[yy] = 0.0, float(t_upper[yy])
+            u = float(t_upper[yy]) + _normal_bound(w_u, vt + vh, z) - _normal_bound(w_u, vt, z)
             u = min(u, w_max[yy])
             w_lo[yy], w_hi[yy] = 0.0, u
             lo[yy], hi[yy] = 0.0, min(ps[yy] * u, 1.0)

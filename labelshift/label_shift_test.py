@@ -35,6 +35,7 @@ import numpy as np
 from scipy.linalg import null_space
 from scipy.stats import chi2, norm
 
+from . import rows as _rows
 from ._validation import as_float_array, check_labels, check_prior, check_probabilities
 from .errors import InputError
 from .solvers import PIN_TOL, mlls_gradient, mlls_newton
@@ -305,7 +306,7 @@ def _mlls_weights(P: np.ndarray, p: np.ndarray, weights) -> np.ndarray:
         raise InputError(f"weights are not in W: sum_y w_y p_s(y) = {total:.8g}, not 1. Pass the MLLS weights "
                          "estimated with the holdout's class frequencies as source prior (MLLS().fit(holdout_probs, "
                          "holdout_labels)), or weights=None to solve MLLS here.")
-    if np.any(P @ w <= 0):
+    if not _rows_positive(P, w):
         raise InputError("weights give zero likelihood to some target rows (f_i^T w = 0): they are not the MLLS "
                          "estimate for these target_probs. Pass weights=None to solve MLLS here.")
     gap = float(np.max(mlls_gradient(P, w) / p) - 1.0)
@@ -315,6 +316,23 @@ def _mlls_weights(P: np.ndarray, p: np.ndarray, weights) -> np.ndarray:
                          f"{tol:.3g}); the null covariance is derived at the maximum. Pass "
                          "MLLS().fit(holdout_probs, holdout_labels).estimate(target_probs).weights, or weights=None.")
     return w
+
+
+def _rows_positive(P: np.ndarray, w: np.ndarray) -> bool:
+    """Whether f_i^T w > 0 on every row (a large set in row blocks, without a float64 copy of it)."""
+    if not _rows.is_large(P):
+        return not np.any(P @ w <= 0)
+    return all(not np.any(P[sl].astype(np.float64) @ w <= 0) for sl in _rows.blocks(P.shape[0]))
+
+
+def _assign_rows(regions: _Regions, P: np.ndarray) -> np.ndarray:
+    """The region of every row: a large set in row blocks (the same assignments, memory of one block)."""
+    if not _rows.is_large(P):
+        return regions.assign(P)
+    out = np.empty(P.shape[0], dtype=np.int64)
+    for sl in _rows.blocks(P.shape[0]):
+        out[sl] = regions.assign(P[sl])
+    return out
 
 
 def _tangent_inverse(H: np.ndarray, p: np.ndarray, free: np.ndarray) -> np.ndarray:
@@ -495,13 +513,25 @@ def _wald_target_cov(P, w, p, bt, pi, observed, J) -> np.ndarray:
     """Per-row covariance of the target part of D for the Wald form: IF_i = e_{r_i} - A K psi_i, A = G diag(p_s),
     psi_i = f_i / f_i^T w, K the tangent inverse of the MLLS information (docs/label_shift_test.md)."""
     m, k = P.shape
-    psi = P / (P @ w)[:, None]
-    H = psi.T @ psi / m
+    if _rows.is_large(P):                    # in row blocks, float64 sums
+        H, psi_bar, R = np.zeros((k, k)), np.zeros(k), np.zeros((J, k))
+        with _rows.one_blas_thread():
+            for sl in _rows.blocks(m):
+                B = P[sl].astype(np.float64)
+                psi = B / (B @ w)[:, None]
+                H += psi.T @ psi
+                psi_bar += psi.sum(axis=0)
+                for c in range(k):
+                    R[:, c] += np.bincount(bt[sl], weights=psi[:, c], minlength=J)
+        H, psi_bar = H / m, psi_bar / m
+    else:
+        psi = P / (P @ w)[:, None]
+        H = psi.T @ psi / m
+        psi_bar = psi.mean(axis=0)
+        R = np.zeros((J, k))
+        for c in range(k):
+            R[:, c] = np.bincount(bt, weights=psi[:, c], minlength=J)
     K = _tangent_inverse(H, p, w > PIN_TOL)
-    psi_bar = psi.mean(axis=0)
-    R = np.zeros((J, k))
-    for c in range(k):
-        R[:, c] = np.bincount(bt, weights=psi[:, c], minlength=J)
     R /= m
     cov_e = np.diag(observed) - np.outer(observed, observed)
     cross = (R - np.outer(observed, psi_bar)) @ ((pi.T * p[None, :]) @ K).T
@@ -627,7 +657,7 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
                          f"left after estimating the {k} class weights. Collect a larger labelled holdout (n = {n} "
                          "now; the size is measured from n = 500 at k = 10), or lower min_region_rows.")
     bs = regions.assign(S)
-    bt = regions.assign(P)
+    bt = _assign_rows(regions, P)
     N = np.zeros((k, J))
     np.add.at(N, (y, bs), 1.0)
     T = np.bincount(bt, minlength=J).astype(np.float64)

@@ -191,19 +191,29 @@ def _tangent_covariance(H: np.ndarray, p: np.ndarray, support: np.ndarray) -> np
     return cov
 
 
-def _pinned_bounds(P, w, H, p, free, z: float) -> np.ndarray:
+def _pinned_bounds(P, w, H, p, free, z: float, *, rows_dot=None, m: int | None = None) -> np.ndarray:
     """Upper bounds U_y on w_y for the classes pinned at 0 (nan for free ones); ``docs/uncertainty.md``,
     "Classes at the boundary".
 
     For each pinned y: the profile direction b (b_y = 1; the free coordinates follow the conditional mean of the
     normal approximation on F + {y}, b = Cov[:, y] / Cov[y, y], so p_s^T b = 0), and U_y is where
     2 m [L_m(w_hat) - L_m(w_hat + t b)] reaches z^2, found by bisection on the exact log-likelihood (convex and
-    increasing in t >= 0), or the end of the segment inside W if it never does."""
-    m, k = P.shape
-    large = _rows.is_large(P)
+    increasing in t >= 0), or the end of the segment inside W if it never does.
+
+    ``rows_dot`` (with ``m``, and P None): v -> (m,) float64 f_i^T v for rows that are made block by block (the
+    calibrated rows of :func:`labelshift.joint_uncertainty.source_aware_interval` on a large target); the bound is
+    then computed as for a large set."""
+    if rows_dot is None:
+        m, k = P.shape
+        large = _rows.is_large(P)
+
+        def rows_dot(v):
+            return _dot(P, v)
+    else:
+        k, large = len(w), True
     out = np.full(k, np.nan)
-    fw = _dot(P, w)
-    base = np.log(fw)
+    fw = rows_dot(w)
+    base = None if large else np.log(fw)         # large: drop(t) = -2 sum log1p(t fb_i / fw_i), one (m,) vector
     target = z * z
     for y in np.flatnonzero(~free):
         grown = free.copy()
@@ -214,13 +224,14 @@ def _pinned_bounds(P, w, H, p, free, z: float) -> np.ndarray:
         b[~grown] = 0.0
         neg = b < 0
         t_end = float(np.min(w[neg] / -b[neg])) if neg.any() else 1.0 / p[y]
-        fb = _dot(P, b)
+        fb = rows_dot(b)
+        if large:
+            fb /= fw
 
         def drop(t, fb=fb):
             with np.errstate(divide="ignore", invalid="ignore"):
                 if large:       # in row blocks: no (m,) temporaries
-                    val = 2.0 * sum(float(np.sum(base[sl] - np.log(fw[sl] + t * fb[sl])))
-                                    for sl in _rows.blocks(m))
+                    val = -2.0 * sum(float(np.sum(np.log1p(t * fb[sl]))) for sl in _rows.blocks(m))
                 else:
                     val = 2.0 * float(np.sum(base - np.log(fw + t * fb)))
             return val if np.isfinite(val) else np.inf

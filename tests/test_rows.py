@@ -18,8 +18,12 @@ import pytest
 from labelshift import rows
 from labelshift import solvers
 from labelshift._validation import check_probabilities
+from labelshift.accuracy import expected_accuracy
 from labelshift.batches import corrected_parquet, iter_ids, read_ids, write_corrected_parquet
+from labelshift.calibration.scaling import BCTS
 from labelshift.diagnostics import correct_predictions
+from labelshift.joint_uncertainty import source_aware_interval
+from labelshift.label_shift_test import label_shift_test
 from labelshift.report import assess_shift
 
 K = 6
@@ -122,6 +126,79 @@ def test_assess_shift_on_a_large_float32_set_equals_the_in_memory_float64_path(s
                                        atol=1e-9)
 
 
+def _raw_case(rng, m, pinned=True):
+    """Holdout logits (3000 rows) with labels and a BCTS fit on them, float32 target logits (m rows; one class absent,
+    which MLLS pins at w = 0, when ``pinned``), the calibrated float32 target and p_s."""
+    def logits(n, prior):
+        y = rng.choice(K, size=n, p=prior)
+        z = rng.normal(size=(n, K))
+        z[np.arange(n), y] += 2.0
+        return 1.3 * z + 0.2 * np.arange(K), y
+
+    Xh, yh = logits(3000, np.full(K, 1 / K))
+    cal = BCTS(tol=1e-9).fit(Xh, yh)
+    pt = rng.dirichlet(np.ones(K) * 3)
+    if pinned:
+        pt[1] = 0.0
+    Xt = logits(m, pt / pt.sum())[0].astype(np.float32)
+    S = cal.predict_proba(Xh)
+    prior = S.mean(axis=0)
+    return Xh, yh, cal, Xt, cal.predict_proba(Xt).astype(np.float32), S, prior / prior.sum()
+
+
+def _in_memory(fn):
+    """fn() with every set counted small (the whole-array code)."""
+    large = rows.LARGE_ROWS
+    rows.LARGE_ROWS = 10**9
+    try:
+        return fn()
+    finally:
+        rows.LARGE_ROWS = large
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_source_aware_interval_and_expected_accuracy_in_row_blocks_equal_the_in_memory_path(small_blocks, pinned):
+    """The target passes in row blocks: covariances, weights bounds and the accuracy estimate agree with the
+    whole-array code to relative 1e-10 (summation order; the profile bound of a pinned class, a bisection on sums
+    of logs, to 1e-9)."""
+    rng = np.random.default_rng(6)
+    Xh, yh, cal, Xt, _, _, _ = _raw_case(rng, 5500, pinned)
+    ref = _in_memory(lambda: source_aware_interval(Xh, yh, Xt, cal))
+    assert bool(ref.pinned.any()) == pinned
+    w = ref.weights
+    ref = _in_memory(lambda: source_aware_interval(Xh, yh, Xt, cal, weights=w))
+    new = source_aware_interval(Xh, yh, Xt, cal, weights=w)
+    for key in ("covariance", "covariance_target", "covariance_holdout", "weights_covariance", "holdout_influence"):
+        a = getattr(ref, key)                       # entries cancelled to ~0: to 1e-10 of the largest
+        np.testing.assert_allclose(getattr(new, key), a, rtol=1e-10, atol=1e-10 * np.abs(a).max(), err_msg=key)
+    for key in ("lower", "upper", "weights_lower", "weights_upper", "std_error", "weights_std_error"):
+        np.testing.assert_allclose(getattr(new, key), getattr(ref, key), rtol=1e-9, atol=1e-15, err_msg=key)
+    assert new.reasons == ref.reasons and np.array_equal(new.pinned, ref.pinned)
+    # without weights, MLLS is solved on float32 calibrated rows made in blocks: the weights agree to 1e-6
+    solved = source_aware_interval(Xh, yh, Xt, cal)
+    np.testing.assert_allclose(solved.weights, w, rtol=0, atol=1e-6)
+
+    acc_ref = _in_memory(lambda: expected_accuracy(Xh, yh, Xt, cal, weights=w, interval=ref))
+    acc = expected_accuracy(Xh, yh, Xt, cal, weights=w, interval=new)
+    for key in ("expected", "std_error", "batch_std_error", "corrected", "corrected_std_error",
+                "corrected_batch_std_error", "batch_lower", "batch_upper"):
+        np.testing.assert_allclose(getattr(acc, key), getattr(acc_ref, key), rtol=1e-10, err_msg=key)
+
+
+@pytest.mark.parametrize("method", ["likelihood-ratio", "wald"])
+def test_label_shift_test_in_row_blocks_equals_the_in_memory_path(small_blocks, method):
+    rng = np.random.default_rng(7)
+    Xh, yh, cal, Xt, P32, S, prior = _raw_case(rng, 5500, pinned=False)
+    w = _in_memory(lambda: solvers.mlls_newton(P32.astype(np.float64), prior).weights)
+    ref = _in_memory(lambda: label_shift_test(S, yh, P32, weights=w, source_prior=prior, method=method))
+    new = label_shift_test(S, yh, P32, weights=w, source_prior=prior, method=method)
+    assert [(r.name, r.observed, r.holdout_rows) for r in new.regions] == \
+        [(r.name, r.observed, r.holdout_rows) for r in ref.regions]          # identical region counts
+    np.testing.assert_allclose(new.statistic, ref.statistic, rtol=1e-10)
+    np.testing.assert_allclose([r.z for r in new.regions], [r.z for r in ref.regions], rtol=1e-9, atol=1e-12)
+    assert new.dof == ref.dof
+
+
 def test_assess_shift_on_a_large_float32_set_makes_no_float64_copy_of_it():
     rng = np.random.default_rng(4)
     S, ys, T, prior = _case(rng, rows.LARGE_ROWS + 50_000)
@@ -129,13 +206,33 @@ def test_assess_shift_on_a_large_float32_set_makes_no_float64_copy_of_it():
     del T
     tracemalloc.start()
     try:
-        assess_shift(S, ys, T32, source_prior=prior, cross_check=["BBSE-soft"])
+        report = assess_shift(S, ys, T32, source_prior=prior, cross_check=["BBSE-soft"])
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    assert report.label_shift is not None
     # a float64 copy alone would be 2 * T32.nbytes; what remains are a few (m,) float64 vectors (f_i^T w and the
     # like, each 1/3 of T32 at k = 6)
     assert peak < 2 * T32.nbytes, (peak, T32.nbytes)
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_source_aware_assess_shift_on_large_float32_sets_makes_no_float64_copy_of_them(pinned):
+    """The default re-estimation: source-aware interval (raw float32 outputs, BCTS fit on the holdout), the
+    label-shift test and the expected accuracy, on float32 target arrays of more than LARGE_ROWS rows."""
+    rng = np.random.default_rng(9 if pinned else 8)          # seed 9: MLLS pins the absent class at w = 0
+    Xh, yh, cal, Xt, P32, S, prior = _raw_case(rng, rows.LARGE_ROWS + 50_000, pinned)
+    tracemalloc.start()
+    try:
+        report = assess_shift(S, yh, P32, source_prior=prior, interval="source-aware", source_outputs=Xh,
+                              target_outputs=Xt, calibrator=cal)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert report.interval.method == "source-aware" and report.label_shift is not None
+    assert report.accuracy is not None
+    assert bool(report.interval.pinned.any()) == pinned
+    assert peak < 2 * P32.nbytes, (peak, P32.nbytes)
 
 
 def test_joined_views_are_pooled_without_a_copy():
