@@ -1,4 +1,4 @@
-"""SIGKILL of ``labelshift estimate`` and ``labelshift reproduce`` at several moments: no process they started
+"""SIGKILL of ``labelshift estimate``, ``reproduce`` and ``serve`` at several moments: no process they started
 survives it by more than 10 s, and a run to completion afterwards counts every batch exactly once.
 
 Each command runs as a user runs it, a separate process with no PREFECT_API_URL (so it starts its temporary
@@ -202,5 +202,29 @@ def test_sigkill_leaves_no_process_and_the_next_run_counts_every_batch_once(sett
 def test_sigkill_of_reproduce_leaves_no_process(setting, tmp_path):
     argv = [sys.executable, "-m", "flows.cli", "reproduce", "--quick", "--home", str(tmp_path / "home")]
     result = kill_at(argv, setting["env"], _flow_started)
+    assert result["killed"] and result["started"] >= 2, result
+    assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
+
+
+def _serve_ready(processes) -> bool:
+    """``labelshift serve``'s own Prefect server (``prefect server start --port N``) answers its health check."""
+    from flows.processes import http_ok
+
+    for process in list(processes.values()):
+        try:
+            cmd = process.cmdline()
+        except psutil.Error:
+            continue
+        if "server" in cmd and "start" in cmd and "--port" in cmd:
+            return http_ok(f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}/api/health", timeout=1.0)
+    return False
+
+
+def test_sigkill_of_serve_leaves_no_process(setting, tmp_path):
+    """serve with no PREFECT_API_URL runs a Prefect server (with its UI) for as long as it runs: killed outright
+    once that server answers, neither the server nor anything else it started outlives it by 10 s."""
+    argv = [sys.executable, "-m", "flows.cli", "serve", "--home", str(tmp_path / "home"),
+            "--tracking-uri", setting["uri"]]
+    result = kill_at(argv, setting["env"], _serve_ready)
     assert result["killed"] and result["started"] >= 2, result
     assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
