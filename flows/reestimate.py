@@ -49,8 +49,9 @@ from labelshift.monitoring import commit_watermark, find_new_batches, read_water
 from labelshift.registry import check_interval
 from labelshift.report import NOT_LABEL_SHIFT, ShiftReport, check_holdout, finite
 from labelshift.storage import open_store
-from tasks.reestimation import (end_run, estimate_shift, history_record, log_reestimation, log_rejections,
-                                render_figure, start_reestimation_run, sync_monitor)
+from tasks.reestimation import (catch_up_monitor, end_run, estimate_shift, history_record, log_reestimation,
+                                log_rejections, parse_model_uri, render_figure, start_reestimation_run,
+                                sync_monitor)
 from tasks.references import class_names_of, load_for_reestimation, score_for_reestimation, write_for_reestimation
 from tasks.tracking import check_tracking_server, git_commit, run_url
 from flows.user_errors import install as _log_user_errors_once
@@ -289,6 +290,14 @@ def reestimate(
                         + ", ".join(held[:10]) + (" ..." if len(held) > 10 else "")
                         + "; fix (write them again) or delete them.")
         logger.info(message)
+        if watermark.history:       # best effort: bookkeeping a killed or cut-off earlier run still owes
+            try:
+                check_tracking_server(env.tracking_uri, timeout_s=2.0)     # never MLflow's minutes of retries
+                catch_up_monitor(env.tracking_uri, env.experiment_name, parse_model_uri(model)[0], store.uri,
+                                 watermark.history)
+            except Exception as exc:
+                logger.warning("MLflow bookkeeping of earlier runs skipped (%s: %s); the next run tries again",
+                               type(exc).__name__, exc)
         create_markdown_artifact(markdown=f"# No new data\n\n{message}\n", key="reestimate",
                                  description="re-estimation verdict")
         return Completed(name="No new data", message=message,

@@ -418,6 +418,27 @@ def end_orphaned_runs(client: MlflowClient, experiment_id: str, monitor_run_id: 
     return ended
 
 
+def catch_up_monitor(tracking_uri: str, experiment: str, model_name: str, target_url: str, history: list[dict]) \
+        -> None:
+    """Bookkeeping a run with no new data still owes: the monitor points of committed runs whose own logging was
+    cut short (a command killed, or MLflow down, after its commit) and their child runs ended FINISHED
+    (:func:`sync_monitor`); child runs of killed commands that never committed ended KILLED
+    (:func:`end_orphaned_runs`). Creates nothing when the experiment or the monitor run does not exist yet."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return
+    target_tag = target_url.replace("'", "")
+    found = client.search_runs([exp.experiment_id], filter_string=(
+        f"tags.`labelshift.kind` = '{MONITOR_KIND}' and tags.`labelshift.model` = '{model_name}' and "
+        f"tags.`labelshift.target` = '{target_tag}'"), max_results=1, order_by=["attributes.start_time ASC"])
+    if not found:
+        return
+    monitor = found[0].info.run_id
+    sync_monitor(tracking_uri, monitor, history, model_name)
+    end_orphaned_runs(client, exp.experiment_id, monitor)
+
+
 def start_reestimation_run(tracking_uri: str, experiment: str, artifact_root: str | None, *, model_name: str,
                            target_url: str, run_name: str, params: dict, tags: dict) -> dict:
     """Create the child run of this re-estimation (under the monitor run of model and target)."""

@@ -140,3 +140,24 @@ def test_a_child_run_whose_process_is_gone_is_ended_killed_by_the_next_run(tmp_p
     status = {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
     assert status == {"dead": "KILLED", "alive": "RUNNING", "elsewhere": "RUNNING", "untagged": "RUNNING"}
     assert "killed" in client.get_run(ids["dead"]).data.tags["labelshift.ended_by"]
+
+
+def test_a_run_with_no_new_data_catches_up_the_bookkeeping_of_a_run_cut_off_after_its_commit(tmp_path, mlflow_sqlite):
+    """A command killed after its commit leaves its child run RUNNING and no monitor point; the next run, even with
+    no new data, adds the point and ends that child run FINISHED (its batches are counted). Without an experiment
+    or monitor run it creates nothing."""
+    from mlflow import MlflowClient
+
+    from tasks.reestimation import catch_up_monitor, start_reestimation_run
+
+    uri = mlflow_sqlite(tmp_path)
+    catch_up_monitor(uri, "reestimation-catch-up", "m", "file:///t", [{"sequence": 1}])       # nothing to do
+    client = MlflowClient(uri)
+    assert client.get_experiment_by_name("reestimation-catch-up") is None
+    runs = start_reestimation_run(uri, "reestimation-catch-up", str(tmp_path / "artifacts"), model_name="m",
+                                  target_url="file:///t", run_name="reestimate-1", params={}, tags={})
+    history = [{"sequence": 1, "time": "2026-11-26T08:00:00Z", "model": "m", "mlflow_run_id": runs["run_id"],
+                "target_prior": [0.25, 0.75], "lower": [0.2, 0.7], "upper": [0.3, 0.8], "p_value": 0.001}]
+    catch_up_monitor(uri, "reestimation-catch-up", "m", "file:///t", history)
+    assert client.get_run(runs["run_id"]).info.status == "FINISHED"
+    assert client.get_run(runs["monitor_run_id"]).data.metrics["prior/1"] == 0.75
