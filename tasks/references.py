@@ -20,6 +20,7 @@ import logging
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,12 +110,27 @@ def _log_reference_files(client: MlflowClient, run_id: str, holdout, *, calibrat
     return cal, doc
 
 
-def _registered(client: MlflowClient, name: str, info, alias: str | None) -> str:
+@contextmanager
+def _registration_run(client: MlflowClient, experiment: str, run_name: str, tags: dict):
+    """The MLflow run a registration logs into: its id, ended FINISHED, or FAILED when anything in the block
+    raises (interrupts included)."""
+    run_id = client.create_run(_experiment(client, experiment), run_name=run_name, tags=tags).info.run_id
+    try:
+        yield run_id
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id)
+
+
+def _registered(client: MlflowClient, name: str, info, alias: str | None, run_id: str) -> dict:
+    """Tag the version just registered, point ``alias`` at it; returns {"model_uri", "version", "run_id"}."""
     version = str(info.registered_model_version)
     client.set_model_version_tag(name, version, "labelshift.kind", "reference")
     if alias:
         client.set_registered_model_alias(name, alias, version)
-    return version
+    return {"model_uri": f"models:/{name}@{alias}" if alias else f"models:/{name}/{version}", "version": version,
+            "run_id": run_id}
 
 
 def register_reference(holdout_outputs, holdout_labels, *, name: str, class_names, output_kind: str,
@@ -132,10 +148,7 @@ def register_reference(holdout_outputs, holdout_labels, *, name: str, class_name
                          "(scores before softmax are logits).")
     holdout = check_reference(holdout_outputs, holdout_labels, class_names, output_kind)
     client = MlflowClient(tracking_uri=tracking_uri)
-    run = client.create_run(_experiment(client, experiment), run_name=f"reference-{name}",
-                            tags={"labelshift.kind": "reference"})
-    run_id = run.info.run_id
-    try:
+    with _registration_run(client, experiment, f"reference-{name}", {"labelshift.kind": "reference"}) as run_id:
         _, doc = _log_reference_files(client, run_id, holdout, calibrator=calibrator, id_column=id_column,
                                       mode="outputs")
         with tempfile.TemporaryDirectory() as tmp:
@@ -146,19 +159,16 @@ def register_reference(holdout_outputs, holdout_labels, *, name: str, class_name
                 mlflow.set_tracking_uri(tracking_uri)
             quiet = logging.getLogger("mlflow.pyfunc")
             level, quiet.level = quiet.level, logging.ERROR     # its note on pickled python_model objects
-            with mlflow.start_run(run_id=run_id):
-                info = mlflow.pyfunc.log_model(name="reference", python_model=reference_model_class()(),
-                                               artifacts={"reference": str(ref_path), "calibrator": str(cal_path)},
-                                               pip_requirements=["mlflow", "numpy", "pandas"],
-                                               registered_model_name=name, await_registration_for=120)
-            quiet.level = level
-        version = _registered(client, name, info, alias)
-    except BaseException:
-        client.set_terminated(run_id, "FAILED")
-        raise
-    client.set_terminated(run_id)
-    return {"model_uri": f"models:/{name}@{alias}" if alias else f"models:/{name}/{version}", "version": version,
-            "run_id": run_id}
+            try:
+                with mlflow.start_run(run_id=run_id):
+                    info = mlflow.pyfunc.log_model(name="reference", python_model=reference_model_class()(),
+                                                   artifacts={"reference": str(ref_path),
+                                                              "calibrator": str(cal_path)},
+                                                   pip_requirements=["mlflow", "numpy", "pandas"],
+                                                   registered_model_name=name, await_registration_for=120)
+            finally:
+                quiet.level = level
+        return _registered(client, name, info, alias, run_id)
 
 
 def register_reference_file(holdout: str | Path, *, label_column: str, output_kind: str, name: str,
@@ -194,8 +204,7 @@ def register_sklearn_model(model, holdout_x, holdout_y, *, name: str, tracking_u
     client = MlflowClient(tracking_uri=tracking_uri)
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
-    run_id = client.create_run(_experiment(client, experiment), run_name=f"train-{name}").info.run_id
-    try:
+    with _registration_run(client, experiment, f"train-{name}", {}) as run_id:
         with mlflow.start_run(run_id=run_id):
             signature = infer_signature(holdout_x[:5], outputs[:5])
             info = mlflow.sklearn.log_model(model, name="model", signature=signature,
@@ -203,13 +212,7 @@ def register_sklearn_model(model, holdout_x, holdout_y, *, name: str, tracking_u
                                             registered_model_name=name, await_registration_for=120)
         _log_reference_files(client, run_id, holdout, calibrator=calibrator, id_column="id", mode="inputs",
                              output_method=output_method)
-        version = _registered(client, name, info, alias)
-    except BaseException:
-        client.set_terminated(run_id, "FAILED")
-        raise
-    client.set_terminated(run_id)
-    return {"model_uri": f"models:/{name}@{alias}" if alias else f"models:/{name}/{version}", "version": version,
-            "run_id": run_id}
+        return _registered(client, name, info, alias, run_id)
 
 
 # -- loading -----------------------------------------------------------------------------------------------------------
