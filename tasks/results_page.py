@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import csv
 import math
-import shutil
+import os
 import tempfile
 from pathlib import Path
 
@@ -190,9 +190,8 @@ def render_page(sections: list[dict]) -> str:
 
 
 def write_report(tracking_uri: str, experiment_name: str, out_dir) -> Path:
-    """Write ``results.md`` and ``figures/<dataset>/*.png`` under ``out_dir``; returns the page's path."""
-    import os
-
+    """Write ``results.md`` and ``figures/<dataset>/*.png`` under ``out_dir``, each file atomically; returns the
+    page's path."""
     from labelshift.errors import ObjectNotFoundError
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")     # no progress bars on the console
@@ -216,10 +215,18 @@ def write_report(tracking_uri: str, experiment_name: str, out_dir) -> Path:
                 if art.path.endswith(".png"):
                     local = client.download_artifacts(rid, art.path, str(work))
                     fig_dir.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(local, fig_dir / Path(art.path).name)
+                    _write_whole(fig_dir / Path(art.path).name, Path(local).read_bytes())
                     figs.append(f"figures/{dataset}/{Path(art.path).name}")
             sections.append(dict(dataset=dataset, run_id=rid, params=run.data.params, metrics=run.data.metrics,
                                  rows=rows, figures=figs))
     page = out / "results.md"
-    page.write_text(render_page(sections), encoding="utf-8")
+    _write_whole(page, render_page(sections).encode("utf-8"))
     return page
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """Write ``path`` all or nothing (a hidden ``.NAME.tmp`` beside it, then a rename): a report killed mid-way
+    leaves each file whole, old or new, and at most that temporary file, which the next run overwrites."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
