@@ -258,7 +258,14 @@ LevelParam = Annotated[float, Field(gt=0.0, lt=1.0, description="Confidence leve
                                                                 "0 and 1 (e.g. 0.95 for 95% intervals).")]
 SignificanceParam = Annotated[float, Field(
     gt=0.0, lt=0.5, description="Level of the test of 'no shift' (w = 1; a two-sample test of the mean calibrated "
-                                "prediction, target against the source holdout): shifted when p < this.")]
+                                "prediction, target against the source holdout): shifted when p < this. Also the "
+                                "level of the label-shift test unless label_shift_significance is set.")]
+LabelShiftSignificanceParam = Annotated[float | None, Field(
+    gt=0.0, lt=1.0, description="Level of the label-shift test alone, strictly between 0 and 1: 'Not label shift' "
+                                "(no corrected outputs written) when its p-value is below this. Smaller (e.g. 0.01) "
+                                "withholds the outputs of truly label-shifted data less often (on about this "
+                                "fraction of such runs) and catches fewer violations (a new class, input drift). "
+                                "When not set: the value of significance.")]
 NBootstrapParam = Annotated[int, Field(ge=20, le=10000, description="Bootstrap resamples (interval='bootstrap').")]
 SeedParam = Annotated[int, Field(ge=0, description="Seed of the bootstrap.")]
 TrackingParam = Annotated[str | None, Field(
@@ -291,6 +298,7 @@ class ReestimateParameters(BaseModel):
     interval: IntervalParam = "source-aware"
     level: LevelParam = 0.95
     significance: SignificanceParam = 0.05
+    label_shift_significance: LabelShiftSignificanceParam = None
     n_bootstrap: NBootstrapParam = 200
     seed: SeedParam = 0
     tracking_uri: TrackingParam = None

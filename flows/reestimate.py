@@ -42,8 +42,9 @@ from prefect.states import Completed
 from flows import settings as settings_mod
 from flows.params import REESTIMATE_EXPERIMENT as DEFAULT_EXPERIMENT
 from flows.params import (DEFAULT_MODEL, BatchSizeParam, CalibratorParam, CrossCheckParam, EstimatorParam,
-                          ExperimentParam, IntervalParam, LevelParam, MaxWidthParam, ModelParam, NBootstrapParam,
-                          OnChangedParam, OnInvalidParam, SeedParam, SignificanceParam, TargetParam, TrackingParam)
+                          ExperimentParam, IntervalParam, LabelShiftSignificanceParam, LevelParam, MaxWidthParam,
+                          ModelParam, NBootstrapParam, OnChangedParam, OnInvalidParam, SeedParam, SignificanceParam,
+                          TargetParam, TrackingParam)
 from labelshift.errors import InputError
 from labelshift.monitoring import commit_watermark, find_new_batches, read_watermark
 from labelshift.registry import check_interval
@@ -258,6 +259,7 @@ def reestimate(
     interval: IntervalParam = "source-aware",
     level: LevelParam = 0.95,
     significance: SignificanceParam = 0.05,
+    label_shift_significance: LabelShiftSignificanceParam = None,
     n_bootstrap: NBootstrapParam = 200,
     seed: SeedParam = 0,
     tracking_uri: TrackingParam = None,
@@ -319,7 +321,10 @@ def reestimate(
     params = dict(model=model, model_version=bundle.version, target=store.uri, calibrator=calibrator,
                   estimator=estimator, cross_check=",".join(cross_check), interval=interval, level=level,
                   significance=significance, n_bootstrap=n_bootstrap, seed=seed, n_batches=len(batches),
-                  max_interval_width=max_interval_width, on_invalid=on_invalid)
+                  max_interval_width=max_interval_width, on_invalid=on_invalid,
+                  # logged only when given, so that runs without it log the parameters they always did
+                  **({"label_shift_significance": label_shift_significance}
+                     if label_shift_significance is not None else {}))
     tags = {"prefect.flow_run_id": flow_run_id or "", "prefect.flow_run_name": flow_run_name or "",
             "labelshift.sequence": str(sequence)}
     commit = git_commit()
@@ -347,7 +352,8 @@ def reestimate(
         report = estimate_shift(bundle, probs, estimator=estimator, cross_check=list(cross_check),
                                 interval=interval, level=level, significance=significance,
                                 n_bootstrap=n_bootstrap, seed=seed, max_interval_width=max_interval_width,
-                                outputs=scored.outputs, class_names=classes)
+                                outputs=scored.outputs, class_names=classes,
+                                label_shift_significance=label_shift_significance)
         word = report.verdict
         ui = run_url(env.tracking_uri, runs["experiment_id"], runs["run_id"])
         summary = {

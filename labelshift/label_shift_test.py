@@ -153,10 +153,12 @@ class LabelShiftTest:
         out = [r for r in self.regions if abs(r.z) > self.bonferroni_z][:limit]
         return out if out else list(self.regions[:1])
 
-    def summary(self, significance: float = 0.05, limit: int = 3) -> str:
-        """One line for a report: the verdict, the statistic, the p-value and where the target disagrees."""
+    def summary(self, significance: float = 0.05, limit: int = 3, show_level: bool = False) -> str:
+        """One line for a report: the verdict, the statistic, the p-value and where the target disagrees; with
+        ``show_level``, also the level the verdict was reached at (for a level other than the report's usual one)."""
         head = ("Not label shift" if self.rejects(significance) else "Consistent with label shift")
-        parts = [f"{head}: chi2 = {self.statistic:.1f} on {self.dof} dof, p = {self.p_value:.3g}"]
+        level = f" (test level {significance:g})" if show_level else ""
+        parts = [f"{head}: chi2 = {self.statistic:.1f} on {self.dof} dof, p = {self.p_value:.3g}{level}"]
         if self.rejects(significance):
             ev = [f"{r.name}: {100 * r.observed:.1f}% of target vs {100 * r.expected:.1f}% expected "
                   f"(z = {r.z:+.1f})" for r in self.disagreeing(limit)]

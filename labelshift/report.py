@@ -107,13 +107,17 @@ class ShiftReport:
             was not asked for.
         identifiability: the identifiability report of the MLLS estimate (Section 5 of the paper).
         cross_check: other estimators' answers, by name, in the order asked for.
-        significance: the level of the test; the target counts as shifted when its p-value is below it.
+        significance: the level of the no-shift test (the target counts as shifted when its p-value is below it),
+            and of the label-shift test unless ``label_shift_significance`` is set.
         n_target: the number of target rows m.
         converged: the estimator reached its tolerance.
         accuracy: the deployed model's accuracy on the holdout and its expected accuracy on the target, with an
             interval (:func:`labelshift.accuracy.expected_accuracy`); None unless the interval is source-aware.
+        label_shift_significance: a level of its own for the label-shift test (e.g. 0.01, so that true label
+            shift withholds the outputs less often); None: the test uses ``significance``
+            (:attr:`label_shift_level` is the one in force).
 
-    Derived: :attr:`shifted`, :attr:`label_shift_ok`, :attr:`trustworthy`, :attr:`reasons`, :attr:`verdict`,
+    Derived: :attr:`shifted`, :attr:`label_shift_level`, :attr:`label_shift_ok`, :attr:`trustworthy`, :attr:`reasons`, :attr:`verdict`,
     :attr:`total_variation`, :attr:`largest_change`, :attr:`n_classes`.
     """
 
@@ -131,6 +135,7 @@ class ShiftReport:
     label_shift: LabelShiftTest | None = None
     label_shift_error: str | None = None
     accuracy: AccuracyEstimate | None = None
+    label_shift_significance: float | None = None
 
     @property
     def n_classes(self) -> int:
@@ -142,11 +147,17 @@ class ShiftReport:
         return bool(self.no_shift_test.rejects(self.significance))
 
     @property
+    def label_shift_level(self) -> float:
+        """The level the label-shift test is judged at: :attr:`label_shift_significance` when set, else
+        :attr:`significance`."""
+        return self.significance if self.label_shift_significance is None else self.label_shift_significance
+
+    @property
     def label_shift_ok(self) -> bool | None:
-        """The label-shift test does not reject at :attr:`significance`; None when it was not run."""
+        """The label-shift test does not reject at :attr:`label_shift_level`; None when it was not run."""
         if self.label_shift is None:
             return None
-        return not self.label_shift.rejects(self.significance)
+        return not self.label_shift.rejects(self.label_shift_level)
 
     @property
     def label_shift_tested(self) -> bool:
@@ -176,9 +187,11 @@ class ShiftReport:
     @property
     def label_shift_summary(self) -> str | None:
         """One line on the label-shift test: its verdict, statistic, p-value and where the target disagrees; or
-        why it was not run (None when it was not asked for)."""
+        why it was not run (None when it was not asked for). With a level of its own
+        (:attr:`label_shift_significance`) the line names that level; without one it reads as it always did."""
         if self.label_shift is not None:
-            return self.label_shift.summary(self.significance)
+            return self.label_shift.summary(self.label_shift_level,
+                                            show_level=self.label_shift_significance is not None)
         if self.label_shift_error is not None:
             return f"Label-shift test not run: {self.label_shift_error}"
         return None
@@ -204,7 +217,11 @@ class ShiftReport:
             "weights": self.weights.tolist(), "interval": self.interval.to_dict(),
             "no_shift_test": self.no_shift_test.to_dict(), "identifiability": self.identifiability.to_dict(),
             "cross_check": {name: check.to_dict() for name, check in self.cross_check.items()},
-            "significance": self.significance, "shifted": self.shifted, "trustworthy": self.trustworthy,
+            "significance": self.significance,
+            # only when set, so that a report without its own level is written as before
+            **({"label_shift_significance": self.label_shift_significance}
+               if self.label_shift_significance is not None else {}),
+            "shifted": self.shifted, "trustworthy": self.trustworthy,
             "total_variation": self.total_variation,
             "largest_change": {"class": top, "source": float(self.source_prior[top]),
                                "target": float(self.target_prior[top]), "change": float(change[top])},
@@ -223,7 +240,9 @@ class ShiftReport:
         The derived entries (``n_classes``, ``shifted``, ``trustworthy``, ``total_variation``,
         ``largest_change``) are recomputed from the others, so ``from_dict(d).to_dict() == d`` for every ``d``
         that :meth:`to_dict` wrote. Dicts written before the label-shift test existed (no ``label_shift_test``)
-        read back without one. Raises FormatError when an entry is missing.
+        read back without one, and dicts without ``label_shift_significance`` (written before it existed, or
+        without a level of its own) judge the label-shift test at ``significance``. Raises FormatError when an
+        entry is missing.
         """
         if not isinstance(d, dict):
             raise FormatError(f"a shift report must be a dict as ShiftReport.to_dict() writes, got "
@@ -256,7 +275,8 @@ class ShiftReport:
                    converged=bool(d.get("converged", True)),
                    cross_check={name: CrossCheck.from_dict(name, c) for name, c in (d.get("cross_check") or {}).items()},
                    label_shift=lst, label_shift_error=lst_error,
-                   accuracy=AccuracyEstimate.from_dict(d["accuracy"]) if d.get("accuracy") else None)
+                   accuracy=AccuracyEstimate.from_dict(d["accuracy"]) if d.get("accuracy") else None,
+                   label_shift_significance=_stored_level(d.get("label_shift_significance")))
 
     @property
     def accuracy_summary(self) -> str | None:
@@ -267,6 +287,17 @@ class ShiftReport:
             return None
         return (f"accuracy estimated {acc.expected:.2f} [{acc.lower:.2f}, {acc.upper:.2f}], {acc.source:.2f} on the "
                 "source")
+
+
+def _stored_level(value) -> float | None:
+    """``label_shift_significance`` as a stored report holds it: None (absent) or a level in (0, 1)."""
+    if value is None:
+        return None
+    try:
+        return _check_label_shift_level(value)
+    except InputError:
+        raise FormatError(f"label_shift_significance must be a level strictly between 0 and 1 as "
+                          f"ShiftReport.to_dict() writes, or absent; got {value!r}.") from None
 
 
 def finite(x) -> bool:
@@ -325,11 +356,20 @@ def check_holdout(source_labels, n_classes: int, *, interval: str = "fisher", ca
                          "holdout).")
 
 
+def _check_label_shift_level(value) -> float:
+    """``label_shift_significance`` as a float in (0, 1); InputError naming the fix otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0.0 < value < 1.0:
+        raise InputError(f"label_shift_significance must be a probability strictly between 0 and 1 (e.g. 0.01), or "
+                         f"None to judge the label-shift test at significance; got {value!r}.")
+    return float(value)
+
+
 def assess_shift(source_probs, source_labels, target_probs, *, source_prior, estimator: str = "MLLS",
                  cross_check: Sequence[str] = (), interval: str = "fisher", level: float = 0.95,
                  significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0,
                  max_interval_width: float | None = None, source_outputs=None, target_outputs=None,
-                 calibrator=None, label_shift_check: bool = True, class_names=None) -> ShiftReport:
+                 calibrator=None, label_shift_check: bool = True, class_names=None,
+                 label_shift_significance: float | None = None) -> ShiftReport:
     """Estimate the target prior on ``target_probs`` and say whether it shifted and whether to trust it.
 
     The estimators are fit on the labelled source outputs with ``source_prior``; the estimate is ``estimator``'s;
@@ -356,7 +396,8 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
         cross_check: names of the same set, run alongside (duplicates and ``estimator`` itself are skipped).
         interval: ``"source-aware"`` or ``"fisher"`` (both need a likelihood estimator, MLLS) or ``"bootstrap"``.
         level: confidence level of the interval, in (0, 1).
-        significance: level of the no-shift test, in (0, 1).
+        significance: level of the no-shift test, in (0, 1); also that of the label-shift test unless
+            ``label_shift_significance`` is given.
         n_bootstrap, seed: the bootstrap's resamples and seed (``interval="bootstrap"``).
         max_interval_width: optional: the estimate is also untrustworthy when the interval on some w_y is wider.
         source_outputs, target_outputs, calibrator: ``interval="source-aware"`` only: the classifier's raw outputs
@@ -364,6 +405,9 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
             the order of ``target_probs``; the fitted calibrator that made ``source_probs`` from them.
         label_shift_check: run the label-shift test (default); False leaves it out of the report.
         class_names: optional k names used in the label-shift test's evidence.
+        label_shift_significance: level of the label-shift test ("Not label shift" when its p-value is below it),
+            in (0, 1); None (default): ``significance``. A smaller level withholds the outputs of truly
+            label-shifted data less often, and misses more of the data that are not label-shifted.
 
     Raises:
         InputError: an unknown estimator or interval, ``interval="fisher"`` or ``"source-aware"`` with a BBSE
@@ -372,6 +416,8 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
             whatever the main estimator raises (e.g. IllConditionedError).
     """
     check_interval(estimator, interval)
+    if label_shift_significance is not None:
+        label_shift_significance = _check_label_shift_level(label_shift_significance)
     cross_check = list(cross_check or ())
     if cross_check:
         check_methods(list(dict.fromkeys(cross_check)), allowed=REESTIMATION_ESTIMATORS, argument="cross_check")
@@ -450,4 +496,5 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
     return ShiftReport(method=estimator, source_prior=prior, target_prior=np.asarray(main.target_prior),
                        weights=np.asarray(main.weights), interval=ci, no_shift_test=test, identifiability=ident,
                        significance=significance, n_target=int(len(pooled)), converged=bool(np.all(main.converged)),
-                       cross_check=checks, label_shift=lst, label_shift_error=lst_error, accuracy=accuracy)
+                       cross_check=checks, label_shift=lst, label_shift_error=lst_error, accuracy=accuracy,
+                       label_shift_significance=label_shift_significance)

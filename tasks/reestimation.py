@@ -301,7 +301,7 @@ def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: s
                    cross_check: list[str] = (), interval: str = "source-aware", level: float = 0.95,
                    significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0,
                    max_interval_width: float | None = None, outputs: list[np.ndarray] | None = None,
-                   class_names=None) -> ShiftReport:
+                   class_names=None, label_shift_significance: float | None = None) -> ShiftReport:
     """:func:`labelshift.report.assess_shift` on the pooled batches, with the bundle's source holdout and prior
     (and, for the source-aware interval, the raw holdout outputs, the calibrator and the raw target ``outputs``);
     the batches are pooled without a copy when they are views of one array (:func:`labelshift.rows.joined`)."""
@@ -310,7 +310,7 @@ def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: s
                         significance=significance, n_bootstrap=n_bootstrap, seed=seed,
                         max_interval_width=max_interval_width, source_outputs=bundle.source_outputs,
                         target_outputs=None if outputs is None else joined(outputs), calibrator=bundle.calibrator,
-                        class_names=class_names)
+                        class_names=class_names, label_shift_significance=label_shift_significance)
 
 
 @task(name="write-outputs", cache_policy=NO_CACHE, persist_result=False)
@@ -512,7 +512,7 @@ def log_reestimation(tracking_uri: str, runs: dict, report: ShiftReport, summary
     client.set_tag(runs["run_id"], "labelshift.verdict", report.verdict)
     client.log_text(runs["run_id"], json.dumps(summary, indent=1, default=str), "reestimation/summary.json")
     if report.label_shift_tested:
-        doc = {"ok": report.label_shift_ok, "significance": report.significance,
+        doc = {"ok": report.label_shift_ok, "significance": report.label_shift_level,
                "summary": report.label_shift_summary,
                **(report.label_shift.to_dict() if report.label_shift is not None
                   else {"error": report.label_shift_error})}

@@ -25,7 +25,8 @@ def test_help_explains_the_options(capsys):
         main(["estimate", "--help"])
     out = capsys.readouterr().out
     for option in ("--model", "--target", "--calibrator", "--interval", "--significance", "--check", "--json",
-                   "source-aware", "5 when the new data are not label shift"):
+                   "source-aware", "5 when the new data are not label shift", "--label-shift-significance P",
+                   "Level of the label-shift test alone", "When not set: the value of significance"):
         assert option in " ".join(out.split())
     assert "watermark" in out
 
@@ -37,6 +38,10 @@ def test_help_explains_the_options(capsys):
     (["--estimator", "BBSE-soft", "--interval", "source-aware"], "with --estimator BBSE-soft use --interval bootstrap"),
     (["--significance", "0"], "--significance must be in (0, 0.5)"),
     (["--estimator", "BBSE-hard"], "with --estimator BBSE-hard use --interval bootstrap"),
+    *[(["--label-shift-significance", value], f"--label-shift-significance must be in (0, 1), got {float(value)}; "
+                                              "pass a level such as 0.01, or leave the option out to judge the "
+                                              "label-shift test at --significance")
+      for value in ("0", "1", "-0.1", "2")],
 ])
 def test_bad_options_exit_2(argv, expected, capsys, tmp_path):
     assert main(["estimate", "--home", str(tmp_path), "--model", "models:/x@y", *argv]) == 2
@@ -67,6 +72,7 @@ def test_estimate_prints_the_table_and_check_exit_codes(prefect_server, sqlite_m
     assert main([*base, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["batches"] == ["day-2.npy"] and summary["sequence"] == 2
+    assert "label_shift_significance" not in summary["result"]          # not given: written as before
     # unshifted data: the two-sample test's p-value is uniform under H0, below 0.001 one time in a thousand
     assert summary["result"]["no_shift_test"]["p_value"] > 0.001
     lo, hi = np.array(summary["result"]["interval"]["lower"]), np.array(summary["result"]["interval"]["upper"])
@@ -86,14 +92,25 @@ def test_estimate_prints_the_table_and_check_exit_codes(prefect_server, sqlite_m
     # evidence in the table, no corrected outputs, the batch counted
     x, _ = draw(SOURCE_PRIOR, 2400, rng)
     np.save(target / "day-4.npy", np.concatenate([x, 0.3 * rng.standard_normal((600, 2)).astype(np.float32)]))
-    assert main([*base, "--check"]) == 5
+    assert main([*base, "--check", "--label-shift-significance", "0.01"]) == 5
     out = capsys.readouterr().out
     assert out.startswith("Not label shift: ") and "label-shift test: Not label shift: chi2 = " in out
+    # a level of its own for this test (p < 1e-6 here: it rejects at any level) is named where the verdict is
+    assert "(test level 0.01)" in out.splitlines()[0]
+    assert any(line.strip().startswith("label-shift test: Not label shift: ") and "(test level 0.01)" in line
+               for line in out.splitlines())
     assert "% expected (z = " in out and "NOT MEANINGFUL" in out and "none written" in out
     assert not (target / "day-4.corrected.npy").exists() and not (target / "day-4.summary.json").exists()
     watermark = json.loads((target / "_labelshift" / "watermark.json").read_text())
     assert "day-4.npy" in watermark["processed"] and watermark["history"][-1]["verdict"] == "Not label shift"
     assert "target_prior" not in watermark["history"][-1] and watermark["history"][-1]["label_shift_ok"] is False
+    # MLflow logs the level when it is given, and only then (runs 1-3 log the parameters they always did)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(sqlite_model["tracking_uri"])
+    params = [client.get_run(h["mlflow_run_id"]).data.params for h in watermark["history"]]
+    assert params[-1]["label_shift_significance"] == "0.01" and params[-1]["significance"] == "0.05"
+    assert all("label_shift_significance" not in p for p in params[:-1])
 
 
 def test_estimate_failure_exits_1_and_says_nothing_was_written(prefect_server, sqlite_model, tmp_path, capsys):
@@ -153,6 +170,18 @@ def test_a_changed_batch_fails_the_run_unless_reprocessing_is_asked_for(prefect_
     assert summary["batches"] == ["day.npy"] and summary["sequence"] == 2
     watermark = json.loads((target / "_labelshift" / "watermark.json").read_text())
     assert watermark["history"][-1].get("replaced") == ["day.npy"]
+
+
+@pytest.mark.parametrize("value", [0, 1, -0.1, 2])
+def test_label_shift_significance_is_validated_with_the_other_parameters(value):
+    from pydantic import ValidationError
+
+    from flows.params import ReestimateParameters
+
+    assert ReestimateParameters().label_shift_significance is None
+    assert ReestimateParameters(label_shift_significance=0.01).label_shift_significance == 0.01
+    with pytest.raises(ValidationError, match="label_shift_significance"):
+        ReestimateParameters(label_shift_significance=value)
 
 
 def test_every_flow_parameter_has_an_option_with_the_flows_default():

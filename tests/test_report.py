@@ -256,3 +256,66 @@ def test_bad_holdouts_and_source_aware_arguments_name_the_fix():
     with pytest.raises(InputError, match="level"):
         assess_shift(sp, yh, pt, source_prior=prior, interval="source-aware", source_outputs=Xh,
                      target_outputs=Xt, calibrator=cal, level=1.0)
+
+
+# -- a level of its own for the label-shift test -----------------------------------------------------------------------
+def _borderline_case():
+    """Inputs drifted a little (0.2 along the first axis): the label-shift test's p-value is 6/201 = 0.030 on these
+    draws (bootstrap seed 0), between the levels 0.01 and 0.05, while the no-shift test does not reject."""
+    Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(seed=2, drift=0.2, m=2000, n=1000)
+    return sp, yh, pt, prior
+
+
+def test_the_label_shift_verdict_follows_its_own_level():
+    sp, yh, pt, prior = _borderline_case()
+    default = assess_shift(sp, yh, pt, source_prior=prior, interval="fisher")
+    assert 0.01 < default.label_shift.p_value < 0.05 and not default.shifted
+    assert default.label_shift_significance is None and default.label_shift_level == 0.05
+    assert default.label_shift_ok is False and default.verdict == NOT_LABEL_SHIFT
+    # not given and given as None are the same report, written as before (no new key, the old summary line)
+    d = default.to_dict()
+    assert "label_shift_significance" not in d and "level" not in d["label_shift_summary"]
+    assert assess_shift(sp, yh, pt, source_prior=prior, interval="fisher",
+                        label_shift_significance=None).to_dict() == d
+
+    strict = assess_shift(sp, yh, pt, source_prior=prior, interval="fisher", label_shift_significance=0.01)
+    assert strict.label_shift.p_value == default.label_shift.p_value
+    assert strict.label_shift_level == 0.01 and strict.label_shift_ok is True and strict.verdict == "No shift"
+    assert strict.significance == 0.05 and strict.shifted == default.shifted        # the no-shift test unchanged
+    assert strict.label_shift_summary.startswith("Consistent with label shift: ")
+    assert "(test level 0.01)" in strict.label_shift_summary
+    s = json.loads(json.dumps(strict.to_dict()))
+    assert s["label_shift_significance"] == 0.01 and s["label_shift_ok"] is True
+    assert list(s)[list(s).index("significance") + 1] == "label_shift_significance"
+    assert {k: v for k, v in s.items() if k not in ("label_shift_significance", "label_shift_ok",
+                                                      "label_shift_summary")} == \
+        {k: v for k, v in d.items() if k not in ("label_shift_ok", "label_shift_summary")}
+    back = ShiftReport.from_dict(s)
+    assert back.to_dict() == s and back.label_shift_significance == 0.01 and back.verdict == "No shift"
+
+    # a looser level than significance is allowed too: the label-shift test alone moves
+    loose = assess_shift(sp, yh, pt, source_prior=prior, interval="fisher", significance=0.01,
+                         label_shift_significance=0.05)
+    assert loose.verdict == NOT_LABEL_SHIFT and "Not label shift" in loose.label_shift_summary
+    assert "(test level 0.05)" in loose.label_shift_summary
+
+
+def test_a_stored_report_keeps_its_label_shift_level():
+    """Replacing the level on a stored report re-decides only the label-shift verdict; old dicts (no key) read
+    back at ``significance``."""
+    sp, yh, pt, prior = _borderline_case()
+    d = json.loads(json.dumps(assess_shift(sp, yh, pt, source_prior=prior, interval="fisher").to_dict()))
+    old = ShiftReport.from_dict(d)
+    assert old.label_shift_significance is None and old.verdict == NOT_LABEL_SHIFT and old.to_dict() == d
+    relaxed = dataclasses.replace(old, label_shift_significance=0.01)
+    assert relaxed.verdict == "No shift" and relaxed.to_dict()["label_shift_significance"] == 0.01
+    with pytest.raises(FormatError, match="label_shift_significance must be a level"):
+        ShiftReport.from_dict({**d, "label_shift_significance": 5})
+
+
+@pytest.mark.parametrize("bad", [0, 1, -0.1, 2, 0.0, 1.0, float("nan"), True, "0.01"])
+def test_bad_label_shift_significance_names_the_argument(bad):
+    sp, yh, pt, prior = _borderline_case()
+    with pytest.raises(InputError, match=r"label_shift_significance must be a probability strictly between 0 and 1 "
+                                         r"\(e.g. 0.01\), or None"):
+        assess_shift(sp, yh, pt, source_prior=prior, interval="fisher", label_shift_significance=bad)

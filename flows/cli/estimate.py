@@ -41,6 +41,7 @@ OPTIONS: dict[str, Opt] = {
     "mlflow_experiment": Opt(option="--experiment-name", metavar="NAME"),
     "batch_size": Opt(metavar="N"),
     "max_interval_width": Opt(metavar="W", default=""),
+    "label_shift_significance": Opt(metavar="P", default=""),
     "on_changed": Opt(option="--reprocess-changed", const="reprocess",
                       help="count a batch whose content changed after it was counted again, with its new content",
                       default="such a batch fails the run, naming it"),
@@ -81,6 +82,14 @@ def register(sub) -> None:
     p.set_defaults(handler=run)
 
 
+#: the fix a value out of range calls for, where the range alone does not say it
+_RANGE_HINTS = {
+    "level": "; pass a confidence level such as 0.95 for 95% intervals",
+    "label_shift_significance": "; pass a level such as 0.01, or leave the option out to judge the label-shift "
+                                "test at --significance",
+}
+
+
 def _explain(exc: ValidationError) -> str:
     """The problems of the options, one line each, in the command's words."""
     lines, unknown = [], {}
@@ -97,7 +106,7 @@ def _explain(exc: ValidationError) -> str:
         elif err["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") \
                 and len(loc) == 1 and bounds(ReestimateParameters, field):
             lines.append(f"{option} {bounds(ReestimateParameters, field)}, got {err['input']}"
-                         + ("; pass a confidence level such as 0.95 for 95% intervals" if field == "level" else ""))
+                         + _RANGE_HINTS.get(field, ""))
         else:
             lines.extend(problems([err], ReestimateParameters, OPTIONS))
     from labelshift.registry import REESTIMATION_ESTIMATORS
