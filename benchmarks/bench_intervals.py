@@ -24,13 +24,16 @@ The timing table runs on one problem at m = 100,000, k = 10 (median over repeats
 ``--null-seeds N`` also measures the false-alarm rate of the ``reestimate`` flow's no-shift test (the two-sample
 test of :func:`labelshift.uncertainty.no_shift_test` with the calibrated holdout as its source side) on null draws:
 the same per-seed procedure with the target drawn from the source prior itself, N seeds per (k, n, m) of
-``--null-n`` x ``--null-m`` (default n = 1,000, m = 20,000; goal <= 7% at the nominal 5%).
+``--null-n`` x ``--null-m`` (default n in {500, 1,000, 5,000}, m in {1,000, 20,000}; goal <= 7% at the nominal
+5%). On the same draws it also reports the earlier form of the test (each side's own covariance, chi^2 reference)
+for comparison. ``--power-seeds N`` adds the rejection rate under a mild shift: the target prior drawn per seed
+from Dirichlet(c p_s), centred on the source prior, c = ``--power-concentration`` (default 1,000).
 
     python benchmarks/bench_intervals.py                    # the whole grid (about 15 min of CPU on 2 cores)
     python benchmarks/bench_intervals.py --quick            # a smoke test
     python benchmarks/bench_intervals.py --write-readme     # also write the section of benchmarks/README.md
-    python benchmarks/bench_intervals.py --skip-grid --skip-timing --null-seeds 1000 --write-readme
-                                                            # only the no-shift test's false alarms (subsection)
+    python benchmarks/bench_intervals.py --skip-grid --skip-timing --null-seeds 2000 --power-seeds 400 \
+        --workers 1 --write-readme                          # only the no-shift test's table (subsection)
 """
 from __future__ import annotations
 
@@ -50,7 +53,8 @@ import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from scipy.stats import norm  # noqa: E402
+from scipy.linalg import null_space  # noqa: E402
+from scipy.stats import chi2, norm  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -97,12 +101,27 @@ def _run_chunk(args):
     return (k, alpha, n, m), [run_seed(k, alpha, n, m, s, calibrator) for s in seeds]
 
 
-def run_null_seed(k: int, n: int, m: int, seed: int, calibrator: str = "BCTS") -> float:
-    """The p-value of the flow's no-shift test on one null draw: the target is drawn from the source prior."""
+def unpooled_p_value(P: np.ndarray, S: np.ndarray) -> float:
+    """The earlier form of the two-sample test, kept here for comparison only: each side's own covariance,
+    T = d^T [Sigma_hat_t / m + Sigma_hat_s / n]^+ d, against chi^2 with k - 1 degrees of freedom."""
+    (m, k), n = P.shape, S.shape[0]
+    U = null_space(np.ones((1, k)))
+    d = U.T @ (P.mean(axis=0) - S.mean(axis=0))
+    V = U.T @ (np.cov(P, rowvar=False) / m + np.cov(S, rowvar=False) / n) @ U
+    return float(chi2.sf(d @ np.linalg.solve(V, d), k - 1))
+
+
+def run_null_seed(k: int, n: int, m: int, seed: int, calibrator: str = "BCTS",
+                  concentration: float | None = None) -> tuple[float, float]:
+    """(p-value of the flow's no-shift test, p-value of the earlier unpooled form) on one draw: the target is drawn
+    from the source prior (``concentration=None``) or from a prior drawn from Dirichlet(concentration p_s)."""
     problem = WellSpecifiedGaussians.make(k)
     rng = np.random.default_rng([k, 0, n, m, seed, 7])
     Xh, yh = problem.holdout(n, rng)
-    Xt, _ = problem.draw(problem.source_prior, m, rng)
+    prior = problem.source_prior
+    if concentration is not None:
+        prior = np.random.default_rng([k, n, m, seed, 98]).dirichlet(concentration * prior)
+    Xt, _ = problem.draw(prior, m, rng)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cal = CALIBRATORS[calibrator]().fit(Xh, yh)
@@ -110,45 +129,77 @@ def run_null_seed(k: int, n: int, m: int, seed: int, calibrator: str = "BCTS") -
         ps = S.mean(axis=0)
         ps = ps / ps.sum()
         w = np.maximum(mlls_newton(P, ps).weights, 0.0)
-        return float(no_shift_test(P, w, ps, source_probs=S).p_value)
+        return float(no_shift_test(P, w, ps, source_probs=S).p_value), unpooled_p_value(P, S)
 
 
 def _run_null_chunk(args):
-    k, n, m, seeds, calibrator = args
-    return (k, n, m), [run_null_seed(k, n, m, s, calibrator) for s in seeds]
+    k, n, m, seeds, calibrator, concentration = args
+    return (k, n, m, concentration), [run_null_seed(k, n, m, s, calibrator, concentration) for s in seeds]
 
 
-def null_sizes(ks, ns, ms, seeds: int, workers: int, calibrator: str) -> dict:
-    """{(k, n, m): (false-alarm rate at SIGNIFICANCE, its binomial se, seeds)}."""
+def _rate(pvals) -> tuple[float, float, int]:
+    """(rejection rate at SIGNIFICANCE, its binomial se, count)."""
+    pvals = np.asarray(pvals)
+    rate = float(np.mean(pvals < SIGNIFICANCE))
+    return rate, float(np.sqrt(rate * (1 - rate) / len(pvals))), len(pvals)
+
+
+def null_sizes(ks, ns, ms, seeds: int, workers: int, calibrator: str, power_seeds: int = 0,
+               concentration: float = 1000.0) -> dict:
+    """{(k, n, m): {"null": (rate, se, seeds), "null_unpooled": ..., and with power seeds "power", "power_unpooled"}}
+    at SIGNIFICANCE; the cells' chunks run biggest first."""
     tasks = []
-    step = max(1, seeds // 8)
     for k in ks:
         for n in ns:
             for m in ms:
-                for s0 in range(0, seeds, step):
-                    tasks.append((k, n, m, list(range(s0, min(seeds, s0 + step))), calibrator))
+                for count, conc in ((seeds, None), (power_seeds, concentration)):
+                    step = max(1, count // 8)
+                    for s0 in range(0, count, step):
+                        tasks.append((k, n, m, list(range(s0, min(count, s0 + step))), calibrator, conc))
+    tasks.sort(key=lambda t: -(t[0] * (t[1] + t[2])))
     pvals: dict = {}
     with mp.get_context("fork").Pool(workers) as pool:
         for key, chunk in pool.imap_unordered(_run_null_chunk, tasks):
             pvals.setdefault(key, []).extend(chunk)
-    out = {}
-    for key, ps in pvals.items():
-        rate = float(np.mean(np.asarray(ps) < SIGNIFICANCE))
-        out[key] = (rate, float(np.sqrt(rate * (1 - rate) / len(ps))), len(ps))
+    out: dict = {}
+    for (k, n, m, conc), pairs in pvals.items():
+        name = "null" if conc is None else "power"
+        pairs = np.asarray(pairs)
+        cell = out.setdefault((k, n, m), {})
+        cell[name], cell[f"{name}_unpooled"] = _rate(pairs[:, 0]), _rate(pairs[:, 1])
     return out
 
 
-def null_report(sizes: dict, command: str, wall: float, calibrator: str) -> str:
+def null_report(sizes: dict, command: str, wall: float, calibrator: str, concentration: float = 1000.0) -> str:
+    with_power = any("power" in cell for cell in sizes.values())
     lines = [NULL_SUBSECTION, "",
-             f"The flow's no-shift test (`no_shift_test(P, w, p_s, source_probs=S)`: the two-sample test of the mean "
-             f"calibrated prediction, target against the holdout) on null draws: the target is drawn from the source "
-             f"prior, {calibrator} refit on every holdout, nominal level {SIGNIFICANCE:g}. Produced by `{command}` on "
+             f"The flow's no-shift test (`no_shift_test(P, w, p_s, source_probs=S)`: Hotelling's two-sample test of "
+             f"the mean calibrated prediction, target against the holdout, pooled covariance, F reference; "
+             f"`docs/uncertainty.md`) on null draws: the target is drawn from the source prior, {calibrator} refit on "
+             f"every holdout, nominal level {SIGNIFICANCE:g}. *Before* is the earlier form on the same draws (each "
+             f"side's own covariance, chi^2 reference). Produced by `{command}` on "
              f"{_dt.date.today().isoformat()} ({wall / 60:.1f} min on {os.cpu_count()} shared cores). "
-             "Goal: at most 7%.", "",
-             "| k | n | m | false alarms | se | seeds | goal |", "|---|---|---|---|---|---|---|"]
-    for (k, n, m), (rate, se, count) in sorted(sizes.items()):
-        lines.append(f"| {k} | {n} | {m} | {100 * rate:.1f}% | {100 * se:.1f}% | {count} | "
-                     f"{'met' if rate <= 0.07 else 'missed'} |")
+             "Goal: false alarms at most 7% in every cell."
+             + (f" *Power*: rejection rate when the target prior is drawn per seed from Dirichlet({concentration:g} "
+                "p_s), a mild shift centred on the source prior (before / now)." if with_power else ""), "",
+             "| k | n | m | false alarms | se | seeds | goal | before | before se |"
+             + (" power before / now | power seeds |" if with_power else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if with_power else "")]
+    met = 0
+    for (k, n, m), cell in sorted(sizes.items()):
+        rate, se, count = cell["null"]
+        old, old_se, _ = cell["null_unpooled"]
+        met += rate <= 0.07
+        row = (f"| {k} | {n} | {m} | {100 * rate:.1f}% | {100 * se:.1f}% | {count} | "
+               f"{'met' if rate <= 0.07 else 'missed'} | {100 * old:.1f}% | {100 * old_se:.1f}% |")
+        if with_power:
+            if "power" in cell:
+                (pw, _, pcount), (pw_old, _, _) = cell["power"], cell["power_unpooled"]
+                row += f" {100 * pw_old:.1f}% / {100 * pw:.1f}% | {pcount} |"
+            else:
+                row += " - | 0 |"
+        lines.append(row)
+    lines += ["", f"Goal met in {met} of {len(sizes)} cells."]
     return "\n".join(lines) + "\n"
 
 
@@ -315,8 +366,13 @@ def main(argv=None) -> int:
     ap.add_argument("--write-readme", action="store_true", help="write the section into benchmarks/README.md")
     ap.add_argument("--null-seeds", type=int, default=0,
                     help="seeds per cell of the no-shift test's false-alarm table (0: not run)")
-    ap.add_argument("--null-n", type=int, nargs="+", default=[1000], help="holdout sizes of the false-alarm table")
-    ap.add_argument("--null-m", type=int, nargs="+", default=[20_000], help="target sizes of the false-alarm table")
+    ap.add_argument("--null-n", type=int, nargs="+", default=[500, 1000, 5000],
+                    help="holdout sizes of the false-alarm table")
+    ap.add_argument("--null-m", type=int, nargs="+", default=[1000, 20_000], help="target sizes of the false-alarm table")
+    ap.add_argument("--power-seeds", type=int, default=0,
+                    help="seeds per cell of the false-alarm table's power column (0: not run)")
+    ap.add_argument("--power-concentration", type=float, default=1000.0,
+                    help="the mild shift of the power column: target prior ~ Dirichlet(c p_s)")
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.m, args.k, args.alpha, args.seeds3, args.seeds10, args.repeats = \
@@ -326,8 +382,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     null_text = None
     if args.null_seeds:
-        sizes = null_sizes(args.k, args.null_n, args.null_m, args.null_seeds, args.workers, args.calibrator)
-        null_text = null_report(sizes, command, time.perf_counter() - t0, args.calibrator)
+        sizes = null_sizes(args.k, args.null_n, args.null_m, args.null_seeds, args.workers, args.calibrator,
+                           args.power_seeds, args.power_concentration)
+        null_text = null_report(sizes, command, time.perf_counter() - t0, args.calibrator, args.power_concentration)
         print(null_text)
         if args.skip_grid and args.skip_timing and not args.load:
             if args.write_readme:

@@ -2,7 +2,9 @@
 :func:`assess_shift` computes what the ``estimate-shift`` task computed before it moved into the domain.
 
 ``fixtures/shift_report_golden.json`` holds that task's output (``tasks.reestimation.estimate_shift`` before the
-report existed) on the inputs of :func:`_case` below.
+report existed) on the inputs of :func:`_case` below, except its ``no_shift_test`` entries: those were rewritten
+when the two-sample test moved to the pooled covariance and Hotelling's F law (``docs/uncertainty.md``); every
+verdict stayed the same.
 """
 from __future__ import annotations
 
