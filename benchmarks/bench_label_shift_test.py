@@ -97,15 +97,16 @@ def target_prior(family: str, k: int, source_prior, rng):
 
 
 def _p(S, ys, P):
-    """The test's p-values [default calibration (bootstrap), chi-squared reference] (one test: the chi-squared
-    p-value of the same statistic is in ``extra``), or None when it refuses the input (a class with fewer than
+    """The test's p-values [default (regions and log-odds profiles, combined), regions part alone (the previous
+    default: likelihood ratio with its bootstrap)] (one test: the parts are in ``extra``), or None when it refuses
+    the input (a class with fewer than
     MIN_CLASS_ROWS holdout rows in a small holdout under the imbalanced source prior): such replicates are counted
     and reported as skipped."""
     try:
         res = label_shift_test(S, ys, P)
     except InputError:
         return None
-    return [res.p_value, res.extra["p_value_chi2"]]
+    return [res.p_value, res.extra["p_value_regions"]]
 
 
 def _softmax_cal(zs, ys):
@@ -281,21 +282,21 @@ def time_test(repeats: int = 5) -> tuple[float, float, float]:
     return tuple(float(np.median(times[key])) for key in ("given", "inside", "mlls"))
 
 
-def rate(pvals, col: int = 0) -> tuple[float, float, str]:
-    """Rejection rate at ALPHA, its binomial standard error, and the replicates used (and skipped); ``col`` picks
-    the p-value (0: the default bootstrap calibration, 1: the chi-squared reference)."""
+def rate(pvals, col: int = 0, alpha: float = ALPHA) -> tuple[float, float, str]:
+    """Rejection rate at ``alpha``, its binomial standard error, and the replicates used (and skipped); ``col``
+    picks the p-value (0: the default test, regions and log-odds combined; 1: the regions part alone)."""
     used = [v[col] for v in pvals if v is not None]
     p = np.asarray(used, dtype=np.float64)
-    r = float(np.mean(p < ALPHA))
+    r = float(np.mean(p < alpha))
     skipped = len(pvals) - len(used)
     count = f"{p.size}" + (f" ({skipped} skipped)" if skipped else "")
     return r, math.sqrt(max(r * (1 - r), 1e-12) / p.size), count
 
 
 def cached(key: str, ex, fn, tasks):
-    """Per-cell results kept in benchmarks/out/lst_cells_v2.json, so a rerun (or a crash) redoes only what is missing."""
+    """Per-cell results kept in benchmarks/out/lst_cells_v3.json, so a rerun (or a crash) redoes only what is missing."""
     import json
-    path = OUT / "lst_cells_v2.json"
+    path = OUT / "lst_cells_v3.json"
     OUT.mkdir(parents=True, exist_ok=True)
     store = json.loads(path.read_text()) if path.exists() else {}
     if key not in store:
@@ -336,7 +337,7 @@ def main(argv=None) -> int:
             for j, m in enumerate(args.m):
                 r, se, cnt = rate([p[j] for _, p in res])
                 rows_size.append(("Gaussian, BCTS", m, n, "4 families", r, se, cnt,
-                                  rate([p[j] for _, p in res], 1)))
+                                  rate([p[j] for _, p in res], 1), rate([p[j] for _, p in res], 0, 0.01)))
                 for fam, p in res:
                     if p[j] is not None:
                         by_family[fam].append(p[j])
@@ -348,7 +349,8 @@ def main(argv=None) -> int:
             p = cached(f"mnist size n={n} m={m} reps={args.reps}", ex, mnist_replicate,
                    [("size", n, m, args.noise, s) for s in range(args.reps)])
             r, se, cnt = rate(p)
-            rows_size.append(("mnist-5k, logistic + BCTS", m, n, "Dir(10), fits the pool", r, se, cnt, rate(p, 1)))
+            rows_size.append(("mnist-5k, logistic + BCTS", m, n, "Dir(10), fits the pool", r, se, cnt, rate(p, 1),
+                              rate(p, 0, 0.01)))
             print(f"mnist size n={n} done ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     if "power" not in args.skip:
         m = 2000
@@ -359,21 +361,23 @@ def main(argv=None) -> int:
                                     ("noise", f"(b) covariate: mnist-5k pixel noise sd {args.noise:g}")]:
                     p = cached(f"mnist {kind} n={n} m={m} noise={args.noise} reps={args.power_reps}", ex, mnist_replicate,
                    [(kind, n, m, args.noise, s) for s in range(args.power_reps)])
-                    rows_power.append((label, m, n) + rate(p) + (rate(p, 1),))
+                    rows_power.append((label, m, n) + rate(p) + (rate(p, 1), rate(p, 0, 0.01)))
             for shift in args.gauss_shift:
                 res = cached(f"gauss shift {shift} n={n} m={m} reps={args.power_reps}", ex, gauss_replicate,
                    [("shift", n, [m], shift, s) for s in range(args.power_reps)])
                 rows_power.append((f"(b) covariate: Gaussian class means each moved by {shift:g} (random directions)",
-                                   m, n) + rate([p[0] for _, p in res]) + (rate([p[0] for _, p in res], 1),))
+                                   m, n) + rate([p[0] for _, p in res]) + (rate([p[0] for _, p in res], 1),
+                                                                            rate([p[0] for _, p in res], 0, 0.01)))
             for f in args.gauss_contract:
                 res = cached(f"gauss contract {f} n={n} m={m} reps={args.power_reps}", ex, gauss_replicate,
                    [("contract", n, [m], f, s) for s in range(args.power_reps)])
                 rows_power.append((f"(b) covariate: Gaussian class means moved to {f:g} x their distance from the "
-                                   "centroid", m, n) + rate([p[0] for _, p in res]) + (rate([p[0] for _, p in res], 1),))
+                                   "centroid", m, n) + rate([p[0] for _, p in res]) + (rate([p[0] for _, p in res], 1),
+                                                                                       rate([p[0] for _, p in res], 0, 0.01)))
             p = cached(f"tabular n={n} m={m} reps={args.power_reps}", ex, tabular_replicate,
                    [(n, m, s) for s in range(args.power_reps)])
             rows_power.append(("(c) broken feature: tabular logistic, top column constant", m, n) + rate(p)
-                              + (rate(p, 1),))
+                              + (rate(p, 1), rate(p, 0, 0.01)))
             print(f"power n={n} done ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     ex.shutdown()
     timing = time_test() if "timing" not in args.skip else None
@@ -383,27 +387,27 @@ def main(argv=None) -> int:
              f"`python benchmarks/{Path(__file__).name}{' ' + ' '.join(argv if argv is not None else sys.argv[1:])}`"
              f" on {cpu_model()}, nproc {os.cpu_count()} (shared with other jobs), Python "
              f"{platform.python_version()}, numpy {np.__version__}; {elapsed / 60:.0f} min (cells already in "
-             "benchmarks/out/lst_cells_v2.json are reused, not rerun). "
+             "benchmarks/out/lst_cells_v3.json are reused, not rerun). "
              "Nominal level 5%; ± is the binomial standard error. Problems and sampling: the docstring of the "
              "script; the test: `docs/label_shift_test.md`.", "",
              "**Size** (rejection rate under true label shift; goal <= 7%):", "",
-             "| problem | m | n | target priors | size (bootstrap, default) | size (chi-squared reference) | "
-             "replicates |", "|---|---|---|---|---|---|---|"]
-    for prob, m, n, fam, r, se, cnt, (r2, se2, _) in rows_size:
+             "| problem | m | n | target priors | size (default: regions + log-odds) | size (regions only, the previous "
+             "default) | default at level 1% | replicates |", "|---|---|---|---|---|---|---|---|"]
+    for prob, m, n, fam, r, se, cnt, (r2, se2, _), (r1, se1, _) in rows_size:
         lines.append(f"| {prob} | {m:,} | {n:,} | {fam} | {fmt_rate(r, se, r <= 0.07)} | "
-                     f"{fmt_rate(r2, se2, r2 <= 0.07)} | {cnt} |")
+                     f"{fmt_rate(r2, se2, r2 <= 0.07)} | {100 * r1:.1f}% ± {100 * se1:.1f} | {cnt} |")
     if any(by_family.values()):
-        for col, what in ((0, "bootstrap"), (1, "chi-squared reference")):
+        for col, what in ((0, "default"), (1, "regions only")):
             lines += ["", f"Gaussian size by prior family ({what}; all n and m pooled): " + ", ".join(
                 f"{f} {100 * rate(v, col)[0]:.1f}% ± {100 * rate(v, col)[1]:.1f} ({rate(v, col)[2]})"
                 for f, v in by_family.items() if v) + "."]
     if rows_power:
         lines += ["", "**Power** (rejection rate when label shift fails; goal >= 80% at m = 2,000):", "",
-                  "| alternative | m | n | power (bootstrap, default) | power (chi-squared reference) | replicates |",
-                  "|---|---|---|---|---|---|"]
-        for label, m, n, r, se, cnt, (r2, se2, _) in rows_power:
+                  "| alternative | m | n | power (default: regions + log-odds) | power (regions only, the previous "
+                  "default) | default at level 1% | replicates |", "|---|---|---|---|---|---|---|"]
+        for label, m, n, r, se, cnt, (r2, se2, _), (r1, se1, _) in rows_power:
             lines.append(f"| {label} | {m:,} | {n:,} | {fmt_rate(r, se, r >= 0.8)} | {fmt_rate(r2, se2, r2 >= 0.8)} "
-                         f"| {cnt} |")
+                         f"| {100 * r1:.1f}% ± {100 * se1:.1f} | {cnt} |")
         lines += ["", f"Tabular problem: {tab.k} classes, {tab.d} features, source accuracy {tab.accuracy:.2f}; "
                   f"broken column {tab.broken}."]
     if timing is not None:

@@ -170,7 +170,7 @@ def main(argv=None) -> int:
              "member, in nats.", "",
              "| alternative | m | power bound, mean | range over priors | KL per row (median) |",
              "|---|---|---|---|---|"]
-    for label, m, powers, kls, visible, _ in rows:
+    for label, m, powers, kls, _visible, _ in rows:
         lines.append(f"| {label} | {m:,} | {100 * powers.mean():.1f}% | {100 * powers.min():.1f}-"
                      f"{100 * powers.max():.1f}% | {np.median(kls):.5f} |")
     vis = [v for _, _, _, _, v, _ in rows if v is not None]

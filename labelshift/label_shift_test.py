@@ -36,6 +36,7 @@ from scipy.linalg import null_space
 from scipy.stats import chi2, norm
 
 from . import rows as _rows
+from ._log_odds_test import log_odds_test
 from ._validation import as_float_array, check_labels, check_prior, check_probabilities
 from .errors import InputError
 from .solvers import PIN_TOL, mlls_gradient, mlls_newton
@@ -67,6 +68,9 @@ METHODS = ("likelihood-ratio", "wald")
 CALIBRATIONS = ("bootstrap", "chi2")
 #: default number of bootstrap draws
 BOOTSTRAP_DRAWS = 200
+# what the log-odds part adds to the result (extra and to_dict), and which of those are numbers read back as floats
+_LOG_ODDS_FLOATS = ("p_value_regions", "p_value_log_odds", "log_odds_statistic", "log_odds_class_share")
+_LOG_ODDS_KEYS = _LOG_ODDS_FLOATS + ("log_odds_moments", "log_odds_class", "log_odds_where")
 # pseudo-count (spread over the regions by their pooled holdout frequency) in the holdout variance of each class
 _SMOOTH = 1.0
 
@@ -158,11 +162,22 @@ class LabelShiftTest:
         ``show_level``, also the level the verdict was reached at (for a level other than the report's usual one)."""
         head = ("Not label shift" if self.rejects(significance) else "Consistent with label shift")
         level = f" (test level {significance:g})" if show_level else ""
-        parts = [f"{head}: chi2 = {self.statistic:.1f} on {self.dof} dof, p = {self.p_value:.3g}{level}"]
+        if "p_value_log_odds" in self.extra:
+            x = self.extra
+            parts = [f"{head}: p = {self.p_value:.3g}{level} (regions: chi2 = {self.statistic:.1f} on {self.dof} dof, "
+                     f"p = {x['p_value_regions']:.3g}; log-odds profiles: p = {x['p_value_log_odds']:.3g}, most "
+                     f"unlike the holdout in {x['log_odds_where']}; combined by Bonferroni)"]
+        else:
+            parts = [f"{head}: chi2 = {self.statistic:.1f} on {self.dof} dof, p = {self.p_value:.3g}{level}"]
         if self.rejects(significance):
-            ev = [f"{r.name}: {100 * r.observed:.1f}% of target vs {100 * r.expected:.1f}% expected "
-                  f"(z = {r.z:+.1f})" for r in self.disagreeing(limit)]
-            parts.append("; ".join(ev))
+            x = self.extra
+            regions_reject = "p_value_regions" not in x or 2 * x["p_value_regions"] < significance
+            if "p_value_log_odds" in x and 2 * x["p_value_log_odds"] < significance:
+                parts.append(f"rows {x['log_odds_where']} lean towards the other classes unlike the holdout's "
+                             f"rows ({100 * x['log_odds_class_share']:.0f}% of the log-odds statistic)")
+            if regions_reject:
+                parts.append("; ".join(f"{r.name}: {100 * r.observed:.1f}% of target vs {100 * r.expected:.1f}% "
+                                       f"expected (z = {r.z:+.1f})" for r in self.disagreeing(limit)))
         return "; ".join(parts)
 
     def to_dict(self) -> dict:
@@ -173,6 +188,8 @@ class LabelShiftTest:
                 "calibration": self.extra.get("calibration", "chi2"),
                 "p_value_chi2": _num(self.extra.get("p_value_chi2", self.p_value)),
                 "bootstrap_draws": self.extra.get("bootstrap_draws"),
+                **{key: (_num(self.extra[key]) if isinstance(self.extra[key], float) else self.extra[key])
+                   for key in _LOG_ODDS_KEYS if key in self.extra},
                 "disagreeing": [r.to_dict() for r in self.disagreeing()],
                 "regions": [r.to_dict() for r in self.regions]}
 
@@ -201,7 +218,9 @@ class LabelShiftTest:
                    method=str(d.get("method", "likelihood-ratio")),
                    extra={"calibration": d.get("calibration", "chi2"),
                           "p_value_chi2": num(d.get("p_value_chi2", d["p_value"])),
-                          "bootstrap_draws": d.get("bootstrap_draws")})
+                          "bootstrap_draws": d.get("bootstrap_draws"),
+                          **{key: (num(d[key]) if key in _LOG_ODDS_FLOATS else d[key])
+                             for key in _LOG_ODDS_KEYS if key in d}})
 
 
 def _num(x) -> float | None:
@@ -558,7 +577,7 @@ def _wald(D: np.ndarray, sigma: np.ndarray) -> tuple[float, int]:
 def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=None, source_prior=None,
                      min_region_rows: int = MIN_REGION_ROWS, max_confidence_bins: int = MAX_CONFIDENCE_BINS,
                      class_names=None, method: str = "likelihood-ratio", calibration: str = "bootstrap",
-                     bootstrap_draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> LabelShiftTest:
+                     bootstrap_draws: int = BOOTSTRAP_DRAWS, seed: int = 0, log_odds: bool = True) -> LabelShiftTest:
     """Test H0: the target differs from the source by label shift only (p_t(x | y) = p_s(x | y), Garg et al. 2020,
     Section 2), from the calibrated outputs of one classifier on a labelled holdout and on unlabelled target rows.
 
@@ -647,6 +666,8 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     if calibration not in CALIBRATIONS:
         raise InputError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}.")
     bootstrap_draws = _check_int(bootstrap_draws, "bootstrap_draws", 19)
+    if not isinstance(log_odds, (bool, np.bool_)):
+        raise InputError(f"log_odds must be True or False, got {log_odds!r}.")
     seed = _check_int(seed, "seed", 0)
     p = n_y / n if source_prior is None else check_prior(source_prior, "source_prior", k)
     w_given = None if weights is None else _mlls_weights(P, p, weights)
@@ -699,6 +720,16 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
         stat, dof = _wald(D, sigma)
         p_value = float(chi2.sf(stat, dof)) if dof > 0 else 1.0
         extra = {}
+
+    if log_odds:
+        # the second look (labelshift/_log_odds_test.py); the two p-values are combined by Bonferroni, so the
+        # combined test keeps its level whatever the dependence between them
+        part = log_odds_test(S, y, P, bootstrap_draws, seed)
+        extra.update(p_value_regions=p_value, p_value_log_odds=part.p_value, log_odds_statistic=part.statistic,
+                     log_odds_moments=part.moments, log_odds_class=int(np.argmax(part.class_share)),
+                     log_odds_class_share=float(np.max(part.class_share)),
+                     log_odds_where=_region_name((int(np.argmax(part.class_share)),), 0.0, 1.0, class_names))
+        p_value = min(1.0, 2.0 * min(p_value, part.p_value))
 
     se = np.sqrt(np.maximum(np.diag(sigma), 1e-300))
     z = D / se

@@ -70,7 +70,9 @@ def test_rejects_a_new_class_and_names_the_region():
     assert top.confidence_low == 0.0                    # the lowest-confidence bin of class 0
     assert top.observed > top.expected and abs(top.z) > res.bonferroni_z
     assert f"predicted class {top.predicted_classes[0]}, confidence 0.00-" in top.name
-    assert res.summary().startswith("Not label shift: chi2 = ")
+    assert res.summary().startswith("Not label shift: p = ")
+    assert "(regions: chi2 = " in res.summary() and "log-odds profiles: p = " in res.summary()
+    assert label_shift_test(S, ys, posterior(xt), log_odds=False).summary().startswith("Not label shift: chi2 = ")
     assert top.name in res.summary()
 
 
@@ -237,9 +239,9 @@ def test_bootstrap_calibration_is_deterministic_and_reported():
     S, ys = holdout(1000, rng)
     xt, _ = draw(np.array([0.1, 0.2, 0.3, 0.4]), 2000, rng)
     P = posterior(xt)
-    a = label_shift_test(S, ys, P)
-    b = label_shift_test(S, ys, P)
-    c = label_shift_test(S, ys, P, calibration="chi2")
+    a = label_shift_test(S, ys, P, log_odds=False)         # the regions part alone: its two reference laws
+    b = label_shift_test(S, ys, P, log_odds=False)
+    c = label_shift_test(S, ys, P, calibration="chi2", log_odds=False)
     assert a.p_value == b.p_value                                          # fixed default seed
     assert a.extra["calibration"] == "bootstrap" and a.extra["bootstrap_draws"] == 200
     assert c.extra["calibration"] == "chi2" and c.p_value == c.extra["p_value_chi2"] == a.extra["p_value_chi2"]
@@ -251,3 +253,74 @@ def test_bootstrap_calibration_is_deterministic_and_reported():
     # under label shift both references agree roughly (the Monte Carlo error of a p-value near 0.5 with 200 draws
     # has sd 0.035; the chi-squared reference is conservative near the boundary, so allow 0.3)
     assert abs(a.p_value - c.p_value) < 0.3
+
+
+# -- the log-odds part --------------------------------------------------------------------------------------------
+def _moved_means(rng, step=1.0):
+    """Each class mean moved by ``step`` along its own random unit direction: covariate shift within every class."""
+    moves = rng.normal(size=(K, D))
+    return MEANS + step * moves / np.linalg.norm(moves, axis=1, keepdims=True)
+
+
+def test_log_odds_part_sees_moved_class_means():
+    # every class mean moved by 1 (the class sd) in its own direction: the confidence histograms of the regions
+    # change little, but where inside a predicted class the rows lie (which other class they lean towards) changes
+    # for every class; the log-odds part must see it at m = 2000, n = 1000
+    rng = np.random.default_rng(4)
+    S, ys = holdout(1000, rng)
+    xt, _ = draw(rng.dirichlet(np.ones(K)), 2000, rng, means=_moved_means(rng))
+    res = label_shift_test(S, ys, posterior(xt))
+    x = res.extra
+    assert x["p_value_log_odds"] < 0.01 and res.rejects(0.05)
+    assert res.p_value == pytest.approx(min(1.0, 2 * min(x["p_value_regions"], x["p_value_log_odds"])))
+    assert 0.0 < x["log_odds_class_share"] <= 1.0 and x["log_odds_where"].startswith("predicted class ")
+    assert "lean towards the other classes" in res.summary()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_log_odds_part_keeps_its_level_without_calibration(temperature):
+    # 40 null draws (label shift, Dirichlet(1) target priors). With temperature 0.5 the outputs are over-confident
+    # (logits doubled): the log-odds part's bootstrap draws both samples from the holdout's own rows with their
+    # labels, so its law must not need calibration. At a true size of 7% the count of rejections at 5% exceeds
+    # binom.ppf(0.999, 40, 0.07) = 9 with probability 0.1%; the mean of 40 uniform p-values has sd
+    # sqrt(1/12/40) = 0.046, so it lies in 0.5 +- 0.2 (4.4 sd) unless the law is off.
+    rng = np.random.default_rng(77)
+    p = []
+    for _ in range(40):
+        xs, ys = draw(SOURCE_PRIOR, 1000, rng)
+        xt, _ = draw(rng.dirichlet(np.ones(K)), 2000, rng)
+        S, P = posterior(xs / temperature), posterior(xt / temperature)
+        p.append(label_shift_test(S, ys, P).extra["p_value_log_odds"])
+    p = np.asarray(p)
+    assert np.sum(p < 0.05) <= binom.ppf(0.999, 40, 0.07)
+    assert 0.3 <= p.mean() <= 0.7
+
+
+def test_log_odds_part_in_row_blocks_equals_the_whole_array(monkeypatch):
+    from labelshift import rows
+    rng = np.random.default_rng(5)
+    S, ys = holdout(1000, rng)
+    xt, _ = draw(np.array([0.1, 0.2, 0.3, 0.4]), 5000, rng, means=_moved_means(rng, 0.5))
+    P = posterior(xt).astype(np.float32)
+    whole = label_shift_test(S, ys, P)
+    monkeypatch.setattr(rows, "ROW_BLOCK", 1000)
+    monkeypatch.setattr(rows, "LARGE_ROWS", 2000)
+    blocked = label_shift_test(S, ys, P)
+    for key in ("log_odds_statistic", "p_value_log_odds"):
+        assert blocked.extra[key] == pytest.approx(whole.extra[key], rel=1e-9)
+    assert blocked.p_value == pytest.approx(whole.p_value, rel=1e-9)
+
+
+def test_log_odds_part_round_trips_and_can_be_left_out():
+    rng = np.random.default_rng(6)
+    S, ys = holdout(600, rng)
+    P = posterior(draw(np.full(K, 0.25), 800, rng)[0])
+    res = label_shift_test(S, ys, P, seed=3)
+    d = json.loads(json.dumps(res.to_dict()))
+    assert d["p_value_log_odds"] == res.extra["p_value_log_odds"] and d["log_odds_moments"] > K
+    assert LabelShiftTest.from_dict(d).to_dict() == d
+    assert label_shift_test(S, ys, P, seed=3).p_value == res.p_value                # deterministic
+    alone = label_shift_test(S, ys, P, seed=3, log_odds=False)
+    assert "p_value_log_odds" not in alone.to_dict() and alone.p_value == res.extra["p_value_regions"]
+    with pytest.raises(InputError, match="log_odds must be True or False"):
+        label_shift_test(S, ys, P, log_odds="yes")

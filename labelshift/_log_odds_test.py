@@ -1,0 +1,151 @@
+"""The log-odds part of the label-shift test: do the target's output *profiles* match the holdout's, reweighted by
+class?
+
+Under label shift every fixed function h of the output has E_t[h(f)] = sum_y p_t(y) E_s[h(f) | y] (Garg et al. 2020,
+Section 2). The region test of :mod:`labelshift.label_shift_test` takes h = region indicators (predicted class x
+confidence bin). This part takes, for the row's predicted class c = argmax f, the indicator of c and the k - 1
+log-odds log f_j - log f_c (clipped to [-30, 0]) placed in c's block: d <= k + k (k - 1) moments that see *where
+inside* a predicted class the outputs lie -- which other classes a row leans towards and by how much. A class mean
+that moves, or a new class whose rows lean towards two known ones, changes those profiles even where the
+confidence histogram stays put.
+
+Statistic: with f_bar the target mean of the moments, M[:, y] the holdout mean within class y and W the inverse of
+their variances (target variance / m + sum_y q_y^2 (holdout variance within y) / n_y, one diagonal),
+
+    S = min over q with sum q = 1 of  sum_j W_j (f_bar_j - (M q)_j)^2,
+
+the class proportions profiled out by weighted least squares (closed form). Its law under H0 comes from a
+bootstrap that draws both samples from the holdout itself: the holdout rows resampled within each class (the class
+sizes kept), the target as m rows whose classes are drawn from the fitted q and whose outputs are holdout rows of
+that class; each draw refits q. Because the draws carry the holdout's own rows with their labels, the law does not
+assume the outputs are calibrated. Measured size and power: docs/label_shift_test.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import chi2
+
+from . import rows as _rows
+
+LOG_ODDS_FLOOR = -30.0
+_W_FLOOR = 1e-6          # variances below this fraction of the largest are raised to it (near-constant moments)
+
+
+@dataclass(frozen=True)
+class LogOddsPart:
+    """Result of :func:`log_odds_test`: the statistic S, its bootstrap p-value, and per predicted class the part
+    of S its block carries (which class's outputs look most unlike the reweighted holdout)."""
+
+    statistic: float
+    p_value: float
+    class_share: np.ndarray
+    moments: int
+
+
+def _features(Z: np.ndarray, k: int) -> np.ndarray:
+    """(rows, k + k * k): the indicator of the predicted class, then its block of clipped log-odds."""
+    rows = Z.shape[0]
+    c = np.argmax(Z, axis=1)
+    at = np.arange(rows)
+    with np.errstate(divide="ignore"):
+        lz = np.log(np.asarray(Z, dtype=np.float64))
+    odds = np.clip(lz - lz[at, c][:, None], LOG_ODDS_FLOOR, 0.0)
+    out = np.zeros((rows, k + k * k))
+    out[at, c] = 1.0
+    cols = k + c[:, None] * k + np.arange(k)[None, :]
+    out[at[:, None], cols] = odds
+    return out
+
+
+def _target_moments(P, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of the moments over the target rows (a large set in row blocks)."""
+    m = P.shape[0]
+    if not _rows.is_large(P):
+        F = _features(P, k)
+        return F.mean(axis=0), F.var(axis=0)
+    total = np.zeros(k + k * k)
+    squares = np.zeros(k + k * k)
+    for sl in _rows.blocks(m):
+        F = _features(P[sl], k)
+        total += F.sum(axis=0)
+        squares += np.square(F).sum(axis=0)
+    mean = total / m
+    return mean, np.maximum(squares / m - mean ** 2, 0.0)
+
+
+def _profile(f: np.ndarray, M: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """min over q (sum q = 1) of sum_j W_j (f_j - (M q)_j)^2 for B data sets at once: f (B, d), M (B, d, k).
+    Returns the minima (B,) and the minimisers (B, k) (unconstrained in sign: a least-squares fit)."""
+    MW = M * W[None, :, None]
+    A = np.matmul(M.transpose(0, 2, 1), MW)
+    b = np.matmul(MW.transpose(0, 2, 1), f[..., None])[..., 0]
+    k = A.shape[-1]
+    scale = np.trace(A, axis1=1, axis2=2) / k
+    A = A + (1e-10 * np.maximum(scale, 1e-300))[:, None, None] * np.eye(k)
+    Ab = np.linalg.solve(A, b[..., None])[..., 0]
+    A1 = np.linalg.solve(A, np.ones_like(b)[..., None])[..., 0]
+    q = Ab + ((1.0 - Ab.sum(axis=1)) / A1.sum(axis=1))[:, None] * A1
+    resid = f - np.matmul(M, q[..., None])[..., 0]
+    return np.sum(W * resid ** 2, axis=1), q
+
+
+def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int) -> LogOddsPart:
+    """The log-odds part (module docstring). S (n, k) holdout outputs, y its labels (every class present), P the
+    target outputs (m, k; float32 views of a large set are read in row blocks), ``draws`` bootstrap draws from
+    ``seed``. p = (1 + #{S* >= S}) / (draws + 1); beyond every draw, the smaller of that and the tail of a
+    scaled chi^2 matched to the draws' mean and variance."""
+    n, k = S.shape
+    m = P.shape[0]
+    n_y = np.bincount(y, minlength=k)
+    members = [np.flatnonzero(y == c) for c in range(k)]
+    Fh = _features(S, k)
+    keep = np.any(Fh != 0.0, axis=0)              # moments the holdout never takes carry no comparison
+    Fh = Fh[:, keep]
+    f, var_t = _target_moments(P, k)
+    f, var_t = f[keep], var_t[keep]
+    Mh = np.stack([Fh[idx].mean(axis=0) for idx in members], axis=1)          # (d, k)
+    Vh = np.stack([Fh[idx].var(axis=0) for idx in members], axis=1)
+
+    def weights(q):
+        v = var_t / m + Vh @ (q ** 2 / n_y)
+        return 1.0 / np.maximum(v, _W_FLOOR * max(float(v.max()), 1e-300))
+
+    # the variances depend on q: a first fit with the holdout's proportions, then the fit that is tested
+    _, q = _profile(f[None], Mh[None], weights(n_y / n))
+    q_pos = np.maximum(q[0], 0.0)
+    W = weights(q_pos / q_pos.sum())
+    stat, q = _profile(f[None], Mh[None], W)
+    q_draw = np.maximum(q[0], 0.0)
+    q_draw /= q_draw.sum()
+
+    rng = np.random.default_rng([seed, 0x10DD5])
+    per_class_target = rng.multinomial(m, q_draw, size=draws)                  # (B, k)
+    fb = np.zeros((draws, Fh.shape[1]))
+    Mb = np.zeros((draws, Fh.shape[1], k))
+    for c, idx in enumerate(members):
+        uniform = np.full(idx.size, 1.0 / idx.size)
+        held = rng.multinomial(n_y[c], uniform, size=draws).astype(np.float64)   # (B, n_c) resampled counts
+        Mb[:, :, c] = held @ Fh[idx] / n_y[c]
+        taken = np.stack([rng.multinomial(t, uniform) for t in per_class_target[:, c]]).astype(np.float64)
+        fb += taken @ Fh[idx]
+    fb /= m
+    boot, _ = _profile(fb, Mb, W)
+    s = float(stat[0])
+    exceed = int(np.sum(boot >= s - 1e-9 * max(1.0, s)))
+    p_value = (1 + exceed) / (draws + 1)
+    if exceed == 0:
+        # beyond every draw: the draws resolve nothing below 1/(B+1); a scaled chi^2 matched to their mean and
+        # variance (Satterthwaite) says how far out, so that levels below 1/(B+1) can still reject
+        mean, var = float(boot.mean()), float(boot.var())
+        if mean > 0 and var > 0:
+            p_value = min(p_value, float(chi2.sf(s / (var / (2 * mean)), 2 * mean ** 2 / var)))
+
+    # evidence: the statistic's parts by predicted-class block (the indicator of c and its log-odds)
+    resid = f - Mh @ q[0]
+    block = np.concatenate([np.arange(k), np.repeat(np.arange(k), k)])[keep]
+    share = np.bincount(block, weights=W * resid ** 2, minlength=k)
+    share = share / share.sum() if share.sum() > 0 else share
+    return LogOddsPart(statistic=s, p_value=float(p_value), class_share=share,
+                       moments=int(keep.sum()))
