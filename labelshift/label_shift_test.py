@@ -16,7 +16,10 @@ holdout's finite size are both in the null distribution. Its p-value comes by de
 bootstrap of that fitted null (B = 200 draws of holdout and target counts, each refitted by a batched EM;
 ``calibration="bootstrap"``, deterministic for a given ``seed``): the Wilks reference (chi^2 with regions - classes
 dof, ``calibration="chi2"``) is conservative under shifted priors (sizes 1-3% at a nominal 5%), the bootstrap is
-at the nominal level there and gains power. A Wald form
+at the nominal level there and gains power. By default a second look checks the same identity on the log-odds
+profile inside each predicted class (``labelshift._log_odds_test``: which other classes the rows lean towards,
+where class means that move or a new class between two known ones show), with a bootstrap of the holdout's own
+rows; the reported p-value is twice the smaller of the two parts (Bonferroni). A Wald form
 with the MLLS weights and a delta-method covariance is kept for comparison (``method="wald"``; liberal under
 severe shift, see the docs). Derivation, measured size and power, and what to do when it fires:
 ``docs/label_shift_test.md``.
@@ -24,7 +27,7 @@ severe shift, see the docs). Derivation, measured size and power, and what to do
     from labelshift.label_shift_test import label_shift_test
     res = label_shift_test(holdout_probs, holdout_labels, target_probs)   # calibrated outputs, holdout labels
     if res.rejects(0.05):
-        print(res.summary())          # "Not label shift: chi2 = ..., p = ...; predicted class 3, confidence ..."
+        print(res.summary())          # "Not label shift: p = ... (regions chi2 = ..., p = ...; log-odds ...); ..."
 """
 from __future__ import annotations
 
@@ -114,7 +117,11 @@ class LabelShiftTest:
         statistic: likelihood ratio 2 (l_1 - l_0) of the region counts (default), or the Wald statistic
             D^T Sigma^+ D (``method="wald"``); >= 0.
         dof: likelihood ratio: regions - classes with a positive weight under the null fit; Wald: rank of Sigma.
-        p_value: default (``calibration="bootstrap"``): (1 + #{draws with statistic* >= statistic}) / (B + 1), B
+        p_value: with the log-odds part (default): min(1, 2 min(p_regions, p_log_odds)), the parts in ``extra``
+            (``p_value_regions``, ``p_value_log_odds``, ``log_odds_statistic``, ``log_odds_where`` the predicted
+            class whose profile differs most, ``log_odds_class_share`` its part of the statistic). p_regions, and
+            p_value without the log-odds part: (``calibration="bootstrap"``): (1 + #{draws with statistic* >=
+            statistic}) / (B + 1), B
             draws of the parametric bootstrap from the null fit (beyond every draw: the smaller of 1/(B+1) and the
             chi^2 tail, so that levels below 1/(B+1) can still reject); ``calibration="chi2"`` (and the Wald form):
             P(chi^2_dof >= statistic), asymptotic. ``extra["p_value_chi2"]`` holds the chi^2 p-value in both cases.
@@ -164,17 +171,16 @@ class LabelShiftTest:
         level = f" (test level {significance:g})" if show_level else ""
         if "p_value_log_odds" in self.extra:
             x = self.extra
-            parts = [f"{head}: p = {self.p_value:.3g}{level} (regions: chi2 = {self.statistic:.1f} on {self.dof} dof, "
-                     f"p = {x['p_value_regions']:.3g}; log-odds profiles: p = {x['p_value_log_odds']:.3g}, most "
-                     f"unlike the holdout in {x['log_odds_where']}; combined by Bonferroni)"]
+            parts = [f"{head}: p = {self.p_value:.3g}{level} (regions chi2 = {self.statistic:.1f} on {self.dof} dof, "
+                     f"p = {x['p_value_regions']:.3g}; log-odds profiles p = {x['p_value_log_odds']:.3g})"]
         else:
             parts = [f"{head}: chi2 = {self.statistic:.1f} on {self.dof} dof, p = {self.p_value:.3g}{level}"]
         if self.rejects(significance):
             x = self.extra
             regions_reject = "p_value_regions" not in x or 2 * x["p_value_regions"] < significance
             if "p_value_log_odds" in x and 2 * x["p_value_log_odds"] < significance:
-                parts.append(f"rows {x['log_odds_where']} lean towards the other classes unlike the holdout's "
-                             f"rows ({100 * x['log_odds_class_share']:.0f}% of the log-odds statistic)")
+                parts.append(f"rows {x['log_odds_where']} lean towards other classes unlike the holdout's "
+                             f"({100 * x['log_odds_class_share']:.0f}% of the log-odds statistic)")
             if regions_reject:
                 parts.append("; ".join(f"{r.name}: {100 * r.observed:.1f}% of target vs {100 * r.expected:.1f}% "
                                        f"expected (z = {r.z:+.1f})" for r in self.disagreeing(limit)))
@@ -601,6 +607,12 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     D^T Sigma^+ D with Sigma from the target rows, the holdout rows and the MLLS estimating equations (delta
     method); measured liberal under severe shift (docs/label_shift_test.md).
 
+    ``log_odds=True`` (default) adds a second look (:mod:`labelshift._log_odds_test`): within each predicted class,
+    the mean log-odds of the other classes against it must also be the holdout's reweighted by class; its p-value
+    comes from a bootstrap of the holdout's own rows (no calibration assumed), and the reported ``p_value`` is
+    min(1, 2 min(p_regions, p_log_odds)) (Bonferroni), both parts in ``extra``. ``log_odds=False``: the regions
+    alone.
+
     Per-region evidence: z_R = (observed - expected) / sd, expected = sum_y p_t(y) (holdout fraction of class y in
     R) with p_t from the null fit (likelihood ratio) or MLLS (Wald), sd from the target's and the holdout's
     multinomial variances; it ranks the regions (it ignores the estimation of w; the p-value does not).
@@ -626,6 +638,7 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
             the Wald form (chi^2).
         bootstrap_draws: B, at least 19 (default :data:`BOOTSTRAP_DRAWS` = 200; the smallest p-value is 1/(B+1)).
         seed: seed of the bootstrap draws (default 0: the same inputs give the same p-value).
+        log_odds: add the log-odds part (default True); it uses ``bootstrap_draws`` and ``seed`` too.
 
     Returns:
         :class:`LabelShiftTest`.

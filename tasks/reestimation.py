@@ -461,7 +461,8 @@ def prior_metrics(report: ShiftReport, class_names=None) -> dict[str, float]:
     """The metrics of one re-estimation, by name (per class: ``prior/<c>``, ``prior_lower/<c>``,
     ``prior_upper/<c>``, ``weight/<c>``, ``source_prior/<c>``; the cross-checks' priors; then the test, the
     identifiability numbers, the size; the label-shift test's ``label_shift_statistic``, ``label_shift_p_value``,
-    ``label_shift_dof`` and ``label_shift_ok`` when it ran). ``<c>`` is the class name made metric-safe
+    ``label_shift_dof``, ``label_shift_ok`` and its parts ``label_shift_p_value_regions``,
+    ``label_shift_p_value_log_odds``, ``label_shift_log_odds_statistic`` when it ran). ``<c>`` is the class name made metric-safe
     (:func:`labelshift.batches.metric_names`), the index for unnamed classes. Numbers that are not finite are left
     out."""
     out = {}
@@ -497,6 +498,9 @@ def prior_metrics(report: ShiftReport, class_names=None) -> dict[str, float]:
         lst = report.label_shift
         out.update({"label_shift_statistic": lst.statistic, "label_shift_p_value": lst.p_value,
                     "label_shift_dof": lst.dof, "label_shift_ok": float(bool(report.label_shift_ok))})
+        for part in ("p_value_regions", "p_value_log_odds", "log_odds_statistic"):
+            if part in lst.extra:
+                out[f"label_shift_{part}"] = lst.extra[part]
     return {k: float(v) for k, v in out.items() if finite(v)}
 
 

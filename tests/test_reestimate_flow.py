@@ -491,7 +491,8 @@ def test_label_shift_is_shifted_with_source_aware_intervals_and_a_new_class_is_n
     summary = state.result()
     res = summary["result"]
     assert summary["verdict"] == "Not label shift" and res["label_shift_ok"] is False
-    assert summary["headline"].startswith("The new data are not label-shifted source data (Not label shift: chi2 = ")
+    assert summary["headline"].startswith("The new data are not label-shifted source data (Not label shift: p = ")
+    assert "(regions chi2 = " in summary["headline"] and "log-odds profiles p = " in summary["headline"]
     assert "% of target vs " in summary["headline"] and "no corrected outputs were written" in summary["headline"]
     lst = res["label_shift_test"]
     assert lst["p_value"] < 1e-6 and lst["dof"] >= 2 and lst["disagreeing"]
@@ -505,7 +506,7 @@ def test_label_shift_is_shifted_with_source_aware_intervals_and_a_new_class_is_n
     assert "day-2.npy" in watermark["processed"] and watermark["history"][-1]["verdict"] == "Not label shift"
     # the Prefect artifact: the summary line and the table of disagreeing regions
     md = _artifact(state)
-    assert md.startswith("# 🚫 Not label shift: ") and "- label-shift test: Not label shift: chi2 = " in md
+    assert md.startswith("# 🚫 Not label shift: ") and "- label-shift test: Not label shift: p = " in md
     assert "| region | target fraction | expected under label shift | z |" in md
     assert f"| {lst['disagreeing'][0]['name']} | " in md and "**No corrected outputs were written:**" in md
     # MLflow: the metrics, the tag and the test's JSON; the monitor run's point is the p-value, without a prior
@@ -513,7 +514,7 @@ def test_label_shift_is_shifted_with_source_aware_intervals_and_a_new_class_is_n
     assert child.data.tags["labelshift.verdict"] == "Not label shift"
     assert child.data.metrics["label_shift_dof"] == lst["dof"] and child.data.metrics["label_shift_ok"] == 0.0
     assert child.data.metrics["label_shift_statistic"] == pytest.approx(lst["statistic"])
-    assert "label_shift_p_value" in child.data.metrics
+    assert "label_shift_p_value" in child.data.metrics and "label_shift_p_value_log_odds" in child.data.metrics
     doc = json.loads(Path(client.download_artifacts(child.info.run_id, "reestimation/label_shift_test.json",
                                                     str(Path(os.environ.get("TMPDIR", "/tmp"))
                                                         / uuid.uuid4().hex))).read_text())

@@ -76,6 +76,8 @@ def test_not_label_shift_record_and_metrics_hold_the_test_and_no_estimate():
     assert m["label_shift_ok"] == 0.0 and m["label_shift_dof"] == report.label_shift.dof
     assert m["label_shift_statistic"] == pytest.approx(report.label_shift.statistic)
     assert "label_shift_p_value" in m or report.label_shift.p_value == 0.0
+    assert m["label_shift_p_value_log_odds"] == pytest.approx(report.label_shift.extra["p_value_log_odds"])
+    assert m["label_shift_p_value_regions"] == pytest.approx(report.label_shift.extra["p_value_regions"])
     assert "label_shift_statistic" not in prior_metrics(_report())            # an old report: no test, no metric
 
 
