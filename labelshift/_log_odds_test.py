@@ -17,7 +17,7 @@ their variances (target variance / m + sum_y q_y^2 (holdout variance within y) /
 the class proportions profiled out by weighted least squares (closed form). Its law under H0 comes from a
 bootstrap that draws both samples from the holdout itself: the holdout rows resampled within each class (the class
 sizes kept), the target as m rows whose classes are drawn from the fitted q and whose outputs are holdout rows of
-that class; each draw refits q. Because the draws carry the holdout's own rows with their labels, the law does not
+that class; each draw recomputes its own weights and refits q (a studentised bootstrap). Because the draws carry the holdout's own rows with their labels, the law does not
 assume the outputs are calibrated. Measured size and power: docs/label_shift_test.md.
 """
 from __future__ import annotations
@@ -78,7 +78,8 @@ def _target_moments(P, k: int) -> tuple[np.ndarray, np.ndarray]:
 def _profile(f: np.ndarray, M: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """min over q (sum q = 1) of sum_j W_j (f_j - (M q)_j)^2 for B data sets at once: f (B, d), M (B, d, k).
     Returns the minima (B,) and the minimisers (B, k) (unconstrained in sign: a least-squares fit)."""
-    MW = M * W[None, :, None]
+    W = np.atleast_2d(W)                                   # (1, d) for all draws, or (B, d): one per draw
+    MW = M * W[:, :, None]
     A = np.matmul(M.transpose(0, 2, 1), MW)
     b = np.matmul(MW.transpose(0, 2, 1), f[..., None])[..., 0]
     k = A.shape[-1]
@@ -89,6 +90,26 @@ def _profile(f: np.ndarray, M: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, n
     q = Ab + ((1.0 - Ab.sum(axis=1)) / A1.sum(axis=1))[:, None] * A1
     resid = f - np.matmul(M, q[..., None])[..., 0]
     return np.sum(W * resid ** 2, axis=1), q
+
+
+def _studentised(f, var_t, M, V, n_y, m):
+    """S for B data sets (f, var_t: (B, d); M, V: (B, d, k) the per-class holdout means and variances), each with
+    its own weights: the variances depend on q, so a first fit with the holdout's proportions gives q, then the
+    weights of the fit that is tested. Returns (S (B,), q (B, k), W (B, d)). Every bootstrap draw goes through the
+    same two steps as the data, so that the law includes how the weights vary with the sample (a holdout class
+    whose rows happen to vary little gets a large weight exactly when its mean is off)."""
+    n = n_y.sum()
+
+    def weights(q):
+        v = var_t / m + np.einsum("bdk,bk->bd", V, q ** 2 / n_y)
+        return 1.0 / np.maximum(v, _W_FLOOR * np.maximum(v.max(axis=1, keepdims=True), 1e-300))
+
+    _, q = _profile(f, M, weights(np.broadcast_to(n_y / n, (f.shape[0], n_y.size))))
+    q = np.maximum(q, 0.0)
+    q = q / np.maximum(q.sum(axis=1, keepdims=True), 1e-300)
+    W = weights(q)
+    stat, q = _profile(f, M, W)
+    return stat, q, W
 
 
 def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int) -> LogOddsPart:
@@ -108,30 +129,27 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int) -> Log
     Mh = np.stack([Fh[idx].mean(axis=0) for idx in members], axis=1)          # (d, k)
     Vh = np.stack([Fh[idx].var(axis=0) for idx in members], axis=1)
 
-    def weights(q):
-        v = var_t / m + Vh @ (q ** 2 / n_y)
-        return 1.0 / np.maximum(v, _W_FLOOR * max(float(v.max()), 1e-300))
-
-    # the variances depend on q: a first fit with the holdout's proportions, then the fit that is tested
-    _, q = _profile(f[None], Mh[None], weights(n_y / n))
-    q_pos = np.maximum(q[0], 0.0)
-    W = weights(q_pos / q_pos.sum())
-    stat, q = _profile(f[None], Mh[None], W)
+    stat, q, W = _studentised(f[None], var_t[None], Mh[None], Vh[None], n_y, m)
     q_draw = np.maximum(q[0], 0.0)
     q_draw /= q_draw.sum()
 
     rng = np.random.default_rng([seed, 0x10DD5])
     per_class_target = rng.multinomial(m, q_draw, size=draws)                  # (B, k)
-    fb = np.zeros((draws, Fh.shape[1]))
-    Mb = np.zeros((draws, Fh.shape[1], k))
+    d = Fh.shape[1]
+    fb, fb2 = np.zeros((draws, d)), np.zeros((draws, d))
+    Mb, Vb = np.zeros((draws, d, k)), np.zeros((draws, d, k))
     for c, idx in enumerate(members):
         uniform = np.full(idx.size, 1.0 / idx.size)
+        F, F2 = Fh[idx], np.square(Fh[idx])
         held = rng.multinomial(n_y[c], uniform, size=draws).astype(np.float64)   # (B, n_c) resampled counts
-        Mb[:, :, c] = held @ Fh[idx] / n_y[c]
+        Mb[:, :, c] = held @ F / n_y[c]
+        Vb[:, :, c] = np.maximum(held @ F2 / n_y[c] - Mb[:, :, c] ** 2, 0.0)
         taken = np.stack([rng.multinomial(t, uniform) for t in per_class_target[:, c]]).astype(np.float64)
-        fb += taken @ Fh[idx]
+        fb += taken @ F
+        fb2 += taken @ F2
     fb /= m
-    boot, _ = _profile(fb, Mb, W)
+    var_b = np.maximum(fb2 / m - fb ** 2, 0.0)
+    boot = _studentised(fb, var_b, Mb, Vb, n_y, m)[0]
     s = float(stat[0])
     exceed = int(np.sum(boot >= s - 1e-9 * max(1.0, s)))
     p_value = (1 + exceed) / (draws + 1)
@@ -145,7 +163,7 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int) -> Log
     # evidence: the statistic's parts by predicted-class block (the indicator of c and its log-odds)
     resid = f - Mh @ q[0]
     block = np.concatenate([np.arange(k), np.repeat(np.arange(k), k)])[keep]
-    share = np.bincount(block, weights=W * resid ** 2, minlength=k)
+    share = np.bincount(block, weights=W[0] * resid ** 2, minlength=k)
     share = share / share.sum() if share.sum() > 0 else share
     return LogOddsPart(statistic=s, p_value=float(p_value), class_share=share,
                        moments=int(keep.sum()))
