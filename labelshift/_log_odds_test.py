@@ -31,6 +31,7 @@ from . import rows as _rows
 
 LOG_ODDS_FLOOR = -30.0
 _W_FLOOR = 1e-6          # variances below this fraction of the largest are raised to it (near-constant moments)
+SMOOTH = 1.0             # pseudo-rows of the whole holdout added to each class (its variance and the bootstrap world)
 
 
 @dataclass(frozen=True)
@@ -60,19 +61,24 @@ def _features(Z: np.ndarray, k: int) -> np.ndarray:
 
 
 def _target_moments(P, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and variance of the moments over the target rows (a large set in row blocks)."""
+    """Mean and variance of the moments over the target rows, accumulated per predicted class in row blocks: memory
+    of one block of (rows, k) log-odds, never the (m, k + k^2) moment matrix."""
     m = P.shape[0]
-    if not _rows.is_large(P):
-        F = _features(P, k)
-        return F.mean(axis=0), F.var(axis=0)
-    total = np.zeros(k + k * k)
-    squares = np.zeros(k + k * k)
+    count = np.zeros(k)
+    total = np.zeros((k, k))
+    squares = np.zeros((k, k))
     for sl in _rows.blocks(m):
-        F = _features(P[sl], k)
-        total += F.sum(axis=0)
-        squares += np.square(F).sum(axis=0)
-    mean = total / m
-    return mean, np.maximum(squares / m - mean ** 2, 0.0)
+        Z = np.asarray(P[sl], dtype=np.float64)
+        c = np.argmax(Z, axis=1)
+        with np.errstate(divide="ignore"):
+            lz = np.log(Z)
+        odds = np.clip(lz - lz[np.arange(Z.shape[0]), c][:, None], LOG_ODDS_FLOOR, 0.0)
+        count += np.bincount(c, minlength=k)
+        np.add.at(total, c, odds)
+        np.add.at(squares, c, np.square(odds))
+    mean = np.concatenate([count, total.ravel()]) / m
+    second = np.concatenate([count, squares.ravel()]) / m
+    return mean, np.maximum(second - mean ** 2, 0.0)
 
 
 def _profile(f: np.ndarray, M: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -92,13 +98,18 @@ def _profile(f: np.ndarray, M: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, n
     return np.sum(W * resid ** 2, axis=1), q
 
 
-def _studentised(f, var_t, M, V, n_y, m):
-    """S for B data sets (f, var_t: (B, d); M, V: (B, d, k) the per-class holdout means and variances), each with
-    its own weights: the variances depend on q, so a first fit with the holdout's proportions gives q, then the
-    weights of the fit that is tested. Returns (S (B,), q (B, k), W (B, d)). Every bootstrap draw goes through the
-    same two steps as the data, so that the law includes how the weights vary with the sample (a holdout class
-    whose rows happen to vary little gets a large weight exactly when its mean is off)."""
+def _studentised(f, var_t, M, E2, n_y, m, pooled):
+    """S for B data sets (f, var_t: (B, d) the target's moment means and variances; M, E2: (B, d, k) the holdout's
+    per-class first and second moments), each with its own weights. Each class's variance is that of its rows
+    smoothed by SMOOTH pseudo-rows of the whole holdout (``pooled``: its first and second moments, (d,) each), so
+    that a moment a class never showed on the holdout is not treated as known exactly. The variances depend on q:
+    a first fit with the holdout's proportions gives q, then the weights of the fit that is tested. Returns (S (B,),
+    q (B, k), W (B, d)). Every bootstrap draw goes through the same steps as the data, so that the law includes
+    how the weights vary with the sample."""
     n = n_y.sum()
+    a = (n_y / (n_y + SMOOTH))[None, None, :]
+    mean = a * M + (1 - a) * pooled[0][None, :, None]
+    V = np.maximum(a * E2 + (1 - a) * pooled[1][None, :, None] - mean ** 2, 0.0)
 
     def weights(q):
         v = var_t / m + np.einsum("bdk,bk->bd", V, q ** 2 / n_y)
@@ -112,44 +123,62 @@ def _studentised(f, var_t, M, V, n_y, m):
     return stat, q, W
 
 
+def _draw_class(rng, total: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
+    """Counts over the n holdout rows of ``total[b]`` rows drawn, for each draw b, from class y's smoothed
+    distribution: each row one of the class's rows (``idx``) with probability n_y / (n_y + SMOOTH), else any
+    holdout row. Returns (B, n)."""
+    out = np.zeros((total.size, n))
+    pooled = rng.binomial(total, SMOOTH / (idx.size + SMOOTH))
+    own = np.full(idx.size, 1.0 / idx.size)
+    anyrow = np.full(n, 1.0 / n)
+    for b, (t, p) in enumerate(zip(total, pooled)):
+        out[b, idx] = rng.multinomial(t - p, own)
+        if p:
+            out[b] += rng.multinomial(p, anyrow)
+    return out
+
+
 def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int) -> LogOddsPart:
     """The log-odds part (module docstring). S (n, k) holdout outputs, y its labels (every class present), P the
-    target outputs (m, k; float32 views of a large set are read in row blocks), ``draws`` bootstrap draws from
-    ``seed``. p = (1 + #{S* >= S}) / (draws + 1); beyond every draw, the smaller of that and the tail of a
-    scaled chi^2 matched to the draws' mean and variance."""
+    target outputs (m, k; read in row blocks), ``draws`` bootstrap draws from ``seed``. p = (1 + #{S* >= S}) /
+    (draws + 1); beyond every draw, the smaller of that and the
+    tail of a scaled chi^2 matched to the draws' mean and variance."""
     n, k = S.shape
     m = P.shape[0]
     n_y = np.bincount(y, minlength=k)
     members = [np.flatnonzero(y == c) for c in range(k)]
     Fh = _features(S, k)
     keep = np.any(Fh != 0.0, axis=0)              # moments the holdout never takes carry no comparison
+    if not keep.any():
+        return LogOddsPart(statistic=0.0, p_value=1.0, class_share=np.zeros(k), moments=0)
     Fh = Fh[:, keep]
+    F2 = np.square(Fh)
     f, var_t = _target_moments(P, k)
     f, var_t = f[keep], var_t[keep]
-    Mh = np.stack([Fh[idx].mean(axis=0) for idx in members], axis=1)          # (d, k)
-    Vh = np.stack([Fh[idx].var(axis=0) for idx in members], axis=1)
-
-    stat, q, W = _studentised(f[None], var_t[None], Mh[None], Vh[None], n_y, m)
+    pooled = (Fh.mean(axis=0), F2.mean(axis=0))
+    M = np.stack([Fh[idx].mean(axis=0) for idx in members], axis=1)            # (d, k)
+    E2 = np.stack([F2[idx].mean(axis=0) for idx in members], axis=1)
+    stat, q, W = _studentised(f[None], var_t[None], M[None], E2[None], n_y, m, pooled)
     q_draw = np.maximum(q[0], 0.0)
     q_draw /= q_draw.sum()
 
+    # the bootstrap world: class y's outputs are its holdout rows plus SMOOTH pseudo-rows of the whole holdout
+    # (so that it, too, has the rare rows of y that this holdout happened not to show); both samples drawn from it
     rng = np.random.default_rng([seed, 0x10DD5])
     per_class_target = rng.multinomial(m, q_draw, size=draws)                  # (B, k)
     d = Fh.shape[1]
     fb, fb2 = np.zeros((draws, d)), np.zeros((draws, d))
-    Mb, Vb = np.zeros((draws, d, k)), np.zeros((draws, d, k))
+    Mb, E2b = np.zeros((draws, d, k)), np.zeros((draws, d, k))
     for c, idx in enumerate(members):
-        uniform = np.full(idx.size, 1.0 / idx.size)
-        F, F2 = Fh[idx], np.square(Fh[idx])
-        held = rng.multinomial(n_y[c], uniform, size=draws).astype(np.float64)   # (B, n_c) resampled counts
-        Mb[:, :, c] = held @ F / n_y[c]
-        Vb[:, :, c] = np.maximum(held @ F2 / n_y[c] - Mb[:, :, c] ** 2, 0.0)
-        taken = np.stack([rng.multinomial(t, uniform) for t in per_class_target[:, c]]).astype(np.float64)
-        fb += taken @ F
+        held = _draw_class(rng, np.full(draws, n_y[c]), idx, n)
+        Mb[:, :, c] = held @ Fh / n_y[c]
+        E2b[:, :, c] = held @ F2 / n_y[c]
+        taken = _draw_class(rng, per_class_target[:, c], idx, n)
+        fb += taken @ Fh
         fb2 += taken @ F2
     fb /= m
     var_b = np.maximum(fb2 / m - fb ** 2, 0.0)
-    boot = _studentised(fb, var_b, Mb, Vb, n_y, m)[0]
+    boot = _studentised(fb, var_b, Mb, E2b, n_y, m, pooled)[0]
     s = float(stat[0])
     exceed = int(np.sum(boot >= s - 1e-9 * max(1.0, s)))
     p_value = (1 + exceed) / (draws + 1)
@@ -161,9 +190,8 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int) -> Log
             p_value = min(p_value, float(chi2.sf(s / (var / (2 * mean)), 2 * mean ** 2 / var)))
 
     # evidence: the statistic's parts by predicted-class block (the indicator of c and its log-odds)
-    resid = f - Mh @ q[0]
+    resid = f - M @ q[0]
     block = np.concatenate([np.arange(k), np.repeat(np.arange(k), k)])[keep]
     share = np.bincount(block, weights=W[0] * resid ** 2, minlength=k)
     share = share / share.sum() if share.sum() > 0 else share
-    return LogOddsPart(statistic=s, p_value=float(p_value), class_share=share,
-                       moments=int(keep.sum()))
+    return LogOddsPart(statistic=s, p_value=float(p_value), class_share=share, moments=int(keep.sum()))
