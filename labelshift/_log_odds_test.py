@@ -14,10 +14,12 @@ their variances (target variance / m + sum_y q_y^2 (holdout variance within y) /
 
     S = min over q with sum q = 1 of  sum_j W_j (f_bar_j - (M q)_j)^2,
 
-the class proportions profiled out by weighted least squares (closed form). Its law under H0 comes from a
-bootstrap that draws both samples from the holdout itself: the holdout rows resampled within each class (the class
-sizes kept), the target as m rows whose classes are drawn from the fitted q and whose outputs are holdout rows of
-that class; each draw recomputes its own weights and refits q (a studentised bootstrap). Because the draws carry the holdout's own rows with their labels, the law does not
+the class proportions profiled out by weighted least squares (closed form); each class's variance is smoothed
+by SMOOTH pseudo-rows of the whole holdout, so that a moment a class never showed is not taken as known exactly.
+Its law under H0 comes from a bootstrap that draws both samples from the holdout itself, each class smoothed the
+same way: the holdout rows resampled within each class (the class sizes kept), the target as m rows whose classes
+are drawn from the fitted q and whose outputs are holdout rows of that class; each draw recomputes its own weights
+and refits q (a studentised bootstrap). Because the draws carry the holdout's own rows with their labels, the law does not
 assume the outputs are calibrated. Measured size and power: docs/label_shift_test.md.
 """
 from __future__ import annotations
@@ -74,8 +76,9 @@ def _target_moments(P, k: int) -> tuple[np.ndarray, np.ndarray]:
             lz = np.log(Z)
         odds = np.clip(lz - lz[np.arange(Z.shape[0]), c][:, None], LOG_ODDS_FLOOR, 0.0)
         count += np.bincount(c, minlength=k)
-        np.add.at(total, c, odds)
-        np.add.at(squares, c, np.square(odds))
+        for j in range(k):                       # row c of total gets the rows predicted c (bincount: fast)
+            total[:, j] += np.bincount(c, weights=odds[:, j], minlength=k)
+            squares[:, j] += np.bincount(c, weights=np.square(odds[:, j]), minlength=k)
     mean = np.concatenate([count, total.ravel()]) / m
     second = np.concatenate([count, squares.ravel()]) / m
     return mean, np.maximum(second - mean ** 2, 0.0)
