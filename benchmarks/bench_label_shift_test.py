@@ -56,7 +56,7 @@ from labelshift import BCTS  # noqa: E402
 from labelshift.errors import InputError  # noqa: E402
 from labelshift.label_shift_test import label_shift_test  # noqa: E402
 
-from report_utils import cpu_model, write_section  # noqa: E402
+from report_utils import cpu_model, publish  # noqa: E402
 
 SECTION = "## Label-shift test: size and power"
 README = Path(__file__).resolve().parent / "README.md"
@@ -436,11 +436,7 @@ def main(argv=None) -> int:
                   f"{timing[1]:.3f} s without weights (the likelihood-ratio form needs none), {timing[0]:.3f} s with the "
                   "MLLS weights passed in (their optimality is checked, one gradient pass); for scale, "
                   f"`MLLS().fit(...).estimate(...)` takes {timing[2]:.3f} s."]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.write_readme:
-        write_section(SECTION, report, README)
-        print(f"written to {README}", file=sys.stderr)
+    publish(SECTION, lines, args.write_readme, README)
     return 0
 
 

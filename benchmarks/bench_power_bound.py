@@ -48,7 +48,7 @@ from scipy.stats import norm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_label_shift_test import PRIOR_FAMILIES, Gauss, target_prior  # noqa: E402
-from report_utils import cpu_model, write_section  # noqa: E402
+from report_utils import cpu_model, publish  # noqa: E402
 
 SECTION = "## Label-shift test: the most power any output-based test can have (Gaussian alternatives)"
 README = Path(__file__).resolve().parent / "README.md"
@@ -182,11 +182,7 @@ def main(argv=None) -> int:
         lines += ["", "Check of the normal approximation (first prior, 2,000 simulated sums per hypothesis): "
                   + "; ".join(f"{label}, m = {m:,}: {100 * c[0]:.1f}% (normal) vs {100 * c[1]:.1f}% (simulated)"
                               for label, m, c in checks) + "."]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.write_readme:
-        write_section(SECTION, report, README)
-        print(f"written to {README}", file=sys.stderr)
+    publish(SECTION, lines, args.write_readme, README)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import platform
 import re
+import sys
 from pathlib import Path
 
 README = Path(__file__).resolve().parent / "README.md"
@@ -30,3 +31,13 @@ def cpu_model() -> str:
     except OSError:
         pass
     return cpu
+
+
+def publish(heading: str, lines: list[str], write_readme: bool, readme: Path = README) -> str:
+    """Print a script's report (its lines joined) and, with ``write_readme``, put it in its section of the README."""
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if write_readme:
+        write_section(heading, report, readme)
+        print(f"written to {readme}", file=sys.stderr)
+    return report
