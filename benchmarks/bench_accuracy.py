@@ -29,33 +29,33 @@ arriving later would show). The corrected rule's truths use that seed's rule (it
 """
 from __future__ import annotations
 
-import os
+import sys
+from pathlib import Path
 
-for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_v, "1")       # one BLAS thread per worker process
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report_utils import one_blas_thread  # noqa: E402
+
+one_blas_thread()                        # before numpy: one BLAS thread per worker process
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import datetime as _dt  # noqa: E402
 import json  # noqa: E402
-import multiprocessing as mp  # noqa: E402
 import platform  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from labelshift.accuracy import expected_accuracy  # noqa: E402
 from labelshift.calibration.scaling import BCTS  # noqa: E402
 from labelshift.experiments.well_specified import WellSpecifiedGaussians  # noqa: E402
 from labelshift.shift import sample_target  # noqa: E402
 
-from report_utils import cpu_model, write_section  # noqa: E402
+from report_utils import cpu_model, run_chunks, write_section  # noqa: E402
 
 SECTION = "## Expected accuracy on the target: coverage"
 LEVEL = 0.95
@@ -325,12 +325,7 @@ def main(argv=None) -> int:
             step = max(1, seeds // 6)
             tasks += [(*cell, list(range(s0, min(seeds, s0 + step)))) for s0 in range(0, seeds, step)]
         tasks.sort(key=lambda t: -(t[4] + t[3]) * t[1])
-        rows: dict = {}
-        with mp.get_context("fork").Pool(args.workers) as pool:
-            for i, (key, chunk) in enumerate(pool.imap_unordered(_run_chunk, tasks)):
-                rows.setdefault(key, []).extend(chunk)
-                if (i + 1) % 20 == 0:
-                    print(f"  {i + 1}/{len(tasks)} chunks, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        rows = run_chunks(_run_chunk, tasks, args.workers, t0)
         results = {key: summarise(v) for key, v in rows.items()}
         wall = time.perf_counter() - t0
         if args.save:

@@ -26,12 +26,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
-os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
-os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+from report_utils import quiet_services  # noqa: E402
+
+quiet_services()
 
 from flows.params import ReproduceParameters  # noqa: E402
 

@@ -37,20 +37,21 @@ from Dirichlet(c p_s), centred on the source prior, c = ``--power-concentration`
 """
 from __future__ import annotations
 
-import os
+import sys
+from pathlib import Path
 
-for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_v, "1")       # one BLAS thread per worker process
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report_utils import one_blas_thread  # noqa: E402
+
+one_blas_thread()                        # before numpy: one BLAS thread per worker process
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import datetime as _dt  # noqa: E402
 import json  # noqa: E402
-import multiprocessing as mp  # noqa: E402
 import platform  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 from scipy.linalg import null_space  # noqa: E402
@@ -58,7 +59,6 @@ from scipy.stats import chi2, norm  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from labelshift.calibration.scaling import BCTS, NBVS, TemperatureScaling, VectorScaling  # noqa: E402
 from labelshift.experiments.well_specified import WellSpecifiedGaussians  # noqa: E402
@@ -66,7 +66,7 @@ from labelshift.joint_uncertainty import source_aware_interval  # noqa: E402
 from labelshift.solvers import mlls_newton  # noqa: E402
 from labelshift.uncertainty import fisher_interval, no_shift_test  # noqa: E402
 
-from report_utils import cpu_model, write_section  # noqa: E402
+from report_utils import cpu_model, run_chunks, write_section  # noqa: E402
 
 SECTION = "## Intervals that include the holdout's error (source-aware vs Fisher)"
 NULL_SUBSECTION = "### False alarms of the no-shift test"
@@ -157,10 +157,7 @@ def null_sizes(ks, ns, ms, seeds: int, workers: int, calibrator: str, power_seed
                     for s0 in range(0, count, step):
                         tasks.append((k, n, m, list(range(s0, min(count, s0 + step))), calibrator, conc))
     tasks.sort(key=lambda t: -(t[0] * (t[1] + t[2])))
-    pvals: dict = {}
-    with mp.get_context("fork").Pool(workers) as pool:
-        for key, chunk in pool.imap_unordered(_run_null_chunk, tasks):
-            pvals.setdefault(key, []).extend(chunk)
+    pvals = run_chunks(_run_null_chunk, tasks, workers, time.perf_counter())
     out: dict = {}
     for (k, n, m, conc), pairs in pvals.items():
         name = "null" if conc is None else "power"
@@ -413,12 +410,7 @@ def main(argv=None) -> int:
                             tasks.append((k, alpha, n, m, list(range(s0, min(seeds, s0 + step))),
                                           args.calibrator))
         tasks.sort(key=lambda t: -t[3] * t[0])          # big cells first: better packing over the workers
-        rows: dict = {}
-        with mp.get_context("fork").Pool(args.workers) as pool:
-            for i, (key, chunk) in enumerate(pool.imap_unordered(_run_chunk, tasks)):
-                rows.setdefault(key, []).extend(chunk)
-                if (i + 1) % 20 == 0:
-                    print(f"  {i + 1}/{len(tasks)} chunks, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        rows = run_chunks(_run_chunk, tasks, args.workers, t0)
         results = {key: summarise(v) for key, v in rows.items()}
         grid_wall = time.perf_counter() - t0
         if args.save:

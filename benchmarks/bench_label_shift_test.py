@@ -316,6 +316,12 @@ def cached(key: str, ex, fn, tasks):
     return store[key]
 
 
+def rates(pvals) -> tuple:
+    """What a table row shows of one cell: the default's rate, se and count at ALPHA, then (rate, se, count) of the
+    regions part alone at ALPHA and of the default at 1%."""
+    return rate(pvals) + (rate(pvals, 1), rate(pvals, 0, 0.01))
+
+
 def fmt_rate(r, se, goal_ok) -> str:
     return f"{100 * r:.1f}% ± {100 * se:.1f}" + ("" if goal_ok else " **(goal missed)**")
 
@@ -345,9 +351,7 @@ def main(argv=None) -> int:
             res = cached(f"gauss size n={n} m={args.m} reps={args.reps}", ex, gauss_replicate,
                    [("size", n, args.m, 0.0, s) for s in range(args.reps)])
             for j, m in enumerate(args.m):
-                r, se, cnt = rate([p[j] for _, p in res])
-                rows_size.append(("Gaussian, BCTS", m, n, "4 families", r, se, cnt,
-                                  rate([p[j] for _, p in res], 1), rate([p[j] for _, p in res], 0, 0.01)))
+                rows_size.append(("Gaussian, BCTS", m, n, "4 families") + rates([p[j] for _, p in res]))
                 for fam, p in res:
                     if p[j] is not None:
                         by_family[fam].append(p[j])
@@ -357,11 +361,10 @@ def main(argv=None) -> int:
         n = min(args.n)
         res = cached(f"gauss accurate size n={n} m={args.m} reps={args.reps}", ex, gauss_replicate,
                      [("size", n, args.m, 0.0, s, ACCURATE_SEP) for s in range(args.reps)])
+        accuracy = Gauss(sep=ACCURATE_SEP).accuracy()
         for j, m in enumerate(args.m):
-            r, se, cnt = rate([p[j] for _, p in res])
-            rows_size.append((f"Gaussian, accurate (sep {ACCURATE_SEP:g}, {100 * Gauss(sep=ACCURATE_SEP).accuracy():.0f}% "
-                              "accurate), BCTS", m, n, "4 families", r, se, cnt,
-                              rate([p[j] for _, p in res], 1), rate([p[j] for _, p in res], 0, 0.01)))
+            rows_size.append((f"Gaussian, accurate (sep {ACCURATE_SEP:g}, {100 * accuracy:.0f}% accurate), BCTS", m, n,
+                              "4 families") + rates([p[j] for _, p in res]))
         print(f"gauss accurate done ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     if "mnist" not in args.skip:
         _mnist_models(args.noise)
@@ -369,9 +372,7 @@ def main(argv=None) -> int:
             m = 2000
             p = cached(f"mnist size n={n} m={m} reps={args.reps}", ex, mnist_replicate,
                    [("size", n, m, args.noise, s) for s in range(args.reps)])
-            r, se, cnt = rate(p)
-            rows_size.append(("mnist-5k, logistic + BCTS", m, n, "Dir(10), fits the pool", r, se, cnt, rate(p, 1),
-                              rate(p, 0, 0.01)))
+            rows_size.append(("mnist-5k, logistic + BCTS", m, n, "Dir(10), fits the pool") + rates(p))
             print(f"mnist size n={n} done ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     if "power" not in args.skip:
         m = 2000
@@ -382,23 +383,20 @@ def main(argv=None) -> int:
                                     ("noise", f"(b) covariate: mnist-5k pixel noise sd {args.noise:g}")]:
                     p = cached(f"mnist {kind} n={n} m={m} noise={args.noise} reps={args.power_reps}", ex, mnist_replicate,
                    [(kind, n, m, args.noise, s) for s in range(args.power_reps)])
-                    rows_power.append((label, m, n) + rate(p) + (rate(p, 1), rate(p, 0, 0.01)))
+                    rows_power.append((label, m, n) + rates(p))
             for shift in args.gauss_shift:
                 res = cached(f"gauss shift {shift} n={n} m={m} reps={args.power_reps}", ex, gauss_replicate,
                    [("shift", n, [m], shift, s) for s in range(args.power_reps)])
                 rows_power.append((f"(b) covariate: Gaussian class means each moved by {shift:g} (random directions)",
-                                   m, n) + rate([p[0] for _, p in res]) + (rate([p[0] for _, p in res], 1),
-                                                                            rate([p[0] for _, p in res], 0, 0.01)))
+                                   m, n) + rates([p[0] for _, p in res]))
             for f in args.gauss_contract:
                 res = cached(f"gauss contract {f} n={n} m={m} reps={args.power_reps}", ex, gauss_replicate,
                    [("contract", n, [m], f, s) for s in range(args.power_reps)])
                 rows_power.append((f"(b) covariate: Gaussian class means moved to {f:g} x their distance from the "
-                                   "centroid", m, n) + rate([p[0] for _, p in res]) + (rate([p[0] for _, p in res], 1),
-                                                                                       rate([p[0] for _, p in res], 0, 0.01)))
+                                   "centroid", m, n) + rates([p[0] for _, p in res]))
             p = cached(f"tabular n={n} m={m} reps={args.power_reps}", ex, tabular_replicate,
                    [(n, m, s) for s in range(args.power_reps)])
-            rows_power.append(("(c) broken feature: tabular logistic, top column constant", m, n) + rate(p)
-                              + (rate(p, 1), rate(p, 0, 0.01)))
+            rows_power.append(("(c) broken feature: tabular logistic, top column constant", m, n) + rates(p))
             print(f"power n={n} done ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     ex.shutdown()
     timing = time_test() if "timing" not in args.skip else None

@@ -48,12 +48,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
-os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
-os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+from report_utils import quiet_services  # noqa: E402
+
+quiet_services()
 
 from report_utils import cpu_model, write_section  # noqa: E402
 

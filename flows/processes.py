@@ -26,6 +26,8 @@ from pathlib import Path
 
 import psutil
 
+from flows.watchdog import marked
+
 __all__ = ["HOST", "ServiceProcess", "ServiceStartError", "free_ports", "port_in_use", "http_ok", "log_tail",
            "wait_until", "pid_alive", "start_time", "processes_with_env", "signal_processes"]
 
@@ -153,16 +155,7 @@ def pid_alive(pid: int, create_time: float | None = None) -> bool:
 
 def processes_with_env(name: str, value: str) -> list[int]:
     """Pids of the live processes (this one aside) whose environment has ``name=value`` (those we may read)."""
-    found = []
-    for process in psutil.process_iter():
-        if process.pid == os.getpid():
-            continue
-        try:
-            if process.environ().get(name) == value and process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process.pid)
-        except (psutil.Error, OSError):
-            continue
-    return found
+    return [process.pid for process in marked(name, value)]
 
 
 def signal_processes(pids: Iterable[int], sig: int) -> None:

@@ -35,22 +35,22 @@ def marked(name: str, value: str) -> list[psutil.Process]:
 def end_marked(name: str, value: str, grace: float = GRACE_S) -> int:
     """SIGTERM to the marked processes, SIGKILL after ``grace`` s to what is left; returns how many there were."""
     first = marked(name, value)
-    for process in first:
-        try:
-            process.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
+    _send(first, signal.SIGTERM)
     deadline = time.monotonic() + grace
     left = first
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
         left = marked(name, value)
-    for process in left:
-        try:
-            process.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
+    _send(left, signal.SIGKILL)
     return len(first)
+
+
+def _send(processes: list[psutil.Process], sig: int) -> None:
+    for process in processes:
+        try:
+            process.send_signal(sig)
+        except psutil.Error:
+            pass                                     # ended meanwhile
 
 
 def main(argv: list[str]) -> int:
