@@ -16,17 +16,22 @@ their variances (target variance / m + sum_y q_y^2 (holdout variance within y) /
 
 the class proportions profiled out by weighted least squares (closed form); each class's variance is smoothed
 by SMOOTH pseudo-rows of the whole holdout, so that a moment a class never showed is not taken as known exactly.
-Its law under H0 comes from a bootstrap that draws both samples from the holdout itself, each class smoothed the
-same way: the holdout rows resampled within each class (the class sizes kept), the target as m rows whose classes
-are drawn from the fitted q and whose outputs are holdout rows of that class; each draw recomputes its own weights
-and refits q (a studentised bootstrap). Because the draws carry the holdout's own rows with their labels, the law does not
-assume the outputs are calibrated. Measured size and power: docs/label_shift_test.md.
+Its law under H0 comes from a studentised bootstrap in a world where H0 holds: the completed data of the null fit.
+Class y's rows in that world are its holdout rows (plus SMOOTH pseudo-rows of the whole holdout) and the target's
+rows in the share the null fit gives y (a uniform subsample of WORLD_TARGET_ROWS target rows, weighing
+WORLD_TARGET_WEIGHT x m in all);
+each draw takes n_y rows of every class and m target rows (classes from the fit's q) from it, recomputes its own
+weights and refits q. A (class, output) pair the holdout shows a handful of times thus enters the draws at the
+target's rate, and the draws carry real rows, so a miscalibrated model's log-odds are what they are on both sides
+(the shares use the outputs only to order rows inside a region: label_shift_test._world_shares). Measured size and
+power: docs/label_shift_test.md.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import sparse
 from scipy.stats import chi2
 
 from . import rows as _rows
@@ -34,6 +39,8 @@ from . import rows as _rows
 LOG_ODDS_FLOOR = -30.0
 _W_FLOOR = 1e-6          # variances below this fraction of the largest are raised to it (near-constant moments)
 SMOOTH = 1.0             # pseudo-rows of the whole holdout added to each class (its variance and the bootstrap world)
+WORLD_TARGET_ROWS = 5000  # target rows (a uniform subsample) that stand for the target in the bootstrap world
+WORLD_TARGET_WEIGHT = 1.0  # the target rows' total weight in the world, a share of m (1: the null fit's completed data)
 
 
 @dataclass(frozen=True)
@@ -126,25 +133,48 @@ def _studentised(f, var_t, M, E2, n_y, m, pooled):
     return stat, q, W
 
 
-def _draw_class(rng, total: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
-    """Counts over the n holdout rows of ``total[b]`` rows drawn, for each draw b, from class y's smoothed
-    distribution: each row one of the class's rows (``idx``) with probability n_y / (n_y + SMOOTH), else any
-    holdout row. Returns (B, n)."""
-    out = np.zeros((total.size, n))
-    pooled = rng.binomial(total, SMOOTH / (idx.size + SMOOTH))
-    own = np.full(idx.size, 1.0 / idx.size)
-    anyrow = np.full(n, 1.0 / n)
-    for b, (t, p) in enumerate(zip(total, pooled)):
-        out[b, idx] = rng.multinomial(t - p, own)
-        if p:
-            out[b] += rng.multinomial(p, anyrow)
-    return out
+def _sparse_features(Z: np.ndarray, k: int, keep: np.ndarray):
+    """:func:`_features` of the rows Z restricted to the ``keep`` columns, as a CSR matrix (a row has at most k + 1
+    non-zeros: the indicator and the log-odds of its predicted class's block), so that the draws cost rows x k,
+    not rows x k^2."""
+    F = sparse.csr_matrix(_features(Z, k)[:, keep])
+    F.eliminate_zeros()
+    return F
 
 
-def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int) -> LogOddsPart:
+def _world(S, y, Zt, resp, m: int, k: int, keep: np.ndarray):
+    """The bootstrap world: the completed data of the null fit. Rows: the n
+    holdout rows, then the T target rows ``Zt`` (a uniform subsample of the target). Class y's weights: 1 for each
+    holdout row of class y, SMOOTH / n for every holdout row (SMOOTH pseudo-rows of the whole holdout), and
+    WORLD_TARGET_WEIGHT x m / T x ``resp[:, y]`` (the null fit's share of class y) for each target row, so that the
+    target's rows weigh WORLD_TARGET_WEIGHT x m in all. Returns the features (CSR, rows x moments), their squares,
+    and the normalised weights (k, rows)."""
+    n = S.shape[0]
+    F = sparse.vstack([_sparse_features(S, k, keep), _sparse_features(Zt, k, keep)]).tocsr()
+    weights = np.zeros((k, n + Zt.shape[0]))
+    weights[y, np.arange(n)] = 1.0
+    weights[:, :n] += SMOOTH / n
+    weights[:, n:] = WORLD_TARGET_WEIGHT * (m / Zt.shape[0]) * resp.T
+    weights /= weights.sum(axis=1, keepdims=True)
+    return F, F.multiply(F).tocsr(), weights
+
+
+def _sums_of_draws(rng, cdf: np.ndarray, rows: int, draws: int, F, F2) -> tuple[np.ndarray, np.ndarray]:
+    """``draws`` samples of ``rows`` world rows each (inverse-cdf sampling from ``cdf``): the sums of their
+    features and of their squared features, (draws, moments) each."""
+    idx = np.minimum(np.searchsorted(cdf, rng.random((draws, rows)) * cdf[-1], side="right"), cdf.size - 1)
+    counts = sparse.csr_matrix((np.ones(draws * rows), idx.ravel(), np.arange(draws + 1) * rows),
+                               shape=(draws, cdf.size))
+    return (counts @ F).toarray(), (counts @ F2).toarray()
+
+
+def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, responsibilities,
+                  q_world: np.ndarray) -> LogOddsPart:
     """The log-odds part (module docstring). S (n, k) holdout outputs, y its labels (every class present), P the
-    target outputs (m, k; read in row blocks), ``draws`` bootstrap draws from ``seed``. p = (1 + #{S* >= S}) /
-    (draws + 1); beyond every draw, the smaller of that and the
+    target outputs (m, k; read in row blocks), ``draws`` bootstrap draws from ``seed``. The bootstrap world is the
+    completed data of a null fit: ``responsibilities(rows)`` gives, for target output rows (T, k), each class's
+    share of every row (T, k; rows sum to 1 or are 0), ``q_world`` the fit's class proportions (the target's
+    classes in the draws). p = (1 + #{S* >= S}) / (draws + 1); beyond every draw, the smaller of that and the
     tail of a scaled chi^2 matched to the draws' mean and variance."""
     n, k = S.shape
     m = P.shape[0]
@@ -162,25 +192,23 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int) -> Log
     M = np.stack([Fh[idx].mean(axis=0) for idx in members], axis=1)            # (d, k)
     E2 = np.stack([F2[idx].mean(axis=0) for idx in members], axis=1)
     stat, q, W = _studentised(f[None], var_t[None], M[None], E2[None], n_y, m, pooled)
-    q_draw = np.maximum(q[0], 0.0)
-    q_draw /= q_draw.sum()
 
-    # the bootstrap world: class y's outputs are its holdout rows plus SMOOTH pseudo-rows of the whole holdout
-    # (so that it, too, has the rare rows of y that this holdout happened not to show); both samples drawn from it
+    # the bootstrap world (_world): class y's rows are its holdout rows plus the target rows in the share the null
+    # fit gives y, so that a (class, output) pair the holdout shows a handful of times enters at the target's rate;
+    # the holdout's n_y rows of each class and the target's m rows (classes from q_world) are drawn from it
     rng = np.random.default_rng([seed, 0x10DD5])
-    per_class_target = rng.multinomial(m, q_draw, size=draws)                  # (B, k)
+    sub = np.sort(rng.choice(m, size=min(m, WORLD_TARGET_ROWS), replace=False))
+    Zt = np.asarray(P[sub], dtype=np.float64)
+    Fw, F2w, world = _world(S, y, Zt, np.asarray(responsibilities(Zt), dtype=np.float64), m, k, keep)
     d = Fh.shape[1]
-    fb, fb2 = np.zeros((draws, d)), np.zeros((draws, d))
     Mb, E2b = np.zeros((draws, d, k)), np.zeros((draws, d, k))
-    for c, idx in enumerate(members):
-        held = _draw_class(rng, np.full(draws, n_y[c]), idx, n)
-        Mb[:, :, c] = held @ Fh / n_y[c]
-        E2b[:, :, c] = held @ F2 / n_y[c]
-        taken = _draw_class(rng, per_class_target[:, c], idx, n)
-        fb += taken @ Fh
-        fb2 += taken @ F2
-    fb /= m
-    var_b = np.maximum(fb2 / m - fb ** 2, 0.0)
+    for c in range(k):
+        sums, squares = _sums_of_draws(rng, np.cumsum(world[c]), int(n_y[c]), draws, Fw, F2w)
+        Mb[:, :, c], E2b[:, :, c] = sums / n_y[c], squares / n_y[c]
+    qw = np.maximum(np.asarray(q_world, dtype=np.float64), 0.0)
+    counts = rng.multinomial(m, (qw / qw.sum()) @ world, size=draws).astype(np.float64)   # (B, rows): the target
+    fb = np.asarray((Fw.T @ counts.T).T) / m
+    var_b = np.maximum(np.asarray((F2w.T @ counts.T).T) / m - fb ** 2, 0.0)
     boot = _studentised(fb, var_b, Mb, E2b, n_y, m, pooled)[0]
     s = float(stat[0])
     exceed = int(np.sum(boot >= s - 1e-9 * max(1.0, s)))

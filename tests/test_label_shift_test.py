@@ -324,3 +324,33 @@ def test_log_odds_part_round_trips_and_can_be_left_out():
     assert "p_value_log_odds" not in alone.to_dict() and alone.p_value == res.extra["p_value_regions"]
     with pytest.raises(InputError, match="log_odds must be True or False"):
         label_shift_test(S, ys, P, log_odds="yes")
+
+
+def test_world_shares_split_each_region_as_the_null_fit_says():
+    # the log-odds part's bootstrap world: every target row's class shares sum to 1, and within each region the
+    # rows' shares add up to the region's row count times the fit's class shares q_y pi_y[r] / sum q pi[r]
+    # (iterative proportional fitting, converged to 1e-8); rows inside a region keep the order the outputs give
+    from labelshift.label_shift_test import _make_regions, _world_shares
+    rng = np.random.default_rng(8)
+    S, ys = holdout(1000, rng)
+    P = posterior(draw(np.array([0.1, 0.2, 0.3, 0.4]), 3000, rng)[0])
+    regions = _make_regions(S, 25, 4)
+    N = np.zeros((K, regions.n_regions))
+    np.add.at(N, (ys, regions.assign(S)), 1.0)
+    T = np.bincount(regions.assign(P), minlength=regions.n_regions).astype(float)
+    p = np.bincount(ys, minlength=K) / ys.size
+    pi, q = _null_fit(N, T, p)[:2]
+    R = _world_shares(regions, pi, q, p)(P)
+    assert R.shape == P.shape and np.allclose(R.sum(axis=1), 1.0) and R.min() >= 0.0
+    r = regions.assign(P)
+    rho = q[:, None] * pi / (q @ pi)[None, :]
+    for j in range(regions.n_regions):
+        rows = r == j
+        if rows.any():
+            np.testing.assert_allclose(R[rows].sum(axis=0), rows.sum() * rho[:, j], rtol=1e-6, atol=1e-6)
+    # inside a region the shares follow the outputs (not one share for all its rows, which blurs the classes):
+    # in the busiest region, the rows' shares of its second most likely class rise with their outputs for it
+    j = np.bincount(r).argmax()
+    rows = np.flatnonzero(r == j)
+    c = int(np.argsort(rho[:, j])[-2])
+    assert np.corrcoef(P[rows, c], R[rows, c])[0, 1] > 0.5
