@@ -18,8 +18,8 @@ bootstrap of that fitted null (B = 200 draws of holdout and target counts, each 
 dof, ``calibration="chi2"``) is conservative under shifted priors (sizes 1-3% at a nominal 5%), the bootstrap is
 at the nominal level there and gains power. By default a second look checks the same identity on the log-odds
 profile inside each predicted class (``labelshift._log_odds_test``: which other classes the rows lean towards,
-where class means that move or a new class between two known ones show), with a bootstrap of the holdout's own
-rows; the reported p-value is twice the smaller of the two parts (Bonferroni). A Wald form
+where class means that move or a new class between two known ones show), with a bootstrap of the null fit's
+completed data; the reported p-value is twice the smaller of the two parts (Bonferroni). A Wald form
 with the MLLS weights and a delta-method covariance is kept for comparison (``method="wald"``; liberal under
 severe shift, see the docs). Derivation, measured size and power, and what to do when it fires:
 ``docs/label_shift_test.md``.
@@ -649,7 +649,8 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
 
     ``log_odds=True`` (default) adds a second look (:mod:`labelshift._log_odds_test`): within each predicted class,
     the mean log-odds of the other classes against it must also be the holdout's reweighted by class; its p-value
-    comes from a bootstrap of the holdout's own rows (no calibration assumed), and the reported ``p_value`` is
+    comes from a bootstrap of the null fit's completed data (holdout rows and target rows in the classes' fitted
+    shares; no calibration assumed), and the reported ``p_value`` is combine_p_values(p_regions, p_log_odds) =
     min(1, 2 min(p_regions, p_log_odds)) (Bonferroni), both parts in ``extra``. ``log_odds=False``: the regions
     alone.
 
