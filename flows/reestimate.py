@@ -332,7 +332,7 @@ def reestimate(
         tags["mlflow.source.git.commit"] = commit
     runs = start_reestimation_run(env.tracking_uri, env.experiment_name, env.artifact_root, model_name=bundle.name,
                                   target_url=store.uri, run_name=f"reestimate-{sequence}",
-                                  params=params, tags=tags)
+                                  params=params, tags=tags, history=watermark.history)
     try:
         # 3. calibrated probabilities of every new row, batch by batch (nothing is written until all are read); every
         #    bad batch is found in this one pass

@@ -398,10 +398,13 @@ def _owner_gone(owner: str) -> bool:
         return False
 
 
-def end_orphaned_runs(client: MlflowClient, experiment_id: str, monitor_run_id: str) -> list[str]:
-    """End KILLED the child runs of ``monitor_run_id`` still RUNNING whose process, on this host, is gone (a command
-    killed outright cannot end its own run); returns their ids. Runs of live processes and of other hosts are left
-    alone, and a failure here never fails the caller."""
+def end_orphaned_runs(client: MlflowClient, experiment_id: str, monitor_run_id: str,
+                      committed: frozenset | set = frozenset()) -> list[str]:
+    """End the child runs of ``monitor_run_id`` still RUNNING whose process, on this host, is gone (a command
+    killed outright cannot end its own run); returns their ids. Such a run is ended FINISHED when its id is in
+    ``committed`` (the runs the watermark's history counts: it was killed after its commit, so its batches are
+    counted and its outputs written), else KILLED. Runs of live processes and of other hosts are left alone, and a
+    failure here never fails the caller."""
     ended = []
     try:
         runs = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{monitor_run_id}' "
@@ -409,9 +412,11 @@ def end_orphaned_runs(client: MlflowClient, experiment_id: str, monitor_run_id: 
         for run in runs:
             owner = run.data.tags.get(OWNER_TAG)
             if owner and _owner_gone(owner):
+                done = run.info.run_id in committed
                 client.set_tag(run.info.run_id, "labelshift.ended_by",
-                               "the next re-estimation: the process that ran it was killed before it could end it")
-                client.set_terminated(run.info.run_id, status="KILLED")
+                               "the next re-estimation: the process that ran it was killed "
+                               + ("after its commit, before it could end it" if done else "before it could end it"))
+                client.set_terminated(run.info.run_id, status="FINISHED" if done else "KILLED")
                 ended.append(run.info.run_id)
     except Exception as exc:                                    # bookkeeping only
         logging.getLogger(__name__).warning("could not check for orphaned MLflow runs: %s", exc)
@@ -436,16 +441,23 @@ def catch_up_monitor(tracking_uri: str, experiment: str, model_name: str, target
         return
     monitor = found[0].info.run_id
     sync_monitor(tracking_uri, monitor, history, model_name)
-    end_orphaned_runs(client, exp.experiment_id, monitor)
+    end_orphaned_runs(client, exp.experiment_id, monitor, _committed(history))
+
+
+def _committed(history: list[dict]) -> set:
+    """The child-run ids the watermark's history counts."""
+    return {e["mlflow_run_id"] for e in history if e.get("mlflow_run_id")}
 
 
 def start_reestimation_run(tracking_uri: str, experiment: str, artifact_root: str | None, *, model_name: str,
-                           target_url: str, run_name: str, params: dict, tags: dict) -> dict:
-    """Create the child run of this re-estimation (under the monitor run of model and target)."""
+                           target_url: str, run_name: str, params: dict, tags: dict,
+                           history: list[dict] | None = None) -> dict:
+    """Create the child run of this re-estimation (under the monitor run of model and target); child runs of killed
+    commands are ended first (:func:`end_orphaned_runs`, FINISHED for those ``history`` counts)."""
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment_id = _experiment_id(client, experiment, artifact_root)
     monitor = _monitor_run(client, experiment_id, model_name, target_url)
-    end_orphaned_runs(client, experiment_id, monitor)
+    end_orphaned_runs(client, experiment_id, monitor, _committed(history or []))
     run = client.create_run(experiment_id, run_name=run_name, tags={
         **tags, "mlflow.parentRunId": monitor, "labelshift.kind": "reestimation", "labelshift.model": model_name,
         "labelshift.target": target_url, OWNER_TAG: _owner()})
