@@ -148,7 +148,7 @@ def test_serve_registers_both_deployments_with_the_schedule_and_stops_cleanly(pr
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            raise
+            raise AssertionError(f"serve did not stop within 60 s of SIGINT; its log:\n{log.read_text()}") from None
     assert code == 0, log.read_text()
     # stopping paused the schedule: no runs pile up while nobody serves them
     assert _read_deployment(prefect_server, f"reestimate/{reestimate_name}").paused
