@@ -79,7 +79,8 @@ def test_serve_help_explains_every_option(capsys):
 def _serve_env(api_url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
     env.update(PREFECT_API_URL=api_url, PREFECT_HOME=str(tmp_path / "prefect-client"), PYTHONUNBUFFERED="1",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_DISABLE_TELEMETRY="true", **extra)
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_DISABLE_TELEMETRY="true",
+               PYTHONFAULTHANDLER="1", **extra)       # SIGABRT then dumps every thread's stack into the log
     return env
 
 
@@ -146,8 +147,12 @@ def test_serve_registers_both_deployments_with_the_schedule_and_stops_cleanly(pr
         try:
             code = proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            proc.send_signal(signal.SIGABRT)     # the stacks of its threads, to see where it waits
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             raise AssertionError(f"serve did not stop within 60 s of SIGINT; its log:\n{log.read_text()}") from None
     assert code == 0, log.read_text()
     # stopping paused the schedule: no runs pile up while nobody serves them
