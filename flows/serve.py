@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -61,9 +60,6 @@ __all__ = ["serve_deployments", "build_deployments", "reestimate_options", "chec
 
 #: seconds the Prefect server started here gets to shut down before it is killed
 _SERVER_STOP_GRACE_S = 15.0
-# after serving stopped against a lasting server, the most the process waits for Prefect's background threads
-# before it ends anyway (a stop once took over 60 s in CI; everything of ours is closed by then)
-_EXIT_GRACE_S = 20.0
 
 DEPLOYMENT_DESCRIPTION = (
     "Reproduce the label-shift experiments of Garg et al. (NeurIPS 2020), Section 6: weight MSE of BBSE, RLLS, "
@@ -277,14 +273,4 @@ def serve_deployments(env: Settings, *, name: str = "reproduce", reestimate_name
             # Prefect's background services would now retry delivering their last events to the server just
             # stopped, keeping the process alive for minutes: end it here (everything of ours is closed).
             os._exit(status)
-    # a daemon timer: if a background thread keeps the interpreter from exiting, end the process after the grace
-    timer = threading.Timer(_EXIT_GRACE_S, _exit_now, args=(status,))
-    timer.daemon = True
-    timer.start()
     return status
-
-
-def _exit_now(status: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
