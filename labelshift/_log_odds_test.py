@@ -54,19 +54,19 @@ class LogOddsPart:
     moments: int
 
 
-def _features(Z: np.ndarray, k: int) -> np.ndarray:
-    """(rows, k + k * k): the indicator of the predicted class, then its block of clipped log-odds."""
+def _features(Z: np.ndarray, k: int) -> sparse.csr_matrix:
+    """(rows, k + k * k), sparse: the indicator of the predicted class, then its block of clipped log-odds -- at most
+    k + 1 non-zeros a row, so that the bootstrap's draws cost rows x k, not rows x k^2."""
     rows = Z.shape[0]
     c = np.argmax(Z, axis=1)
-    at = np.arange(rows)
     with np.errstate(divide="ignore"):
         lz = np.log(np.asarray(Z, dtype=np.float64))
-    odds = np.clip(lz - lz[at, c][:, None], LOG_ODDS_FLOOR, 0.0)
-    out = np.zeros((rows, k + k * k))
-    out[at, c] = 1.0
-    cols = k + c[:, None] * k + np.arange(k)[None, :]
-    out[at[:, None], cols] = odds
-    return out
+    odds = np.clip(lz - lz[np.arange(rows), c][:, None], LOG_ODDS_FLOOR, 0.0)
+    cols = np.concatenate([c[:, None], k + c[:, None] * k + np.arange(k)[None, :]], axis=1)    # sorted in each row
+    values = np.concatenate([np.ones((rows, 1)), odds], axis=1)
+    F = sparse.csr_matrix((values.ravel(), cols.ravel(), np.arange(rows + 1) * (k + 1)), shape=(rows, k + k * k))
+    F.eliminate_zeros()
+    return F
 
 
 def _target_moments(P, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -133,28 +133,19 @@ def _studentised(f, var_t, M, E2, n_y, m, pooled):
     return stat, q, W
 
 
-def _sparse_features(Z: np.ndarray, k: int, keep: np.ndarray):
-    """:func:`_features` of the rows Z restricted to the ``keep`` columns, as a CSR matrix (a row has at most k + 1
-    non-zeros: the indicator and the log-odds of its predicted class's block), so that the draws cost rows x k,
-    not rows x k^2."""
-    F = sparse.csr_matrix(_features(Z, k)[:, keep])
-    F.eliminate_zeros()
-    return F
-
-
-def _world(S, y, Zt, resp, m: int, k: int, keep: np.ndarray):
-    """The bootstrap world: the completed data of the null fit. Rows: the n
-    holdout rows, then the T target rows ``Zt`` (a uniform subsample of the target). Class y's weights: 1 for each
-    holdout row of class y, SMOOTH / n for every holdout row (SMOOTH pseudo-rows of the whole holdout), and
-    WORLD_TARGET_WEIGHT x m / T x ``resp[:, y]`` (the null fit's share of class y) for each target row, so that the
-    target's rows weigh WORLD_TARGET_WEIGHT x m in all. Returns the features (CSR, rows x moments), their squares,
-    and the normalised weights (k, rows)."""
-    n = S.shape[0]
-    F = sparse.vstack([_sparse_features(S, k, keep), _sparse_features(Zt, k, keep)]).tocsr()
-    weights = np.zeros((k, n + Zt.shape[0]))
+def _world(Fs, y, Ft, resp, m: int):
+    """The bootstrap world: the completed data of the null fit. Rows: the n holdout rows (features ``Fs``), then T
+    target rows (features ``Ft``; a uniform subsample of the target). Class y's weights: 1 for each holdout row of
+    class y, SMOOTH / n for every holdout row (SMOOTH pseudo-rows of the whole holdout), and WORLD_TARGET_WEIGHT x
+    m / T x ``resp[:, y]`` (the null fit's share of class y) for each target row, so that the target's rows weigh
+    WORLD_TARGET_WEIGHT x m in all. Returns the features (CSR, rows x moments), their squares, and the normalised
+    weights (k, rows)."""
+    n, T = Fs.shape[0], Ft.shape[0]
+    F = sparse.vstack([Fs, Ft]).tocsr()
+    weights = np.zeros((resp.shape[1], n + T))
     weights[y, np.arange(n)] = 1.0
     weights[:, :n] += SMOOTH / n
-    weights[:, n:] = WORLD_TARGET_WEIGHT * (m / Zt.shape[0]) * resp.T
+    weights[:, n:] = WORLD_TARGET_WEIGHT * (m / T) * resp.T
     weights /= weights.sum(axis=1, keepdims=True)
     return F, F.multiply(F).tocsr(), weights
 
@@ -176,15 +167,16 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     share of every row (T, k; rows sum to 1 or are 0), ``q_world`` the fit's class proportions (the target's
     classes in the draws). p = (1 + #{S* >= S}) / (draws + 1); beyond every draw, the smaller of that and the
     tail of a scaled chi^2 matched to the draws' mean and variance."""
-    n, k = S.shape
+    k = S.shape[1]
     m = P.shape[0]
     n_y = np.bincount(y, minlength=k)
     members = [np.flatnonzero(y == c) for c in range(k)]
-    Fh = _features(S, k)
-    keep = np.any(Fh != 0.0, axis=0)              # moments the holdout never takes carry no comparison
+    Fs = _features(S, k)
+    keep = np.bincount(Fs.indices, minlength=Fs.shape[1]) > 0    # moments the holdout never takes compare nothing
     if not keep.any():
         return LogOddsPart(statistic=0.0, p_value=1.0, class_share=np.zeros(k), moments=0)
-    Fh = Fh[:, keep]
+    Fs = Fs[:, keep]
+    Fh = Fs.toarray()
     F2 = np.square(Fh)
     f, var_t = _target_moments(P, k)
     f, var_t = f[keep], var_t[keep]
@@ -199,7 +191,7 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     rng = np.random.default_rng([seed, 0x10DD5])
     sub = np.sort(rng.choice(m, size=min(m, WORLD_TARGET_ROWS), replace=False))
     Zt = np.asarray(P[sub], dtype=np.float64)
-    Fw, F2w, world = _world(S, y, Zt, np.asarray(responsibilities(Zt), dtype=np.float64), m, k, keep)
+    Fw, F2w, world = _world(Fs, y, _features(Zt, k)[:, keep], np.asarray(responsibilities(Zt), dtype=np.float64), m)
     d = Fh.shape[1]
     Mb, E2b = np.zeros((draws, d, k)), np.zeros((draws, d, k))
     for c in range(k):
