@@ -105,15 +105,17 @@ def target_prior(family: str, k: int, source_prior, rng):
 
 
 def _p(S, ys, P):
-    """The test's p-values [as reported (regions and log-odds profiles, combined), regions part, log-odds part]
-    (one test: the parts are in ``extra``), or None when it refuses the input (a class with fewer than
+    """The test's p-values [as reported (regions and log-odds profiles, combined), regions part, log-odds part,
+    its diagonal statistic alone, its block statistic alone] (one test: the parts are in ``extra``), or None when it refuses the input (a class with fewer than
     MIN_CLASS_ROWS holdout rows in a small holdout under the imbalanced source prior): such replicates are counted
     and reported as skipped."""
     try:
         res = label_shift_test(S, ys, P)
     except InputError:
         return None
-    return [res.p_value, res.extra["p_value_regions"], res.extra["p_value_log_odds"]]
+    x = res.extra
+    return [res.p_value, x["p_value_regions"], x["p_value_log_odds"], x["p_value_log_odds_diagonal"],
+            x["p_value_log_odds_block"]]
 
 
 def _softmax_cal(zs, ys):
@@ -293,9 +295,16 @@ def time_test(repeats: int = 5) -> tuple[float, float, float]:
 
 def rate(pvals, col: int = 0, alpha: float = ALPHA) -> tuple[float, float, str]:
     """Rejection rate at ``alpha``, its binomial standard error, and the replicates used (and skipped); ``col``
-    picks the p-value (0: the default test, regions and log-odds combined; 1: the regions part alone)."""
-    # column 0, the default, is recombined from the parts with the library's rule, so cached parts stay usable
-    used = [combine_p_values(v[1], v[2]) if col == 0 else v[col] for v in pvals if v is not None]
+    picks the p-value (0: the default test, regions and log-odds combined; 1: the regions part alone; "diagonal":
+    the previous default, regions and the log-odds part's diagonal statistic alone combined)."""
+    # the defaults are recombined from the parts with the library's rule, so cached parts stay usable
+    def pick(v):
+        if col == 0:
+            return combine_p_values(v[1], v[2])
+        if col == "diagonal":
+            return combine_p_values(v[1], v[3])
+        return v[col]
+    used = [pick(v) for v in pvals if v is not None]
     p = np.asarray(used, dtype=np.float64)
     r = float(np.mean(p < alpha))
     skipped = len(pvals) - len(used)
@@ -304,9 +313,9 @@ def rate(pvals, col: int = 0, alpha: float = ALPHA) -> tuple[float, float, str]:
 
 
 def cached(key: str, ex, fn, tasks):
-    """Per-cell results kept in benchmarks/out/lst_cells_v6.json, so a rerun (or a crash) redoes only what is missing."""
+    """Per-cell results kept in benchmarks/out/lst_cells_v8.json, so a rerun (or a crash) redoes only what is missing."""
     import json
-    path = OUT / "lst_cells_v6.json"
+    path = OUT / "lst_cells_v8.json"
     OUT.mkdir(parents=True, exist_ok=True)
     store = json.loads(path.read_text()) if path.exists() else {}
     if key not in store:
@@ -318,8 +327,8 @@ def cached(key: str, ex, fn, tasks):
 
 def rates(pvals) -> tuple:
     """What a table row shows of one cell: the default's rate, se and count at ALPHA, then (rate, se, count) of the
-    regions part alone at ALPHA and of the default at 1%."""
-    return rate(pvals) + (rate(pvals, 1), rate(pvals, 0, 0.01))
+    regions part alone at ALPHA, of the default at 1% and of the previous default (diagonal log-odds) at ALPHA."""
+    return rate(pvals) + (rate(pvals, 1), rate(pvals, 0, 0.01), rate(pvals, "diagonal"))
 
 
 def fmt_rate(r, se, goal_ok) -> str:
@@ -406,27 +415,30 @@ def main(argv=None) -> int:
              f"`python benchmarks/{Path(__file__).name}{' ' + ' '.join(argv if argv is not None else sys.argv[1:])}`"
              f" on {cpu_model()}, nproc {os.cpu_count()} (shared with other jobs), Python "
              f"{platform.python_version()}, numpy {np.__version__}; {elapsed / 60:.0f} min (cells already in "
-             "benchmarks/out/lst_cells_v6.json are reused, not rerun). "
+             "benchmarks/out/lst_cells_v8.json are reused, not rerun). "
              "Nominal level 5%; ± is the binomial standard error. Problems and sampling: the docstring of the "
              "script; the test: `docs/label_shift_test.md`.", "",
              "**Size** (rejection rate under true label shift; goal <= 7%):", "",
-             "| problem | m | n | target priors | size (default: regions + log-odds) | size (regions only, the previous "
-             "default) | default at level 1% | replicates |", "|---|---|---|---|---|---|---|---|"]
-    for prob, m, n, fam, r, se, cnt, (r2, se2, _), (r1, se1, _) in rows_size:
+             "| problem | m | n | target priors | size (default: regions + log-odds) | previous default (diagonal "
+             "log-odds statistic only) | regions part only | default at level 1% | replicates |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for prob, m, n, fam, r, se, cnt, (r2, se2, _), (r1, se1, _), (r3, se3, _) in rows_size:
         lines.append(f"| {prob} | {m:,} | {n:,} | {fam} | {fmt_rate(r, se, r <= 0.07)} | "
-                     f"{fmt_rate(r2, se2, r2 <= 0.07)} | {100 * r1:.1f}% ± {100 * se1:.1f} | {cnt} |")
+                     f"{fmt_rate(r3, se3, r3 <= 0.07)} | {fmt_rate(r2, se2, r2 <= 0.07)} | "
+                     f"{100 * r1:.1f}% ± {100 * se1:.1f} | {cnt} |")
     if any(by_family.values()):
-        for col, what in ((0, "default"), (1, "regions only")):
+        for col, what in ((0, "default"), ("diagonal", "previous default"), (1, "regions only")):
             lines += ["", f"Gaussian size by prior family ({what}; all n and m pooled): " + ", ".join(
                 f"{f} {100 * rate(v, col)[0]:.1f}% ± {100 * rate(v, col)[1]:.1f} ({rate(v, col)[2]})"
                 for f, v in by_family.items() if v) + "."]
     if rows_power:
         lines += ["", "**Power** (rejection rate when label shift fails; goal >= 80% at m = 2,000):", "",
-                  "| alternative | m | n | power (default: regions + log-odds) | power (regions only, the previous "
-                  "default) | default at level 1% | replicates |", "|---|---|---|---|---|---|---|"]
-        for label, m, n, r, se, cnt, (r2, se2, _), (r1, se1, _) in rows_power:
-            lines.append(f"| {label} | {m:,} | {n:,} | {fmt_rate(r, se, r >= 0.8)} | {fmt_rate(r2, se2, r2 >= 0.8)} "
-                         f"| {100 * r1:.1f}% ± {100 * se1:.1f} | {cnt} |")
+                  "| alternative | m | n | power (default: regions + log-odds) | previous default (diagonal log-odds "
+                  "statistic only) | regions part only | default at level 1% | replicates |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for label, m, n, r, se, cnt, (r2, se2, _), (r1, se1, _), (r3, se3, _) in rows_power:
+            lines.append(f"| {label} | {m:,} | {n:,} | {fmt_rate(r, se, r >= 0.8)} | {fmt_rate(r3, se3, r3 >= 0.8)} "
+                         f"| {fmt_rate(r2, se2, r2 >= 0.8)} | {100 * r1:.1f}% ± {100 * se1:.1f} | {cnt} |")
         lines += ["", f"Tabular problem: {tab.k} classes, {tab.d} features, source accuracy {tab.accuracy:.2f}; "
                   f"broken column {tab.broken}."]
     if timing is not None:

@@ -16,6 +16,11 @@ their variances (target variance / m + sum_y q_y^2 (holdout variance within y) /
 
 the class proportions profiled out by weighted least squares (closed form); each class's variance is smoothed
 by SMOOTH pseudo-rows of the whole holdout, so that a moment a class never showed is not taken as known exactly.
+Beside S, the *block statistic* weighs each predicted class's block by the inverse of its covariance (shrunk
+towards the diagonal): S counts the direction in which all of a row's log-odds move together many times over and
+is strong along it (a class pulled towards the others); the block statistic sees a few log-odds moving against the
+rest (rows leaning towards one other class). Both are computed on the same draws and the part's p-value is the
+smaller of their two p-values, calibrated by those draws (:func:`_block_statistic`, :func:`log_odds_test`).
 Its law under H0 comes from a studentised bootstrap in a world where H0 holds: the completed data of the null fit.
 Class y's rows in that world are its holdout rows (plus SMOOTH pseudo-rows of the whole holdout) and the target's
 rows in the share the null fit gives y (a uniform subsample of WORLD_TARGET_ROWS target rows, weighing
@@ -41,6 +46,9 @@ _W_FLOOR = 1e-6          # variances below this fraction of the largest are rais
 SMOOTH = 1.0             # pseudo-rows of the whole holdout added to each class (its variance and the bootstrap world)
 WORLD_TARGET_ROWS = 5000  # target rows (a uniform subsample) that stand for the target in the bootstrap world
 WORLD_TARGET_WEIGHT = 1.0  # the target rows' total weight in the world, a share of m (1: the null fit's completed data)
+BLOCK_SHRINK = 0.1        # the block statistic's covariance: (1 - this) x the full block + this x its diagonal
+BLOCK_MAX_CLASSES = 20    # above this many classes only the diagonal statistic runs (the block one costs k^4 a draw)
+_BLOCK_CHUNK = 4_000_000  # draws x k^4 numbers per chunk of the block statistic's draws (32 MB of float64)
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,9 @@ class LogOddsPart:
     p_value: float
     class_share: np.ndarray
     moments: int
+    block_statistic: float = float("nan")
+    p_value_diagonal: float = float("nan")
+    p_value_block: float = float("nan")
 
 
 def _features(Z: np.ndarray, k: int) -> sparse.csr_matrix:
@@ -69,13 +80,37 @@ def _features(Z: np.ndarray, k: int) -> sparse.csr_matrix:
     return F
 
 
-def _target_moments(P, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _block_vectors(Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's predicted class c and its block vector u (rows, k): the clipped log-odds log f_j - log f_c, with
+    1 (the indicator of c) in slot c. The block statistic's moments are u placed in c's block."""
+    rows = Z.shape[0]
+    c = np.argmax(Z, axis=1)
+    with np.errstate(divide="ignore"):
+        lz = np.log(np.asarray(Z, dtype=np.float64))
+    u = np.clip(lz - lz[np.arange(rows), c][:, None], LOG_ODDS_FLOOR, 0.0)
+    u[np.arange(rows), c] = 1.0
+    return c, u
+
+
+def _products(Z: np.ndarray, k: int) -> sparse.csr_matrix:
+    """(rows, k^3), sparse: the outer product u u' of each row's block vector (:func:`_block_vectors`), placed in its
+    predicted class's (k, k) block -- k^2 non-zeros a row; summed over rows they give each block's second moments."""
+    c, u = _block_vectors(Z)
+    rows = u.shape[0]
+    cols = c[:, None] * k * k + np.arange(k * k)[None, :]
+    values = (u[:, :, None] * u[:, None, :]).reshape(rows, k * k)
+    return sparse.csr_matrix((values.ravel(), cols.ravel(), np.arange(rows + 1) * k * k), shape=(rows, k ** 3))
+
+
+def _target_moments(P, k: int, products: bool = False):
     """Mean and variance of the moments over the target rows, accumulated per predicted class in row blocks: memory
-    of one block of (rows, k) log-odds, never the (m, k + k^2) moment matrix."""
+    of one block of (rows, k) log-odds, never the (m, k + k^2) moment matrix. With ``products`` also each block's
+    mean second-moment matrix of the block vectors, (k, k, k) (sums over rows predicted c of u u', / m)."""
     m = P.shape[0]
     count = np.zeros(k)
     total = np.zeros((k, k))
     squares = np.zeros((k, k))
+    second = np.zeros((k, k, k))
     for sl in _rows.blocks(m):
         Z = np.asarray(P[sl], dtype=np.float64)
         c = np.argmax(Z, axis=1)
@@ -86,9 +121,17 @@ def _target_moments(P, k: int) -> tuple[np.ndarray, np.ndarray]:
         for j in range(k):                       # row c of total gets the rows predicted c (bincount: fast)
             total[:, j] += np.bincount(c, weights=odds[:, j], minlength=k)
             squares[:, j] += np.bincount(c, weights=np.square(odds[:, j]), minlength=k)
+        if products:
+            u = odds
+            u[np.arange(Z.shape[0]), c] = 1.0
+            for b in np.unique(c):
+                U = u[c == b]
+                second[b] += U.T @ U
     mean = np.concatenate([count, total.ravel()]) / m
-    second = np.concatenate([count, squares.ravel()]) / m
-    return mean, np.maximum(second - mean ** 2, 0.0)
+    moments = np.concatenate([count, squares.ravel()]) / m
+    if products:
+        return mean, np.maximum(moments - mean ** 2, 0.0), second / m
+    return mean, np.maximum(moments - mean ** 2, 0.0)
 
 
 def _profile(f: np.ndarray, M: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -133,6 +176,77 @@ def _studentised(f, var_t, M, E2, n_y, m, pooled):
     return stat, q, W
 
 
+def _block_statistic(f, T2, M, E2, n_y, m: int, pooled) -> tuple[np.ndarray, np.ndarray]:
+    """The block statistic for B data sets: the moments of :func:`_studentised`, weighted by the inverse of their
+    covariance within each predicted class's block instead of their variances alone, so that a few log-odds that
+    move together against the rest (rows leaning towards one other class) are not diluted by the block's common
+    spread. f (B, c, a): the target's block means; T2 (B, c, a, a): its block second moments; M (B, c, a, k):
+    the holdout's per-class block means; E2 (B, k, c, a, a): their second moments (c: the blocks kept, a: the k
+    slots of a block). The covariance, target / m + sum_y q_y^2 (class y's, smoothed as in _studentised) / n_y, is
+    shrunk by BLOCK_SHRINK towards its diagonal (a class of 50 holdout rows estimates a k x k block poorly);
+    blocks are uncorrelated in it (the cross terms -E[u_c] E[u_c'] are left out: a weight, not a law -- the
+    bootstrap gives the law). q is profiled out by generalised least squares as in _studentised. Returns S (B,) and
+    each block's part of it (B, c)."""
+    k = n_y.size
+    a = n_y / (n_y + SMOOTH)
+    mean = a * M + (1 - a) * pooled[0][None, :, :, None]                                   # (B, c, a, k)
+    second = a[None, :, None, None, None] * E2 + (1 - a)[None, :, None, None, None] * pooled[1][None, None]
+    mean_y = np.moveaxis(mean, 3, 1)                                                       # (B, k, c, a)
+    V = second - mean_y[..., :, None] * mean_y[..., None, :]                               # (B, k, c, a, a)
+    cov_t = T2 - f[..., :, None] * f[..., None, :]
+    eye = np.eye(f.shape[2])
+
+    def covariance(q):
+        C = cov_t / m + np.einsum("bycij,by->bcij", V, q ** 2 / n_y)
+        diagonal = np.einsum("bcii->bci", C)
+        C = (1 - BLOCK_SHRINK) * C + BLOCK_SHRINK * diagonal[..., None] * eye
+        top = np.maximum(diagonal.max(axis=(1, 2)), 1e-300)[:, None, None, None]
+        return C + _W_FLOOR * top * eye
+
+    def profile(C):
+        CiM = np.linalg.solve(C, M)                                                        # (B, c, a, k)
+        Cif = np.linalg.solve(C, f[..., None])[..., 0]
+        A = np.einsum("bcay,bcaz->byz", M, CiM)
+        b = np.einsum("bcay,bca->by", M, Cif)
+        scale = np.trace(A, axis1=1, axis2=2) / k
+        A = A + (1e-10 * np.maximum(scale, 1e-300))[:, None, None] * np.eye(k)
+        Ab = np.linalg.solve(A, b[..., None])[..., 0]
+        A1 = np.linalg.solve(A, np.ones_like(b)[..., None])[..., 0]
+        q = Ab + ((1.0 - Ab.sum(axis=1)) / A1.sum(axis=1))[:, None] * A1
+        r = f - np.einsum("bcay,by->bca", M, q)
+        parts = np.einsum("bca,bca->bc", r, np.linalg.solve(C, r[..., None])[..., 0])
+        return parts, q
+
+    _, q = profile(covariance(np.broadcast_to(n_y / n_y.sum(), (f.shape[0], k))))
+    q = np.maximum(q, 0.0)
+    q = q / np.maximum(q.sum(axis=1, keepdims=True), 1e-300)
+    parts, _ = profile(covariance(q))
+    return parts.sum(axis=1), parts
+
+
+def _p_value(stat: float, boot: np.ndarray) -> tuple[float, float]:
+    """(1 + #{draws >= stat}) / (draws + 1), and where no draw reaches the statistic, the tail of a scaled chi^2
+    matched to the draws' mean and variance (Satterthwaite; nan otherwise): the draws resolve nothing below
+    1/(B+1), the tail says how far out."""
+    exceed = int(np.sum(boot >= stat - 1e-9 * max(1.0, stat)))
+    tail = float("nan")
+    if exceed == 0:
+        mean, var = float(boot.mean()), float(boot.var())
+        if mean > 0 and var > 0:
+            tail = float(chi2.sf(stat / (var / (2 * mean)), 2 * mean ** 2 / var))
+    return (1 + exceed) / (boot.size + 1), tail
+
+
+def _with_tail(p: float, tail: float) -> float:
+    return float(p if np.isnan(tail) else min(p, tail))
+
+
+def _ranks(boot: np.ndarray) -> np.ndarray:
+    """Each draw's p-value among the draws, (1 + #{draws >= it}) / (B + 1) (itself counted: conservative)."""
+    order = np.sort(boot)
+    return (1 + boot.size - np.searchsorted(order, boot, side="left")) / (boot.size + 1)
+
+
 def _world(Fs, y, Ft, resp, m: int):
     """The bootstrap world: the completed data of the null fit. Rows: the n holdout rows (features ``Fs``), then T
     target rows (features ``Ft``; a uniform subsample of the target). Class y's weights: 1 for each holdout row of
@@ -150,13 +264,12 @@ def _world(Fs, y, Ft, resp, m: int):
     return F, F.multiply(F).tocsr(), weights
 
 
-def _sums_of_draws(rng, cdf: np.ndarray, rows: int, draws: int, F, F2) -> tuple[np.ndarray, np.ndarray]:
-    """``draws`` samples of ``rows`` world rows each (inverse-cdf sampling from ``cdf``): the sums of their
-    features and of their squared features, (draws, moments) each."""
+def _draw_counts(rng, cdf: np.ndarray, rows: int, draws: int) -> sparse.csr_matrix:
+    """``draws`` samples of ``rows`` world rows each (inverse-cdf sampling from ``cdf``), as a (draws, world rows)
+    matrix of counts: its product with the world's features gives each draw's sums."""
     idx = np.minimum(np.searchsorted(cdf, rng.random((draws, rows)) * cdf[-1], side="right"), cdf.size - 1)
-    counts = sparse.csr_matrix((np.ones(draws * rows), idx.ravel(), np.arange(draws + 1) * rows),
-                               shape=(draws, cdf.size))
-    return (counts @ F).toarray(), (counts @ F2).toarray()
+    return sparse.csr_matrix((np.ones(draws * rows), idx.ravel(), np.arange(draws + 1) * rows),
+                             shape=(draws, cdf.size))
 
 
 def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, responsibilities,
@@ -165,8 +278,10 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     target outputs (m, k; read in row blocks), ``draws`` bootstrap draws from ``seed``. The bootstrap world is the
     completed data of a null fit: ``responsibilities(rows)`` gives, for target output rows (T, k), each class's
     share of every row (T, k; rows sum to 1 or are 0), ``q_world`` the fit's class proportions (the target's
-    classes in the draws). p = (1 + #{S* >= S}) / (draws + 1); beyond every draw, the smaller of that and the
-    tail of a scaled chi^2 matched to the draws' mean and variance."""
+    classes in the draws). Two statistics are computed on the same draws, the diagonal S and (k <= BLOCK_MAX_CLASSES)
+    the block statistic; each gets p = (1 + #{draws >= it}) / (draws + 1), and the part's p-value is the smaller
+    of the two calibrated by the same draws (the share of draws whose smaller p is as small). Beyond every draw,
+    twice the smaller tail of scaled chi^2 laws matched to the draws' mean and variance (Bonferroni over the two)."""
     k = S.shape[1]
     m = P.shape[0]
     n_y = np.bincount(y, minlength=k)
@@ -175,14 +290,15 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     keep = np.bincount(Fs.indices, minlength=Fs.shape[1]) > 0    # moments the holdout never takes compare nothing
     if not keep.any():
         return LogOddsPart(statistic=0.0, p_value=1.0, class_share=np.zeros(k), moments=0)
-    Fs = Fs[:, keep]
+    block = k <= BLOCK_MAX_CLASSES
     Fh = Fs.toarray()
     F2 = np.square(Fh)
-    f, var_t = _target_moments(P, k)
-    f, var_t = f[keep], var_t[keep]
-    pooled = (Fh.mean(axis=0), F2.mean(axis=0))
-    M = np.stack([Fh[idx].mean(axis=0) for idx in members], axis=1)            # (d, k)
-    E2 = np.stack([F2[idx].mean(axis=0) for idx in members], axis=1)
+    moments = _target_moments(P, k, products=block)
+    f, var_t = moments[0][keep], moments[1][keep]
+    pooled = (Fh[:, keep].mean(axis=0), F2[:, keep].mean(axis=0))
+    M_full = np.stack([Fh[idx].mean(axis=0) for idx in members], axis=1)          # (k + k^2, k)
+    M = M_full[keep]
+    E2 = np.stack([F2[idx][:, keep].mean(axis=0) for idx in members], axis=1)
     stat, q, W = _studentised(f[None], var_t[None], M[None], E2[None], n_y, m, pooled)
 
     # the bootstrap world (_world): class y's rows are its holdout rows plus the target rows in the share the null
@@ -191,30 +307,70 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     rng = np.random.default_rng([seed, 0x10DD5])
     sub = np.sort(rng.choice(m, size=min(m, WORLD_TARGET_ROWS), replace=False))
     Zt = np.asarray(P[sub], dtype=np.float64)
-    Fw, F2w, world = _world(Fs, y, _features(Zt, k)[:, keep], np.asarray(responsibilities(Zt), dtype=np.float64), m)
-    d = Fh.shape[1]
+    Fw, F2w, world = _world(Fs, y, _features(Zt, k), np.asarray(responsibilities(Zt), dtype=np.float64), m)
+    d = int(keep.sum())
     Mb, E2b = np.zeros((draws, d, k)), np.zeros((draws, d, k))
+    counts_y, sums_y = [], []
     for c in range(k):
-        sums, squares = _sums_of_draws(rng, np.cumsum(world[c]), int(n_y[c]), draws, Fw, F2w)
-        Mb[:, :, c], E2b[:, :, c] = sums / n_y[c], squares / n_y[c]
+        counts = _draw_counts(rng, np.cumsum(world[c]), int(n_y[c]), draws)
+        sums = (counts @ Fw).toarray()
+        Mb[:, :, c], E2b[:, :, c] = sums[:, keep] / n_y[c], (counts @ F2w).toarray()[:, keep] / n_y[c]
+        counts_y.append(counts)
+        sums_y.append(sums / n_y[c])
     qw = np.maximum(np.asarray(q_world, dtype=np.float64), 0.0)
-    counts = rng.multinomial(m, (qw / qw.sum()) @ world, size=draws).astype(np.float64)   # (B, rows): the target
-    fb = np.asarray((Fw.T @ counts.T).T) / m
-    var_b = np.maximum(np.asarray((F2w.T @ counts.T).T) / m - fb ** 2, 0.0)
+    counts_t = rng.multinomial(m, (qw / qw.sum()) @ world, size=draws).astype(np.float64)   # (B, rows): the target
+    fb_full = np.asarray((Fw.T @ counts_t.T).T) / m
+    fb = fb_full[:, keep]
+    var_b = np.maximum(np.asarray((F2w[:, keep].T @ counts_t.T).T) / m - fb ** 2, 0.0)
     boot = _studentised(fb, var_b, Mb, E2b, n_y, m, pooled)[0]
     s = float(stat[0])
-    exceed = int(np.sum(boot >= s - 1e-9 * max(1.0, s)))
-    p_value = (1 + exceed) / (draws + 1)
-    if exceed == 0:
-        # beyond every draw: the draws resolve nothing below 1/(B+1); a scaled chi^2 matched to their mean and
-        # variance (Satterthwaite) says how far out, so that levels below 1/(B+1) can still reject
-        mean, var = float(boot.mean()), float(boot.var())
-        if mean > 0 and var > 0:
-            p_value = min(p_value, float(chi2.sf(s / (var / (2 * mean)), 2 * mean ** 2 / var)))
+    p_diagonal, tail_diagonal = _p_value(s, boot)
 
     # evidence: the statistic's parts by predicted-class block (the indicator of c and its log-odds)
     resid = f - M @ q[0]
-    block = np.concatenate([np.arange(k), np.repeat(np.arange(k), k)])[keep]
-    share = np.bincount(block, weights=W[0] * resid ** 2, minlength=k)
+    owner = np.concatenate([np.arange(k), np.repeat(np.arange(k), k)])[keep]
+    share = np.bincount(owner, weights=W[0] * resid ** 2, minlength=k)
+    if not block:
+        p_value = _with_tail(p_diagonal, tail_diagonal)
+        share = share / share.sum() if share.sum() > 0 else share
+        return LogOddsPart(statistic=s, p_value=float(p_value), class_share=share, moments=d,
+                           p_value_diagonal=float(p_value))
+
+    # the block statistic on the same draws: block layout (c, a) = slot a of block c, the indicator in slot c
+    kept = np.flatnonzero(keep[:k])                               # blocks (predicted classes) the holdout shows
+    layout = k + np.arange(k)[:, None] * k + np.arange(k)[None, :]
+    layout[np.arange(k), np.arange(k)] = np.arange(k)
+    layout = layout[kept]                                         # (c, a) -> column of the full moment layout
+    Ps = _products(S, k)
+    Y = sparse.csr_matrix((1.0 / n_y[y], (y, np.arange(y.size))), shape=(k, y.size))
+    E2_hold = (Y @ Ps).toarray().reshape(k, k, k, k)[:, kept]   # (y, c, a, a)
+    pooled_block = (Fh.mean(axis=0)[layout], np.asarray(Ps.mean(axis=0)).reshape(k, k, k)[kept])
+    t_block = moments[2][kept]
+    b_stat, b_parts = _block_statistic(moments[0][layout][None], t_block[None], M_full[layout][None],
+                                       E2_hold[None], n_y, m, pooled_block)
+    Ow = sparse.vstack([Ps, _products(Zt, k)]).tocsr()
+    chunk = max(1, _BLOCK_CHUNK // k ** 4)
+    b_boot = np.empty(draws)
+    for lo in range(0, draws, chunk):
+        sl = slice(lo, min(draws, lo + chunk))
+        E2c = np.stack([(counts_y[c][sl] @ Ow).toarray().reshape(-1, k, k, k)[:, kept] / n_y[c]
+                        for c in range(k)], axis=1)                               # (b, y, c, a, a)
+        Mc = np.stack([sums_y[c][sl][:, layout] for c in range(k)], axis=-1)      # (b, c, a, y)
+        T2c = np.asarray(Ow.T @ counts_t[sl].T).T.reshape(-1, k, k, k)[:, kept] / m
+        b_boot[sl] = _block_statistic(fb_full[sl][:, layout], T2c, Mc, E2c, n_y, m, pooled_block)[0]
+    bs = float(b_stat[0])
+    p_block, tail_block = _p_value(bs, b_boot)
+
+    # the smaller of the two p-values, calibrated by the same draws
+    smaller = min(p_diagonal, p_block)
+    p_value = (1 + int(np.sum(np.minimum(_ranks(boot), _ranks(b_boot)) <= smaller + 1e-12))) / (draws + 1)
+    tails = [t for t in (tail_diagonal, tail_block) if not np.isnan(t)]
+    if tails and p_value <= 1.0 / (draws + 1) + 1e-12:
+        p_value = min(p_value, 2 * min(tails))
+    if p_block < p_diagonal:
+        share = np.zeros(k)
+        share[kept] = b_parts[0]
     share = share / share.sum() if share.sum() > 0 else share
-    return LogOddsPart(statistic=s, p_value=float(p_value), class_share=share, moments=int(keep.sum()))
+    return LogOddsPart(statistic=s, p_value=float(p_value), class_share=share, moments=d, block_statistic=bs,
+                       p_value_diagonal=_with_tail(p_diagonal, tail_diagonal),
+                       p_value_block=_with_tail(p_block, tail_block))

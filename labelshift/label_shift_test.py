@@ -72,7 +72,8 @@ CALIBRATIONS = ("bootstrap", "chi2")
 #: default number of bootstrap draws
 BOOTSTRAP_DRAWS = 200
 # what the log-odds part adds to the result (extra and to_dict), and which of those are numbers read back as floats
-_LOG_ODDS_FLOATS = ("p_value_regions", "p_value_log_odds", "log_odds_statistic", "log_odds_class_share")
+_LOG_ODDS_FLOATS = ("p_value_regions", "p_value_log_odds", "log_odds_statistic", "log_odds_class_share",
+                    "p_value_log_odds_diagonal", "p_value_log_odds_block", "log_odds_block_statistic")
 _LOG_ODDS_KEYS = _LOG_ODDS_FLOATS + ("log_odds_moments", "log_odds_class", "log_odds_where")
 # pseudo-count (spread over the regions by their pooled holdout frequency) in the holdout variance of each class
 _SMOOTH = 1.0
@@ -785,6 +786,8 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
             q_null = q
         part = log_odds_test(S, y, P, bootstrap_draws, seed, _world_shares(regions, pi, q_null, p), q_null)
         extra.update(p_value_regions=p_value, p_value_log_odds=part.p_value, log_odds_statistic=part.statistic,
+                     p_value_log_odds_diagonal=part.p_value_diagonal, p_value_log_odds_block=part.p_value_block,
+                     log_odds_block_statistic=part.block_statistic,
                      log_odds_moments=part.moments, log_odds_class=int(np.argmax(part.class_share)),
                      log_odds_class_share=float(np.max(part.class_share)),
                      log_odds_where=_region_name((int(np.argmax(part.class_share)),), 0.0, 1.0, class_names))

@@ -306,9 +306,59 @@ def test_log_odds_part_in_row_blocks_equals_the_whole_array(monkeypatch):
     monkeypatch.setattr(rows, "ROW_BLOCK", 1000)
     monkeypatch.setattr(rows, "LARGE_ROWS", 2000)
     blocked = label_shift_test(S, ys, P)
-    for key in ("log_odds_statistic", "p_value_log_odds"):
+    for key in ("log_odds_statistic", "log_odds_block_statistic", "p_value_log_odds"):
         assert blocked.extra[key] == pytest.approx(whole.extra[key], rel=1e-9)
     assert blocked.p_value == pytest.approx(whole.p_value, rel=1e-9)
+
+
+def _leaning_rows(seed: int, n: int = 1000, m: int = 2000, share: float = 0.1):
+    """A holdout, and a target whose last ``share`` of rows come from a class the model never saw, centred half-way
+    between the means of classes 0 and 1: rows predicted 0 or 1 that lean towards the other."""
+    rng = np.random.default_rng(seed)
+    S, ys = holdout(n, rng)
+    new = int(share * m)
+    xt, _ = draw(rng.dirichlet(np.full(K, 5.0)), m - new, rng)
+    mid = (MEANS[0] + MEANS[1]) / 2 + 0.5 * rng.normal(size=(new, D))
+    return S, ys, posterior(np.concatenate([xt, mid]))
+
+
+def test_log_odds_part_takes_the_smaller_of_its_two_statistics():
+    # the part's p-value is the smaller of the diagonal and block statistics' p-values calibrated by the same
+    # draws: never below the smaller (the draws beyond each statistic count for it) and never above twice it
+    # (Bonferroni bounds the min-p law); checked on null targets and on targets with leaning rows
+    rng = np.random.default_rng(9)
+    for seed in range(4):
+        S, ys = holdout(800, rng)
+        for P in (posterior(draw(rng.dirichlet(np.ones(K)), 1500, rng)[0]), _leaning_rows(seed)[2]):
+            x = label_shift_test(S, ys, P, seed=seed).extra
+            low = min(x["p_value_log_odds_diagonal"], x["p_value_log_odds_block"])
+            assert low - 1e-12 <= x["p_value_log_odds"] <= 2 * low + 1e-12
+            assert x["log_odds_block_statistic"] >= 0.0
+
+
+def test_log_odds_part_names_the_class_the_leaning_rows_are_predicted():
+    S, ys, P = _leaning_rows(1)
+    res = label_shift_test(S, ys, P)
+    x = res.extra
+    assert x["p_value_log_odds_block"] < 0.01 and x["p_value_log_odds"] < 0.01 and res.rejects(0.01)
+    assert x["log_odds_class"] in (0, 1)
+
+
+def test_block_statistic_in_chunks_of_draws_and_skipped_for_many_classes(monkeypatch):
+    from labelshift import _log_odds_test as lot
+    S, ys, P = _leaning_rows(2, n=600, m=1200)
+    whole = label_shift_test(S, ys, P, seed=4)
+    monkeypatch.setattr(lot, "_BLOCK_CHUNK", 1)                # one draw per chunk
+    chunked = label_shift_test(S, ys, P, seed=4)
+    for key in ("log_odds_block_statistic", "p_value_log_odds_block", "p_value_log_odds"):
+        assert chunked.extra[key] == pytest.approx(whole.extra[key], rel=1e-9)
+    monkeypatch.setattr(lot, "BLOCK_MAX_CLASSES", K - 1)       # more classes than that: the diagonal statistic only
+    diagonal = label_shift_test(S, ys, P, seed=4)
+    x = diagonal.extra
+    assert np.isnan(x["p_value_log_odds_block"]) and np.isnan(x["log_odds_block_statistic"])
+    assert x["p_value_log_odds"] == x["p_value_log_odds_diagonal"] == whole.extra["p_value_log_odds_diagonal"]
+    d = json.loads(json.dumps(diagonal.to_dict()))
+    assert d["p_value_log_odds_block"] is None and LabelShiftTest.from_dict(d).to_dict() == d
 
 
 def test_log_odds_part_round_trips_and_can_be_left_out():
