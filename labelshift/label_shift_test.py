@@ -122,7 +122,9 @@ class LabelShiftTest:
         dof: likelihood ratio: regions - classes with a positive weight under the null fit; Wald: rank of Sigma.
         p_value: with the log-odds part (default): min(1, 2 min(p_regions, p_log_odds)), the parts in ``extra``
             (``p_value_regions``, ``p_value_log_odds``, ``log_odds_statistic``, ``log_odds_where`` the predicted
-            class whose profile differs most, ``log_odds_class_share`` its part of the statistic). p_regions, and
+            class whose profile differs most, ``log_odds_class_share`` its part of the statistic; the log-odds
+            part's two statistics' own p-values ``p_value_log_odds_diagonal`` and ``p_value_log_odds_block``, and
+            ``log_odds_block_statistic``: nan above BLOCK_MAX_CLASSES classes). p_regions, and
             p_value without the log-odds part: (``calibration="bootstrap"``): (1 + #{draws with statistic* >=
             statistic}) / (B + 1), B
             draws of the parametric bootstrap from the null fit (beyond every draw: the smaller of 1/(B+1) and the
