@@ -48,6 +48,8 @@ WORLD_TARGET_ROWS = 5000  # target rows (a uniform subsample) that stand for the
 WORLD_TARGET_WEIGHT = 1.0  # the target rows' total weight in the world, a share of m (1: the null fit's completed data)
 BLOCK_SHRINK = 0.1        # the block statistic's covariance: (1 - this) x the full block + this x its diagonal
 BLOCK_MAX_CLASSES = 20    # above this many classes only the diagonal statistic runs (the block one costs k^4 a draw)
+#: the statistics' shares of the part's level (renormalised over those computed): the smallest p / share decides
+STATISTIC_WEIGHTS = {"diagonal": 0.2, "block": 0.5, "sum": 0.3}
 _BLOCK_CHUNK = 4_000_000  # draws x k^4 numbers per chunk of the block statistic's draws (32 MB of float64)
 
 
@@ -61,8 +63,10 @@ class LogOddsPart:
     class_share: np.ndarray
     moments: int
     block_statistic: float = float("nan")
+    sum_statistic: float = float("nan")
     p_value_diagonal: float = float("nan")
     p_value_block: float = float("nan")
+    p_value_sum: float = float("nan")
 
 
 def _features(Z: np.ndarray, k: int) -> sparse.csr_matrix:
@@ -278,10 +282,10 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     target outputs (m, k; read in row blocks), ``draws`` bootstrap draws from ``seed``. The bootstrap world is the
     completed data of a null fit: ``responsibilities(rows)`` gives, for target output rows (T, k), each class's
     share of every row (T, k; rows sum to 1 or are 0), ``q_world`` the fit's class proportions (the target's
-    classes in the draws). Two statistics are computed on the same draws, the diagonal S and (k <= BLOCK_MAX_CLASSES)
-    the block statistic; each gets p = (1 + #{draws >= it}) / (draws + 1), and the part's p-value is the smaller
-    of the two calibrated by the same draws (the share of draws whose smaller p is as small). Beyond every draw,
-    twice the smaller tail of scaled chi^2 laws matched to the draws' mean and variance (Bonferroni over the two)."""
+    classes in the draws). Three statistics are computed on the same draws: the diagonal S, the sum statistic
+    (the absolute sum of S's log-odds z-scores) and, for k <= BLOCK_MAX_CLASSES, the block statistic; each gets
+    p = (1 + #{draws >= it}) / (draws + 1), and the part's p-value is their smallest p / STATISTIC_WEIGHTS share,
+    calibrated by the same draws (:func:`_combined`)."""
     k = S.shape[1]
     m = P.shape[0]
     n_y = np.bincount(y, minlength=k)
@@ -322,19 +326,22 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     fb_full = np.asarray((Fw.T @ counts_t.T).T) / m
     fb = fb_full[:, keep]
     var_b = np.maximum(np.asarray((F2w[:, keep].T @ counts_t.T).T) / m - fb ** 2, 0.0)
-    boot = _studentised(fb, var_b, Mb, E2b, n_y, m, pooled)[0]
+    boot, q_b, W_b = _studentised(fb, var_b, Mb, E2b, n_y, m, pooled)
     s = float(stat[0])
-    p_diagonal, tail_diagonal = _p_value(s, boot)
+    # the sum statistic: |sum of the log-odds moments' z-scores| (the indicators left out), the same fits
+    odds = np.flatnonzero(keep)[None, :] >= k
+    z = np.sqrt(W[0]) * (f - M @ q[0])
+    z_b = np.sqrt(W_b) * (fb - np.einsum("bdk,bk->bd", Mb, q_b))
+    t_sum = float(abs(np.sum(z[odds[0]])))
+    sum_boot = np.abs(np.sum(z_b[:, odds[0]], axis=1))
 
     # evidence: the statistic's parts by predicted-class block (the indicator of c and its log-odds)
-    resid = f - M @ q[0]
     owner = np.concatenate([np.arange(k), np.repeat(np.arange(k), k)])[keep]
-    share = np.bincount(owner, weights=W[0] * resid ** 2, minlength=k)
+    shares = {"diagonal": np.bincount(owner, weights=z ** 2, minlength=k),
+              "sum": np.maximum(np.sign(np.sum(z[odds[0]])) * np.bincount(owner, weights=z * odds[0], minlength=k), 0)}
+    laws = {"diagonal": (s, boot), "sum": (t_sum, sum_boot)}
     if not block:
-        p_value = _with_tail(p_diagonal, tail_diagonal)
-        share = share / share.sum() if share.sum() > 0 else share
-        return LogOddsPart(statistic=s, p_value=float(p_value), class_share=share, moments=d,
-                           p_value_diagonal=float(p_value))
+        return _combined(laws, shares, draws, k, statistic=s, moments=d, sum_statistic=t_sum)
 
     # the block statistic on the same draws: block layout (c, a) = slot a of block c, the indicator in slot c
     kept = np.flatnonzero(keep[:k])                               # blocks (predicted classes) the holdout shows
@@ -359,18 +366,30 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
         T2c = np.asarray(Ow.T @ counts_t[sl].T).T.reshape(-1, k, k, k)[:, kept] / m
         b_boot[sl] = _block_statistic(fb_full[sl][:, layout], T2c, Mc, E2c, n_y, m, pooled_block)[0]
     bs = float(b_stat[0])
-    p_block, tail_block = _p_value(bs, b_boot)
+    laws["block"] = (bs, b_boot)
+    shares["block"] = np.zeros(k)
+    shares["block"][kept] = b_parts[0]
+    return _combined(laws, shares, draws, k, statistic=s, moments=d, sum_statistic=t_sum, block_statistic=bs)
 
-    # the smaller of the two p-values, calibrated by the same draws
-    smaller = min(p_diagonal, p_block)
-    p_value = (1 + int(np.sum(np.minimum(_ranks(boot), _ranks(b_boot)) <= smaller + 1e-12))) / (draws + 1)
-    tails = [t for t in (tail_diagonal, tail_block) if not np.isnan(t)]
+
+def _combined(laws: dict, shares: dict, draws: int, k: int, **fields) -> LogOddsPart:
+    """The part's p-value from its statistics' laws ({name: (statistic, draws)}): the smallest of their p-values
+    divided by their STATISTIC_WEIGHTS (renormalised over those present), calibrated by the same draws -- the share
+    of draws whose own smallest weighted p-value (their ranks among the draws) is as small. It is at least the
+    smallest p-value and at most the smallest p / weight (a weighted Bonferroni bound). Beyond every draw, the
+    weighted Bonferroni of the matched chi^2 tails. The evidence is the shares of the statistic with the smallest
+    weighted p-value."""
+    names = list(laws)
+    w = np.array([STATISTIC_WEIGHTS[name] for name in names])
+    w = w / w.sum()
+    found = {name: _p_value(*laws[name]) for name in names}
+    scaled = np.array([found[name][0] for name in names]) / w
+    ranks = np.stack([_ranks(laws[name][1]) for name in names]) / w[:, None]
+    p_value = (1 + int(np.sum(ranks.min(axis=0) <= scaled.min() * (1 + 1e-12)))) / (draws + 1)
+    tails = [found[name][1] / wj for name, wj in zip(names, w) if not np.isnan(found[name][1])]
     if tails and p_value <= 1.0 / (draws + 1) + 1e-12:
-        p_value = min(p_value, 2 * min(tails))
-    if p_block < p_diagonal:
-        share = np.zeros(k)
-        share[kept] = b_parts[0]
+        p_value = min(p_value, min(tails))
+    share = shares[names[int(np.argmin(scaled))]]
     share = share / share.sum() if share.sum() > 0 else share
-    return LogOddsPart(statistic=s, p_value=float(p_value), class_share=share, moments=d, block_statistic=bs,
-                       p_value_diagonal=_with_tail(p_diagonal, tail_diagonal),
-                       p_value_block=_with_tail(p_block, tail_block))
+    own = {f"p_value_{name}": _with_tail(*found[name]) for name in names}
+    return LogOddsPart(p_value=float(p_value), class_share=share, **fields, **own)

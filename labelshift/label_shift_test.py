@@ -73,7 +73,8 @@ CALIBRATIONS = ("bootstrap", "chi2")
 BOOTSTRAP_DRAWS = 200
 # what the log-odds part adds to the result (extra and to_dict), and which of those are numbers read back as floats
 _LOG_ODDS_FLOATS = ("p_value_regions", "p_value_log_odds", "log_odds_statistic", "log_odds_class_share",
-                    "p_value_log_odds_diagonal", "p_value_log_odds_block", "log_odds_block_statistic")
+                    "p_value_log_odds_diagonal", "p_value_log_odds_block", "p_value_log_odds_sum",
+                    "log_odds_block_statistic", "log_odds_sum_statistic")
 _LOG_ODDS_KEYS = _LOG_ODDS_FLOATS + ("log_odds_moments", "log_odds_class", "log_odds_where")
 # pseudo-count (spread over the regions by their pooled holdout frequency) in the holdout variance of each class
 _SMOOTH = 1.0
@@ -123,8 +124,9 @@ class LabelShiftTest:
         p_value: with the log-odds part (default): min(1, 2 min(p_regions, p_log_odds)), the parts in ``extra``
             (``p_value_regions``, ``p_value_log_odds``, ``log_odds_statistic``, ``log_odds_where`` the predicted
             class whose profile differs most, ``log_odds_class_share`` its part of the statistic; the log-odds
-            part's two statistics' own p-values ``p_value_log_odds_diagonal`` and ``p_value_log_odds_block``, and
-            ``log_odds_block_statistic``: nan above BLOCK_MAX_CLASSES classes). p_regions, and
+            part's three statistics' own p-values ``p_value_log_odds_diagonal``, ``p_value_log_odds_block`` and
+            ``p_value_log_odds_sum``, ``log_odds_sum_statistic`` and ``log_odds_block_statistic``: the block ones
+            nan above BLOCK_MAX_CLASSES classes). p_regions, and
             p_value without the log-odds part: (``calibration="bootstrap"``): (1 + #{draws with statistic* >=
             statistic}) / (B + 1), B
             draws of the parametric bootstrap from the null fit (beyond every draw: the smaller of 1/(B+1) and the
@@ -789,7 +791,8 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
         part = log_odds_test(S, y, P, bootstrap_draws, seed, _world_shares(regions, pi, q_null, p), q_null)
         extra.update(p_value_regions=p_value, p_value_log_odds=part.p_value, log_odds_statistic=part.statistic,
                      p_value_log_odds_diagonal=part.p_value_diagonal, p_value_log_odds_block=part.p_value_block,
-                     log_odds_block_statistic=part.block_statistic,
+                     p_value_log_odds_sum=part.p_value_sum, log_odds_block_statistic=part.block_statistic,
+                     log_odds_sum_statistic=part.sum_statistic,
                      log_odds_moments=part.moments, log_odds_class=int(np.argmax(part.class_share)),
                      log_odds_class_share=float(np.max(part.class_share)),
                      log_odds_where=_region_name((int(np.argmax(part.class_share)),), 0.0, 1.0, class_names))

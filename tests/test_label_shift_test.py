@@ -322,18 +322,37 @@ def _leaning_rows(seed: int, n: int = 1000, m: int = 2000, share: float = 0.1):
     return S, ys, posterior(np.concatenate([xt, mid]))
 
 
-def test_log_odds_part_takes_the_smaller_of_its_two_statistics():
-    # the part's p-value is the smaller of the diagonal and block statistics' p-values calibrated by the same
-    # draws: never below the smaller (the draws beyond each statistic count for it) and never above twice it
-    # (Bonferroni bounds the min-p law); checked on null targets and on targets with leaning rows
+def _bounds_hold(x: dict, weights: dict) -> None:
+    """The part's p-value is the smallest of its statistics' p-values divided by their weights, calibrated by the
+    same draws: never below the smallest p-value (the draws beyond that statistic count) and never above the
+    smallest p / weight (weighted Bonferroni bounds the law of the minimum)."""
+    w = {name: v / sum(weights.values()) for name, v in weights.items()}
+    ps = {name: x[f"p_value_log_odds_{name}"] for name in w}
+    assert min(ps.values()) - 1e-12 <= x["p_value_log_odds"] <= min(ps[n] / w[n] for n in w) + 1e-12
+
+
+def test_log_odds_part_takes_the_smallest_weighted_p_of_its_three_statistics():
+    # checked on null targets and on targets with leaning rows
+    from labelshift._log_odds_test import STATISTIC_WEIGHTS
     rng = np.random.default_rng(9)
     for seed in range(4):
         S, ys = holdout(800, rng)
         for P in (posterior(draw(rng.dirichlet(np.ones(K)), 1500, rng)[0]), _leaning_rows(seed)[2]):
             x = label_shift_test(S, ys, P, seed=seed).extra
-            low = min(x["p_value_log_odds_diagonal"], x["p_value_log_odds_block"])
-            assert low - 1e-12 <= x["p_value_log_odds"] <= 2 * low + 1e-12
-            assert x["log_odds_block_statistic"] >= 0.0
+            _bounds_hold(x, STATISTIC_WEIGHTS)
+            assert x["log_odds_block_statistic"] >= 0.0 and x["log_odds_sum_statistic"] >= 0.0
+
+
+@pytest.mark.parametrize("factor, seed", [(0.93, 2), (1.07, 3)])
+def test_sum_statistic_sees_class_means_pulled_together_or_pushed_apart(factor, seed):
+    # every class mean moved towards (0.93) or away from (1.07) the centroid: the target's rows are less (more)
+    # sure than the holdout's, all log-odds up (down) together; the sum statistic is two-sided and sees both
+    rng = np.random.default_rng(seed)
+    S, ys = holdout(1000, rng)
+    centre = MEANS.mean(axis=0)
+    xt, _ = draw(rng.dirichlet(np.full(K, 5.0)), 2000, rng, means=centre + factor * (MEANS - centre))
+    x = label_shift_test(S, ys, posterior(xt)).extra
+    assert x["p_value_log_odds_sum"] < 0.01 and x["p_value_log_odds"] < 0.01
 
 
 def test_log_odds_part_names_the_class_the_leaning_rows_are_predicted():
@@ -352,11 +371,14 @@ def test_block_statistic_in_chunks_of_draws_and_skipped_for_many_classes(monkeyp
     chunked = label_shift_test(S, ys, P, seed=4)
     for key in ("log_odds_block_statistic", "p_value_log_odds_block", "p_value_log_odds"):
         assert chunked.extra[key] == pytest.approx(whole.extra[key], rel=1e-9)
-    monkeypatch.setattr(lot, "BLOCK_MAX_CLASSES", K - 1)       # more classes than that: the diagonal statistic only
+    assert chunked.extra["log_odds_sum_statistic"] == whole.extra["log_odds_sum_statistic"]
+    monkeypatch.setattr(lot, "BLOCK_MAX_CLASSES", K - 1)       # more classes than that: no block statistic
     diagonal = label_shift_test(S, ys, P, seed=4)
     x = diagonal.extra
     assert np.isnan(x["p_value_log_odds_block"]) and np.isnan(x["log_odds_block_statistic"])
-    assert x["p_value_log_odds"] == x["p_value_log_odds_diagonal"] == whole.extra["p_value_log_odds_diagonal"]
+    for key in ("p_value_log_odds_diagonal", "p_value_log_odds_sum", "log_odds_sum_statistic"):
+        assert x[key] == whole.extra[key]
+    _bounds_hold(x, {"diagonal": lot.STATISTIC_WEIGHTS["diagonal"], "sum": lot.STATISTIC_WEIGHTS["sum"]})
     d = json.loads(json.dumps(diagonal.to_dict()))
     assert d["p_value_log_odds_block"] is None and LabelShiftTest.from_dict(d).to_dict() == d
 
