@@ -51,6 +51,7 @@ BLOCK_MAX_CLASSES = 20    # above this many classes only the diagonal statistic 
 #: the statistics' shares of the part's level (renormalised over those computed): the smallest p / share decides
 STATISTIC_WEIGHTS = {"diagonal": 0.2, "block": 0.5, "sum": 0.3}
 _BLOCK_CHUNK = 4_000_000  # draws x k^4 numbers per chunk of the block statistic's draws (32 MB of float64)
+_TARGET_CHUNK = 400_000   # draws x world rows per chunk of the target's draws in float64 (3.2 MB)
 
 
 @dataclass(frozen=True)
@@ -268,12 +269,25 @@ def _world(Fs, y, Ft, resp, m: int):
     return F, F.multiply(F).tocsr(), weights
 
 
-def _draw_counts(rng, cdf: np.ndarray, rows: int, draws: int) -> sparse.csr_matrix:
-    """``draws`` samples of ``rows`` world rows each (inverse-cdf sampling from ``cdf``), as a (draws, world rows)
-    matrix of counts: its product with the world's features gives each draw's sums."""
-    idx = np.minimum(np.searchsorted(cdf, rng.random((draws, rows)) * cdf[-1], side="right"), cdf.size - 1)
-    return sparse.csr_matrix((np.ones(draws * rows), idx.ravel(), np.arange(draws + 1) * rows),
-                             shape=(draws, cdf.size))
+def _draw_rows(rng, cdf: np.ndarray, rows: int, draws: int) -> np.ndarray:
+    """``draws`` samples of ``rows`` world rows each (inverse-cdf sampling from ``cdf``): their indices, (draws,
+    rows) int32."""
+    idx = np.searchsorted(cdf, rng.random((draws, rows)) * cdf[-1], side="right")
+    return np.minimum(idx, cdf.size - 1).astype(np.int32)
+
+
+def _counts(picked: np.ndarray, size: int) -> sparse.csr_matrix:
+    """The (draws, world rows) matrix of counts of the rows ``picked`` (:func:`_draw_rows`): its product with the
+    world's features gives each draw's sums."""
+    draws, rows = picked.shape
+    return sparse.csr_matrix((np.ones(draws * rows), picked.ravel(), np.arange(draws + 1) * rows),
+                             shape=(draws, size))
+
+
+def _chunks(total: int, size: int):
+    """Slices of at most ``size`` (at least 1) covering range(total)."""
+    size = max(1, int(size))
+    return [slice(lo, min(total, lo + size)) for lo in range(0, total, size)]
 
 
 def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, responsibilities,
@@ -314,18 +328,26 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     Fw, F2w, world = _world(Fs, y, _features(Zt, k), np.asarray(responsibilities(Zt), dtype=np.float64), m)
     d = int(keep.sum())
     Mb, E2b = np.zeros((draws, d, k)), np.zeros((draws, d, k))
-    counts_y, sums_y = [], []
+    rows_y, sums_y = [], []
     for c in range(k):
-        counts = _draw_counts(rng, np.cumsum(world[c]), int(n_y[c]), draws)
+        picked = _draw_rows(rng, np.cumsum(world[c]), int(n_y[c]), draws)
+        counts = _counts(picked, Fw.shape[0])
         sums = (counts @ Fw).toarray()
         Mb[:, :, c], E2b[:, :, c] = sums[:, keep] / n_y[c], (counts @ F2w).toarray()[:, keep] / n_y[c]
-        counts_y.append(counts)
+        rows_y.append(picked)                      # kept compact (int32) for the block statistic's products
         sums_y.append(sums / n_y[c])
+    del counts
     qw = np.maximum(np.asarray(q_world, dtype=np.float64), 0.0)
-    counts_t = rng.multinomial(m, (qw / qw.sum()) @ world, size=draws).astype(np.float64)   # (B, rows): the target
-    fb_full = np.asarray((Fw.T @ counts_t.T).T) / m
+    counts_t = rng.multinomial(m, (qw / qw.sum()) @ world, size=draws)      # (B, rows), int: the target's draws
+    fb_full = np.zeros((draws, Fw.shape[1]))
+    second = np.zeros((draws, int(keep.sum())))
+    F2k = F2w[:, keep]
+    for sl in _chunks(draws, _TARGET_CHUNK // max(1, Fw.shape[0])):       # float64 a chunk of draws at a time
+        ct = counts_t[sl].astype(np.float64).T
+        fb_full[sl] = np.asarray(Fw.T @ ct).T / m
+        second[sl] = np.asarray(F2k.T @ ct).T / m
     fb = fb_full[:, keep]
-    var_b = np.maximum(np.asarray((F2w[:, keep].T @ counts_t.T).T) / m - fb ** 2, 0.0)
+    var_b = np.maximum(second - fb ** 2, 0.0)
     boot, q_b, W_b = _studentised(fb, var_b, Mb, E2b, n_y, m, pooled)
     s = float(stat[0])
     # the sum statistic: |sum of the log-odds moments' z-scores| (the indicators left out), the same fits
@@ -356,14 +378,12 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     b_stat, b_parts = _block_statistic(moments[0][layout][None], t_block[None], M_full[layout][None],
                                        E2_hold[None], n_y, m, pooled_block)
     Ow = sparse.vstack([Ps, _products(Zt, k)]).tocsr()
-    chunk = max(1, _BLOCK_CHUNK // k ** 4)
     b_boot = np.empty(draws)
-    for lo in range(0, draws, chunk):
-        sl = slice(lo, min(draws, lo + chunk))
-        E2c = np.stack([(counts_y[c][sl] @ Ow).toarray().reshape(-1, k, k, k)[:, kept] / n_y[c]
+    for sl in _chunks(draws, min(_BLOCK_CHUNK // k ** 4, _TARGET_CHUNK // Ow.shape[0])):
+        E2c = np.stack([(_counts(rows_y[c][sl], Ow.shape[0]) @ Ow).toarray().reshape(-1, k, k, k)[:, kept] / n_y[c]
                         for c in range(k)], axis=1)                               # (b, y, c, a, a)
         Mc = np.stack([sums_y[c][sl][:, layout] for c in range(k)], axis=-1)      # (b, c, a, y)
-        T2c = np.asarray(Ow.T @ counts_t[sl].T).T.reshape(-1, k, k, k)[:, kept] / m
+        T2c = np.asarray(Ow.T @ counts_t[sl].astype(np.float64).T).T.reshape(-1, k, k, k)[:, kept] / m
         b_boot[sl] = _block_statistic(fb_full[sl][:, layout], T2c, Mc, E2c, n_y, m, pooled_block)[0]
     bs = float(b_stat[0])
     laws["block"] = (bs, b_boot)
