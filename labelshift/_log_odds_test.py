@@ -16,11 +16,12 @@ their variances (target variance / m + sum_y q_y^2 (holdout variance within y) /
 
 the class proportions profiled out by weighted least squares (closed form); each class's variance is smoothed
 by SMOOTH pseudo-rows of the whole holdout, so that a moment a class never showed is not taken as known exactly.
-Beside S, the *block statistic* weighs each predicted class's block by the inverse of its covariance (shrunk
-towards the diagonal): S counts the direction in which all of a row's log-odds move together many times over and
-is strong along it (a class pulled towards the others); the block statistic sees a few log-odds moving against the
-rest (rows leaning towards one other class). Both are computed on the same draws and the part's p-value is the
-smaller of their two p-values, calibrated by those draws (:func:`_block_statistic`, :func:`log_odds_test`).
+Beside S, two more statistics on the same moments: the *block statistic* weighs each predicted class's block by
+the inverse of its covariance (shrunk towards the diagonal) and sees a few log-odds moving against the rest of the
+block (rows leaning towards one other class); the *sum statistic*, |sum of S's z-scores over the log-odds|, sees all
+log-odds moving together (class means pulled towards each other or pushed apart). S counts that common direction
+many times over and sits between the two. All three are computed on the same draws; the part's p-value is their
+smallest p-value over its STATISTIC_WEIGHTS share, calibrated by those draws (:func:`_combined`).
 Its law under H0 comes from a studentised bootstrap in a world where H0 holds: the completed data of the null fit.
 Class y's rows in that world are its holdout rows (plus SMOOTH pseudo-rows of the whole holdout) and the target's
 rows in the share the null fit gives y (a uniform subsample of WORLD_TARGET_ROWS target rows, weighing
