@@ -313,9 +313,9 @@ def rate(pvals, col: int = 0, alpha: float = ALPHA) -> tuple[float, float, str]:
 
 
 def cached(key: str, ex, fn, tasks):
-    """Per-cell results kept in benchmarks/out/lst_cells_v9.json, so a rerun (or a crash) redoes only what is missing."""
+    """Per-cell results kept in benchmarks/out/lst_cells_v10.json, so a rerun (or a crash) redoes only what is missing."""
     import json
-    path = OUT / "lst_cells_v9.json"
+    path = OUT / "lst_cells_v10.json"
     OUT.mkdir(parents=True, exist_ok=True)
     store = json.loads(path.read_text()) if path.exists() else {}
     if key not in store:
@@ -415,7 +415,7 @@ def main(argv=None) -> int:
              f"`python benchmarks/{Path(__file__).name}{' ' + ' '.join(argv if argv is not None else sys.argv[1:])}`"
              f" on {cpu_model()}, nproc {os.cpu_count()} (shared with other jobs), Python "
              f"{platform.python_version()}, numpy {np.__version__}; {elapsed / 60:.0f} min (cells already in "
-             "benchmarks/out/lst_cells_v9.json are reused, not rerun). "
+             "benchmarks/out/lst_cells_v10.json are reused, not rerun). "
              "Nominal level 5%; ± is the binomial standard error. Problems and sampling: the docstring of the "
              "script; the test: `docs/label_shift_test.md`.", "",
              "**Size** (rejection rate under true label shift; goal <= 7%):", "",

@@ -247,10 +247,14 @@ def _with_tail(p: float, tail: float) -> float:
     return float(p if np.isnan(tail) else min(p, tail))
 
 
-def _ranks(boot: np.ndarray) -> np.ndarray:
-    """Each draw's p-value among the draws, (1 + #{draws >= it}) / (B + 1) (itself counted: conservative)."""
+def _ranks(stat: float, boot: np.ndarray) -> np.ndarray:
+    """Each draw's p-value as if it were the data: (#{draws >= it} (itself included) + [statistic >= it]) / (B + 1),
+    the observed statistic taking the draw's place among the B + 1 -- so that the draws and the data are
+    exchangeable under H0 and the min-p calibration is exact up to the world's law (a draw counted twice instead of
+    the data made it liberal: 6% at 5% in a simulation of exchangeable statistics, found in review)."""
     order = np.sort(boot)
-    return (1 + boot.size - np.searchsorted(order, boot, side="left")) / (boot.size + 1)
+    above = boot.size - np.searchsorted(order, boot, side="left")
+    return (above + (stat >= boot - 1e-9 * np.maximum(1.0, np.abs(boot)))) / (boot.size + 1)
 
 
 def _world(Fs, y, Ft, resp, m: int):
@@ -335,7 +339,8 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
         counts = _counts(picked, Fw.shape[0])
         sums = (counts @ Fw).toarray()
         Mb[:, :, c], E2b[:, :, c] = sums[:, keep] / n_y[c], (counts @ F2w).toarray()[:, keep] / n_y[c]
-        rows_y.append(picked)                      # kept compact (int32) for the block statistic's products
+        if block:
+            rows_y.append(picked)                  # kept compact (int32) for the block statistic's products
         sums_y.append(sums / n_y[c])
     del counts
     qw = np.maximum(np.asarray(q_world, dtype=np.float64), 0.0)
@@ -396,19 +401,19 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
 def _combined(laws: dict, shares: dict, draws: int, k: int, **fields) -> LogOddsPart:
     """The part's p-value from its statistics' laws ({name: (statistic, draws)}): the smallest of their p-values
     divided by their STATISTIC_WEIGHTS (renormalised over those present), calibrated by the same draws -- the share
-    of draws whose own smallest weighted p-value (their ranks among the draws) is as small. It is at least the
-    smallest p-value and at most the smallest p / weight (a weighted Bonferroni bound). Beyond every draw, the
-    weighted Bonferroni of the matched chi^2 tails. The evidence is the shares of the statistic with the smallest
+    of draws whose own smallest weighted p-value (:func:`_ranks`) is as small. It is at least the smallest p-value
+    and at most the smallest p / weight + 1/(B+1) (a weighted Bonferroni bound, one draw's step). Where a statistic
+    lies beyond every draw, its matched chi^2 tail / weight caps it (weighted Bonferroni of the tails). The evidence is the shares of the statistic with the smallest
     weighted p-value."""
     names = list(laws)
     w = np.array([STATISTIC_WEIGHTS[name] for name in names])
     w = w / w.sum()
     found = {name: _p_value(*laws[name]) for name in names}
     scaled = np.array([found[name][0] for name in names]) / w
-    ranks = np.stack([_ranks(laws[name][1]) for name in names]) / w[:, None]
+    ranks = np.stack([_ranks(*laws[name]) for name in names]) / w[:, None]
     p_value = (1 + int(np.sum(ranks.min(axis=0) <= scaled.min() * (1 + 1e-12)))) / (draws + 1)
     tails = [found[name][1] / wj for name, wj in zip(names, w) if not np.isnan(found[name][1])]
-    if tails and p_value <= 1.0 / (draws + 1) + 1e-12:
+    if tails:                  # a statistic beyond every draw: its tail, weighted as its share of the level
         p_value = min(p_value, min(tails))
     share = shares[names[int(np.argmin(scaled))]]
     share = share / share.sum() if share.sum() > 0 else share
