@@ -71,14 +71,21 @@ class LogOddsPart:
     p_value_sum: float = float("nan")
 
 
+def _log_odds(Z) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's predicted class c = argmax and its log-odds log f_j - log f_c, clipped to [LOG_ODDS_FLOOR, 0]
+    (rows, k; float64, 0 in slot c)."""
+    Z = np.asarray(Z, dtype=np.float64)
+    c = np.argmax(Z, axis=1)
+    with np.errstate(divide="ignore"):
+        lz = np.log(Z)
+    return c, np.clip(lz - lz[np.arange(Z.shape[0]), c][:, None], LOG_ODDS_FLOOR, 0.0)
+
+
 def _features(Z: np.ndarray, k: int) -> sparse.csr_matrix:
     """(rows, k + k * k), sparse: the indicator of the predicted class, then its block of clipped log-odds -- at most
     k + 1 non-zeros a row, so that the bootstrap's draws cost rows x k, not rows x k^2."""
     rows = Z.shape[0]
-    c = np.argmax(Z, axis=1)
-    with np.errstate(divide="ignore"):
-        lz = np.log(np.asarray(Z, dtype=np.float64))
-    odds = np.clip(lz - lz[np.arange(rows), c][:, None], LOG_ODDS_FLOOR, 0.0)
+    c, odds = _log_odds(Z)
     cols = np.concatenate([c[:, None], k + c[:, None] * k + np.arange(k)[None, :]], axis=1)    # sorted in each row
     values = np.concatenate([np.ones((rows, 1)), odds], axis=1)
     F = sparse.csr_matrix((values.ravel(), cols.ravel(), np.arange(rows + 1) * (k + 1)), shape=(rows, k + k * k))
@@ -89,12 +96,8 @@ def _features(Z: np.ndarray, k: int) -> sparse.csr_matrix:
 def _block_vectors(Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row's predicted class c and its block vector u (rows, k): the clipped log-odds log f_j - log f_c, with
     1 (the indicator of c) in slot c. The block statistic's moments are u placed in c's block."""
-    rows = Z.shape[0]
-    c = np.argmax(Z, axis=1)
-    with np.errstate(divide="ignore"):
-        lz = np.log(np.asarray(Z, dtype=np.float64))
-    u = np.clip(lz - lz[np.arange(rows), c][:, None], LOG_ODDS_FLOOR, 0.0)
-    u[np.arange(rows), c] = 1.0
+    c, u = _log_odds(Z)
+    u[np.arange(u.shape[0]), c] = 1.0
     return c, u
 
 
@@ -118,18 +121,14 @@ def _target_moments(P, k: int, products: bool = False):
     squares = np.zeros((k, k))
     second = np.zeros((k, k, k))
     for sl in _rows.blocks(m):
-        Z = np.asarray(P[sl], dtype=np.float64)
-        c = np.argmax(Z, axis=1)
-        with np.errstate(divide="ignore"):
-            lz = np.log(Z)
-        odds = np.clip(lz - lz[np.arange(Z.shape[0]), c][:, None], LOG_ODDS_FLOOR, 0.0)
+        c, odds = _log_odds(P[sl])
         count += np.bincount(c, minlength=k)
         for j in range(k):                       # row c of total gets the rows predicted c (bincount: fast)
             total[:, j] += np.bincount(c, weights=odds[:, j], minlength=k)
             squares[:, j] += np.bincount(c, weights=np.square(odds[:, j]), minlength=k)
         if products:
-            u = odds
-            u[np.arange(Z.shape[0]), c] = 1.0
+            u = odds                             # the block vectors (_block_vectors): the indicator in slot c
+            u[np.arange(u.shape[0]), c] = 1.0
             for b in np.unique(c):
                 U = u[c == b]
                 second[b] += U.T @ U
@@ -147,14 +146,27 @@ def _profile(f: np.ndarray, M: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, n
     MW = M * W[:, :, None]
     A = np.matmul(M.transpose(0, 2, 1), MW)
     b = np.matmul(MW.transpose(0, 2, 1), f[..., None])[..., 0]
+    q = _sum_to_one(A, b)
+    resid = f - np.matmul(M, q[..., None])[..., 0]
+    return np.sum(W * resid ** 2, axis=1), q
+
+
+def _sum_to_one(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin over q with sum q = 1 of q' A q - 2 b' q for B systems at once (A (B, k, k) positive semi-definite,
+    b (B, k)), A ridged by 1e-10 of its mean diagonal: the normal equations' solution plus the multiple of A^-1 1
+    that brings it onto sum q = 1 (Lagrange)."""
     k = A.shape[-1]
     scale = np.trace(A, axis1=1, axis2=2) / k
     A = A + (1e-10 * np.maximum(scale, 1e-300))[:, None, None] * np.eye(k)
     Ab = np.linalg.solve(A, b[..., None])[..., 0]
     A1 = np.linalg.solve(A, np.ones_like(b)[..., None])[..., 0]
-    q = Ab + ((1.0 - Ab.sum(axis=1)) / A1.sum(axis=1))[:, None] * A1
-    resid = f - np.matmul(M, q[..., None])[..., 0]
-    return np.sum(W * resid ** 2, axis=1), q
+    return Ab + ((1.0 - Ab.sum(axis=1)) / A1.sum(axis=1))[:, None] * A1
+
+
+def _on_simplex(q: np.ndarray) -> np.ndarray:
+    """q (B, k) with negative entries set to 0, rescaled to sum 1: the proportions the second fit's weights use."""
+    q = np.maximum(q, 0.0)
+    return q / np.maximum(q.sum(axis=1, keepdims=True), 1e-300)
 
 
 def _studentised(f, var_t, M, E2, n_y, m, pooled):
@@ -175,9 +187,7 @@ def _studentised(f, var_t, M, E2, n_y, m, pooled):
         return 1.0 / np.maximum(v, _W_FLOOR * np.maximum(v.max(axis=1, keepdims=True), 1e-300))
 
     _, q = _profile(f, M, weights(np.broadcast_to(n_y / n, (f.shape[0], n_y.size))))
-    q = np.maximum(q, 0.0)
-    q = q / np.maximum(q.sum(axis=1, keepdims=True), 1e-300)
-    W = weights(q)
+    W = weights(_on_simplex(q))
     stat, q = _profile(f, M, W)
     return stat, q, W
 
@@ -212,21 +222,13 @@ def _block_statistic(f, T2, M, E2, n_y, m: int, pooled) -> tuple[np.ndarray, np.
     def profile(C):
         CiM = np.linalg.solve(C, M)                                                        # (B, c, a, k)
         Cif = np.linalg.solve(C, f[..., None])[..., 0]
-        A = np.einsum("bcay,bcaz->byz", M, CiM)
-        b = np.einsum("bcay,bca->by", M, Cif)
-        scale = np.trace(A, axis1=1, axis2=2) / k
-        A = A + (1e-10 * np.maximum(scale, 1e-300))[:, None, None] * np.eye(k)
-        Ab = np.linalg.solve(A, b[..., None])[..., 0]
-        A1 = np.linalg.solve(A, np.ones_like(b)[..., None])[..., 0]
-        q = Ab + ((1.0 - Ab.sum(axis=1)) / A1.sum(axis=1))[:, None] * A1
+        q = _sum_to_one(np.einsum("bcay,bcaz->byz", M, CiM), np.einsum("bcay,bca->by", M, Cif))
         r = f - np.einsum("bcay,by->bca", M, q)
         parts = np.einsum("bca,bca->bc", r, np.linalg.solve(C, r[..., None])[..., 0])
         return parts, q
 
     _, q = profile(covariance(np.broadcast_to(n_y / n_y.sum(), (f.shape[0], k))))
-    q = np.maximum(q, 0.0)
-    q = q / np.maximum(q.sum(axis=1, keepdims=True), 1e-300)
-    parts, _ = profile(covariance(q))
+    parts, _ = profile(covariance(_on_simplex(q)))
     return parts.sum(axis=1), parts
 
 
@@ -289,12 +291,6 @@ def _counts(picked: np.ndarray, size: int) -> sparse.csr_matrix:
                              shape=(draws, size))
 
 
-def _chunks(total: int, size: int):
-    """Slices of at most ``size`` (at least 1) covering range(total)."""
-    size = max(1, int(size))
-    return [slice(lo, min(total, lo + size)) for lo in range(0, total, size)]
-
-
 def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, responsibilities,
                   q_world: np.ndarray) -> LogOddsPart:
     """The log-odds part (module docstring). S (n, k) holdout outputs, y its labels (every class present), P the
@@ -346,9 +342,9 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     qw = np.maximum(np.asarray(q_world, dtype=np.float64), 0.0)
     counts_t = rng.multinomial(m, (qw / qw.sum()) @ world, size=draws)      # (B, rows), int: the target's draws
     fb_full = np.zeros((draws, Fw.shape[1]))
-    second = np.zeros((draws, int(keep.sum())))
+    second = np.zeros((draws, d))
     F2k = F2w[:, keep]
-    for sl in _chunks(draws, _TARGET_CHUNK // max(1, Fw.shape[0])):       # float64 a chunk of draws at a time
+    for sl in _rows.blocks(draws, max(1, _TARGET_CHUNK // Fw.shape[0])):       # float64 a chunk of draws at a time
         ct = counts_t[sl].astype(np.float64).T
         fb_full[sl] = np.asarray(Fw.T @ ct).T / m
         second[sl] = np.asarray(F2k.T @ ct).T / m
@@ -369,7 +365,7 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
               "sum": np.maximum(np.sign(np.sum(z[odds[0]])) * np.bincount(owner, weights=z * odds[0], minlength=k), 0)}
     laws = {"diagonal": (s, boot), "sum": (t_sum, sum_boot)}
     if not block:
-        return _combined(laws, shares, draws, k, statistic=s, moments=d, sum_statistic=t_sum)
+        return _combined(laws, shares, draws, statistic=s, moments=d, sum_statistic=t_sum)
 
     # the block statistic on the same draws: block layout (c, a) = slot a of block c, the indicator in slot c
     kept = np.flatnonzero(keep[:k])                               # blocks (predicted classes) the holdout shows
@@ -385,7 +381,7 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
                                        E2_hold[None], n_y, m, pooled_block)
     Ow = sparse.vstack([Ps, _products(Zt, k)]).tocsr()
     b_boot = np.empty(draws)
-    for sl in _chunks(draws, min(_BLOCK_CHUNK // k ** 4, _TARGET_CHUNK // Ow.shape[0])):
+    for sl in _rows.blocks(draws, max(1, min(_BLOCK_CHUNK // k ** 4, _TARGET_CHUNK // Ow.shape[0]))):
         E2c = np.stack([(_counts(rows_y[c][sl], Ow.shape[0]) @ Ow).toarray().reshape(-1, k, k, k)[:, kept] / n_y[c]
                         for c in range(k)], axis=1)                               # (b, y, c, a, a)
         Mc = np.stack([sums_y[c][sl][:, layout] for c in range(k)], axis=-1)      # (b, c, a, y)
@@ -395,16 +391,16 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     laws["block"] = (bs, b_boot)
     shares["block"] = np.zeros(k)
     shares["block"][kept] = b_parts[0]
-    return _combined(laws, shares, draws, k, statistic=s, moments=d, sum_statistic=t_sum, block_statistic=bs)
+    return _combined(laws, shares, draws, statistic=s, moments=d, sum_statistic=t_sum, block_statistic=bs)
 
 
-def _combined(laws: dict, shares: dict, draws: int, k: int, **fields) -> LogOddsPart:
+def _combined(laws: dict, shares: dict, draws: int, **fields) -> LogOddsPart:
     """The part's p-value from its statistics' laws ({name: (statistic, draws)}): the smallest of their p-values
     divided by their STATISTIC_WEIGHTS (renormalised over those present), calibrated by the same draws -- the share
     of draws whose own smallest weighted p-value (:func:`_ranks`) is as small. It is at least the smallest p-value
     and at most the smallest p / weight + 1/(B+1) (a weighted Bonferroni bound, one draw's step). Where a statistic
-    lies beyond every draw, its matched chi^2 tail / weight caps it (weighted Bonferroni of the tails). The evidence is the shares of the statistic with the smallest
-    weighted p-value."""
+    lies beyond every draw, its matched chi^2 tail / weight caps it (weighted Bonferroni of the tails). The evidence
+    is the shares of the statistic with the smallest weighted p-value."""
     names = list(laws)
     w = np.array([STATISTIC_WEIGHTS[name] for name in names])
     w = w / w.sum()
