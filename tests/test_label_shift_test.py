@@ -10,7 +10,7 @@ from scipy.stats import binom
 
 from labelshift import MLLS
 from labelshift.errors import InputError
-from labelshift.label_shift_test import (MIN_HOLDOUT, LabelShiftTest, _bootstrap_null, _null_fit, _null_fit_batch,
+from labelshift.label_shift_test import (MIN_HOLDOUT, REGIONS_SHARE, LabelShiftTest, _bootstrap_null, _null_fit, _null_fit_batch,
                                          label_shift_test)
 
 K, D = 4, 4
@@ -272,7 +272,8 @@ def test_log_odds_part_sees_moved_class_means():
     res = label_shift_test(S, ys, posterior(xt))
     x = res.extra
     assert x["p_value_log_odds"] < 0.01 and res.rejects(0.05)
-    assert res.p_value == pytest.approx(min(1.0, 2 * min(x["p_value_regions"], x["p_value_log_odds"])))
+    share = REGIONS_SHARE
+    assert res.p_value == pytest.approx(min(1.0, x["p_value_regions"] / share, x["p_value_log_odds"] / (1 - share)))
     assert 0.0 < x["log_odds_class_share"] <= 1.0 and x["log_odds_where"].startswith("predicted class ")
     assert "lean towards other classes" in res.summary()
 
@@ -398,6 +399,26 @@ def test_log_odds_part_round_trips_and_can_be_left_out():
     assert "p_value_log_odds" not in alone.to_dict() and alone.p_value == res.extra["p_value_regions"]
     with pytest.raises(InputError, match="log_odds must be True or False"):
         label_shift_test(S, ys, P, log_odds="yes")
+
+
+def test_summary_shows_the_evidence_of_the_part_that_rejects_at_its_share_of_the_level():
+    # the combined p is min(1, p_regions / a, p_log_odds / (1 - a)), a = REGIONS_SHARE; a part's evidence appears
+    # exactly when that part alone brings the combined p under the level. The parts are set by hand (from_dict) at
+    # 0.9 of, and 1.1 times, each part's share of the 5% level.
+    rng = np.random.default_rng(6)
+    S, ys = holdout(600, rng)
+    d = label_shift_test(S, ys, posterior(draw(np.full(K, 0.25), 800, rng)[0]), seed=3).to_dict()
+    a, level = REGIONS_SHARE, 0.05
+    for p_reg, p_lo, regions_shown, log_odds_shown in [(0.9 * a * level, 0.5, True, False),
+                                                       (1.1 * a * level, 0.5, False, False),
+                                                       (0.5, 0.9 * (1 - a) * level, False, True),
+                                                       (0.5, 1.1 * (1 - a) * level, False, False)]:
+        res = LabelShiftTest.from_dict({**d, "p_value_regions": p_reg, "p_value_log_odds": p_lo,
+                                        "p_value": min(1.0, p_reg / a, p_lo / (1 - a))})
+        line = res.summary(level)
+        assert res.rejects(level) == (regions_shown or log_odds_shown)
+        assert ("expected (z = " in line) == regions_shown
+        assert ("lean towards other classes" in line) == log_odds_shown
 
 
 def test_world_shares_split_each_region_as_the_null_fit_says():

@@ -262,9 +262,9 @@ def test_bad_holdouts_and_source_aware_arguments_name_the_fix():
 
 # -- a level of its own for the label-shift test -----------------------------------------------------------------------
 def _borderline_case():
-    """Inputs drifted a little (0.165 along the first axis): the label-shift test's p-value is 2 x 3/201 = 0.030 on
-    these draws (bootstrap seed 0; twice the smaller of its two parts), between the levels 0.01 and 0.05, while the
-    no-shift test does not reject."""
+    """Inputs drifted a little (0.165 along the first axis): the label-shift test's p-value is (3/201) / 0.7 = 0.021
+    on these draws (bootstrap seed 0; the log-odds part's p over its share of the level, REGIONS_SHARE = 0.3), between
+    the levels 0.01 and 0.05, while the no-shift test does not reject."""
     Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(seed=3, drift=0.165, m=2000, n=1000)
     return sp, yh, pt, prior
 
