@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from labelshift import BCTS  # noqa: E402
 from labelshift.errors import InputError  # noqa: E402
-from labelshift.label_shift_test import combine_p_values, label_shift_test  # noqa: E402
+from labelshift.label_shift_test import REGIONS_SHARE, combine_p_values, label_shift_test  # noqa: E402
 
 from report_utils import cpu_model, publish  # noqa: E402
 
@@ -335,6 +335,11 @@ def fmt_rate(r, se, goal_ok) -> str:
     return f"{100 * r:.1f}% ± {100 * se:.1f}" + ("" if goal_ok else " **(goal missed)**")
 
 
+# replicate seeds from here on were used to choose no setting (--seed-start)
+FRESH_SEEDS = 400
+SPLIT = f"regions {100 * REGIONS_SHARE:.0f}% + log-odds {100 * (1 - REGIONS_SHARE):.0f}% of the level"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=400, help="replicates per size cell (default 400: se ~1.1%%)")
@@ -352,6 +357,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", nargs="*", default=[], choices=["gauss", "mnist", "power", "timing"])
     ap.add_argument("--write-readme", action="store_true")
     args = ap.parse_args(argv)
+    if 0 < args.seed_start < FRESH_SEEDS or args.seed_start < 0:
+        ap.error(f"--seed-start must be 0 (the default replicates) or at least {FRESH_SEEDS} (replicates no setting "
+                 f"was chosen on), got {args.seed_start}")
     if args.quick:
         args.reps, args.power_reps = 40, 20
     t0 = time.perf_counter()
@@ -431,11 +439,11 @@ def main(argv=None) -> int:
              "script; the test: `docs/label_shift_test.md`."]
     if args.seed_start:
         lines += ["", f"Replicates from seed {args.seed_start} on, none of which were used to choose a setting (the "
-                  "level split REGIONS_SHARE = 0.3 and the log-odds statistics' weights were chosen on seeds 0-399 "
-                  "or fewer): a check that the default seeds' numbers are not the luck of the choice."]
+                  f"level split REGIONS_SHARE = {REGIONS_SHARE:g} and the log-odds statistics' weights were chosen on "
+                  f"seeds below {FRESH_SEEDS}): a check that the default seeds' numbers are not the luck of the choice."]
     if rows_size:
         lines += ["", "**Size** (rejection rate under true label shift; goal <= 7%):", "",
-                  "| problem | m | n | target priors | size (default: regions 30% + log-odds 70% of the level) | "
+                  f"| problem | m | n | target priors | size (default: {SPLIT}) | "
                   "previous default (50/50 split) | regions part only | default at level 1% | replicates |",
                   "|---|---|---|---|---|---|---|---|---|"]
     for prob, m, n, fam, r, se, cnt, (r2, se2, _), (r1, se1, _), (r3, se3, _) in rows_size:
@@ -449,7 +457,7 @@ def main(argv=None) -> int:
                 for f, v in by_family.items() if v) + "."]
     if rows_power:
         lines += ["", "**Power** (rejection rate when label shift fails; goal >= 80% at m = 2,000):", "",
-                  "| alternative | m | n | power (default: regions 30% + log-odds 70% of the level) | previous default "
+                  f"| alternative | m | n | power (default: {SPLIT}) | previous default "
                   "(50/50 split) | regions part only | default at level 1% | replicates |",
                   "|---|---|---|---|---|---|---|---|"]
         for label, m, n, r, se, cnt, (r2, se2, _), (r1, se1, _), (r3, se3, _) in rows_power:

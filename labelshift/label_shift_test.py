@@ -187,9 +187,17 @@ class LabelShiftTest:
             parts = [f"{head}: chi2 = {self.statistic:.1f} on {self.dof} dof, p = {self.p_value:.3g}{level}"]
         if self.rejects(significance):
             x = self.extra
-            # each part's evidence when that part alone rejects at its share of the level (combine_p_values)
-            regions_reject = "p_value_regions" not in x or x["p_value_regions"] / REGIONS_SHARE < significance
-            if "p_value_log_odds" in x and x["p_value_log_odds"] / (1.0 - REGIONS_SHARE) < significance:
+            # each part's evidence when that part alone rejects at its share of the level (combine_p_values); a
+            # result stored under another split may reject with neither part below its share: then the part
+            # nearer to its share speaks
+            regions_reject = log_odds_reject = True
+            if "p_value_log_odds" in x:
+                regions_ratio = x["p_value_regions"] / REGIONS_SHARE
+                log_odds_ratio = x["p_value_log_odds"] / (1.0 - REGIONS_SHARE)
+                regions_reject, log_odds_reject = regions_ratio < significance, log_odds_ratio < significance
+                if not (regions_reject or log_odds_reject):
+                    regions_reject, log_odds_reject = regions_ratio <= log_odds_ratio, log_odds_ratio < regions_ratio
+            if "p_value_log_odds" in x and log_odds_reject:
                 parts.append(f"rows {x['log_odds_where']} lean towards other classes unlike the holdout's "
                              f"({100 * x['log_odds_class_share']:.0f}% of the log-odds statistic)")
             if regions_reject:
@@ -785,8 +793,8 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
         extra = {}
 
     if log_odds:
-        # the second look (labelshift/_log_odds_test.py); the two p-values are combined by Bonferroni, so the
-        # combined test keeps its level whatever the dependence between them
+        # the second look (labelshift/_log_odds_test.py); the two p-values are combined by a weighted Bonferroni
+        # bound (combine_p_values), so the combined test keeps its level whatever the dependence between them
         # its bootstrap world is the completed data of a null fit (the regions' fit; for the Wald form, one is made)
         if method != "likelihood-ratio":
             pi, q_null = _null_fit(N, T, p)[:2]

@@ -412,13 +412,24 @@ def test_summary_shows_the_evidence_of_the_part_that_rejects_at_its_share_of_the
     for p_reg, p_lo, regions_shown, log_odds_shown in [(0.9 * a * level, 0.5, True, False),
                                                        (1.1 * a * level, 0.5, False, False),
                                                        (0.5, 0.9 * (1 - a) * level, False, True),
-                                                       (0.5, 1.1 * (1 - a) * level, False, False)]:
+                                                       (0.5, 1.1 * (1 - a) * level, False, False),
+                                                       (1.1 * a * level, 0.9 * (1 - a) * level, False, True)]:
         res = LabelShiftTest.from_dict({**d, "p_value_regions": p_reg, "p_value_log_odds": p_lo,
                                         "p_value": min(1.0, p_reg / a, p_lo / (1 - a))})
         line = res.summary(level)
         assert res.rejects(level) == (regions_shown or log_odds_shown)
         assert ("expected (z = " in line) == regions_shown
         assert ("lean towards other classes" in line) == log_odds_shown
+    # a result stored under another split (twice the smaller part, the split before 0.3) that rejects with neither
+    # part below its share now: the part nearer to its share gives the evidence, so a rejection always says where
+    for p_reg, p_lo, regions_nearer in [(0.02, 0.04, False),       # 0.02 / 0.3 = 0.067, 0.04 / 0.7 = 0.057
+                                        (0.016, 0.045, True)]:     # 0.016 / 0.3 = 0.053, 0.045 / 0.7 = 0.064
+        old = LabelShiftTest.from_dict({**d, "p_value_regions": p_reg, "p_value_log_odds": p_lo,
+                                        "p_value": 2 * min(p_reg, p_lo)})
+        line = old.summary(level)
+        assert old.rejects(level) and min(p_reg / a, p_lo / (1 - a)) >= level
+        assert ("expected (z = " in line) == regions_nearer
+        assert ("lean towards other classes" in line) != regions_nearer
 
 
 def test_world_shares_split_each_region_as_the_null_fit_says():
