@@ -400,7 +400,7 @@ def _combined(laws: dict, shares: dict, draws: int, **fields) -> LogOddsPart:
     of draws whose own smallest weighted p-value (:func:`_ranks`) is as small. It is at least the smallest p-value
     and at most the smallest p / weight + 1/(B+1) (a weighted Bonferroni bound, one draw's step). Where a statistic
     lies beyond every draw, its matched chi^2 tail / weight caps it (weighted Bonferroni of the tails). The evidence
-    is the shares of the statistic with the smallest weighted p-value."""
+    is the shares of the statistic with the smallest weighted p-value (its tail included)."""
     names = list(laws)
     w = np.array([STATISTIC_WEIGHTS[name] for name in names])
     w = w / w.sum()
@@ -411,7 +411,8 @@ def _combined(laws: dict, shares: dict, draws: int, **fields) -> LogOddsPart:
     tails = [found[name][1] / wj for name, wj in zip(names, w) if not np.isnan(found[name][1])]
     if tails:                  # a statistic beyond every draw: its tail, weighted as its share of the level
         p_value = min(p_value, min(tails))
-    share = shares[names[int(np.argmin(scaled))]]
-    share = share / share.sum() if share.sum() > 0 else share
     own = {f"p_value_{name}": _with_tail(*found[name]) for name in names}
+    # the evidence follows the statistic that sets the p-value: its tail counts where it lies beyond every draw
+    share = shares[names[int(np.argmin([own[f"p_value_{name}"] / wj for name, wj in zip(names, w)]))]]
+    share = share / share.sum() if share.sum() > 0 else share
     return LogOddsPart(p_value=float(p_value), class_share=share, **fields, **own)

@@ -346,6 +346,22 @@ def test_log_odds_part_takes_the_smallest_weighted_p_of_its_three_statistics():
             assert x["log_odds_block_statistic"] >= 0.0 and x["log_odds_sum_statistic"] >= 0.0
 
 
+def test_log_odds_evidence_follows_the_statistic_furthest_beyond_its_draws():
+    # two statistics beyond all 199 draws (of a chi^2_3 law) tie at rank p = 1/200, where the block statistic's larger
+    # weight makes its p / weight the smaller; their matched chi^2 tails do not tie: the diagonal statistic at 60 is
+    # far further out than the block one at 25, so the p-value is the diagonal's tail over its weight and the
+    # evidence is its class shares
+    from labelshift._log_odds_test import STATISTIC_WEIGHTS, _combined
+    boot = np.random.default_rng(0).chisquare(3, size=199)
+    assert boot.max() < 25.0
+    shares = {"diagonal": np.array([1.0, 0.0]), "block": np.array([0.0, 1.0])}
+    part = _combined({"diagonal": (60.0, boot), "block": (25.0, boot)}, shares, 199, statistic=60.0, moments=4)
+    w = STATISTIC_WEIGHTS["diagonal"] / (STATISTIC_WEIGHTS["diagonal"] + STATISTIC_WEIGHTS["block"])
+    assert part.p_value_diagonal < part.p_value_block < 1 / 200
+    assert part.p_value == pytest.approx(part.p_value_diagonal / w)
+    assert part.class_share.tolist() == [1.0, 0.0]
+
+
 @pytest.mark.parametrize("factor, seed", [(0.93, 2), (1.07, 3)])
 def test_sum_statistic_sees_class_means_pulled_together_or_pushed_apart(factor, seed):
     # every class mean moved towards (0.93) or away from (1.07) the centroid: the target's rows are less (more)
