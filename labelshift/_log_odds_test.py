@@ -96,9 +96,14 @@ def _features(Z: np.ndarray, k: int) -> sparse.csr_matrix:
 def _block_vectors(Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row's predicted class c and its block vector u (rows, k): the clipped log-odds log f_j - log f_c, with
     1 (the indicator of c) in slot c. The block statistic's moments are u placed in c's block."""
-    c, u = _log_odds(Z)
-    u[np.arange(u.shape[0]), c] = 1.0
-    return c, u
+    c, odds = _log_odds(Z)
+    return c, _indicator_in_slot(c, odds)
+
+
+def _indicator_in_slot(c: np.ndarray, odds: np.ndarray) -> np.ndarray:
+    """The block vectors from the clipped log-odds (:func:`_log_odds`), in place: 1 in each row's slot c."""
+    odds[np.arange(odds.shape[0]), c] = 1.0
+    return odds
 
 
 def _products(Z: np.ndarray, k: int) -> sparse.csr_matrix:
@@ -127,8 +132,7 @@ def _target_moments(P, k: int, products: bool = False):
             total[:, j] += np.bincount(c, weights=odds[:, j], minlength=k)
             squares[:, j] += np.bincount(c, weights=np.square(odds[:, j]), minlength=k)
         if products:
-            u = odds                             # the block vectors (_block_vectors): the indicator in slot c
-            u[np.arange(u.shape[0]), c] = 1.0
+            u = _indicator_in_slot(c, odds)      # the block vectors (odds is not used again)
             for b in np.unique(c):
                 U = u[c == b]
                 second[b] += U.T @ U

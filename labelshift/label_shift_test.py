@@ -80,7 +80,7 @@ _LOG_ODDS_KEYS = _LOG_ODDS_FLOATS + ("log_odds_moments", "log_odds_class", "log_
 # pseudo-count (spread over the regions by their pooled holdout frequency) in the holdout variance of each class
 _SMOOTH = 1.0
 # the share of the level given to the regions part when both parts are combined (combine_p_values): 0.3, as the
-# log-odds part was the more powerful one against every alternative measured (docs/label_shift_test.md, "Level")
+# log-odds part was the more powerful one against every alternative measured (docs/label_shift_test.md, "Reading it")
 REGIONS_SHARE = 0.3
 
 
@@ -190,17 +190,15 @@ class LabelShiftTest:
             # each part's evidence when that part alone rejects at its share of the level (combine_p_values); a
             # result stored under another split may reject with neither part below its share: then the part
             # nearer to its share speaks
-            regions_reject = log_odds_reject = True
+            speaks = {"regions"}
             if "p_value_log_odds" in x:
-                regions_ratio = x["p_value_regions"] / REGIONS_SHARE
-                log_odds_ratio = x["p_value_log_odds"] / (1.0 - REGIONS_SHARE)
-                regions_reject, log_odds_reject = regions_ratio < significance, log_odds_ratio < significance
-                if not (regions_reject or log_odds_reject):
-                    regions_reject, log_odds_reject = regions_ratio <= log_odds_ratio, log_odds_ratio < regions_ratio
-            if "p_value_log_odds" in x and log_odds_reject:
+                ratios = {"regions": x["p_value_regions"] / REGIONS_SHARE,
+                          "log_odds": x["p_value_log_odds"] / (1.0 - REGIONS_SHARE)}
+                speaks = {part for part, r in ratios.items() if r < significance} or {min(ratios, key=ratios.get)}
+            if "log_odds" in speaks:
                 parts.append(f"rows {x['log_odds_where']} lean towards other classes unlike the holdout's "
                              f"({100 * x['log_odds_class_share']:.0f}% of the log-odds statistic)")
-            if regions_reject:
+            if "regions" in speaks:
                 parts.append("; ".join(f"{r.name}: {100 * r.observed:.1f}% of target vs {100 * r.expected:.1f}% "
                                        f"expected (z = {r.z:+.1f})" for r in self.disagreeing(limit)))
         return "; ".join(parts)
