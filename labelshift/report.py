@@ -491,7 +491,8 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
         except InputError as exc:                # e.g. a holdout too small for its regions: "not run", with why
             lst_error = str(exc)
     ident = identifiability(pooled, mlls.weights, prior, confusion=joint_confusion(S, labels), n_source=len(labels),
-                            interval=ci, max_relative_width=max_interval_width)
+                            interval=ci if estimator == _LIKELIHOOD else None, max_relative_width=max_interval_width,
+                            estimator=estimator)
     test.rejects(significance)                   # checks significance
     return ShiftReport(method=estimator, source_prior=prior, target_prior=np.asarray(main.target_prior),
                        weights=np.asarray(main.weights), interval=ci, no_shift_test=test, identifiability=ident,
