@@ -124,6 +124,7 @@ def summary_markdown(summary: dict) -> str:
              + (f", confusion-matrix condition {ident.confusion_condition:.3g}"
                 if finite(ident.confusion_condition) else "")
              + ("" if res.trustworthy else " -- **not trustworthy**: " + "; ".join(res.reasons)),
+             *[f"- note: {note}" for note in ident.notes],
              f"- interval: {ci.method}" + (" (includes the labelled holdout's error: calibrator and p_s)"
                                            if ci.method == "source-aware" else " (target sampling error only)"),
              *_label_shift_markdown(res, names),

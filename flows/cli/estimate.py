@@ -157,7 +157,8 @@ def format_summary(summary: dict) -> str:
               f"  identifiability: min Hessian eigenvalue {ident.min_hessian_eigenvalue:.3g}"
               + (f", confusion condition {ident.confusion_condition:.3g}"
                  if finite(ident.confusion_condition) else "")
-              + ("" if res.trustworthy else "  NOT TRUSTWORTHY: " + "; ".join(res.reasons))]
+              + ("" if res.trustworthy else "  NOT TRUSTWORTHY: " + "; ".join(res.reasons)),
+              *[f"  note: {note}" for note in ident.notes]]
     for method, check in res.cross_check.items():
         if check.ok:
             lines.append(f"  cross-check {method}: " + " ".join(f"{v:.4f}" for v in check.target_prior))
