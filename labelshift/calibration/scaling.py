@@ -41,7 +41,7 @@ from ._base import Calibrator, _floats, log_probabilities, log_softmax
 _LOG_T_BOUND = 30.0
 #: standard deviation of the fit's Gaussian prior on log T, the vector scales a - 1 and the centred biases
 #: (docs/calibration.md: large enough to move an ordinary fit by < 1% of a standard error, finite on separable data)
-PRIOR_SD = 10.0
+PRIOR_SD = 50.0
 #: max |gradient| of the mean objective at which a fit that L-BFGS-B ends "ABNORMAL" still counts as converged
 CONVERGED_GRADIENT = 1e-6
 
