@@ -47,7 +47,16 @@ CONVERGED_GRADIENT = 1e-6
 
 
 class _ScalingCalibrator(Calibrator):
-    """softmax(scale * z + bias) fit by NLL. Subclasses choose a temperature or a per-class scale, and a bias."""
+    """softmax(scale * z + bias) fit by NLL. Subclasses choose a temperature or a per-class scale, and a bias.
+
+    Parameters:
+        input_kind: see :class:`~labelshift.calibration.Calibrator`.
+        max_iter: L-BFGS-B iterations at most.
+        tol: L-BFGS-B's gradient tolerance on the mean objective.
+        prior_sd: standard deviation of the Gaussian prior on log T, a - 1 and the centred biases (default
+            :data:`PRIOR_SD`; see the module docstring); None fits the plain NLL, which has no optimum on a holdout
+            the model separates.
+    """
 
     _temperature: bool = True     # one temperature (scale = 1/T) instead of a per-class scale a
     _bias: bool = True            # per-class bias b (b_0 pinned to 0 while fitting)
