@@ -345,9 +345,10 @@ def _check_fit_on_holdout(calibrator, design: _Design, scale, psi: np.ndarray) -
         return
     unconverged = "" if getattr(calibrator, "converged_", True) else (
         " (its fit did not converge: refit it with a larger max_iter)")
+    n_se = abs(score_mean[r]) / max(score_se[r], 1e-300)
     raise InputError(
-        f"calibrator was not fit on these holdout rows{unconverged}: its mean NLL score on them in parameter "
-        f"{_parameter_name(design, r)} is {score_mean[r]:.3g}, {abs(score_mean[r]) / max(score_se[r], 1e-300):.3g} "
+        f"calibrator was not fit on these holdout rows{unconverged}: its mean NLL score (with the fit's prior) on "
+        f"them in parameter {_parameter_name(design, r)} is {score_mean[r]:.3g}, {n_se:.3g} "
         f"standard errors (at most {_SCORE_TOL:g} of one, or a gradient of {stop:.0e}, at the fit). Pass the "
         f"holdout the calibrator was fit on, or refit it: {calibrator.kind}().fit(holdout_outputs, holdout_labels).")
 

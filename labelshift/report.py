@@ -400,10 +400,10 @@ def _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ci = fisher_interval(pooled, weights, prior, level=level)
-        return ci, None, [f"the interval that includes the holdout's error could not be computed ({type(exc).__name__}: "
-                          f"{exc}; most likely the holdout does not identify the calibrator's parameters): the interval "
-                          "shown is the target-only one, which leaves that error out, and the accuracy is not "
-                          "estimated"]
+        return ci, None, [f"the interval that includes the holdout's error could not be computed "
+                          f"({type(exc).__name__}: {exc}; most likely the holdout does not identify the calibrator's "
+                          "parameters): the interval shown is the target-only one, which leaves that error out, and "
+                          "the accuracy is not estimated"]
     try:
         accuracy = expected_accuracy(source_outputs, labels, raw_target, calibrator, weights=weights, level=level,
                                      interval=ci)

@@ -19,7 +19,7 @@ and unconstrained. The bias b is identified only up to an additive constant (sof
 number to every class), so the optimiser pins b_0 = 0 and the fitted ``bias_`` is then centred to sum to zero, which
 leaves the predictions unchanged.
 
-The fit minimises the NLL plus a weak Gaussian prior (``prior_sd``, default :data:`PRIOR_SD` = 10): log T, a - 1 and
+The fit minimises the NLL plus a weak Gaussian prior (``prior_sd``, default :data:`PRIOR_SD` = 50): log T, a - 1 and
 the centred biases b - mean(b) each ~ N(0, prior_sd^2), i.e. the total NLL plus P(theta) = |theta - theta_0|^2 /
 (2 prior_sd^2) (the mean NLL plus P / n). On a holdout the model separates, the NLL alone has no minimum (it falls
 towards 0 as T -> 0 and the biases run off); the prior gives the fit a unique, finite optimum there, and moves an
