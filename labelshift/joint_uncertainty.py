@@ -27,6 +27,7 @@ from scipy.stats import norm
 from . import rows as _rows
 from ._validation import as_float_array, as_float_rows, check_labels
 from .calibration import PROB_FLOOR, log_softmax
+from .calibration.scaling import CONVERGED_GRADIENT
 from .errors import IllConditionedWarning, InputError
 from .solvers import PIN_TOL, mlls_newton, mlls_optimality
 from .uncertainty import MAX_STANDARD_ERROR, PriorInterval, _pinned_bounds, fisher_interval
@@ -44,6 +45,7 @@ SUPPORTED_CALIBRATORS = ("TS", "BCTS", "VS", "NBVS")
 
 _LOG_T_BOUND = 30.0                 # the scaling calibrators' bound on |log T| (a fit at the bound is not interior)
 _SCORE_TOL = 0.05                   # |mean holdout score| above this many standard errors: not fit on these rows
+                                    # (and above the fit's own stopping gradient: _check_fit_on_holdout)
 _COND_MAX = 1e12                    # condition number of the NLL Hessian above which theta is not identified
 _HOLDOUT_CHUNK = 4096               # holdout rows per chunk of the dense (rows, k, q) design
 
@@ -311,6 +313,46 @@ def min_holdout_rows(calibrator_kind: str, k: int) -> int:
     return max(MIN_ROWS_PER_PARAMETER * q, 2 * k)
 
 
+def _parameter_name(design: _Design, r: int) -> str:
+    """Plain name of parameter r of the design: "1/T", "a_3" (the scale of class 3), "b_2" (the bias of class 2)."""
+    for block, size in zip(design.blocks, design.sizes):
+        if r < size:
+            return {"scalar": "1/T (the inverse temperature)", "vector": f"a_{r} (the scale of class {r})",
+                    "bias": f"b_{r + 1} (the bias of class {r + 1})"}[block]
+        r -= size
+    raise IndexError(r)  # pragma: no cover - r < design.q
+
+
+def _check_fit_on_holdout(calibrator, design: _Design, scale, psi: np.ndarray) -> None:
+    """InputError unless the calibrator's penalised NLL score psi (n, q) has mean 0 on these rows, as at its fit.
+
+    A parameter fails the check when its mean score exceeds both _SCORE_TOL standard errors of that mean (a
+    calibrator fit on other rows of the same size misses by about sqrt(2) of them) and the gradient at which the
+    fit itself stops: max(tol, CONVERGED_GRADIENT) for the optimiser's parameter (log T for a temperature, whose
+    score is s times that of s = 1/T). On a holdout the model separates, every row's score is tiny and so is its
+    standard error; only the second bound then tells a fit on these rows, stopped at its tolerance, from one on
+    other rows. The message names the parameter that fails by the widest margin."""
+    score_mean = psi.mean(axis=0)
+    score_se = psi.std(axis=0) / math.sqrt(psi.shape[0])
+    optimiser_score = score_mean.copy()
+    if design.blocks[0] == "scalar":                               # the optimiser's log T: d/d log T = -s d/ds
+        optimiser_score[0] *= float(np.ravel(scale)[0])
+    stop = max(float(getattr(calibrator, "tol", 0.0)), CONVERGED_GRADIENT)
+    margin = np.minimum(np.abs(score_mean) / np.maximum(_SCORE_TOL * score_se, 1e-300),
+                        np.abs(optimiser_score) / stop)
+    r = int(np.argmax(margin))
+    if not margin[r] > 1.0:
+        return
+    unconverged = "" if getattr(calibrator, "converged_", True) else (
+        " (its fit did not converge: refit it with a larger max_iter)")
+    n_se = abs(score_mean[r]) / max(score_se[r], 1e-300)
+    raise InputError(
+        f"calibrator was not fit on these holdout rows{unconverged}: its mean NLL score (with the fit's prior) on "
+        f"them in parameter {_parameter_name(design, r)} is {score_mean[r]:.3g}, {n_se:.3g} "
+        f"standard errors (at most {_SCORE_TOL:g} of one, or a gradient of {stop:.0e}, at the fit). Pass the "
+        f"holdout the calibrator was fit on, or refit it: {calibrator.kind}().fit(holdout_outputs, holdout_labels).")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the interval
 # ---------------------------------------------------------------------------------------------------------------
@@ -400,17 +442,13 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
         Xd = design.dense(Zh[sl])
         J += np.einsum("ic,icr,ics->rs", Ph[sl], Xd, Xd)
     J = (J - Xbar.T @ Xbar) / n                                    # (1/n) sum_i X_i^T (diag f_i - f_i f_i^T) X_i
+    # the fit's prior P (calibration/scaling.py): the penalised score psi_j + grad P / n is what is 0 at the fit,
+    # and its Jacobian is J + hess P / n (docs/calibration.md)
+    pen_grad, pen_hess = calibrator.penalty_terms() if hasattr(calibrator, "penalty_terms") else (0.0, 0.0)
+    psi = psi + pen_grad / n
+    J = J + pen_hess / n
     Dp = (design.weighted_sum(Zh, Ph) - Ph.T @ Xbar) / n           # (k, q) mean d f / d theta on the holdout
-    score_mean = psi.mean(axis=0)
-    score_se = psi.std(axis=0) / math.sqrt(n)
-    off = np.abs(score_mean) > _SCORE_TOL * np.maximum(score_se, 1e-300) + 1e-12
-    if np.any(off):
-        r = int(np.argmax(np.abs(score_mean) / np.maximum(score_se, 1e-300)))
-        raise InputError(
-            f"calibrator was not fit on these holdout rows: its mean NLL score on them is {score_mean[r]:.3g} in "
-            f"parameter {r} ({abs(score_mean[r]) / max(score_se[r], 1e-300):.3g} standard errors; 0 at the fit). "
-            f"Pass the holdout the calibrator was fit on, or refit it: {kind}().fit(holdout_outputs, "
-            "holdout_labels).")
+    _check_fit_on_holdout(calibrator, design, scale, psi)
     ev = np.linalg.eigvalsh(J)
     reasons = []
     if not ev[0] > ev[-1] / _COND_MAX:

@@ -116,6 +116,9 @@ class ShiftReport:
         label_shift_significance: a level of its own for the label-shift test (e.g. 0.01, so that true label
             shift withholds the outputs less often); None: the test uses ``significance``
             (:attr:`label_shift_level` is the one in force).
+        failures: one plain sentence per part of the assessment that could not be computed on this (valid) input,
+            e.g. the source-aware interval on a holdout that does not identify the calibrator; the estimate is then
+            untrustworthy (they are among :attr:`reasons`). Empty when every part was computed.
 
     Derived: :attr:`shifted`, :attr:`label_shift_level`, :attr:`label_shift_ok`, :attr:`trustworthy`, :attr:`reasons`, :attr:`verdict`,
     :attr:`total_variation`, :attr:`largest_change`, :attr:`n_classes`.
@@ -136,6 +139,7 @@ class ShiftReport:
     label_shift_error: str | None = None
     accuracy: AccuracyEstimate | None = None
     label_shift_significance: float | None = None
+    failures: list[str] = field(default_factory=list)
 
     @property
     def n_classes(self) -> int:
@@ -166,13 +170,16 @@ class ShiftReport:
 
     @property
     def reasons(self) -> list[str]:
-        """Why the estimate is not trustworthy: the identifiability report's reasons, then the interval's."""
-        return [*self.identifiability.reasons, *(getattr(self.interval, "reasons", None) or [])]
+        """Why the estimate is not trustworthy: the identifiability report's reasons, then the interval's, then the
+        parts that could not be computed (:attr:`failures`)."""
+        return [*self.identifiability.reasons, *(getattr(self.interval, "reasons", None) or []), *self.failures]
 
     @property
     def trustworthy(self) -> bool:
-        """No identifiability check failed and the interval is trustworthy (the reasons are in :attr:`reasons`)."""
-        return bool(self.identifiability.trustworthy) and bool(getattr(self.interval, "trustworthy", True))
+        """No identifiability check failed, the interval is trustworthy and every part was computed (the reasons are
+        in :attr:`reasons`)."""
+        return bool(self.identifiability.trustworthy) and bool(getattr(self.interval, "trustworthy", True)) \
+            and not self.failures
 
     @property
     def verdict(self) -> str:
@@ -231,6 +238,8 @@ class ShiftReport:
                 "label_shift_ok": self.label_shift_ok, "label_shift_summary": self.label_shift_summary}
                if self.label_shift_tested else {}),
             **({"accuracy": self.accuracy.to_dict()} if self.accuracy is not None else {}),
+            # only when some part failed, so that a complete report is written as before
+            **({"failures": list(self.failures)} if self.failures else {}),
         }
 
     @classmethod
@@ -241,7 +250,8 @@ class ShiftReport:
         ``largest_change``) are recomputed from the others, so ``from_dict(d).to_dict() == d`` for every ``d``
         that :meth:`to_dict` wrote. Dicts written before the label-shift test existed (no ``label_shift_test``)
         read back without one, and dicts without ``label_shift_significance`` (written before it existed, or
-        without a level of its own) judge the label-shift test at ``significance``. Raises FormatError when an
+        without a level of its own) judge the label-shift test at ``significance``; dicts without ``failures``
+        (written before it existed, or with every part computed) read back with none. Raises FormatError when an
         entry is missing.
         """
         if not isinstance(d, dict):
@@ -276,7 +286,8 @@ class ShiftReport:
                    cross_check={name: CrossCheck.from_dict(name, c) for name, c in (d.get("cross_check") or {}).items()},
                    label_shift=lst, label_shift_error=lst_error,
                    accuracy=AccuracyEstimate.from_dict(d["accuracy"]) if d.get("accuracy") else None,
-                   label_shift_significance=_stored_level(d.get("label_shift_significance")))
+                   label_shift_significance=_stored_level(d.get("label_shift_significance")),
+                   failures=[str(f) for f in d.get("failures") or []])
 
     @property
     def accuracy_summary(self) -> str | None:
@@ -362,6 +373,45 @@ def _check_label_shift_level(value) -> float:
         raise InputError(f"label_shift_significance must be a probability strictly between 0 and 1 (e.g. 0.01), or "
                          f"None to judge the label-shift test at significance; got {value!r}.")
     return float(value)
+
+
+#: how a part of the assessment fails numerically on valid input (an InputError, also a ValueError, is the user's)
+_NUMERICAL_FAILURES = (ArithmeticError, ValueError, np.linalg.LinAlgError)
+
+
+def _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, prior, weights,
+                        level) -> tuple[PriorInterval, AccuracyEstimate | None, list[str]]:
+    """The source-aware interval and the expected accuracy of :func:`assess_shift`, and one plain sentence per part
+    that could not be computed on this input.
+
+    An InputError (the user's: e.g. a calibrator fit on other rows) propagates. A numerical failure of the interval
+    (a singular or non-finite matrix where the holdout does not identify the calibrator) gives the target-only
+    Fisher interval of the same estimate, without the accuracy, and a sentence that says so; one of the accuracy
+    estimate gives no accuracy and a sentence. Either makes the report Untrustworthy (:attr:`ShiftReport.failures`).
+    An accuracy refused with an InputError (e.g. a class the holdout never predicts right) is left out, as before.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")      # its checks are reported as reasons, as data
+            ci = source_aware_interval(source_outputs, labels, raw_target, calibrator, level=level, weights=weights)
+    except InputError:
+        raise
+    except _NUMERICAL_FAILURES as exc:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ci = fisher_interval(pooled, weights, prior, level=level)
+        return ci, None, [f"the interval that includes the holdout's error could not be computed "
+                          f"({type(exc).__name__}: {exc}; most likely the holdout does not identify the calibrator's "
+                          "parameters): the interval shown is the target-only one, which leaves that error out, and "
+                          "the accuracy is not estimated"]
+    try:
+        accuracy = expected_accuracy(source_outputs, labels, raw_target, calibrator, weights=weights, level=level,
+                                     interval=ci)
+    except InputError:                  # e.g. a class the holdout never predicts right: reported without it
+        return ci, None, []
+    except _NUMERICAL_FAILURES as exc:
+        return ci, None, [f"the expected accuracy on the target could not be computed ({type(exc).__name__}: {exc})"]
+    return ci, accuracy, []
 
 
 def assess_shift(source_probs, source_labels, target_probs, *, source_prior, estimator: str = "MLLS",
@@ -465,23 +515,15 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
             other = mlls if method == _LIKELIHOOD else fit.estimate(pooled)
             checks[method] = CrossCheck(method, target_prior=np.asarray(other.target_prior),
                                         weights=np.asarray(other.weights))
+    accuracy, failures = None, []
     if interval == "bootstrap":
         ci = bootstrap_interval(pooled, prior, estimator=fits[estimator], level=level, n_bootstrap=n_bootstrap,
                                 seed=seed)
     elif interval == "source-aware":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")      # its checks are reported as reasons, as data
-            ci = source_aware_interval(source_outputs, labels, raw_target, calibrator, level=level,
-                                       weights=main.weights)
+        ci, accuracy, failures = _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, prior,
+                                                     main.weights, level)
     else:
         ci = fisher_interval(pooled, main.weights, prior, level=level)
-    accuracy = None
-    if interval == "source-aware":
-        try:
-            accuracy = expected_accuracy(source_outputs, labels, raw_target, calibrator, weights=main.weights,
-                                         level=level, interval=ci)
-        except InputError:              # e.g. a class the holdout never predicts right: reported without it
-            accuracy = None
     test = no_shift_test(pooled, mlls.weights, prior, source_probs=S)
     lst, lst_error = None, None
     if label_shift_check:
@@ -490,6 +532,8 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
                                    source_prior=prior, class_names=class_names)
         except InputError as exc:                # e.g. a holdout too small for its regions: "not run", with why
             lst_error = str(exc)
+        except _NUMERICAL_FAILURES as exc:       # on valid input: "not run", with why, never an exception
+            lst_error = f"it could not be computed on this input ({type(exc).__name__}: {exc})"
     ident = identifiability(pooled, mlls.weights, prior, confusion=joint_confusion(S, labels), n_source=len(labels),
                             interval=ci if estimator == _LIKELIHOOD else None, max_relative_width=max_interval_width,
                             estimator=estimator)
@@ -498,4 +542,4 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
                        weights=np.asarray(main.weights), interval=ci, no_shift_test=test, identifiability=ident,
                        significance=significance, n_target=int(len(pooled)), converged=bool(np.all(main.converged)),
                        cross_check=checks, label_shift=lst, label_shift_error=lst_error, accuracy=accuracy,
-                       label_shift_significance=label_shift_significance)
+                       label_shift_significance=label_shift_significance, failures=failures)

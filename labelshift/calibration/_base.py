@@ -78,6 +78,8 @@ class Calibrator:
     kind: ClassVar[str] = ""
     aliases: ClassVar[tuple[str, ...]] = ()
     _settings: ClassVar[tuple[str, ...]] = ("input_kind",)
+    #: settings a saved dict written before they existed lacks, with the value its calibrator was fit with
+    _legacy_settings: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -243,7 +245,7 @@ class Calibrator:
         if not isinstance(settings, dict) or set(settings) - set(target._settings):
             raise FormatError(f"{source} has settings {settings!r} that {target.__name__} does not accept "
                               f"(it takes {list(target._settings)}); the file is corrupt or from another version.")
-        obj = target(**settings)
+        obj = target(**{**target._legacy_settings, **settings})
         params = d["params"]
         if not isinstance(params, dict):
             raise FormatError(f"{source}: 'params' must be a JSON object; the file is corrupt. Re-save the "

@@ -14,13 +14,21 @@ class                      map g(z)                      source
 ``NBVS``                   softmax(a * z)                Alexandari et al. (2020)
 =========================  ============================  ==================================================
 
-Parametrisation: T is optimised as log T (so T > 0; log T is kept in [-30, 30] to avoid overflow on separable
-data); a is per class and unconstrained. The bias b is identified only up to an additive constant (softmax is
-invariant to adding the same number to every class), so the optimiser pins b_0 = 0 and the fitted ``bias_`` is
-then centred to sum to zero, which leaves the predictions unchanged.
+Parametrisation: T is optimised as log T (so T > 0; log T is kept in [-30, 30] to avoid overflow); a is per class
+and unconstrained. The bias b is identified only up to an additive constant (softmax is invariant to adding the same
+number to every class), so the optimiser pins b_0 = 0 and the fitted ``bias_`` is then centred to sum to zero, which
+leaves the predictions unchanged.
+
+The fit minimises the NLL plus a weak Gaussian prior (``prior_sd``, default :data:`PRIOR_SD` = 50): log T, a - 1 and
+the centred biases b - mean(b) each ~ N(0, prior_sd^2), i.e. the total NLL plus P(theta) = |theta - theta_0|^2 /
+(2 prior_sd^2) (the mean NLL plus P / n). On a holdout the model separates, the NLL alone has no minimum (it falls
+towards 0 as T -> 0 and the biases run off); the prior gives the fit a unique, finite optimum there, and moves an
+ordinary fit by well under 1% of a standard error. ``prior_sd=None`` fits the plain NLL (as before the prior existed).
+Derivation, size and measured effect: ``docs/calibration.md``.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -31,19 +39,37 @@ from ..errors import InputError
 from ._base import Calibrator, _floats, log_probabilities, log_softmax
 
 _LOG_T_BOUND = 30.0
+#: standard deviation of the fit's Gaussian prior on log T, the vector scales a - 1 and the centred biases
+#: (docs/calibration.md: large enough to move an ordinary fit by < 1% of a standard error, finite on separable data)
+PRIOR_SD = 50.0
+#: max |gradient| of the mean objective at which a fit that L-BFGS-B ends "ABNORMAL" still counts as converged
+CONVERGED_GRADIENT = 1e-6
 
 
 class _ScalingCalibrator(Calibrator):
-    """softmax(scale * z + bias) fit by NLL. Subclasses choose a temperature or a per-class scale, and a bias."""
+    """softmax(scale * z + bias) fit by NLL. Subclasses choose a temperature or a per-class scale, and a bias.
+
+    Parameters:
+        input_kind: see :class:`~labelshift.calibration.Calibrator`.
+        max_iter: L-BFGS-B iterations at most.
+        tol: L-BFGS-B's gradient tolerance on the mean objective.
+        prior_sd: standard deviation of the Gaussian prior on log T, a - 1 and the centred biases (default
+            :data:`PRIOR_SD`; see the module docstring); None fits the plain NLL, which has no optimum on a holdout
+            the model separates.
+    """
 
     _temperature: bool = True     # one temperature (scale = 1/T) instead of a per-class scale a
     _bias: bool = True            # per-class bias b (b_0 pinned to 0 while fitting)
-    _settings = ("input_kind", "max_iter", "tol")
+    _settings = ("input_kind", "max_iter", "tol", "prior_sd")
+    # a saved calibrator without settings.prior_sd was written before the prior existed and was fit without it
+    _legacy_settings = {"prior_sd": None}
 
-    def __init__(self, input_kind: str = "auto", max_iter: int = 1000, tol: float = 1e-9):
+    def __init__(self, input_kind: str = "auto", max_iter: int = 1000, tol: float = 1e-9,
+                 prior_sd: float | None = PRIOR_SD):
         super().__init__(input_kind=input_kind)
         self.max_iter = max_iter
         self.tol = tol
+        self.prior_sd = prior_sd
 
     def _check_settings(self):
         super()._check_settings()
@@ -51,6 +77,12 @@ class _ScalingCalibrator(Calibrator):
             raise InputError(f"max_iter must be a positive integer, got {self.max_iter!r}.")
         if not isinstance(self.tol, (int, float, np.floating)) or not self.tol > 0:
             raise InputError(f"tol must be a positive number, got {self.tol!r}.")
+        sd = self.prior_sd
+        if sd is not None and (isinstance(sd, bool) or not isinstance(sd, (int, float, np.floating))
+                               or not 0 < sd < np.inf):
+            raise InputError(f"prior_sd must be a positive finite number (the standard deviation of the fit's prior "
+                             f"on log T, the scales and the biases; default {PRIOR_SD:g}) or None for no prior, got "
+                             f"{sd!r}.")
 
     # -- parameter vector theta: [log T] or [a_0..a_{k-1}], then [b_1..b_{k-1}] -------------------------------
     def _n_scale(self, k: int) -> int:
@@ -68,8 +100,54 @@ class _ScalingCalibrator(Calibrator):
             bias[1:] = theta[ns:]
         return scale, bias
 
+    def _penalty(self, theta: np.ndarray, k: int) -> tuple[float, np.ndarray]:
+        """The prior's P(theta) = (|scale part - its start|^2 + |b - mean(b)|^2) / (2 prior_sd^2) and its gradient
+        (0 without a prior). The bias part is that of the centred biases, so it does not depend on which b is
+        pinned; its gradient in the free b_j is (b_j - mean(b)) / prior_sd^2."""
+        if self.prior_sd is None:
+            return 0.0, np.zeros_like(theta)
+        ns = self._n_scale(k)
+        d = theta - self._initial_theta(k)
+        if self._bias:
+            b = np.concatenate([[0.0], theta[ns:]])
+            d[ns:] = (b - b.mean())[1:]
+            value = float(d[:ns] @ d[:ns] + np.sum((b - b.mean()) ** 2))
+        else:
+            value = float(d @ d)
+        precision = 1.0 / float(self.prior_sd) ** 2
+        return 0.5 * precision * value, precision * d
+
+    def penalty_terms(self) -> tuple[np.ndarray, np.ndarray]:
+        """Gradient and Hessian of the fitted calibrator's prior P at its parameters, in the coordinates in which its
+        calibrated logits are linear: the scale 1/T (TS, BCTS) or a (VS, NBVS), then the biases b_1..b_{k-1}
+        (b_0 fixed). Zero without a prior. With s = 1/T the log-T prior is P = (log s)^2 / (2 sd^2), so
+        dP/ds = log s / (s sd^2) and d2P/ds2 = (1 - log s) / (s^2 sd^2). For the sandwich of
+        :func:`labelshift.joint_uncertainty.source_aware_interval`, whose score is the NLL's plus grad P / n."""
+        self._check_fitted()
+        k = int(self.n_classes_)
+        ns = self._n_scale(k)
+        q = ns + (k - 1 if self._bias else 0)
+        grad, hess = np.zeros(q), np.zeros((q, q))
+        if self.prior_sd is None:
+            return grad, hess
+        precision = 1.0 / float(self.prior_sd) ** 2
+        if self._temperature:
+            log_s = -math.log(self.temperature_)
+            s = 1.0 / self.temperature_
+            grad[0] = precision * log_s / s
+            hess[0, 0] = precision * (1.0 - log_s) / s ** 2
+        else:
+            grad[:ns] = precision * (np.asarray(self.scale_, float) - 1.0)
+            hess[:ns, :ns] = precision * np.eye(ns)
+        if self._bias:
+            b = np.asarray(self.bias_, float)
+            grad[ns:] = precision * (b - b.mean())[1:]
+            hess[ns:, ns:] = precision * (np.eye(k - 1) - 1.0 / k)
+        return grad, hess
+
     def _objective(self, theta: np.ndarray, z: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-        """Mean NLL of softmax(scale * z + bias) and its gradient with respect to theta."""
+        """Mean NLL of softmax(scale * z + bias) plus P(theta) / n (the prior, :meth:`_penalty`) and its gradient
+        with respect to theta."""
         n, k = z.shape
         scale, bias = self._unpack(theta, k)
         logp = log_softmax(z * scale + bias)
@@ -85,7 +163,8 @@ class _ScalingCalibrator(Calibrator):
         parts = [g_scale]
         if self._bias:
             parts.append(np.sum(resid, axis=0)[1:])
-        return float(loss), np.concatenate(parts)
+        penalty, g_penalty = self._penalty(theta, k)
+        return float(loss + penalty / n), np.concatenate(parts) + g_penalty / n
 
     # -- fitting ---------------------------------------------------------------------------------------------
     def _fit(self, x, y, k, kind, prior):
@@ -107,7 +186,7 @@ class _ScalingCalibrator(Calibrator):
         # L-BFGS-B stops with "ABNORMAL" when the line search cannot improve in floating point, which at a
         # gradient this small just means it is at the optimum
         grad_norm = float(np.max(np.abs(self._objective(theta, z, y)[1])))
-        self.converged_ = bool(res.success or grad_norm < 1e-6)
+        self.converged_ = bool(res.success or grad_norm < CONVERGED_GRADIENT)
         if not self.converged_:
             warnings.warn(f"{type(self).__name__}: L-BFGS did not converge in {self.n_iter_} iterations "
                           f"({res.message}; max |gradient| {grad_norm:.2e}); raise max_iter.", RuntimeWarning,
