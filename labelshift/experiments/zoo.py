@@ -235,12 +235,12 @@ def _cases() -> tuple[ZooCase, ...]:
     g, s = GaussianCase, SklearnCase
     return (
         g("gauss-k2", "k = 2, ~90% accurate, over-confident logits (x1.8)", 2, "logits", 2000, dir1, sep=1.8),
-        g("gauss-k10", "k = 10, ~90% accurate", 10, "logits", 5000, dir1, n=5000, sep=3.0),
-        g("gauss-k30", "k = 30 balanced, ~91% accurate", 30, "logits", 10_000, dir1, n=10_000, sep=3.6,
+        g("gauss-k10", "k = 10, ~91% accurate", 10, "logits", 5000, dir1, n=5000, sep=3.0),
+        g("gauss-k30", "k = 30 balanced, ~92% accurate", 30, "logits", 10_000, dir1, n=10_000, sep=3.6,
           source_prior=(1.0,) * 30),
         g("separable", "k = 5, 100% accurate holdout (classes far apart)", 5, "logits", 2000, dir1, sep=12.0),
-        g("under-confident", "k = 5, ~93% accurate, logits x0.3", 5, "logits", 2000, dir1, scale=0.3),
-        g("over-confident", "k = 5, ~93% accurate, logits x6", 5, "logits", 2000, dir1, scale=6.0),
+        g("under-confident", "k = 5, ~91% accurate, logits x0.3", 5, "logits", 2000, dir1, scale=0.3),
+        g("over-confident", "k = 5, ~94% accurate, logits x6", 5, "logits", 2000, dir1, scale=6.0),
         g("rare-0.1pct", "k = 5, one class 0.1% of a 10,000-row holdout", 5, "logits", 10_000, dir1, n=10_000,
           source_prior=(0.001, 0.25, 0.25, 0.25, 0.249)),
         g("fraud", "binary, 1% positives in a 20,000-row holdout, 3% in the target", 2, "logits", 20_000,
