@@ -196,6 +196,8 @@ def main(argv=None) -> int:
              for s in range(args.seeds if case(n).fast else args.slow_seeds)]
     import tasks.reestimation  # noqa: F401  (imported once here, before the workers fork)
 
+    commit = _commit()                            # the code the runs use (read before they start)
+
     t0 = time.perf_counter()
     got = run_chunks(one_run, work, max(1, args.jobs), t0)
     runs = {n: sorted(got.get(n, []), key=lambda r: r.seed) for n in names}
@@ -203,7 +205,7 @@ def main(argv=None) -> int:
     elapsed = time.perf_counter() - t0
     section = SECTION + (f" ({args.label})" if args.label else "")
     argv_text = " ".join(argv if argv is not None else sys.argv[1:])
-    lines = [section, "", f"Run {_dt.date.today().isoformat()} on commit {_commit()}.", "",
+    lines = [section, "", f"Run {_dt.date.today().isoformat()} on commit {commit}.", "",
              f"`python benchmarks/{Path(__file__).name} {argv_text}` on {cpu_model()}, nproc {os.cpu_count()} (shared "
              f"with other jobs), Python {platform.python_version()}, numpy {np.__version__}; {elapsed / 60:.0f} min. "
              f"Seeds: {args.seeds} per fast case, {args.slow_seeds} per slow case (k = 100, 1,000; a run stopped after "

@@ -181,12 +181,17 @@ class SklearnCase(ZooCase):
     model: str = "logistic"
     train_fraction: float = 0.4
 
+    def split(self, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(holdout rows, target-pool rows) of this seed: disjoint halves of the rows the model was not trained on
+        (indices into them)."""
+        n_rest = len(_sklearn_outputs(self.dataset, self.model, self.train_fraction)[1])
+        order = _streams(seed)[2].permutation(n_rest)
+        return order[:n_rest // 2], order[n_rest // 2:]
+
     def _pools(self, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(holdout outputs, holdout labels, target-pool outputs, target-pool labels) of this seed's split."""
         outputs, labels = _sklearn_outputs(self.dataset, self.model, self.train_fraction)
-        order = _streams(seed)[2].permutation(len(labels))
-        half = len(order) // 2
-        h, t = order[:half], order[half:]
+        h, t = self.split(seed)
         return outputs[h], labels[h], outputs[t], labels[t]
 
     def holdout(self, seed: int) -> LabelledOutputs:
@@ -259,7 +264,7 @@ def _cases() -> tuple[ZooCase, ...]:
         s("lr-breast-cancer", "logistic regression on breast_cancer", 2, "probabilities", 300, dir1,
           dataset="breast_cancer"),
         s("lr-digits", "logistic regression on digits", 10, "probabilities", 500, dir1, dataset="digits"),
-        g("gauss-k100", "k = 100 balanced, ~90% accurate, n = 10,000, m = 100,000", 100, "logits", 100_000, dir1,
+        g("gauss-k100", "k = 100 balanced, ~94% accurate, n = 10,000, m = 100,000", 100, "logits", 100_000, dir1,
           n=10_000, sep=4.2, source_prior=(1.0,) * 100, fast=False),
         g("gauss-k1000", "k = 1,000 balanced, n = 50,000, m = 100,000", 1000, "logits", 100_000, dir1, n=50_000,
           sep=5.0, source_prior=(1.0,) * 1000, fast=False),
