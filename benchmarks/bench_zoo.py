@@ -145,13 +145,18 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _shape(message: str) -> str:
+    """A message with its numbers replaced by #, cut to its first 100 characters."""
+    return re.sub(r"[-+]?\d[\d.e+-]*", "#", message)[:100]
+
+
 def messages(runs: dict[str, list[ZooRun]]) -> list[str]:
     """The distinct exceptions (with where they came from) and the most frequent reasons, per case."""
     out = []
     for name, rs in runs.items():
-        errors = Counter((re.sub(r"[-+]?\d[\d.e+-]*", "#", r.error[:120]), r.origin) for r in rs if r.error is not None)
-        example = {(re.sub(r"[-+]?\d[\d.e+-]*", "#", r.error[:120]), r.origin): r.error[:240] for r in rs
-                   if r.error is not None}
+        kinds = [(_shape(r.error), r.origin) for r in rs if r.error is not None]     # messages alike but for numbers
+        errors = Counter(kinds)
+        example = {kind: r.error[:240] for kind, r in zip(kinds, (r for r in rs if r.error is not None))}
         for key, cnt in errors.most_common(3):
             out.append(f"- **{name}**, {cnt} run(s): `{example[key]}`" + (f" (raised at `{key[1]}`)" if key[1] else ""))
         reasons = Counter(reason.split(":")[0][:90] for r in rs if r.verdict == "Untrustworthy" for reason in r.reasons)

@@ -15,8 +15,8 @@ Two families:
   2 to 1,000, a tiny holdout or target, a class absent from the target, float16 logits.
 * :class:`SklearnCase` -- a scikit-learn model (logistic regression, a random forest) trained once on part of one
   of scikit-learn's bundled datasets; per seed, the rows not used for training are split at random into a holdout
-  half and a target pool, and the target is resampled per class from the pool (with replacement, Section 6), so
-  the target rows are disjoint from the training and holdout rows.
+  half and a target pool, and the target is drawn per class from the pool without replacement, so the target
+  rows are disjoint from the training and holdout rows and from each other.
 
 :data:`CASES` names them all; :func:`fast_cases` those that run in seconds (the tests), the others (k = 100 and
 1,000) are for ``benchmarks/bench_zoo.py``. Nothing here runs an estimator: the runner is
@@ -31,7 +31,6 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
-from ..shift import sample_target
 from .well_specified import WellSpecifiedGaussians
 
 __all__ = ["LabelledOutputs", "TargetSet", "ZooCase", "GaussianCase", "SklearnCase", "CASES", "case", "fast_cases",
@@ -86,9 +85,11 @@ def fixed_target(prior) -> PriorRule:
     return rule
 
 
-def _streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, np.random.Generator]:
-    """Independent generators of one seed: the holdout, the target, and what both share (a split)."""
-    holdout, target, shared = np.random.SeedSequence([int(seed), 20]).spawn(3)
+def _streams(name: str, seed: int) -> tuple[np.random.Generator, np.random.Generator, np.random.Generator]:
+    """Independent generators of one case and seed: the holdout, the target, and what both share (a split). The
+    case's name is part of the seed, so that two cases never share their draws."""
+    key = int.from_bytes(name.encode(), "little") % (2 ** 63)
+    holdout, target, shared = np.random.SeedSequence([int(seed), 20, key]).spawn(3)
     return np.random.default_rng(holdout), np.random.default_rng(target), np.random.default_rng(shared)
 
 
@@ -148,12 +149,12 @@ class GaussianCase(ZooCase):
 
     def holdout(self, seed: int) -> LabelledOutputs:
         """``n`` labelled rows, labels i.i.d. from p_s."""
-        z, y = self._rows(self.problem.source_prior, self.n, _streams(seed)[0])
+        z, y = self._rows(self.problem.source_prior, self.n, _streams(self.name, seed)[0])
         return LabelledOutputs(z, y)
 
     def target(self, seed: int) -> TargetSet:
         """``m`` rows, labels i.i.d. from this seed's p_t."""
-        rng = _streams(seed)[1]
+        rng = _streams(self.name, seed)[1]
         prior = self.target_prior(rng, self.problem.source_prior)
         z, y = self._rows(prior, self.m, rng)
         return TargetSet(z, y, prior)
@@ -185,7 +186,7 @@ class SklearnCase(ZooCase):
         """(holdout rows, target-pool rows) of this seed: disjoint halves of the rows the model was not trained on
         (indices into them)."""
         n_rest = len(_sklearn_outputs(self.dataset, self.model, self.train_fraction)[1])
-        order = _streams(seed)[2].permutation(n_rest)
+        order = _streams(self.name, seed)[2].permutation(n_rest)
         return order[:n_rest // 2], order[n_rest // 2:]
 
     def _pools(self, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -200,13 +201,34 @@ class SklearnCase(ZooCase):
         return LabelledOutputs(z, y)
 
     def target(self, seed: int) -> TargetSet:
-        """``m`` rows resampled per class from this seed's target pool (labels i.i.d. from p_t)."""
+        """``m`` rows drawn per class *without* replacement from this seed's target pool, so that holdout and target
+        are disjoint simple random samples of each class (exchangeable, as independent draws would be; resampling
+        with replacement would make the target a copy of a pool smaller than itself). The labels are i.i.d. from
+        p_t; p_t is redrawn until m p_t(y) + 3 sqrt(m p_t(y)) rows of each class fit in the pool, the counts until
+        they fit. Raises InputError when no drawn prior fits (m too large for the pool)."""
         _, yh, pool, labels = self._pools(seed)
-        rng = _streams(seed)[1]
+        rng = _streams(self.name, seed)[1]
         source = np.bincount(yh, minlength=self.n_classes) / len(yh)
-        prior = self.target_prior(rng, source)
-        idx = sample_target(labels, prior, self.m, rng)
+        available = np.bincount(labels, minlength=self.n_classes)
+        prior = _fitting_prior(lambda: self.target_prior(rng, source), self.m, available, self.name)
+        counts = rng.multinomial(self.m, prior)
+        while np.any(counts > available):
+            counts = rng.multinomial(self.m, prior)
+        idx = np.concatenate([rng.choice(np.flatnonzero(labels == c), counts[c], replace=False)
+                              for c in range(self.n_classes)])
+        idx = rng.permutation(idx)
         return TargetSet(pool[idx], labels[idx], prior)
+
+
+def _fitting_prior(draw: Callable[[], np.ndarray], m: int, available: np.ndarray, name: str) -> np.ndarray:
+    """A prior from ``draw`` whose expected class counts, plus three standard deviations, fit in ``available``."""
+    for _ in range(10_000):
+        prior = draw()
+        mean = m * prior
+        if np.all(mean + 3.0 * np.sqrt(mean) <= available):
+            return prior
+    raise InputError(f"zoo case {name!r}: no target prior drawn fits m = {m} rows into a pool with class counts "
+                     f"{available.tolist()}; use a smaller m.")
 
 
 @lru_cache(maxsize=16)
@@ -256,14 +278,14 @@ def _cases() -> tuple[ZooCase, ...]:
         g("float16", "k = 10, logits logged as float16 (x4, rounded)", 10, "logits", 5000, dir1, n=5000, scale=4.0,
           dtype="float16"),
         s("rf-breast-cancer", "random forest (50 trees) on breast_cancer: probabilities with 0s, 1s, ties", 2,
-          "probabilities", 300, dir1, dataset="breast_cancer", model="forest"),
-        s("rf-wine", "random forest (50 trees) on wine: probabilities with 0s, 1s, ties", 3, "probabilities", 100,
+          "probabilities", 60, dir1, dataset="breast_cancer", model="forest"),
+        s("rf-wine", "random forest (50 trees) on wine: probabilities with 0s, 1s, ties", 3, "probabilities", 20,
           dir1, dataset="wine", model="forest"),
-        s("lr-iris", "logistic regression on iris", 3, "probabilities", 100, dir1, dataset="iris"),
-        s("lr-wine", "logistic regression on wine", 3, "probabilities", 100, dir1, dataset="wine"),
-        s("lr-breast-cancer", "logistic regression on breast_cancer", 2, "probabilities", 300, dir1,
+        s("lr-iris", "logistic regression on iris", 3, "probabilities", 20, dir1, dataset="iris", train_fraction=0.3),
+        s("lr-wine", "logistic regression on wine", 3, "probabilities", 20, dir1, dataset="wine"),
+        s("lr-breast-cancer", "logistic regression on breast_cancer", 2, "probabilities", 60, dir1,
           dataset="breast_cancer"),
-        s("lr-digits", "logistic regression on digits", 10, "probabilities", 500, dir1, dataset="digits"),
+        s("lr-digits", "logistic regression on digits", 10, "probabilities", 150, dir1, dataset="digits"),
         g("gauss-k100", "k = 100 balanced, ~94% accurate, n = 10,000, m = 100,000", 100, "logits", 100_000, dir1,
           n=10_000, sep=4.2, source_prior=(1.0,) * 100, fast=False),
         g("gauss-k1000", "k = 1,000 balanced, n = 50,000, m = 100,000", 1000, "logits", 100_000, dir1, n=50_000,
