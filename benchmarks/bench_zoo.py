@@ -195,8 +195,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     names = [n.strip() for n in args.cases.split(",") if n.strip()] or list(CASES)
-    for n in names:
-        case(n)                                   # an unknown name fails here, naming the cases
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        print(f"bench_zoo.py: no case {', '.join(unknown)}; the cases are {', '.join(CASES)}", file=sys.stderr)
+        return 2
     work = [(n, s, args.timeout, args.memory_gib) for n in names
              for s in range(args.seeds if case(n).fast else args.slow_seeds)]
     import tasks.reestimation  # noqa: F401  (imported once here, before the workers fork)
