@@ -1,0 +1,309 @@
+"""A zoo of classifiers a user may bring to re-estimation: the cases of issue 20 as typed generators.
+
+Each case is a :class:`ZooCase`: for a seed it gives a labelled holdout (the model's raw outputs and the labels,
+:meth:`ZooCase.holdout`) and a target set drawn under a known label shift (:meth:`ZooCase.target`: raw outputs,
+the labels and the population prior they were drawn from). The class-conditional distribution of the outputs is
+the same in holdout and target, so every target is truly label-shifted; the truth an interval on p_t must cover is
+the population prior (the paper's w* = p_t / p_s, Section 6: "sample a target label distribution p_t(y), then
+each example's label y ~ p_t(y)"); :attr:`TargetSet.empirical_prior` holds the drawn rows' label frequencies too.
+
+Two families:
+
+* :class:`GaussianCase` -- k Gaussian classes whose model logits are ``scale`` times the exact source posterior's
+  plus a per-class bias (:class:`~labelshift.experiments.well_specified.WellSpecifiedGaussians`, so BCTS contains
+  the exact posterior): near-separable, under- and over-confident, a rare class, a fraud-like binary model, k from
+  2 to 1,000, a tiny holdout or target, a class absent from the target, float16 logits.
+* :class:`SklearnCase` -- a scikit-learn model (logistic regression, a random forest) trained once on part of one
+  of scikit-learn's bundled datasets; per seed, the rows not used for training are split at random into a holdout
+  half and a target pool, and the target is drawn per class from the pool without replacement, so the target
+  rows are disjoint from the training and holdout rows and from each other.
+
+:data:`CASES` names them all; :func:`fast_cases` those that run in seconds (the tests), the others (k = 100 and
+1,000) are for ``benchmarks/bench_zoo.py``. Nothing here runs an estimator: the runner is
+``tests/zoo_support.py``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable
+
+import numpy as np
+
+from ..errors import InputError
+from .well_specified import WellSpecifiedGaussians
+
+__all__ = ["LabelledOutputs", "TargetSet", "ZooCase", "GaussianCase", "SklearnCase", "CASES", "case", "fast_cases",
+           "dirichlet_target", "fixed_target"]
+
+#: a rule for the target prior of one seed: (rng, source prior) -> p_t
+PriorRule = Callable[[np.random.Generator, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class LabelledOutputs:
+    """A labelled holdout: the model's raw outputs (n, k) (logits or probabilities) and the labels (n,) 0..k-1."""
+
+    outputs: np.ndarray
+    labels: np.ndarray
+
+
+@dataclass(frozen=True)
+class TargetSet:
+    """A target set under known label shift: raw outputs (m, k), the true labels (m,) and the population prior
+    p_t (k,) the labels were drawn from."""
+
+    outputs: np.ndarray
+    labels: np.ndarray
+    prior: np.ndarray
+
+    @property
+    def empirical_prior(self) -> np.ndarray:
+        """The label frequencies of the drawn rows, (k,)."""
+        k = len(self.prior)
+        return np.bincount(self.labels, minlength=k) / max(len(self.labels), 1)
+
+
+def dirichlet_target(alpha: float = 1.0, absent: tuple[int, ...] = ()) -> PriorRule:
+    """p_t ~ Dirichlet(alpha) per seed; the classes in ``absent`` get p_t = 0 (the rest renormalised)."""
+
+    def rule(rng: np.random.Generator, source_prior: np.ndarray) -> np.ndarray:
+        p = rng.dirichlet(np.full(len(source_prior), float(alpha)))
+        p[list(absent)] = 0.0
+        return p / p.sum()
+
+    return rule
+
+
+def fixed_target(prior) -> PriorRule:
+    """The same p_t for every seed."""
+    p = np.asarray(prior, dtype=np.float64)
+
+    def rule(rng: np.random.Generator, source_prior: np.ndarray) -> np.ndarray:
+        return p / p.sum()
+
+    return rule
+
+
+def _streams(name: str, seed: int) -> tuple[np.random.Generator, np.random.Generator, np.random.Generator]:
+    """Independent generators of one case and seed: the holdout, the target, and what both share (a split). The
+    case's name is part of the seed, so that two cases never share their draws."""
+    key = int.from_bytes(name.encode(), "little") % (2 ** 63)
+    holdout, target, shared = np.random.SeedSequence([int(seed), 20, key]).spawn(3)
+    return np.random.default_rng(holdout), np.random.default_rng(target), np.random.default_rng(shared)
+
+
+@dataclass(frozen=True)
+class ZooCase:
+    """One classifier of the zoo (abstract: :class:`GaussianCase`, :class:`SklearnCase`).
+
+    Attributes:
+        name: short id (``--cases`` of the benchmark, the test ids).
+        description: one line on what it is.
+        n_classes: k.
+        output_kind: ``"logits"`` or ``"probabilities"`` (what the model logs, as a reference declares it).
+        m: target rows per draw.
+        target_prior: the rule that draws p_t per seed.
+        fast: runs in seconds on today's code (the tests); False: the benchmark only.
+    """
+
+    name: str
+    description: str
+    n_classes: int
+    output_kind: str
+    m: int
+    target_prior: PriorRule = field(repr=False)
+    fast: bool = True
+
+    def holdout(self, seed: int) -> LabelledOutputs:    # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def target(self, seed: int) -> TargetSet:            # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class GaussianCase(ZooCase):
+    """Gaussian classes with a model of known miscalibration (:class:`WellSpecifiedGaussians`).
+
+    Attributes (beside :class:`ZooCase`'s): ``n`` holdout rows; ``sep`` class separation; ``scale`` the model's
+    over-confidence (< 1: under-confident); ``source_prior`` p_s (None: mildly imbalanced, from ``problem_seed``);
+    ``dtype`` of the outputs as logged (float16 rounds the logits).
+    """
+
+    n: int = 2000
+    sep: float = 3.0
+    scale: float = 1.8
+    source_prior: tuple[float, ...] | None = None
+    dtype: str = "float64"
+    problem_seed: int = 0
+
+    @property
+    def problem(self) -> WellSpecifiedGaussians:
+        return _gaussian_problem(self.n_classes, self.sep, self.scale, self.source_prior, self.problem_seed)
+
+    def _rows(self, prior, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        z, y = self.problem.draw(prior, n, rng)
+        order = rng.permutation(len(y))
+        return z[order].astype(self.dtype), y[order]
+
+    def holdout(self, seed: int) -> LabelledOutputs:
+        """``n`` labelled rows, labels i.i.d. from p_s."""
+        z, y = self._rows(self.problem.source_prior, self.n, _streams(self.name, seed)[0])
+        return LabelledOutputs(z, y)
+
+    def target(self, seed: int) -> TargetSet:
+        """``m`` rows, labels i.i.d. from this seed's p_t."""
+        rng = _streams(self.name, seed)[1]
+        prior = self.target_prior(rng, self.problem.source_prior)
+        z, y = self._rows(prior, self.m, rng)
+        return TargetSet(z, y, prior)
+
+
+@lru_cache(maxsize=32)
+def _gaussian_problem(k: int, sep: float, scale: float, source_prior, seed: int) -> WellSpecifiedGaussians:
+    problem = WellSpecifiedGaussians.make(k, sep=sep, scale=scale, seed=seed)
+    if source_prior is not None:
+        p = np.asarray(source_prior, dtype=np.float64)
+        problem = WellSpecifiedGaussians(source_prior=p / p.sum(), sep=sep, scale=scale, offset=problem.offset)
+    return problem
+
+
+@dataclass(frozen=True)
+class SklearnCase(ZooCase):
+    """A scikit-learn model on one of scikit-learn's bundled datasets.
+
+    Attributes (beside :class:`ZooCase`'s): ``dataset`` (``"iris"``, ``"wine"``, ``"breast_cancer"``,
+    ``"digits"``), ``model`` (``"logistic"`` or ``"forest"``), ``train_fraction`` of the rows (stratified, fixed)
+    the model is trained on; the other rows are split in half per seed: holdout and target pool.
+    """
+
+    dataset: str = "iris"
+    model: str = "logistic"
+    train_fraction: float = 0.4
+
+    def split(self, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(holdout rows, target-pool rows) of this seed: disjoint halves of the rows the model was not trained on
+        (indices into them)."""
+        n_rest = len(_sklearn_outputs(self.dataset, self.model, self.train_fraction)[1])
+        order = _streams(self.name, seed)[2].permutation(n_rest)
+        return order[:n_rest // 2], order[n_rest // 2:]
+
+    def _pools(self, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(holdout outputs, holdout labels, target-pool outputs, target-pool labels) of this seed's split."""
+        outputs, labels = _sklearn_outputs(self.dataset, self.model, self.train_fraction)
+        h, t = self.split(seed)
+        return outputs[h], labels[h], outputs[t], labels[t]
+
+    def holdout(self, seed: int) -> LabelledOutputs:
+        """This seed's holdout half of the rows the model was not trained on."""
+        z, y, _, _ = self._pools(seed)
+        return LabelledOutputs(z, y)
+
+    def target(self, seed: int) -> TargetSet:
+        """``m`` rows drawn per class *without* replacement from this seed's target pool, so that holdout and target
+        are disjoint simple random samples of each class (exchangeable, as independent draws would be; resampling
+        with replacement would make the target a copy of a pool smaller than itself). The labels are i.i.d. from
+        p_t; p_t is redrawn until m p_t(y) + 3 sqrt(m p_t(y)) rows of each class fit in the pool, the counts until
+        they fit. Raises InputError when no drawn prior fits (m too large for the pool)."""
+        _, yh, pool, labels = self._pools(seed)
+        rng = _streams(self.name, seed)[1]
+        source = np.bincount(yh, minlength=self.n_classes) / len(yh)
+        available = np.bincount(labels, minlength=self.n_classes)
+        prior = _fitting_prior(lambda: self.target_prior(rng, source), self.m, available, self.name)
+        counts = rng.multinomial(self.m, prior)
+        while np.any(counts > available):
+            counts = rng.multinomial(self.m, prior)
+        idx = np.concatenate([rng.choice(np.flatnonzero(labels == c), counts[c], replace=False)
+                              for c in range(self.n_classes)])
+        idx = rng.permutation(idx)
+        return TargetSet(pool[idx], labels[idx], prior)
+
+
+def _fitting_prior(draw: Callable[[], np.ndarray], m: int, available: np.ndarray, name: str) -> np.ndarray:
+    """A prior from ``draw`` whose expected class counts, plus three standard deviations, fit in ``available``."""
+    for _ in range(10_000):
+        prior = draw()
+        mean = m * prior
+        if np.all(mean + 3.0 * np.sqrt(mean) <= available):
+            return prior
+    raise InputError(f"zoo case {name!r}: no target prior drawn fits m = {m} rows into a pool with class counts "
+                     f"{available.tolist()}; use a smaller m.")
+
+
+@lru_cache(maxsize=16)
+def _sklearn_outputs(dataset: str, model: str, train_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """The model's outputs and the labels of every row it was not trained on (trained once, fixed seed)."""
+    from sklearn import datasets
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import train_test_split
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    loaders = {"iris": datasets.load_iris, "wine": datasets.load_wine, "breast_cancer": datasets.load_breast_cancer,
+               "digits": datasets.load_digits}
+    if dataset not in loaders:
+        raise InputError(f"dataset must be one of {sorted(loaders)}, got {dataset!r}.")
+    x, y = loaders[dataset](return_X_y=True)
+    x_train, x_rest, y_train, y_rest = train_test_split(x, y, train_size=train_fraction, stratify=y, random_state=0)
+    if model == "logistic":
+        clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
+    elif model == "forest":
+        clf = RandomForestClassifier(n_estimators=50, random_state=0)
+    else:
+        raise InputError(f"model must be 'logistic' or 'forest', got {model!r}.")
+    clf.fit(x_train, y_train)
+    return np.asarray(clf.predict_proba(x_rest), dtype=np.float64), np.asarray(y_rest, dtype=np.int64)
+
+
+def _cases() -> tuple[ZooCase, ...]:
+    dir1 = dirichlet_target(1.0)
+    g, s = GaussianCase, SklearnCase
+    return (
+        g("gauss-k2", "k = 2, ~90% accurate, over-confident logits (x1.8)", 2, "logits", 2000, dir1, sep=1.8),
+        g("gauss-k10", "k = 10, ~91% accurate", 10, "logits", 5000, dir1, n=5000, sep=3.0),
+        g("gauss-k30", "k = 30 balanced, ~92% accurate", 30, "logits", 10_000, dir1, n=10_000, sep=3.6,
+          source_prior=(1.0,) * 30),
+        g("separable", "k = 5, 100% accurate holdout (classes far apart)", 5, "logits", 2000, dir1, sep=12.0),
+        g("under-confident", "k = 5, ~91% accurate, logits x0.3", 5, "logits", 2000, dir1, scale=0.3),
+        g("over-confident", "k = 5, ~94% accurate, logits x6", 5, "logits", 2000, dir1, scale=6.0),
+        g("rare-0.1pct", "k = 5, one class 0.1% of a 10,000-row holdout", 5, "logits", 10_000, dir1, n=10_000,
+          source_prior=(0.001, 0.25, 0.25, 0.25, 0.249)),
+        g("fraud", "binary, 1% positives in a 20,000-row holdout, 3% in the target", 2, "logits", 20_000,
+          fixed_target((0.97, 0.03)), n=20_000, sep=3.0, source_prior=(0.99, 0.01)),
+        g("tiny-holdout", "k = 3, 60-row holdout", 3, "logits", 2000, dir1, n=60),
+        g("tiny-target", "k = 3, 30-row target", 3, "logits", 30, dir1),
+        g("absent-class", "k = 5, class 0 absent from the target", 5, "logits", 2000, dirichlet_target(1.0, (0,))),
+        g("float16", "k = 10, logits logged as float16 (x4, rounded)", 10, "logits", 5000, dir1, n=5000, scale=4.0,
+          dtype="float16"),
+        s("rf-breast-cancer", "random forest (50 trees) on breast_cancer: probabilities with 0s, 1s, ties", 2,
+          "probabilities", 60, dir1, dataset="breast_cancer", model="forest"),
+        s("rf-wine", "random forest (50 trees) on wine: probabilities with 0s, 1s, ties", 3, "probabilities", 20,
+          dir1, dataset="wine", model="forest"),
+        s("lr-iris", "logistic regression on iris", 3, "probabilities", 20, dir1, dataset="iris", train_fraction=0.3),
+        s("lr-wine", "logistic regression on wine", 3, "probabilities", 20, dir1, dataset="wine"),
+        s("lr-breast-cancer", "logistic regression on breast_cancer", 2, "probabilities", 60, dir1,
+          dataset="breast_cancer"),
+        s("lr-digits", "logistic regression on digits", 10, "probabilities", 150, dir1, dataset="digits"),
+        g("gauss-k100", "k = 100 balanced, ~94% accurate, n = 10,000, m = 100,000", 100, "logits", 100_000, dir1,
+          n=10_000, sep=4.2, source_prior=(1.0,) * 100, fast=False),
+        g("gauss-k1000", "k = 1,000 balanced, n = 50,000, m = 100,000", 1000, "logits", 100_000, dir1, n=50_000,
+          sep=5.0, source_prior=(1.0,) * 1000, fast=False),
+    )
+
+
+#: every case of the zoo, by name
+CASES: dict[str, ZooCase] = {c.name: c for c in _cases()}
+
+
+def case(name: str) -> ZooCase:
+    """The case called ``name``. Raises InputError naming the cases when there is none."""
+    if name not in CASES:
+        raise InputError(f"no zoo case {name!r}; the cases are {', '.join(CASES)}.")
+    return CASES[name]
+
+
+def fast_cases() -> list[ZooCase]:
+    """The cases that run in seconds (the tests)."""
+    return [c for c in CASES.values() if c.fast]
