@@ -414,6 +414,18 @@ def _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, 
     return ci, accuracy, []
 
 
+def _at_precision(holdout: np.ndarray, target) -> np.ndarray:
+    """The holdout's probabilities rounded to the precision the target's were given in (e.g. float32, as the flow
+    stores them), so that the label-shift test compares like with like: float32 turns every confidence within
+    6e-8 of 1 into exactly 1, which the holdout's float64 confidences never reach, and the test would see that
+    rounding as a difference between the two (a fraud-like model's target was called Not label shift in 2 of 3
+    seeds). The holdout as it is when the target is float64."""
+    dtype = np.asarray(target).dtype if isinstance(target, np.ndarray) else np.float64
+    if not np.issubdtype(dtype, np.floating) or np.finfo(dtype).eps <= np.finfo(np.float64).eps:
+        return holdout
+    return holdout.astype(dtype).astype(np.float64)
+
+
 def assess_shift(source_probs, source_labels, target_probs, *, source_prior, estimator: str = "MLLS",
                  cross_check: Sequence[str] = (), interval: str = "fisher", level: float = 0.95,
                  significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0,
@@ -477,7 +489,8 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
     check_prior(source_prior, "source_prior", k)
     check_holdout(labels, k, interval=interval, calibrator=calibrator)
     prior = np.asarray(source_prior, dtype=np.float64)    # as given: the report holds the caller's p_s
-    pooled = check_probabilities(_pool(target_probs), "target_probs", 2)
+    given = _pool(target_probs)
+    pooled = check_probabilities(given, "target_probs", 2)
     if pooled.shape[1] != k:
         raise InputError(f"target_probs has {pooled.shape[1]} class columns but source_probs has {k}; pass the "
                          "calibrated outputs of the same classifier on both.")
@@ -528,7 +541,7 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
     lst, lst_error = None, None
     if label_shift_check:
         try:
-            lst = label_shift_test(S, labels, pooled, weights=np.maximum(np.asarray(mlls.weights), 0.0),
+            lst = label_shift_test(_at_precision(S, given), labels, pooled, weights=np.maximum(np.asarray(mlls.weights), 0.0),
                                    source_prior=prior, class_names=class_names)
         except InputError as exc:                # e.g. a holdout too small for its regions: "not run", with why
             lst_error = str(exc)
