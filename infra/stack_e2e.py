@@ -91,7 +91,9 @@ def client_environment(values: dict[str, str], home: Path) -> dict[str, str]:
             "AWS_ACCESS_KEY_ID": values["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY": values["AWS_SECRET_ACCESS_KEY"],
             "AWS_DEFAULT_REGION": "us-east-1", "LABELSHIFT_STORE": f"s3://{BUCKET}/store",
             "PREFECT_HOME": str(home / "prefect"), "LABELSHIFT_HOME": str(home / "labelshift"),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
+            # artifacts through the MLflow server, never by presigned URLs naming the compose-internal s3:8333
+            "MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD": "false", "MLFLOW_ENABLE_PROXY_MULTIPART_UPLOAD": "false"}
 
 
 # -- Prefect ---------------------------------------------------------------------------------------------------------
@@ -134,12 +136,19 @@ def deploy(env: dict[str, str]) -> None:
     expect(done.returncode == 0, f"prefect deploy failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
-def estimation_task_runs(flow_run_id) -> int:
+def estimation_task_runs(flow_run_id, timeout: float = 30) -> int:
+    """How many runs of the estimation task (tasks.estimation.estimate_settings) the flow run made; the server
+    records task runs from their events, so a few seconds after the flow run ends they may still be coming."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+    deadline = time.monotonic() + timeout
     with prefect_client() as client:
-        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return sum(1 for t in tasks if t.name.startswith("estimate"))
+        while True:
+            tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            count = sum(1 for t in tasks if t.task_key.startswith("estimate_settings") and t.state.is_completed())
+            if count > 1 or time.monotonic() > deadline:
+                return count
+            time.sleep(2)
 
 
 # -- MLflow and S3 ---------------------------------------------------------------------------------------------------
@@ -438,8 +447,13 @@ def main() -> int:
     failure = None
     try:
         results = run_checks(stack, env, timings)
-    except (CheckFailed, SetupError) as exc:
+    except (CheckFailed, SetupError, KeyboardInterrupt) as exc:
         failure = exc
+    except Exception as exc:                              # a client error: say which step, still clean up
+        failure = CheckFailed(f"{type(exc).__name__}: {exc}")
+        import traceback
+
+        traceback.print_exc()
     finally:
         t0 = time.monotonic()
         left = tear_down(stack)
@@ -451,7 +465,7 @@ def main() -> int:
         print(f"[e2e] FAILED: left behind after down: {left}", file=sys.stderr)
         return 1
     if failure is not None:
-        print(f"[e2e] FAILED: {failure}", file=sys.stderr)
+        print(f"[e2e] FAILED: {type(failure).__name__}: {failure}", file=sys.stderr)
         return 1
     print("[e2e] passed; nothing of the project left (containers, networks, volumes)")
     print(json.dumps(results, indent=1, default=str))
@@ -459,4 +473,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # a client library's retry threads (MLflow downloads of a stack that is gone) must not hold the exit
+    os._exit(status)
