@@ -83,7 +83,7 @@ stack-docker-up:
 stack-docker-down:
 	$(PYTHON) infra/compose_stack.py down
 
-# The end-to-end check of the images and the stack (infra/stack_e2e.py; about N minutes, see infra/README.md):
+# The end-to-end check of the images and the stack (infra/stack_e2e.py; about 12 minutes here, infra/README.md):
 # its own compose project on free loopback ports, removed with its volumes at the end. Run it before each change
 # to Dockerfile, infra/ or the dependencies.
 stack-e2e: setup image

@@ -159,15 +159,21 @@ def preflight(env_file: Path) -> tuple[Stack, dict[str, str]]:
 
 def up(stack: Stack, workers: int, timeout: float = 300) -> None:
     """Start the servers and ``workers`` CPU workers, waiting for every healthcheck; on any failure remove what
-    was started (containers, network) and raise SetupError."""
+    this start created (containers, network, and the volumes that did not exist before it: data from earlier
+    starts stays) and re-raise."""
     args = ["--profile", "cpu"] if workers else []
+    volumes_before = set(stack.leftovers()["volumes"])
     try:
         stack.run(*args, "up", "-d", "--no-build", *(["--scale", f"worker-cpu={workers}"] if workers else []))
         wait_healthy(stack, timeout)
     except BaseException:
-        print("start failed: removing what was started (containers and network; volumes keep their data)",
-              file=sys.stderr)
+        new_volumes = sorted(set(stack.leftovers()["volumes"]) - volumes_before)
+        print("start failed: removing the containers and the network it started" +
+              (f", and the volumes it created ({', '.join(new_volumes)})" if new_volumes else "") +
+              "; volumes of earlier starts keep their data", file=sys.stderr)
         stack.run("--profile", "cpu", "down", "--remove-orphans", check=False)
+        if new_volumes:
+            subprocess.run(["docker", "volume", "rm", *new_volumes], capture_output=True)
         raise
 
 

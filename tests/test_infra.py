@@ -602,3 +602,31 @@ def test_the_e2e_env_file_passes_the_checks_of_a_real_start(tmp_path):
     env = e2e.client_environment(values, tmp_path)
     assert env["PREFECT_API_URL"] == f"http://127.0.0.1:{ports['prefect']}/api"
     assert env["AWS_ENDPOINT_URL_S3"].endswith(f":{ports['s3']}")
+
+
+def test_a_failed_start_removes_what_it_created_and_keeps_older_volumes(monkeypatch):
+    """`up` fails (a service never healthy): `down` runs and the volumes this start created are removed, the ones
+    that existed before it are not."""
+    import subprocess
+
+    stack_mod = _infra_module("compose_stack")
+    calls, removed = [], []
+
+    class FakeStack:
+        volumes = ["labelshift_s3"]                      # data of an earlier start
+
+        def leftovers(self):
+            return {"containers": [], "networks": [], "volumes": list(self.volumes)}
+
+        def run(self, *args, check=True, capture=False):
+            calls.append(args)
+            if "up" in args:
+                self.volumes += ["labelshift_postgres", "labelshift_mlflow"]
+                raise stack_mod.SetupError("prefect is unhealthy")
+            return subprocess.CompletedProcess(args, 0)
+
+    monkeypatch.setattr(stack_mod.subprocess, "run", lambda cmd, **kw: removed.append(cmd))
+    with pytest.raises(stack_mod.SetupError, match="unhealthy"):
+        stack_mod.up(FakeStack(), workers=2)
+    assert any("down" in c for c in calls)
+    assert removed == [["docker", "volume", "rm", "labelshift_mlflow", "labelshift_postgres"]]
