@@ -1,48 +1,59 @@
-# syntax=docker/dockerfile:1
-# The labelshift worker image: the package installed exactly as `make setup` installs it, on a CUDA base, run as a
-# non-root user. By default it starts a Prefect process worker; infra/compose.yaml also uses it for the MLflow
-# server, the Prefect server and the SeaweedFS S3 server (all are dependencies of the package), so every part of a
-# deployment runs the same versions.
+# The labelshift worker image: Python 3.11 from Debian 12 (bookworm), the package installed exactly as `make setup`
+# installs it, run as a non-root user. By default it starts a Prefect process worker; infra/compose.yaml also uses it
+# for the MLflow server, the Prefect server and the SeaweedFS S3 server (all are dependencies of the package), so
+# every part of a deployment runs the same versions.
 #
-#   docker build -t labelshift-worker .
-#   docker run --gpus all -e PREFECT_API_URL=http://prefect-host:4200/api labelshift-worker      # one GPU worker
+#   make image                               # here: builds the base from Debian's packages when it is missing
+#   docker build -t labelshift-worker .      # anywhere Docker Hub's debian:bookworm-slim can be pulled
+#   docker run --gpus device=0 -e PREFECT_API_URL=http://prefect-host:4200/api labelshift-worker   # one GPU worker
 #
-# The torch wheels on PyPI bring their own CUDA runtime libraries (nvidia-* packages); the base image contributes
-# the CUDA driver hooks (NVIDIA_VISIBLE_DEVICES / NVIDIA_DRIVER_CAPABILITIES for the NVIDIA container toolkit) and
-# stays small. Without a GPU, torch falls back to the CPU and everything still runs.
-ARG BASE_IMAGE=nvidia/cuda:12.8.1-base-ubuntu22.04
+# The base is an argument: any Debian 12 image (debian:bookworm-slim, or the one `make image` builds with mmdebstrap
+# where no image registry is reachable). Python 3.11 is Debian 12's own python3.11, no third-party archive. The
+# torch wheels on PyPI bring their own CUDA runtime libraries (nvidia-* packages); a GPU reaches the container
+# through the NVIDIA container toolkit (`docker run --gpus`), which mounts the host's driver. Without a GPU, torch
+# falls back to the CPU and everything still runs.
+ARG BASE_IMAGE=debian:bookworm-slim
 FROM ${BASE_IMAGE}
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
-# Python 3.11 (the package requires >=3.11,<3.12; Ubuntu 22.04 ships 3.10) from the deadsnakes archive, and tini to
-# reap the flow-run processes a worker starts.
+# Python 3.11 with venv, the CA certificates, and tini to reap the flow-run processes a worker starts.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates gnupg software-properties-common \
- && add-apt-repository -y ppa:deadsnakes/ppa \
- && apt-get update \
- && apt-get install -y --no-install-recommends python3.11 python3.11-venv tini \
- && apt-get purge -y --auto-remove software-properties-common \
+ && apt-get install -y --no-install-recommends python3.11 python3.11-venv ca-certificates tini \
  && rm -rf /var/lib/apt/lists/*
 
 # The virtualenv plays the part of the Makefile's .venv.
 RUN python3.11 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
+# Where pip finds packages while the image builds, for machines whose pip needs more than PyPI and the public CAs:
+# PIP_INDEX_URL / PIP_EXTRA_INDEX_URL / PIP_FIND_LINKS as pip reads them, and LABELSHIFT_BUILD_CA_URL, a URL the
+# CA bundle is fetched from for each pip command and deleted after it (infra/with-build-ca; nothing of it stays in
+# a layer). `make image` sets them from this machine's pip configuration; left empty, pip uses PyPI.
+ARG PIP_INDEX_URL=
+ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_FIND_LINKS=
+ARG LABELSHIFT_BUILD_CA_URL=
+COPY infra/with-build-ca /usr/local/bin/with-build-ca
+
 WORKDIR /opt/labelshift
 
-# torch first, in a layer of its own: the pins of pyproject.toml, so that a code change does not download the
-# multi-gigabyte wheels again (tests/test_infra.py checks that these pins match pyproject.toml).
-RUN python -m pip install --upgrade pip \
- && python -m pip install torch==2.14.1 torchvision==0.29.1
-
-# The package, the same way as `make setup` (tests/test_infra.py checks that the two commands agree).
+# Layers from the slowest-changing to the fastest, so that a code change reinstalls nothing but the package:
+# 1. torch, the pins of pyproject.toml (multi-gigabyte wheels; tests/test_infra.py checks the pins match);
+RUN with-build-ca python -m pip install --upgrade pip \
+ && with-build-ca python -m pip install torch==2.14.1 torchvision==0.29.1
+# 2. every other dependency, from pyproject.toml alone (no code yet: the editable install finds no packages);
+COPY pyproject.toml README.md /opt/labelshift/
+RUN with-build-ca python -m pip install -e '.[test]'
+# 3. the code, installed the same way as `make setup` (tests/test_infra.py checks that the two commands agree).
 COPY . /opt/labelshift
-RUN python -m pip install -e '.[test]' \
+RUN with-build-ca python -m pip install -e '.[test]' \
  && python -m compileall -q /opt/labelshift/labelshift /opt/labelshift/tasks /opt/labelshift/flows
 
 # Non-root user; its state (LABELSHIFT_HOME, PREFECT_HOME) under its home, server data under /data (a volume).
@@ -67,5 +78,6 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
 
 ENTRYPOINT ["tini", "--"]
 # A process worker: it runs each flow run as a subprocess in this container, at most LABELSHIFT_WORKER_LIMIT at a
-# time (1: one flow run per GPU when the container is given one GPU). Needs PREFECT_API_URL.
-CMD ["sh", "-c", "exec prefect worker start --pool \"$LABELSHIFT_POOL\" --type process --limit \"$LABELSHIFT_WORKER_LIMIT\" --with-healthcheck"]
+# time (1: one flow run per GPU when the container is given one GPU), named LABELSHIFT_WORKER_NAME (default: worker-
+# <container id>). Needs PREFECT_API_URL.
+CMD ["sh", "-c", "exec prefect worker start --pool \"$LABELSHIFT_POOL\" --type process --limit \"$LABELSHIFT_WORKER_LIMIT\" --name \"${LABELSHIFT_WORKER_NAME:-worker-$(hostname)}\" --with-healthcheck"]

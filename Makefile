@@ -4,7 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-ui run test test-fast test-ui lint bench clean stack-up stack-down stack-status
+.PHONY: setup setup-ui run test test-fast test-ui lint bench clean stack-up stack-down stack-status image \
+	stack-docker-up stack-docker-down stack-e2e
 
 setup: $(STAMP)
 
@@ -66,3 +67,24 @@ stack-down: setup
 
 stack-status: setup
 	$(BIN)/labelshift stack status
+
+# Containers (infra/README.md). `make image` builds the worker image of ./Dockerfile and Prefect's PostgreSQL image
+# (infra/postgres/) on BASE_IMAGE; the default base, labelshift-base:bookworm, is made from Debian's packages with
+# mmdebstrap when it is missing (no image registry needed). BASE_IMAGE=debian:bookworm-slim uses Docker Hub's.
+# Needs Docker running (`apt-get install -y docker.io docker-compose mmdebstrap`; the check names what is missing).
+BASE_IMAGE ?= labelshift-base:bookworm
+image:
+	BASE_IMAGE=$(BASE_IMAGE) $(PYTHON) infra/image.py
+
+# The stack of infra/compose.yaml with two CPU workers, settings and secrets from infra/.env (cp infra/env.example)
+stack-docker-up:
+	$(PYTHON) infra/compose_stack.py up --workers 2
+
+stack-docker-down:
+	$(PYTHON) infra/compose_stack.py down
+
+# The end-to-end check of the images and the stack (infra/stack_e2e.py; about 12 minutes here, infra/README.md):
+# its own compose project on free loopback ports, removed with its volumes at the end. Run it before each change
+# to Dockerfile, infra/ or the dependencies.
+stack-e2e: setup image
+	$(BIN)/python infra/stack_e2e.py

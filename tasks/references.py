@@ -270,12 +270,25 @@ _LOCK = threading.Lock()
 
 
 def _download_json(client: MlflowClient, run_id: str, path: str) -> dict | None:
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            local = client.download_artifacts(run_id, path, tmp)
-        except Exception:
+    """The run's own JSON artifact ``path``, or None when the run has none.
+
+    Looked up in the run's listing first and read from the run's artifact root: ``client.download_artifacts`` would
+    also try MLflow 3's logged model of the same name (``reference``), where the file is missing, and an MLflow
+    server proxying S3 answers a missing file with HTTP 500, which its clients retry for minutes."""
+    import posixpath
+
+    import mlflow.artifacts
+
+    try:
+        if path not in {f.path for f in client.list_artifacts(run_id, posixpath.dirname(path) or None)}:
             return None
-        return json.loads(Path(local).read_text())
+        root = client.get_run(run_id).info.artifact_uri
+        with tempfile.TemporaryDirectory() as tmp:
+            local = mlflow.artifacts.download_artifacts(artifact_uri=f"{root}/{path}", dst_path=tmp,
+                                                        tracking_uri=client.tracking_uri)
+            return json.loads(Path(local).read_text())
+    except Exception:
+        return None
 
 
 def _signature(version_uri: str) -> tuple[tuple[str, ...] | None, tuple[int, ...] | None, dict]:
