@@ -40,6 +40,9 @@ METHOD = "source-aware"
 #: the holdout must have at least this many rows per calibrator parameter (BCTS on k classes has k parameters: the
 #: temperature and k - 1 free biases; VS 2k - 1; TS 1; NBVS k), and at least 2 k rows: see :func:`min_holdout_rows`
 MIN_ROWS_PER_PARAMETER = 10
+#: labelled holdout rows of a class below which the interval is not trusted (its holdout part is a normal
+#: approximation that undercovers with fewer); chosen on the zoo's tiny-holdout runs (docs/intervals.md)
+MIN_CLASS_HOLDOUT_ROWS = 50
 #: kinds of calibrator the sandwich knows the parameters of
 SUPPORTED_CALIBRATORS = ("TS", "BCTS", "VS", "NBVS")
 
@@ -302,6 +305,20 @@ def _normal_bound(w_u: float, v: float, z: float) -> float:
     return w_u + math.sqrt(w_u * w_u + z * z * max(v, 0.0))
 
 
+def _few_holdout_rows(counts: np.ndarray) -> str | None:
+    """The reason when some class has fewer than MIN_CLASS_HOLDOUT_ROWS labelled holdout rows (the normal
+    approximation of the calibrator's and p_s's error then undercovers: ``docs/intervals.md``); None otherwise."""
+    few = np.flatnonzero(counts < MIN_CLASS_HOLDOUT_ROWS)
+    if not few.size:
+        return None
+    few = few[np.argsort(counts[few], kind="stable")]
+    named = ", ".join(f"class {y} ({counts[y]} rows)" for y in few[:5]) + \
+        (f" and {few.size - 5} more" if few.size > 5 else "")
+    return (f"too few labelled holdout rows for an honest interval: {named}, below {MIN_CLASS_HOLDOUT_ROWS} "
+            "(MIN_CLASS_HOLDOUT_ROWS); with so few rows of a class the error of its calibration is too far from "
+            "normal for the interval to hold. Label more holdout rows of those classes")
+
+
 def min_holdout_rows(calibrator_kind: str, k: int) -> int:
     """The smallest holdout accepted: MIN_ROWS_PER_PARAMETER rows per calibrator parameter, and at least 2 k.
 
@@ -543,6 +560,10 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
             reasons.append(f"w is poorly identified: its standard error relative to max(w, 1) in the worst direction "
                            f"(mostly class {top}) is {worst:.3g} > {MAX_STANDARD_ERROR:g}, target and holdout error "
                            "together; more labelled holdout rows (or target rows) would narrow it")
+
+    few_rows = _few_holdout_rows(counts)
+    if few_rows:
+        reasons.append(few_rows)
 
     # ---- classes pinned at w = 0 -----------------------------------------------------------------------------
     pinned = ~free
