@@ -41,6 +41,7 @@ from scipy.stats import chi2, norm
 
 from . import rows as _rows
 from ._log_odds_test import log_odds_test
+from ._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit
 from ._validation import as_float_array, check_labels, check_prior, check_probabilities
 from .errors import InputError
 from .solvers import PIN_TOL, mlls_gradient, mlls_newton
@@ -72,6 +73,9 @@ METHODS = ("likelihood-ratio", "wald")
 CALIBRATIONS = ("bootstrap", "chi2")
 #: default number of bootstrap draws
 BOOTSTRAP_DRAWS = 200
+#: up to this many classes the regions' null fit and its bootstrap run on the dense (classes, regions) table (where
+#: the measured size and power tables were made); above, on a support fixed by the holdout (_sparse_null)
+DENSE_MAX_CLASSES = 20
 # what the log-odds part adds to the result (extra and to_dict), and which of those are numbers read back as floats
 _LOG_ODDS_FLOATS = ("p_value_regions", "p_value_log_odds", "log_odds_statistic", "log_odds_class_share",
                     "p_value_log_odds_diagonal", "p_value_log_odds_block", "p_value_log_odds_sum",
@@ -757,7 +761,9 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
 
     if method == "likelihood-ratio":
         q0 = p if w_given is None else p * w_given
-        pi, q, stat, iters = _null_fit(N, T, q0)
+        dense = k <= DENSE_MAX_CLASSES
+        own = None if dense else own_regions(regions.group, np.array([b[0] for b in regions.bounds]))
+        pi, q, stat, iters = _null_fit(N, T, q0) if dense else sparse_null_fit(N, T, q0, own)
         free = q > _Q_TOL
         dof = J - int(free.sum())
         w = q / p
@@ -769,7 +775,8 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
         p_chi2 = float(chi2.sf(stat, dof))
         extra = {"em_iterations": iters, "calibration": calibration, "p_value_chi2": p_chi2}
         if calibration == "bootstrap":
-            boot = _bootstrap_null(pi, q, n_y, m, bootstrap_draws, seed)
+            boot = (_bootstrap_null(pi, q, n_y, m, bootstrap_draws, seed) if dense
+                    else sparse_bootstrap_null(pi, q, n_y, m, bootstrap_draws, seed, own))
             exceed = int(np.sum(boot >= stat - 1e-9 * max(1.0, stat)))
             p_value = float((1 + exceed) / (bootstrap_draws + 1))
             if exceed == 0:
