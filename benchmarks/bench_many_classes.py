@@ -108,14 +108,77 @@ def run_case(k: int, n: int, m: int, accuracy: float) -> dict:
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
 
 
+SIZE_POWER_CASES = (("size", 0.0), ("shift", 1.0), ("contract", 0.9))
+
+
+def size_power_replicate(args) -> tuple:
+    """One replicate of the label-shift test at k = 100 (the Gauss problem of bench_label_shift_test.py with k = 100,
+    d = 16, separation 1.5: 83% accurate): a holdout of n rows, BCTS on it, one target of m rows whose prior cycles
+    through that script's four families; ``kind`` 'size' (true label shift), 'shift' (each class mean moved by
+    ``amount`` along its own random unit vector) or 'contract' (means moved to ``amount`` x their distance from the
+    centroid). Returns (kind, amount, family, [p-values as bench_label_shift_test._p], seconds of the test)."""
+    kind, amount, n, m, seed, root = args
+    sys.path.insert(0, root)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import numpy as np
+    from bench_label_shift_test import PRIOR_FAMILIES, Gauss, _p, _softmax_cal, target_prior
+    prob = Gauss(k=100, d=16, sep=1.5)
+    rng = np.random.default_rng([20, n, m, seed, SIZE_POWER_CASES.index((kind, amount))])
+    zs, ys = prob.draw(prob.source_prior, n, rng)
+    cal = _softmax_cal(zs, ys)
+    family = PRIOR_FAMILIES[seed % len(PRIOR_FAMILIES)]
+    pt = target_prior(family, prob.k, prob.source_prior, rng)
+    zt, _ = prob.draw(pt, m, rng, shift=amount if kind == "shift" else 0.0,
+                      contract=amount if kind == "contract" else 1.0)
+    t = time.perf_counter()
+    p = _p(cal.predict_proba(zs), ys, cal.predict_proba(zt))
+    return kind, amount, family, p, time.perf_counter() - t
+
+
+def size_power(reps: dict, n: int, m: int, root: str, jobs: int) -> None:
+    """Rejection rates at 5% of the default test and its parts over ``reps[kind]`` replicates per case, with their
+    binomial standard errors; one line per replicate on stderr as it comes."""
+    from concurrent.futures import ProcessPoolExecutor
+    import numpy as np
+    tasks = [(kind, amount, n, m, seed, root) for kind, amount in SIZE_POWER_CASES for seed in range(reps[kind])]
+    found = {}
+    with ProcessPoolExecutor(jobs) as pool:
+        for kind, amount, family, p, sec in pool.map(size_power_replicate, tasks):
+            print(f"{kind} {amount} {family} {p} {sec:.1f}s", file=sys.stderr, flush=True)
+            found.setdefault((kind, amount), []).append(p)
+    print(f"# k = 100 (Gauss, d = 16, separation 1.5), n = {n}, m = {m}, level 5%; +- binomial standard error")
+    print("| case | default (regions 30% + log-odds 70%) | regions part | log-odds part | default at 1% | "
+          "replicates |")
+    print("|---|---|---|---|---|---|")
+    for (kind, amount), ps in found.items():
+        ok = np.array([p for p in ps if p is not None])
+        def rate(col, level=0.05):
+            r = float(np.mean(ok[:, col] < level))
+            return f"{100 * r:.1f}% +- {100 * (r * (1 - r) / len(ok)) ** 0.5:.1f}"
+        name = {"size": "size: true label shift, 4 prior families",
+                "shift": f"power: each class mean moved by {amount:g}",
+                "contract": f"power: means moved to {amount:g} x their distance from the centroid"}[kind]
+        print(f"| {name} | {rate(0)} | {rate(1)} | {rate(2)} | {rate(0, 0.01)} | {len(ok)}"
+              f"{f' ({len(ps) - len(ok)} skipped)' if len(ok) < len(ps) else ''} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default=DEFAULT_CASES, help="k:n:m,... (default %(default)s)")
     ap.add_argument("--accuracy", type=float, default=0.9, help="Bayes accuracy of the model (default 0.9)")
     ap.add_argument("--root", default=str(REPO), help="the tree labelshift is imported from (default: this one)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per case (default 600)")
+    ap.add_argument("--size-power", metavar="SIZE,POWER", help="instead: the label-shift test's size and power at "
+                    "k = 100 with this many replicates (e.g. 60,30)")
+    ap.add_argument("--n", type=int, default=10_000, help="holdout rows of --size-power (default 10000)")
+    ap.add_argument("--m", type=int, default=20_000, help="target rows of --size-power (default 20000)")
+    ap.add_argument("--jobs", type=int, default=2, help="processes of --size-power (default 2)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.size_power:
+        size, power = (int(v) for v in args.size_power.split(","))
+        size_power({"size": size, "shift": power, "contract": power}, args.n, args.m, args.root, args.jobs)
+        return
     if args.child:
         sys.path.insert(0, args.root)
         k, n, m = (int(v) for v in args.child.split(":"))

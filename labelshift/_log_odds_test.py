@@ -51,7 +51,7 @@ BLOCK_SHRINK = 0.1        # the block statistic's covariance: (1 - this) x the f
 BLOCK_MAX_CLASSES = 20    # above this many classes only the diagonal statistic runs (the block one costs k^4 a draw)
 #: above BLOCK_MAX_CLASSES classes each predicted class's block keeps the log-odds of this many other classes only:
 #: those its holdout rows lean towards most (the k^2 moments and the draws' (d, k) class means would cost k^3)
-NEIGHBOURS = 9
+NEIGHBOURS = 4
 #: the statistics' shares of the part's level (renormalised over those computed): the smallest p / share decides
 STATISTIC_WEIGHTS = {"diagonal": 0.2, "block": 0.5, "sum": 0.3}
 _BLOCK_CHUNK = 4_000_000  # draws x k^4 numbers per chunk of the block statistic's draws (32 MB of float64)
@@ -164,7 +164,11 @@ def _profile(f: np.ndarray, M: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, n
     Returns the minima (B,) and the minimisers (B, k) (unconstrained in sign: a least-squares fit)."""
     W = np.atleast_2d(W)                                   # (1, d) for all draws, or (B, d): one per draw
     MW = M * W[:, :, None]
-    A = np.einsum("bdk,bdl->bkl", M, MW, optimize=True)      # one BLAS product a draw (a strided matmul is not)
+    if M.shape[2] <= BLOCK_MAX_CLASSES:
+        A = np.einsum("bdk,bdl->bkl", M, MW, optimize=True)  # one BLAS product a draw (a strided matmul is not)
+    else:                        # class y's means are 0 outside the blocks its rows are predicted in: sparse
+        A = np.stack([(Ms.T @ sparse.csr_matrix(MWb)).toarray()
+                      for Ms, MWb in ((sparse.csr_matrix(Mb), MWb) for Mb, MWb in zip(M, MW))])
     b = np.einsum("bdk,bd->bk", MW, f, optimize=True)
     q = _sum_to_one(A, b)
     resid = f - np.matmul(M, q[..., None])[..., 0]
@@ -178,8 +182,12 @@ def _sum_to_one(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     k = A.shape[-1]
     scale = np.trace(A, axis1=1, axis2=2) / k
     A = A + (1e-10 * np.maximum(scale, 1e-300))[:, None, None] * np.eye(k)
-    Ab = np.linalg.solve(A, b[..., None])[..., 0]
-    A1 = np.linalg.solve(A, np.ones_like(b)[..., None])[..., 0]
+    if k <= BLOCK_MAX_CLASSES:            # as measured for the size and power tables (bit for bit)
+        Ab = np.linalg.solve(A, b[..., None])[..., 0]
+        A1 = np.linalg.solve(A, np.ones_like(b)[..., None])[..., 0]
+    else:                                 # one factorisation for both right sides
+        both = np.linalg.solve(A, np.stack([b, np.ones_like(b)], axis=-1))
+        Ab, A1 = both[..., 0], both[..., 1]
     return Ab + ((1.0 - Ab.sum(axis=1)) / A1.sum(axis=1))[:, None] * A1
 
 
