@@ -26,6 +26,7 @@ after come from the same script; a case that does not finish in ``--timeout`` se
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -135,6 +136,13 @@ def size_power_replicate(args) -> tuple:
     return kind, amount, family, p, time.perf_counter() - t
 
 
+def _rate(ok, col: int, level: float = 0.05) -> str:
+    """The rejection rate of p-value column ``col`` at ``level`` and its binomial standard error, in %."""
+    import numpy as np
+    r = float(np.mean(ok[:, col] < level))
+    return f"{100 * r:.1f}% +- {100 * (r * (1 - r) / len(ok)) ** 0.5:.1f}"
+
+
 def size_power(reps: dict, n: int, m: int, root: str, jobs: int) -> None:
     """Rejection rates at 5% of the default test and its parts over ``reps[kind]`` replicates per case, with their
     binomial standard errors; one line per replicate on stderr as it comes."""
@@ -152,9 +160,7 @@ def size_power(reps: dict, n: int, m: int, root: str, jobs: int) -> None:
     print("|---|---|---|---|---|---|")
     for (kind, amount), ps in found.items():
         ok = np.array([p for p in ps if p is not None])
-        def rate(col, level=0.05):
-            r = float(np.mean(ok[:, col] < level))
-            return f"{100 * r:.1f}% +- {100 * (r * (1 - r) / len(ok)) ** 0.5:.1f}"
+        rate = functools.partial(_rate, ok)
         name = {"size": "size: true label shift, 4 prior families",
                 "shift": f"power: each class mean moved by {amount:g}",
                 "contract": f"power: means moved to {amount:g} x their distance from the centroid"}[kind]

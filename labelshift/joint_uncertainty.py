@@ -175,6 +175,19 @@ class _Design:
                 out.append(np.diag(A.sum(axis=0))[:, 1:] if k > 1 else np.zeros((k, 0)))
         return np.concatenate(out, axis=1)
 
+    def cross(self, S: np.ndarray, Z: np.ndarray, Q: np.ndarray, StS: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """(k, q): S^T row_mean(Z, Q) for Q = S diag(w), given StS = S^T S: a bias block's S^T Q[:, 1:] is
+        StS[:, 1:] w[1:] (no second k^2 m product); the other blocks as row_mean."""
+        out = []
+        for b in self.blocks:
+            if b == "scalar":
+                out.append(S.T @ np.einsum("ic,ic->i", Q, Z)[:, None])
+            elif b == "vector":
+                out.append(S.T @ (Q * Z))
+            else:
+                out.append(StS[:, 1:] * w[None, 1:])
+        return np.concatenate(out, axis=1)
+
     def gram(self, Z: np.ndarray, Wt: np.ndarray) -> np.ndarray:
         """(q, q): sum_i sum_c Wt_ic X_icr X_ics, from three (k,) sums in O(rows k) -- every block of X is z_ic or 1
         times an indicator of c (or of nothing, for the scalar), so the product of two blocks is diagonal in c
@@ -459,7 +472,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
         H = S.T @ S / m
         Q = S * w                                                  # target posterior q_i = w * f_i / f_i^T w
         # (k, q): d s_ic / d theta_r = s_ic (X_icr - E_q X_ir)
-        A = (design.weighted_sum(Zt, S) - S.T @ design.row_mean(Zt, Q)) / m
+        A = (design.weighted_sum(Zt, S) - design.cross(S, Zt, Q, H * m, w)) / m
 
     def parts(G):
         """Target and holdout covariance of w_G (free set G), the holdout influence on w_G, and H_GG^{-1}."""

@@ -40,7 +40,7 @@ from scipy.linalg import null_space
 from scipy.stats import chi2, norm
 
 from . import rows as _rows
-from ._log_odds_test import log_odds_test
+from ._log_odds_test import BLOCK_MAX_CLASSES, log_odds_test
 from ._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit
 from ._validation import as_float_array, check_labels, check_prior, check_probabilities
 from .errors import InputError
@@ -74,8 +74,9 @@ CALIBRATIONS = ("bootstrap", "chi2")
 #: default number of bootstrap draws
 BOOTSTRAP_DRAWS = 200
 #: up to this many classes the regions' null fit and its bootstrap run on the dense (classes, regions) table (where
-#: the measured size and power tables were made); above, on a support fixed by the holdout (_sparse_null)
-DENSE_MAX_CLASSES = 20
+#: the measured size and power tables were made); above, on a support fixed by the holdout (_sparse_null) -- the
+#: same limit as the log-odds part's block statistic, so that one number says where the many-class forms begin
+DENSE_MAX_CLASSES = BLOCK_MAX_CLASSES
 # what the log-odds part adds to the result (extra and to_dict), and which of those are numbers read back as floats
 _LOG_ODDS_FLOATS = ("p_value_regions", "p_value_log_odds", "log_odds_statistic", "log_odds_class_share",
                     "p_value_log_odds_diagonal", "p_value_log_odds_block", "p_value_log_odds_sum",
