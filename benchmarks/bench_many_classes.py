@@ -66,7 +66,7 @@ def synthetic(k: int, n: int, m: int, accuracy: float, seed: int = 0):
     return zs, ys, zt, yt
 
 
-def run_case(k: int, n: int, m: int, accuracy: float) -> dict:
+def run_case(k: int, n: int, m: int, accuracy: float, label_shift_check: bool = True) -> dict:
     """One case in this process: the MLLS baseline, then the default path with its parts timed."""
     import numpy as np
     from labelshift import report
@@ -99,7 +99,8 @@ def run_case(k: int, n: int, m: int, accuracy: float) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         rep = report.assess_shift(S, ys, P, source_prior=prior, estimator="MLLS", cross_check=["BBSE-soft"],
-                                  interval="source-aware", source_outputs=zs, target_outputs=zt, calibrator=cal)
+                                  interval="source-aware", source_outputs=zs, target_outputs=zt, calibrator=cal,
+                                  label_shift_check=label_shift_check)
     total = time.perf_counter() - t
     lst = rep.label_shift
     return {"k": k, "n": n, "m": m, "holdout_accuracy": float((S.argmax(axis=1) == ys).mean()),
@@ -179,6 +180,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=10_000, help="holdout rows of --size-power (default 10000)")
     ap.add_argument("--m", type=int, default=20_000, help="target rows of --size-power (default 20000)")
     ap.add_argument("--jobs", type=int, default=2, help="processes of --size-power (default 2)")
+    ap.add_argument("--no-label-shift-test", action="store_true", help="leave the label-shift test out of the path "
+                    "(label_shift_check=False): what the rest costs where the test does not fit")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.size_power:
@@ -188,14 +191,16 @@ def main() -> None:
     if args.child:
         sys.path.insert(0, args.root)
         k, n, m = (int(v) for v in args.child.split(":"))
-        print(json.dumps(run_case(k, n, m, args.accuracy)))
+        print(json.dumps(run_case(k, n, m, args.accuracy, not args.no_label_shift_test)))
         return
-    print(f"# labelshift from {args.root}; {os.cpu_count()} CPUs; Bayes accuracy {args.accuracy}")
+    print(f"# labelshift from {args.root}; {os.cpu_count()} CPUs; Bayes accuracy {args.accuracy}"
+          + ("; without the label-shift test" if args.no_label_shift_test else ""))
     print("| k | n | m | holdout acc. | MLLS (s) | default path (s) | ratio | peak RSS (GiB) | "
           "label-shift test | source-aware | accuracy | no-shift | identifiability | estimates | verdict |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for case in args.cases.split(","):
-        cmd = [sys.executable, __file__, "--child", case, "--root", args.root, "--accuracy", str(args.accuracy)]
+        cmd = [sys.executable, __file__, "--child", case, "--root", args.root, "--accuracy", str(args.accuracy)] \
+            + (["--no-label-shift-test"] if args.no_label_shift_test else [])
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
                                  env={**os.environ, "PYTHONPATH": args.root})

@@ -8,10 +8,12 @@ after 953 iterations; the draws did not converge in their 500).
 
 Above DENSE_MAX_CLASSES classes the null model is restricted instead: class y's histogram lives on the support
 
-    S(N) = {(y, r): N[y, r] > 0}  u  {(y, r): region r belongs to predicted class y (or to y's pooled group)},
+    S(N) = {(y, r): the holdout has a row of class y predicted as r's class}  u  {(y, r): r is a region of y's own
+           predicted class (or of y's pooled group)},
 
-the regions where the holdout saw class y, and the regions of y's own predictions (so that every region can take
-target mass). The data and every bootstrap draw are fitted by the same rule -- a draw's support is S(N*) of its
+every confidence bin of each predicted class the holdout saw class y predicted as (a bin where class y was not seen
+by chance is not taken away from it: a target whose prior moves towards y fills such bins), and the bins of y's
+own predictions (so that every region can take target mass). The data and every bootstrap draw are fitted by the same rule -- a draw's support is S(N*) of its
 own holdout counts, inside the world's -- so the parametric bootstrap calibrates the restricted statistic
 2 (l_1 - l_0) as the dense one calibrates the full one. The EM (SQUAREM-accelerated, extrapolations kept only
 where they raise the likelihood) runs on the s entries of the support, B s numbers a pass, with s below n + J.
@@ -53,13 +55,21 @@ def own_regions(group: np.ndarray, region_group: np.ndarray) -> np.ndarray:
     return group[:, None] == region_group[None, :]
 
 
-def sparse_null_fit(N: np.ndarray, T: np.ndarray, q0: np.ndarray, own: np.ndarray, tol: float = 1e-12,
-                    max_iter: int = 20_000):
+def support(N: np.ndarray, own: np.ndarray, region_group: np.ndarray) -> np.ndarray:
+    """(k, J): S(N) of the module docstring -- every region of a group in which the holdout counts N show class y,
+    and y's own regions."""
+    seen = np.zeros((N.shape[0], int(region_group.max()) + 1))
+    np.add.at(seen, (slice(None), region_group), N)
+    return (seen > 0)[:, region_group] | own
+
+
+def sparse_null_fit(N: np.ndarray, T: np.ndarray, q0: np.ndarray, own: np.ndarray, region_group: np.ndarray,
+                    tol: float = 1e-12, max_iter: int = 20_000):
     """The null fit of ``_null_fit`` (holdout N[y, r] ~ Multinomial(n_y, pi_y), target T ~ Multinomial(m, sum_y
     q_y pi_y)) with pi_y restricted to the support S(N) (module docstring), started as ``_null_fit`` (the pooled
     pseudo-count, on the support). Returns (pi (k, J), q, 2 (l_1 - l_0), iterations)."""
     k, J = N.shape
-    sup = _Support((N > 0) | own)
+    sup = _Support(support(N, own, region_group))
     n_y = N.sum(axis=1)
     pooled = (N.sum(axis=0) + T) / (n_y.sum() + T.sum())
     start = sup.normalised(((N + pooled[None, :]) / (n_y[:, None] + 1.0))[sup.y, sup.r][None])
@@ -71,7 +81,8 @@ def sparse_null_fit(N: np.ndarray, T: np.ndarray, q0: np.ndarray, own: np.ndarra
 
 
 def sparse_bootstrap_null(pi: np.ndarray, q: np.ndarray, n_y: np.ndarray, m: int, draws: int, seed: int,
-                          own: np.ndarray, tol: float = 1e-9, max_iter: int = 500) -> np.ndarray:
+                          own: np.ndarray, region_group: np.ndarray, tol: float = 1e-9,
+                          max_iter: int = 500) -> np.ndarray:
     """The parametric bootstrap of :func:`sparse_null_fit`'s statistic from its fit (pi, q): per class y,
     N*_y ~ Multinomial(n_y, pi_y) (on pi's support), T* ~ Multinomial(m, sum_y q_y pi_y); each draw refitted on
     its own support S(N*) (started at the fit, masked to it) by the batched EM. Returns the ``draws``
@@ -88,9 +99,16 @@ def sparse_bootstrap_null(pi: np.ndarray, q: np.ndarray, n_y: np.ndarray, m: int
     qs = qs / qs.sum()
     mix = sup.region_sums((qs[sup.y] * start)[None])[0]
     T = rng.multinomial(int(m), mix / mix.sum(), size=draws).astype(np.float64)
-    mask = (N > 0) | own[sup.y, sup.r][None, :]
+    mask = np.stack([support(_dense(sup, row), own, region_group)[sup.y, sup.r] for row in N])
     pi0 = sup.normalised(np.where(mask, np.maximum(start, 1e-8)[None, :], 0.0))
     return _fit(N, T, sup, pi0, np.broadcast_to(qs, (draws, k)).copy(), mask, tol, max_iter)[0]
+
+
+def _dense(sup: _Support, values: np.ndarray) -> np.ndarray:
+    """(k, J): values (s,) on the support, 0 elsewhere."""
+    out = np.zeros((sup.k, sup.J))
+    out[sup.y, sup.r] = values
+    return out
 
 
 def _fit(N, T, sup: _Support, pi, q, mask, tol: float, max_iter: int):

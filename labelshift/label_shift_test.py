@@ -763,8 +763,9 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     if method == "likelihood-ratio":
         q0 = p if w_given is None else p * w_given
         dense = k <= DENSE_MAX_CLASSES
-        own = None if dense else own_regions(regions.group, np.array([b[0] for b in regions.bounds]))
-        pi, q, stat, iters = _null_fit(N, T, q0) if dense else sparse_null_fit(N, T, q0, own)
+        region_group = np.array([b[0] for b in regions.bounds])
+        own = None if dense else own_regions(regions.group, region_group)
+        pi, q, stat, iters = _null_fit(N, T, q0) if dense else sparse_null_fit(N, T, q0, own, region_group)
         free = q > _Q_TOL
         dof = J - int(free.sum())
         w = q / p
@@ -777,7 +778,7 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
         extra = {"em_iterations": iters, "calibration": calibration, "p_value_chi2": p_chi2}
         if calibration == "bootstrap":
             boot = (_bootstrap_null(pi, q, n_y, m, bootstrap_draws, seed) if dense
-                    else sparse_bootstrap_null(pi, q, n_y, m, bootstrap_draws, seed, own))
+                    else sparse_bootstrap_null(pi, q, n_y, m, bootstrap_draws, seed, own, region_group))
             exceed = int(np.sum(boot >= stat - 1e-9 * max(1.0, stat)))
             p_value = float((1 + exceed) / (bootstrap_draws + 1))
             if exceed == 0:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from labelshift import _log_odds_test as lot
-from labelshift._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit
+from labelshift._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit, support
 from labelshift.joint_uncertainty import _Design
 from labelshift.label_shift_test import DENSE_MAX_CLASSES, _null_fit, label_shift_test
 
@@ -54,7 +54,7 @@ def test_sparse_null_fit_on_the_full_support_is_the_dense_fit():
     T = rng.multinomial(3000, rng.dirichlet(np.ones(k)) @ pi).astype(float)
     q0 = N.sum(axis=1) / N.sum()
     dense = _null_fit(N, T, q0)
-    sparse = sparse_null_fit(N, T, q0, np.ones((k, J), dtype=bool))
+    sparse = sparse_null_fit(N, T, q0, np.ones((k, J), dtype=bool), np.arange(J))
     assert sparse[2] == pytest.approx(dense[2], rel=1e-6, abs=1e-6)
     np.testing.assert_allclose(sparse[1], dense[1], atol=1e-5)
 
@@ -66,15 +66,18 @@ def test_sparse_null_fit_keeps_its_support_and_its_bootstrap_is_reproducible():
     for c in range(k):                        # class c is seen in its own 3 regions and one region of class c+1
         N[c, 3 * c:3 * c + 3] = rng.integers(20, 60, size=3)
         N[c, (3 * c + 3) % J] = 2
-    group = np.arange(k)
-    own = own_regions(group, np.repeat(np.arange(k), 3))
+    group, region_group = np.arange(k), np.repeat(np.arange(k), 3)
+    own = own_regions(group, region_group)
     T = rng.multinomial(2000, np.full(J, 1.0 / J)).astype(float)
-    pi, q, stat, _ = sparse_null_fit(N, T, N.sum(axis=1) / N.sum(), own)
-    assert np.all(pi[~((N > 0) | own)] == 0.0)
+    pi, q, stat, _ = sparse_null_fit(N, T, N.sum(axis=1) / N.sum(), own, region_group)
+    allowed = support(N, own, region_group)
+    # class c's support: its own group's 3 regions and the 3 regions of the group it was seen in once
+    assert np.array_equal(allowed.sum(axis=1), np.full(k, 6))
+    assert np.all(pi[~allowed] == 0.0)
     np.testing.assert_allclose(pi.sum(axis=1), 1.0)
     assert stat >= 0.0 and q.sum() == pytest.approx(1.0)
-    a = sparse_bootstrap_null(pi, q, N.sum(axis=1), 2000, 25, 7, own)
-    b = sparse_bootstrap_null(pi, q, N.sum(axis=1), 2000, 25, 7, own)
+    a = sparse_bootstrap_null(pi, q, N.sum(axis=1), 2000, 25, 7, own, region_group)
+    b = sparse_bootstrap_null(pi, q, N.sum(axis=1), 2000, 25, 7, own, region_group)
     assert np.array_equal(a, b) and np.all(a >= 0.0) and np.ptp(a) > 0
 
 
