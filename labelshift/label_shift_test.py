@@ -643,7 +643,8 @@ def _wald(D: np.ndarray, sigma: np.ndarray) -> tuple[float, int]:
 def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=None, source_prior=None,
                      min_region_rows: int = MIN_REGION_ROWS, max_confidence_bins: int = MAX_CONFIDENCE_BINS,
                      class_names=None, method: str = "likelihood-ratio", calibration: str = "bootstrap",
-                     bootstrap_draws: int = BOOTSTRAP_DRAWS, seed: int = 0, log_odds: bool = True) -> LabelShiftTest:
+                     bootstrap_draws: int = BOOTSTRAP_DRAWS, seed: int = 0,
+                     log_odds: bool | None = None) -> LabelShiftTest:
     """Test H0: the target differs from the source by label shift only (p_t(x | y) = p_s(x | y), Garg et al. 2020,
     Section 2), from the calibrated outputs of one classifier on a labelled holdout and on unlabelled target rows.
 
@@ -667,7 +668,7 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     D^T Sigma^+ D with Sigma from the target rows, the holdout rows and the MLLS estimating equations (delta
     method); measured liberal under severe shift (docs/label_shift_test.md).
 
-    ``log_odds=True`` (default) adds a second look (:mod:`labelshift._log_odds_test`): within each predicted class,
+    ``log_odds=True`` (default up to 20 classes) adds a second look (:mod:`labelshift._log_odds_test`): within each predicted class,
     the mean log-odds of the other classes against it must also be the holdout's reweighted by class; its p-value
     comes from a bootstrap of the null fit's completed data (holdout rows and target rows in the classes' fitted
     shares; no calibration assumed), and the reported ``p_value`` is combine_p_values(p_regions, p_log_odds) =
@@ -699,7 +700,8 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
             the Wald form (chi^2).
         bootstrap_draws: B, at least 19 (default :data:`BOOTSTRAP_DRAWS` = 200; the smallest p-value is 1/(B+1)).
         seed: seed of the bootstrap draws (default 0: the same inputs give the same p-value).
-        log_odds: add the log-odds part (default True); it uses ``bootstrap_draws`` and ``seed`` too.
+        log_odds: add the log-odds part; it uses ``bootstrap_draws`` and ``seed`` too. None (default): for
+            k <= BLOCK_MAX_CLASSES = 20 classes, not above (its size at k = 100 is not the level, see the docs).
 
     Returns:
         :class:`LabelShiftTest`.
@@ -740,8 +742,13 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     if calibration not in CALIBRATIONS:
         raise InputError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}.")
     bootstrap_draws = _check_int(bootstrap_draws, "bootstrap_draws", 19)
+    if log_odds is None:
+        # the default: the log-odds part up to BLOCK_MAX_CLASSES classes; above, its measured size at k = 100 was
+        # far above the level (docs/label_shift_test.md, "Many classes"), the regions part's was not
+        log_odds = k <= BLOCK_MAX_CLASSES
     if not isinstance(log_odds, (bool, np.bool_)):
-        raise InputError(f"log_odds must be True or False, got {log_odds!r}.")
+        raise InputError(f"log_odds must be True or False (or None, the default for the number of classes), got "
+                         f"{log_odds!r}.")
     seed = _check_int(seed, "seed", 0)
     p = n_y / n if source_prior is None else check_prior(source_prior, "source_prior", k)
     w_given = None if weights is None else _mlls_weights(P, p, weights)

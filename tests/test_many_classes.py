@@ -97,12 +97,16 @@ def test_label_shift_test_above_the_dense_limit_runs_on_neighbour_moments():
 
     S, ys = outputs(np.full(k, 1.0 / k), 4000)
     P, _ = outputs(rng.dirichlet(np.ones(k)), 3000)
-    res = label_shift_test(S, ys, P, bootstrap_draws=39)
+    res = label_shift_test(S, ys, P, bootstrap_draws=39, log_odds=True)
     assert 0.0 < res.p_value <= 1.0 and res.statistic >= 0.0
     assert 0 < res.extra["log_odds_moments"] <= k * (1 + lot.NEIGHBOURS)
     assert np.isnan(res.extra["p_value_log_odds_block"])
-    again = label_shift_test(S, ys, P, bootstrap_draws=39)
+    again = label_shift_test(S, ys, P, bootstrap_draws=39, log_odds=True)
     assert again.to_dict() == res.to_dict()
+    # the default above BLOCK_MAX_CLASSES: the regions part alone, the same regions p-value
+    default = label_shift_test(S, ys, P, bootstrap_draws=39)
+    assert "p_value_log_odds" not in default.extra
+    assert default.p_value == res.extra["p_value_regions"]
 
 
 def test_neighbour_columns_pick_the_classes_rows_lean_towards():
