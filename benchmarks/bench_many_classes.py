@@ -118,12 +118,16 @@ def size_power_replicate(args) -> tuple:
     d = 16, separation 1.5: 83% accurate): a holdout of n rows, BCTS on it, one target of m rows whose prior cycles
     through that script's four families; ``kind`` 'size' (true label shift), 'shift' (each class mean moved by
     ``amount`` along its own random unit vector) or 'contract' (means moved to ``amount`` x their distance from the
-    centroid). Returns (kind, amount, family, [p-values as bench_label_shift_test._p], seconds of the test)."""
-    kind, amount, n, m, seed, root = args
+    centroid); ``log_odds`` as label_shift_test's (None: its default, the regions part alone at k = 100; True: both
+    parts). Returns (kind, amount, family, [p-value, regions part's, log-odds part's (nan when not run)] or None
+    when the test refuses the holdout, seconds of the test)."""
+    kind, amount, n, m, seed, root, log_odds = args
     sys.path.insert(0, root)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import numpy as np
-    from bench_label_shift_test import PRIOR_FAMILIES, Gauss, _p, _softmax_cal, target_prior
+    from bench_label_shift_test import PRIOR_FAMILIES, Gauss, _softmax_cal, target_prior
+    from labelshift.errors import InputError
+    from labelshift.label_shift_test import label_shift_test
     prob = Gauss(k=100, d=16, sep=1.5)
     rng = np.random.default_rng([20, n, m, seed, SIZE_POWER_CASES.index((kind, amount))])
     zs, ys = prob.draw(prob.source_prior, n, rng)
@@ -133,7 +137,12 @@ def size_power_replicate(args) -> tuple:
     zt, _ = prob.draw(pt, m, rng, shift=amount if kind == "shift" else 0.0,
                       contract=amount if kind == "contract" else 1.0)
     t = time.perf_counter()
-    p = _p(cal.predict_proba(zs), ys, cal.predict_proba(zt))
+    try:
+        res = label_shift_test(cal.predict_proba(zs), ys, cal.predict_proba(zt), log_odds=log_odds)
+        x = res.extra
+        p = [res.p_value, x.get("p_value_regions", res.p_value), x.get("p_value_log_odds", float("nan"))]
+    except InputError:                # a class with fewer than MIN_CLASS_ROWS holdout rows: skipped, counted
+        p = None
     return kind, amount, family, p, time.perf_counter() - t
 
 
@@ -144,20 +153,21 @@ def _rate(ok, col: int, level: float = 0.05) -> str:
     return f"{100 * r:.1f}% +- {100 * (r * (1 - r) / len(ok)) ** 0.5:.1f}"
 
 
-def size_power(reps: dict, n: int, m: int, root: str, jobs: int) -> None:
+def size_power(reps: dict, n: int, m: int, root: str, jobs: int, log_odds) -> None:
     """Rejection rates at 5% of the default test and its parts over ``reps[kind]`` replicates per case, with their
     binomial standard errors; one line per replicate on stderr as it comes."""
     from concurrent.futures import ProcessPoolExecutor
     import numpy as np
-    tasks = [(kind, amount, n, m, seed, root) for kind, amount in SIZE_POWER_CASES for seed in range(reps[kind])]
+    tasks = [(kind, amount, n, m, seed, root, log_odds) for kind, amount in SIZE_POWER_CASES
+             for seed in range(reps[kind])]
     found = {}
     with ProcessPoolExecutor(jobs) as pool:
         for kind, amount, family, p, sec in pool.map(size_power_replicate, tasks):
             print(f"{kind} {amount} {family} {p} {sec:.1f}s", file=sys.stderr, flush=True)
             found.setdefault((kind, amount), []).append(p)
     print(f"# k = 100 (Gauss, d = 16, separation 1.5), n = {n}, m = {m}, level 5%; +- binomial standard error")
-    print("| case | default (regions 30% + log-odds 70%) | regions part | log-odds part | default at 1% | "
-          "replicates |")
+    print(f"# label_shift_test(..., log_odds={log_odds})")
+    print("| case | reported p-value < 5% | regions part | log-odds part | reported at 1% | replicates |")
     print("|---|---|---|---|---|---|")
     for (kind, amount), ps in found.items():
         ok = np.array([p for p in ps if p is not None])
@@ -165,7 +175,8 @@ def size_power(reps: dict, n: int, m: int, root: str, jobs: int) -> None:
         name = {"size": "size: true label shift, 4 prior families",
                 "shift": f"power: each class mean moved by {amount:g}",
                 "contract": f"power: means moved to {amount:g} x their distance from the centroid"}[kind]
-        print(f"| {name} | {rate(0)} | {rate(1)} | {rate(2)} | {rate(0, 0.01)} | {len(ok)}"
+        odds = rate(2) if not np.isnan(ok[:, 2]).any() else "not run"
+        print(f"| {name} | {rate(0)} | {rate(1)} | {odds} | {rate(0, 0.01)} | {len(ok)}"
               f"{f' ({len(ps) - len(ok)} skipped)' if len(ok) < len(ps) else ''} |")
 
 
@@ -180,13 +191,16 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=10_000, help="holdout rows of --size-power (default 10000)")
     ap.add_argument("--m", type=int, default=20_000, help="target rows of --size-power (default 20000)")
     ap.add_argument("--jobs", type=int, default=2, help="processes of --size-power (default 2)")
+    ap.add_argument("--log-odds", action="store_true", help="--size-power with the log-odds part too (log_odds=True; "
+                    "the default above 20 classes leaves it out)")
     ap.add_argument("--no-label-shift-test", action="store_true", help="leave the label-shift test out of the path "
                     "(label_shift_check=False): what the rest costs where the test does not fit")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.size_power:
         size, power = (int(v) for v in args.size_power.split(","))
-        size_power({"size": size, "shift": power, "contract": power}, args.n, args.m, args.root, args.jobs)
+        size_power({"size": size, "shift": power, "contract": power}, args.n, args.m, args.root, args.jobs,
+                   True if args.log_odds else None)
         return
     if args.child:
         sys.path.insert(0, args.root)

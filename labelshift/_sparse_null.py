@@ -31,22 +31,31 @@ class _Support:
     def __init__(self, mask: np.ndarray):
         self.y, self.r = np.nonzero(mask)                    # row-major (class, region) order
         self.k, self.J = mask.shape
-        s = self.y.size
-        ones = np.ones(s)
-        self.by_region = sparse.csr_matrix((ones, (np.arange(s), self.r)), shape=(s, self.J))
-        self.by_class = sparse.csr_matrix((ones, (np.arange(s), self.y)), shape=(s, self.k))
         self.first = np.searchsorted(self.y, np.arange(self.k + 1))     # class c's entries: first[c]:first[c+1]
+        self.by_r = np.argsort(self.r, kind="stable")                   # the entries in region order
+        self.r_first = np.searchsorted(self.r[self.by_r], np.arange(self.J + 1))
+        s = self.y.size
+        self.by_class = sparse.csr_matrix((np.ones(s), (np.arange(s), self.y)), shape=(s, self.k))
 
     def region_sums(self, X: np.ndarray) -> np.ndarray:
-        """(B, J): sums of X (B, s) over the entries of each region."""
-        return np.asarray(X @ self.by_region)
+        """(B, J): sums of X (B, s) over the entries of each region (0 for a region without entries)."""
+        return _segment_sums(X[:, self.by_r], self.r_first)
 
     def class_sums(self, X: np.ndarray) -> np.ndarray:
-        """(B, k): sums of X (B, s) over the entries of each class."""
-        return np.asarray(X @ self.by_class)
+        """(B, k): sums of X (B, s) over the entries of each class (0 for a class without entries)."""
+        return _segment_sums(X, self.first)
 
     def normalised(self, X: np.ndarray) -> np.ndarray:
         return X / np.maximum(self.class_sums(X), 1e-300)[:, self.y]
+
+
+def _segment_sums(X: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """(B, len(first) - 1): sums of X's columns first[j]:first[j+1] (empty segments 0)."""
+    out = np.zeros((X.shape[0], first.size - 1))
+    full = first[1:] > first[:-1]
+    if X.shape[1]:
+        out[:, full] = np.add.reduceat(X, first[:-1][full], axis=1)
+    return out
 
 
 def own_regions(group: np.ndarray, region_group: np.ndarray) -> np.ndarray:
