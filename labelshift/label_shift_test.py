@@ -16,7 +16,7 @@ holdout's finite size are both in the null distribution. Its p-value comes by de
 bootstrap of that fitted null (B = 200 draws of holdout and target counts, each refitted by a batched EM;
 ``calibration="bootstrap"``, deterministic for a given ``seed``): the Wilks reference (chi^2 with regions - classes
 dof, ``calibration="chi2"``) is conservative under shifted priors (sizes 1-3% at a nominal 5%), the bootstrap is
-at the nominal level there and gains power. By default a second look checks the same identity on the log-odds
+at the nominal level there and gains power. By default (up to 20 classes) a second look checks the same identity on the log-odds
 profile inside each predicted class (``labelshift._log_odds_test``: which other classes the rows lean towards,
 where class means that move or a new class between two known ones show), with a bootstrap of the null fit's
 completed data; the reported p-value splits the level 30/70 between the two parts (weighted Bonferroni,
