@@ -49,6 +49,9 @@ WORLD_TARGET_ROWS = 5000  # target rows (a uniform subsample) that stand for the
 WORLD_TARGET_WEIGHT = 1.0  # the target rows' total weight in the world, a share of m (1: the null fit's completed data)
 BLOCK_SHRINK = 0.1        # the block statistic's covariance: (1 - this) x the full block + this x its diagonal
 BLOCK_MAX_CLASSES = 20    # above this many classes only the diagonal statistic runs (the block one costs k^4 a draw)
+#: above BLOCK_MAX_CLASSES classes each predicted class's block keeps the log-odds of this many other classes only:
+#: those its holdout rows lean towards most (the k^2 moments and the draws' (d, k) class means would cost k^3)
+NEIGHBOURS = 4
 #: the statistics' shares of the part's level (renormalised over those computed): the smallest p / share decides
 STATISTIC_WEIGHTS = {"diagonal": 0.2, "block": 0.5, "sum": 0.3}
 _BLOCK_CHUNK = 4_000_000  # draws x k^4 numbers per chunk of the block statistic's draws (32 MB of float64)
@@ -143,13 +146,30 @@ def _target_moments(P, k: int, products: bool = False):
     return mean, np.maximum(moments - mean ** 2, 0.0)
 
 
+def _neighbour_columns(Fs: sparse.csr_matrix, k: int, neighbours: int) -> np.ndarray:
+    """The moments kept above BLOCK_MAX_CLASSES classes, as columns of the full layout (k indicators, then k blocks
+    of k log-odds): every indicator, and in block c the log-odds of the ``neighbours`` classes j != c with the
+    largest holdout mean log f_j - log f_c over the rows predicted c (ties to the smaller j) -- fixed by the holdout,
+    so the same moments in the data and in every draw; d = k (1 + neighbours), not k + k^2."""
+    counts = np.asarray(Fs[:, :k].sum(axis=0)).ravel()
+    means = (np.asarray(Fs[:, k:].sum(axis=0)).ravel().reshape(k, k) / np.maximum(counts, 1.0)[:, None])
+    means[counts == 0] = LOG_ODDS_FLOOR                           # a block the holdout never shows: any order
+    means[np.arange(k), np.arange(k)] = -np.inf                   # slot c of block c is the indicator's
+    top = np.argsort(-means, axis=1, kind="stable")[:, :min(neighbours, k - 1)]
+    return np.concatenate([np.arange(k), (k + np.arange(k)[:, None] * k + np.sort(top, axis=1)).ravel()])
+
+
 def _profile(f: np.ndarray, M: np.ndarray, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """min over q (sum q = 1) of sum_j W_j (f_j - (M q)_j)^2 for B data sets at once: f (B, d), M (B, d, k).
     Returns the minima (B,) and the minimisers (B, k) (unconstrained in sign: a least-squares fit)."""
     W = np.atleast_2d(W)                                   # (1, d) for all draws, or (B, d): one per draw
     MW = M * W[:, :, None]
-    A = np.matmul(M.transpose(0, 2, 1), MW)
-    b = np.matmul(MW.transpose(0, 2, 1), f[..., None])[..., 0]
+    if M.shape[2] <= BLOCK_MAX_CLASSES:
+        A = np.einsum("bdk,bdl->bkl", M, MW, optimize=True)  # one BLAS product a draw (a strided matmul is not)
+    else:                        # class y's means are 0 outside the blocks its rows are predicted in: sparse
+        A = np.stack([(Ms.T @ sparse.csr_matrix(MWb)).toarray()
+                      for Ms, MWb in ((sparse.csr_matrix(Mb), MWb) for Mb, MWb in zip(M, MW))])
+    b = np.einsum("bdk,bd->bk", MW, f, optimize=True)
     q = _sum_to_one(A, b)
     resid = f - np.matmul(M, q[..., None])[..., 0]
     return np.sum(W * resid ** 2, axis=1), q
@@ -162,8 +182,12 @@ def _sum_to_one(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     k = A.shape[-1]
     scale = np.trace(A, axis1=1, axis2=2) / k
     A = A + (1e-10 * np.maximum(scale, 1e-300))[:, None, None] * np.eye(k)
-    Ab = np.linalg.solve(A, b[..., None])[..., 0]
-    A1 = np.linalg.solve(A, np.ones_like(b)[..., None])[..., 0]
+    if k <= BLOCK_MAX_CLASSES:            # as measured for the size and power tables (bit for bit)
+        Ab = np.linalg.solve(A, b[..., None])[..., 0]
+        A1 = np.linalg.solve(A, np.ones_like(b)[..., None])[..., 0]
+    else:                                 # one factorisation for both right sides
+        both = np.linalg.solve(A, np.stack([b, np.ones_like(b)], axis=-1))
+        Ab, A1 = both[..., 0], both[..., 1]
     return Ab + ((1.0 - Ab.sum(axis=1)) / A1.sum(axis=1))[:, None] * A1
 
 
@@ -310,14 +334,18 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     n_y = np.bincount(y, minlength=k)
     members = [np.flatnonzero(y == c) for c in range(k)]
     Fs = _features(S, k)
+    block = k <= BLOCK_MAX_CLASSES
+    # the moments' columns of the full layout: all of them, or above BLOCK_MAX_CLASSES the neighbours' only
+    cols = np.arange(k + k * k) if block else _neighbour_columns(Fs, k, NEIGHBOURS)
+    if not block:
+        Fs = Fs[:, cols]
     keep = np.bincount(Fs.indices, minlength=Fs.shape[1]) > 0    # moments the holdout never takes compare nothing
     if not keep.any():
         return LogOddsPart(statistic=0.0, p_value=1.0, class_share=np.zeros(k), moments=0)
-    block = k <= BLOCK_MAX_CLASSES
     Fh = Fs.toarray()
     F2 = np.square(Fh)
     moments = _target_moments(P, k, products=block)
-    f, var_t = moments[0][keep], moments[1][keep]
+    f, var_t = moments[0][cols][keep], moments[1][cols][keep]
     pooled = (Fh[:, keep].mean(axis=0), F2[:, keep].mean(axis=0))
     M_full = np.stack([Fh[idx].mean(axis=0) for idx in members], axis=1)          # (k + k^2, k)
     M = M_full[keep]
@@ -330,7 +358,8 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     rng = np.random.default_rng([seed, 0x10DD5])
     sub = np.sort(rng.choice(m, size=min(m, WORLD_TARGET_ROWS), replace=False))
     Zt = np.asarray(P[sub], dtype=np.float64)
-    Fw, F2w, world = _world(Fs, y, _features(Zt, k), np.asarray(responsibilities(Zt), dtype=np.float64), m)
+    Ft = _features(Zt, k) if block else _features(Zt, k)[:, cols]
+    Fw, F2w, world = _world(Fs, y, Ft, np.asarray(responsibilities(Zt), dtype=np.float64), m)
     d = int(keep.sum())
     Mb, E2b = np.zeros((draws, d, k)), np.zeros((draws, d, k))
     rows_y, sums_y = [], []
@@ -357,14 +386,14 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     boot, q_b, W_b = _studentised(fb, var_b, Mb, E2b, n_y, m, pooled)
     s = float(stat[0])
     # the sum statistic: |sum of the log-odds moments' z-scores| (the indicators left out), the same fits
-    odds = np.flatnonzero(keep)[None, :] >= k
+    odds = cols[keep][None, :] >= k
     z = np.sqrt(W[0]) * (f - M @ q[0])
     z_b = np.sqrt(W_b) * (fb - np.einsum("bdk,bk->bd", Mb, q_b))
     t_sum = float(abs(np.sum(z[odds[0]])))
     sum_boot = np.abs(np.sum(z_b[:, odds[0]], axis=1))
 
     # evidence: the statistic's parts by predicted-class block (the indicator of c and its log-odds)
-    owner = np.concatenate([np.arange(k), np.repeat(np.arange(k), k)])[keep]
+    owner = np.concatenate([np.arange(k), np.repeat(np.arange(k), k)])[cols][keep]
     shares = {"diagonal": np.bincount(owner, weights=z ** 2, minlength=k),
               "sum": np.maximum(np.sign(np.sum(z[odds[0]])) * np.bincount(owner, weights=z * odds[0], minlength=k), 0)}
     laws = {"diagonal": (s, boot), "sum": (t_sum, sum_boot)}

@@ -50,7 +50,6 @@ _LOG_T_BOUND = 30.0                 # the scaling calibrators' bound on |log T| 
 _SCORE_TOL = 0.05                   # |mean holdout score| above this many standard errors: not fit on these rows
                                     # (and above the fit's own stopping gradient: _check_fit_on_holdout)
 _COND_MAX = 1e12                    # condition number of the NLL Hessian above which theta is not identified
-_HOLDOUT_CHUNK = 4096               # holdout rows per chunk of the dense (rows, k, q) design
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -181,18 +180,47 @@ class _Design:
                 out.append(np.diag(A.sum(axis=0))[:, 1:] if k > 1 else np.zeros((k, 0)))
         return np.concatenate(out, axis=1)
 
-    def dense(self, Z: np.ndarray) -> np.ndarray:
-        """(rows, k, q): X itself (for the holdout, in chunks)."""
-        r, k = Z.shape
+    def cross(self, S: np.ndarray, Z: np.ndarray, Q: np.ndarray, StS: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """(k, q): S^T row_mean(Z, Q) for Q = S diag(w), given StS = S^T S: a bias block's S^T Q[:, 1:] is
+        StS[:, 1:] w[1:] (no second k^2 m product); the other blocks as row_mean."""
         out = []
         for b in self.blocks:
             if b == "scalar":
-                out.append(Z[:, :, None])
+                out.append(S.T @ np.einsum("ic,ic->i", Q, Z)[:, None])
             elif b == "vector":
-                out.append(Z[:, :, None] * np.eye(k)[None])
+                out.append(S.T @ (Q * Z))
             else:
-                out.append(np.broadcast_to(np.eye(k)[None, :, 1:], (r, k, k - 1)))
-        return np.concatenate(out, axis=2)
+                out.append(StS[:, 1:] * w[None, 1:])
+        return np.concatenate(out, axis=1)
+
+    def gram(self, Z: np.ndarray, Wt: np.ndarray) -> np.ndarray:
+        """(q, q): sum_i sum_c Wt_ic X_icr X_ics, from three (k,) sums in O(rows k) -- every block of X is z_ic or 1
+        times an indicator of c (or of nothing, for the scalar), so the product of two blocks is diagonal in c
+        (the dense (rows, k, q) design it replaces cost rows k q^2; docs/intervals.md)."""
+        k = self.k
+        s0 = Wt.sum(axis=0)
+        s1 = np.einsum("ic,ic->c", Wt, Z)
+        s2 = np.einsum("ic,ic->c", Wt, Z * Z)
+        # X^a_ic X^b_ic per class c, as (power of z_ic, column of c in block a, in block b)
+        power = {"scalar": 1, "vector": 1, "bias": 0}
+        sums = (s0, s1, s2)
+        out = np.zeros((self.q, self.q))
+        starts = np.cumsum([0] + self.sizes)
+        for i, a in enumerate(self.blocks):
+            for j, b in enumerate(self.blocks):
+                block = (_indicator_block(a, k) * sums[power[a] + power[b]]) @ _indicator_block(b, k).T
+                out[starts[i]:starts[i + 1], starts[j]:starts[j + 1]] = block
+        return out
+
+
+def _indicator_block(block: str, k: int) -> np.ndarray:
+    """(parameters of the block, k): which classes c each parameter r of a design block touches (X_icr = z_ic^p
+    times this)."""
+    if block == "scalar":
+        return np.ones((1, k))
+    if block == "vector":
+        return np.eye(k)
+    return np.eye(k)[1:]
 
 
 def _calibrator_map(calibrator, k: int):
@@ -453,12 +481,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     R[np.arange(n), y] -= 1.0
     psi = design.row_mean(Zh, R)                                   # (n, q) per-row NLL score
     Xbar = design.row_mean(Zh, Ph)                                 # (n, q) mean of X under f
-    J = np.zeros((design.q, design.q))
-    for start in range(0, n, _HOLDOUT_CHUNK):
-        sl = slice(start, start + _HOLDOUT_CHUNK)
-        Xd = design.dense(Zh[sl])
-        J += np.einsum("ic,icr,ics->rs", Ph[sl], Xd, Xd)
-    J = (J - Xbar.T @ Xbar) / n                                    # (1/n) sum_i X_i^T (diag f_i - f_i f_i^T) X_i
+    J = (design.gram(Zh, Ph) - Xbar.T @ Xbar) / n                 # (1/n) sum_i X_i^T (diag f_i - f_i f_i^T) X_i
     # the fit's prior P (calibration/scaling.py): the penalised score psi_j + grad P / n is what is 0 at the fit,
     # and its Jacobian is J + hess P / n (docs/calibration.md)
     pen_grad, pen_hess = calibrator.penalty_terms() if hasattr(calibrator, "penalty_terms") else (0.0, 0.0)
@@ -504,7 +527,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
         H = S.T @ S / m
         Q = S * w                                                  # target posterior q_i = w * f_i / f_i^T w
         # (k, q): d s_ic / d theta_r = s_ic (X_icr - E_q X_ir)
-        A = (design.weighted_sum(Zt, S) - S.T @ design.row_mean(Zt, Q)) / m
+        A = (design.weighted_sum(Zt, S) - design.cross(S, Zt, Q, H * m, w)) / m
 
     def parts(G):
         """Target and holdout covariance of w_G (free set G), the holdout influence on w_G, and H_GG^{-1}."""

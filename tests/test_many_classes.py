@@ -1,0 +1,120 @@
+"""The many-class forms (issue 20, part 3): exact reformulations checked against the forms they replace, and the
+label-shift test's paths above 20 classes (restricted-support regions fit, neighbour log-odds moments)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from labelshift import _log_odds_test as lot
+from labelshift._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit, support
+from labelshift.joint_uncertainty import _Design
+from labelshift.label_shift_test import DENSE_MAX_CLASSES, _null_fit, label_shift_test
+
+
+def _dense_design(blocks, Z):
+    """The dense (rows, k, q) design the closed forms replaced (X_icr of docs/intervals.md)."""
+    r, k = Z.shape
+    out = []
+    for b in blocks:
+        if b == "scalar":
+            out.append(Z[:, :, None])
+        elif b == "vector":
+            out.append(Z[:, :, None] * np.eye(k)[None])
+        else:
+            out.append(np.broadcast_to(np.eye(k)[None, :, 1:], (r, k, k - 1)))
+    return np.concatenate(out, axis=2)
+
+
+@pytest.mark.parametrize("blocks", [("scalar",), ("scalar", "bias"), ("vector", "bias"), ("vector",)])
+def test_design_gram_and_cross_equal_the_dense_design(blocks):
+    # the closed forms sum the same products in another order: equal to rounding (1e-12 relative is ~1e4 ulps)
+    rng = np.random.default_rng(0)
+    k, rows = 5, 300
+    design = _Design(blocks, k)
+    Z = rng.normal(size=(rows, k)) * 3
+    Wt = rng.dirichlet(np.ones(k), size=rows)
+    X = _dense_design(blocks, Z)
+    dense = np.einsum("ic,icr,ics->rs", Wt, X, X)
+    np.testing.assert_allclose(design.gram(Z, Wt), dense, rtol=1e-12, atol=1e-12 * np.abs(dense).max())
+    w = rng.uniform(0.2, 3.0, size=k)
+    S = Wt / (Wt @ w)[:, None]
+    Q = S * w
+    cross = S.T @ design.row_mean(Z, Q)
+    np.testing.assert_allclose(design.cross(S, Z, Q, S.T @ S, w), cross, rtol=1e-12,
+                               atol=1e-12 * np.abs(cross).max())
+
+
+def test_sparse_null_fit_on_the_full_support_is_the_dense_fit():
+    # with every (class, region) in the support the restricted model is the full one: both EMs start at the same
+    # point and stop at a relative log-likelihood change of 1e-12, so the statistics agree far inside 1e-6
+    rng = np.random.default_rng(1)
+    k, J = 4, 12
+    pi = rng.dirichlet(np.ones(J), size=k)
+    N = np.stack([rng.multinomial(400, pi[c]) for c in range(k)]).astype(float)
+    T = rng.multinomial(3000, rng.dirichlet(np.ones(k)) @ pi).astype(float)
+    q0 = N.sum(axis=1) / N.sum()
+    dense = _null_fit(N, T, q0)
+    sparse = sparse_null_fit(N, T, q0, np.ones((k, J), dtype=bool), np.arange(J))
+    assert sparse[2] == pytest.approx(dense[2], rel=1e-6, abs=1e-6)
+    np.testing.assert_allclose(sparse[1], dense[1], atol=1e-5)
+
+
+def test_sparse_null_fit_keeps_its_support_and_its_bootstrap_is_reproducible():
+    rng = np.random.default_rng(2)
+    k, J = 5, 15
+    N = np.zeros((k, J))
+    for c in range(k):                        # class c is seen in its own 3 regions and one region of class c+1
+        N[c, 3 * c:3 * c + 3] = rng.integers(20, 60, size=3)
+        N[c, (3 * c + 3) % J] = 2
+    group, region_group = np.arange(k), np.repeat(np.arange(k), 3)
+    own = own_regions(group, region_group)
+    T = rng.multinomial(2000, np.full(J, 1.0 / J)).astype(float)
+    pi, q, stat, _ = sparse_null_fit(N, T, N.sum(axis=1) / N.sum(), own, region_group)
+    allowed = support(N, own, region_group)
+    # class c's support: its own group's 3 regions and the 3 regions of the group it was seen in once
+    assert np.array_equal(allowed.sum(axis=1), np.full(k, 6))
+    assert np.all(pi[~allowed] == 0.0)
+    np.testing.assert_allclose(pi.sum(axis=1), 1.0)
+    assert stat >= 0.0 and q.sum() == pytest.approx(1.0)
+    a = sparse_bootstrap_null(pi, q, N.sum(axis=1), 2000, 25, 7, own, region_group)
+    b = sparse_bootstrap_null(pi, q, N.sum(axis=1), 2000, 25, 7, own, region_group)
+    assert np.array_equal(a, b) and np.all(a >= 0.0) and np.ptp(a) > 0
+
+
+def test_label_shift_test_above_the_dense_limit_runs_on_neighbour_moments():
+    # k = 24 > DENSE_MAX_CLASSES: the restricted regions fit and k (1 + NEIGHBOURS) log-odds moments at most
+    rng = np.random.default_rng(3)
+    k, d = 24, 12
+    assert k > DENSE_MAX_CLASSES and k > lot.BLOCK_MAX_CLASSES
+    means = rng.normal(size=(k, d)) * 1.3
+
+    def outputs(prior, rows):
+        y = rng.choice(k, size=rows, p=prior)
+        z = (means[y] + rng.normal(size=(rows, d))) @ means.T - 0.5 * (means ** 2).sum(axis=1)
+        z -= z.max(axis=1, keepdims=True)
+        p = np.exp(z)
+        return p / p.sum(axis=1, keepdims=True), y
+
+    S, ys = outputs(np.full(k, 1.0 / k), 4000)
+    P, _ = outputs(rng.dirichlet(np.ones(k)), 3000)
+    res = label_shift_test(S, ys, P, bootstrap_draws=39, log_odds=True)
+    assert 0.0 < res.p_value <= 1.0 and res.statistic >= 0.0
+    assert 0 < res.extra["log_odds_moments"] <= k * (1 + lot.NEIGHBOURS)
+    assert np.isnan(res.extra["p_value_log_odds_block"])
+    again = label_shift_test(S, ys, P, bootstrap_draws=39, log_odds=True)
+    assert again.to_dict() == res.to_dict()
+    # the default above BLOCK_MAX_CLASSES: the regions part alone, the same regions p-value
+    default = label_shift_test(S, ys, P, bootstrap_draws=39)
+    assert "p_value_log_odds" not in default.extra
+    assert default.p_value == res.extra["p_value_regions"]
+
+
+def test_neighbour_columns_pick_the_classes_rows_lean_towards():
+    # block 0's rows lean towards class 2, then 1; class 3 never shows: the two neighbours of block 0 are 1 and 2
+    k = 4
+    probs = np.array([[0.6, 0.15, 0.25, 1e-9], [0.7, 0.1, 0.2, 1e-9], [0.1, 0.8, 0.05, 0.05]])
+    probs /= probs.sum(axis=1, keepdims=True)
+    cols = lot._neighbour_columns(lot._features(probs, k), k, 2)
+    assert list(cols[:k]) == list(range(k))
+    block0 = sorted(int(c) - k for c in cols[k:k + 2])
+    assert block0 == [1, 2]
