@@ -1,4 +1,4 @@
-"""Coverage of the expected-accuracy interval (:func:`labelshift.accuracy.expected_accuracy`) on simulations whose
+"""Coverage of the expected-accuracy interval (:func:`labelshift.inference.accuracy.expected_accuracy`) on simulations whose
 labels are known.
 
 Three problems; per seed, as a user runs it: draw a target prior from Dirichlet(alpha 1_k); draw n labelled holdout
@@ -12,7 +12,7 @@ conditionals of the source); ``expected_accuracy(..., level=0.95)``.
 * ``mnist-5k``: a multinomial logistic regression (scikit-learn, pixels / 255) trained once on 3,000 of the 5,000
   mnist-5k images (300 per class; cached under benchmarks/out/); the other 2,000 are the population. Holdout rows are
   drawn uniformly with replacement from it, target rows per class with replacement
-  (:func:`labelshift.shift.sample_target`, what ``simulate-target`` does). Population recalls are exact (the
+  (:func:`labelshift.experiments.shift.sample_target`, what ``simulate-target`` does). Population recalls are exact (the
   population is finite). BCTS is not well specified here.
 * ``tabular``: ``sklearn.datasets.make_classification`` (k = 5, 20 features, 8 informative, 2 clusters per class,
   seed 0, 60,000 rows); logistic regression trained on 10,000 rows, the other 50,000 are the population, sampled as
@@ -50,10 +50,10 @@ import numpy as np  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from labelshift.accuracy import expected_accuracy  # noqa: E402
+from labelshift.inference.accuracy import expected_accuracy  # noqa: E402
 from labelshift.calibration.scaling import BCTS  # noqa: E402
 from labelshift.experiments.well_specified import WellSpecifiedGaussians  # noqa: E402
-from labelshift.shift import sample_target  # noqa: E402
+from labelshift.experiments.shift import sample_target  # noqa: E402
 
 from report_utils import cpu_model, run_chunks, write_section  # noqa: E402
 
@@ -226,7 +226,7 @@ def fmt(x, digits=3):
 
 def build_report(args, results, wall, command) -> str:
     lines = [SECTION, "",
-             "`benchmarks/bench_accuracy.py` measures `labelshift.accuracy.expected_accuracy` (formula and limits in "
+             "`benchmarks/bench_accuracy.py` measures `labelshift.inference.accuracy.expected_accuracy` (formula and limits in "
              "`docs/accuracy.md`): the deployed model's expected accuracy on the target, sum_y r_y p_t_hat(y), and "
              "that of the corrected predictions argmax_y w_y f_y(x), each with a confidence interval on the "
              "population expected accuracy and a prediction interval on the accuracy of the m drawn rows. Nominal "

@@ -19,8 +19,8 @@ analytic gradient), the largest move of a calibrated probability on the holdout,
 holdout pins down poorly, and how large vector scaling's parameters get on a holdout with 3 errors in 2,000 rows.
 
 ``--separable``: near-separable holdouts (5 classes at 100% holdout accuracy, 10 classes at ~99%), several seeds:
-the BCTS / VS fit, whether :func:`labelshift.joint_uncertainty.source_aware_interval` runs and what
-:func:`labelshift.report.assess_shift` says on the default path (source-aware interval, BBSE-soft cross-check,
+the BCTS / VS fit, whether :func:`labelshift.inference.source_aware.source_aware_interval` runs and what
+:func:`labelshift.inference.report.assess_shift` says on the default path (source-aware interval, BBSE-soft cross-check,
 label-shift test, accuracy). It uses only what the code before the prior had, so it also runs on that code:
 
     git archive b7a6e11 labelshift | tar -x -C /tmp/base
@@ -44,9 +44,9 @@ import numpy as np
 
 from labelshift.calibration.scaling import BCTS, NBVS, TS, VS
 from labelshift.experiments.well_specified import WellSpecifiedGaussians
-from labelshift.joint_uncertainty import source_aware_interval
-from labelshift.report import assess_shift
-from labelshift.solvers import PIN_TOL
+from labelshift.inference.source_aware import source_aware_interval
+from labelshift.inference.report import assess_shift
+from labelshift.estimation.solvers import PIN_TOL
 
 KINDS = (TS, BCTS, VS, NBVS)
 

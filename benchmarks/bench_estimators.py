@@ -54,10 +54,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from labelshift import BBSE, BCTS, MLLS, solvers  # noqa: E402
+from labelshift import BBSE, BCTS, MLLS
+from labelshift.estimation import solvers
 from labelshift._validation import check_target_batch  # noqa: E402
 from labelshift.calibration import nll, softmax  # noqa: E402
-from labelshift.shift import dirichlet_prior  # noqa: E402
+from labelshift.experiments.shift import dirichlet_prior  # noqa: E402
 
 from report_utils import cpu_model, write_section  # noqa: E402
 

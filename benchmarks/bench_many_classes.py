@@ -1,6 +1,6 @@
 """Many classes: the default re-estimation path at k = 20, 100 and 1,000 classes, its parts, time and peak memory.
 
-The default path is ``labelshift.report.assess_shift`` with the ``reestimate`` flow's defaults (MLLS estimate,
+The default path is ``labelshift.inference.report.assess_shift`` with the ``reestimate`` flow's defaults (MLLS estimate,
 BBSE-soft cross-check, source-aware interval with a BCTS calibrator, the accuracy estimate, the no-shift test, the
 label-shift test, the identifiability report), on a BCTS calibrator fit on the holdout's raw logits and p_s = the
 mean calibrated holdout prediction, as ``tasks.reestimation.estimate_shift`` calls it. Its baseline, timed in the
@@ -15,7 +15,7 @@ rows, the target m.
 
 Each case runs in a child process, which reports its own peak resident memory (``resource.getrusage``,
 ru_maxrss: data, calibrated outputs and the path together). Each part's time is measured inside the one
-``assess_shift`` call, by wrapping the functions ``labelshift.report`` calls (the estimators' fits and estimates
+``assess_shift`` call, by wrapping the functions ``labelshift.inference.report`` calls (the estimators' fits and estimates
 are the remainder, "estimates"). ``--root`` imports ``labelshift`` from another tree (e.g. an export of the code
 before this benchmark's changes: ``git archive b7a6e11 labelshift | tar -x -C /tmp/before``), so that before and
 after come from the same script; a case that does not finish in ``--timeout`` seconds is reported as such.
@@ -69,9 +69,9 @@ def synthetic(k: int, n: int, m: int, accuracy: float, seed: int = 0):
 def run_case(k: int, n: int, m: int, accuracy: float, label_shift_check: bool = True) -> dict:
     """One case in this process: the MLLS baseline, then the default path with its parts timed."""
     import numpy as np
-    from labelshift import report
+    from labelshift.inference import report
     from labelshift.calibration import BCTS
-    from labelshift.estimators import MLLS
+    from labelshift.estimation.estimators import MLLS
 
     zs, ys, zt, _ = synthetic(k, n, m, accuracy)
     cal = BCTS().fit(zs, ys)
@@ -127,7 +127,7 @@ def size_power_replicate(args) -> tuple:
     import numpy as np
     from bench_label_shift_test import PRIOR_FAMILIES, Gauss, _softmax_cal, target_prior
     from labelshift.errors import InputError
-    from labelshift.label_shift_test import label_shift_test
+    from labelshift.inference.shift_detection import label_shift_test
     prob = Gauss(k=100, d=16, sep=1.5)
     rng = np.random.default_rng([20, n, m, seed, SIZE_POWER_CASES.index((kind, amount))])
     zs, ys = prob.draw(prob.source_prior, n, rng)

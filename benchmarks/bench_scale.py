@@ -147,12 +147,12 @@ def profile_steps(model_uri: str, tracking_uri: str, target: str) -> dict:
     """The streamed run's steps one by one, in this process, on the full-size data."""
     import warnings
 
-    from labelshift.registry import make_estimator
-    from labelshift.monitoring import find_new_batches
-    from labelshift.report import joint_confusion
+    from labelshift.estimation.registry import make_estimator
+    from labelshift.monitoring.watermark.watermark import find_new_batches
+    from labelshift.inference.report import joint_confusion
     from labelshift.rows import joined
     from labelshift.storage import open_store
-    from labelshift.uncertainty import fisher_interval, identifiability, no_shift_test
+    from labelshift.inference.uncertainty import fisher_interval, identifiability, no_shift_test
     from tasks.references import load_reference, score_for_reestimation, write_for_reestimation
 
     times = {}

@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from labelshift.experiments.zoo import CASES, case  # noqa: E402
-from labelshift.report import VERDICTS  # noqa: E402
+from labelshift.inference.report import VERDICTS  # noqa: E402
 from tests.zoo_support import ZooRun, run_case  # noqa: E402
 
 from report_utils import cpu_model, publish, run_chunks  # noqa: E402

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from labelshift import registry
+from labelshift.estimation import registry
 from labelshift.errors import InputError
 from labelshift.experiments import gaussian, images
 
@@ -96,7 +96,7 @@ ModelSeedsParam = Annotated[int, Field(
     ge=1, le=100, description="Networks trained per image dataset (model seeds 0..n-1); seed s of a sweep uses "
                               "model s mod n (Alexandari et al.: 10 models x 10 draws).")]
 EpochsParam = Annotated[int | None, Field(
-    ge=1, le=1000, description="Training epochs; empty = the dataset's default (labelshift.training).")]
+    ge=1, le=1000, description="Training epochs; empty = the dataset's default (labelshift.experiments.training).")]
 TrainLimitParam = Annotated[int | None, Field(
     ge=20, description="Train on a class-stratified subset of this many examples (smoke tests); empty = all.")]
 CalibratorsParam = Annotated[list[Calibrator], Field(

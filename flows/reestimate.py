@@ -4,8 +4,8 @@ The operator's side of the system. A deployed classifier, registered in MLflow w
 meets new unlabelled data in object storage; on a schedule this flow
 
 1. lists the target batches (``*.npy`` or ``*.parquet`` under ``target``: model inputs, or, for a registered
-   reference, the model's logged outputs; :mod:`labelshift.batches`, :mod:`tasks.references`) that are not yet in the
-   watermark (``<target>/_labelshift/watermark.json``, :mod:`labelshift.monitoring`);
+   reference, the model's logged outputs; :mod:`labelshift.monitoring.batches`, :mod:`tasks.references`) that are not yet in the
+   watermark (``<target>/_labelshift/watermark.json``, :mod:`labelshift.monitoring.watermark`);
 2. loads the model version and its calibrator and source holdout from the registry
    (:func:`tasks.reestimation.load_bundle`), checks every new batch against the model's input signature, and
    computes calibrated probabilities f(x);
@@ -13,8 +13,8 @@ meets new unlabelled data in object storage; on a schedule this flow
    (Garg et al., NeurIPS 2020, eq. (mlls-sample)) -- BBSE alongside as a cross-check -- with a confidence
    interval per class (by default source-aware: it includes the error of the calibrator and p_s fit on the labelled
    holdout; the target-only Fisher interval or a bootstrap by name), a test of the label-shift assumption itself
-   (:mod:`labelshift.label_shift_test`), a two-sample test of "no shift" (w = 1: the mean calibrated prediction on the new data against the source holdout's) and the identifiability report (Hessian minimum eigenvalue, confusion-matrix conditioning;
-   :mod:`labelshift.uncertainty`);
+   (:mod:`labelshift.inference.shift_detection`), a two-sample test of "no shift" (w = 1: the mean calibrated prediction on the new data against the source holdout's) and the identifiability report (Hessian minimum eigenvalue, confusion-matrix conditioning;
+   :mod:`labelshift.inference.uncertainty`);
 4. logs to MLflow (experiment ``reestimation``): a child run per re-estimation with the prior, the interval, the
    p-value, the identifiability numbers and a figure;
 5. writes corrected predictions p_t(y|x) proportional to w_y f_y(x) beside each batch (``NAME.corrected.npy``),
@@ -39,16 +39,16 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Completed
 
-from flows import settings as settings_mod
+from stack import settings as settings_mod
 from flows.params import REESTIMATE_EXPERIMENT as DEFAULT_EXPERIMENT
 from flows.params import (DEFAULT_MODEL, BatchSizeParam, CalibratorParam, CrossCheckParam, EstimatorParam,
                           ExperimentParam, IntervalParam, LabelShiftSignificanceParam, LevelParam, MaxWidthParam,
                           ModelParam, NBootstrapParam, OnChangedParam, OnInvalidParam, SeedParam, SignificanceParam,
                           TargetParam, TrackingParam)
 from labelshift.errors import InputError
-from labelshift.monitoring import commit_watermark, find_new_batches, read_watermark
-from labelshift.registry import check_interval
-from labelshift.report import NOT_LABEL_SHIFT, ShiftReport, check_holdout, finite
+from labelshift.monitoring.watermark.watermark import commit_watermark, find_new_batches, read_watermark
+from labelshift.estimation.registry import check_interval
+from labelshift.inference.report import NOT_LABEL_SHIFT, ShiftReport, check_holdout, finite
 from labelshift.storage import open_store
 from tasks.reestimation import (catch_up_monitor, end_run, estimate_shift, history_record, log_reestimation,
                                 log_rejections, parse_model_uri, render_figure, start_reestimation_run,

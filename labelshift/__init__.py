@@ -9,18 +9,18 @@ The public API::
     res = est.estimate(cal.predict_proba(target_logits))     # res.weights, res.target_prior
 
 The assessment of a target set for monitoring -- estimate, interval, no-shift test, identifiability -- is
-``labelshift.assess_shift`` (a :class:`ShiftReport`). Estimators (``labelshift.estimators``; by name,
-``labelshift.registry``), calibrators (``labelshift.calibration``), shift simulation
-(``labelshift.shift``), diagnostics (``labelshift.diagnostics``) and the paper's two-Gaussian experiments
+``labelshift.assess_shift`` (a :class:`ShiftReport`). Estimators (``labelshift.estimation.estimators``; by name,
+``labelshift.estimation.registry``), calibrators (``labelshift.calibration``), shift simulation
+(``labelshift.experiments.shift``), diagnostics (``labelshift.estimation.diagnostics``) and the paper's two-Gaussian experiments
 (``labelshift.experiments.gaussian``). Errors a user can cause raise :class:`LabelShiftError` subclasses.
 """
-from .base import Estimate, LabelShiftEstimator
+from .estimation.base import Estimate, LabelShiftEstimator
 from .calibration import (BCTS, NBVS, TS, VS, BinningCalibrator, ConfusionMatrixCalibrator, TemperatureScaling,
                           VectorScaling, expected_calibration_error, load_calibrator, nll)
 from .errors import (CredentialsError, FormatError, IllConditionedError, IllConditionedWarning, InputError,
                      LabelShiftError, NotFittedError, ObjectNotFoundError, ServiceUnavailableError, StorageError)
-from .estimators import BBSE, MLLS, MLLSCM, PCC, RLLS, MLLSBinned
-from .report import ShiftReport, assess_shift
+from .estimation.estimators import BBSE, MLLS, MLLSCM, PCC, RLLS, MLLSBinned
+from .inference.report import ShiftReport, assess_shift
 
 __version__ = "0.1.0"
 

@@ -131,7 +131,7 @@ def argmax_counts(P: np.ndarray) -> np.ndarray:
 @_single_threaded
 def mlls_pass(P: np.ndarray, w, *, hessian: bool = False, precision=np.float64):
     """One pass of the MLLS quantities at w: (objective, gradient, Hessian or None, whether some row has
-    f_i^T w <= 0), all (1/m)-normalised as :func:`labelshift.solvers.mlls_objective`, ``mlls_gradient`` and
+    f_i^T w <= 0), all (1/m)-normalised as :func:`labelshift.estimation.solvers.mlls_objective`, ``mlls_gradient`` and
     ``mlls_hessian``. Rows with f_i^T w <= 0 contribute nothing to the gradient and Hessian and make the
     objective -inf. ``precision=np.float32`` computes the blocks in single precision (the sums stay float64):
     the EM warm start of the row solver, which only needs to locate the optimum."""

@@ -2,7 +2,7 @@
 
 Store layout (under the store's root; ``<key>`` is :func:`model_key`):
 
-* ``datasets/<name>/`` -- the dataset (see :mod:`labelshift.datasets`), pushed by ``labelshift data push`` or, for
+* ``datasets/<name>/`` -- the dataset (see :mod:`labelshift.experiments.datasets`), pushed by ``labelshift data push`` or, for
   the offline ``mnist-5k`` and ``digits``, by :func:`ensure_dataset` on first use;
 * ``models/<key>/checkpoint.pt`` -- the trained weights (``load_checkpoint`` reads them with ``weights_only=True``);
 * ``models/<key>/logits_valid.npy``, ``logits_test.npy`` -- the network's logits on the valid and test pools;
@@ -38,7 +38,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from labelshift.calibration import BCTS, NBVS, TS, VS, expected_calibration_error, nll, softmax
-from labelshift.datasets import DATASETS, dataset_fingerprint, push_dataset, read_manifest
+from labelshift.experiments.datasets import DATASETS, dataset_fingerprint, push_dataset, read_manifest
 from labelshift.errors import InputError, ObjectNotFoundError
 from labelshift.experiments import images
 from labelshift.storage import open_store
@@ -70,9 +70,9 @@ def registered_model_name(dataset: str) -> str:
 
 
 def training_config(dataset: str, epochs: int | None = None) -> dict:
-    """Architecture and training settings of ``dataset`` (from :data:`labelshift.training.TRAINING_DEFAULTS`),
+    """Architecture and training settings of ``dataset`` (from :data:`labelshift.experiments.training.TRAINING_DEFAULTS`),
     with an optional epochs override."""
-    from labelshift.training import training_defaults
+    from labelshift.experiments.training import training_defaults
 
     cfg = training_defaults(dataset)
     if epochs is not None:
@@ -153,9 +153,9 @@ def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: 
     import mlflow
     import torch
 
-    from labelshift.datasets import load_dataset
-    from labelshift.models import build_model_for
-    from labelshift.training import accuracy, checkpoint_bytes, predict_logits, resolve_device, train
+    from labelshift.experiments.datasets import load_dataset
+    from labelshift.experiments.models import build_model_for
+    from labelshift.experiments.training import accuracy, checkpoint_bytes, predict_logits, resolve_device, train
 
     store = open_store(store_uri)
     prefix = dataset_prefix(dataset)
@@ -244,7 +244,7 @@ def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: 
 def predict_pools(store_uri: str, meta: dict) -> dict:
     """Logits and labels of the valid and test pools for a trained model: read from the store where the training
     stored them, else computed once from the checkpoint and stored."""
-    from labelshift.datasets import load_dataset
+    from labelshift.experiments.datasets import load_dataset
 
     store = open_store(store_uri)
     mprefix = meta["store_prefix"]
@@ -256,7 +256,7 @@ def predict_pools(store_uri: str, meta: dict) -> dict:
         if store.exists(key):
             out[f"logits_{pool}"] = store.get_array(key)
             continue
-        from labelshift.training import load_checkpoint, predict_logits
+        from labelshift.experiments.training import load_checkpoint, predict_logits
 
         model, _ = load_checkpoint(store.get_bytes(f"{mprefix}/checkpoint.pt"))
         out[f"logits_{pool}"] = predict_logits(model, ds.split(pool).x)

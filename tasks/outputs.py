@@ -10,7 +10,7 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from labelshift.plots import figure_png, plot_sweep
+from labelshift.experiments.plots import figure_png, plot_sweep
 
 __all__ = ["records_csv", "render_outputs"]
 

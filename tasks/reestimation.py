@@ -1,5 +1,5 @@
 """Prefect tasks of scheduled re-estimation: load the registered model with its calibrator and labelled source
-holdout, score the target batches, assess the shift (:func:`labelshift.report.assess_shift`), log to MLflow and
+holdout, score the target batches, assess the shift (:func:`labelshift.inference.report.assess_shift`), log to MLflow and
 write the outputs.
 
 A registered model can be re-estimated when its source run holds ``calibration/<CALIBRATOR>.json`` and
@@ -27,13 +27,13 @@ from mlflow.entities import Metric, Param, RunStatus
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from labelshift.batches import metric_names
+from labelshift.monitoring.watermark.batches import metric_names
 from labelshift.calibration import load_calibrator
-from labelshift.diagnostics import correct_predictions
+from labelshift.estimation.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
-from labelshift.monitoring import RejectedBatch, TargetBatch, load_batch, write_batch_outputs
-from labelshift.plots import figure_png, plot_prior_estimate
-from labelshift.report import NOT_LABEL_SHIFT, ShiftReport, assess_shift, finite
+from labelshift.monitoring.watermark.watermark import RejectedBatch, TargetBatch, load_batch, write_batch_outputs
+from labelshift.experiments.plots import figure_png, plot_prior_estimate
+from labelshift.inference.report import NOT_LABEL_SHIFT, ShiftReport, assess_shift, finite
 from labelshift.rows import joined
 from labelshift.storage import open_store
 
@@ -302,7 +302,7 @@ def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: s
                    significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0,
                    max_interval_width: float | None = None, outputs: list[np.ndarray] | None = None,
                    class_names=None, label_shift_significance: float | None = None) -> ShiftReport:
-    """:func:`labelshift.report.assess_shift` on the pooled batches, with the bundle's source holdout and prior
+    """:func:`labelshift.inference.report.assess_shift` on the pooled batches, with the bundle's source holdout and prior
     (and, for the source-aware interval, the raw holdout outputs, the calibrator and the raw target ``outputs``);
     the batches are pooled without a copy when they are views of one array (:func:`labelshift.rows.joined`)."""
     return assess_shift(bundle.source_probs, bundle.source_labels, joined(probs), source_prior=bundle.source_prior,
@@ -475,7 +475,7 @@ def prior_metrics(report: ShiftReport, class_names=None) -> dict[str, float]:
     identifiability numbers, the size; the label-shift test's ``label_shift_statistic``, ``label_shift_p_value``,
     ``label_shift_dof``, ``label_shift_ok`` and its parts ``label_shift_p_value_regions``,
     ``label_shift_p_value_log_odds``, ``label_shift_log_odds_statistic`` when it ran). ``<c>`` is the class name made metric-safe
-    (:func:`labelshift.batches.metric_names`), the index for unnamed classes. Numbers that are not finite are left
+    (:func:`labelshift.monitoring.batches.metric_names`), the index for unnamed classes. Numbers that are not finite are left
     out."""
     out = {}
     ci = report.interval
@@ -663,7 +663,7 @@ def render_figure(report: ShiftReport, history: list[dict], level: float, title:
 def history_record(report: ShiftReport, run_id: str | None, model_name: str | None = None,
                    class_names=None) -> dict:
     """The watermark's record of one successful re-estimation (small: one is kept per run). The watermark adds
-    ``sequence``, ``time``, ``run_id`` and ``batches`` itself (:func:`labelshift.monitoring.commit_watermark`).
+    ``sequence``, ``time``, ``run_id`` and ``batches`` itself (:func:`labelshift.monitoring.watermark.commit_watermark`).
     Under "Not label shift" the record holds no estimate (no prior, interval, no-shift p-value: they mean
     nothing), only the verdict, the size and the label-shift test's p-value."""
     lst = report.label_shift

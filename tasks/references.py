@@ -2,7 +2,7 @@
 
 Two ways in besides the PyTorch model of :mod:`tasks.reestimation`:
 
-- **prediction-log mode**: the target's batches hold the model's outputs (:mod:`labelshift.batches`); nothing is
+- **prediction-log mode**: the target's batches hold the model's outputs (:mod:`labelshift.monitoring.batches`); nothing is
   loaded or recomputed. What is registered is a *reference* (:func:`register_reference`): a pyfunc model version
   whose ``predict`` applies the calibrator, whose run holds ``reference/reference.json`` (class names, output kind,
   id column), the calibrator JSON and the labelled holdout's outputs (:data:`tasks.reestimation.REFERENCE_ARTIFACT`).
@@ -32,13 +32,14 @@ from prefect.cache_policies import NO_CACHE
 
 from labelshift import calibration as calibration_mod
 from labelshift import rows as rows_mod
-from labelshift.batches import (OUTPUT_KINDS, OutputSpec, batch_format, batch_rows, check_one_format,
-                                check_reference, default_class_names, iter_feature_chunks, iter_ids,
-                                iter_output_chunks, read_holdout, write_corrected_parquet, write_corrected_file)
+from labelshift.monitoring.watermark.batches import (OUTPUT_KINDS, OutputSpec, batch_format, batch_rows,
+                                                     check_one_format, check_reference, default_class_names,
+                                                     iter_feature_chunks, iter_ids, iter_output_chunks, read_holdout,
+                                                     write_corrected_parquet, write_corrected_file)
 from labelshift.calibration import load_calibrator
-from labelshift.diagnostics import correct_predictions
+from labelshift.estimation.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
-from labelshift.monitoring import ChangedBatchError, RejectedBatch, TargetBatch, load_batch
+from labelshift.monitoring.watermark.watermark import ChangedBatchError, RejectedBatch, TargetBatch, load_batch
 from labelshift.storage import open_store
 from tasks.reestimation import (REFERENCE_ARTIFACT, ModelBundle, ScoredBatches, _forward, resolve_version,
                                 calibrator_artifact, load_bundle, log_reestimation_reference, write_outputs)
@@ -174,7 +175,7 @@ def register_reference(holdout_outputs, holdout_labels, *, name: str, class_name
 def register_reference_file(holdout: str | Path, *, label_column: str, output_kind: str, name: str,
                             class_names=None, output_column: str | None = None, **kw) -> dict:
     """:func:`register_reference` from a Parquet file of the labelled holdout's outputs
-    (:func:`labelshift.batches.read_holdout`)."""
+    (:func:`labelshift.monitoring.batches.read_holdout`)."""
     h = read_holdout(holdout, label_column=label_column, output_kind=output_kind, class_names=class_names,
                      output_column=output_column)
     return register_reference(h.outputs, h.labels, name=name, class_names=h.class_names, output_kind=output_kind,
@@ -401,7 +402,7 @@ def _check_formats(bundle, store, batches: list[TargetBatch]) -> str:
 def _bytes(store, b: TargetBatch) -> bytes:
     import hashlib
 
-    from labelshift.monitoring import ChangedBatchError
+    from labelshift.monitoring.watermark.watermark import ChangedBatchError
 
     data = store.get_bytes(b.key)
     digest = hashlib.sha256(data).hexdigest()
@@ -433,7 +434,7 @@ def _model_scores(bundle: ReferenceBundle, x: np.ndarray) -> np.ndarray:
 def _download(store, b: TargetBatch, folder: Path, name: str) -> Path:
     """The batch as the local file ``folder/name``, streamed from the store (verified against its recorded checksum on
     the way) and hashed again against the checksum this run listed."""
-    from labelshift.monitoring import ChangedBatchError
+    from labelshift.monitoring.watermark.watermark import ChangedBatchError
     from labelshift.storage.base import file_sha256
 
     path = folder / f"{name}{Path(b.key).suffix}"

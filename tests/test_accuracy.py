@@ -1,4 +1,4 @@
-"""labelshift.accuracy: the expected accuracy on the target and its interval."""
+"""labelshift.inference.accuracy: the expected accuracy on the target and its interval."""
 from __future__ import annotations
 
 import json
@@ -8,11 +8,11 @@ import warnings
 import numpy as np
 import pytest
 
-from labelshift.accuracy import AccuracyEstimate, expected_accuracy
+from labelshift.inference.accuracy import AccuracyEstimate, expected_accuracy
 from labelshift.calibration.scaling import BCTS
 from labelshift.errors import InputError
 from labelshift.experiments.well_specified import WellSpecifiedGaussians
-from labelshift.joint_uncertainty import source_aware_interval
+from labelshift.inference.source_aware import source_aware_interval
 
 
 def _draw(k, n, m, seed, prior=None):

@@ -1,4 +1,4 @@
-"""Prediction-log and tabular batch formats (:mod:`labelshift.batches`): reading in chunks, every check naming the
+"""Prediction-log and tabular batch formats (:mod:`labelshift.monitoring.batches`): reading in chunks, every check naming the
 batch, the problem and the fix, and corrected outputs with class-named columns."""
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from labelshift.batches import (OutputSpec, check_one_format, check_reference, corrected_parquet, iter_output_chunks,
-                                metric_names, read_features, read_holdout, read_ids, read_outputs)
+from labelshift.monitoring.watermark.batches import (OutputSpec, check_one_format, check_reference,
+                                                     corrected_parquet, iter_output_chunks, metric_names,
+                                                     read_features, read_holdout, read_ids, read_outputs)
 from labelshift.errors import InputError
 
 NAMES = ("cat", "dog", "bird")

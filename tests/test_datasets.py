@@ -14,8 +14,9 @@ import tarfile
 import numpy as np
 import pytest
 
-from labelshift.datasets import DATASETS, build_splits, dataset_fingerprint, load_dataset, parse_idx, push_dataset, read_cifar10_folder, \
-    read_cifar_batch, read_idx, read_manifest, read_mnist_folder, read_mnist_pair, stratified_split
+from labelshift.experiments.datasets import (DATASETS, build_splits, dataset_fingerprint, load_dataset, parse_idx,
+                                             push_dataset, read_cifar10_folder, read_cifar_batch, read_idx,
+                                             read_manifest, read_mnist_folder, read_mnist_pair, stratified_split)
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
 from labelshift.storage import open_store
 

@@ -2,9 +2,10 @@
 import numpy as np
 import pytest
 
-from labelshift import solvers
-from labelshift.diagnostics import canonical_calibration_error, confusion_condition, corrected_accuracy, \
-    correct_predictions, hessian_min_eigenvalue, label_frequencies, mlls_hessian, true_weights, weight_mse
+from labelshift.estimation import solvers
+from labelshift.estimation.diagnostics import (canonical_calibration_error, confusion_condition, corrected_accuracy,
+                                               correct_predictions, hessian_min_eigenvalue, label_frequencies,
+                                               mlls_hessian, true_weights, weight_mse)
 from labelshift.errors import InputError
 
 

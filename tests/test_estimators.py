@@ -1,4 +1,4 @@
-"""Tests of the estimator classes (labelshift.estimators): exactness on population quantities, agreement between
+"""Tests of the estimator classes (labelshift.estimation.estimators): exactness on population quantities, agreement between
 methods, the m^(-1/2) rate of MLLS, batching, conditioning reports, and every bad input."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import warnings
 import numpy as np
 import pytest
 
-from labelshift import solvers
+from labelshift.estimation import solvers
 from labelshift.calibration import BinningCalibrator, ConfusionMatrixCalibrator
 from labelshift.errors import IllConditionedError, IllConditionedWarning, InputError, LabelShiftError, \
     NotFittedError
-from labelshift.estimators import BBSE, MLLS, MLLSCM, PCC, RLLS, MLLSBinned
+from labelshift.estimation.estimators import BBSE, MLLS, MLLSCM, PCC, RLLS, MLLSBinned
 
 ALL = [BBSE, RLLS, MLLS, MLLSCM, MLLSBinned, PCC]
 

@@ -6,7 +6,7 @@ from scipy.stats import norm
 from labelshift.errors import InputError
 from labelshift.experiments import gaussian as G
 from labelshift.experiments.sweep import seed_generator, source_generator, stable_key
-from labelshift.solvers import hessian_min_eigenvalue, mlls_em, mlls_newton
+from labelshift.estimation.solvers import hessian_min_eigenvalue, mlls_em, mlls_newton
 
 PHI1 = norm.cdf(1.0)   # p_s(x >= 0 | y = 0) for mu = 1
 

@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 
 from flows.cli import main
 from flows.reproduce import reproduce
-from labelshift.datasets import load_dataset
+from labelshift.experiments.datasets import load_dataset
 from labelshift.experiments import images
 from labelshift.storage import open_store
 
@@ -125,7 +125,7 @@ def test_training_logged_registered_and_reloadable(image_runs):
     stored = store.get_array(f"{meta['store_prefix']}/logits_valid.npy")[:8]
     np.testing.assert_allclose(got, stored, rtol=1e-4, atol=1e-4)
     # the checkpoint in the store loads with weights_only=True and gives the same logits
-    from labelshift.training import load_checkpoint, predict_logits
+    from labelshift.experiments.training import load_checkpoint, predict_logits
 
     model, cmeta = load_checkpoint(store.get_bytes(f"{meta['store_prefix']}/checkpoint.pt"))
     assert cmeta["key"] == meta["key"]
@@ -165,7 +165,7 @@ def test_registered_image_model_is_reestimated_and_old_runs_get_the_holdout(imag
     from urllib.parse import urlparse
 
     from flows.reestimate import reestimate
-    from labelshift.datasets.simulate import simulate_target_batches
+    from labelshift.experiments.datasets.simulate import simulate_target_batches
 
     client = MlflowClient(image_runs["tracking"])
     version = client.get_model_version_by_alias("labelshift-digits", "latest-good")

@@ -1,7 +1,9 @@
 """The layering of the house, checked: imports point one way, flows -> tasks -> labelshift.
 
 * ``labelshift`` (the domain) never imports prefect, mlflow, ``tasks`` or ``flows``;
-* ``tasks`` never imports ``flows``.
+* ``tasks`` never imports ``flows``;
+* ``stack`` (the local stack's settings and process supervision) never imports prefect, mlflow, ``tasks`` or
+  ``flows``: the flows and the CLI use it.
 
 Every import statement counts, also one inside a function (a late import is still a dependency). A second test
 imports every domain module in a fresh interpreter and checks that neither Prefect nor MLflow was loaded on the way
@@ -23,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
     "labelshift": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
     "tasks": {"flows"},
+    "stack": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
 }
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from labelshift import _log_odds_test as lot
-from labelshift._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit, support
-from labelshift.joint_uncertainty import _Design
-from labelshift.label_shift_test import DENSE_MAX_CLASSES, _null_fit, label_shift_test
+from labelshift.inference import _log_odds as lot
+from labelshift.inference._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit, support
+from labelshift.inference.source_aware import _Design
+from labelshift.inference.shift_detection import DENSE_MAX_CLASSES, _null_fit, label_shift_test
 
 
 def _dense_design(blocks, Z):

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from labelshift.datasets import build_splits
+from labelshift.experiments.datasets import build_splits
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
-from labelshift.models import LeNet, ResNet18, build_model, lenet_padding
-from labelshift.training import _augment, checkpoint_bytes, load_checkpoint, predict_logits, save_checkpoint, \
-    train, training_defaults
+from labelshift.experiments.models import LeNet, ResNet18, build_model, lenet_padding
+from labelshift.experiments.training import (_augment, checkpoint_bytes, load_checkpoint, predict_logits,
+                                             save_checkpoint, train, training_defaults)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from labelshift.plots import figure_png, plot_sweep
+from labelshift.experiments.plots import figure_png, plot_sweep
 
 
 def _sweep(kind, values, methods, eig=None):

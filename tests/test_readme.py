@@ -51,7 +51,7 @@ def _variables_table() -> list[list[str]]:
 
 def test_readme_lists_every_environment_variable_as_the_settings_name_them():
     """The table is the settings' catalogue: the same variables in the same order, with the same defaults and flags."""
-    from flows.settings import VARIABLES
+    from stack.settings import VARIABLES
 
     rows = _variables_table()
     assert [r[0] for r in rows] == [f"`{v.name}`" for v in VARIABLES]

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from labelshift.diagnostics import correct_predictions
+from labelshift.estimation.diagnostics import correct_predictions
 from tests.reestimation_support import K, SHIFTED_PRIOR, SOURCE_PRIOR, draw, npy_bytes, register_model
 
 pytestmark = pytest.mark.integration

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from labelshift.errors import InputError
-from labelshift.report import ShiftReport
+from labelshift.inference.report import ShiftReport
 from tasks.reestimation import history_record, parse_model_uri, prior_metrics
 
 
@@ -61,7 +61,7 @@ def test_history_record_is_small_and_rounded():
 
 
 def test_not_label_shift_record_and_metrics_hold_the_test_and_no_estimate():
-    from labelshift.report import assess_shift
+    from labelshift.inference.report import assess_shift
     from tests.test_report import _gaussian_case
 
     Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(drift=2.0)

@@ -1,4 +1,4 @@
-"""The typed shift report (:mod:`labelshift.report`): its dict is the stored ``result`` of a re-estimation, and
+"""The typed shift report (:mod:`labelshift.inference.report`): its dict is the stored ``result`` of a re-estimation, and
 :func:`assess_shift` computes what the ``estimate-shift`` task computed before it moved into the domain.
 
 ``fixtures/shift_report_golden.json`` holds that task's output (``tasks.reestimation.estimate_shift`` before the
@@ -18,8 +18,8 @@ import pytest
 
 from labelshift import ShiftReport, assess_shift
 from labelshift.errors import FormatError, InputError
-from labelshift.estimators import BBSE
-from labelshift.report import NOT_LABEL_SHIFT, VERDICTS, CrossCheck, check_holdout, joint_confusion
+from labelshift.estimation.estimators import BBSE
+from labelshift.inference.report import NOT_LABEL_SHIFT, VERDICTS, CrossCheck, check_holdout, joint_confusion
 from tests.reestimation_support import K, SHIFTED_PRIOR, SOURCE_PRIOR, bayes_logits, draw
 
 GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "shift_report_golden.json").read_text())
@@ -231,7 +231,7 @@ def test_old_dicts_load_without_the_new_fields():
 
 
 def test_untrustworthy_source_aware_interval_makes_the_report_untrustworthy():
-    from labelshift.joint_uncertainty import SourceAwareInterval
+    from labelshift.inference.source_aware import SourceAwareInterval
 
     Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(prior=[0.6, 0.3, 0.1])
     r = assess_shift(sp, yh, pt, source_prior=prior, interval="source-aware", source_outputs=Xh,

@@ -16,15 +16,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from labelshift import rows
-from labelshift import solvers
+from labelshift.estimation import solvers
 from labelshift._validation import check_probabilities
-from labelshift.accuracy import expected_accuracy
-from labelshift.batches import corrected_parquet, iter_ids, read_ids, write_corrected_parquet
+from labelshift.inference.accuracy import expected_accuracy
+from labelshift.monitoring.watermark.batches import corrected_parquet, iter_ids, read_ids, write_corrected_parquet
 from labelshift.calibration.scaling import BCTS
-from labelshift.diagnostics import correct_predictions
-from labelshift.joint_uncertainty import source_aware_interval
-from labelshift.label_shift_test import label_shift_test
-from labelshift.report import assess_shift
+from labelshift.estimation.diagnostics import correct_predictions
+from labelshift.inference.source_aware import source_aware_interval
+from labelshift.inference.shift_detection import label_shift_test
+from labelshift.inference.report import assess_shift
 
 K = 6
 

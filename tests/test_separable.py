@@ -18,8 +18,8 @@ from labelshift.calibration import load_calibrator
 from labelshift.calibration.scaling import BCTS, NBVS, PRIOR_SD, TS, VS
 from labelshift.errors import InputError
 from labelshift.experiments.well_specified import WellSpecifiedGaussians
-from labelshift.joint_uncertainty import source_aware_interval
-from labelshift.report import VERDICTS, ShiftReport, assess_shift
+from labelshift.inference.source_aware import source_aware_interval
+from labelshift.inference.report import VERDICTS, ShiftReport, assess_shift
 
 SEPARABLE = [(5, 6.0, seed) for seed in range(4)] + [(10, 4.3, 0)]
 N, M = 2000, 5000
@@ -145,7 +145,7 @@ def test_a_calibration_the_holdout_does_not_identify_is_untrustworthy_not_an_err
 
 
 def test_a_part_that_fails_numerically_makes_the_report_untrustworthy(monkeypatch):
-    import labelshift.report as report
+    import labelshift.inference.report as report
 
     Xh, yh, Xt, _ = draw(5, 6.0, 1)                     # seed 1: the label-shift test does not reject (p = 0.87)
     cal = fit(BCTS, Xh, yh)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from labelshift.errors import InputError, LabelShiftError
-from labelshift.shift import binary_prior, class_indices, dirichlet_prior, sample_target, sample_targets
+from labelshift.experiments.shift import binary_prior, class_indices, dirichlet_prior, sample_target, sample_targets
 
 
 def test_binary_prior():
@@ -114,7 +114,7 @@ def test_simulated_target_batches_draw_without_replacement_while_the_pool_allows
     """Rows of a class come from distinct pool members across all batches while the pool holds enough of them (a
     random subset of an i.i.d. pool is i.i.d.); only a class that needs more repeats, and repeated_classes names
     it."""
-    from labelshift.datasets.simulate import repeated_classes, simulate_target_batches
+    from labelshift.experiments.datasets.simulate import repeated_classes, simulate_target_batches
 
     pool_y = np.repeat(np.arange(3), 100)
     pool_x = np.arange(300, dtype=np.float32).reshape(300, 1, 1, 1)     # each image is its own pool index

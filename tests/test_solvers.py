@@ -1,4 +1,4 @@
-"""Tests of the functional core, labelshift.solvers: derivatives, optimality measures, EM vs Newton, RLLS."""
+"""Tests of the functional core, labelshift.estimation.solvers: derivatives, optimality measures, EM vs Newton, RLLS."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 
-from labelshift import solvers as sv
+from labelshift.estimation import solvers as sv
 
 
 def gaussian_posteriors(rng, k, m, target_prior, source_prior=None, sep=2.0):

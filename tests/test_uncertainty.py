@@ -1,4 +1,4 @@
-"""Intervals, the no-shift test and the identifiability report of labelshift.uncertainty.
+"""Intervals, the no-shift test and the identifiability report of labelshift.inference.uncertainty.
 
 Every statistical test uses a problem with *exact* posteriors, so f is perfectly calibrated and the only error is the
 finite target sample: k one-dimensional Gaussian classes N(mu_y, 1) with source prior p_s, and
@@ -19,9 +19,10 @@ from scipy.stats import kstest, norm
 from scipy.stats import t as student_t
 
 from labelshift.errors import IllConditionedWarning, InputError
-from labelshift.estimators import BBSE, MLLS
-from labelshift.uncertainty import (MAX_RELATIVE_ERROR, MAX_STANDARD_ERROR, Identifiability, NoShiftTest, PriorInterval,
-                                    bootstrap_interval, fisher_interval, identifiability, no_shift_test)
+from labelshift.estimation.estimators import BBSE, MLLS
+from labelshift.inference.uncertainty import (MAX_RELATIVE_ERROR, MAX_STANDARD_ERROR, Identifiability, NoShiftTest,
+                                              PriorInterval, bootstrap_interval, fisher_interval, identifiability,
+                                              no_shift_test)
 
 MU3 = np.array([-2.0, 0.0, 2.0])
 PS3 = np.array([0.5, 0.3, 0.2])
@@ -315,7 +316,7 @@ def test_bootstrap_is_reproducible():
 
 def test_bootstrap_chunks_give_the_same_answer(monkeypatch):
     """Replicates solved in many small estimate calls equal one big call (the resampling stream is the same)."""
-    import labelshift.uncertainty as U
+    import labelshift.inference.uncertainty as U
 
     F = draw_targets(607, 1, 200, Q3)[0]
     whole = bootstrap_interval(F, PS3, n_bootstrap=40, seed=1)

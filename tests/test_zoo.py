@@ -18,7 +18,7 @@ import pytest
 from scipy.stats import binom
 
 from labelshift.experiments.zoo import CASES, GaussianCase, SklearnCase, case, fast_cases
-from labelshift.report import NOT_LABEL_SHIFT, VERDICTS
+from labelshift.inference.report import NOT_LABEL_SHIFT, VERDICTS
 from tests.zoo_support import ZooRun, run_case
 
 #: seeds of the no-exception checks: three for the cases that take well under a second a run, two for those that

@@ -5,14 +5,14 @@ What :func:`run_case` does is what the flow does, step by step, with the flow's 
 Prefect or a store:
 
 1. **register the reference** (:func:`tasks.references.register_reference`): the holdout checked by
-   :func:`labelshift.batches.check_reference`, the calibrator made by ``tasks.references._calibrator`` (BCTS, input
+   :func:`labelshift.monitoring.batches.check_reference`, the calibrator made by ``tasks.references._calibrator`` (BCTS, input
    kind from the declared output kind) and fit on the checked outputs, saved as JSON (``to_dict``) and the holdout
    stored as float32 (:func:`tasks.reestimation.log_source_holdout`);
 2. **load it** (:func:`tasks.references.load_reference`): the calibrator read back (:func:`load_calibrator`), the
    holdout as float64, ``source_probs`` the calibrated holdout and p_s their mean
    (:attr:`tasks.references.ReferenceBundle.source_prior`);
 3. **score the target** (``tasks.references._score_logs``): the target outputs written as one .npy batch and read
-   back through :func:`labelshift.batches.iter_output_chunks` (float32 chunks, checked), calibrated chunk by chunk
+   back through :func:`labelshift.monitoring.batches.iter_output_chunks` (float32 chunks, checked), calibrated chunk by chunk
    into float32 probabilities, the float32 raw outputs kept for the source-aware interval;
 4. **assess** (:func:`tasks.reestimation.estimate_shift`, the task's function) with the defaults of
    :class:`flows.params.ReestimateParameters` (MLLS, BBSE-soft cross-check, source-aware interval at 0.95,
@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from labelshift.batches import OutputSpec, check_reference, default_class_names, iter_output_chunks
+from labelshift.monitoring.watermark.batches import OutputSpec, check_reference, default_class_names, iter_output_chunks
 from labelshift.calibration import load_calibrator
 from labelshift.experiments.zoo import ZooCase
-from labelshift.report import NOT_LABEL_SHIFT
+from labelshift.inference.report import NOT_LABEL_SHIFT
 
 REPO = Path(__file__).resolve().parents[1]
 #: the verdicts that hand out an estimate (coverage is measured over these runs)

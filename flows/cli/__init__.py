@@ -12,7 +12,7 @@
 
 One module per subcommand; each registers its parser and handler, and shares only :mod:`flows.cli._common`. The
 commands that run a flow (``reproduce``, ``estimate``) build their options from the flow's parameter model in
-:mod:`flows.params`. Prefect and MLflow are imported only after the environment is set up (:mod:`flows.settings`),
+:mod:`flows.params`. Prefect and MLflow are imported only after the environment is set up (:mod:`stack.settings`),
 because Prefect reads its settings once, at import; ``--help`` and parameter errors therefore answer without
 importing them.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flows import settings as settings_mod
+from stack import settings as settings_mod
 from flows.cli import data, estimate, reference, report, reproduce, serve, where
 from flows.cli._common import PROG, UsageError, add_common
 from flows.cli.reproduce import parameters_from_args
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.register(sub)
     reference.register(sub)
     try:
-        from flows import stack      # written separately; the command is optional until it exists
+        from stack import supervisor as stack  # written separately; the command is optional until it exists
     except ImportError:
         stack = None
     if stack is not None and hasattr(stack, "register"):

@@ -5,7 +5,7 @@ import argparse
 import os
 import time
 
-from flows import settings as settings_mod
+from stack import settings as settings_mod
 from flows.cli import estimate
 from flows.cli._common import UsageError, add_common, local_path
 
@@ -41,7 +41,7 @@ def register(sub) -> None:
 
 
 def run_push(args) -> int:
-    from labelshift.datasets import DATASETS, push_dataset
+    from labelshift.experiments.datasets import DATASETS, push_dataset
     from labelshift.storage import open_store
 
     if args.name not in DATASETS:

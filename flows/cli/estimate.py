@@ -18,7 +18,7 @@ import time
 
 from pydantic import ValidationError
 
-from flows import settings as settings_mod
+from stack import settings as settings_mod
 from flows.cli._common import PROG, Opt, UsageError, add_common, add_field, bounds, csv, given, local_path, \
     option_name, prefect_api, problems, setup, validated
 from flows.params import DEFAULT_MODEL, INTERVAL_ERROR, ReestimateParameters
@@ -109,7 +109,7 @@ def _explain(exc: ValidationError) -> str:
                          + _RANGE_HINTS.get(field, ""))
         else:
             lines.extend(problems([err], ReestimateParameters, OPTIONS))
-    from labelshift.registry import REESTIMATION_ESTIMATORS
+    from labelshift.estimation.registry import REESTIMATION_ESTIMATORS
 
     for option, bad in unknown.items():
         lines.insert(0, f"{option}: unknown estimator(s) {bad}; choose from {', '.join(REESTIMATION_ESTIMATORS)}")
@@ -124,7 +124,7 @@ def parameters_from_args(args: argparse.Namespace) -> ReestimateParameters:
 def format_summary(summary: dict) -> str:
     """The summary as a plain-text table for the terminal."""
     from flows.reestimate import format_p
-    from labelshift.report import ShiftReport, finite
+    from labelshift.inference.report import ShiftReport, finite
 
     held = [f"  rejected {r['key']}: {r['reason']}" for r in summary.get("rejected", [])] \
         + [f"  skipped {r['key']}: {r['reason']}" for r in summary.get("skipped", [])]
@@ -256,8 +256,8 @@ def run_simulate(args) -> int:
     import numpy as np
 
     from flows.reestimate import target_uri_for
-    from labelshift.datasets import DATASETS, load_dataset, push_dataset, read_manifest
-    from labelshift.datasets.simulate import repeated_classes, simulate_target_batches
+    from labelshift.experiments.datasets import DATASETS, load_dataset, push_dataset, read_manifest
+    from labelshift.experiments.datasets.simulate import repeated_classes, simulate_target_batches
     from labelshift.errors import ObjectNotFoundError
     from labelshift.storage import open_store
 

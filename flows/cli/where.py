@@ -1,7 +1,7 @@
 """``labelshift where``: the resolved locations of state, results and tracking."""
 from __future__ import annotations
 
-from flows import settings as settings_mod
+from stack import settings as settings_mod
 from flows.cli._common import add_common
 
 __all__ = ["register"]

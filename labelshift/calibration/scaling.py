@@ -122,7 +122,7 @@ class _ScalingCalibrator(Calibrator):
         calibrated logits are linear: the scale 1/T (TS, BCTS) or a (VS, NBVS), then the biases b_1..b_{k-1}
         (b_0 fixed). Zero without a prior. With s = 1/T the log-T prior is P = (log s)^2 / (2 sd^2), so
         dP/ds = log s / (s sd^2) and d2P/ds2 = (1 - log s) / (s^2 sd^2). For the sandwich of
-        :func:`labelshift.joint_uncertainty.source_aware_interval`, whose score is the NLL's plus grad P / n."""
+        :func:`labelshift.inference.source_aware.source_aware_interval`, whose score is the NLL's plus grad P / n."""
         self._check_fitted()
         k = int(self.n_classes_)
         ns = self._n_scale(k)

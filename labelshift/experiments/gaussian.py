@@ -42,9 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import expit
 
-from ..diagnostics import true_weights
+from ..estimation.diagnostics import true_weights
 from ..errors import InputError
-from ..shift import binary_prior
+from .shift import binary_prior
 from .sweep import SettingResult, SweepResult, aggregate, check_methods, check_seeds, estimate_all, score, \
     seed_generator, source_generator, stable_key
 

@@ -8,8 +8,8 @@ those precomputed outputs only, so a sweep costs no network evaluation:
   source prior handed to every estimator and used for the true weights. Pools are carved out by stratified
   splits, so this is the training prior too: exactly uniform for ``mnist-5k`` (100 per class) and within one
   example per class of uniform for ``digits``, MNIST and CIFAR-10 (the paper's "uniform source").
-* target: for each seed, p_t(y) ~ Dirichlet(alpha) (:func:`labelshift.shift.dirichlet_prior`), then m examples
-  drawn with replacement from the test pool by :func:`labelshift.shift.sample_target`; the true weights are
+* target: for each seed, p_t(y) ~ Dirichlet(alpha) (:func:`labelshift.experiments.shift.dirichlet_prior`), then m examples
+  drawn with replacement from the test pool by :func:`labelshift.experiments.shift.sample_target`; the true weights are
   the target set's empirical label frequencies over the source prior (as in the paper's MSE).
 
 Settings: kind ``"alpha"`` (MSE vs alpha at a fixed m; paper m = 5000) and kind ``"size"`` (MSE vs m at a fixed
@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..diagnostics import true_weights
+from ..estimation.diagnostics import true_weights
 from ..errors import IllConditionedError, InputError
-from ..shift import class_indices, dirichlet_prior, sample_target
-from .sweep import METHOD_NAMES, check_methods, SettingResult, SweepResult, aggregate, check_seeds, estimate_all, score, \
-    seed_generator, stable_key
+from .shift import class_indices, dirichlet_prior, sample_target
+from .sweep import (METHOD_NAMES, SettingResult, SweepResult, aggregate, check_methods, check_seeds, estimate_all,
+                    score, seed_generator, stable_key)
 
 __all__ = ["METHODS", "IMAGE_METHOD_NAMES", "DEFAULT_ALPHAS", "DEFAULT_SIZES", "Setting", "Pools",
            "settings_grid", "run_setting", "mse_vs_alpha", "mse_vs_size", "SettingResult", "SweepResult",

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..diagnostics import weight_mse
+from ..estimation.diagnostics import weight_mse
 from ..errors import IllConditionedWarning, InputError
-from ..registry import HESSIAN_METHODS, METHOD_NAMES, check_methods, make_estimator
+from ..estimation.registry import HESSIAN_METHODS, METHOD_NAMES, check_methods, make_estimator
 
 __all__ = ["METHOD_NAMES", "HESSIAN_METHODS", "make_estimator", "stable_key", "seed_generator",
            "source_generator", "check_seeds", "check_methods", "estimate_all", "score", "SettingResult", "SweepResult",

@@ -5,8 +5,8 @@ hands to its ``on_epoch`` callback.
 
 * Device: CUDA when ``torch.cuda.is_available()`` (with mixed precision: ``torch.autocast`` in float16 plus a
   ``GradScaler``, channels-last memory), the CPU otherwise; ``device=`` overrides.
-* Inputs: the uint8 images of :mod:`labelshift.datasets` ((N, H, W) or (N, C, H, W)), divided by 255 on the fly;
-  the per-channel mean/std standardisation is the model's first layer (:class:`labelshift.models.Standardize`).
+* Inputs: the uint8 images of :mod:`labelshift.experiments.datasets` ((N, H, W) or (N, C, H, W)), divided by 255 on the fly;
+  the per-channel mean/std standardisation is the model's first layer (:class:`labelshift.experiments.models.Standardize`).
   Float inputs are taken as already scaled to [0, 1].
 * Seeding: ``seed`` fixes the shuffling, the augmentation and any randomness inside the model (dropout), without
   touching the caller's global random state; the initial weights are fixed by ``build_model(..., seed=)``.
@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import FormatError, InputError, ObjectNotFoundError
+from ..errors import FormatError, InputError, ObjectNotFoundError
 
-logger = logging.getLogger("labelshift.training")
+logger = logging.getLogger("labelshift.experiments.training")
 
 CHECKPOINT_FORMAT = "labelshift-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -178,7 +178,7 @@ def train(model: nn.Module, train_x, train_y, *, epochs: int, batch_size: int, l
     """Train ``model`` by minimising the cross-entropy on (``train_x``, ``train_y``).
 
     Args:
-        model: a module from :func:`labelshift.models.build_model` (any module mapping [0, 1] images to logits).
+        model: a module from :func:`labelshift.experiments.models.build_model` (any module mapping [0, 1] images to logits).
         train_x: uint8 images (N, H, W) or (N, C, H, W) (floats in [0, 1] also accepted); train_y: N int labels.
         epochs, batch_size, lr: the usual; ``lr`` is the peak rate of the cosine schedule.
         seed: fixes shuffling, augmentation and in-model randomness (see the module docstring).
@@ -298,7 +298,7 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike | io.IOBase, meta:
     or a writable binary file object, e.g. ``io.BytesIO`` to push the bytes to a store)."""
     config = getattr(model, "config", None)
     if not isinstance(config, dict) or "name" not in config:
-        raise InputError("model has no 'config'; build it with labelshift.models.build_model to checkpoint it.")
+        raise InputError("model has no 'config'; build it with labelshift.experiments.models.build_model to checkpoint it.")
     try:
         meta_json = json.dumps(meta if meta is not None else {}, sort_keys=True)
     except (TypeError, ValueError) as exc:
@@ -337,7 +337,7 @@ def load_checkpoint(path: str | os.PathLike | io.IOBase | bytes, device: str | t
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError... for bad files
         raise FormatError(f"{where}: not a readable checkpoint ({type(exc).__name__}: {exc}).") from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        raise FormatError(f"{where}: not a labelshift checkpoint (save it with labelshift.training.save_checkpoint).")
+        raise FormatError(f"{where}: not a labelshift checkpoint (save it with labelshift.experiments.training.save_checkpoint).")
     if payload.get("version") != CHECKPOINT_VERSION:
         raise FormatError(f"{where}: checkpoint version {payload.get('version')!r}, this labelshift reads "
                           f"{CHECKPOINT_VERSION}; retrain or re-save the model.")

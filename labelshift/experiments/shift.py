@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import ROW_SUM_TOL
-from .errors import InputError
+from .._validation import ROW_SUM_TOL
+from ..errors import InputError
 
 __all__ = ["dirichlet_prior", "binary_prior", "class_indices", "sample_target", "sample_targets"]
 

@@ -8,17 +8,17 @@
 Typical use::
 
     from labelshift.storage import open_store
-    from labelshift.datasets import push_dataset, load_dataset
+    from labelshift.experiments.datasets import push_dataset, load_dataset
 
     store = open_store("s3://bucket/data")
     push_dataset("mnist-5k", store, "mnist-5k")
     ds = load_dataset(store, "mnist-5k", expected_name="mnist-5k")
     ds.train.x.shape   # (3000, 28, 28) uint8
 """
-from .layout import FORMAT_VERSION, MANIFEST, SPLITS, Dataset, Split, build_splits, dataset_fingerprint, \
-    load_dataset, push_dataset, read_manifest
-from .readers import parse_cifar_batch, parse_idx, read_cifar10_folder, read_cifar_batch, read_idx, \
-    read_mnist_folder, read_mnist_pair
+from .layout import (FORMAT_VERSION, MANIFEST, SPLITS, Dataset, Split, build_splits, dataset_fingerprint,
+                     load_dataset, push_dataset, read_manifest)
+from .readers import (parse_cifar_batch, parse_idx, read_cifar10_folder, read_cifar_batch, read_idx,
+                      read_mnist_folder, read_mnist_pair)
 from .sources import DATASETS, DatasetSpec, get_spec, stratified_split
 
 __all__ = [

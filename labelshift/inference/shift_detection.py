@@ -17,7 +17,7 @@ bootstrap of that fitted null (B = 200 draws of holdout and target counts, each 
 ``calibration="bootstrap"``, deterministic for a given ``seed``): the Wilks reference (chi^2 with regions - classes
 dof, ``calibration="chi2"``) is conservative under shifted priors (sizes 1-3% at a nominal 5%), the bootstrap is
 at the nominal level there and gains power. By default (up to 20 classes) a second look checks the same identity on the log-odds
-profile inside each predicted class (``labelshift._log_odds_test``: which other classes the rows lean towards,
+profile inside each predicted class (``labelshift.inference._log_odds``: which other classes the rows lean towards,
 where class means that move or a new class between two known ones show), with a bootstrap of the null fit's
 completed data; the reported p-value splits the level 30/70 between the two parts (weighted Bonferroni,
 ``combine_p_values``). A Wald form
@@ -25,7 +25,7 @@ with the MLLS weights and a delta-method covariance is kept for comparison (``me
 severe shift, see the docs). Derivation, measured size and power, and what to do when it fires:
 ``docs/label_shift_test.md``.
 
-    from labelshift.label_shift_test import label_shift_test
+    from labelshift.inference.shift_detection import label_shift_test
     res = label_shift_test(holdout_probs, holdout_labels, target_probs)   # calibrated outputs, holdout labels
     if res.rejects(0.05):
         print(res.summary())          # "Not label shift: p = ... (regions chi2 = ..., p = ...; log-odds ...); ..."
@@ -39,12 +39,12 @@ import numpy as np
 from scipy.linalg import null_space
 from scipy.stats import chi2, norm
 
-from . import rows as _rows
-from ._log_odds_test import BLOCK_MAX_CLASSES, log_odds_test
+from .. import rows as _rows
+from ._log_odds import BLOCK_MAX_CLASSES, log_odds_test
 from ._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit
-from ._validation import as_float_array, check_labels, check_prior, check_probabilities
-from .errors import InputError
-from .solvers import PIN_TOL, mlls_gradient, mlls_newton
+from .._validation import as_float_array, check_labels, check_prior, check_probabilities
+from ..errors import InputError
+from ..estimation.solvers import PIN_TOL, mlls_gradient, mlls_newton
 
 __all__ = ["LabelShiftTest", "Region", "label_shift_test", "MIN_HOLDOUT", "MIN_CLASS_ROWS", "MIN_TARGET",
            "MIN_REGION_ROWS", "MAX_CONFIDENCE_BINS", "BOOTSTRAP_DRAWS", "CALIBRATIONS"]
@@ -668,7 +668,7 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     D^T Sigma^+ D with Sigma from the target rows, the holdout rows and the MLLS estimating equations (delta
     method); measured liberal under severe shift (docs/label_shift_test.md).
 
-    ``log_odds=True`` (default up to 20 classes) adds a second look (:mod:`labelshift._log_odds_test`): within each predicted class,
+    ``log_odds=True`` (default up to 20 classes) adds a second look (:mod:`labelshift.inference._log_odds`): within each predicted class,
     the mean log-odds of the other classes against it must also be the holdout's reweighted by class; its p-value
     comes from a bootstrap of the null fit's completed data (holdout rows and target rows in the classes' fitted
     shares; no calibration assumed), and the reported ``p_value`` is combine_p_values(p_regions, p_log_odds) =

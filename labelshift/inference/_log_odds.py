@@ -2,7 +2,7 @@
 class?
 
 Under label shift every fixed function h of the output has E_t[h(f)] = sum_y p_t(y) E_s[h(f) | y] (Garg et al. 2020,
-Section 2). The region test of :mod:`labelshift.label_shift_test` takes h = region indicators (predicted class x
+Section 2). The region test of :mod:`labelshift.inference.shift_detection` takes h = region indicators (predicted class x
 confidence bin). This part takes, for the row's predicted class c = argmax f, the indicator of c and the k - 1
 log-odds log f_j - log f_c (clipped to [-30, 0]) placed in c's block: d <= k + k (k - 1) moments that see *where
 inside* a predicted class the outputs lie -- which other classes a row leans towards and by how much. A class mean
@@ -40,7 +40,7 @@ import numpy as np
 from scipy import sparse
 from scipy.stats import chi2
 
-from . import rows as _rows
+from .. import rows as _rows
 
 LOG_ODDS_FLOOR = -30.0
 _W_FLOOR = 1e-6          # variances below this fraction of the largest are raised to it (near-constant moments)

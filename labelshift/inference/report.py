@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validation import check_labels, check_prior, check_probabilities
-from .errors import FormatError, InputError
+from .._validation import check_labels, check_prior, check_probabilities
+from ..errors import FormatError, InputError
 from .accuracy import AccuracyEstimate, expected_accuracy
-from .joint_uncertainty import SUPPORTED_CALIBRATORS, SourceAwareInterval, min_holdout_rows, source_aware_interval
-from .label_shift_test import LabelShiftTest, label_shift_test
-from .registry import REESTIMATION_ESTIMATORS, check_interval, check_methods, make_estimator
-from .solvers import confusion_matrix
+from .source_aware import SUPPORTED_CALIBRATORS, SourceAwareInterval, min_holdout_rows, source_aware_interval
+from .shift_detection import LabelShiftTest, label_shift_test
+from ..estimation.registry import REESTIMATION_ESTIMATORS, check_interval, check_methods, make_estimator
+from ..estimation.solvers import confusion_matrix
 from .uncertainty import (Identifiability, NoShiftTest, PriorInterval, bootstrap_interval, fisher_interval,
                           identifiability, no_shift_test)
 
@@ -43,7 +43,7 @@ class CrossCheck:
     """Another estimator's answer on the same target set, or why it gave none.
 
     Attributes:
-        method: the estimator's name (:data:`labelshift.registry.REESTIMATION_ESTIMATORS`).
+        method: the estimator's name (:data:`labelshift.estimation.registry.REESTIMATION_ESTIMATORS`).
         target_prior, weights: its estimate, shape (k,); None when it failed.
         error: the message of its failure (e.g. BBSE refusing a singular confusion matrix); None when it succeeded.
     """
@@ -95,13 +95,13 @@ class ShiftReport:
     be trusted.
 
     Attributes:
-        method: the estimator of the target prior (a name of :data:`labelshift.registry.REESTIMATION_ESTIMATORS`).
+        method: the estimator of the target prior (a name of :data:`labelshift.estimation.registry.REESTIMATION_ESTIMATORS`).
         source_prior: p_s, shape (k,).
         target_prior: its estimate p_t = w * p_s (renormalised, :class:`labelshift.Estimate`), shape (k,).
         weights: the estimated w = p_t / p_s, shape (k,).
         interval: the confidence interval per class on p_t and w (source-aware, Fisher or bootstrap).
         no_shift_test: the test of H0: w = 1.
-        label_shift: the test of the label-shift assumption (:func:`labelshift.label_shift_test.label_shift_test`);
+        label_shift: the test of the label-shift assumption (:func:`labelshift.inference.shift_detection.label_shift_test`);
             None when it was not run (see ``label_shift_error``).
         label_shift_error: why the label-shift test could not run (e.g. too small a holdout); None when it ran or
             was not asked for.
@@ -112,7 +112,7 @@ class ShiftReport:
         n_target: the number of target rows m.
         converged: the estimator reached its tolerance.
         accuracy: the deployed model's accuracy on the holdout and its expected accuracy on the target, with an
-            interval (:func:`labelshift.accuracy.expected_accuracy`); None unless the interval is source-aware.
+            interval (:func:`labelshift.inference.accuracy.expected_accuracy`); None unless the interval is source-aware.
         label_shift_significance: a level of its own for the label-shift test (e.g. 0.01, so that true label
             shift withholds the outputs less often); None: the test uses ``significance``
             (:attr:`label_shift_level` is the one in force).
@@ -339,8 +339,8 @@ def check_holdout(source_labels, n_classes: int, *, interval: str = "fisher", ca
 
     Every class needs a holdout example (p_s(y), the calibrator's bias and the class-conditional outputs of a class
     without one are not estimable); ``interval="source-aware"`` also needs a calibrator whose parameters it knows
-    (:data:`labelshift.joint_uncertainty.SUPPORTED_CALIBRATORS`) and a holdout large enough to refit it
-    (:func:`labelshift.joint_uncertainty.min_holdout_rows`).
+    (:data:`labelshift.inference.source_aware.SUPPORTED_CALIBRATORS`) and a holdout large enough to refit it
+    (:func:`labelshift.inference.source_aware.min_holdout_rows`).
     """
     labels = np.asarray(source_labels)
     counts = np.bincount(labels.astype(np.int64), minlength=n_classes) if labels.size else np.zeros(n_classes, int)
@@ -435,14 +435,14 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
     """Estimate the target prior on ``target_probs`` and say whether it shifted and whether to trust it.
 
     The estimators are fit on the labelled source outputs with ``source_prior``; the estimate is ``estimator``'s;
-    the interval is :func:`~labelshift.joint_uncertainty.source_aware_interval` (MLLS only; it includes the error
+    the interval is :func:`~labelshift.inference.source_aware.source_aware_interval` (MLLS only; it includes the error
     of the calibrator and p_s fit on the holdout, and needs the raw outputs and the calibrator),
-    :func:`~labelshift.uncertainty.fisher_interval` (MLLS only, eq. (mlls-sample); target only) or
-    :func:`~labelshift.uncertainty.bootstrap_interval` (target only); the label-shift test
-    (:func:`~labelshift.label_shift_test.label_shift_test`, with the MLLS weights) checks that the target's
+    :func:`~labelshift.inference.uncertainty.fisher_interval` (MLLS only, eq. (mlls-sample); target only) or
+    :func:`~labelshift.inference.uncertainty.bootstrap_interval` (target only); the label-shift test
+    (:func:`~labelshift.inference.shift_detection.label_shift_test`, with the MLLS weights) checks that the target's
     calibrated outputs are the holdout's reweighted by class -- a holdout it cannot use (too small, a class with
     fewer than 5 rows) is recorded as "not run" with the reason, not raised; the no-shift test is the two-sample test of
-    :func:`~labelshift.uncertainty.no_shift_test` (the source side, calibrator and p_s, is itself estimated from
+    :func:`~labelshift.inference.uncertainty.no_shift_test` (the source side, calibrator and p_s, is itself estimated from
     ``source_probs``); the identifiability report is that of the MLLS estimate (Section 5, eq. (bound-main)) with the
     hard joint confusion matrix of the source outputs. MLLS is fit whatever ``estimator`` is, and shown beside a
     BBSE estimator as a cross-check. A cross-check estimator that fails (e.g. BBSE on a singular confusion matrix)
@@ -454,7 +454,7 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
         target_probs: (m, k) calibrated outputs on the target set, or a list of (m_b, k) batches (pooled).
         source_prior: (k,) p_s the estimators use (the re-estimation flow uses the mean calibrated prediction on
             the source data; see ``docs/reestimation.md``).
-        estimator: a name of :data:`labelshift.registry.REESTIMATION_ESTIMATORS`.
+        estimator: a name of :data:`labelshift.estimation.registry.REESTIMATION_ESTIMATORS`.
         cross_check: names of the same set, run alongside (duplicates and ``estimator`` itself are skipped).
         interval: ``"source-aware"`` or ``"fisher"`` (both need a likelihood estimator, MLLS) or ``"bootstrap"``.
         level: confidence level of the interval, in (0, 1).

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import FormatError
+from ...errors import FormatError
 
 IDX_TYPES = {
     0x08: np.dtype("u1"),

@@ -1,6 +1,6 @@
 """Functional core of the label-shift estimators: small, pure, batched numpy functions.
 
-The estimator classes in :mod:`labelshift.estimators` compose these; the functions here do no input validation
+The estimator classes in :mod:`labelshift.estimation.estimators` compose these; the functions here do no input validation
 beyond shapes (the classes validate at the public boundary) and never mutate their arguments.
 
 Conventions
@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import rows as _rows
+from .. import rows as _rows
 
 __all__ = [
     "SolverResult",

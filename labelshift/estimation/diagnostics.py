@@ -3,7 +3,7 @@
 * :func:`true_weights` and :func:`weight_mse` -- the error measure of Section 6: the mean over classes of
   (w_hat(y) - w(y))^2, with the true w from the empirical label frequencies of the sampled target set and of the
   source data.
-* :func:`mlls_hessian` and :func:`hessian_min_eigenvalue` (re-exported from :mod:`labelshift.solvers`) -- the
+* :func:`mlls_hessian` and :func:`hessian_min_eigenvalue` (re-exported from :mod:`labelshift.estimation.solvers`) -- the
   Hessian of the MLLS objective and its minimum eigenvalue sigma, which governs the error of MLLS (Section 5,
   eq. bound-main).
 * :func:`confusion_condition` -- conditioning of a confusion matrix, the corresponding quantity for BBSE and RLLS.
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import as_float_array, check_labels, check_prior, check_probabilities
-from .errors import InputError
+from .._validation import as_float_array, check_labels, check_prior, check_probabilities
+from ..errors import InputError
 from .solvers import hessian_min_eigenvalue, mlls_hessian
 
 __all__ = ["true_weights", "label_frequencies", "weight_mse", "mlls_hessian", "hessian_min_eigenvalue",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import InputError
+from ..errors import InputError
 
 __all__ = ["EstimatorSpec", "ESTIMATORS", "METHOD_NAMES", "HESSIAN_METHODS", "REESTIMATION_ESTIMATORS",
            "INTERVALS", "RLLS_EXPERIMENT_RHO_SCALE", "make_estimator", "check_methods", "check_interval"]
@@ -43,7 +43,7 @@ class EstimatorSpec:
 
 
 def _estimators():
-    from . import estimators as E      # imported late: keeps this module importable on its own
+    from . import estimators as E  # imported late: keeps this module importable on its own
 
     return E
 

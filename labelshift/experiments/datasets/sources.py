@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, ServiceUnavailableError
+from ...errors import InputError, ServiceUnavailableError
 from . import readers
 
 Raw = dict  # {"train": (x, y), "test": (x, y) or None, "source": {...}}
@@ -47,7 +47,7 @@ class DatasetSpec:
         mean, std: per-channel normalisation of pixels in [0, 1], applied inside the model.
         valid_fraction: default share of the (non-test) training pool that goes to ``valid``.
         test_fraction: share carved out as ``test`` when the source has no test set; None when it has one.
-        model: default architecture for :func:`labelshift.models.build_model`.
+        model: default architecture for :func:`labelshift.experiments.models.build_model`.
         builder: reads the source; called as ``builder(source_dir, download, cache_dir)``.
         offline: True when the data ships inside an installed package.
         description: one line for listings.

@@ -1,6 +1,6 @@
 """Confidence intervals on the target prior that include the error of the labelled source holdout.
 
-:func:`labelshift.uncertainty.fisher_interval` treats the calibrated predictor f and the source prior p_s as known.
+:func:`labelshift.inference.uncertainty.fisher_interval` treats the calibrated predictor f and the source prior p_s as known.
 In practice both are estimated from the same n labelled holdout rows: the calibrator's parameters theta by
 minimising the NLL, and p_s = the mean calibrated prediction on the holdout (how the ``reestimate`` flow defines it,
 ``ModelBundle.source_prior``). Their O(n^{-1/2}) error moves the MLLS estimate (eq. (mlls-sample) of Garg et al.,
@@ -24,12 +24,12 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 from scipy.stats import norm
 
-from . import rows as _rows
-from ._validation import as_float_array, as_float_rows, check_labels
-from .calibration import PROB_FLOOR, log_softmax
-from .calibration.scaling import CONVERGED_GRADIENT
-from .errors import IllConditionedWarning, InputError
-from .solvers import PIN_TOL, mlls_newton, mlls_optimality
+from .. import rows as _rows
+from .._validation import as_float_array, as_float_rows, check_labels
+from ..calibration import PROB_FLOOR, log_softmax
+from ..calibration.scaling import CONVERGED_GRADIENT
+from ..errors import IllConditionedWarning, InputError
+from ..estimation.solvers import PIN_TOL, mlls_newton, mlls_optimality
 from .uncertainty import MAX_STANDARD_ERROR, PriorInterval, _pinned_bounds, fisher_interval
 
 __all__ = ["SourceAwareInterval", "source_aware_interval", "MIN_ROWS_PER_PARAMETER", "METHOD",
@@ -57,7 +57,7 @@ _COND_MAX = 1e12                    # condition number of the NLL Hessian above 
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SourceAwareInterval(PriorInterval):
-    """A :class:`~labelshift.uncertainty.PriorInterval` (``method="source-aware"``) whose covariance includes the
+    """A :class:`~labelshift.inference.uncertainty.PriorInterval` (``method="source-aware"``) whose covariance includes the
     holdout's error. Every field of PriorInterval keeps its meaning; ``std_error`` is the total standard error of
     p_t(y). Added:
 
@@ -74,11 +74,11 @@ class SourceAwareInterval(PriorInterval):
             returned, but should be reported as Untrustworthy.
         reasons: one sentence per failed check, naming the number and its threshold.
         target_only: the present target-only interval (``method="fisher"``, as
-            :func:`~labelshift.uncertainty.fisher_interval` computes it) for the same estimate, for comparison.
+            :func:`~labelshift.inference.uncertainty.fisher_interval` computes it) for the same estimate, for comparison.
         holdout_influence: (n, k) the influence of each holdout row on the estimate of p_t (centred, in holdout row
             order): p_t_hat - p_t ~ (target part) + (1/n) sum_j holdout_influence[j], and
             ``covariance_holdout = holdout_influence.T @ holdout_influence / n**2``. For quantities estimated on the
-            same holdout rows whose error is correlated with the prior's (:mod:`labelshift.accuracy`). Not
+            same holdout rows whose error is correlated with the prior's (:mod:`labelshift.inference.accuracy`). Not
             serialised by ``to_dict``.
     """
 
@@ -418,7 +418,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
         Cov(p_t_hat) = D Cov_target(w) D + (1/n^2) sum_j IF_j IF_j^T,     D = diag(p_s),
 
     where Cov_target(w) = (1/m) H_FF^{-1} Cov_i(s_i,F) H_FF^{-1} is the target-only Fisher covariance of
-    :func:`~labelshift.uncertainty.fisher_interval`. Interval per class: p_t_hat(y) +- z se(y),
+    :func:`~labelshift.inference.uncertainty.fisher_interval`. Interval per class: p_t_hat(y) +- z se(y),
     z = Phi^{-1}((1 + level) / 2), clipped to [0, 1] (w: to [0, 1 / p_s(y)]).
 
     Classes pinned at w_y = 0 (w_y <= PIN_TOL) get the one-sided interval [0, U_y]: the target-only profile
@@ -572,7 +572,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     # ---- trustworthiness: the worst direction of the total covariance of w, relative to max(w_y, 1) ---------------
     # (an absolute bound of 1/2 on w, as for the target-only check, would flag every class with a large weight --
     # w_y = 6 known to +-10% -- while the point is whether the data pin w down: so the error is measured relative
-    # to max(w_y, 1), which is the absolute 1/2 of labelshift.uncertainty for weights up to 1)
+    # to max(w_y, 1), which is the absolute 1/2 of labelshift.inference.uncertainty for weights up to 1)
     if F.size:
         scale_w = np.maximum(w[F], 1.0)
         rel = cov_w[np.ix_(F, F)] / np.outer(scale_w, scale_w)

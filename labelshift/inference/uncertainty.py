@@ -30,12 +30,12 @@ from scipy.linalg import null_space
 from scipy.stats import chi2, norm
 from scipy.stats import f as f_dist
 
-from . import rows as _rows
-from ._validation import as_float_array, check_prior, check_probabilities
-from .diagnostics import confusion_condition
-from .errors import FormatError, IllConditionedWarning, InputError
-from .estimators import BBSE_FLAG_SNR, MLLS, MLLS_FLAG_M_SIGMA
-from .solvers import PIN_TOL, mlls_gradient, mlls_hessian, mlls_newton, restricted_min_eigenvalue
+from .. import rows as _rows
+from .._validation import as_float_array, check_prior, check_probabilities
+from ..estimation.diagnostics import confusion_condition
+from ..errors import FormatError, IllConditionedWarning, InputError
+from ..estimation.estimators import BBSE_FLAG_SNR, MLLS, MLLS_FLAG_M_SIGMA
+from ..estimation.solvers import PIN_TOL, mlls_gradient, mlls_hessian, mlls_newton, restricted_min_eigenvalue
 
 __all__ = ["PriorInterval", "fisher_interval", "bootstrap_interval", "NoShiftTest", "no_shift_test",
            "Identifiability", "identifiability", "PIN_TOL", "MAX_STANDARD_ERROR",
@@ -208,7 +208,7 @@ def _pinned_bounds(P, w, H, p, free, z: float, *, rows_dot=None, m: int | None =
     increasing in t >= 0), or the end of the segment inside W if it never does.
 
     ``rows_dot`` (with ``m``, and P None): v -> (m,) float64 f_i^T v for rows that are made block by block (the
-    calibrated rows of :func:`labelshift.joint_uncertainty.source_aware_interval` on a large target); the bound is
+    calibrated rows of :func:`labelshift.inference.source_aware.source_aware_interval` on a large target); the bound is
     then computed as for a large set."""
     if rows_dot is None:
         m, k = P.shape
@@ -388,7 +388,7 @@ def bootstrap_interval(target_probs, source_prior, *, estimator=None, level: flo
     Args:
         target_probs: (m, k) calibrated probabilities f(x) on the target set.
         source_prior: (k,) p_s.
-        estimator: a fitted estimator of :mod:`labelshift.estimators` with this source prior; default MLLS
+        estimator: a fitted estimator of :mod:`labelshift.estimation.estimators` with this source prior; default MLLS
             (eq. (mlls-sample)). The point estimate is this estimator on the full target set.
         level: confidence level in (0, 1).
         n_bootstrap: number of resamples (>= 10; 200 or more recommended at level 0.95, 1000 for 0.99).
@@ -733,7 +733,7 @@ def identifiability(target_probs, weights, source_prior, *, confusion=None, n_so
         interval: the MLLS interval in use (source-aware, Fisher or bootstrap); default the Fisher interval.
         level: level of that default interval.
         estimator: the estimator whose estimate is reported, a name of
-            :data:`labelshift.registry.REESTIMATION_ESTIMATORS`.
+            :data:`labelshift.estimation.registry.REESTIMATION_ESTIMATORS`.
 
     Raises:
         InputError: inputs as :func:`fisher_interval`; a confusion matrix that is not a k x k joint one, or without

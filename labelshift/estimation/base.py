@@ -12,9 +12,8 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from ._validation import check_all_classes_present, check_labels, check_prior, check_probabilities, \
-    check_target_batch
-from .errors import IllConditionedWarning, NotFittedError
+from .._validation import check_all_classes_present, check_labels, check_prior, check_probabilities, check_target_batch
+from ..errors import IllConditionedWarning, NotFittedError
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._validation import check_probabilities
-from .errors import ConflictError, FormatError, InputError, ObjectNotFoundError
-from .storage import LocalStore, ObjectInfo, Store, json_default, validate_key
+from .._validation import check_probabilities
+from ..errors import ConflictError, FormatError, InputError, ObjectNotFoundError
+from ..storage import LocalStore, ObjectInfo, Store, json_default, validate_key
 
 __all__ = [
     "STATE_PREFIX", "WATERMARK_KEY", "BATCH_SUFFIX", "CORRECTED_SUFFIX", "SUMMARY_SUFFIX",
@@ -47,7 +47,7 @@ STATE_PREFIX = "_labelshift/"
 WATERMARK_KEY = "_labelshift/watermark.json"
 BATCH_SUFFIX = ".npy"
 CORRECTED_SUFFIX = ".corrected.npy"
-#: every batch format's suffix (``.parquet``: prediction logs or tabular inputs, :mod:`labelshift.batches`)
+#: every batch format's suffix (``.parquet``: prediction logs or tabular inputs, :mod:`labelshift.monitoring.batches`)
 BATCH_SUFFIXES = (BATCH_SUFFIX, ".parquet")
 CORRECTED_SUFFIXES = (CORRECTED_SUFFIX, ".corrected.parquet")
 SUMMARY_SUFFIX = ".summary.json"

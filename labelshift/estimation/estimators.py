@@ -1,6 +1,6 @@
 """Label-shift estimators: estimate w(y) = p_t(y) / p_s(y) from labelled source outputs and unlabelled target outputs.
 
-All share one API (see :class:`~labelshift.base.LabelShiftEstimator`)::
+All share one API (see :class:`~labelshift.estimation.base.LabelShiftEstimator`)::
 
     est = MLLS().fit(source_probs, source_labels)        # optional source_prior=...
     res = est.estimate(target_probs)                      # (m, k) -> Estimate with (k,) arrays
@@ -23,7 +23,7 @@ class              method                                                       
 ``PCC``            mean prediction / p_s (probabilistic classify-and-count baseline)      PCC
 =================  ====================================================================  ===================
 
-Conditioning (reported, never silent). Each :class:`~labelshift.base.Estimate` carries ``ill_conditioned`` and the
+Conditioning (reported, never silent). Each :class:`~labelshift.estimation.base.Estimate` carries ``ill_conditioned`` and the
 ``diagnostic`` behind it; a flagged estimate also raises an :class:`~labelshift.errors.IllConditionedWarning`.
 
 * BBSE and RLLS: ``diagnostic`` = sigma_min(C), the smallest singular value of the confusion matrix. The entries of
@@ -41,7 +41,7 @@ Conditioning (reported, never silent). Each :class:`~labelshift.base.Estimate` c
   standard error of the MLE in its worst direction is 1/sqrt(m sigma). Coordinates pinned at w_y = 0 by the
   constraint are determined by the constraint, not by curvature (under severe shift an absent class has tiny
   curvature yet a well-determined w_y = 0), so the flag uses sigma_free, the minimum eigenvalue of the Hessian
-  restricted to the coordinates with w_y > :data:`~labelshift.solvers.PIN_TOL` (in ``Estimate.extra``): flagged
+  restricted to the coordinates with w_y > :data:`~labelshift.estimation.solvers.PIN_TOL` (in ``Estimate.extra``): flagged
   when m * sigma_free < :data:`MLLS_FLAG_M_SIGMA` (= 4), i.e. when that standard error exceeds 1/2.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ import numpy as np
 
 from . import solvers
 from .base import Estimate, LabelShiftEstimator
-from .errors import IllConditionedError, InputError
+from ..errors import IllConditionedError, InputError
 
 __all__ = ["BBSE", "RLLS", "MLLS", "MLLSCM", "MLLSBinned", "PCC", "Estimate",
            "BBSE_SINGULAR_SNR", "BBSE_FLAG_SNR", "MLLS_FLAG_M_SIGMA"]
@@ -169,7 +169,7 @@ class RLLS(_ConfusionEstimator):
 
         theta = argmin_{theta >= -1} ||C theta - b||_2 + rho ||theta||_2,   b = mu_t - C 1,   w = 1 + theta,
 
-    with *unsquared* norms (a second-order cone program, solved by :func:`labelshift.solvers.rlls_solve` to an
+    with *unsquared* norms (a second-order cone program, solved by :func:`labelshift.estimation.solvers.rlls_solve` to an
     objective gap of ``tol``). C and mu_t are as in :class:`BBSE` (hard, or soft with ``soft=True``). With
     ``rho=0`` and a BBSE solution satisfying w >= 0, RLLS returns the BBSE solution.
 
@@ -178,7 +178,7 @@ class RLLS(_ConfusionEstimator):
         delta: confidence level of the default rho.
         rho: regularisation strength; ``None`` (default) uses the authors' rho = 3 Delta_C with
             Delta_C = 2 log(2k/delta) / (3n) + sqrt(2 log(2k/delta) / n), n the number of source examples
-            (:func:`labelshift.solvers.rlls_rho`; the ``compute_3deltaC`` of their public code).
+            (:func:`labelshift.estimation.solvers.rlls_rho`; the ``compute_3deltaC`` of their public code).
         rho_scale: multiplies the default rho. The theory's value is 1; the authors' experiments and public code
             use 0.01 times it (abstention's RLLS default ``alpha=0.01``); pass ``rho_scale=0.01`` to reproduce them.
         tol, max_iter: interior-point tolerance (objective gap) and iteration cap.
@@ -271,12 +271,12 @@ class MLLS(_MLLSBase):
     Theorem (consistency) MLLS is consistent when f is canonically calibrated).
 
     Args:
-        solver: ``"newton"`` (default) -- :func:`labelshift.solvers.mlls_newton`: a SQUAREM-accelerated EM warm
+        solver: ``"newton"`` (default) -- :func:`labelshift.estimation.solvers.mlls_newton`: a SQUAREM-accelerated EM warm
             start (Varadhan & Roland 2008) in float32, then a few float64 Newton steps on the face of W it points
             to, certified by the duality gap; the primal-dual interior-point method (``method="ipm"`` of the
             solver) is its fallback. Robust under severe shift and several times faster than EM there. Or
             ``"em"`` -- the EM algorithm of Saerens, Latinne & Decaestecker (2002),
-            :func:`labelshift.solvers.mlls_em`, which converges slowly when the optimum lies on the boundary of W.
+            :func:`labelshift.estimation.solvers.mlls_em`, which converges slowly when the optimum lies on the boundary of W.
             Both stop on a tight optimality test (Frank-Wolfe duality gap <= tol and a step / error estimate
             <= tol), not on an iteration cap, and reach the same optimum.
         tol: accuracy of w (max-norm) and duality-gap tolerance (default 1e-10).
@@ -308,7 +308,7 @@ class MLLS(_MLLSBase):
 
 
 def _calibration():
-    from . import calibration  # imported when needed: the calibrators are only used by MLLS-CM / MLLS-binned
+    from .. import calibration  # imported when needed: the calibrators are only used by MLLS-CM / MLLS-binned
     return calibration
 
 

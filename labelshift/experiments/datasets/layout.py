@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import FormatError, InputError, ObjectNotFoundError
+from ...errors import FormatError, InputError, ObjectNotFoundError
 from .sources import get_spec, stratified_split
 
 FORMAT_VERSION = 1

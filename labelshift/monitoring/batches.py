@@ -2,7 +2,7 @@
 
 A target holds batches of one format:
 
-- ``NAME.npy``: a float array; in input mode the model's inputs (:func:`labelshift.monitoring.load_batch`), in
+- ``NAME.npy``: a float array; in input mode the model's inputs (:func:`labelshift.monitoring.watermark.load_batch`), in
   prediction-log mode the model's outputs, shape (n, k);
 - ``NAME.parquet``: in prediction-log mode the model's outputs, one float column per class (named as the classes)
   or one list column of k floats per row, optionally an id column carried into the corrected output (other columns,
@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import FormatError, InputError
+from ..errors import FormatError, InputError
 
 __all__ = ["FORMATS", "OUTPUT_KINDS", "OutputSpec", "batch_format", "check_one_format", "iter_output_chunks",
            "read_outputs", "iter_feature_chunks", "read_features", "read_ids", "corrected_parquet",
@@ -413,7 +413,7 @@ def write_corrected_file(store, batch, path: str | Path, corrected_key: str, sum
 def write_corrected(store, batch, payload: bytes, corrected_key: str, summary: Mapping[str, Any], *,
                     rows: int, classes: int, content_type: str = "application/vnd.apache.parquet") -> dict:
     """Write a batch's corrected outputs (``payload`` under ``corrected_key``) and then its summary, each atomically,
-    with the ``input`` and ``output`` fields :func:`labelshift.monitoring.write_batch_outputs` adds."""
+    with the ``input`` and ``output`` fields :func:`labelshift.monitoring.watermark.write_batch_outputs` adds."""
     record = dict(summary)
     record["input"] = {"key": batch.key, "uri": store.url(batch.key), "sha256": batch.checksum, "rows": int(rows)}
     record["output"] = {"key": corrected_key, "uri": store.url(corrected_key),

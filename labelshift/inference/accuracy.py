@@ -7,9 +7,9 @@ r_y = P(rule(x) = y | y), is the same on source and target. The accuracy of the 
 
 with r_y measured on the labelled source holdout and p_t estimated by MLLS (eq. (mlls-sample)). Two rules are
 reported: the deployed model (argmax of its raw outputs) and the corrected one (argmax_y w_y f_y(x) with f the
-calibrated predictor and w the MLLS weights, :func:`labelshift.diagnostics.correct_predictions`).
+calibrated predictor and w the MLLS weights, :func:`labelshift.estimation.diagnostics.correct_predictions`).
 
-The interval's variance adds the target prior's covariance from :func:`labelshift.joint_uncertainty.
+The interval's variance adds the target prior's covariance from :func:`labelshift.inference.source_aware.
 source_aware_interval` (target sample, calibrator parameters and p_s) to the recall's sampling error on the holdout,
 including the covariance between the two (both are computed from the same holdout rows). The formula and what it
 does not cover (calibration bias, shift that is not label shift) are in ``docs/accuracy.md``.
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 from scipy.stats import norm
 
-from . import rows as _rows
-from ._validation import as_float_array, as_float_rows, check_labels
-from .errors import InputError
-from .joint_uncertainty import SourceAwareInterval, source_aware_interval
+from .. import rows as _rows
+from .._validation import as_float_array, as_float_rows, check_labels
+from ..errors import InputError
+from .source_aware import SourceAwareInterval, source_aware_interval
 
 __all__ = ["AccuracyEstimate", "expected_accuracy", "METHOD"]
 
@@ -306,7 +306,7 @@ def expected_accuracy(holdout_outputs, holdout_labels, target_outputs, calibrato
         holdout_labels: (n,) their labels 0..k-1; every class must occur.
         target_outputs: (m, k) the model's raw outputs on the target rows.
         calibrator: a fitted TS, BCTS, VS or NBVS calibrator fit on (holdout_outputs, holdout_labels).
-        weights: optional MLLS weights for these rows (as :func:`~labelshift.joint_uncertainty.source_aware_interval`
+        weights: optional MLLS weights for these rows (as :func:`~labelshift.inference.source_aware.source_aware_interval`
             takes them); None solves MLLS.
         level: confidence level in (0, 1).
         interval: optional result of ``source_aware_interval`` on exactly these inputs (reused, not recomputed);

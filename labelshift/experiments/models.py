@@ -2,7 +2,7 @@
 
 Both take images scaled to [0, 1] as float tensors of shape (N, C, H, W) and return logits (N, n_classes). The
 per-channel standardisation (x - mean) / std is the model's first layer (:class:`Standardize`, fixed buffers), so a
-saved model carries its own preprocessing and :func:`labelshift.training.predict_logits` only divides uint8 pixels
+saved model carries its own preprocessing and :func:`labelshift.experiments.training.predict_logits` only divides uint8 pixels
 by 255.
 
 * ``"lenet"`` -- the MNIST network of Lipton, Wang and Smola, "Detecting and Correcting for Label Shift with Black
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .errors import InputError
+from ..errors import InputError
 
 MODELS = ("lenet", "resnet18")
 
@@ -132,12 +132,12 @@ def build_model(name: str, n_classes: int, in_channels: int, image_size: int, *,
 
     Args:
         mean, std: per-channel standardisation of [0, 1] pixels (one value, or one per channel); 0.5 / 0.5 when
-            None. Take them from :class:`labelshift.datasets.Dataset` (``ds.mean``, ``ds.std``).
+            None. Take them from :class:`labelshift.experiments.datasets.Dataset` (``ds.mean``, ``ds.std``).
         seed: when given, the initial weights are drawn from ``torch.manual_seed(seed)`` without disturbing the
             caller's global random state, so the same seed gives the same initial model.
 
     The returned module has a JSON-able ``config`` attribute (these arguments) from which
-    :func:`labelshift.training.load_checkpoint` rebuilds it.
+    :func:`labelshift.experiments.training.load_checkpoint` rebuilds it.
     """
     if name not in MODELS:
         raise InputError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}.")
@@ -165,7 +165,7 @@ def build_model(name: str, n_classes: int, in_channels: int, image_size: int, *,
 
 
 def build_model_for(dataset, name: str | None = None, seed: int | None = None) -> nn.Module:
-    """The default architecture for a loaded :class:`~labelshift.datasets.Dataset` (its registry entry's model,
+    """The default architecture for a loaded :class:`~labelshift.experiments.datasets.Dataset` (its registry entry's model,
     ``lenet`` for unknown ones), with the dataset's shape and normalisation."""
     from .datasets import DATASETS
 

@@ -1,0 +1,9 @@
+"""Inference on an estimate of the target prior: how sure it is, and whether label shift explains the target.
+
+* :mod:`.uncertainty` -- the Fisher and bootstrap intervals, the no-shift test, identifiability (Sections 4.2, 5);
+* :mod:`.source_aware` -- the interval that also counts the holdout's error (calibrator and source prior);
+* :mod:`.shift_detection` -- the label-shift test (is the target the source reweighted by class?), with its
+  log-odds part (:mod:`._log_odds`) and the restricted-support fit used above 20 classes (:mod:`._sparse_null`);
+* :mod:`.accuracy` -- the model's expected accuracy on the target, with an interval;
+* :mod:`.report` -- :func:`~labelshift.inference.report.assess_shift`, all of the above as one verdict.
+"""
