@@ -10,39 +10,16 @@ Inputs are probability vectors (rows summing to 1): apply a calibrator (e.g. BCT
 A batch is solved together, vectorised, and gives the same answer as one-at-a-time calls.
 
 Estimators (Garg, Wu, Balakrishnan & Lipton, "A Unified View of Label Shift Estimation", NeurIPS 2020):
+:class:`BBSE` (Section 4.1), :class:`RLLS` (Section 3), :class:`MLLS` (eq. (mlls-sample)), :class:`MLLSCM`
+(eq. (cm-log)), :class:`MLLSBinned` (Section 6, Figure 2) and the :class:`PCC` baseline; the table of what each
+computes is in ``docs/estimators.md``.
 
-=================  ====================================================================  ===================
-class              method                                                                ``Estimate.method``
-=================  ====================================================================  ===================
-``BBSE``           solve C w = mu_t with the joint confusion matrix (Lipton et al. 2018)  BBSE-hard/-soft
-``RLLS``           regularised BBSE, unsquared norms (Azizzadenesheli et al. 2019)        RLLS-hard/-soft
-``MLLS``           maximum likelihood, eq. (mlls-sample) (Saerens et al. 2002 EM,         MLLS
-                   or an accelerated-EM + Newton solver)
-``MLLSCM``         MLLS on the confusion-matrix calibration, eq. (cm-log)                 MLLS-CM
-``MLLSBinned``     MLLS on a binned calibration (Section 6, Figure 2)                    MLLS-binned
-``PCC``            mean prediction / p_s (probabilistic classify-and-count baseline)      PCC
-=================  ====================================================================  ===================
-
-Conditioning (reported, never silent). Each :class:`~labelshift.estimation.base.Estimate` carries ``ill_conditioned`` and the
-``diagnostic`` behind it; a flagged estimate also raises an :class:`~labelshift.errors.IllConditionedWarning`.
-
-* BBSE and RLLS: ``diagnostic`` = sigma_min(C), the smallest singular value of the confusion matrix. The entries of
-  C are means over n source examples, so the sampling error of C has a Frobenius norm of about 1/sqrt(n) (at most
-  sqrt(sum_ij C_ij (1 - C_ij) / n) <= 1/sqrt(n)); to first order the relative error of w is
-  ||dC|| / sigma_min = 1 / (sigma_min sqrt(n)). Hence, with snr = sigma_min(C) sqrt(n):
-
-  - snr < :data:`BBSE_SINGULAR_SNR` (= 1): C cannot be told apart from a singular matrix by its own sampling
-    noise and w is not identified; BBSE raises :class:`~labelshift.errors.IllConditionedError` at ``fit``
-    (RLLS, being regularised for exactly this case, only flags);
-  - snr < :data:`BBSE_FLAG_SNR` (= 2): the first-order error bound exceeds half of w itself: flagged.
-
-* MLLS family: ``diagnostic`` = sigma, the minimum eigenvalue of the negated Hessian
-  (1/m) sum_i f_i f_i^T / (f_i^T w)^2 at the solution (Section 5, the sigma of eq. (bound-main)). The asymptotic
-  standard error of the MLE in its worst direction is 1/sqrt(m sigma). Coordinates pinned at w_y = 0 by the
-  constraint are determined by the constraint, not by curvature (under severe shift an absent class has tiny
-  curvature yet a well-determined w_y = 0), so the flag uses sigma_free, the minimum eigenvalue of the Hessian
-  restricted to the coordinates with w_y > :data:`~labelshift.estimation.solvers.PIN_TOL` (in ``Estimate.extra``): flagged
-  when m * sigma_free < :data:`MLLS_FLAG_M_SIGMA` (= 4), i.e. when that standard error exceeds 1/2.
+Conditioning is reported, never silent: each :class:`~labelshift.estimation.base.Estimate` carries
+``ill_conditioned`` and the ``diagnostic`` behind it (sigma_min(C) for BBSE and RLLS; the minimum eigenvalue of
+the negated MLLS Hessian, Section 5, for the MLLS family), and a flagged estimate raises an
+:class:`~labelshift.errors.IllConditionedWarning`. The thresholds are :data:`BBSE_SINGULAR_SNR` (BBSE raises
+:class:`~labelshift.errors.IllConditionedError` at ``fit``), :data:`BBSE_FLAG_SNR` and :data:`MLLS_FLAG_M_SIGMA`;
+their derivation: ``docs/estimators.md`` ("Conditioning").
 """
 from __future__ import annotations
 
@@ -289,7 +266,7 @@ class MLLS(_MLLSBase):
     frequencies on its fit data). Pass ``source_prior`` to ``fit`` to override.
 
     ``Estimate.diagnostic`` is sigma, the minimum eigenvalue of the negated Hessian at the solution (Section 5,
-    eq. (bound-main)); ``Estimate.extra`` holds ``sigma_free`` (the flag's basis, see the module docstring) and
+    eq. (bound-main)); ``Estimate.extra`` holds ``sigma_free`` (the flag's basis: ``docs/estimators.md``) and
     ``duality_gap``.
     """
 
