@@ -146,9 +146,9 @@ class RLLS(_ConfusionEstimator):
 
         theta = argmin_{theta >= -1} ||C theta - b||_2 + rho ||theta||_2,   b = mu_t - C 1,   w = 1 + theta,
 
-    with *unsquared* norms (a second-order cone program, solved by :func:`labelshift.estimation.solvers.rlls_solve` to an
-    objective gap of ``tol``). C and mu_t are as in :class:`BBSE` (hard, or soft with ``soft=True``). With
-    ``rho=0`` and a BBSE solution satisfying w >= 0, RLLS returns the BBSE solution.
+    with *unsquared* norms (a second-order cone program, solved by :func:`labelshift.estimation.solvers.rlls_solve` to
+    an objective gap of ``tol``). C and mu_t are as in :class:`BBSE` (hard, or soft with ``soft=True``). With ``rho=0``
+    and a BBSE solution satisfying w >= 0, RLLS returns the BBSE solution.
 
     Args:
         soft: use the soft confusion matrix and soft target means.
@@ -248,14 +248,14 @@ class MLLS(_MLLSBase):
     Theorem (consistency) MLLS is consistent when f is canonically calibrated).
 
     Args:
-        solver: ``"newton"`` (default) -- :func:`labelshift.estimation.solvers.mlls_newton`: a SQUAREM-accelerated EM warm
-            start (Varadhan & Roland 2008) in float32, then a few float64 Newton steps on the face of W it points
-            to, certified by the duality gap; the primal-dual interior-point method (``method="ipm"`` of the
-            solver) is its fallback. Robust under severe shift and several times faster than EM there. Or
-            ``"em"`` -- the EM algorithm of Saerens, Latinne & Decaestecker (2002),
-            :func:`labelshift.estimation.solvers.mlls_em`, which converges slowly when the optimum lies on the boundary of W.
-            Both stop on a tight optimality test (Frank-Wolfe duality gap <= tol and a step / error estimate
-            <= tol), not on an iteration cap, and reach the same optimum.
+        solver: ``"newton"`` (default) -- :func:`labelshift.estimation.solvers.mlls_newton`: a SQUAREM-accelerated EM
+            warm start (Varadhan & Roland 2008) in float32, then a few float64 Newton steps on the face of W it points
+            to, certified by the duality gap; the primal-dual interior-point method (``method="ipm"`` of the solver) is
+            its fallback. Robust under severe shift and several times faster than EM there. Or ``"em"`` -- the EM
+            algorithm of Saerens, Latinne & Decaestecker (2002), :func:`labelshift.estimation.solvers.mlls_em`, which
+            converges slowly when the optimum lies on the boundary of W. Both stop on a tight optimality test
+            (Frank-Wolfe duality gap <= tol and a step / error estimate <= tol), not on an iteration cap, and reach the
+            same optimum.
         tol: accuracy of w (max-norm) and duality-gap tolerance (default 1e-10).
         max_iter: iteration cap (default 200 for Newton, 100000 for EM); problems that hit it are reported as not
             converged (``Estimate.converged``) with a warning.

@@ -1,7 +1,7 @@
 """Functional core of the label-shift estimators: small, pure, batched numpy functions.
 
-The estimator classes in :mod:`labelshift.estimation.estimators` compose these; the functions here do no input validation
-beyond shapes (the classes validate at the public boundary) and never mutate their arguments.
+The estimator classes in :mod:`labelshift.estimation.estimators` compose these; the functions here do no input
+validation beyond shapes (the classes validate at the public boundary) and never mutate their arguments.
 
 Conventions
 -----------

@@ -2,12 +2,12 @@
 class?
 
 Under label shift every fixed function h of the output has E_t[h(f)] = sum_y p_t(y) E_s[h(f) | y] (Garg et al. 2020,
-Section 2). The region test of :mod:`labelshift.inference.shift_detection` takes h = region indicators (predicted class x
-confidence bin). This part takes, for the row's predicted class c = argmax f, the indicator of c and the k - 1
-log-odds log f_j - log f_c (clipped to [-30, 0]) placed in c's block: d <= k + k (k - 1) moments that see *where
-inside* a predicted class the outputs lie -- which other classes a row leans towards and by how much. A class mean
-that moves, or a new class whose rows lean towards two known ones, changes those profiles even where the
-confidence histogram stays put.
+Section 2). The region test of :mod:`labelshift.inference.shift_detection` takes h = region indicators (predicted class
+x confidence bin). This part takes, for the row's predicted class c = argmax f, the indicator of c and the k - 1
+log-odds log f_j - log f_c (clipped to [-30, 0]) placed in c's block: d <= k + k (k - 1) moments that see *where inside*
+a predicted class the outputs lie -- which other classes a row leans towards and by how much. A class mean that moves,
+or a new class whose rows lean towards two known ones, changes those profiles even where the confidence histogram stays
+put.
 
 Statistic: with f_bar the target mean of the moments, M[:, y] the holdout mean within class y and W the inverse of
 their variances (target variance / m + sum_y q_y^2 (holdout variance within y) / n_y, one diagonal),

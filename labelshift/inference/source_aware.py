@@ -1,11 +1,11 @@
 """Confidence intervals on the target prior that include the error of the labelled source holdout.
 
-:func:`labelshift.inference.uncertainty.fisher_interval` treats the calibrated predictor f and the source prior p_s as known.
-In practice both are estimated from the same n labelled holdout rows: the calibrator's parameters theta by
+:func:`labelshift.inference.uncertainty.fisher_interval` treats the calibrated predictor f and the source prior p_s as
+known. In practice both are estimated from the same n labelled holdout rows: the calibrator's parameters theta by
 minimising the NLL, and p_s = the mean calibrated prediction on the holdout (how the ``reestimate`` flow defines it,
 ``ModelBundle.source_prior``). Their O(n^{-1/2}) error moves the MLLS estimate (eq. (mlls-sample) of Garg et al.,
-NeurIPS 2020) as much as the target's own O(m^{-1/2}) error once m is not small next to n, and the target-only
-interval is then too short.
+NeurIPS 2020) as much as the target's own O(m^{-1/2}) error once m is not small next to n, and the target-only interval
+is then too short.
 
 :func:`source_aware_interval` stacks the three estimating equations -- the calibrator's NLL score on the holdout,
 the p_s mean equation on the holdout, the MLLS optimality conditions on the target -- and forms the M-estimation
@@ -57,8 +57,8 @@ _COND_MAX = 1e12                    # condition number of the NLL Hessian above 
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SourceAwareInterval(PriorInterval):
-    """A :class:`~labelshift.inference.uncertainty.PriorInterval` (``method="source-aware"``) whose covariance includes the
-    holdout's error. Every field of PriorInterval keeps its meaning; ``std_error`` is the total standard error of
+    """A :class:`~labelshift.inference.uncertainty.PriorInterval` (``method="source-aware"``) whose covariance includes
+    the holdout's error. Every field of PriorInterval keeps its meaning; ``std_error`` is the total standard error of
     p_t(y). Added:
 
     Attributes:
@@ -74,7 +74,8 @@ class SourceAwareInterval(PriorInterval):
             returned, but should be reported as Untrustworthy.
         reasons: one sentence per failed check, naming the number and its threshold.
         target_only: the present target-only interval (``method="fisher"``, as
-            :func:`~labelshift.inference.uncertainty.fisher_interval` computes it) for the same estimate, for comparison.
+            :func:`~labelshift.inference.uncertainty.fisher_interval` computes it) for the same estimate, for
+            comparison.
         holdout_influence: (n, k) the influence of each holdout row on the estimate of p_t (centred, in holdout row
             order): p_t_hat - p_t ~ (target part) + (1/n) sum_j holdout_influence[j], and
             ``covariance_holdout = holdout_influence.T @ holdout_influence / n**2``. For quantities estimated on the
