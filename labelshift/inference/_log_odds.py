@@ -281,7 +281,7 @@ def _ranks(stat: float, boot: np.ndarray) -> np.ndarray:
     """Each draw's p-value as if it were the data: (#{draws >= it} (itself included) + [statistic >= it]) / (B + 1),
     the observed statistic taking the draw's place among the B + 1 -- so that the draws and the data are
     exchangeable under H0 and the min-p calibration is exact up to the world's law (a draw counted twice instead of
-    the data made it liberal: 6% at 5% in a simulation of exchangeable statistics, found in review)."""
+    the data made it liberal: ``docs/label_shift_test.md``)."""
     order = np.sort(boot)
     above = boot.size - np.searchsorted(order, boot, side="left")
     return (above + (stat >= boot - 1e-9 * np.maximum(1.0, np.abs(boot)))) / (boot.size + 1)

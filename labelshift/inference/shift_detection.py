@@ -538,9 +538,9 @@ def _world_shares(regions: _Regions, pi: np.ndarray, q: np.ndarray, p: np.ndarra
     fitted shift, (q_y / p_y) f_y normalised (the E-step of MLLS, eq. mlls-sample); then, by iterative proportional
     fitting, the rows of each region r are rescaled per class until they split among the classes as the regions'
     fit says, q_y pi_y[r] / sum_y' q_y' pi_y'[r]. Calibration thus only orders the rows inside a region; how many
-    of a region's rows each class gets comes from the holdout's labels. (Shares by region alone blur the classes'
-    profiles inside a region: the bootstrap law then came out too small, 7-8% size at 5%; see
-    docs/label_shift_test.md.) A row of a region the fit gives no mass gets share 0 everywhere."""
+    of a region's rows each class gets comes from the holdout's labels (shares by region alone blur the classes'
+    profiles inside a region; why this world: ``docs/label_shift_test.md``). A row of a region the fit gives no
+    mass gets share 0 everywhere."""
     joint = q[:, None] * pi
     mix = joint.sum(axis=0)
     rho = np.where(mix > 0, joint / np.where(mix > 0, mix, 1.0), 0.0)          # (k, J): class shares per region
