@@ -408,24 +408,13 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     NeurIPS 2020) whose covariance includes (a) the target sample, (b) the calibrator's parameters fit on the
     holdout and (c) p_s, the mean calibrated prediction on the holdout.
 
-    The covariance is the sandwich of the stacked estimating equations (docs/intervals.md):
-    holdout rows j: the NLL score of the calibrator psi_j(theta) and f_theta(x_j) - p_s; target rows i: the MLLS
-    optimality conditions on the free classes F, s_i,F - p_s,F with s_i = f_theta(x_i) / (f_theta(x_i)^T w) (at
-    the MLLS optimum grad L_m = p_s on F with multiplier 1, so these are the KKT conditions with p_s^T w = 1
-    implied). Linearising, w_hat_F - w_F = H_FF^{-1} [mean_i (s_i,F - p_s,F) + A (theta_hat - theta)
-    - (p_s_hat - p_s)_F] with H = (1/m) sum_i s_i s_i^T (the Hessian of eq. (proof-hessian)) and
-    A = mean_i d s_i / d theta; each holdout row then has an influence on w and on p_t = p_s * w, and
-
-        Cov(p_t_hat) = D Cov_target(w) D + (1/n^2) sum_j IF_j IF_j^T,     D = diag(p_s),
-
-    where Cov_target(w) = (1/m) H_FF^{-1} Cov_i(s_i,F) H_FF^{-1} is the target-only Fisher covariance of
-    :func:`~labelshift.inference.uncertainty.fisher_interval`. Interval per class: p_t_hat(y) +- z se(y),
-    z = Phi^{-1}((1 + level) / 2), clipped to [0, 1] (w: to [0, 1 / p_s(y)]).
-
-    Classes pinned at w_y = 0 (w_y <= PIN_TOL) get the one-sided interval [0, U_y]: the target-only profile
-    likelihood bound of fisher_interval, widened by the holdout's share. With y freed (free set F + {y}), the
-    normal model of the unconstrained estimate gives U(V) = w_u + sqrt(w_u^2 + z^2 V) for a variance V of w_y
-    (w_u <= 0: the unconstrained estimate); U_y = U_profile + U(V_target + V_holdout) - U(V_target).
+    The covariance is the M-estimation sandwich of the stacked estimating equations (on the holdout rows the
+    calibrator's NLL score and f_theta(x_j) - p_s; on the target rows the MLLS optimality conditions on the free
+    classes): the target-only Fisher covariance of :func:`~labelshift.inference.uncertainty.fisher_interval` plus
+    the holdout rows' influence on p_t. Interval per class: p_t_hat(y) +- z se(y), z = Phi^{-1}((1 + level) / 2),
+    clipped to [0, 1] (w: to [0, 1 / p_s(y)]). Classes pinned at w_y = 0 (w_y <= PIN_TOL) get the one-sided
+    interval [0, U_y]: the target-only profile likelihood bound of fisher_interval, widened by the holdout's share.
+    Derivation: ``docs/intervals.md`` ("The covariance (M-estimation sandwich)", "Classes pinned at w = 0").
 
     Args:
         holdout_outputs: (n, k) the classifier's raw outputs (logits, or probabilities if the calibrator was fit
