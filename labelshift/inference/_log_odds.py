@@ -9,28 +9,15 @@ a predicted class the outputs lie -- which other classes a row leans towards and
 or a new class whose rows lean towards two known ones, changes those profiles even where the confidence histogram stays
 put.
 
-Statistic: with f_bar the target mean of the moments, M[:, y] the holdout mean within class y and W the inverse of
-their variances (target variance / m + sum_y q_y^2 (holdout variance within y) / n_y, one diagonal),
-
-    S = min over q with sum q = 1 of  sum_j W_j (f_bar_j - (M q)_j)^2,
-
-the class proportions profiled out by weighted least squares (closed form); each class's variance is smoothed
-by SMOOTH pseudo-rows of the whole holdout, so that a moment a class never showed is not taken as known exactly.
-Beside S, two more statistics on the same moments: the *block statistic* weighs each predicted class's block by
-the inverse of its covariance (shrunk towards the diagonal) and sees a few log-odds moving against the rest of the
-block (rows leaning towards one other class); the *sum statistic*, |sum of S's z-scores over the log-odds|, sees all
-log-odds moving together (class means pulled towards each other or pushed apart). S counts that common direction
-many times over and sits between the two. All three are computed on the same draws; the part's p-value is their
-smallest p-value over its STATISTIC_WEIGHTS share, calibrated by those draws (:func:`_combined`).
-Its law under H0 comes from a studentised bootstrap in a world where H0 holds: the completed data of the null fit.
-Class y's rows in that world are its holdout rows (plus SMOOTH pseudo-rows of the whole holdout) and the target's
-rows in the share the null fit gives y (a uniform subsample of WORLD_TARGET_ROWS target rows, weighing
-WORLD_TARGET_WEIGHT x m in all);
-each draw takes n_y rows of every class and m target rows (classes from the fit's q) from it, recomputes its own
-weights and refits q. A (class, output) pair the holdout shows a handful of times thus enters the draws at the
-target's rate, and the draws carry real rows, so a miscalibrated model's log-odds are what they are on both sides
-(the shares use the outputs only to order rows inside a region: label_shift_test._world_shares). Measured size and
-power: docs/label_shift_test.md.
+Statistics (on the same bootstrap draws): S, the weighted least-squares distance between the target's mean moments
+and the holdout's class means mixed by q (q profiled out, class variances smoothed by SMOOTH pseudo-rows); the block
+statistic (each predicted class's block weighted by its shrunk covariance: a few log-odds moving against the rest);
+the sum statistic (all log-odds moving together). The part's p-value is their smallest p-value over its
+STATISTIC_WEIGHTS share, calibrated by the draws (:func:`_combined`). The draws come from a studentised bootstrap in
+the completed data of the null fit (holdout rows and WORLD_TARGET_ROWS target rows in the classes' fitted shares,
+:func:`labelshift.inference.shift_detection._world_shares`), so the law does not assume calibrated outputs.
+Derivation, how the weights were chosen, measured size and power: ``docs/label_shift_test.md`` ("The second look:
+log-odds profiles").
 """
 from __future__ import annotations
 
