@@ -25,9 +25,8 @@ meets new unlabelled data in object storage; on a schedule this flow
    as it was and the next run takes the same batches again (their outputs are rewritten, never counted twice);
 7. then, as bookkeeping that cannot fail the run any more: brings the series of the monitor run (whose metrics
    chart the prior over time, one point per successful run) up to date from the watermark's history, ends the
-   child run FINISHED, and ends in a Prefect state named for the verdict -- ``Not label shift``,
-   ``Untrustworthy``, ``Shifted``, ``No shift`` (in that precedence), ``No valid data`` or ``No new data`` -- with a
-   markdown artifact that says it at a glance.
+   child run FINISHED, and ends in a Prefect state named for the verdict (what each means and their order:
+   ``docs/operations.md``) with a markdown artifact that says it at a glance.
 
 Run it once with ``labelshift estimate --model models:/NAME@ALIAS --target s3://bucket/prefix/``; schedule it
 with ``labelshift serve --cron "0 6 * * *"`` or the ``reestimate`` deployment of ``prefect.yaml``.
