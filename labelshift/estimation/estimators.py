@@ -118,7 +118,7 @@ class BBSE(_ConfusionEstimator):
     ``target_prior`` clips them at 0 and renormalises; ``weights`` are returned as solved).
 
     Raises :class:`~labelshift.errors.IllConditionedError` at ``fit`` when C is singular or near-singular
-    (sigma_min(C) sqrt(n) < 1, see the module docstring) and flags estimates when sigma_min(C) sqrt(n) < 2.
+    (sigma_min(C) sqrt(n) < 1; ``docs/estimators.md``) and flags estimates when sigma_min(C) sqrt(n) < 2.
 
     Fitted attributes: ``confusion_`` (k x k, index [predicted, true], entries sum to 1), ``singular_values_``,
     ``sigma_min_``, ``n_source_``, ``ill_conditioned_``, ``source_prior_``, ``n_classes_``.
