@@ -1,5 +1,5 @@
-"""Coverage of the expected-accuracy interval (:func:`labelshift.inference.accuracy.expected_accuracy`) on simulations whose
-labels are known.
+"""Coverage of the expected-accuracy interval (:func:`labelshift.inference.accuracy.expected_accuracy`) on simulations
+whose labels are known.
 
 Three problems; per seed, as a user runs it: draw a target prior from Dirichlet(alpha 1_k); draw n labelled holdout
 rows from the source; fit BCTS on them; draw m target rows under the target prior (label shift: the class-

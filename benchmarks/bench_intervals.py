@@ -22,12 +22,12 @@ Per cell (k, alpha, n, m), over the seeds:
 The timing table runs on one problem at m = 100,000, k = 10 (median over repeats; the machine is shared).
 
 ``--null-seeds N`` also measures the false-alarm rate of the ``reestimate`` flow's no-shift test (the two-sample
-test of :func:`labelshift.inference.uncertainty.no_shift_test` with the calibrated holdout as its source side) on null draws:
-the same per-seed procedure with the target drawn from the source prior itself, N seeds per (k, n, m) of
-``--null-n`` x ``--null-m`` (default n in {500, 1,000, 5,000}, m in {1,000, 20,000}; goal <= 7% at the nominal
-5%). On the same draws it also reports the earlier form of the test (each side's own covariance, chi^2 reference)
-for comparison. ``--power-seeds N`` adds the rejection rate under a mild shift: the target prior drawn per seed
-from Dirichlet(c p_s), centred on the source prior, c = ``--power-concentration`` (default 1,000).
+test of :func:`labelshift.inference.uncertainty.no_shift_test` with the calibrated holdout as its source side) on null
+draws: the same per-seed procedure with the target drawn from the source prior itself, N seeds per (k, n, m) of
+``--null-n`` x ``--null-m`` (default n in {500, 1,000, 5,000}, m in {1,000, 20,000}; goal <= 7% at the nominal 5%). On
+the same draws it also reports the earlier form of the test (each side's own covariance, chi^2 reference) for
+comparison. ``--power-seeds N`` adds the rejection rate under a mild shift: the target prior drawn per seed from
+Dirichlet(c p_s), centred on the source prior, c = ``--power-concentration`` (default 1,000).
 
     python benchmarks/bench_intervals.py                    # the whole grid (about 15 min of CPU on 2 cores)
     python benchmarks/bench_intervals.py --quick            # a smoke test

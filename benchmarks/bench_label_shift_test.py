@@ -1,5 +1,5 @@
-"""The label-shift test (:mod:`labelshift.inference.shift_detection`): its size under true label shift and its power against
-a new class, covariate shift and a broken input feature.
+"""The label-shift test (:mod:`labelshift.inference.shift_detection`): its size under true label shift and its power
+against a new class, covariate shift and a broken input feature.
 
 Every replicate draws a fresh labelled holdout of n rows, fits BCTS on the holdout's logits (as the flow does),
 draws target rows and runs ``label_shift_test`` at a nominal 5% (the MLLS weights solved inside, as the flow
@@ -106,9 +106,9 @@ def target_prior(family: str, k: int, source_prior, rng):
 
 def _p(S, ys, P):
     """The test's p-values [as reported (regions and log-odds profiles, combined), regions part, log-odds part,
-    its diagonal, block and sum statistics alone] (one test: the parts are in ``extra``), or None when it refuses the input (a class with fewer than
-    MIN_CLASS_ROWS holdout rows in a small holdout under the imbalanced source prior): such replicates are counted
-    and reported as skipped."""
+    its diagonal, block and sum statistics alone] (one test: the parts are in ``extra``), or None when it refuses the
+    input (a class with fewer than MIN_CLASS_ROWS holdout rows in a small holdout under the imbalanced source prior):
+    such replicates are counted and reported as skipped."""
     try:
         res = label_shift_test(S, ys, P)
     except InputError:

@@ -15,9 +15,9 @@ rows, the target m.
 
 Each case runs in a child process, which reports its own peak resident memory (``resource.getrusage``,
 ru_maxrss: data, calibrated outputs and the path together). Each part's time is measured inside the one
-``assess_shift`` call, by wrapping the functions ``labelshift.inference.report`` calls (the estimators' fits and estimates
-are the remainder, "estimates"). ``--root`` imports ``labelshift`` from another tree (e.g. an export of the code
-before this benchmark's changes: ``git archive b7a6e11 labelshift | tar -x -C /tmp/before``), so that before and
+``assess_shift`` call, by wrapping the functions ``labelshift.inference.report`` calls (the estimators' fits and
+estimates are the remainder, "estimates"). ``--root`` imports ``labelshift`` from another tree (e.g. an export of the
+code before this benchmark's changes: ``git archive b7a6e11 labelshift | tar -x -C /tmp/before``), so that before and
 after come from the same script; a case that does not finish in ``--timeout`` seconds is reported as such.
 
     python benchmarks/bench_many_classes.py                                  # k = 20, 100, 1000 (a few minutes)

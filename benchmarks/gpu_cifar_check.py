@@ -2,9 +2,9 @@
 
 For a lent GPU machine without internet (so no real CIFAR-10): it builds 50,000 random 3x32x32 uint8 images whose
 classes differ by a faint per-class colour tint (so the loss has something to learn), trains the ResNet-18 of
-``labelshift.experiments.models`` with ``labelshift.experiments.training.train`` -- the same code path as real CIFAR-10 runs: mixed
-precision (float16 autocast + GradScaler), channels-last, SGD 0.1 / cosine, crop + flip augmentation on the GPU --
-and prints the time per epoch, images per second and peak GPU memory, then times ``predict_logits`` on 10,000
+``labelshift.experiments.models`` with ``labelshift.experiments.training.train`` -- the same code path as real CIFAR-10
+runs: mixed precision (float16 autocast + GradScaler), channels-last, SGD 0.1 / cosine, crop + flip augmentation on the
+GPU -- and prints the time per epoch, images per second and peak GPU memory, then times ``predict_logits`` on 10,000
 images. The first epoch includes cuDNN's autotuning; the later epochs are the steady state.
 
     python benchmarks/gpu_cifar_check.py                 # 2 epochs of 50,000 images, batch 128
@@ -12,8 +12,8 @@ images. The first epoch includes cuDNN's autotuning; the later epochs are the st
 
 On a machine without CUDA it prints a message and exits 0 at once. A JSON summary is printed last (and written to
 ``$OUT/gpu_cifar_check.json`` when ``$OUT`` is set). From the steady-state epoch time, a full CIFAR-10 run with
-the defaults of ``labelshift.experiments.training.TRAINING_DEFAULTS['cifar10']`` (40 epochs of 40,000 images) takes about
-40 * 0.8 * (seconds per epoch here).
+the defaults of ``labelshift.experiments.training.TRAINING_DEFAULTS['cifar10']`` (40 epochs of 40,000 images) takes
+about 40 * 0.8 * (seconds per epoch here).
 """
 from __future__ import annotations
 

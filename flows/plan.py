@@ -1,10 +1,9 @@
 """The fan-out plan of the ``reproduce`` flow: the settings of each experiment and how they are cut into tasks.
 
-Granularity. A Prefect task costs some tens of milliseconds of orchestration on a small machine, while one
-setting of the two-Gaussian sweep (100 seeds, every method fitted once and solved as one batch) takes from 0.03 s
-(bins, two methods) to 0.7 s (m = 10,000). So a task estimates a *group* of consecutive settings of one experiment
-on a *chunk of seeds*: :func:`plan_tasks` packs settings until a task holds about :data:`TASK_WORK` target points
-times methods (a few tenths of a second here). Each seed draws from its own random stream, so neither the packing
+Granularity. A Prefect task costs orchestration time of its own, and one setting of the two-Gaussian sweep is
+small next to it (the figures: ``benchmarks/README.md``, "Flow overhead"). So a task estimates a *group* of
+consecutive settings of one experiment on a *chunk of seeds*: :func:`plan_tasks` packs settings until a task holds
+about :data:`TASK_WORK` target points times methods. Each seed draws from its own random stream, so neither the packing
 nor the chunking changes any number.
 
 Plain Python (no Prefect import), so the CLI can describe the plan before it starts anything.

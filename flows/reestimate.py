@@ -4,8 +4,8 @@ The operator's side of the system. A deployed classifier, registered in MLflow w
 meets new unlabelled data in object storage; on a schedule this flow
 
 1. lists the target batches (``*.npy`` or ``*.parquet`` under ``target``: model inputs, or, for a registered
-   reference, the model's logged outputs; :mod:`labelshift.monitoring.batches`, :mod:`tasks.references`) that are not yet in the
-   watermark (``<target>/_labelshift/watermark.json``, :mod:`labelshift.monitoring.watermark`);
+   reference, the model's logged outputs; :mod:`labelshift.monitoring.batches`, :mod:`tasks.references`) that are not
+   yet in the watermark (``<target>/_labelshift/watermark.json``, :mod:`labelshift.monitoring.watermark`);
 2. loads the model version and its calibrator and source holdout from the registry
    (:func:`tasks.reestimation.load_bundle`), checks every new batch against the model's input signature, and
    computes calibrated probabilities f(x);
@@ -13,8 +13,9 @@ meets new unlabelled data in object storage; on a schedule this flow
    (Garg et al., NeurIPS 2020, eq. (mlls-sample)) -- BBSE alongside as a cross-check -- with a confidence
    interval per class (by default source-aware: it includes the error of the calibrator and p_s fit on the labelled
    holdout; the target-only Fisher interval or a bootstrap by name), a test of the label-shift assumption itself
-   (:mod:`labelshift.inference.shift_detection`), a two-sample test of "no shift" (w = 1: the mean calibrated prediction on the new data against the source holdout's) and the identifiability report (Hessian minimum eigenvalue, confusion-matrix conditioning;
-   :mod:`labelshift.inference.uncertainty`);
+   (:mod:`labelshift.inference.shift_detection`), a two-sample test of "no shift" (w = 1: the mean calibrated prediction
+   on the new data against the source holdout's) and the identifiability report (Hessian minimum eigenvalue,
+   confusion-matrix conditioning; :mod:`labelshift.inference.uncertainty`);
 4. logs to MLflow (experiment ``reestimation``): a child run per re-estimation with the prior, the interval, the
    p-value, the identifiability numbers and a figure;
 5. writes corrected predictions p_t(y|x) proportional to w_y f_y(x) beside each batch (``NAME.corrected.npy``),
@@ -24,8 +25,8 @@ meets new unlabelled data in object storage; on a schedule this flow
    as it was and the next run takes the same batches again (their outputs are rewritten, never counted twice);
 7. then, as bookkeeping that cannot fail the run any more: brings the series of the monitor run (whose metrics
    chart the prior over time, one point per successful run) up to date from the watermark's history, ends the
-   child run FINISHED, and ends in a Prefect state named for the verdict -- ``Not label shift``,
-   ``Untrustworthy``, ``Shifted``, ``No shift`` (in that precedence), ``No valid data`` or ``No new data`` -- with a markdown artifact that says it at a glance.
+   child run FINISHED, and ends in a Prefect state named for the verdict (what each means and their order:
+   ``docs/operations.md``) with a markdown artifact that says it at a glance.
 
 Run it once with ``labelshift estimate --model models:/NAME@ALIAS --target s3://bucket/prefix/``; schedule it
 with ``labelshift serve --cron "0 6 * * *"`` or the ``reestimate`` deployment of ``prefect.yaml``.

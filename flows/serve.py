@@ -8,29 +8,10 @@ Two deployments are registered with the Prefect server and their runs executed b
   the last successful run (:mod:`flows.reestimate`), on a cron schedule when one is given, one run at a time
   (deployment concurrency limit 1: a run that comes due while another still works waits for it).
 
-For the operator, step by step:
-
-1. Have the servers: ``labelshift stack up && source .labelshift/stack/env.sh`` (Prefect, MLflow, S3), or nothing
-   at all (without PREFECT_API_URL a Prefect server with its UI is started for as long as this command runs, with
-   its database under ``<home>/prefect``; MLflow and the store then default to ``<home>``).
-2. Start serving, with the schedule and the model and target of the re-estimation::
-
-       labelshift serve --cron "0 6 * * *" --model models:/labelshift-mnist-5k@latest-good \\
-           --target s3://labelshift/store/target
-
-   (or set ``LABELSHIFT_REESTIMATE_CRON``, ``LABELSHIFT_MODEL`` and ``LABELSHIFT_TARGET``; a flag wins over its
-   variable). ``--timezone`` (default UTC) is the zone the cron hours are read in. A malformed cron string or zone
-   stops the command before anything is registered. Without a cron, ``reestimate`` is served unscheduled.
-3. Open the Prefect UI (http://127.0.0.1:4200 by default) -> *Deployments*:
-
-   - ``reproduce/reproduce`` -> *Run* -> *Custom run*: edit the form (experiments, grids, seeds, methods,
-     store...), *Submit*;
-   - ``reestimate/reestimate``: the schedule and its next runs are shown there; *Run* -> *Quick run* re-estimates
-     now (or ``prefect deployment run reestimate/reestimate``). Each run's page ends with a markdown artifact
-     that says whether the target shifted, by how much and whether the estimate can be trusted.
-
-4. Stop with Ctrl-C (or SIGTERM). The schedule is then paused, so runs do not pile up with nobody to execute
-   them; the next ``labelshift serve`` resumes it.
+A malformed cron string or time zone stops the command before anything is registered; without a cron,
+``reestimate`` is served unscheduled. On Ctrl-C (or SIGTERM) the schedule is paused, so runs do not pile up with
+nobody to execute them; the next ``labelshift serve`` resumes it. The operator's steps (servers, flags and their
+variables, the Prefect UI): ``docs/operations.md``.
 
 Runs execute here (``--limit`` at a time) in subprocesses that inherit this process's environment, so they log to
 the MLflow tracking URI and object store resolved here (``--tracking-uri``, ``--store``, else MLFLOW_TRACKING_URI

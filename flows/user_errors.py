@@ -7,9 +7,9 @@ Failed('Flow run encountered an exception: ...')". For a :class:`~labelshift.err
 a missing model, an unreachable service: a message that names the problem and its fix -- the traceback only hides
 that message. :class:`UserErrorFilter`, on Prefect's flow-run and task-run loggers, therefore rewrites the first
 record that carries such an error to the error's own line (``InputError: <message>``) without traceback, drops
-the later records of the same flow run that carry the same error, and shortens the "Finished in state" lines that repeat its message.
-The final states, their messages and the exception a caller gets are unchanged; any other exception is logged as
-Prefect logs it.
+the later records of the same flow run that carry the same error, and shortens the "Finished in state" lines that repeat
+its message. The final states, their messages and the exception a caller gets are unchanged; any other exception is
+logged as Prefect logs it.
 
 :func:`install` adds the filter (once per process); the flow modules call it at import, so runs started by the
 CLI, by ``labelshift serve`` and by workers all get it.

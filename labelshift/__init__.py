@@ -11,8 +11,8 @@ The public API::
 The assessment of a target set for monitoring -- estimate, interval, no-shift test, identifiability -- is
 ``labelshift.assess_shift`` (a :class:`ShiftReport`). Estimators (``labelshift.estimation.estimators``; by name,
 ``labelshift.estimation.registry``), calibrators (``labelshift.calibration``), shift simulation
-(``labelshift.experiments.shift``), diagnostics (``labelshift.estimation.diagnostics``) and the paper's two-Gaussian experiments
-(``labelshift.experiments.gaussian``). Errors a user can cause raise :class:`LabelShiftError` subclasses.
+(``labelshift.experiments.shift``), diagnostics (``labelshift.estimation.diagnostics``) and the paper's two-Gaussian
+experiments (``labelshift.experiments.gaussian``). Errors a user can cause raise :class:`LabelShiftError` subclasses.
 """
 from .estimation.base import Estimate, LabelShiftEstimator
 from .calibration import (BCTS, NBVS, TS, VS, BinningCalibrator, ConfusionMatrixCalibrator, TemperatureScaling,

@@ -38,8 +38,8 @@ def _controller():
 
 def one_blas_thread():
     """A context in which BLAS runs on one thread. The products of a block are small (65536 x k): threads gain
-    little on them, and on a busy machine OpenBLAS threads waiting for each other make a pass over 10^6 rows
-    take 0.1-0.3 s instead of 4 ms (measured on the 2-core benchmark machine under load)."""
+    little on them, and on a busy machine OpenBLAS threads waiting for each other slow a pass down many times
+    (measured: ``docs/solvers.md``)."""
     ctl = _controller()
     return ctl.limit(limits=1, user_api="blas") if ctl is not None else contextlib.nullcontext()
 

@@ -17,9 +17,9 @@ can be pointed elsewhere instead, and then the home is not used for it:
 * ``MLFLOW_TRACKING_URI`` (or ``--tracking-uri``) -- an MLflow server or another backend store.
 * ``LABELSHIFT_STORE`` (or ``--store``) -- an object store URI, ``s3://bucket/prefix`` or a local folder.
 
-Every environment variable the project reads is named once here (:data:`VARIABLES`, which the README's table
-mirrors) and read by :func:`resolve` into one :class:`Settings`; :func:`apply` is the only writer. The two are kept
-apart so that a command can resolve, check and report before anything is exported.
+Every environment variable the project reads is named once here (:data:`VARIABLES`, which the table of
+``docs/operations.md`` mirrors) and read by :func:`resolve` into one :class:`Settings`; :func:`apply` is the only
+writer. The two are kept apart so that a command can resolve, check and report before anything is exported.
 
 This module only reads and writes environment variables and paths; it imports neither Prefect nor MLflow, so
 the CLI can configure both before they are imported (Prefect reads its settings once, at import).
@@ -65,7 +65,7 @@ class Variable:
     flag: str = ""
 
 
-#: every environment variable the project reads, in the order of the README's table
+#: every environment variable the project reads, in the order of the table in docs/operations.md
 VARIABLES: tuple[Variable, ...] = (
     Variable(ENV_HOME, "state folder of the embedded defaults (Prefect's temporary server, MLflow's SQLite store, "
                        "the object store, the local stack)", f"`./{DEFAULT_HOME}`", "`--home`"),

@@ -2,8 +2,8 @@
 
 Store layout (under the store's root; ``<key>`` is :func:`model_key`):
 
-* ``datasets/<name>/`` -- the dataset (see :mod:`labelshift.experiments.datasets`), pushed by ``labelshift data push`` or, for
-  the offline ``mnist-5k`` and ``digits``, by :func:`ensure_dataset` on first use;
+* ``datasets/<name>/`` -- the dataset (see :mod:`labelshift.experiments.datasets`), pushed by ``labelshift data push``
+  or, for the offline ``mnist-5k`` and ``digits``, by :func:`ensure_dataset` on first use;
 * ``models/<key>/checkpoint.pt`` -- the trained weights (``load_checkpoint`` reads them with ``weights_only=True``);
 * ``models/<key>/logits_valid.npy``, ``logits_test.npy`` -- the network's logits on the valid and test pools;
 * ``models/<key>/calibration/<NAME>.json`` -- fitted calibrators with NLL and ECE before and after (also logged to
@@ -70,8 +70,8 @@ def registered_model_name(dataset: str) -> str:
 
 
 def training_config(dataset: str, epochs: int | None = None) -> dict:
-    """Architecture and training settings of ``dataset`` (from :data:`labelshift.experiments.training.TRAINING_DEFAULTS`),
-    with an optional epochs override."""
+    """Architecture and training settings of ``dataset`` (from
+    :data:`labelshift.experiments.training.TRAINING_DEFAULTS`), with an optional epochs override."""
     from labelshift.experiments.training import training_defaults
 
     cfg = training_defaults(dataset)

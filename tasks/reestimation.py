@@ -1,6 +1,6 @@
 """Prefect tasks of scheduled re-estimation: load the registered model with its calibrator and labelled source
-holdout, score the target batches, assess the shift (:func:`labelshift.inference.report.assess_shift`), log to MLflow and
-write the outputs.
+holdout, score the target batches, assess the shift (:func:`labelshift.inference.report.assess_shift`), log to MLflow
+and write the outputs.
 
 A registered model can be re-estimated when its source run holds ``calibration/<CALIBRATOR>.json`` and
 :data:`REFERENCE_ARTIFACT` (``logits`` and ``labels`` of the labelled source holdout), as
@@ -302,8 +302,8 @@ def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: s
                    significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0,
                    max_interval_width: float | None = None, outputs: list[np.ndarray] | None = None,
                    class_names=None, label_shift_significance: float | None = None) -> ShiftReport:
-    """:func:`labelshift.inference.report.assess_shift` on the pooled batches, with the bundle's source holdout and prior
-    (and, for the source-aware interval, the raw holdout outputs, the calibrator and the raw target ``outputs``);
+    """:func:`labelshift.inference.report.assess_shift` on the pooled batches, with the bundle's source holdout and
+    prior (and, for the source-aware interval, the raw holdout outputs, the calibrator and the raw target ``outputs``);
     the batches are pooled without a copy when they are views of one array (:func:`labelshift.rows.joined`)."""
     return assess_shift(bundle.source_probs, bundle.source_labels, joined(probs), source_prior=bundle.source_prior,
                         estimator=estimator, cross_check=cross_check, interval=interval, level=level,
@@ -474,9 +474,9 @@ def prior_metrics(report: ShiftReport, class_names=None) -> dict[str, float]:
     ``prior_upper/<c>``, ``weight/<c>``, ``source_prior/<c>``; the cross-checks' priors; then the test, the
     identifiability numbers, the size; the label-shift test's ``label_shift_statistic``, ``label_shift_p_value``,
     ``label_shift_dof``, ``label_shift_ok`` and its parts ``label_shift_p_value_regions``,
-    ``label_shift_p_value_log_odds``, ``label_shift_log_odds_statistic`` when it ran). ``<c>`` is the class name made metric-safe
-    (:func:`labelshift.monitoring.batches.metric_names`), the index for unnamed classes. Numbers that are not finite are left
-    out."""
+    ``label_shift_p_value_log_odds``, ``label_shift_log_odds_statistic`` when it ran). ``<c>`` is the class name made
+    metric-safe (:func:`labelshift.monitoring.batches.metric_names`), the index for unnamed classes. Numbers that are
+    not finite are left out."""
     out = {}
     ci = report.interval
     keys = _class_keys(report.n_classes, class_names)
@@ -663,9 +663,10 @@ def render_figure(report: ShiftReport, history: list[dict], level: float, title:
 def history_record(report: ShiftReport, run_id: str | None, model_name: str | None = None,
                    class_names=None) -> dict:
     """The watermark's record of one successful re-estimation (small: one is kept per run). The watermark adds
-    ``sequence``, ``time``, ``run_id`` and ``batches`` itself (:func:`labelshift.monitoring.watermark.commit_watermark`).
-    Under "Not label shift" the record holds no estimate (no prior, interval, no-shift p-value: they mean
-    nothing), only the verdict, the size and the label-shift test's p-value."""
+    ``sequence``, ``time``, ``run_id`` and ``batches`` itself
+    (:func:`labelshift.monitoring.watermark.commit_watermark`). Under "Not label shift" the record holds no estimate (no
+    prior, interval, no-shift p-value: they mean nothing), only the verdict, the size and the label-shift test's
+    p-value."""
     lst = report.label_shift
     tested = {"label_shift_p_value": None if lst is None or not finite(lst.p_value) else float(lst.p_value),
               "label_shift_ok": report.label_shift_ok} if report.label_shift_tested else {}

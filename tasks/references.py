@@ -2,10 +2,10 @@
 
 Two ways in besides the PyTorch model of :mod:`tasks.reestimation`:
 
-- **prediction-log mode**: the target's batches hold the model's outputs (:mod:`labelshift.monitoring.batches`); nothing is
-  loaded or recomputed. What is registered is a *reference* (:func:`register_reference`): a pyfunc model version
-  whose ``predict`` applies the calibrator, whose run holds ``reference/reference.json`` (class names, output kind,
-  id column), the calibrator JSON and the labelled holdout's outputs (:data:`tasks.reestimation.REFERENCE_ARTIFACT`).
+- **prediction-log mode**: the target's batches hold the model's outputs (:mod:`labelshift.monitoring.batches`); nothing
+  is loaded or recomputed. What is registered is a *reference* (:func:`register_reference`): a pyfunc model version
+  whose ``predict`` applies the calibrator, whose run holds ``reference/reference.json`` (class names, output kind, id
+  column), the calibrator JSON and the labelled holdout's outputs (:data:`tasks.reestimation.REFERENCE_ARTIFACT`).
 - **input mode, any flavour**: a scikit-learn model (``predict_proba``, or ``decision_function`` scores taken as
   logits), a pyfunc whose output is one score per class, or PyTorch as before; tabular batches as Parquet are
   checked against the signature's column names. :func:`register_sklearn_model` logs one with its reference.

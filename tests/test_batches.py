@@ -1,5 +1,5 @@
-"""Prediction-log and tabular batch formats (:mod:`labelshift.monitoring.batches`): reading in chunks, every check naming the
-batch, the problem and the fix, and corrected outputs with class-named columns."""
+"""Prediction-log and tabular batch formats (:mod:`labelshift.monitoring.batches`): reading in chunks, every check
+naming the batch, the problem and the fix, and corrected outputs with class-named columns."""
 from __future__ import annotations
 
 import io

@@ -1,5 +1,5 @@
-"""Tests of the estimator classes (labelshift.estimation.estimators): exactness on population quantities, agreement between
-methods, the m^(-1/2) rate of MLLS, batching, conditioning reports, and every bad input."""
+"""Tests of the estimator classes (labelshift.estimation.estimators): exactness on population quantities, agreement
+between methods, the m^(-1/2) rate of MLLS, batching, conditioning reports, and every bad input."""
 from __future__ import annotations
 
 import warnings

@@ -1,5 +1,5 @@
-"""The source-aware interval of labelshift.inference.source_aware: coverage, covariance against the empirical spread, the
-target-only part, classes pinned at 0, and bad input.
+"""The source-aware interval of labelshift.inference.source_aware: coverage, covariance against the empirical spread,
+the target-only part, classes pinned at 0, and bad input.
 
 The problems are :class:`labelshift.experiments.well_specified.WellSpecifiedGaussians`: Gaussian classes whose model
 logits are an affine map of the exact posterior logits, so BCTS (and VS) contain the exact posterior and the only

@@ -1,4 +1,5 @@
-"""The README's library example runs as documented, and its claims about batches hold."""
+"""The README's library example runs as documented, its claims about batches hold, the pages it and the docstrings
+name exist (anchors included), and the operations manual's table of settings is the settings' catalogue."""
 import argparse
 import re
 from pathlib import Path
@@ -6,6 +7,8 @@ from pathlib import Path
 import numpy as np
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+#: the operator's manual: the commands, the table of environment variables, the verdicts, the faults
+OPERATIONS = README.parent / "docs" / "operations.md"
 
 
 def test_readme_python_example_runs_and_batches_match():
@@ -27,19 +30,44 @@ def test_readme_python_example_runs_and_batches_match():
 def test_the_docs_that_the_readme_and_the_docstrings_name_exist():
     root = README.parent
     named = set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", README.read_text()))
-    for folder in ("labelshift", "tasks", "flows"):
+    for folder in ("labelshift", "tasks", "flows", "stack"):
         for path in (root / folder).rglob("*.py"):
             named |= set(re.findall(r"``(docs/[\w.-]+\.md)``", path.read_text()))
     for doc in (root / "docs").glob("*.md"):
         named |= {f"docs/{m}" for m in re.findall(r"\]\(([\w.-]+\.md)\)", doc.read_text())}
-    assert {"docs/uncertainty.md", "docs/reestimation.md", "docs/solvers.md"} <= named
+    assert {"docs/uncertainty.md", "docs/reestimation.md", "docs/solvers.md", "docs/operations.md"} <= named
     missing = sorted(n for n in named if not (root / n).is_file())
     assert not missing, f"named but missing: {missing}"
 
 
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readme_links_to_sections_that_exist():
+    """The README is short because it links into docs/ (the verdicts, the faults, models of any kind): every
+    ``docs/PAGE.md#anchor`` it names must be a heading of that page, so a renamed section fails here."""
+    root = README.parent
+    links = re.findall(r"\]\((docs/[\w.-]+\.md)#([\w-]+)\)", README.read_text())
+    assert links
+    for page, anchor in links:
+        headings = re.findall(r"^#+ (.+)$", (root / page).read_text(), re.M)
+        assert anchor in {_slug(h) for h in headings}, f"{page}#{anchor} names no heading of {page}"
+
+
+def test_the_verdicts_are_defined_once():
+    """The order of the verdicts is explained in docs/operations.md alone; the README names them and links there."""
+    verdicts = ["Not label shift", "Untrustworthy", "Shifted", "No shift"]
+    section = OPERATIONS.read_text().split("## What each verdict means", 1)[1].split("\n## ", 1)[0]
+    positions = [section.index(f"**{v}**") for v in verdicts]
+    assert positions == sorted(positions)
+    assert "docs/operations.md#what-each-verdict-means" in README.read_text()
+
+
 def _variables_table() -> list[list[str]]:
-    """The rows of the README's table of environment variables, as cells."""
-    text = README.read_text()
+    """The rows of the table of environment variables in docs/operations.md, as cells."""
+    text = OPERATIONS.read_text()
     start = text.index("| variable | what it sets | default | flag that wins over it |")
     rows = []
     for line in text[start:].splitlines()[2:]:
@@ -49,7 +77,7 @@ def _variables_table() -> list[list[str]]:
     return rows
 
 
-def test_readme_lists_every_environment_variable_as_the_settings_name_them():
+def test_the_operations_manual_lists_every_environment_variable_as_the_settings_name_them():
     """The table is the settings' catalogue: the same variables in the same order, with the same defaults and flags."""
     from stack.settings import VARIABLES
 

@@ -5,15 +5,15 @@ What :func:`run_case` does is what the flow does, step by step, with the flow's 
 Prefect or a store:
 
 1. **register the reference** (:func:`tasks.references.register_reference`): the holdout checked by
-   :func:`labelshift.monitoring.batches.check_reference`, the calibrator made by ``tasks.references._calibrator`` (BCTS, input
-   kind from the declared output kind) and fit on the checked outputs, saved as JSON (``to_dict``) and the holdout
+   :func:`labelshift.monitoring.batches.check_reference`, the calibrator made by ``tasks.references._calibrator`` (BCTS,
+   input kind from the declared output kind) and fit on the checked outputs, saved as JSON (``to_dict``) and the holdout
    stored as float32 (:func:`tasks.reestimation.log_source_holdout`);
 2. **load it** (:func:`tasks.references.load_reference`): the calibrator read back (:func:`load_calibrator`), the
    holdout as float64, ``source_probs`` the calibrated holdout and p_s their mean
    (:attr:`tasks.references.ReferenceBundle.source_prior`);
 3. **score the target** (``tasks.references._score_logs``): the target outputs written as one .npy batch and read
-   back through :func:`labelshift.monitoring.batches.iter_output_chunks` (float32 chunks, checked), calibrated chunk by chunk
-   into float32 probabilities, the float32 raw outputs kept for the source-aware interval;
+   back through :func:`labelshift.monitoring.batches.iter_output_chunks` (float32 chunks, checked), calibrated chunk by
+   chunk into float32 probabilities, the float32 raw outputs kept for the source-aware interval;
 4. **assess** (:func:`tasks.reestimation.estimate_shift`, the task's function) with the defaults of
    :class:`flows.params.ReestimateParameters` (MLLS, BBSE-soft cross-check, source-aware interval at 0.95,
    significance 0.05, the label-shift test at that level; the accuracy comes with the source-aware interval).

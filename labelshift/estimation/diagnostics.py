@@ -96,24 +96,11 @@ def canonical_calibration_error(probs, labels, n_bins: int = 10, *, squared: boo
     """Binned estimate of the canonical calibration error (Section 2, definition "caliberrr"):
     E(f) = (E_s ||f(x) - f_c(x)||^2)^(1/2) with f_c(x) = P_s(y = . | f(x)), on labelled (source) data.
 
-    The estimator. The simplex is cut into cells by ``n_bins`` equal-width bins on each of the first k-1
-    coordinates of f(x) (the last coordinate is determined by the others); only occupied cells count. In each cell
-    B, E[y | f(x)] is replaced by the cell's mean one-hot label ybar_B and f(x) by its mean fbar_B, and
-
-        E^2 ~= sum_B (n_B / n) ||ybar_B - fbar_B||_2^2 .
-
-    Its biases, which pull in opposite directions:
-
-    * binning (downward): averaging f and f_c within a cell hides miscalibration that varies inside the cell
-      (Jensen), so the estimate is the calibration error of the binned predictor, at most that of f
-      (Kumar et al. 2019; Vaicenavicius et al. 2019);
-    * sampling (upward): ybar_B is a noisy mean, so E||ybar_B - fbar_B||^2 exceeds its squared mean by
-      Var(ybar_B) ~ sum_y p_y (1 - p_y) / n_B. A perfectly calibrated f therefore scores about
-      (number of occupied cells) / n rather than 0. ``debias=True`` subtracts, per cell with n_B >= 2, the
-      estimate sum_y s_y^2 / n_B (s_y^2: the within-cell sample variance of y_y - f_y(x)); this removes the
-      sampling term up to a slight over-correction when f varies inside the cell; negative totals are clipped to 0.
-
-    The number of cells grows like n_bins^(k-1), so for many classes use few bins and many examples.
+    The simplex is cut into cells by ``n_bins`` equal-width bins on each of the first k-1 coordinates of f(x); only
+    occupied cells count, and E^2 ~= sum_B (n_B / n) ||ybar_B - fbar_B||_2^2 (cell means of the one-hot labels and
+    of f). Binning biases it down, sampling up (a calibrated f scores about (occupied cells) / n); ``debias=True``
+    removes the sampling term. The number of cells grows like n_bins^(k-1), so for many classes use few bins and
+    many examples. The estimator and its two biases: ``docs/estimators.md`` ("The canonical calibration error").
 
     Args:
         probs: (n, k) predicted probabilities on labelled source data.

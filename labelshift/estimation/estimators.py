@@ -10,39 +10,16 @@ Inputs are probability vectors (rows summing to 1): apply a calibrator (e.g. BCT
 A batch is solved together, vectorised, and gives the same answer as one-at-a-time calls.
 
 Estimators (Garg, Wu, Balakrishnan & Lipton, "A Unified View of Label Shift Estimation", NeurIPS 2020):
+:class:`BBSE` (Section 4.1), :class:`RLLS` (Section 3), :class:`MLLS` (eq. (mlls-sample)), :class:`MLLSCM`
+(eq. (cm-log)), :class:`MLLSBinned` (Section 6, Figure 2) and the :class:`PCC` baseline; the table of what each
+computes is in ``docs/estimators.md``.
 
-=================  ====================================================================  ===================
-class              method                                                                ``Estimate.method``
-=================  ====================================================================  ===================
-``BBSE``           solve C w = mu_t with the joint confusion matrix (Lipton et al. 2018)  BBSE-hard/-soft
-``RLLS``           regularised BBSE, unsquared norms (Azizzadenesheli et al. 2019)        RLLS-hard/-soft
-``MLLS``           maximum likelihood, eq. (mlls-sample) (Saerens et al. 2002 EM,         MLLS
-                   or an accelerated-EM + Newton solver)
-``MLLSCM``         MLLS on the confusion-matrix calibration, eq. (cm-log)                 MLLS-CM
-``MLLSBinned``     MLLS on a binned calibration (Section 6, Figure 2)                    MLLS-binned
-``PCC``            mean prediction / p_s (probabilistic classify-and-count baseline)      PCC
-=================  ====================================================================  ===================
-
-Conditioning (reported, never silent). Each :class:`~labelshift.estimation.base.Estimate` carries ``ill_conditioned`` and the
-``diagnostic`` behind it; a flagged estimate also raises an :class:`~labelshift.errors.IllConditionedWarning`.
-
-* BBSE and RLLS: ``diagnostic`` = sigma_min(C), the smallest singular value of the confusion matrix. The entries of
-  C are means over n source examples, so the sampling error of C has a Frobenius norm of about 1/sqrt(n) (at most
-  sqrt(sum_ij C_ij (1 - C_ij) / n) <= 1/sqrt(n)); to first order the relative error of w is
-  ||dC|| / sigma_min = 1 / (sigma_min sqrt(n)). Hence, with snr = sigma_min(C) sqrt(n):
-
-  - snr < :data:`BBSE_SINGULAR_SNR` (= 1): C cannot be told apart from a singular matrix by its own sampling
-    noise and w is not identified; BBSE raises :class:`~labelshift.errors.IllConditionedError` at ``fit``
-    (RLLS, being regularised for exactly this case, only flags);
-  - snr < :data:`BBSE_FLAG_SNR` (= 2): the first-order error bound exceeds half of w itself: flagged.
-
-* MLLS family: ``diagnostic`` = sigma, the minimum eigenvalue of the negated Hessian
-  (1/m) sum_i f_i f_i^T / (f_i^T w)^2 at the solution (Section 5, the sigma of eq. (bound-main)). The asymptotic
-  standard error of the MLE in its worst direction is 1/sqrt(m sigma). Coordinates pinned at w_y = 0 by the
-  constraint are determined by the constraint, not by curvature (under severe shift an absent class has tiny
-  curvature yet a well-determined w_y = 0), so the flag uses sigma_free, the minimum eigenvalue of the Hessian
-  restricted to the coordinates with w_y > :data:`~labelshift.estimation.solvers.PIN_TOL` (in ``Estimate.extra``): flagged
-  when m * sigma_free < :data:`MLLS_FLAG_M_SIGMA` (= 4), i.e. when that standard error exceeds 1/2.
+Conditioning is reported, never silent: each :class:`~labelshift.estimation.base.Estimate` carries
+``ill_conditioned`` and the ``diagnostic`` behind it (sigma_min(C) for BBSE and RLLS; the minimum eigenvalue of
+the negated MLLS Hessian, Section 5, for the MLLS family), and a flagged estimate raises an
+:class:`~labelshift.errors.IllConditionedWarning`. The thresholds are :data:`BBSE_SINGULAR_SNR` (BBSE raises
+:class:`~labelshift.errors.IllConditionedError` at ``fit``), :data:`BBSE_FLAG_SNR` and :data:`MLLS_FLAG_M_SIGMA`;
+their derivation: ``docs/estimators.md`` ("Conditioning").
 """
 from __future__ import annotations
 
@@ -141,7 +118,7 @@ class BBSE(_ConfusionEstimator):
     ``target_prior`` clips them at 0 and renormalises; ``weights`` are returned as solved).
 
     Raises :class:`~labelshift.errors.IllConditionedError` at ``fit`` when C is singular or near-singular
-    (sigma_min(C) sqrt(n) < 1, see the module docstring) and flags estimates when sigma_min(C) sqrt(n) < 2.
+    (sigma_min(C) sqrt(n) < 1; ``docs/estimators.md``) and flags estimates when sigma_min(C) sqrt(n) < 2.
 
     Fitted attributes: ``confusion_`` (k x k, index [predicted, true], entries sum to 1), ``singular_values_``,
     ``sigma_min_``, ``n_source_``, ``ill_conditioned_``, ``source_prior_``, ``n_classes_``.
@@ -169,9 +146,9 @@ class RLLS(_ConfusionEstimator):
 
         theta = argmin_{theta >= -1} ||C theta - b||_2 + rho ||theta||_2,   b = mu_t - C 1,   w = 1 + theta,
 
-    with *unsquared* norms (a second-order cone program, solved by :func:`labelshift.estimation.solvers.rlls_solve` to an
-    objective gap of ``tol``). C and mu_t are as in :class:`BBSE` (hard, or soft with ``soft=True``). With
-    ``rho=0`` and a BBSE solution satisfying w >= 0, RLLS returns the BBSE solution.
+    with *unsquared* norms (a second-order cone program, solved by :func:`labelshift.estimation.solvers.rlls_solve` to
+    an objective gap of ``tol``). C and mu_t are as in :class:`BBSE` (hard, or soft with ``soft=True``). With ``rho=0``
+    and a BBSE solution satisfying w >= 0, RLLS returns the BBSE solution.
 
     Args:
         soft: use the soft confusion matrix and soft target means.
@@ -271,14 +248,14 @@ class MLLS(_MLLSBase):
     Theorem (consistency) MLLS is consistent when f is canonically calibrated).
 
     Args:
-        solver: ``"newton"`` (default) -- :func:`labelshift.estimation.solvers.mlls_newton`: a SQUAREM-accelerated EM warm
-            start (Varadhan & Roland 2008) in float32, then a few float64 Newton steps on the face of W it points
-            to, certified by the duality gap; the primal-dual interior-point method (``method="ipm"`` of the
-            solver) is its fallback. Robust under severe shift and several times faster than EM there. Or
-            ``"em"`` -- the EM algorithm of Saerens, Latinne & Decaestecker (2002),
-            :func:`labelshift.estimation.solvers.mlls_em`, which converges slowly when the optimum lies on the boundary of W.
-            Both stop on a tight optimality test (Frank-Wolfe duality gap <= tol and a step / error estimate
-            <= tol), not on an iteration cap, and reach the same optimum.
+        solver: ``"newton"`` (default) -- :func:`labelshift.estimation.solvers.mlls_newton`: a SQUAREM-accelerated EM
+            warm start (Varadhan & Roland 2008) in float32, then a few float64 Newton steps on the face of W it points
+            to, certified by the duality gap; the primal-dual interior-point method (``method="ipm"`` of the solver) is
+            its fallback. Robust under severe shift and several times faster than EM there. Or ``"em"`` -- the EM
+            algorithm of Saerens, Latinne & Decaestecker (2002), :func:`labelshift.estimation.solvers.mlls_em`, which
+            converges slowly when the optimum lies on the boundary of W. Both stop on a tight optimality test
+            (Frank-Wolfe duality gap <= tol and a step / error estimate <= tol), not on an iteration cap, and reach the
+            same optimum.
         tol: accuracy of w (max-norm) and duality-gap tolerance (default 1e-10).
         max_iter: iteration cap (default 200 for Newton, 100000 for EM); problems that hit it are reported as not
             converged (``Estimate.converged``) with a warning.
@@ -289,7 +266,7 @@ class MLLS(_MLLSBase):
     frequencies on its fit data). Pass ``source_prior`` to ``fit`` to override.
 
     ``Estimate.diagnostic`` is sigma, the minimum eigenvalue of the negated Hessian at the solution (Section 5,
-    eq. (bound-main)); ``Estimate.extra`` holds ``sigma_free`` (the flag's basis, see the module docstring) and
+    eq. (bound-main)); ``Estimate.extra`` holds ``sigma_free`` (the flag's basis: ``docs/estimators.md``) and
     ``duality_gap``.
     """
 

@@ -1,7 +1,7 @@
 """Functional core of the label-shift estimators: small, pure, batched numpy functions.
 
-The estimator classes in :mod:`labelshift.estimation.estimators` compose these; the functions here do no input validation
-beyond shapes (the classes validate at the public boundary) and never mutate their arguments.
+The estimator classes in :mod:`labelshift.estimation.estimators` compose these; the functions here do no input
+validation beyond shapes (the classes validate at the public boundary) and never mutate their arguments.
 
 Conventions
 -----------
@@ -980,45 +980,26 @@ def mlls_newton(probs, source_prior, mask=None, *, tol: float = 1e-10, max_iter:
     """MLLS, eq. (mlls-sample), by Newton's method on W, batched; exact to ``tol`` and certified by the
     Frank-Wolfe duality gap (see :func:`mlls_optimality`).
 
-    ``method="auto"`` (default), three stages per problem:
-      1. a warm start by SQUAREM-accelerated EM (Varadhan & Roland 2008; see :func:`mlls_em`) whose passes over
-         the data run in single precision (half the bytes of float64 on a (k, m) layout), stopped once its EM
-         step is below 3e-5 max_y w_y or stalls at float32 rounding: cheap iterations that locate the optimum to
-         ~1e-5 and, under severe shift, drive the coordinates that belong on the boundary towards 0;
-      2. a Newton polish in double precision on the face of W that the warm start points to: an active-set
-         Newton method (``docs/solvers.md``: coordinates that the step would take below 0 while their gradient
-         pushes down are pinned at w_y = 0, pinned ones are freed when their gradient shows a gain), damped by
-         the Newton decrement of the self-concordant log-likelihood; the float64 gradient fixes the solution,
-         the Hessian is formed in float32 since it only steers. Converged when the Frank-Wolfe gap is at most
-         ``tol`` with nothing left to free and the Newton step is at most ``tol`` (max-norm) -- or the face is
-         stationary to 1e-3 tol, for likelihoods flat along the face; normally after 2-4 iterations;
-      3. problems the polish cannot certify within min(30, ``max_iter``) iterations (none in our tests and
-         benchmarks) are solved again by the interior-point method below, from scratch.
-    ``method="ipm"``: the primal-dual interior-point method alone.
+    ``method="auto"`` (default), per problem: a SQUAREM-EM warm start in single precision, an active-set Newton
+    polish in double precision on the face of W it points to, and, for the problems the polish cannot certify
+    within min(30, ``max_iter``) iterations, the primal-dual interior-point method from scratch; ``method="ipm"``:
+    the interior-point method alone. A single set of more than ``labelshift.rows.LARGE_ROWS`` rows is solved by
+    :func:`mlls_newton_rows`. The stages, their stopping rules and the interior-point method: ``docs/solvers.md``.
 
-    The interior-point method follows the barrier problems max L_m(w) + mu sum_y log w_y (a^T w = 1, a = p_s) for
-    a decreasing mu, in the monotone manner of IPOPT (Waechter & Biegler, Math. Programming 2006). The KKT
-    conditions are grad L_m(w) - nu a + z = 0, w_y z_y = 0, w, z >= 0, a^T w = 1, and at the optimum nu = 1
-    (because w^T grad L_m(w) = 1 for every w), so z_y = p_s(y) (1 - g_y) with g_y = grad_y / p_s(y):
-      * each iteration is a Newton step on the perturbed KKT conditions (w_y z_y = mu), with z eliminated and the
-        equality kept by a bordered (k+1) x (k+1) system whose block is the negated Hessian
-        (1/m) sum_i f_i f_i^T / (f_i^T w)^2 plus Z / W;
-      * step lengths keep w > 0, z > 0 and every f_i^T w > 0 (fraction to the boundary max(0.99, 1 - mu)), and
-        the primal step is halved until the barrier objective rises (Armijo; the step is an ascent direction of
-        it, so this terminates);
-      * z is kept within a factor 1e10 of mu / w (so the primal-dual Hessian stays close to the primal one);
-      * once the barrier problem is solved to 10 mu, mu <- min(mu / 5, mu^1.5) (superlinear at the end).
-    It has converged when the Frank-Wolfe duality gap is at most ``tol``, every w_y z_y is at most
-    1e-4 tol min p_s (a coordinate whose multiplier z_y exceeds 1e-4 p_s(y) is then within tol of 0), and either
-    the last step moved w by at most ``tol`` (max-norm) or the KKT residual grad - nu a + z is below 1e-3 tol
-    (which ends problems whose likelihood is flat in some direction: there w is not unique, the estimators flag
-    it, and steps along the flat direction are rounding noise).
+    Args:
+        probs, source_prior, mask: as in :func:`mlls_em` (module conventions).
+        tol: the certified duality gap and the max-norm Newton step at convergence.
+        max_iter: caps the polish and the interior-point method (the warm start stops after at most 100 cycles).
+        init: starting weights (default w = 1), rescaled onto W.
+        method: ``"auto"`` or ``"ipm"``.
+        chunk_size: problems solved together per chunk, as in :func:`mlls_em`; results do not depend on it.
 
-    All problems of a chunk iterate together, each with its own state and stopping test; chunks (``chunk_size``,
-    see :func:`mlls_em`) run one after the other, so results do not depend on the batch. ``iterations`` counts
-    all iterations of a problem (warm-start cycles, polish and interior-point steps); ``max_iter`` caps the
-    polish and the interior-point method (the warm start stops after at most 100 cycles). ``optimality`` is the
-    Frank-Wolfe duality gap at the last iterate.
+    Returns:
+        :class:`SolverResult`: ``iterations`` counts all iterations of a problem (warm-start cycles, polish and
+        interior-point steps); ``optimality`` is the Frank-Wolfe duality gap at the last iterate.
+
+    Raises:
+        ValueError: an unknown ``method``.
     """
     if method not in _NEWTON_METHODS:
         raise ValueError(f"method must be one of {_NEWTON_METHODS}, got {method!r}")

@@ -8,9 +8,9 @@ those precomputed outputs only, so a sweep costs no network evaluation:
   source prior handed to every estimator and used for the true weights. Pools are carved out by stratified
   splits, so this is the training prior too: exactly uniform for ``mnist-5k`` (100 per class) and within one
   example per class of uniform for ``digits``, MNIST and CIFAR-10 (the paper's "uniform source").
-* target: for each seed, p_t(y) ~ Dirichlet(alpha) (:func:`labelshift.experiments.shift.dirichlet_prior`), then m examples
-  drawn with replacement from the test pool by :func:`labelshift.experiments.shift.sample_target`; the true weights are
-  the target set's empirical label frequencies over the source prior (as in the paper's MSE).
+* target: for each seed, p_t(y) ~ Dirichlet(alpha) (:func:`labelshift.experiments.shift.dirichlet_prior`), then m
+  examples drawn with replacement from the test pool by :func:`labelshift.experiments.shift.sample_target`; the true
+  weights are the target set's empirical label frequencies over the source prior (as in the paper's MSE).
 
 Settings: kind ``"alpha"`` (MSE vs alpha at a fixed m; paper m = 5000) and kind ``"size"`` (MSE vs m at a fixed
 alpha; paper alpha = 0.1). Methods: every name of :data:`labelshift.experiments.sweep.METHOD_NAMES` plus

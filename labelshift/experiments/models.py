@@ -2,8 +2,8 @@
 
 Both take images scaled to [0, 1] as float tensors of shape (N, C, H, W) and return logits (N, n_classes). The
 per-channel standardisation (x - mean) / std is the model's first layer (:class:`Standardize`, fixed buffers), so a
-saved model carries its own preprocessing and :func:`labelshift.experiments.training.predict_logits` only divides uint8 pixels
-by 255.
+saved model carries its own preprocessing and :func:`labelshift.experiments.training.predict_logits` only divides uint8
+pixels by 255.
 
 * ``"lenet"`` -- the MNIST network of Lipton, Wang and Smola, "Detecting and Correcting for Label Shift with Black
   Box Predictors" (ICML 2018), which Section 6 reuses: conv 20 @ 5x5 (ReLU), max-pool 2, conv 50 @ 5x5 (ReLU),
@@ -165,8 +165,8 @@ def build_model(name: str, n_classes: int, in_channels: int, image_size: int, *,
 
 
 def build_model_for(dataset, name: str | None = None, seed: int | None = None) -> nn.Module:
-    """The default architecture for a loaded :class:`~labelshift.experiments.datasets.Dataset` (its registry entry's model,
-    ``lenet`` for unknown ones), with the dataset's shape and normalisation."""
+    """The default architecture for a loaded :class:`~labelshift.experiments.datasets.Dataset` (its registry entry's
+    model, ``lenet`` for unknown ones), with the dataset's shape and normalisation."""
     from .datasets import DATASETS
 
     spec = DATASETS.get(dataset.name)

@@ -5,9 +5,9 @@ hands to its ``on_epoch`` callback.
 
 * Device: CUDA when ``torch.cuda.is_available()`` (with mixed precision: ``torch.autocast`` in float16 plus a
   ``GradScaler``, channels-last memory), the CPU otherwise; ``device=`` overrides.
-* Inputs: the uint8 images of :mod:`labelshift.experiments.datasets` ((N, H, W) or (N, C, H, W)), divided by 255 on the fly;
-  the per-channel mean/std standardisation is the model's first layer (:class:`labelshift.experiments.models.Standardize`).
-  Float inputs are taken as already scaled to [0, 1].
+* Inputs: the uint8 images of :mod:`labelshift.experiments.datasets` ((N, H, W) or (N, C, H, W)), divided by 255 on the
+  fly; the per-channel mean/std standardisation is the model's first layer
+  (:class:`labelshift.experiments.models.Standardize`). Float inputs are taken as already scaled to [0, 1].
 * Seeding: ``seed`` fixes the shuffling, the augmentation and any randomness inside the model (dropout), without
   touching the caller's global random state; the initial weights are fixed by ``build_model(..., seed=)``.
   On the CPU two runs with the same seeds give identical weights; on CUDA they agree up to cuDNN's
@@ -178,7 +178,8 @@ def train(model: nn.Module, train_x, train_y, *, epochs: int, batch_size: int, l
     """Train ``model`` by minimising the cross-entropy on (``train_x``, ``train_y``).
 
     Args:
-        model: a module from :func:`labelshift.experiments.models.build_model` (any module mapping [0, 1] images to logits).
+        model: a module from :func:`labelshift.experiments.models.build_model` (any module mapping [0, 1] images to
+            logits).
         train_x: uint8 images (N, H, W) or (N, C, H, W) (floats in [0, 1] also accepted); train_y: N int labels.
         epochs, batch_size, lr: the usual; ``lr`` is the peak rate of the cosine schedule.
         seed: fixes shuffling, augmentation and in-model randomness (see the module docstring).

@@ -2,35 +2,22 @@
 class?
 
 Under label shift every fixed function h of the output has E_t[h(f)] = sum_y p_t(y) E_s[h(f) | y] (Garg et al. 2020,
-Section 2). The region test of :mod:`labelshift.inference.shift_detection` takes h = region indicators (predicted class x
-confidence bin). This part takes, for the row's predicted class c = argmax f, the indicator of c and the k - 1
-log-odds log f_j - log f_c (clipped to [-30, 0]) placed in c's block: d <= k + k (k - 1) moments that see *where
-inside* a predicted class the outputs lie -- which other classes a row leans towards and by how much. A class mean
-that moves, or a new class whose rows lean towards two known ones, changes those profiles even where the
-confidence histogram stays put.
+Section 2). The region test of :mod:`labelshift.inference.shift_detection` takes h = region indicators (predicted class
+x confidence bin). This part takes, for the row's predicted class c = argmax f, the indicator of c and the k - 1
+log-odds log f_j - log f_c (clipped to [-30, 0]) placed in c's block: d <= k + k (k - 1) moments that see *where inside*
+a predicted class the outputs lie -- which other classes a row leans towards and by how much. A class mean that moves,
+or a new class whose rows lean towards two known ones, changes those profiles even where the confidence histogram stays
+put.
 
-Statistic: with f_bar the target mean of the moments, M[:, y] the holdout mean within class y and W the inverse of
-their variances (target variance / m + sum_y q_y^2 (holdout variance within y) / n_y, one diagonal),
-
-    S = min over q with sum q = 1 of  sum_j W_j (f_bar_j - (M q)_j)^2,
-
-the class proportions profiled out by weighted least squares (closed form); each class's variance is smoothed
-by SMOOTH pseudo-rows of the whole holdout, so that a moment a class never showed is not taken as known exactly.
-Beside S, two more statistics on the same moments: the *block statistic* weighs each predicted class's block by
-the inverse of its covariance (shrunk towards the diagonal) and sees a few log-odds moving against the rest of the
-block (rows leaning towards one other class); the *sum statistic*, |sum of S's z-scores over the log-odds|, sees all
-log-odds moving together (class means pulled towards each other or pushed apart). S counts that common direction
-many times over and sits between the two. All three are computed on the same draws; the part's p-value is their
-smallest p-value over its STATISTIC_WEIGHTS share, calibrated by those draws (:func:`_combined`).
-Its law under H0 comes from a studentised bootstrap in a world where H0 holds: the completed data of the null fit.
-Class y's rows in that world are its holdout rows (plus SMOOTH pseudo-rows of the whole holdout) and the target's
-rows in the share the null fit gives y (a uniform subsample of WORLD_TARGET_ROWS target rows, weighing
-WORLD_TARGET_WEIGHT x m in all);
-each draw takes n_y rows of every class and m target rows (classes from the fit's q) from it, recomputes its own
-weights and refits q. A (class, output) pair the holdout shows a handful of times thus enters the draws at the
-target's rate, and the draws carry real rows, so a miscalibrated model's log-odds are what they are on both sides
-(the shares use the outputs only to order rows inside a region: label_shift_test._world_shares). Measured size and
-power: docs/label_shift_test.md.
+Statistics (on the same bootstrap draws): S, the weighted least-squares distance between the target's mean moments
+and the holdout's class means mixed by q (q profiled out, class variances smoothed by SMOOTH pseudo-rows); the block
+statistic (each predicted class's block weighted by its shrunk covariance: a few log-odds moving against the rest);
+the sum statistic (all log-odds moving together). The part's p-value is their smallest p-value over its
+STATISTIC_WEIGHTS share, calibrated by the draws (:func:`_combined`). The draws come from a studentised bootstrap in
+the completed data of the null fit (holdout rows and WORLD_TARGET_ROWS target rows in the classes' fitted shares,
+:func:`labelshift.inference.shift_detection._world_shares`), so the law does not assume calibrated outputs.
+Derivation, how the weights were chosen, measured size and power: ``docs/label_shift_test.md`` ("The second look:
+log-odds profiles").
 """
 from __future__ import annotations
 
@@ -281,7 +268,7 @@ def _ranks(stat: float, boot: np.ndarray) -> np.ndarray:
     """Each draw's p-value as if it were the data: (#{draws >= it} (itself included) + [statistic >= it]) / (B + 1),
     the observed statistic taking the draw's place among the B + 1 -- so that the draws and the data are
     exchangeable under H0 and the min-p calibration is exact up to the world's law (a draw counted twice instead of
-    the data made it liberal: 6% at 5% in a simulation of exchangeable statistics, found in review)."""
+    the data made it liberal: ``docs/label_shift_test.md``)."""
     order = np.sort(boot)
     above = boot.size - np.searchsorted(order, boot, side="left")
     return (above + (stat >= boot - 1e-9 * np.maximum(1.0, np.abs(boot)))) / (boot.size + 1)

@@ -1,10 +1,9 @@
 """The regions part of the label-shift test on a restricted support, for many classes.
 
-:func:`labelshift.inference.shift_detection._null_fit` maximises the null likelihood of the region counts over every class
-histogram pi_y on all J regions, and its bootstrap refits B draws on the dense (B, k, J) table: with J about 4 k
-regions that is k^2 numbers a pass per draw (8e6 a pass for B = 200 at k = 100, 8e8 at k = 1,000), and the EM
-crawls where most entries head for 0 (at k = 100 on the benchmark's data 96% of the fitted pi are below 1e-12
-after 953 iterations; the draws did not converge in their 500).
+:func:`labelshift.inference.shift_detection._null_fit` maximises the null likelihood of the region counts over every
+class histogram pi_y on all J regions, and its bootstrap refits B draws on the dense (B, k, J) table: with J about 4 k
+regions that is k^2 numbers a pass per draw (8e6 a pass for B = 200 at k = 100, 8e8 at k = 1,000), and the EM crawls
+where most entries head for 0 (measured: ``docs/label_shift_test.md``, "Many classes").
 
 Above DENSE_MAX_CLASSES classes the null model is restricted instead: class y's histogram lives on the support
 
@@ -13,11 +12,11 @@ Above DENSE_MAX_CLASSES classes the null model is restricted instead: class y's 
 
 every confidence bin of each predicted class the holdout saw class y predicted as (a bin where class y was not seen
 by chance is not taken away from it: a target whose prior moves towards y fills such bins), and the bins of y's
-own predictions (so that every region can take target mass). The data and every bootstrap draw are fitted by the same rule -- a draw's support is S(N*) of its
-own holdout counts, inside the world's -- so the parametric bootstrap calibrates the restricted statistic
-2 (l_1 - l_0) as the dense one calibrates the full one. The EM (SQUAREM-accelerated, extrapolations kept only
-where they raise the likelihood) runs on the s entries of the support, B s numbers a pass, with s below n + J.
-Measured size and power at k = 100: docs/label_shift_test.md.
+own predictions (so that every region can take target mass). The data and every bootstrap draw are fitted by the same
+rule -- a draw's support is S(N*) of its own holdout counts, inside the world's -- so the parametric bootstrap
+calibrates the restricted statistic 2 (l_1 - l_0) as the dense one calibrates the full one. The EM (SQUAREM-accelerated,
+extrapolations kept only where they raise the likelihood) runs on the s entries of the support, B s numbers a pass, with
+s below n + J. Measured size and power at k = 100: ``docs/label_shift_test.md``.
 """
 from __future__ import annotations
 

@@ -306,8 +306,8 @@ def expected_accuracy(holdout_outputs, holdout_labels, target_outputs, calibrato
         holdout_labels: (n,) their labels 0..k-1; every class must occur.
         target_outputs: (m, k) the model's raw outputs on the target rows.
         calibrator: a fitted TS, BCTS, VS or NBVS calibrator fit on (holdout_outputs, holdout_labels).
-        weights: optional MLLS weights for these rows (as :func:`~labelshift.inference.source_aware.source_aware_interval`
-            takes them); None solves MLLS.
+        weights: optional MLLS weights for these rows (as
+            :func:`~labelshift.inference.source_aware.source_aware_interval` takes them); None solves MLLS.
         level: confidence level in (0, 1).
         interval: optional result of ``source_aware_interval`` on exactly these inputs (reused, not recomputed);
             its level need not be ``level``.

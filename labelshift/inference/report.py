@@ -95,14 +95,16 @@ class ShiftReport:
     be trusted.
 
     Attributes:
-        method: the estimator of the target prior (a name of :data:`labelshift.estimation.registry.REESTIMATION_ESTIMATORS`).
+        method: the estimator of the target prior (a name of
+            :data:`labelshift.estimation.registry.REESTIMATION_ESTIMATORS`).
         source_prior: p_s, shape (k,).
         target_prior: its estimate p_t = w * p_s (renormalised, :class:`labelshift.Estimate`), shape (k,).
         weights: the estimated w = p_t / p_s, shape (k,).
         interval: the confidence interval per class on p_t and w (source-aware, Fisher or bootstrap).
         no_shift_test: the test of H0: w = 1.
-        label_shift: the test of the label-shift assumption (:func:`labelshift.inference.shift_detection.label_shift_test`);
-            None when it was not run (see ``label_shift_error``).
+        label_shift: the test of the label-shift assumption
+            (:func:`labelshift.inference.shift_detection.label_shift_test`); None when it was not run (see
+            ``label_shift_error``).
         label_shift_error: why the label-shift test could not run (e.g. too small a holdout); None when it ran or
             was not asked for.
         identifiability: the identifiability report of the MLLS estimate (Section 5 of the paper).
@@ -112,7 +114,8 @@ class ShiftReport:
         n_target: the number of target rows m.
         converged: the estimator reached its tolerance.
         accuracy: the deployed model's accuracy on the holdout and its expected accuracy on the target, with an
-            interval (:func:`labelshift.inference.accuracy.expected_accuracy`); None unless the interval is source-aware.
+            interval (:func:`labelshift.inference.accuracy.expected_accuracy`); None unless the interval is
+            source-aware.
         label_shift_significance: a level of its own for the label-shift test (e.g. 0.01, so that true label
             shift withholds the outputs less often); None: the test uses ``significance``
             (:attr:`label_shift_level` is the one in force).
@@ -120,8 +123,8 @@ class ShiftReport:
             e.g. the source-aware interval on a holdout that does not identify the calibrator; the estimate is then
             untrustworthy (they are among :attr:`reasons`). Empty when every part was computed.
 
-    Derived: :attr:`shifted`, :attr:`label_shift_level`, :attr:`label_shift_ok`, :attr:`trustworthy`, :attr:`reasons`, :attr:`verdict`,
-    :attr:`total_variation`, :attr:`largest_change`, :attr:`n_classes`.
+    Derived: :attr:`shifted`, :attr:`label_shift_level`, :attr:`label_shift_ok`, :attr:`trustworthy`, :attr:`reasons`,
+    :attr:`verdict`, :attr:`total_variation`, :attr:`largest_change`, :attr:`n_classes`.
     """
 
     method: str
@@ -442,11 +445,11 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
     (:func:`~labelshift.inference.shift_detection.label_shift_test`, with the MLLS weights) checks that the target's
     calibrated outputs are the holdout's reweighted by class -- a holdout it cannot use (too small, a class with
     fewer than 5 rows) is recorded as "not run" with the reason, not raised; the no-shift test is the two-sample test of
-    :func:`~labelshift.inference.uncertainty.no_shift_test` (the source side, calibrator and p_s, is itself estimated from
-    ``source_probs``); the identifiability report is that of the MLLS estimate (Section 5, eq. (bound-main)) with the
-    hard joint confusion matrix of the source outputs. MLLS is fit whatever ``estimator`` is, and shown beside a
-    BBSE estimator as a cross-check. A cross-check estimator that fails (e.g. BBSE on a singular confusion matrix)
-    is reported with its error; the main one failing raises.
+    :func:`~labelshift.inference.uncertainty.no_shift_test` (the source side, calibrator and p_s, is itself estimated
+    from ``source_probs``); the identifiability report is that of the MLLS estimate (Section 5, eq. (bound-main)) with
+    the hard joint confusion matrix of the source outputs. MLLS is fit whatever ``estimator`` is, and shown beside a
+    BBSE estimator as a cross-check. A cross-check estimator that fails (e.g. BBSE on a singular confusion matrix) is
+    reported with its error; the main one failing raises.
 
     Args:
         source_probs: (n, k) calibrated outputs on labelled source data.

@@ -7,23 +7,13 @@ Section 2: p_t(x | y) = p_s(x | y)) every function g of the input has
 
 in particular every function of the classifier's calibrated output f(x). A new class, covariate shift or a broken
 input pipeline changes p(x | y), and with it the distribution of f(x) in ways that no reweighting of the holdout's
-classes reproduces. :func:`label_shift_test` checks this identity on indicator features of regions of the output
-simplex (predicted class x confidence bin, the bins set on the labelled holdout): is the target's histogram over
-the regions a mixture, with some class weights, of the holdout's class-conditional histograms? The default form
-is the likelihood-ratio test of that multinomial model, in which the class weights (a binned MLLS) and the
-holdout's class-conditional histograms are estimated jointly under the null, so the estimation of w and the
-holdout's finite size are both in the null distribution. Its p-value comes by default from a parametric
-bootstrap of that fitted null (B = 200 draws of holdout and target counts, each refitted by a batched EM;
-``calibration="bootstrap"``, deterministic for a given ``seed``): the Wilks reference (chi^2 with regions - classes
-dof, ``calibration="chi2"``) is conservative under shifted priors (sizes 1-3% at a nominal 5%), the bootstrap is
-at the nominal level there and gains power. By default (up to 20 classes) a second look checks the same identity on the log-odds
-profile inside each predicted class (``labelshift.inference._log_odds``: which other classes the rows lean towards,
-where class means that move or a new class between two known ones show), with a bootstrap of the null fit's
-completed data; the reported p-value splits the level 30/70 between the two parts (weighted Bonferroni,
-``combine_p_values``). A Wald form
-with the MLLS weights and a delta-method covariance is kept for comparison (``method="wald"``; liberal under
-severe shift, see the docs). Derivation, measured size and power, and what to do when it fires:
-``docs/label_shift_test.md``.
+classes reproduces. :func:`label_shift_test` checks this identity on regions of the output simplex (predicted
+class x confidence bin, set on the labelled holdout) by a likelihood ratio whose null fit estimates w and the
+holdout's class-conditional histograms jointly (p-value from a parametric bootstrap of that fit by default), and,
+up to 20 classes, on the log-odds profiles inside each predicted class (:mod:`labelshift.inference._log_odds`);
+the reported p-value splits the level 30/70 between the two parts (:func:`combine_p_values`). A Wald form with the
+MLLS weights is kept for comparison (``method="wald"``). Derivation, measured size and power, and what to do when
+it fires: ``docs/label_shift_test.md``.
 
     from labelshift.inference.shift_detection import label_shift_test
     res = label_shift_test(holdout_probs, holdout_labels, target_probs)   # calibrated outputs, holdout labels
@@ -548,9 +538,9 @@ def _world_shares(regions: _Regions, pi: np.ndarray, q: np.ndarray, p: np.ndarra
     fitted shift, (q_y / p_y) f_y normalised (the E-step of MLLS, eq. mlls-sample); then, by iterative proportional
     fitting, the rows of each region r are rescaled per class until they split among the classes as the regions'
     fit says, q_y pi_y[r] / sum_y' q_y' pi_y'[r]. Calibration thus only orders the rows inside a region; how many
-    of a region's rows each class gets comes from the holdout's labels. (Shares by region alone blur the classes'
-    profiles inside a region: the bootstrap law then came out too small, 7-8% size at 5%; see
-    docs/label_shift_test.md.) A row of a region the fit gives no mass gets share 0 everywhere."""
+    of a region's rows each class gets comes from the holdout's labels (shares by region alone blur the classes'
+    profiles inside a region; why this world: ``docs/label_shift_test.md``). A row of a region the fit gives no
+    mass gets share 0 everywhere."""
     joint = q[:, None] * pi
     mix = joint.sum(axis=0)
     rho = np.where(mix > 0, joint / np.where(mix > 0, mix, 1.0), 0.0)          # (k, J): class shares per region
@@ -649,41 +639,27 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     Section 2), from the calibrated outputs of one classifier on a labelled holdout and on unlabelled target rows.
 
     Under H0, for each region R of the output simplex, P_t(f(x) in R) = sum_y p_t(y) P_s(f(x) in R | y). Regions:
-    predicted class x confidence bin (max_y f_y), bins at holdout quantiles so that each holds at least
-    ``min_region_rows`` holdout rows (at most ``max_confidence_bins`` per predicted class; classes predicted fewer
-    than ``min_region_rows`` times on the holdout are pooled into one region) -- the degenerate-bin rule.
+    predicted class x confidence bin (max_y f_y), bins at holdout quantiles holding at least ``min_region_rows``
+    holdout rows each, at most ``max_confidence_bins`` per predicted class; classes predicted fewer than
+    ``min_region_rows`` times on the holdout are pooled into one region (the degenerate-bin rule).
 
-    ``method="likelihood-ratio"`` (default): holdout counts N[y, R] ~ Multinomial(n_y, pi_y), target counts
-    T[R] ~ Multinomial(m, sum_y q_y pi_y) under H0, unrestricted target frequencies under H1. The null maximum over
-    (pi, q) is found by EM (SQUAREM-accelerated), so q = p_t (a binned MLLS) and the histograms pi are estimated
-    jointly from both samples; 2 (l_1 - l_0) ~ chi^2 with J - k dof (J regions; a class whose weight is 0 at the
-    null fit adds one dof back, the conservative side of the boundary's chi-bar-squared law).
-    ``calibration="bootstrap"`` (default) replaces that reference law by a parametric bootstrap from the null fit:
-    ``bootstrap_draws`` = B sets of holdout counts N*_y ~ Multinomial(n_y, pi_hat_y) (the holdout's class sizes) and
-    target counts T* ~ Multinomial(m, sum_y q_hat_y pi_hat_y), each refitted (EM batched over the draws, started at
-    the fit), p = (1 + #{LR* >= LR}) / (B + 1). It accounts for the boundary (classes with weight near 0) and for
-    sparse regions, where the chi^2 reference is conservative; measured size 3.5-5.8% where chi^2 gave 1-5%
-    (docs/label_shift_test.md). Cost: about 0.05-0.4 s, independent of m beyond drawing the counts.
-    ``method="wald"``: D_R = target fraction - sum_y p_t_hat(y) pi_hat_y(R) with p_t_hat from the MLLS weights,
-    D^T Sigma^+ D with Sigma from the target rows, the holdout rows and the MLLS estimating equations (delta
-    method); measured liberal under severe shift (docs/label_shift_test.md).
+    ``method="likelihood-ratio"`` (default): the likelihood ratio of the multinomial model in which the class
+    weights (a binned MLLS) and the holdout's class-conditional histograms are fitted jointly under H0 (EM), against
+    free target frequencies; its reference law is a parametric bootstrap of the null fit (``calibration=
+    "bootstrap"``, ``bootstrap_draws`` draws, p = (1 + #{LR* >= LR}) / (B + 1)) or chi^2 with J - k dof
+    (``"chi2"``; conservative under shifted priors). ``method="wald"``: the MLLS weights with a delta-method
+    covariance, kept for comparison (liberal under severe shift). ``log_odds=True`` adds the log-odds profiles
+    inside each predicted class (:mod:`labelshift.inference._log_odds`); the reported ``p_value`` is then
+    ``combine_p_values(p_regions, p_log_odds)`` = min(1, p_regions / 0.3, p_log_odds / 0.7) (weighted Bonferroni,
+    :data:`REGIONS_SHARE` = 0.3), both parts in ``extra``. Per-region z-scores rank where the target disagrees
+    (they ignore the estimation of w; the p-value does not).
 
-    ``log_odds=True`` (default up to 20 classes) adds a second look (:mod:`labelshift.inference._log_odds`): within each predicted class,
-    the mean log-odds of the other classes against it must also be the holdout's reweighted by class; its p-value
-    comes from a bootstrap of the null fit's completed data (holdout rows and target rows in the classes' fitted
-    shares; no calibration assumed), and the reported ``p_value`` is combine_p_values(p_regions, p_log_odds) =
-    min(1, p_regions / 0.3, p_log_odds / 0.7) (weighted Bonferroni, REGIONS_SHARE = 0.3), both parts in ``extra``. ``log_odds=False``: the regions
-    alone.
-
-    Per-region evidence: z_R = (observed - expected) / sd, expected = sum_y p_t(y) (holdout fraction of class y in
-    R) with p_t from the null fit (likelihood ratio) or MLLS (Wald), sd from the target's and the holdout's
-    multinomial variances; it ranks the regions (it ignores the estimation of w; the p-value does not).
-
-    Assumptions: rows independent; the regions are fixed by the holdout (their dependence on it, and the
-    calibrator's fit on it, are not propagated -- the measured size with BCTS refit on every holdout is in the
-    docs). The test does not need calibrated outputs for its validity (the identity holds for any fixed f), only
-    for the regions to be meaningful. What it cannot see: a violation that leaves the distribution of f(x) a
-    mixture of the holdout's class-conditional ones (e.g. drift along directions the classifier ignores).
+    Assumes independent rows; the regions and the calibrator (both fit on the holdout) are held fixed. Validity
+    does not need calibrated outputs (the identity holds for any fixed f), only the regions' meaning does. It
+    cannot see a violation that leaves f(x) a mixture of the holdout's class-conditional laws (e.g. drift along
+    directions the classifier ignores). Statistic, null fit, bootstrap, evidence and cost:
+    ``docs/label_shift_test.md`` ("The statistic and its null distribution"); measured size and power:
+    ``benchmarks/README.md`` ("Label-shift test: size and power").
 
     Args:
         holdout_probs: (n, k) calibrated outputs on the labelled holdout (the rows the calibrator was fit on).

@@ -1,11 +1,11 @@
 """Confidence intervals on the target prior that include the error of the labelled source holdout.
 
-:func:`labelshift.inference.uncertainty.fisher_interval` treats the calibrated predictor f and the source prior p_s as known.
-In practice both are estimated from the same n labelled holdout rows: the calibrator's parameters theta by
+:func:`labelshift.inference.uncertainty.fisher_interval` treats the calibrated predictor f and the source prior p_s as
+known. In practice both are estimated from the same n labelled holdout rows: the calibrator's parameters theta by
 minimising the NLL, and p_s = the mean calibrated prediction on the holdout (how the ``reestimate`` flow defines it,
 ``ModelBundle.source_prior``). Their O(n^{-1/2}) error moves the MLLS estimate (eq. (mlls-sample) of Garg et al.,
-NeurIPS 2020) as much as the target's own O(m^{-1/2}) error once m is not small next to n, and the target-only
-interval is then too short.
+NeurIPS 2020) as much as the target's own O(m^{-1/2}) error once m is not small next to n, and the target-only interval
+is then too short.
 
 :func:`source_aware_interval` stacks the three estimating equations -- the calibrator's NLL score on the holdout,
 the p_s mean equation on the holdout, the MLLS optimality conditions on the target -- and forms the M-estimation
@@ -57,8 +57,8 @@ _COND_MAX = 1e12                    # condition number of the NLL Hessian above 
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SourceAwareInterval(PriorInterval):
-    """A :class:`~labelshift.inference.uncertainty.PriorInterval` (``method="source-aware"``) whose covariance includes the
-    holdout's error. Every field of PriorInterval keeps its meaning; ``std_error`` is the total standard error of
+    """A :class:`~labelshift.inference.uncertainty.PriorInterval` (``method="source-aware"``) whose covariance includes
+    the holdout's error. Every field of PriorInterval keeps its meaning; ``std_error`` is the total standard error of
     p_t(y). Added:
 
     Attributes:
@@ -74,7 +74,8 @@ class SourceAwareInterval(PriorInterval):
             returned, but should be reported as Untrustworthy.
         reasons: one sentence per failed check, naming the number and its threshold.
         target_only: the present target-only interval (``method="fisher"``, as
-            :func:`~labelshift.inference.uncertainty.fisher_interval` computes it) for the same estimate, for comparison.
+            :func:`~labelshift.inference.uncertainty.fisher_interval` computes it) for the same estimate, for
+            comparison.
         holdout_influence: (n, k) the influence of each holdout row on the estimate of p_t (centred, in holdout row
             order): p_t_hat - p_t ~ (target part) + (1/n) sum_j holdout_influence[j], and
             ``covariance_holdout = holdout_influence.T @ holdout_influence / n**2``. For quantities estimated on the
@@ -407,24 +408,13 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     NeurIPS 2020) whose covariance includes (a) the target sample, (b) the calibrator's parameters fit on the
     holdout and (c) p_s, the mean calibrated prediction on the holdout.
 
-    The covariance is the sandwich of the stacked estimating equations (docs/intervals.md):
-    holdout rows j: the NLL score of the calibrator psi_j(theta) and f_theta(x_j) - p_s; target rows i: the MLLS
-    optimality conditions on the free classes F, s_i,F - p_s,F with s_i = f_theta(x_i) / (f_theta(x_i)^T w) (at
-    the MLLS optimum grad L_m = p_s on F with multiplier 1, so these are the KKT conditions with p_s^T w = 1
-    implied). Linearising, w_hat_F - w_F = H_FF^{-1} [mean_i (s_i,F - p_s,F) + A (theta_hat - theta)
-    - (p_s_hat - p_s)_F] with H = (1/m) sum_i s_i s_i^T (the Hessian of eq. (proof-hessian)) and
-    A = mean_i d s_i / d theta; each holdout row then has an influence on w and on p_t = p_s * w, and
-
-        Cov(p_t_hat) = D Cov_target(w) D + (1/n^2) sum_j IF_j IF_j^T,     D = diag(p_s),
-
-    where Cov_target(w) = (1/m) H_FF^{-1} Cov_i(s_i,F) H_FF^{-1} is the target-only Fisher covariance of
-    :func:`~labelshift.inference.uncertainty.fisher_interval`. Interval per class: p_t_hat(y) +- z se(y),
-    z = Phi^{-1}((1 + level) / 2), clipped to [0, 1] (w: to [0, 1 / p_s(y)]).
-
-    Classes pinned at w_y = 0 (w_y <= PIN_TOL) get the one-sided interval [0, U_y]: the target-only profile
-    likelihood bound of fisher_interval, widened by the holdout's share. With y freed (free set F + {y}), the
-    normal model of the unconstrained estimate gives U(V) = w_u + sqrt(w_u^2 + z^2 V) for a variance V of w_y
-    (w_u <= 0: the unconstrained estimate); U_y = U_profile + U(V_target + V_holdout) - U(V_target).
+    The covariance is the M-estimation sandwich of the stacked estimating equations (on the holdout rows the
+    calibrator's NLL score and f_theta(x_j) - p_s; on the target rows the MLLS optimality conditions on the free
+    classes): the target-only Fisher covariance of :func:`~labelshift.inference.uncertainty.fisher_interval` plus
+    the holdout rows' influence on p_t. Interval per class: p_t_hat(y) +- z se(y), z = Phi^{-1}((1 + level) / 2),
+    clipped to [0, 1] (w: to [0, 1 / p_s(y)]). Classes pinned at w_y = 0 (w_y <= PIN_TOL) get the one-sided
+    interval [0, U_y]: the target-only profile likelihood bound of fisher_interval, widened by the holdout's share.
+    Derivation: ``docs/intervals.md`` ("The covariance (M-estimation sandwich)", "Classes pinned at w = 0").
 
     Args:
         holdout_outputs: (n, k) the classifier's raw outputs (logits, or probabilities if the calibrator was fit

@@ -506,13 +506,10 @@ def no_shift_test(target_probs, weights, source_prior, *, source_probs=None) -> 
     subspace (``dof`` drops for a direction without variance on either side), referred to Hotelling's law
     (n + m - 2) dof / (n + m - dof - 1) F(dof, n + m - dof - 1). It does not use ``weights``.
 
-    Contract of the two-sample form: under H0 and the label-shift assumption, target and source rows have one
-    distribution, so one covariance, and the p-value is close to uniform: exact for Gaussian rows; measured
-    for a BCTS calibrator fit on the holdout at n in {500, 1000, 5000}, m in {1000, 20000}, k in {3, 10}: false
-    alarms 4.5-5.5% at the 5% level (3000 seeds per cell; ``benchmarks/README.md``). The pooled covariance is the null's estimate;
-    each side's own covariance would move with its own mean (predictions of a rare class are near 0 or 1) and make
-    the test liberal when m >> n. Any label shift with an invertible soft confusion matrix moves the mean, so the
-    test is consistent. Derivation, measurements and limits in ``docs/uncertainty.md``.
+    Under H0 and the label-shift assumption target and source rows have one distribution, so one covariance (the
+    pooled one estimates it), and the two-sample p-value is close to uniform (exact for Gaussian rows); any label
+    shift with an invertible soft confusion matrix moves the mean, so the test is consistent. Derivation, why the
+    pooled covariance, measured size and power: ``docs/uncertainty.md`` ("No-shift test").
 
     Args: as :func:`fisher_interval` (``weights`` = the MLLS estimate, or None to solve it here; used by the
     likelihood-ratio form); ``source_probs``: (n, k) calibrated source outputs.

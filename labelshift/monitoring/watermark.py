@@ -9,10 +9,10 @@ A run calls :func:`find_new_batches` (reads only), :func:`load_batch` per batch 
 was listed with), :func:`write_batch_outputs` per batch, and last :func:`commit_watermark` (an atomic
 compare-and-swap of the watermark on the version that was read; only it writes the watermark). A batch that fails
 its checks can be committed as rejected (:class:`RejectedBatch`): recorded with its reason and checksum, not
-counted, and not offered again until its content changes. A run that fails before the commit leaves the watermark as it was, so its batches are
-taken again by the next run and never counted twice; a batch whose content changed after it was counted raises
-:class:`ChangedBatchError` unless ``on_changed="reprocess"``. The layout, the guarantees and the cost of a run
-(listings, hashes, fingerprints) are described in ``docs/reestimation.md``, "The target store".
+counted, and not offered again until its content changes. A run that fails before the commit leaves the watermark as it
+was, so its batches are taken again by the next run and never counted twice; a batch whose content changed after it was
+counted raises :class:`ChangedBatchError` unless ``on_changed="reprocess"``. The layout, the guarantees and the cost of
+a run (listings, hashes, fingerprints) are described in ``docs/reestimation.md``, "The target store".
 """
 from __future__ import annotations
 
@@ -432,8 +432,9 @@ def find_new_batches(
 
     Returns ``[]`` when every batch was already counted, including when every counted batch has since been deleted
     (retention) and none came. A batch rejected earlier (``watermark.rejected``) whose content is still the one
-    rejected is not returned; with new content it is new again. Raises :class:`InputError` when the target holds no batch and the watermark never
-    counted one (empty or missing prefix), saying which URI and what is expected. Writes nothing.
+    rejected is not returned; with new content it is new again. Raises :class:`InputError` when the target holds no
+    batch and the watermark never counted one (empty or missing prefix), saying which URI and what is expected. Writes
+    nothing.
 
     Only new batches and counted ones whose listing fingerprint differs from the recorded one are hashed (see
     "Cost of a run"). The watermark returned is the one compared against, with its fingerprints brought up to date

@@ -2,8 +2,8 @@
 label distribution (the label-shift assumption of the paper, Section 2: p(x|y) from the pool, p_t(y) chosen).
 
 Used to try the ``reestimate`` flow on the offline datasets (``labelshift data simulate-target``) and in tests.
-The inputs are what the image networks of :mod:`labelshift.experiments.models` take and what the training task registers as
-their input example: float32 in [0, 1], shape (n, C, H, W).
+The inputs are what the image networks of :mod:`labelshift.experiments.models` take and what the training task registers
+as their input example: float32 in [0, 1], shape (n, C, H, W).
 """
 from __future__ import annotations
 
