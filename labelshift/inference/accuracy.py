@@ -23,6 +23,7 @@ import numpy as np
 from scipy.stats import norm
 
 from .. import rows as _rows
+from .._numbers import finite_or_none, none_as_nan
 from .._validation import as_float_array, as_float_rows, check_labels
 from ..errors import InputError
 from .source_aware import SourceAwareInterval, source_aware_interval
@@ -31,15 +32,6 @@ __all__ = ["AccuracyEstimate", "expected_accuracy", "METHOD"]
 
 #: the ``method`` of the result: the variance is that of the source-aware interval plus the holdout recall's
 METHOD = "source-aware"
-
-
-def _num(v):
-    v = float(v)
-    return v if math.isfinite(v) else None
-
-
-def _float(v):
-    return float("nan") if v is None else float(v)
 
 
 @dataclass(frozen=True)
@@ -132,15 +124,15 @@ class AccuracyEstimate:
         for f in fields(self):
             v = getattr(self, f.name)
             if isinstance(v, np.ndarray):
-                d[f.name] = [_num(x) for x in v]
+                d[f.name] = [finite_or_none(x) for x in v]
             elif isinstance(v, dict):
-                d[f.name] = {key: _num(x) for key, x in v.items()}
+                d[f.name] = {key: finite_or_none(x) for key, x in v.items()}
             elif isinstance(v, bool):
                 d[f.name] = v
             elif isinstance(v, (int, np.integer)) and f.name in ("n_source", "n_target"):
                 d[f.name] = int(v)
             elif isinstance(v, (float, np.floating)):
-                d[f.name] = _num(v)
+                d[f.name] = finite_or_none(v)
             else:
                 d[f.name] = list(v) if isinstance(v, list) else v
         return d
@@ -160,9 +152,9 @@ class AccuracyEstimate:
                 continue
             v = d[f.name]
             if f.name in ("per_class_recall", "corrected_per_class_recall", "target_prior", "weights"):
-                kw[f.name] = np.array([_float(x) for x in v])
+                kw[f.name] = np.array([none_as_nan(x) for x in v])
             elif f.name == "variance":
-                kw[f.name] = {key: _float(x) for key, x in v.items()}
+                kw[f.name] = {key: none_as_nan(x) for key, x in v.items()}
             elif f.name in ("n_source", "n_target"):
                 kw[f.name] = int(v)
             elif f.name in ("method",):
@@ -172,7 +164,7 @@ class AccuracyEstimate:
             elif f.name == "reasons":
                 kw[f.name] = list(v)
             else:
-                kw[f.name] = _float(v)
+                kw[f.name] = none_as_nan(v)
         return cls(**kw)
 
 

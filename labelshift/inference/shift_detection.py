@@ -42,9 +42,11 @@ from scipy.stats import chi2, norm
 from .. import rows as _rows
 from ._log_odds import BLOCK_MAX_CLASSES, log_odds_test
 from ._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit
+from ._squarem import squarem_batch
 from .._validation import as_float_array, check_labels, check_prior, check_probabilities
 from ..errors import InputError
 from ..estimation.solvers import PIN_TOL, mlls_gradient, mlls_newton
+from .._numbers import finite_or_none
 
 __all__ = ["LabelShiftTest", "Region", "label_shift_test", "MIN_HOLDOUT", "MIN_CLASS_ROWS", "MIN_TARGET",
            "MIN_REGION_ROWS", "MAX_CONFIDENCE_BINS", "BOOTSTRAP_DRAWS", "CALIBRATIONS"]
@@ -116,7 +118,7 @@ class Region:
     def to_dict(self) -> dict:
         return {"name": self.name, "predicted_classes": [int(c) for c in self.predicted_classes],
                 "confidence_low": float(self.confidence_low), "confidence_high": float(self.confidence_high),
-                "observed": float(self.observed), "expected": float(self.expected), "z": _num(self.z),
+                "observed": float(self.observed), "expected": float(self.expected), "z": finite_or_none(self.z),
                 "holdout_rows": int(self.holdout_rows)}
 
 
@@ -209,14 +211,14 @@ class LabelShiftTest:
         return "; ".join(parts)
 
     def to_dict(self) -> dict:
-        return {"statistic": _num(self.statistic), "dof": int(self.dof), "p_value": _num(self.p_value),
+        return {"statistic": finite_or_none(self.statistic), "dof": int(self.dof), "p_value": finite_or_none(self.p_value),
                 "method": self.method, "n_target": int(self.n_target), "n_holdout": int(self.n_holdout),
-                "weights": [_num(v) for v in self.weights], "source_prior": [_num(v) for v in self.source_prior],
-                "bonferroni_z": _num(self.bonferroni_z), "class_z": [_num(v) for v in self.class_z],
+                "weights": [finite_or_none(v) for v in self.weights], "source_prior": [finite_or_none(v) for v in self.source_prior],
+                "bonferroni_z": finite_or_none(self.bonferroni_z), "class_z": [finite_or_none(v) for v in self.class_z],
                 "calibration": self.extra.get("calibration", "chi2"),
-                "p_value_chi2": _num(self.extra.get("p_value_chi2", self.p_value)),
+                "p_value_chi2": finite_or_none(self.extra.get("p_value_chi2", self.p_value)),
                 "bootstrap_draws": self.extra.get("bootstrap_draws"),
-                **{key: (_num(self.extra[key]) if isinstance(self.extra[key], float) else self.extra[key])
+                **{key: (finite_or_none(self.extra[key]) if isinstance(self.extra[key], float) else self.extra[key])
                    for key in _LOG_ODDS_KEYS if key in self.extra},
                 "disagreeing": [r.to_dict() for r in self.disagreeing()],
                 "regions": [r.to_dict() for r in self.regions]}
@@ -249,11 +251,6 @@ class LabelShiftTest:
                           "bootstrap_draws": d.get("bootstrap_draws"),
                           **{key: (num(d[key]) if key in _LOG_ODDS_FLOATS else d[key])
                              for key in _LOG_ODDS_KEYS if key in d}})
-
-
-def _num(x) -> float | None:
-    x = float(x)
-    return x if math.isfinite(x) else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -498,32 +495,8 @@ def _null_fit_batch(N: np.ndarray, T: np.ndarray, q0: np.ndarray, pi0: np.ndarra
         tq = resp.sum(axis=2)
         return (Na + resp) / (nya + tq)[:, :, None], tq / ma[:, None]
 
-    prev = loglik(pi, q, slice(None))
-    active = np.ones(B, dtype=bool)
-    it = 0
-    while it < max_iter and active.any():
-        a = np.flatnonzero(active)
-        sub = (N[a], T[a], n_y[a], m[a])
-        p0, q0_ = pi[a], q[a]
-        p1, q1 = em(p0, q0_, *sub)
-        p2, q2 = em(p1, q1, *sub)
-        r_pi, r_q = p1 - p0, q1 - q0_
-        v_pi, v_q = p2 - p1 - r_pi, q2 - q1 - r_q
-        nr = np.sqrt((r_pi ** 2).sum(axis=(1, 2)) + (r_q ** 2).sum(axis=1))
-        nv = np.sqrt((v_pi ** 2).sum(axis=(1, 2)) + (v_q ** 2).sum(axis=1))
-        alpha = -nr / np.where(nv > 0, nv, 1.0)
-        alpha = np.where((nv > 0) & (alpha < -1.0), alpha, -1.0)
-        p3 = np.maximum(p0 - 2 * alpha[:, None, None] * r_pi + alpha[:, None, None] ** 2 * v_pi, 1e-300)
-        q3 = np.maximum(q0_ - 2 * alpha[:, None] * r_q + alpha[:, None] ** 2 * v_q, 0.0)
-        p3, q3 = em(p3 / p3.sum(axis=2, keepdims=True), q3 / q3.sum(axis=1, keepdims=True), *sub)
-        it += 3
-        l2, l3 = loglik(p2, q2, a), loglik(p3, q3, a)
-        better = l3 > l2
-        pi[a] = np.where(better[:, None, None], p3, p2)
-        q[a] = np.where(better[:, None], q3, q2)
-        cur = np.where(better, l3, l2)
-        active[a[cur - prev[a] <= tol * np.maximum(1.0, np.abs(cur))]] = False
-        prev[a] = cur
+    squarem_batch(pi, q, (N, T, n_y, m), em, loglik, lambda p3: p3 / p3.sum(axis=2, keepdims=True), tol,
+                  max_iter)
     return np.maximum(2.0 * (l1 - loglik(pi, q, slice(None))), 0.0)
 
 

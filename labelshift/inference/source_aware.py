@@ -25,7 +25,7 @@ import numpy as np
 from scipy.stats import norm
 
 from .. import rows as _rows
-from .._validation import as_float_array, as_float_rows, check_labels
+from .._validation import as_float_array, as_float_rows, check_labels, check_level
 from ..calibration import PROB_FLOOR, log_softmax
 from ..calibration.scaling import CONVERGED_GRADIENT
 from ..errors import IllConditionedWarning, InputError
@@ -260,13 +260,6 @@ def _log_scores(calibrator, x: np.ndarray, name: str) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------------
 # input checks
 # ---------------------------------------------------------------------------------------------------------------
-def _check_level(level) -> float:
-    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < level < 1.0:
-        raise InputError(f"level must be a probability strictly between 0 and 1 (e.g. 0.95 for a 95% interval), "
-                         f"got {level!r}.")
-    return float(level)
-
-
 def _check_outputs(x, name: str, k: int | None, rows: bool = False) -> np.ndarray:
     arr = as_float_rows(x, name) if rows else as_float_array(x, name, 2)
     if arr.shape[0] == 0:
@@ -445,7 +438,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
             holdout example; an unsupported or unfitted calibrator, or one not fit on these holdout rows;
             mismatched shapes; weights that are not the MLLS estimate.
     """
-    level = _check_level(level)
+    level = check_level(level, example="e.g. 0.95 for a 95% interval")
     Xh = _check_outputs(holdout_outputs, "holdout_outputs", None)
     n, k = Xh.shape
     if k < 2:
