@@ -529,6 +529,32 @@ class _Work:
         self.live = np.ones(self.ids.shape[0], dtype=bool)
 
 
+class _Outcome:
+    """The per-problem results of a chunk solver -- w, converged, iterations, gap -- filled in as its problems run."""
+
+    def __init__(self, w: np.ndarray):
+        A = w.shape[0]
+        self.w = w
+        self.conv = np.zeros(A, dtype=bool)
+        self.iters = np.zeros(A, dtype=np.int64)
+        self.gap = np.full(A, np.inf)
+
+    def record(self, work: _Work, it: int, w_new, gap, finished, converged=None) -> bool:
+        """Store the live problems' iterate ``w_new``, iteration ``it`` and ``gap``; mark ``converged`` (default:
+        ``finished``) as converged and retire ``finished``. Returns whether no problem is left live."""
+        live = work.live
+        ids = work.ids[live]
+        self.w[ids] = w_new[live]
+        self.iters[ids] = it
+        self.gap[ids] = gap[live]
+        self.conv[work.ids[finished if converged is None else converged]] = True
+        work.live = live & ~finished
+        return not work.live.any()
+
+    def result(self):
+        return self.w, self.conv, self.iters, self.gap
+
+
 def _prepare(probs, source_prior, mask, init):
     """Batch arrays of the MLLS solvers: P (S, M, k), normalised row weights (S, M), p_s (S, k), the starting
     point in W (S, k) and whether the input was a single set."""
@@ -569,10 +595,7 @@ def _tail(d, d1, d2):
 def _em_chunk(PT, cn, ps, w, tol, max_iter):
     """Plain EM on one chunk (transposed float64 layout); see :func:`mlls_em` for the stopping rule."""
     A = PT.shape[0]
-    w = w.copy()
-    conv = np.zeros(A, dtype=bool)
-    iters = np.zeros(A, dtype=np.int64)
-    gap_out = np.full(A, np.inf)
+    out = _Outcome(w.copy())
     work = _Work(np.arange(A), PT=PT, c3=cn[:, None, :], ips=1.0 / ps, ps=ps, w=w.copy(), d1=np.full(A, np.inf),
                  d2=np.full(A, np.inf))
     for it in range(1, max_iter + 1):
@@ -586,16 +609,10 @@ def _em_chunk(PT, cn, ps, w, tol, max_iter):
         work.set("w", np.where(live[:, None], wn, ww))
         work.set("d2", work.d1)
         work.set("d1", d)
-        ids = work.ids[live]
-        w[ids] = wn[live]
-        iters[ids] = it
-        gap_out[ids] = gap[live]
-        conv[work.ids[finished]] = True
-        work.live = live & ~finished
-        if not work.live.any():
+        if out.record(work, it, wn, gap, finished):
             break
         work.maybe_compact()
-    return w, conv, iters, gap_out
+    return out.result()
 
 
 def _chunk_objective(ca, fw):
@@ -666,10 +683,7 @@ def _squarem_chunk(PT, cn, ps, w, *, tol, max_iter, loose=False):
     """
     A = PT.shape[0]
     dt = PT.dtype
-    w = w.copy()
-    conv = np.zeros(A, dtype=bool)
-    iters = np.zeros(A, dtype=np.int64)
-    gap_out = np.full(A, np.inf)
+    out = _Outcome(w.copy())
     slack = 1e-5 if dt == np.float32 else 1e-13        # rounding of L in the monotonicity test
     c3 = cn.astype(dt)[:, None, :]
     x1, _, fw0 = _em_step(PT, c3, 1.0 / ps, ps, w)
@@ -683,17 +697,11 @@ def _squarem_chunk(PT, cn, ps, w, *, tol, max_iter, loose=False):
         x2, g1, _ = _em_step(a_["PT"], a_["c3"], a_["ips"], a_["ps"], x1)
         gap = g1.max(axis=1) - 1.0
         finished, ok = _squarem_finished(a_, x0, x1, x2, gap, live, tol, loose)
-        ids = work.ids[live]
-        w[ids] = np.where(ok[live, None], x2[live], x1[live])
-        iters[ids] = it
-        gap_out[ids] = gap[live]
-        conv[work.ids[finished & ok]] = True
-        work.live = live = live & ~finished
-        if not live.any():
+        if out.record(work, it, np.where(ok[:, None], x2, x1), gap, finished, converged=finished & ok):
             break
-        a_["x0"], a_["x1"], a_["L0"] = _squarem_extrapolate(a_, x0, x1, x2, live, slack)
+        a_["x0"], a_["x1"], a_["L0"] = _squarem_extrapolate(a_, x0, x1, x2, work.live, slack)
         work.maybe_compact()
-    return w, conv, iters, gap_out
+    return out.result()
 
 
 def mlls_em(probs, source_prior, mask=None, *, tol: float = 1e-10, max_iter: int = 100_000,
@@ -890,10 +898,7 @@ def _polish_chunk(PT, cn, ps, PT32, w, tol, max_iter):
     are described in ``docs/solvers.md``.
     """
     A, k, M = PT.shape
-    w = w.copy()
-    conv = np.zeros(A, dtype=bool)
-    iters = np.zeros(A, dtype=np.int64)
-    gap_out = np.full(A, np.inf)
+    out = _Outcome(w.copy())
     cmin = np.where(cn > 0, cn, np.inf).min(axis=1)
     work = _Work(np.arange(A), PT=PT, c3=cn[:, None, :], ps=ps, PT32=PT32, w=w.copy(), w0=w.copy(), free=w > 0,
                  cmin=cmin, stuck=np.zeros(A, dtype=np.int64), H=np.zeros((A, k, k)), moved=np.ones(A, dtype=bool),
@@ -928,19 +933,13 @@ def _polish_chunk(PT, cn, ps, PT32, w, tol, max_iter):
         a_["moved"] = st.moved
         stuck = np.where((st.step <= 0.0) & ~changed, a_["stuck"] + 1, 0)
         fail = live & ~done & (bad | (stuck >= 3))
-        ids = work.ids[live]
-        w[ids] = st.w[live]
-        iters[ids] = it
-        gap_out[ids] = gap[live]
-        conv[work.ids[done]] = True
         failed[work.ids[fail]] = True
         a_["w"], a_["free"], a_["stuck"] = st.w, st.free, stuck
-        work.live = live & ~done & ~fail
-        if not work.live.any():
+        if out.record(work, it, st.w, gap, done | fail, converged=done):
             break
         work.maybe_compact(0.5)
-    failed |= ~conv
-    return w, conv, iters, gap_out, failed
+    failed |= ~out.conv
+    return (*out.result(), failed)
 
 
 def _frac_to_boundary(x, dx, frac):
@@ -1022,9 +1021,7 @@ def _ipm_chunk(P, cn, ps, PT32, w, tol, max_iter):
     A, M, k = P.shape
     comp_tol = 1e-4 * tol * ps.min(axis=1)
     mu = np.full(A, _IPM_MU0)
-    conv = np.zeros(A, dtype=bool)
-    iters = np.zeros(A, dtype=np.int64)
-    gap_out = np.full(A, np.inf)
+    out = _Outcome(w)
     work = _Work(np.arange(A), P=P, cn=cn, ps=ps, w=w.copy(), z=mu[:, None] / w, nu=np.ones(A), mu=mu,
                  comp_tol=comp_tol, fw=_fw(P, w), PT32=PT32)
     for it in range(1, max_iter + 1):
@@ -1052,16 +1049,10 @@ def _ipm_chunk(P, cn, ps, PT32, w, tol, max_iter):
         work.set("z", np.where(live[:, None], zn, zw))
         work.set("nu", np.where(live, nun, nuw))
         work.set("mu", muw)
-        ids = work.ids[live]
-        w[ids] = wn[live]
-        iters[ids] = it
-        gap_out[ids] = gap[live]
-        conv[work.ids[finished]] = True
-        work.live = live & ~finished
-        if not work.live.any():
+        if out.record(work, it, wn, gap, finished):
             break
         work.maybe_compact()
-    return w, conv, iters, gap_out
+    return out.result()
 
 
 _NEWTON_METHODS = ("auto", "ipm")
