@@ -46,7 +46,7 @@ from flows.params import (DEFAULT_MODEL, BatchSizeParam, CalibratorParam, CrossC
                           ModelParam, NBootstrapParam, OnChangedParam, OnInvalidParam, SeedParam, SignificanceParam,
                           TargetParam, TrackingParam)
 from labelshift.errors import InputError
-from labelshift.monitoring.watermark.watermark import commit_watermark, find_new_batches, read_watermark
+from labelshift.monitoring.watermark import commit_watermark, find_new_batches, read_watermark
 from labelshift.estimation.registry import check_interval
 from labelshift.inference.report import NOT_LABEL_SHIFT, ShiftReport, check_holdout, finite
 from labelshift.storage import open_store

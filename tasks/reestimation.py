@@ -27,11 +27,11 @@ from mlflow.entities import Metric, Param, RunStatus
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from labelshift.monitoring.watermark.batches import metric_names
+from labelshift.monitoring.batches import metric_names
 from labelshift.calibration import load_calibrator
 from labelshift.estimation.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
-from labelshift.monitoring.watermark.watermark import RejectedBatch, TargetBatch, load_batch, write_batch_outputs
+from labelshift.monitoring.watermark import RejectedBatch, TargetBatch, load_batch, write_batch_outputs
 from labelshift.experiments.plots import figure_png, plot_prior_estimate
 from labelshift.inference.report import NOT_LABEL_SHIFT, ShiftReport, assess_shift, finite
 from labelshift.rows import joined
