@@ -190,3 +190,11 @@ def check_target_batch(target, name: str, n_classes: int):
         probs[i, : s.shape[0]] = s
         mask[i, : s.shape[0]] = 1.0
     return probs, mask, is_batch
+
+
+def check_level(level, name: str = "level", example: str = "e.g. 0.95") -> float:
+    """``level`` as a float strictly between 0 and 1; InputError naming ``name`` (with ``example`` as the hint)
+    otherwise (bools rejected)."""
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < level < 1.0:
+        raise InputError(f"{name} must be a probability strictly between 0 and 1 ({example}), got {level!r}.")
+    return float(level)

@@ -139,6 +139,82 @@ def _log_metrics(client: MlflowClient, run_id: str, values: dict, step: int = 0)
         client.log_batch(run_id, metrics=metrics)
 
 
+def _start_training_run(client: MlflowClient, experiment_id: str, dataset: str, model_seed: int, key: str,
+                        model_store: str, parent_run_id: str | None) -> str:
+    """Create the MLflow run of one training (a child of ``parent_run_id`` when given); returns its id."""
+    tags = {"labelshift.kind": "training", "dataset": dataset, "model_seed": str(model_seed),
+            "labelshift.model_key": key, "labelshift.model_store": model_store}
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
+    return client.create_run(experiment_id, run_name=f"train-{dataset}-seed{model_seed}", tags=tags).info.run_id
+
+
+def _train_and_save(store, client: MlflowClient, run_id: str, dataset: str, model_seed: int, config: dict,
+                    manifest, train_limit: int | None, key: str, mprefix: str):
+    """Train the network on the dataset in the store, log its parameters and metrics to the run, and save its
+    checkpoint and valid/test logits under ``mprefix``. Returns (meta, the model on the CPU, the dataset)."""
+    from labelshift.experiments.datasets import load_dataset
+    from labelshift.experiments.models import build_model_for
+    from labelshift.experiments.training import accuracy, checkpoint_bytes, predict_logits, resolve_device, train
+
+    ds = load_dataset(store, dataset_prefix(dataset), expected_name=dataset)
+    rows = _subset(ds.train.y, train_limit, model_seed)
+    device = resolve_device(None)
+    params = {"model": config["model"], "model_seed": model_seed, "train_size": len(rows),
+              "device": device.type, "dataset_fingerprint": dataset_fingerprint(manifest)[:16],
+              **{f"train.{k}": v for k, v in config["train"].items()}}
+    client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+    model = build_model_for(ds, config["model"], seed=model_seed)
+
+    def on_epoch(epoch: int, m: dict) -> None:
+        _log_metrics(client, run_id, {k: m[k] for k in ("train_loss", "train_accuracy", "valid_loss",
+                                                         "valid_accuracy", "lr", "seconds") if k in m},
+                     step=epoch)
+
+    t0 = time.perf_counter()
+    result = train(model, ds.train.x[rows], ds.train.y[rows], seed=model_seed, device=device,
+                   valid=(ds.valid.x, ds.valid.y), on_epoch=on_epoch, **config["train"])
+    train_seconds = time.perf_counter() - t0
+    model = result.model.to("cpu")
+    logits_valid = predict_logits(model, ds.valid.x, device="cpu")
+    logits_test = predict_logits(model, ds.test.x, device="cpu")
+    meta = {"key": key, "store_prefix": mprefix, "dataset": dataset, "model_seed": int(model_seed),
+            "config": config, "train_limit": train_limit, "train_size": int(len(rows)),
+            "test_accuracy": accuracy(logits_test, ds.test.y),
+            "valid_accuracy": accuracy(logits_valid, ds.valid.y), "device": device.type,
+            "train_seconds": train_seconds, "epochs_run": len(result.history)}
+    _log_metrics(client, run_id, {"test_accuracy": meta["test_accuracy"], "train_seconds": train_seconds})
+    store.put_bytes(f"{mprefix}/checkpoint.pt", checkpoint_bytes(model, meta))
+    store.put_array(f"{mprefix}/logits_valid.npy", logits_valid)
+    store.put_array(f"{mprefix}/logits_test.npy", logits_test)
+    return meta, model, ds
+
+
+def _register_model(client: MlflowClient, run_id: str, tracking_uri: str, dataset: str, model, ds, meta: dict,
+                    good_accuracy: float) -> None:
+    """Log the model to the run and register it under the dataset's name, aliased newest (and latest-good when
+    its test accuracy is at least ``good_accuracy``); adds the registration to ``meta``."""
+    import mlflow
+    import torch
+
+    name = registered_model_name(dataset)
+    mlflow.set_tracking_uri(tracking_uri)
+    # MLflow 3 stores PyTorch models as torch.export programs ("pt2"), traced on an example batch: the
+    # first EXAMPLE_BATCH valid images scaled to [0, 1], the input the network expects
+    example = ds.valid.x[:EXAMPLE_BATCH].astype(np.float32) / 255.0
+    example = example[:, None] if example.ndim == 3 else example
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.pytorch.log_model(model, name="model", registered_model_name=name,
+                                        input_example=example, serialization_format="pt2",
+                                        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                                        await_registration_for=60)
+    version = str(info.registered_model_version)
+    client.set_registered_model_alias(name, LATEST_ALIAS, version)
+    if meta["test_accuracy"] >= good_accuracy:
+        client.set_registered_model_alias(name, GOOD_ALIAS, version)
+    meta.update(registered_model=name, version=version, model_uri=info.model_uri)
+
+
 @task(name="train-model", task_run_name="train-{dataset}-seed{model_seed}", cache_policy=NO_CACHE,
       persist_result=False)
 def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: str, experiment_id: str,
@@ -150,13 +226,6 @@ def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: 
     ``valid_accuracy``, ``device``, ``train_seconds``, ``registered_model`` / ``version`` (when registered),
     ``cached`` (True when found in the store), ``run_id`` (this call's MLflow training run).
     """
-    import mlflow
-    import torch
-
-    from labelshift.experiments.datasets import load_dataset
-    from labelshift.experiments.models import build_model_for
-    from labelshift.experiments.training import accuracy, checkpoint_bytes, predict_logits, resolve_device, train
-
     store = open_store(store_uri)
     prefix = dataset_prefix(dataset)
     manifest = read_manifest(store, prefix, expected_name=dataset)
@@ -164,11 +233,7 @@ def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: 
     key = model_key(dataset_fingerprint(manifest), config, model_seed, train_limit)
     mprefix = f"models/{key}"
     client = MlflowClient(tracking_uri=tracking_uri)
-    tags = {"labelshift.kind": "training", "dataset": dataset, "model_seed": str(model_seed),
-            "labelshift.model_key": key, "labelshift.model_store": store.url(mprefix)}
-    if parent_run_id:
-        tags["mlflow.parentRunId"] = parent_run_id
-    run_id = client.create_run(experiment_id, run_name=f"train-{dataset}-seed{model_seed}", tags=tags).info.run_id
+    run_id = _start_training_run(client, experiment_id, dataset, model_seed, key, store.url(mprefix), parent_run_id)
     try:
         if store.exists(f"{mprefix}/meta.json"):
             meta = store.get_json(f"{mprefix}/meta.json")
@@ -179,54 +244,10 @@ def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: 
             return dict(meta, cached=True, run_id=run_id)
 
         client.set_tag(run_id, "labelshift.cache", "miss")
-        ds = load_dataset(store, prefix, expected_name=dataset)
-        rows = _subset(ds.train.y, train_limit, model_seed)
-        device = resolve_device(None)
-        params = {"model": config["model"], "model_seed": model_seed, "train_size": len(rows),
-                  "device": device.type, "dataset_fingerprint": dataset_fingerprint(manifest)[:16],
-                  **{f"train.{k}": v for k, v in config["train"].items()}}
-        client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
-        model = build_model_for(ds, config["model"], seed=model_seed)
-
-        def on_epoch(epoch: int, m: dict) -> None:
-            _log_metrics(client, run_id, {k: m[k] for k in ("train_loss", "train_accuracy", "valid_loss",
-                                                             "valid_accuracy", "lr", "seconds") if k in m},
-                         step=epoch)
-
-        t0 = time.perf_counter()
-        result = train(model, ds.train.x[rows], ds.train.y[rows], seed=model_seed, device=device,
-                       valid=(ds.valid.x, ds.valid.y), on_epoch=on_epoch, **config["train"])
-        train_seconds = time.perf_counter() - t0
-        model = result.model.to("cpu")
-        logits_valid = predict_logits(model, ds.valid.x, device="cpu")
-        logits_test = predict_logits(model, ds.test.x, device="cpu")
-        meta = {"key": key, "store_prefix": mprefix, "dataset": dataset, "model_seed": int(model_seed),
-                "config": config, "train_limit": train_limit, "train_size": int(len(rows)),
-                "test_accuracy": accuracy(logits_test, ds.test.y),
-                "valid_accuracy": accuracy(logits_valid, ds.valid.y), "device": device.type,
-                "train_seconds": train_seconds, "epochs_run": len(result.history)}
-        _log_metrics(client, run_id, {"test_accuracy": meta["test_accuracy"], "train_seconds": train_seconds})
-        store.put_bytes(f"{mprefix}/checkpoint.pt", checkpoint_bytes(model, meta))
-        store.put_array(f"{mprefix}/logits_valid.npy", logits_valid)
-        store.put_array(f"{mprefix}/logits_test.npy", logits_test)
-
+        meta, model, ds = _train_and_save(store, client, run_id, dataset, model_seed, config, manifest, train_limit,
+                                          key, mprefix)
         if register:
-            name = registered_model_name(dataset)
-            mlflow.set_tracking_uri(tracking_uri)
-            # MLflow 3 stores PyTorch models as torch.export programs ("pt2"), traced on an example batch: the
-            # first EXAMPLE_BATCH valid images scaled to [0, 1], the input the network expects
-            example = ds.valid.x[:EXAMPLE_BATCH].astype(np.float32) / 255.0
-            example = example[:, None] if example.ndim == 3 else example
-            with mlflow.start_run(run_id=run_id):
-                info = mlflow.pytorch.log_model(model, name="model", registered_model_name=name,
-                                                input_example=example, serialization_format="pt2",
-                                                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-                                                await_registration_for=60)
-            version = str(info.registered_model_version)
-            client.set_registered_model_alias(name, LATEST_ALIAS, version)
-            if meta["test_accuracy"] >= good_accuracy:
-                client.set_registered_model_alias(name, GOOD_ALIAS, version)
-            meta.update(registered_model=name, version=version, model_uri=info.model_uri)
+            _register_model(client, run_id, tracking_uri, dataset, model, ds, meta, good_accuracy)
         store.put_json(f"{mprefix}/meta.json", meta)       # last: marks the cache entry complete
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
         return dict(meta, cached=False, run_id=run_id)

@@ -218,6 +218,14 @@ class _MLLSBase(_Params, LabelShiftEstimator):
 
     _param_names = ("solver", "tol", "max_iter")
 
+    def __init__(self, solver: str = "newton", tol: float = 1e-10, max_iter: int | None = None):
+        self.solver = solver
+        self.tol = tol
+        self.max_iter = max_iter
+
+    def _fit(self, probs, labels):
+        self._check_params()
+
     def _check_params(self):
         if self.solver not in _SOLVERS:
             raise InputError(f"solver must be one of {_SOLVERS}, got {self.solver!r}.")
@@ -272,14 +280,6 @@ class MLLS(_MLLSBase):
 
     name = "MLLS"
 
-    def __init__(self, solver: str = "newton", tol: float = 1e-10, max_iter: int | None = None):
-        self.solver = solver
-        self.tol = tol
-        self.max_iter = max_iter
-
-    def _fit(self, probs, labels):
-        self._check_params()
-
     def _solve(self, probs, mask):
         return self._mlls(probs, mask)
 
@@ -303,11 +303,6 @@ class MLLSCM(_MLLSBase):
     """
 
     name = "MLLS-CM"
-
-    def __init__(self, solver: str = "newton", tol: float = 1e-10, max_iter: int | None = None):
-        self.solver = solver
-        self.tol = tol
-        self.max_iter = max_iter
 
     def _fit(self, probs, labels):
         self._check_params()
@@ -342,9 +337,7 @@ class MLLSBinned(_MLLSBase):
                  max_iter: int | None = None):
         self.n_bins = n_bins
         self.strategy = strategy
-        self.solver = solver
-        self.tol = tol
-        self.max_iter = max_iter
+        super().__init__(solver, tol, max_iter)
 
     def _fit(self, probs, labels):
         self._check_params()

@@ -205,6 +205,80 @@ def rlls_objective(confusion, mu, weights, rho: float) -> np.ndarray:
     return np.linalg.norm(theta @ C.T - b, axis=-1) + rho * np.linalg.norm(theta, axis=-1)
 
 
+class _RllsBarrier:
+    """The log-barrier centring objective of :func:`rlls_solve` for a confusion matrix C, strength rho and right-hand
+    sides b: its gradient and Hessian in (theta, t[, s]) and the strictly feasible points."""
+
+    def __init__(self, C: np.ndarray, rho: float, k: int):
+        self.C, self.rho, self.k = C, rho, k
+        self.use_s = rho > 0.0
+        self.n = k + 1 + int(self.use_s)
+        self.CtC = C.T @ C
+        self.eye = np.eye(k)
+
+    def terms(self, xa, ta, b_a):
+        """Gradient and Hessian of the centring objective at the rows xa (all strictly feasible)."""
+        C, CtC, k, n, rho = self.C, self.CtC, self.k, self.n, self.rho
+        A = xa.shape[0]
+        th, t = xa[:, :k], xa[:, k]
+        r = th @ C.T - b_a
+        D1 = t * t - np.einsum("ai,ai->a", r, r)
+        Ctr = r @ C
+        g = np.zeros((A, n))
+        H = np.zeros((A, n, n))
+        g[:, :k] = 2.0 * Ctr / D1[:, None]
+        g[:, k] = ta - 2.0 * t / D1
+        H[:, :k, :k] = 2.0 * CtC[None] / D1[:, None, None] + 4.0 * Ctr[:, :, None] * Ctr[:, None, :] / (
+            D1 * D1)[:, None, None]
+        H[:, :k, k] = H[:, k, :k] = -4.0 * t[:, None] * Ctr / (D1 * D1)[:, None]
+        H[:, k, k] = 2.0 * (t * t + (t * t - D1)) / (D1 * D1)
+        if self.use_s:
+            s = xa[:, k + 1]
+            D2 = s * s - np.einsum("ai,ai->a", th, th)
+            g[:, :k] += 2.0 * th / D2[:, None]
+            g[:, k + 1] = ta * rho - 2.0 * s / D2
+            H[:, :k, :k] += 2.0 * self.eye[None] / D2[:, None, None] + 4.0 * th[:, :, None] * th[:, None, :] / (
+                D2 * D2)[:, None, None]
+            H[:, :k, k + 1] = H[:, k + 1, :k] = -4.0 * s[:, None] * th / (D2 * D2)[:, None]
+            H[:, k + 1, k + 1] = 2.0 * (s * s + (s * s - D2)) / (D2 * D2)
+        u = 1.0 + th
+        g[:, :k] -= 1.0 / u
+        idx = np.arange(k)
+        H[:, idx, idx] += 1.0 / (u * u)
+        return g, H
+
+    def feasible(self, xa, b_a):
+        """Whether each row of xa is strictly inside the cones and theta > -1."""
+        k = self.k
+        th, t = xa[:, :k], xa[:, k]
+        r = th @ self.C.T - b_a
+        ok = (t > 0) & (t * t - np.einsum("ai,ai->a", r, r) > 0) & np.all(th > -1.0, axis=1)
+        if self.use_s:
+            s = xa[:, k + 1]
+            ok &= (s > 0) & (s * s - np.einsum("ai,ai->a", th, th) > 0)
+        return ok
+
+
+def _rlls_damped_step(barrier: _RllsBarrier, xa, ta, b_a):
+    """One damped Newton step of the centring objective from the rows xa, halved until strictly feasible.
+    Returns (the new rows, the Newton decrement lambda)."""
+    g, H = barrier.terms(xa, ta, b_a)
+    # Jacobi-equilibrate the Newton system: its entries span many orders of magnitude near the optimum
+    d = 1.0 / np.sqrt(np.einsum("aii->ai", H))
+    step = -d * np.linalg.solve(H * d[:, :, None] * d[:, None, :], (g * d)[..., None])[..., 0]
+    lam = np.sqrt(np.maximum(-np.einsum("ai,ai->a", g, step), 0.0))
+    alpha = np.where(lam > 0.25, 1.0 / (1.0 + lam), 1.0)
+    xn = xa + alpha[:, None] * step
+    # self-concordance keeps these steps feasible in exact arithmetic; guard against rounding at the end
+    for _ in range(60):
+        bad = ~barrier.feasible(xn, b_a)
+        if not bad.any():
+            break
+        alpha[bad] *= 0.5
+        xn[bad] = xa[bad] + alpha[bad, None] * step[bad]
+    return xn, lam
+
+
 def rlls_solve(confusion, mu, rho: float, *, tol: float = 1e-10, max_iter: int = 500) -> SolverResult:
     """Solve RLLS (Azizzadenesheli et al., ICLR 2019, eq. (6)): theta = argmin ||C theta - b||_2 + rho ||theta||_2
     subject to theta >= -1, where b = mu_t - C 1; return w = 1 + theta.
@@ -228,83 +302,25 @@ def rlls_solve(confusion, mu, rho: float, *, tol: float = 1e-10, max_iter: int =
     single = mu.ndim == 1
     mu2 = mu[None] if single else mu
     S, k = mu2.shape
-    rho = float(rho)
-    use_s = rho > 0.0
-    n = k + 1 + int(use_s)
-    nu = k + 2.0 + 2.0 * use_s
+    barrier = _RllsBarrier(C, float(rho), k)
+    nu = k + 2.0 + 2.0 * barrier.use_s
     b = mu2 - C.sum(axis=1)
-    CtC = C.T @ C
-    eye = np.eye(k)
 
-    x = np.zeros((S, n))
+    x = np.zeros((S, barrier.n))
     x[:, k] = np.linalg.norm(b, axis=1) + 1.0          # t > ||C 0 - b||
-    if use_s:
+    if barrier.use_s:
         x[:, k + 1] = 1.0                                # s > ||0||
     tau = np.full(S, 1.0)
     done = np.zeros(S, dtype=bool)
     iters = np.zeros(S, dtype=np.int64)
     tau_final = nu / tol
     mu_factor = 10.0
-
-    def barrier_terms(xa, ta):
-        """Gradient and Hessian of the centring objective at the rows xa (all strictly feasible)."""
-        A = xa.shape[0]
-        th, t = xa[:, :k], xa[:, k]
-        r = th @ C.T - b_a
-        D1 = t * t - np.einsum("ai,ai->a", r, r)
-        Ctr = r @ C
-        g = np.zeros((A, n))
-        H = np.zeros((A, n, n))
-        g[:, :k] = 2.0 * Ctr / D1[:, None]
-        g[:, k] = ta - 2.0 * t / D1
-        H[:, :k, :k] = 2.0 * CtC[None] / D1[:, None, None] + 4.0 * Ctr[:, :, None] * Ctr[:, None, :] / (
-            D1 * D1)[:, None, None]
-        H[:, :k, k] = H[:, k, :k] = -4.0 * t[:, None] * Ctr / (D1 * D1)[:, None]
-        H[:, k, k] = 2.0 * (t * t + (t * t - D1)) / (D1 * D1)
-        if use_s:
-            s = xa[:, k + 1]
-            D2 = s * s - np.einsum("ai,ai->a", th, th)
-            g[:, :k] += 2.0 * th / D2[:, None]
-            g[:, k + 1] = ta * rho - 2.0 * s / D2
-            H[:, :k, :k] += 2.0 * eye[None] / D2[:, None, None] + 4.0 * th[:, :, None] * th[:, None, :] / (
-                D2 * D2)[:, None, None]
-            H[:, :k, k + 1] = H[:, k + 1, :k] = -4.0 * s[:, None] * th / (D2 * D2)[:, None]
-            H[:, k + 1, k + 1] = 2.0 * (s * s + (s * s - D2)) / (D2 * D2)
-        u = 1.0 + th
-        g[:, :k] -= 1.0 / u
-        idx = np.arange(k)
-        H[:, idx, idx] += 1.0 / (u * u)
-        return g, H
-
-    def feasible(xa):
-        th, t = xa[:, :k], xa[:, k]
-        r = th @ C.T - b_a
-        ok = (t > 0) & (t * t - np.einsum("ai,ai->a", r, r) > 0) & np.all(th > -1.0, axis=1)
-        if use_s:
-            s = xa[:, k + 1]
-            ok &= (s > 0) & (s * s - np.einsum("ai,ai->a", th, th) > 0)
-        return ok
-
     for _ in range(max_iter):
         act = np.flatnonzero(~done)
         if act.size == 0:
             break
-        xa, ta, b_a = x[act], tau[act], b[act]
-        g, H = barrier_terms(xa, ta)
-        # Jacobi-equilibrate the Newton system: its entries span many orders of magnitude near the optimum
-        d = 1.0 / np.sqrt(np.einsum("aii->ai", H))
-        step = -d * np.linalg.solve(H * d[:, :, None] * d[:, None, :], (g * d)[..., None])[..., 0]
-        lam = np.sqrt(np.maximum(-np.einsum("ai,ai->a", g, step), 0.0))
-        alpha = np.where(lam > 0.25, 1.0 / (1.0 + lam), 1.0)
-        xn = xa + alpha[:, None] * step
-        # self-concordance keeps these steps feasible in exact arithmetic; guard against rounding at the end
-        for _ in range(60):
-            bad = ~feasible(xn)
-            if not bad.any():
-                break
-            alpha[bad] *= 0.5
-            xn[bad] = xa[bad] + alpha[bad, None] * step[bad]
-        x[act] = xn
+        xa, ta = x[act], tau[act]
+        x[act], lam = _rlls_damped_step(barrier, xa, ta, b[act])
         iters[act] += 1
         centred = lam <= 1e-3
         finished = centred & (ta >= tau_final)
@@ -513,6 +529,32 @@ class _Work:
         self.live = np.ones(self.ids.shape[0], dtype=bool)
 
 
+class _Outcome:
+    """The per-problem results of a chunk solver -- w, converged, iterations, gap -- filled in as its problems run."""
+
+    def __init__(self, w: np.ndarray):
+        A = w.shape[0]
+        self.w = w
+        self.conv = np.zeros(A, dtype=bool)
+        self.iters = np.zeros(A, dtype=np.int64)
+        self.gap = np.full(A, np.inf)
+
+    def record(self, work: _Work, it: int, w_new, gap, finished, converged=None) -> bool:
+        """Store the live problems' iterate ``w_new``, iteration ``it`` and ``gap``; mark ``converged`` (default:
+        ``finished``) as converged and retire ``finished``. Returns whether no problem is left live."""
+        live = work.live
+        ids = work.ids[live]
+        self.w[ids] = w_new[live]
+        self.iters[ids] = it
+        self.gap[ids] = gap[live]
+        self.conv[work.ids[finished if converged is None else converged]] = True
+        work.live = live & ~finished
+        return not work.live.any()
+
+    def result(self):
+        return self.w, self.conv, self.iters, self.gap
+
+
 def _prepare(probs, source_prior, mask, init):
     """Batch arrays of the MLLS solvers: P (S, M, k), normalised row weights (S, M), p_s (S, k), the starting
     point in W (S, k) and whether the input was a single set."""
@@ -553,10 +595,7 @@ def _tail(d, d1, d2):
 def _em_chunk(PT, cn, ps, w, tol, max_iter):
     """Plain EM on one chunk (transposed float64 layout); see :func:`mlls_em` for the stopping rule."""
     A = PT.shape[0]
-    w = w.copy()
-    conv = np.zeros(A, dtype=bool)
-    iters = np.zeros(A, dtype=np.int64)
-    gap_out = np.full(A, np.inf)
+    out = _Outcome(w.copy())
     work = _Work(np.arange(A), PT=PT, c3=cn[:, None, :], ips=1.0 / ps, ps=ps, w=w.copy(), d1=np.full(A, np.inf),
                  d2=np.full(A, np.inf))
     for it in range(1, max_iter + 1):
@@ -570,16 +609,69 @@ def _em_chunk(PT, cn, ps, w, tol, max_iter):
         work.set("w", np.where(live[:, None], wn, ww))
         work.set("d2", work.d1)
         work.set("d1", d)
-        ids = work.ids[live]
-        w[ids] = wn[live]
-        iters[ids] = it
-        gap_out[ids] = gap[live]
-        conv[work.ids[finished]] = True
-        work.live = live & ~finished
-        if not work.live.any():
+        if out.record(work, it, wn, gap, finished):
             break
         work.maybe_compact()
-    return w, conv, iters, gap_out
+    return out.result()
+
+
+def _chunk_objective(ca, fw):
+    """L_m per problem from the row weights ca (A, 1, M) and f_i^T w (A, 1, M); -inf outside the domain."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        val = np.matmul(ca, np.log(fw).transpose(0, 2, 1))[:, 0, 0].astype(np.float64)
+    return np.where(np.isfinite(val), val, -np.inf)
+
+
+def _squarem_finished(a_, x0, x1, x2, gap, live, tol, loose):
+    """Which live problems of a SQUAREM cycle stop (:func:`_squarem_chunk`'s rules), and whether their EM step is
+    finite; updates the stall counters of the ``loose`` rule in ``a_``."""
+    d1 = np.max(np.abs(x2 - x1), axis=1)
+    ok = np.isfinite(d1)
+    if loose:
+        stall = np.where(d1 < 0.5 * a_["best"], 0, a_["stall"] + 1)
+        a_["best"] = np.minimum(a_["best"], d1)
+        a_["stall"] = stall
+        return live & ((d1 <= tol) | (stall >= 3) | ~ok), ok
+    # geometric tail per coordinate (after a jump the coordinates need not share one rate)
+    s1 = np.abs(x2 - x1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = s1 / np.abs(x1 - x0)
+        tail = np.where(rho < 1.0, s1 * rho / (1.0 - rho), np.inf)
+    tail = np.where(s1 <= 1e-15 * x1.max(axis=1, keepdims=True), 0.0, tail).max(axis=1)
+    return live & ok & ((d1 == 0.0) | ((tail <= tol) & (gap <= tol))), ok
+
+
+def _squarem_extrapolate(a_, x0, x1, x2, live, slack):
+    """The SQUAREM extrapolation from (x0, x1, x2) and one EM step from it, kept where it does not lower L (else the
+    EM step from x2); adapts the step bound ``a_["amax"]``. Returns (the new x0, x1, L at x0)."""
+    PTw, cw, psw, ipw = a_["PT"], a_["c3"], a_["ps"], a_["ips"]
+    # the extrapolation, a halved towards 1 until x' > 0 where x2 > 0
+    r = x1 - x0
+    v = x2 - x1 - r
+    vv = np.einsum("ak,ak->a", v, v)
+    a = np.sqrt(np.divide(np.einsum("ak,ak->a", r, r), vv, out=np.ones_like(vv), where=vv > 0))
+    a = np.minimum(np.maximum(a, 1.0), a_["amax"])
+    for _ in range(40):
+        xp = x0 + (2.0 * a)[:, None] * r + (a * a)[:, None] * v
+        bad = np.any((xp <= 0.0) & (x2 > 0.0), axis=1) & (a > 1.0)
+        if not bad.any():
+            break
+        a = np.where(bad, 0.5 * (a + 1.0), a)
+    jump = (a > 1.0) & ~bad
+    xp = np.where(jump[:, None], np.maximum(xp, 0.0), x2)
+    xp /= np.einsum("ak,ak->a", xp, psw)[:, None]
+    xq, _, fwq = _em_step(PTw, cw, ipw, psw, xp)
+    Lq = _chunk_objective(cw, fwq)
+    L0 = a_["L0"]
+    reject = live & jump & ~(Lq >= L0 - slack * (1.0 + np.abs(L0)))
+    amax = a_["amax"]
+    a_["amax"] = np.where(reject, np.maximum(1.0, amax / 4.0), np.where(a >= amax, 4.0 * amax, amax))
+    if reject.any():
+        rows = np.flatnonzero(reject)
+        xp[rows] = x2[rows]
+        xq[rows], _, fw_r = _em_step(PTw[rows], cw[rows], ipw[rows], psw[rows], x2[rows])
+        Lq[rows] = _chunk_objective(cw[rows], fw_r)
+    return xp, xq, Lq
 
 
 def _squarem_chunk(PT, cn, ps, w, *, tol, max_iter, loose=False):
@@ -591,79 +683,25 @@ def _squarem_chunk(PT, cn, ps, w, *, tol, max_iter, loose=False):
     """
     A = PT.shape[0]
     dt = PT.dtype
-    w = w.copy()
-    conv = np.zeros(A, dtype=bool)
-    iters = np.zeros(A, dtype=np.int64)
-    gap_out = np.full(A, np.inf)
+    out = _Outcome(w.copy())
     slack = 1e-5 if dt == np.float32 else 1e-13        # rounding of L in the monotonicity test
-
-    def objective(ca, fw):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            val = np.matmul(ca, np.log(fw).transpose(0, 2, 1))[:, 0, 0].astype(np.float64)
-        return np.where(np.isfinite(val), val, -np.inf)
-
     c3 = cn.astype(dt)[:, None, :]
     x1, _, fw0 = _em_step(PT, c3, 1.0 / ps, ps, w)
-    work = _Work(np.arange(A), PT=PT, c3=c3, ps=ps, ips=1.0 / ps, x0=w.copy(), x1=x1, L0=objective(c3, fw0),
+    work = _Work(np.arange(A), PT=PT, c3=c3, ps=ps, ips=1.0 / ps, x0=w.copy(), x1=x1, L0=_chunk_objective(c3, fw0),
                  amax=np.ones(A), best=np.full(A, np.inf),
                  stall=np.zeros(A, dtype=np.int64))
     for it in range(1, max_iter + 1):
         a_ = work.arrays
-        PTw, cw, psw, ipw, x0, x1 = a_["PT"], a_["c3"], a_["ps"], a_["ips"], a_["x0"], a_["x1"]
+        x0, x1 = a_["x0"], a_["x1"]
         live = work.live
-        x2, g1, _ = _em_step(PTw, cw, ipw, psw, x1)
+        x2, g1, _ = _em_step(a_["PT"], a_["c3"], a_["ips"], a_["ps"], x1)
         gap = g1.max(axis=1) - 1.0
-        d1 = np.max(np.abs(x2 - x1), axis=1)
-        ok = np.isfinite(d1)
-        if loose:
-            stall = np.where(d1 < 0.5 * a_["best"], 0, a_["stall"] + 1)
-            a_["best"] = np.minimum(a_["best"], d1)
-            a_["stall"] = stall
-            finished = live & ((d1 <= tol) | (stall >= 3) | ~ok)
-        else:   # geometric tail per coordinate (after a jump the coordinates need not share one rate)
-            s1 = np.abs(x2 - x1)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                rho = s1 / np.abs(x1 - x0)
-                tail = np.where(rho < 1.0, s1 * rho / (1.0 - rho), np.inf)
-            tail = np.where(s1 <= 1e-15 * x1.max(axis=1, keepdims=True), 0.0, tail).max(axis=1)
-            finished = live & ok & ((d1 == 0.0) | ((tail <= tol) & (gap <= tol)))
-        ids = work.ids[live]
-        w[ids] = np.where(ok[live, None], x2[live], x1[live])
-        iters[ids] = it
-        gap_out[ids] = gap[live]
-        conv[work.ids[finished & ok]] = True
-        work.live = live = live & ~finished
-        if not live.any():
+        finished, ok = _squarem_finished(a_, x0, x1, x2, gap, live, tol, loose)
+        if out.record(work, it, np.where(ok[:, None], x2, x1), gap, finished, converged=finished & ok):
             break
-        # the extrapolation, a halved towards 1 until x' > 0 where x2 > 0
-        r = x1 - x0
-        v = x2 - x1 - r
-        vv = np.einsum("ak,ak->a", v, v)
-        a = np.sqrt(np.divide(np.einsum("ak,ak->a", r, r), vv, out=np.ones_like(vv), where=vv > 0))
-        a = np.minimum(np.maximum(a, 1.0), a_["amax"])
-        for _ in range(40):
-            xp = x0 + (2.0 * a)[:, None] * r + (a * a)[:, None] * v
-            bad = np.any((xp <= 0.0) & (x2 > 0.0), axis=1) & (a > 1.0)
-            if not bad.any():
-                break
-            a = np.where(bad, 0.5 * (a + 1.0), a)
-        jump = (a > 1.0) & ~bad
-        xp = np.where(jump[:, None], np.maximum(xp, 0.0), x2)
-        xp /= np.einsum("ak,ak->a", xp, psw)[:, None]
-        xq, _, fwq = _em_step(PTw, cw, ipw, psw, xp)
-        Lq = objective(cw, fwq)
-        L0 = a_["L0"]
-        reject = live & jump & ~(Lq >= L0 - slack * (1.0 + np.abs(L0)))
-        amax = a_["amax"]
-        a_["amax"] = np.where(reject, np.maximum(1.0, amax / 4.0), np.where(a >= amax, 4.0 * amax, amax))
-        if reject.any():
-            rows = np.flatnonzero(reject)
-            xp[rows] = x2[rows]
-            xq[rows], _, fw_r = _em_step(PTw[rows], cw[rows], ipw[rows], psw[rows], x2[rows])
-            Lq[rows] = objective(cw[rows], fw_r)
-        a_["x0"], a_["x1"], a_["L0"] = xp, xq, Lq
+        a_["x0"], a_["x1"], a_["L0"] = _squarem_extrapolate(a_, x0, x1, x2, work.live, slack)
         work.maybe_compact()
-    return w, conv, iters, gap_out
+    return out.result()
 
 
 def mlls_em(probs, source_prior, mask=None, *, tol: float = 1e-10, max_iter: int = 100_000,
@@ -750,6 +788,106 @@ def _segment_max(a, b, c):
     return np.exp(lo)
 
 
+def _polish_gradient(PTw, cw, ww):
+    """The float64 gradient of L_m at ww on the (k, M) layout, f_i^T w (1 where it is not positive) and whether a
+    weighted row leaves the domain. Returns (grad, fws, dead)."""
+    fw = np.matmul(ww[:, None, :], PTw)                     # (n, 1, M), float64 on the (k, M) layout
+    nonpos = fw <= 0
+    if nonpos.any():                                        # outside the domain (padding rows aside)
+        dead = np.any((cw > 0) & nonpos, axis=(1, 2))
+        fws = np.where(nonpos, 1.0, fw)
+    else:
+        dead, fws = np.zeros(fw.shape[0], dtype=bool), fw
+    grad = np.matmul(PTw, (cw / fws).transpose(0, 2, 1))[:, :, 0]
+    return grad, fws, dead
+
+
+def _refreshed_hessian(a_, cw, fws):
+    """The float32 Hessian of the problems whose w moved (``a_["moved"]``); the last one kept for the others."""
+    H = a_["H"]
+    moved = a_["moved"]
+    if moved.all():
+        H = _hessianT(a_["PT32"], cw[:, 0], fws[:, 0])
+    elif moved.any():
+        rows = np.flatnonzero(moved)
+        H[rows] = _hessianT(a_["PT32"][rows], cw[rows, 0], fws[rows, 0])
+    a_["H"] = H
+    return H
+
+
+def _pin_at_start(H, grad, g, psw, ww, face, d, tol):
+    """The first iteration's face: coordinates the step would take below 0 while their gradient pushes down are
+    pinned (up to three rounds). Returns (face, step d, whether zeroing them moved w by more than tol, w)."""
+    for _ in range(3):
+        drop = face & (ww + d <= 0.0) & (g < 1.0 - 1e-3)
+        if not drop.any():
+            break
+        face &= ~drop
+        rows = np.flatnonzero(drop.any(axis=1))
+        d[rows] = _face_newton(H[rows], grad[rows], psw[rows], ww[rows], face[rows])
+    # zero what is pinned; the gradient and step stay valid (to tol) unless that moves w by more than tol
+    zeroed = np.where(face, 0.0, ww)
+    changed = (np.einsum("ak,ak->a", zeroed, psw) > 0.1 * tol) | (zeroed.max(axis=1) > tol)
+    return face, d, changed, np.where(face, ww, 0.0)
+
+
+def _free_largest_gain(a_, add, ww, face, d, changed, g, fws, cw):
+    """Frees, in each problem with a pinned coordinate in ``add``, the one with the largest gain: at its warm value
+    the first time, else at the best point on the segment to the vertex e_y / p_s(y). Updates face, d, changed
+    and ``a_["revived"]`` in place; returns the new w."""
+    PTw, psw = a_["PT"], a_["ps"]
+    rows = np.flatnonzero(add.any(axis=1))
+    y = np.argmax(np.where(add[rows], g[rows], -np.inf), axis=1)
+    wr = ww[rows].copy()
+    warm = a_["w0"][rows, y]
+    first = (warm > 0) & ~a_["revived"][rows, y]
+    wr[first, y[first]] = warm[first]
+    line = np.flatnonzero(~first)
+    if line.size:           # no usable warm value: the best point on the segment to the vertex e_y / p_s(y)
+        r = rows[line]
+        vy = PTw[r, y[line], :] / psw[r, y[line], None]
+        t = _segment_max(vy, fws[r, 0, :], cw[r, 0, :])
+        wr[line] *= (1.0 - t)[:, None]
+        wr[line, y[line]] += t / psw[r, y[line]]
+    wr /= np.einsum("ak,ak->a", wr, psw[rows])[:, None]
+    ww = ww.copy()
+    ww[rows] = wr
+    face[rows, y] = True
+    a_["revived"][rows, y] = True
+    d[rows] = 0.0
+    changed[rows] = True
+    return ww
+
+
+class _PolishStep(NamedTuple):
+    """A damped Newton step of the polish: the new w, the free set after pinning, the step length and whether w
+    moved enough (or the face changed) to refresh the Hessian."""
+    w: np.ndarray
+    free: np.ndarray
+    step: np.ndarray
+    moved: np.ndarray
+
+
+def _polish_step(H, d, face, ww, psw, cmin, changed) -> _PolishStep:
+    """Damped Newton (by the decrement), capped at the boundary w_y = 0, where the coordinates it reaches are
+    pinned; w renormalised onto p_s^T w = 1."""
+    dHd = np.einsum("ak,ak->a", d, np.matmul(H, d[:, :, None])[:, :, 0])
+    dec = np.sqrt(np.maximum(dHd, 0.0) / cmin)
+    step = np.where(dec < 0.25, 1.0, 1.0 / (1.0 + dec))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        to_zero = np.where(face & (d < 0), -ww / d, np.inf)
+    step = np.minimum(step, to_zero.min(axis=1))
+    move = step[:, None] * d
+    wn = ww + move
+    pin = face & ((to_zero <= step[:, None] * (1.0 + 1e-12)) | (wn <= 0.0))
+    wn[pin] = 0.0
+    free = face & ~pin
+    wn /= np.einsum("ak,ak->a", wn, psw)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(free & (ww > 0), np.abs(move) / ww, 0.0).max(axis=1)
+    return _PolishStep(w=wn, free=free, step=step, moved=(rel > _CHORD_REL) | pin.any(axis=1) | changed)
+
+
 def _polish_chunk(PT, cn, ps, PT32, w, tol, max_iter):
     """Active-set Newton method on the faces of W for one chunk, from a point ``w`` close to the optimum of eq.
     (mlls-sample): float64 gradient, float32 Hessian, damped by the Newton decrement.
@@ -760,10 +898,7 @@ def _polish_chunk(PT, cn, ps, PT32, w, tol, max_iter):
     are described in ``docs/solvers.md``.
     """
     A, k, M = PT.shape
-    w = w.copy()
-    conv = np.zeros(A, dtype=bool)
-    iters = np.zeros(A, dtype=np.int64)
-    gap_out = np.full(A, np.inf)
+    out = _Outcome(w.copy())
     cmin = np.where(cn > 0, cn, np.inf).min(axis=1)
     work = _Work(np.arange(A), PT=PT, c3=cn[:, None, :], ps=ps, PT32=PT32, w=w.copy(), w0=w.copy(), free=w > 0,
                  cmin=cmin, stuck=np.zeros(A, dtype=np.int64), H=np.zeros((A, k, k)), moved=np.ones(A, dtype=bool),
@@ -771,104 +906,114 @@ def _polish_chunk(PT, cn, ps, PT32, w, tol, max_iter):
     failed = np.zeros(A, dtype=bool)
     for it in range(1, max_iter + 1):
         a_ = work.arrays
-        PTw, cw, psw, ww, free = a_["PT"], a_["c3"], a_["ps"], a_["w"], a_["free"]
+        cw, psw, ww = a_["c3"], a_["ps"], a_["w"]
         live = work.live
-        fw = np.matmul(ww[:, None, :], PTw)                     # (n, 1, M), float64 on the (k, M) layout
-        nonpos = fw <= 0
-        if nonpos.any():                                        # outside the domain (padding rows aside)
-            dead = np.any((cw > 0) & nonpos, axis=(1, 2))
-            fws = np.where(nonpos, 1.0, fw)
-        else:
-            dead, fws = np.zeros(fw.shape[0], dtype=bool), fw
-        grad = np.matmul(PTw, (cw / fws).transpose(0, 2, 1))[:, :, 0]
+        grad, fws, dead = _polish_gradient(a_["PT"], cw, ww)
         g = grad / psw
         gap = g.max(axis=1) - 1.0
-        H = a_["H"]
-        moved = a_["moved"]
-        if moved.all():
-            H = _hessianT(a_["PT32"], cw[:, 0], fws[:, 0])
-        elif moved.any():
-            rows = np.flatnonzero(moved)
-            H[rows] = _hessianT(a_["PT32"][rows], cw[rows, 0], fws[rows, 0])
-        a_["H"] = H
+        H = _refreshed_hessian(a_, cw, fws)
         diag = np.einsum("aii->ai", H)      # no curvature (f_y(x) ~ 0 on every row, to float32): pinned
         usable = diag > 1e-30 * diag.max(axis=1, keepdims=True)
-        face = free & usable
+        face = a_["free"] & usable
         d = _face_newton(H, grad, psw, ww, face)
         changed = np.zeros(ww.shape[0], dtype=bool)
         if it == 1:
-            for _ in range(3):
-                drop = face & (ww + d <= 0.0) & (g < 1.0 - 1e-3)
-                if not drop.any():
-                    break
-                face &= ~drop
-                rows = np.flatnonzero(drop.any(axis=1))
-                d[rows] = _face_newton(H[rows], grad[rows], psw[rows], ww[rows], face[rows])
-            # zero what is pinned; the gradient and step stay valid (to tol) unless that moves w by more than tol
-            zeroed = np.where(face, 0.0, ww)
-            changed |= (np.einsum("ak,ak->a", zeroed, psw) > 0.1 * tol) | (zeroed.max(axis=1) > tol)
-            ww = np.where(face, ww, 0.0)
+            face, d, changed, ww = _pin_at_start(H, grad, g, psw, ww, face, d, tol)
         resid = np.where(face, np.abs(g - 1.0), 0.0).max(axis=1)
         solved = (np.abs(d).max(axis=1) <= 1e-6 * ww.max(axis=1)) | (resid <= 1e-3 * tol)
         gain = g - 1.0
         add = ~face & usable & (gain > tol) & (solved[:, None] | (gain > 10.0 * resid[:, None]))
         if add.any():   # free the pinned coordinate with the largest gain; the Newton step waits for the new gradient
-            rows = np.flatnonzero(add.any(axis=1))
-            y = np.argmax(np.where(add[rows], g[rows], -np.inf), axis=1)
-            wr = ww[rows].copy()
-            warm = a_["w0"][rows, y]
-            first = (warm > 0) & ~a_["revived"][rows, y]
-            wr[first, y[first]] = warm[first]
-            line = np.flatnonzero(~first)
-            if line.size:           # no usable warm value: the best point on the segment to the vertex e_y / p_s(y)
-                r = rows[line]
-                vy = PTw[r, y[line], :] / psw[r, y[line], None]
-                t = _segment_max(vy, fws[r, 0, :], cw[r, 0, :])
-                wr[line] *= (1.0 - t)[:, None]
-                wr[line, y[line]] += t / psw[r, y[line]]
-            wr /= np.einsum("ak,ak->a", wr, psw[rows])[:, None]
-            ww = ww.copy()
-            ww[rows] = wr
-            face[rows, y] = True
-            a_["revived"][rows, y] = True
-            d[rows] = 0.0
-            changed[rows] = True
-        free = face
+            ww = _free_largest_gain(a_, add, ww, face, d, changed, g, fws, cw)
         bad = dead | ~np.all(np.isfinite(d), axis=1)
         d[bad] = 0.0
         dmax = np.abs(d).max(axis=1)
         done = live & ~bad & ~changed & (gap <= tol) & solved & ((dmax <= tol) | (resid <= 1e-3 * tol))
-        # step length: damped Newton, capped at the boundary w_y = 0
-        dHd = np.einsum("ak,ak->a", d, np.matmul(H, d[:, :, None])[:, :, 0])
-        dec = np.sqrt(np.maximum(dHd, 0.0) / a_["cmin"])
-        step = np.where(dec < 0.25, 1.0, 1.0 / (1.0 + dec))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            to_zero = np.where(face & (d < 0), -ww / d, np.inf)
-        step = np.minimum(step, to_zero.min(axis=1))
-        move = step[:, None] * d
-        wn = ww + move
-        pin = face & ((to_zero <= step[:, None] * (1.0 + 1e-12)) | (wn <= 0.0))
-        wn[pin] = 0.0
-        free = free & ~pin
-        wn /= np.einsum("ak,ak->a", wn, psw)[:, None]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.where(free & (ww > 0), np.abs(move) / ww, 0.0).max(axis=1)
-        a_["moved"] = (rel > _CHORD_REL) | pin.any(axis=1) | changed
-        stuck = np.where((step <= 0.0) & ~changed, a_["stuck"] + 1, 0)
+        st = _polish_step(H, d, face, ww, psw, a_["cmin"], changed)
+        a_["moved"] = st.moved
+        stuck = np.where((st.step <= 0.0) & ~changed, a_["stuck"] + 1, 0)
         fail = live & ~done & (bad | (stuck >= 3))
-        ids = work.ids[live]
-        w[ids] = wn[live]
-        iters[ids] = it
-        gap_out[ids] = gap[live]
-        conv[work.ids[done]] = True
         failed[work.ids[fail]] = True
-        a_["w"], a_["free"], a_["stuck"] = wn, free, stuck
-        work.live = live & ~done & ~fail
-        if not work.live.any():
+        a_["w"], a_["free"], a_["stuck"] = st.w, st.free, stuck
+        if out.record(work, it, st.w, gap, done | fail, converged=done):
             break
         work.maybe_compact(0.5)
-    failed |= ~conv
-    return w, conv, iters, gap_out, failed
+    failed |= ~out.conv
+    return (*out.result(), failed)
+
+
+def _frac_to_boundary(x, dx, frac):
+    """The step length in (0, 1] that keeps x + t dx > 0: ``frac`` of the way to the boundary, at most 1."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(dx < 0, -x / dx, np.inf)
+    return np.minimum(1.0, frac * r.min(axis=1))
+
+
+def _ipm_shrunk_mu(r_stat, ww, zw, muw, live, comp_tol):
+    """The barrier parameter mu, shrunk (possibly several times in a row) where the barrier problem is solved to
+    KAPPA_EPS mu."""
+    for _ in range(8):
+        err = np.maximum(np.abs(r_stat).max(axis=1), np.abs(ww * zw - muw[:, None]).max(axis=1))
+        shrink = live & (err <= _IPM_KAPPA_EPS * muw) & (muw > 0.1 * comp_tol)
+        if not shrink.any():
+            break
+        muw = np.where(shrink, np.maximum(0.1 * comp_tol,
+                                          np.minimum(_IPM_KAPPA_MU * muw, muw ** _IPM_THETA_MU)), muw)
+    return muw
+
+
+def _ipm_direction(PT32, Pw, cw, fw, psw, ww, zw, muw, r_stat):
+    """The primal-dual Newton direction (dw, dnu, dz): [H + Z/W, a; a^T, 0] [dw; dnu] = [r_stat + (mu - w z) / w;
+    1 - a^T w], Jacobi-equilibrated."""
+    A, k = ww.shape
+    idx = np.arange(k)
+    K = np.zeros((A, k + 1, k + 1))
+    H = _hessianT(PT32, cw, fw)
+    if not np.all(np.isfinite(H)):                      # row scales beyond float32: use float64
+        H = _hessian(Pw, cw, fw)
+    K[:, :k, :k] = H
+    K[:, idx, idx] += zw / ww
+    K[:, :k, k] = psw
+    K[:, k, :k] = psw
+    dsc = np.ones((A, k + 1))
+    dsc[:, :k] = 1.0 / np.sqrt(np.einsum("sii->si", K[:, :k, :k]))
+    rc = muw[:, None] - ww * zw
+    rhs = np.empty((A, k + 1))
+    rhs[:, :k] = r_stat + rc / ww
+    rhs[:, k] = 1.0 - np.einsum("sk,sk->s", psw, ww)
+    sol = dsc * np.linalg.solve(K * dsc[:, :, None] * dsc[:, None, :], (rhs * dsc)[..., None])[..., 0]
+    dw, dnu = sol[:, :k], sol[:, k]
+    return dw, dnu, (rc - zw * dw) / ww
+
+
+def _ipm_step_lengths(Pw, cw, fw, ww, zw, muw, grad, dw, dz, live):
+    """The primal and dual step lengths: fraction to the boundary for w, z and the domain f_i^T w > 0, the primal
+    one halved until Armijo holds on the barrier objective L_m(w) + mu sum log w. Returns (ap, ad, f_i^T dw)."""
+    # step lengths: fraction to the boundary for w, z and the domain f_i^T w > 0 (linear in w)
+    frac = np.maximum(0.99, 1.0 - muw)
+    ap = _frac_to_boundary(ww, dw, frac)
+    ad = _frac_to_boundary(zw, dz, frac)
+    dfw = _fw(Pw, dw)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rr = np.where((dfw < 0) & (cw > 0), -fw / dfw, np.inf)
+    ap = np.minimum(ap, frac * rr.min(axis=1))
+    # Armijo on the barrier objective L_m(w) + mu sum log w (dw is an ascent direction of it)
+    merit0 = np.einsum("sm,sm->s", cw, np.log(np.where(cw > 0, fw, 1.0))) + muw * np.log(ww).sum(axis=1)
+    slope = np.einsum("sk,sk->s", grad + muw[:, None] / ww, dw)
+    check = live & (slope > 1e-14 * np.abs(merit0).clip(1.0))
+    for _ in range(50):
+        if not check.any():
+            break
+        rows = np.flatnonzero(check)
+        ft = fw[rows] + ap[rows, None] * dfw[rows]
+        wt = ww[rows] + ap[rows, None] * dw[rows]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lt = np.where(cw[rows] > 0, np.log(np.where(ft > 0, ft, 1.0)), 0.0)
+        mt = np.einsum("sm,sm->s", cw[rows], lt) + muw[rows] * np.log(wt).sum(axis=1)
+        ok = mt >= merit0[rows] + 1e-4 * ap[rows] * slope[rows]
+        check[rows[ok]] = False
+        ap[rows[~ok]] *= 0.5
+    return ap, ad, dfw
 
 
 def _ipm_chunk(P, cn, ps, PT32, w, tol, max_iter):
@@ -876,75 +1021,19 @@ def _ipm_chunk(P, cn, ps, PT32, w, tol, max_iter):
     A, M, k = P.shape
     comp_tol = 1e-4 * tol * ps.min(axis=1)
     mu = np.full(A, _IPM_MU0)
-    conv = np.zeros(A, dtype=bool)
-    iters = np.zeros(A, dtype=np.int64)
-    gap_out = np.full(A, np.inf)
+    out = _Outcome(w)
     work = _Work(np.arange(A), P=P, cn=cn, ps=ps, w=w.copy(), z=mu[:, None] / w, nu=np.ones(A), mu=mu,
                  comp_tol=comp_tol, fw=_fw(P, w), PT32=PT32)
-    idx = np.arange(k)
-
-    def frac_to_boundary(x, dx, frac):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = np.where(dx < 0, -x / dx, np.inf)
-        return np.minimum(1.0, frac * r.min(axis=1))
-
     for it in range(1, max_iter + 1):
         Pw, cw, psw, ww, zw, nuw, muw, fw = work.P, work.cn, work.ps, work.w, work.z, work.nu, work.mu, work.fw
         live = work.live
-        A = ww.shape[0]
         grad = _gradient(Pw, cw, fw)
         gap = (grad / psw).max(axis=1) - 1.0
         r_stat = grad - nuw[:, None] * psw + zw             # dual residual, 0 at the optimum
         # solve the barrier problem to KAPPA_EPS mu before shrinking mu (possibly several times in a row)
-        for _ in range(8):
-            err = np.maximum(np.abs(r_stat).max(axis=1), np.abs(ww * zw - muw[:, None]).max(axis=1))
-            shrink = live & (err <= _IPM_KAPPA_EPS * muw) & (muw > 0.1 * work.comp_tol)
-            if not shrink.any():
-                break
-            muw = np.where(shrink, np.maximum(0.1 * work.comp_tol,
-                                              np.minimum(_IPM_KAPPA_MU * muw, muw ** _IPM_THETA_MU)), muw)
-        # Newton step: [H + Z/W, a; a^T, 0] [dw; dnu] = [r_stat + (mu - w z) / w; 1 - a^T w], Jacobi-equilibrated
-        K = np.zeros((A, k + 1, k + 1))
-        H = _hessianT(work.PT32, cw, fw)
-        if not np.all(np.isfinite(H)):                      # row scales beyond float32: use float64
-            H = _hessian(Pw, cw, fw)
-        K[:, :k, :k] = H
-        K[:, idx, idx] += zw / ww
-        K[:, :k, k] = psw
-        K[:, k, :k] = psw
-        dsc = np.ones((A, k + 1))
-        dsc[:, :k] = 1.0 / np.sqrt(np.einsum("sii->si", K[:, :k, :k]))
-        rc = muw[:, None] - ww * zw
-        rhs = np.empty((A, k + 1))
-        rhs[:, :k] = r_stat + rc / ww
-        rhs[:, k] = 1.0 - np.einsum("sk,sk->s", psw, ww)
-        sol = dsc * np.linalg.solve(K * dsc[:, :, None] * dsc[:, None, :], (rhs * dsc)[..., None])[..., 0]
-        dw, dnu = sol[:, :k], sol[:, k]
-        dz = (rc - zw * dw) / ww
-        # step lengths: fraction to the boundary for w, z and the domain f_i^T w > 0 (linear in w)
-        frac = np.maximum(0.99, 1.0 - muw)
-        ap = frac_to_boundary(ww, dw, frac)
-        ad = frac_to_boundary(zw, dz, frac)
-        dfw = _fw(Pw, dw)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rr = np.where((dfw < 0) & (cw > 0), -fw / dfw, np.inf)
-        ap = np.minimum(ap, frac * rr.min(axis=1))
-        # Armijo on the barrier objective L_m(w) + mu sum log w (dw is an ascent direction of it)
-        merit0 = np.einsum("sm,sm->s", cw, np.log(np.where(cw > 0, fw, 1.0))) + muw * np.log(ww).sum(axis=1)
-        slope = np.einsum("sk,sk->s", grad + muw[:, None] / ww, dw)
-        check = live & (slope > 1e-14 * np.abs(merit0).clip(1.0))
-        for _ in range(50):
-            if not check.any():
-                break
-            rows = np.flatnonzero(check)
-            ft = fw[rows] + ap[rows, None] * dfw[rows]
-            wt = ww[rows] + ap[rows, None] * dw[rows]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                lt = np.where(cw[rows] > 0, np.log(np.where(ft > 0, ft, 1.0)), 0.0)
-            mt = np.einsum("sm,sm->s", cw[rows], lt) + muw[rows] * np.log(wt).sum(axis=1)
-            ok = mt >= merit0[rows] + 1e-4 * ap[rows] * slope[rows]
-            check[rows[ok]] = False
-            ap[rows[~ok]] *= 0.5
+        muw = _ipm_shrunk_mu(r_stat, ww, zw, muw, live, work.comp_tol)
+        dw, dnu, dz = _ipm_direction(work.PT32, Pw, cw, fw, psw, ww, zw, muw, r_stat)
+        ap, ad, dfw = _ipm_step_lengths(Pw, cw, fw, ww, zw, muw, grad, dw, dz, live)
         wn = ww + ap[:, None] * dw
         norm = np.einsum("sk,sk->s", wn, psw)
         wn /= norm[:, None]
@@ -960,16 +1049,10 @@ def _ipm_chunk(P, cn, ps, PT32, w, tol, max_iter):
         work.set("z", np.where(live[:, None], zn, zw))
         work.set("nu", np.where(live, nun, nuw))
         work.set("mu", muw)
-        ids = work.ids[live]
-        w[ids] = wn[live]
-        iters[ids] = it
-        gap_out[ids] = gap[live]
-        conv[work.ids[finished]] = True
-        work.live = live & ~finished
-        if not work.live.any():
+        if out.record(work, it, wn, gap, finished):
             break
         work.maybe_compact()
-    return w, conv, iters, gap_out
+    return out.result()
 
 
 _NEWTON_METHODS = ("auto", "ipm")

@@ -27,6 +27,7 @@ import numpy as np
 from ..estimation.diagnostics import weight_mse
 from ..errors import IllConditionedWarning, InputError
 from ..estimation.registry import HESSIAN_METHODS, METHOD_NAMES, check_methods, make_estimator
+from .._numbers import nan_as_none
 
 __all__ = ["METHOD_NAMES", "HESSIAN_METHODS", "make_estimator", "stable_key", "seed_generator",
            "source_generator", "check_seeds", "check_methods", "estimate_all", "score", "SettingResult", "SweepResult",
@@ -129,12 +130,6 @@ def estimate_all(methods: Sequence[str], source_probs: np.ndarray, source_labels
                 seconds=seconds)
 
 
-def _num(x):
-    """A numpy scalar as a plain Python number; NaN as None (JSON has no NaN)."""
-    x = float(x)
-    return None if np.isnan(x) else x
-
-
 @dataclass
 class SettingResult:
     """Per-seed results of one setting.
@@ -194,11 +189,11 @@ class SettingResult:
 
     def _setting_fields(self) -> dict:
         s = self.setting
-        d = {"kind": getattr(s, "kind", None), "value": _num(getattr(s, "value", np.nan))}
+        d = {"kind": getattr(s, "kind", None), "value": nan_as_none(getattr(s, "value", np.nan))}
         for name in ("m", "p1", "alpha", "n_bins"):
             if hasattr(s, name):
                 v = getattr(s, name)
-                d[name] = v if v is None or isinstance(v, (int, str)) else _num(v)
+                d[name] = v if v is None or isinstance(v, (int, str)) else nan_as_none(v)
         return d
 
     def to_records(self) -> list[dict]:
@@ -209,10 +204,10 @@ class SettingResult:
         k = self.n_classes
         for i, seed in enumerate(self.seeds):
             for j, method in enumerate(self.methods):
-                r = dict(base, seed=int(seed), method=method, mse=_num(self.mse[i, j]))
-                r.update({f"w_{c}": _num(self.weights[i, j, c]) for c in range(k)})
-                r.update({f"w_true_{c}": _num(self.true_weights[i, c]) for c in range(k)})
-                r["min_eig"] = _num(self.min_eigenvalue[i, j])
+                r = dict(base, seed=int(seed), method=method, mse=nan_as_none(self.mse[i, j]))
+                r.update({f"w_{c}": nan_as_none(self.weights[i, j, c]) for c in range(k)})
+                r.update({f"w_true_{c}": nan_as_none(self.true_weights[i, c]) for c in range(k)})
+                r["min_eig"] = nan_as_none(self.min_eigenvalue[i, j])
                 r["converged"] = bool(self.converged[i, j])
                 r["ill_conditioned"] = bool(self.ill_conditioned[i, j])
                 rows.append(r)
@@ -256,9 +251,9 @@ class SweepResult:
         for i, res in enumerate(self.results):
             base = res._setting_fields()
             for j, method in enumerate(self.methods):
-                rows.append(dict(base, method=method, n_seeds=len(res.seeds), mse_mean=_num(self.mse_mean[i, j]),
-                                 mse_se=_num(self.mse_se[i, j]),
-                                 min_eig_mean=_num(self.min_eigenvalue_mean[i, j])))
+                rows.append(dict(base, method=method, n_seeds=len(res.seeds), mse_mean=nan_as_none(self.mse_mean[i, j]),
+                                 mse_se=nan_as_none(self.mse_se[i, j]),
+                                 min_eig_mean=nan_as_none(self.min_eigenvalue_mean[i, j])))
         return rows
 
 

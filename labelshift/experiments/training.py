@@ -170,6 +170,96 @@ def _make_optimizer(model: nn.Module, optimizer: str, lr: float, momentum: float
     raise InputError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}.")
 
 
+class _Trainer(NamedTuple):
+    """What one epoch of :func:`train` works with: the model and its optimiser, schedule and scaler, the training
+    rows on the device and the batch settings."""
+    model: nn.Module
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    gen: torch.Generator
+    x_dev: torch.Tensor
+    y_dev: torch.Tensor
+    device: torch.device
+    on_cuda: bool
+    amp: bool
+    batch_size: int
+    augment: str | None
+    crop_padding: int
+
+
+def _check_training_settings(epochs, batch_size, lr, schedule, augment) -> None:
+    """InputError unless epochs and batch_size are positive, lr a positive number, schedule and augment known."""
+    if int(epochs) < 1 or int(batch_size) < 1:
+        raise InputError(f"epochs and batch_size must be positive, got {epochs} and {batch_size}.")
+    if not (lr > 0 and math.isfinite(lr)):
+        raise InputError(f"lr must be a positive number, got {lr}.")
+    if schedule not in ("cosine", "constant"):
+        raise InputError(f"schedule must be 'cosine' or 'constant', got {schedule!r}.")
+    if augment not in (None, "none", "crop", "crop-flip"):
+        raise InputError(f"augment must be None, 'none', 'crop' or 'crop-flip', got {augment!r}.")
+
+
+def _schedule(opt, schedule: str, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The learning-rate schedule per step: cosine to 0 at ``total_steps``, or constant."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, (lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+        if schedule == "cosine" else (lambda s: 1.0))
+
+
+def _train_epoch(tr: _Trainer, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """One pass over the n training rows in a fresh random order, one optimiser step per batch. Returns (the sum
+    of the batch losses times their sizes, the rows predicted right, the rows seen)."""
+    device = tr.device
+    tr.model.train()
+    perm = torch.randperm(n, generator=tr.gen).to(device)
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    correct = torch.zeros((), device=device, dtype=torch.int64)
+    seen = 0
+    for i in range(0, n, tr.batch_size):
+        idx = perm[i:i + tr.batch_size]
+        if idx.numel() < 2 and n >= 2:
+            continue  # a batch of one breaks BatchNorm; its example comes back next epoch
+        xb = _augment(_to_unit(tr.x_dev[idx]), tr.augment, tr.crop_padding, tr.gen)
+        if tr.on_cuda:
+            xb = xb.contiguous(memory_format=torch.channels_last)
+        yb = tr.y_dev[idx]
+        with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=tr.amp):
+            logits = tr.model(xb)
+            loss = F.cross_entropy(logits.float(), yb)
+        tr.opt.zero_grad(set_to_none=True)
+        tr.scaler.scale(loss).backward()
+        tr.scaler.step(tr.opt)
+        tr.scaler.update()
+        tr.sched.step()
+        loss_sum += loss.detach().double() * idx.numel()
+        correct += (logits.detach().argmax(1) == yb).sum()
+        seen += idx.numel()
+    return loss_sum, correct, seen
+
+
+def _epoch_metrics(tr: _Trainer, epoch: int, loss_sum, correct, seen: int, lr: float, valid, eval_batch_size: int,
+                   start: float) -> dict:
+    """The metrics of an epoch (train loss and accuracy, lr, validation loss and accuracy with ``valid`` = (x, y),
+    seconds, images per second); FloatingPointError when the loss diverged."""
+    train_loss = float(loss_sum) / max(seen, 1)
+    if not math.isfinite(train_loss):
+        raise FloatingPointError(
+            f"training diverged at epoch {epoch} (loss {train_loss}); lower lr (now {lr}).")
+    metrics = {"epoch": epoch, "train_loss": train_loss, "train_accuracy": float(correct) / max(seen, 1),
+               "lr": tr.opt.param_groups[0]["lr"]}
+    if valid is not None:
+        vlogits = _forward_all(tr.model, valid[0], eval_batch_size, tr.device)
+        vyd = valid[1].to(tr.device)
+        metrics["valid_loss"] = float(F.cross_entropy(vlogits, vyd))
+        metrics["valid_accuracy"] = float((vlogits.argmax(1) == vyd).float().mean())
+    if tr.on_cuda:
+        torch.cuda.synchronize(tr.device)
+    metrics["seconds"] = time.perf_counter() - start
+    metrics["images_per_s"] = seen / metrics["seconds"] if metrics["seconds"] > 0 else float("nan")
+    return metrics
+
+
 def train(model: nn.Module, train_x, train_y, *, epochs: int, batch_size: int, lr: float, seed: int,
           device: str | torch.device | None = None, valid: tuple | None = None,
           on_epoch: Callable[[int, dict], None] | None = None, optimizer: str = "adam", momentum: float = 0.9,
@@ -197,14 +287,7 @@ def train(model: nn.Module, train_x, train_y, *, epochs: int, batch_size: int, l
         dict per epoch with ``epoch``, ``train_loss``, ``train_accuracy``, ``lr``, ``seconds``, ``images_per_s``
         and, with ``valid``, ``valid_loss`` and ``valid_accuracy``.
     """
-    if int(epochs) < 1 or int(batch_size) < 1:
-        raise InputError(f"epochs and batch_size must be positive, got {epochs} and {batch_size}.")
-    if not (lr > 0 and math.isfinite(lr)):
-        raise InputError(f"lr must be a positive number, got {lr}.")
-    if schedule not in ("cosine", "constant"):
-        raise InputError(f"schedule must be 'cosine' or 'constant', got {schedule!r}.")
-    if augment not in (None, "none", "crop", "crop-flip"):
-        raise InputError(f"augment must be None, 'none', 'crop' or 'crop-flip', got {augment!r}.")
+    _check_training_settings(epochs, batch_size, lr, schedule, augment)
     device = resolve_device(device)
     x_all = images_to_tensor(train_x, "train_x")
     y_all = _check_labels(train_y, x_all.shape[0], "train_y")
@@ -213,7 +296,7 @@ def train(model: nn.Module, train_x, train_y, *, epochs: int, batch_size: int, l
         raise InputError(f"train_y has label {int(y_all.max())} but the model has {n_out} outputs.")
     if valid is not None:
         vx = images_to_tensor(valid[0], "valid x")
-        vy = _check_labels(valid[1], vx.shape[0], "valid y")
+        valid = (vx, _check_labels(valid[1], vx.shape[0], "valid y"))
     n = x_all.shape[0]
     on_cuda = device.type == "cuda"
     amp = on_cuda if amp is None else bool(amp) and on_cuda
@@ -223,13 +306,11 @@ def train(model: nn.Module, train_x, train_y, *, epochs: int, batch_size: int, l
         model.to(memory_format=torch.channels_last)
     x_dev, y_dev = x_all.to(device), y_all.to(device)  # uint8 on the device: 150 MB for all of CIFAR-10
     opt = _make_optimizer(model, optimizer, lr, momentum, weight_decay)
-    steps_per_epoch = max(1, math.ceil(n / batch_size))
-    total_steps = int(epochs) * steps_per_epoch
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, (lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
-        if schedule == "cosine" else (lambda s: 1.0))
-    scaler = torch.amp.GradScaler("cuda", enabled=amp)
-    gen = torch.Generator().manual_seed(int(seed))
+    total_steps = int(epochs) * max(1, math.ceil(n / batch_size))
+    tr = _Trainer(model=model, opt=opt, sched=_schedule(opt, schedule, total_steps),
+                  scaler=torch.amp.GradScaler("cuda", enabled=amp), gen=torch.Generator().manual_seed(int(seed)),
+                  x_dev=x_dev, y_dev=y_dev, device=device, on_cuda=on_cuda, amp=amp, batch_size=batch_size,
+                  augment=augment, crop_padding=crop_padding)
     history: list[dict] = []
 
     cudnn_flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
@@ -241,46 +322,9 @@ def train(model: nn.Module, train_x, train_y, *, epochs: int, batch_size: int, l
         with torch.random.fork_rng(devices=fork_devices):
             torch.manual_seed(int(seed))
             for epoch in range(1, int(epochs) + 1):
-                model.train()
                 start = time.perf_counter()
-                perm = torch.randperm(n, generator=gen).to(device)
-                loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-                correct = torch.zeros((), device=device, dtype=torch.int64)
-                seen = 0
-                for i in range(0, n, batch_size):
-                    idx = perm[i:i + batch_size]
-                    if idx.numel() < 2 and n >= 2:
-                        continue  # a batch of one breaks BatchNorm; its example comes back next epoch
-                    xb = _augment(_to_unit(x_dev[idx]), augment, crop_padding, gen)
-                    if on_cuda:
-                        xb = xb.contiguous(memory_format=torch.channels_last)
-                    yb = y_dev[idx]
-                    with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp):
-                        logits = model(xb)
-                        loss = F.cross_entropy(logits.float(), yb)
-                    opt.zero_grad(set_to_none=True)
-                    scaler.scale(loss).backward()
-                    scaler.step(opt)
-                    scaler.update()
-                    sched.step()
-                    loss_sum += loss.detach().double() * idx.numel()
-                    correct += (logits.detach().argmax(1) == yb).sum()
-                    seen += idx.numel()
-                train_loss = float(loss_sum) / max(seen, 1)
-                if not math.isfinite(train_loss):
-                    raise FloatingPointError(
-                        f"training diverged at epoch {epoch} (loss {train_loss}); lower lr (now {lr}).")
-                metrics = {"epoch": epoch, "train_loss": train_loss, "train_accuracy": float(correct) / max(seen, 1),
-                           "lr": opt.param_groups[0]["lr"]}
-                if valid is not None:
-                    vlogits = _forward_all(model, vx, eval_batch_size, device)
-                    vyd = vy.to(device)
-                    metrics["valid_loss"] = float(F.cross_entropy(vlogits, vyd))
-                    metrics["valid_accuracy"] = float((vlogits.argmax(1) == vyd).float().mean())
-                if on_cuda:
-                    torch.cuda.synchronize(device)
-                metrics["seconds"] = time.perf_counter() - start
-                metrics["images_per_s"] = seen / metrics["seconds"] if metrics["seconds"] > 0 else float("nan")
+                loss_sum, correct, seen = _train_epoch(tr, n)
+                metrics = _epoch_metrics(tr, epoch, loss_sum, correct, seen, lr, valid, eval_batch_size, start)
                 history.append(metrics)
                 logger.info("epoch %d/%d %s", epoch, epochs, " ".join(
                     f"{k}={v:.4g}" for k, v in metrics.items() if k != "epoch"))

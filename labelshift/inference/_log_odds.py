@@ -22,6 +22,7 @@ log-odds profiles").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from scipy import sparse
@@ -306,18 +307,41 @@ def _counts(picked: np.ndarray, size: int) -> sparse.csr_matrix:
                              shape=(draws, size))
 
 
-def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, responsibilities,
-                  q_world: np.ndarray) -> LogOddsPart:
-    """The log-odds part (module docstring). S (n, k) holdout outputs, y its labels (every class present), P the
-    target outputs (m, k; read in row blocks), ``draws`` bootstrap draws from ``seed``. The bootstrap world is the
-    completed data of a null fit: ``responsibilities(rows)`` gives, for target output rows (T, k), each class's
-    share of every row (T, k; rows sum to 1 or are 0), ``q_world`` the fit's class proportions (the target's
-    classes in the draws). Three statistics are computed on the same draws: the diagonal S, the sum statistic
-    (the absolute sum of S's log-odds z-scores) and, for k <= BLOCK_MAX_CLASSES, the block statistic; each gets
-    p = (1 + #{draws >= it}) / (draws + 1), and the part's p-value is their smallest p / STATISTIC_WEIGHTS share,
-    calibrated by the same draws (:func:`_combined`)."""
-    k = S.shape[1]
-    m = P.shape[0]
+class _HoldoutMoments(NamedTuple):
+    """The holdout's side of the statistic: the moments compared (``cols`` of the full layout, ``keep`` of those
+    the holdout takes), their per-class means and second moments, and the target's moments."""
+    n_y: np.ndarray             # (k,) holdout rows per class
+    Fs: sparse.csr_matrix       # (n, len(cols)) the holdout's features
+    Fh: np.ndarray              # Fs as a dense array
+    cols: np.ndarray
+    keep: np.ndarray
+    block: bool                 # k <= BLOCK_MAX_CLASSES: the full layout and the block statistic
+    moments: tuple              # _target_moments of the target rows
+    f: np.ndarray               # the target's means of the kept moments
+    var_t: np.ndarray           # and their variances
+    pooled: tuple               # the whole holdout's means and second moments of the kept moments
+    M_full: np.ndarray          # (len(cols), k) per-class means
+    M: np.ndarray               # M_full on the kept moments
+    E2: np.ndarray              # per-class second moments of the kept moments
+
+
+class _Draws(NamedTuple):
+    """The bootstrap draws from the world (:func:`_world`): per class the holdout rows drawn and their sums, the
+    target's draws as counts of world rows, and the draws' moments."""
+    Zt: np.ndarray              # the target rows that stand for the target in the world
+    Fw: sparse.csr_matrix       # the world's features
+    Mb: np.ndarray              # (draws, d, k) per-class means of the kept moments
+    E2b: np.ndarray             # (draws, d, k) and their second moments
+    rows_y: list                # per class the world rows drawn (block statistic only)
+    sums_y: list                # per class the draws' means of every moment
+    counts_t: np.ndarray        # (draws, world rows) the target's draws
+    fb_full: np.ndarray         # (draws, moments) the target draws' means
+    fb: np.ndarray              # fb_full on the kept moments
+    var_b: np.ndarray           # and their variances
+
+
+def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int) -> _HoldoutMoments | None:
+    """The moments compared and the holdout's per-class means of them; None when the holdout takes none."""
     n_y = np.bincount(y, minlength=k)
     members = [np.flatnonzero(y == c) for c in range(k)]
     Fs = _features(S, k)
@@ -328,25 +352,31 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
         Fs = Fs[:, cols]
     keep = np.bincount(Fs.indices, minlength=Fs.shape[1]) > 0    # moments the holdout never takes compare nothing
     if not keep.any():
-        return LogOddsPart(statistic=0.0, p_value=1.0, class_share=np.zeros(k), moments=0)
+        return None
     Fh = Fs.toarray()
     F2 = np.square(Fh)
     moments = _target_moments(P, k, products=block)
     f, var_t = moments[0][cols][keep], moments[1][cols][keep]
     pooled = (Fh[:, keep].mean(axis=0), F2[:, keep].mean(axis=0))
     M_full = np.stack([Fh[idx].mean(axis=0) for idx in members], axis=1)          # (k + k^2, k)
-    M = M_full[keep]
     E2 = np.stack([F2[idx][:, keep].mean(axis=0) for idx in members], axis=1)
-    stat, q, W = _studentised(f[None], var_t[None], M[None], E2[None], n_y, m, pooled)
+    return _HoldoutMoments(n_y=n_y, Fs=Fs, Fh=Fh, cols=cols, keep=keep, block=block, moments=moments, f=f,
+                           var_t=var_t, pooled=pooled, M_full=M_full, M=M_full[keep], E2=E2)
 
+
+def _bootstrap_draws(hm: _HoldoutMoments, y: np.ndarray, P, draws: int, seed: int, responsibilities,
+                     q_world: np.ndarray) -> _Draws:
+    """The bootstrap world and the draws from it (seeded by ``seed``): each class's n_y holdout rows and the
+    target's m rows (classes from ``q_world``)."""
     # the bootstrap world (_world): class y's rows are its holdout rows plus the target rows in the share the null
     # fit gives y, so that a (class, output) pair the holdout shows a handful of times enters at the target's rate;
     # the holdout's n_y rows of each class and the target's m rows (classes from q_world) are drawn from it
+    k, m, n_y, keep = hm.n_y.size, P.shape[0], hm.n_y, hm.keep
     rng = np.random.default_rng([seed, 0x10DD5])
     sub = np.sort(rng.choice(m, size=min(m, WORLD_TARGET_ROWS), replace=False))
     Zt = np.asarray(P[sub], dtype=np.float64)
-    Ft = _features(Zt, k) if block else _features(Zt, k)[:, cols]
-    Fw, F2w, world = _world(Fs, y, Ft, np.asarray(responsibilities(Zt), dtype=np.float64), m)
+    Ft = _features(Zt, k) if hm.block else _features(Zt, k)[:, hm.cols]
+    Fw, F2w, world = _world(hm.Fs, y, Ft, np.asarray(responsibilities(Zt), dtype=np.float64), m)
     d = int(keep.sum())
     Mb, E2b = np.zeros((draws, d, k)), np.zeros((draws, d, k))
     rows_y, sums_y = [], []
@@ -355,7 +385,7 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
         counts = _counts(picked, Fw.shape[0])
         sums = (counts @ Fw).toarray()
         Mb[:, :, c], E2b[:, :, c] = sums[:, keep] / n_y[c], (counts @ F2w).toarray()[:, keep] / n_y[c]
-        if block:
+        if hm.block:
             rows_y.append(picked)                  # kept compact (int32) for the block statistic's products
         sums_y.append(sums / n_y[c])
     del counts
@@ -369,13 +399,61 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
         fb_full[sl] = np.asarray(Fw.T @ ct).T / m
         second[sl] = np.asarray(F2k.T @ ct).T / m
     fb = fb_full[:, keep]
-    var_b = np.maximum(second - fb ** 2, 0.0)
-    boot, q_b, W_b = _studentised(fb, var_b, Mb, E2b, n_y, m, pooled)
-    s = float(stat[0])
+    return _Draws(Zt=Zt, Fw=Fw, Mb=Mb, E2b=E2b, rows_y=rows_y, sums_y=sums_y, counts_t=counts_t, fb_full=fb_full,
+                  fb=fb, var_b=np.maximum(second - fb ** 2, 0.0))
+
+
+def _block_law(hm: _HoldoutMoments, S: np.ndarray, y: np.ndarray, dr: _Draws, m: int,
+               draws: int) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+    """The block statistic on the data and on the same draws. Returns (statistic, its draws, its parts by kept
+    predicted-class block, those blocks)."""
+    # the block statistic on the same draws: block layout (c, a) = slot a of block c, the indicator in slot c
+    k, n_y = hm.n_y.size, hm.n_y
+    kept = np.flatnonzero(hm.keep[:k])                            # blocks (predicted classes) the holdout shows
+    layout = k + np.arange(k)[:, None] * k + np.arange(k)[None, :]
+    layout[np.arange(k), np.arange(k)] = np.arange(k)
+    layout = layout[kept]                                         # (c, a) -> column of the full moment layout
+    Ps = _products(S, k)
+    Y = sparse.csr_matrix((1.0 / n_y[y], (y, np.arange(y.size))), shape=(k, y.size))
+    E2_hold = (Y @ Ps).toarray().reshape(k, k, k, k)[:, kept]   # (y, c, a, a)
+    pooled_block = (hm.Fh.mean(axis=0)[layout], np.asarray(Ps.mean(axis=0)).reshape(k, k, k)[kept])
+    t_block = hm.moments[2][kept]
+    b_stat, b_parts = _block_statistic(hm.moments[0][layout][None], t_block[None], hm.M_full[layout][None],
+                                       E2_hold[None], n_y, m, pooled_block)
+    Ow = sparse.vstack([Ps, _products(dr.Zt, k)]).tocsr()
+    b_boot = np.empty(draws)
+    for sl in _rows.blocks(draws, max(1, min(_BLOCK_CHUNK // k ** 4, _TARGET_CHUNK // Ow.shape[0]))):
+        E2c = np.stack([(_counts(dr.rows_y[c][sl], Ow.shape[0]) @ Ow).toarray().reshape(-1, k, k, k)[:, kept]
+                        / n_y[c] for c in range(k)], axis=1)                      # (b, y, c, a, a)
+        Mc = np.stack([dr.sums_y[c][sl][:, layout] for c in range(k)], axis=-1)   # (b, c, a, y)
+        T2c = np.asarray(Ow.T @ dr.counts_t[sl].astype(np.float64).T).T.reshape(-1, k, k, k)[:, kept] / m
+        b_boot[sl] = _block_statistic(dr.fb_full[sl][:, layout], T2c, Mc, E2c, n_y, m, pooled_block)[0]
+    return float(b_stat[0]), b_boot, b_parts[0], kept
+
+
+def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, responsibilities,
+                  q_world: np.ndarray) -> LogOddsPart:
+    """The log-odds part (module docstring). S (n, k) holdout outputs, y its labels (every class present), P the
+    target outputs (m, k; read in row blocks), ``draws`` bootstrap draws from ``seed``. The bootstrap world is the
+    completed data of a null fit: ``responsibilities(rows)`` gives, for target output rows (T, k), each class's
+    share of every row (T, k; rows sum to 1 or are 0), ``q_world`` the fit's class proportions (the target's
+    classes in the draws). Three statistics are computed on the same draws: the diagonal S, the sum statistic
+    (the absolute sum of S's log-odds z-scores) and, for k <= BLOCK_MAX_CLASSES, the block statistic; each gets
+    p = (1 + #{draws >= it}) / (draws + 1), and the part's p-value is their smallest p / STATISTIC_WEIGHTS share,
+    calibrated by the same draws (:func:`_combined`)."""
+    k = S.shape[1]
+    m = P.shape[0]
+    hm = _holdout_moments(S, y, P, k)
+    if hm is None:
+        return LogOddsPart(statistic=0.0, p_value=1.0, class_share=np.zeros(k), moments=0)
+    stat, q, W = _studentised(hm.f[None], hm.var_t[None], hm.M[None], hm.E2[None], hm.n_y, m, hm.pooled)
+    dr = _bootstrap_draws(hm, y, P, draws, seed, responsibilities, q_world)
+    boot, q_b, W_b = _studentised(dr.fb, dr.var_b, dr.Mb, dr.E2b, hm.n_y, m, hm.pooled)
+    s, d, cols, keep = float(stat[0]), int(hm.keep.sum()), hm.cols, hm.keep
     # the sum statistic: |sum of the log-odds moments' z-scores| (the indicators left out), the same fits
     odds = cols[keep][None, :] >= k
-    z = np.sqrt(W[0]) * (f - M @ q[0])
-    z_b = np.sqrt(W_b) * (fb - np.einsum("bdk,bk->bd", Mb, q_b))
+    z = np.sqrt(W[0]) * (hm.f - hm.M @ q[0])
+    z_b = np.sqrt(W_b) * (dr.fb - np.einsum("bdk,bk->bd", dr.Mb, q_b))
     t_sum = float(abs(np.sum(z[odds[0]])))
     sum_boot = np.abs(np.sum(z_b[:, odds[0]], axis=1))
 
@@ -384,33 +462,12 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     shares = {"diagonal": np.bincount(owner, weights=z ** 2, minlength=k),
               "sum": np.maximum(np.sign(np.sum(z[odds[0]])) * np.bincount(owner, weights=z * odds[0], minlength=k), 0)}
     laws = {"diagonal": (s, boot), "sum": (t_sum, sum_boot)}
-    if not block:
+    if not hm.block:
         return _combined(laws, shares, draws, statistic=s, moments=d, sum_statistic=t_sum)
-
-    # the block statistic on the same draws: block layout (c, a) = slot a of block c, the indicator in slot c
-    kept = np.flatnonzero(keep[:k])                               # blocks (predicted classes) the holdout shows
-    layout = k + np.arange(k)[:, None] * k + np.arange(k)[None, :]
-    layout[np.arange(k), np.arange(k)] = np.arange(k)
-    layout = layout[kept]                                         # (c, a) -> column of the full moment layout
-    Ps = _products(S, k)
-    Y = sparse.csr_matrix((1.0 / n_y[y], (y, np.arange(y.size))), shape=(k, y.size))
-    E2_hold = (Y @ Ps).toarray().reshape(k, k, k, k)[:, kept]   # (y, c, a, a)
-    pooled_block = (Fh.mean(axis=0)[layout], np.asarray(Ps.mean(axis=0)).reshape(k, k, k)[kept])
-    t_block = moments[2][kept]
-    b_stat, b_parts = _block_statistic(moments[0][layout][None], t_block[None], M_full[layout][None],
-                                       E2_hold[None], n_y, m, pooled_block)
-    Ow = sparse.vstack([Ps, _products(Zt, k)]).tocsr()
-    b_boot = np.empty(draws)
-    for sl in _rows.blocks(draws, max(1, min(_BLOCK_CHUNK // k ** 4, _TARGET_CHUNK // Ow.shape[0]))):
-        E2c = np.stack([(_counts(rows_y[c][sl], Ow.shape[0]) @ Ow).toarray().reshape(-1, k, k, k)[:, kept] / n_y[c]
-                        for c in range(k)], axis=1)                               # (b, y, c, a, a)
-        Mc = np.stack([sums_y[c][sl][:, layout] for c in range(k)], axis=-1)      # (b, c, a, y)
-        T2c = np.asarray(Ow.T @ counts_t[sl].astype(np.float64).T).T.reshape(-1, k, k, k)[:, kept] / m
-        b_boot[sl] = _block_statistic(fb_full[sl][:, layout], T2c, Mc, E2c, n_y, m, pooled_block)[0]
-    bs = float(b_stat[0])
+    bs, b_boot, b_parts, kept = _block_law(hm, S, y, dr, m, draws)
     laws["block"] = (bs, b_boot)
     shares["block"] = np.zeros(k)
-    shares["block"][kept] = b_parts[0]
+    shares["block"][kept] = b_parts
     return _combined(laws, shares, draws, statistic=s, moments=d, sum_statistic=t_sum, block_statistic=bs)
 
 

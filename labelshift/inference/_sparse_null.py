@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
+from ._squarem import squarem_batch
+
 
 class _Support:
     """The entries (class, region) of a support and the sums over them by region and by class."""
@@ -123,7 +125,6 @@ def _fit(N, T, sup: _Support, pi, q, mask, tol: float, max_iter: int):
     """Maximise the null likelihood of B data sets (N (B, s) on the support, T (B, J)) from (pi (B, s), q (B, k)),
     entries outside ``mask`` (B, s; None: all in) held at 0: the SQUAREM-accelerated EM of ``_null_fit_batch``,
     each data set stopping on its own. Returns (2 (l_1 - l_0) (B,), pi, q, iterations)."""
-    B = N.shape[0]
     n_y = sup.class_sums(N)
     m = T.sum(axis=1)
     Npos, Tpos = N > 0, T > 0
@@ -144,32 +145,5 @@ def _fit(N, T, sup: _Support, pi, q, mask, tol: float, max_iter: int):
         tq = sup.class_sums(resp)
         return (Na + resp) / np.maximum(nya + tq, 1e-300)[:, sup.y], tq / ma[:, None]
 
-    prev = loglik(pi, q, slice(None))
-    active = np.ones(B, dtype=bool)
-    it = 0
-    while it < max_iter and active.any():
-        a = np.flatnonzero(active)
-        sub = (N[a], T[a], n_y[a], m[a])
-        p0, q0 = pi[a], q[a]
-        p1, q1 = em(p0, q0, *sub)
-        p2, q2 = em(p1, q1, *sub)
-        r_pi, r_q = p1 - p0, q1 - q0
-        v_pi, v_q = p2 - p1 - r_pi, q2 - q1 - r_q
-        nr = np.sqrt((r_pi ** 2).sum(axis=1) + (r_q ** 2).sum(axis=1))
-        nv = np.sqrt((v_pi ** 2).sum(axis=1) + (v_q ** 2).sum(axis=1))
-        alpha = -nr / np.where(nv > 0, nv, 1.0)
-        alpha = np.where((nv > 0) & (alpha < -1.0), alpha, -1.0)[:, None]
-        p3 = np.maximum(p0 - 2 * alpha * r_pi + alpha ** 2 * v_pi, 1e-300)
-        if mask is not None:
-            p3 = np.where(mask[a], p3, 0.0)                       # the extrapolation keeps the support
-        q3 = np.maximum(q0 - 2 * alpha * r_q + alpha ** 2 * v_q, 0.0)
-        p3, q3 = em(sup.normalised(p3), q3 / q3.sum(axis=1, keepdims=True), *sub)
-        it += 3
-        l2, l3 = loglik(p2, q2, a), loglik(p3, q3, a)
-        better = l3 > l2
-        pi[a] = np.where(better[:, None], p3, p2)
-        q[a] = np.where(better[:, None], q3, q2)
-        cur = np.where(better, l3, l2)
-        active[a[cur - prev[a] <= tol * np.maximum(1.0, np.abs(cur))]] = False
-        prev[a] = cur
+    it = squarem_batch(pi, q, (N, T, n_y, m), em, loglik, sup.normalised, tol, max_iter, mask)
     return np.maximum(2.0 * (l1 - loglik(pi, q, slice(None))), 0.0), pi, q, it

@@ -23,7 +23,8 @@ import numpy as np
 from scipy.stats import norm
 
 from .. import rows as _rows
-from .._validation import as_float_array, as_float_rows, check_labels
+from .._numbers import finite_or_none, none_as_nan
+from .._validation import as_float_array, as_float_rows, check_labels, check_level
 from ..errors import InputError
 from .source_aware import SourceAwareInterval, source_aware_interval
 
@@ -31,15 +32,6 @@ __all__ = ["AccuracyEstimate", "expected_accuracy", "METHOD"]
 
 #: the ``method`` of the result: the variance is that of the source-aware interval plus the holdout recall's
 METHOD = "source-aware"
-
-
-def _num(v):
-    v = float(v)
-    return v if math.isfinite(v) else None
-
-
-def _float(v):
-    return float("nan") if v is None else float(v)
 
 
 @dataclass(frozen=True)
@@ -132,15 +124,15 @@ class AccuracyEstimate:
         for f in fields(self):
             v = getattr(self, f.name)
             if isinstance(v, np.ndarray):
-                d[f.name] = [_num(x) for x in v]
+                d[f.name] = [finite_or_none(x) for x in v]
             elif isinstance(v, dict):
-                d[f.name] = {key: _num(x) for key, x in v.items()}
+                d[f.name] = {key: finite_or_none(x) for key, x in v.items()}
             elif isinstance(v, bool):
                 d[f.name] = v
             elif isinstance(v, (int, np.integer)) and f.name in ("n_source", "n_target"):
                 d[f.name] = int(v)
             elif isinstance(v, (float, np.floating)):
-                d[f.name] = _num(v)
+                d[f.name] = finite_or_none(v)
             else:
                 d[f.name] = list(v) if isinstance(v, list) else v
         return d
@@ -160,9 +152,9 @@ class AccuracyEstimate:
                 continue
             v = d[f.name]
             if f.name in ("per_class_recall", "corrected_per_class_recall", "target_prior", "weights"):
-                kw[f.name] = np.array([_float(x) for x in v])
+                kw[f.name] = np.array([none_as_nan(x) for x in v])
             elif f.name == "variance":
-                kw[f.name] = {key: _float(x) for key, x in v.items()}
+                kw[f.name] = {key: none_as_nan(x) for key, x in v.items()}
             elif f.name in ("n_source", "n_target"):
                 kw[f.name] = int(v)
             elif f.name in ("method",):
@@ -172,7 +164,7 @@ class AccuracyEstimate:
             elif f.name == "reasons":
                 kw[f.name] = list(v)
             else:
-                kw[f.name] = _float(v)
+                kw[f.name] = none_as_nan(v)
         return cls(**kw)
 
 
@@ -289,6 +281,44 @@ def _target_influence(Pt, w, ps, pinned):
     return out, S
 
 
+def _accuracy_inputs(holdout_outputs, holdout_labels, target_outputs):
+    """The outputs and labels of :func:`expected_accuracy` checked (InputError as documented there). Returns
+    (Xh, Xt, y, holdout rows per class as floats)."""
+    Xh = as_float_array(holdout_outputs, "holdout_outputs", 2)
+    n, k = Xh.shape
+    if n == 0 or k < 2:
+        raise InputError(f"holdout_outputs has shape {Xh.shape}; pass the model's outputs on the labelled holdout "
+                         "rows, one column per class (at least 2).")
+    Xt = as_float_rows(target_outputs, "target_outputs")
+    if Xt.shape[1] != k or Xt.shape[0] == 0:
+        raise InputError(f"target_outputs has shape {Xt.shape} but holdout_outputs has {k} class columns; pass "
+                         "the same model's outputs on the target rows (at least one row, k columns).")
+    y = check_labels(holdout_labels, "holdout_labels", k, n_rows=n)
+    counts = np.bincount(y, minlength=k).astype(np.float64)
+    missing = np.flatnonzero(counts == 0)
+    if missing.size:
+        raise InputError(f"holdout_labels has no example of class(es) {missing.tolist()}: their recall, and so the "
+                         "accuracy on a target that contains them, is not estimable. Add labelled holdout rows of "
+                         "those classes (and refit the calibrator on them).")
+    return Xh, Xt, y, counts
+
+
+def _rules_target_terms(Xt, calibrator, w, ps, pinned, y, counts, correct, correct_c):
+    """The target_terms of :func:`_rule_accuracy` for the deployed and the corrected rule, in row blocks for a
+    large target."""
+    if _rows.is_large(Xt):
+        # one large target: its calibrated rows are made block by block, never as a whole (m, k) float64 array
+        def recall(c):
+            return np.bincount(y, weights=c.astype(np.float64), minlength=counts.size) / counts
+        both = _target_terms_rows(Xt, calibrator, w, ps, pinned)(recall(correct), recall(correct_c))
+        return (lambda r: both[0]), (lambda r: both[1])
+    Pt = calibrator.predict_proba(Xt)
+    target_infl, S = _target_influence(Pt, w, ps, pinned)
+    Q = S * w                                                      # target posteriors under p_t_hat
+    return (_target_terms(target_infl, Q[np.arange(Xt.shape[0]), np.argmax(Xt, axis=1)]),
+            _target_terms(target_infl, Q.max(axis=1)))
+
+
 def expected_accuracy(holdout_outputs, holdout_labels, target_outputs, calibrator, *, weights=None,
                       level: float = 0.95, interval: SourceAwareInterval | None = None) -> AccuracyEstimate:
     """The deployed model's expected accuracy on the target, sum_y recall_y p_t(y), with a normal interval whose
@@ -319,25 +349,9 @@ def expected_accuracy(holdout_outputs, holdout_labels, target_outputs, calibrato
         InputError: level outside (0, 1); mismatched shapes; a class without a holdout example; anything
             ``source_aware_interval`` refuses; an ``interval`` that was not computed on these inputs.
     """
-    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < level < 1.0:
-        raise InputError(f"level must be a probability strictly between 0 and 1 (e.g. 0.95 for a 95% interval), "
-                         f"got {level!r}.")
-    Xh = as_float_array(holdout_outputs, "holdout_outputs", 2)
+    level = check_level(level, example="e.g. 0.95 for a 95% interval")
+    Xh, Xt, y, counts = _accuracy_inputs(holdout_outputs, holdout_labels, target_outputs)
     n, k = Xh.shape
-    if n == 0 or k < 2:
-        raise InputError(f"holdout_outputs has shape {Xh.shape}; pass the model's outputs on the labelled holdout "
-                         "rows, one column per class (at least 2).")
-    Xt = as_float_rows(target_outputs, "target_outputs")
-    if Xt.shape[1] != k or Xt.shape[0] == 0:
-        raise InputError(f"target_outputs has shape {Xt.shape} but holdout_outputs has {k} class columns; pass "
-                         "the same model's outputs on the target rows (at least one row, k columns).")
-    y = check_labels(holdout_labels, "holdout_labels", k, n_rows=n)
-    counts = np.bincount(y, minlength=k).astype(np.float64)
-    missing = np.flatnonzero(counts == 0)
-    if missing.size:
-        raise InputError(f"holdout_labels has no example of class(es) {missing.tolist()}: their recall, and so the "
-                         "accuracy on a target that contains them, is not estimable. Add labelled holdout rows of "
-                         "those classes (and refit the calibrator on them).")
     if interval is None:
         interval = source_aware_interval(Xh, y, Xt, calibrator, level=level, weights=weights)
     elif (not isinstance(interval, SourceAwareInterval) or interval.holdout_influence is None
@@ -355,18 +369,7 @@ def expected_accuracy(holdout_outputs, holdout_labels, target_outputs, calibrato
     correct = np.argmax(Xh, axis=1) == y                           # deployed rule: argmax of the raw outputs
     correct_c = np.argmax(Ph * w, axis=1) == y                     # corrected rule: argmax_y w_y f_y(x)
     ps = np.asarray(interval.source_prior, dtype=np.float64)
-    if _rows.is_large(Xt):
-        # one large target: its calibrated rows are made block by block, never as a whole (m, k) float64 array
-        def recall(c):
-            return np.bincount(y, weights=c.astype(np.float64), minlength=k) / counts
-        both = _target_terms_rows(Xt, calibrator, w, ps, pinned)(recall(correct), recall(correct_c))
-        terms, terms_c = (lambda r: both[0]), (lambda r: both[1])
-    else:
-        Pt = calibrator.predict_proba(Xt)
-        target_infl, S = _target_influence(Pt, w, ps, pinned)
-        Q = S * w                                                  # target posteriors under p_t_hat
-        terms = _target_terms(target_infl, Q[np.arange(Xt.shape[0]), np.argmax(Xt, axis=1)])
-        terms_c = _target_terms(target_infl, Q.max(axis=1))
+    terms, terms_c = _rules_target_terms(Xt, calibrator, w, ps, pinned, y, counts, correct, correct_c)
     r, est, (lo, hi, se), (blo, bhi, bse), parts = _rule_accuracy(correct, y, counts, pt, cov_t, infl_pt, terms, z)
     rc, est_c, (clo, chi, cse), (cblo, cbhi, cbse), _ = _rule_accuracy(correct_c, y, counts, pt, cov_t, infl_pt,
                                                                        terms_c, z)

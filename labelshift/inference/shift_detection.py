@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from scipy.linalg import null_space
@@ -32,9 +33,11 @@ from scipy.stats import chi2, norm
 from .. import rows as _rows
 from ._log_odds import BLOCK_MAX_CLASSES, log_odds_test
 from ._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit
+from ._squarem import squarem_batch
 from .._validation import as_float_array, check_labels, check_prior, check_probabilities
 from ..errors import InputError
 from ..estimation.solvers import PIN_TOL, mlls_gradient, mlls_newton
+from .._numbers import finite_or_none
 
 __all__ = ["LabelShiftTest", "Region", "label_shift_test", "MIN_HOLDOUT", "MIN_CLASS_ROWS", "MIN_TARGET",
            "MIN_REGION_ROWS", "MAX_CONFIDENCE_BINS", "BOOTSTRAP_DRAWS", "CALIBRATIONS"]
@@ -106,7 +109,7 @@ class Region:
     def to_dict(self) -> dict:
         return {"name": self.name, "predicted_classes": [int(c) for c in self.predicted_classes],
                 "confidence_low": float(self.confidence_low), "confidence_high": float(self.confidence_high),
-                "observed": float(self.observed), "expected": float(self.expected), "z": _num(self.z),
+                "observed": float(self.observed), "expected": float(self.expected), "z": finite_or_none(self.z),
                 "holdout_rows": int(self.holdout_rows)}
 
 
@@ -199,14 +202,14 @@ class LabelShiftTest:
         return "; ".join(parts)
 
     def to_dict(self) -> dict:
-        return {"statistic": _num(self.statistic), "dof": int(self.dof), "p_value": _num(self.p_value),
+        return {"statistic": finite_or_none(self.statistic), "dof": int(self.dof), "p_value": finite_or_none(self.p_value),
                 "method": self.method, "n_target": int(self.n_target), "n_holdout": int(self.n_holdout),
-                "weights": [_num(v) for v in self.weights], "source_prior": [_num(v) for v in self.source_prior],
-                "bonferroni_z": _num(self.bonferroni_z), "class_z": [_num(v) for v in self.class_z],
+                "weights": [finite_or_none(v) for v in self.weights], "source_prior": [finite_or_none(v) for v in self.source_prior],
+                "bonferroni_z": finite_or_none(self.bonferroni_z), "class_z": [finite_or_none(v) for v in self.class_z],
                 "calibration": self.extra.get("calibration", "chi2"),
-                "p_value_chi2": _num(self.extra.get("p_value_chi2", self.p_value)),
+                "p_value_chi2": finite_or_none(self.extra.get("p_value_chi2", self.p_value)),
                 "bootstrap_draws": self.extra.get("bootstrap_draws"),
-                **{key: (_num(self.extra[key]) if isinstance(self.extra[key], float) else self.extra[key])
+                **{key: (finite_or_none(self.extra[key]) if isinstance(self.extra[key], float) else self.extra[key])
                    for key in _LOG_ODDS_KEYS if key in self.extra},
                 "disagreeing": [r.to_dict() for r in self.disagreeing()],
                 "regions": [r.to_dict() for r in self.regions]}
@@ -239,11 +242,6 @@ class LabelShiftTest:
                           "bootstrap_draws": d.get("bootstrap_draws"),
                           **{key: (num(d[key]) if key in _LOG_ODDS_FLOATS else d[key])
                              for key in _LOG_ODDS_KEYS if key in d}})
-
-
-def _num(x) -> float | None:
-    x = float(x)
-    return x if math.isfinite(x) else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -488,32 +486,8 @@ def _null_fit_batch(N: np.ndarray, T: np.ndarray, q0: np.ndarray, pi0: np.ndarra
         tq = resp.sum(axis=2)
         return (Na + resp) / (nya + tq)[:, :, None], tq / ma[:, None]
 
-    prev = loglik(pi, q, slice(None))
-    active = np.ones(B, dtype=bool)
-    it = 0
-    while it < max_iter and active.any():
-        a = np.flatnonzero(active)
-        sub = (N[a], T[a], n_y[a], m[a])
-        p0, q0_ = pi[a], q[a]
-        p1, q1 = em(p0, q0_, *sub)
-        p2, q2 = em(p1, q1, *sub)
-        r_pi, r_q = p1 - p0, q1 - q0_
-        v_pi, v_q = p2 - p1 - r_pi, q2 - q1 - r_q
-        nr = np.sqrt((r_pi ** 2).sum(axis=(1, 2)) + (r_q ** 2).sum(axis=1))
-        nv = np.sqrt((v_pi ** 2).sum(axis=(1, 2)) + (v_q ** 2).sum(axis=1))
-        alpha = -nr / np.where(nv > 0, nv, 1.0)
-        alpha = np.where((nv > 0) & (alpha < -1.0), alpha, -1.0)
-        p3 = np.maximum(p0 - 2 * alpha[:, None, None] * r_pi + alpha[:, None, None] ** 2 * v_pi, 1e-300)
-        q3 = np.maximum(q0_ - 2 * alpha[:, None] * r_q + alpha[:, None] ** 2 * v_q, 0.0)
-        p3, q3 = em(p3 / p3.sum(axis=2, keepdims=True), q3 / q3.sum(axis=1, keepdims=True), *sub)
-        it += 3
-        l2, l3 = loglik(p2, q2, a), loglik(p3, q3, a)
-        better = l3 > l2
-        pi[a] = np.where(better[:, None, None], p3, p2)
-        q[a] = np.where(better[:, None], q3, q2)
-        cur = np.where(better, l3, l2)
-        active[a[cur - prev[a] <= tol * np.maximum(1.0, np.abs(cur))]] = False
-        prev[a] = cur
+    squarem_batch(pi, q, (N, T, n_y, m), em, loglik, lambda p3: p3 / p3.sum(axis=2, keepdims=True), tol,
+                  max_iter)
     return np.maximum(2.0 * (l1 - loglik(pi, q, slice(None))), 0.0)
 
 
@@ -630,6 +604,235 @@ def _wald(D: np.ndarray, sigma: np.ndarray) -> tuple[float, int]:
 # ---------------------------------------------------------------------------------------------------------------
 # the test
 # ---------------------------------------------------------------------------------------------------------------
+class _TestInputs(NamedTuple):
+    """The checked inputs of :func:`label_shift_test`."""
+    Ph: np.ndarray              # (n, k) calibrated holdout outputs
+    y: np.ndarray               # (n,) holdout labels
+    Pt: np.ndarray              # (m, k) calibrated target outputs
+    n_y: np.ndarray             # (k,) holdout rows per class
+    p: np.ndarray               # (k,) the source prior
+    w_given: np.ndarray | None  # the given MLLS weights (checked), or None
+    min_region_rows: int
+    max_confidence_bins: int
+    bootstrap_draws: int
+    seed: int
+    log_odds: bool
+
+
+class _RegionCounts(NamedTuple):
+    """The regions of the output simplex and the rows in each: holdout N (k, J) by class, target T (J,)."""
+    regions: _Regions
+    N: np.ndarray
+    T: np.ndarray
+    observed: np.ndarray        # (J,) target fraction per region
+    target_regions: np.ndarray  # (m,) each target row's region
+
+
+class _RegionsFit(NamedTuple):
+    """The regions part of the test: statistic, dof, p-value, the weights and prior q under H0, the histograms pi,
+    the expected fractions, observed - expected (D) and its covariance."""
+    stat: float
+    dof: int
+    p_value: float
+    w: np.ndarray
+    q: np.ndarray
+    pi: np.ndarray
+    expected: np.ndarray
+    D: np.ndarray
+    sigma: np.ndarray
+    extra: dict
+
+
+def _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
+                 max_confidence_bins, class_names, method, calibration, bootstrap_draws, seed,
+                 log_odds) -> _TestInputs:
+    """The arguments of :func:`label_shift_test` checked (InputError as documented there)."""
+    Ph = check_probabilities(holdout_probs, "holdout_probs", 2)
+    n, k = Ph.shape
+    Pt = check_probabilities(target_probs, "target_probs", 2)
+    m = Pt.shape[0]
+    if Pt.shape[1] != k:
+        raise InputError(f"target_probs has {Pt.shape[1]} class columns but holdout_probs has {k}; both must be the "
+                         "calibrated outputs of the same classifier (same classes, same order).")
+    y = check_labels(holdout_labels, "holdout_labels", k, n_rows=n)
+    min_region_rows = _check_int(min_region_rows, "min_region_rows", 1)
+    max_confidence_bins = _check_int(max_confidence_bins, "max_confidence_bins", 1)
+    if class_names is not None and len(class_names) != k:
+        raise InputError(f"class_names has {len(class_names)} entries but there are {k} classes.")
+    if n < MIN_HOLDOUT:
+        raise InputError(f"the holdout has n = {n} rows, fewer than MIN_HOLDOUT = {MIN_HOLDOUT}: the null "
+                         "distribution of the test rests on the holdout's class-conditional output frequencies and "
+                         "is not reliable with so few rows (its size is measured for n >= 500). Collect a larger "
+                         "labelled holdout.")
+    if m < MIN_TARGET:
+        raise InputError(f"target_probs has m = {m} rows, fewer than MIN_TARGET = {MIN_TARGET}; test a larger "
+                         "target batch (or several batches together).")
+    n_y = np.bincount(y, minlength=k)
+    few = np.flatnonzero(n_y < MIN_CLASS_ROWS)
+    if few.size:
+        raise InputError(f"holdout_labels has fewer than MIN_CLASS_ROWS = {MIN_CLASS_ROWS} examples of class(es) "
+                         f"{few.tolist()} (counts {n_y[few].tolist()}); the test needs each class's outputs on the "
+                         "holdout to know what that class looks like. Add labelled holdout examples of those "
+                         "classes.")
+    if method not in METHODS:
+        raise InputError(f"method must be one of {METHODS}, got {method!r}.")
+    if calibration not in CALIBRATIONS:
+        raise InputError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}.")
+    bootstrap_draws = _check_int(bootstrap_draws, "bootstrap_draws", 19)
+    log_odds = _check_log_odds(log_odds, k)
+    seed = _check_int(seed, "seed", 0)
+    p = n_y / n if source_prior is None else check_prior(source_prior, "source_prior", k)
+    w_given = None if weights is None else _mlls_weights(Pt, p, weights)
+    return _TestInputs(Ph=Ph, y=y, Pt=Pt, n_y=n_y, p=p, w_given=w_given, min_region_rows=min_region_rows,
+                       max_confidence_bins=max_confidence_bins, bootstrap_draws=bootstrap_draws, seed=seed,
+                       log_odds=log_odds)
+
+
+def _check_log_odds(log_odds, k: int) -> bool:
+    """``log_odds`` as a bool, None meaning the default for k classes; InputError for anything else."""
+    if log_odds is None:
+        # the default: the log-odds part up to BLOCK_MAX_CLASSES classes; above, its measured size at k = 100 was
+        # far above the level (docs/label_shift_test.md, "Many classes"), the regions part's was not
+        log_odds = k <= BLOCK_MAX_CLASSES
+    if not isinstance(log_odds, (bool, np.bool_)):
+        raise InputError(f"log_odds must be True or False (or None, the default for the number of classes), got "
+                         f"{log_odds!r}.")
+    return log_odds
+
+
+def _region_counts(inp: _TestInputs) -> _RegionCounts:
+    """The regions made from the holdout and the holdout (by class) and target rows in each; InputError when they
+    leave the test no degrees of freedom."""
+    n, k = inp.Ph.shape
+    regions = _make_regions(inp.Ph, inp.min_region_rows, inp.max_confidence_bins)
+    J = regions.n_regions
+    if J < k + 2:
+        raise InputError(f"the holdout gives only {J} regions of the output simplex (at least {inp.min_region_rows} "
+                         f"holdout rows per region), fewer than k + 2 = {k + 2}: the test has no degrees of freedom "
+                         f"left after estimating the {k} class weights. Collect a larger labelled holdout (n = {n} "
+                         "now; the size is measured from n = 500 at k = 10), or lower min_region_rows.")
+    holdout_regions = regions.assign(inp.Ph)
+    target_regions = _assign_rows(regions, inp.Pt)
+    N = np.zeros((k, J))
+    np.add.at(N, (inp.y, holdout_regions), 1.0)
+    T = np.bincount(target_regions, minlength=J).astype(np.float64)
+    return _RegionCounts(regions=regions, N=N, T=T, observed=T / inp.Pt.shape[0], target_regions=target_regions)
+
+
+def _likelihood_ratio_fit(inp: _TestInputs, rc: _RegionCounts, calibration: str) -> _RegionsFit:
+    """The likelihood-ratio form: the null fit by EM (dense, or on a restricted support above DENSE_MAX_CLASSES),
+    its p-value from the parametric bootstrap or chi^2, and the evidence per region."""
+    k, J = rc.N.shape
+    m, p, n_y, N = inp.Pt.shape[0], inp.p, inp.n_y, rc.N
+    q0 = p if inp.w_given is None else p * inp.w_given
+    dense = k <= DENSE_MAX_CLASSES
+    region_group = np.array([b[0] for b in rc.regions.bounds])
+    own = None if dense else own_regions(rc.regions.group, region_group)
+    pi, q, stat, iters = _null_fit(N, rc.T, q0) if dense else sparse_null_fit(N, rc.T, q0, own, region_group)
+    free = q > _Q_TOL
+    dof = J - int(free.sum())
+    # evidence: the holdout's own histograms reweighted by the null fit's q (what "the holdout reweighted by
+    # w" predicts), against the target; sd from both samples' multinomial variances
+    expected = q @ (N / n_y[:, None])
+    sigma = (np.diag(expected) - np.outer(expected, expected)) / m + _holdout_cov(N, None, q)
+    p_chi2 = float(chi2.sf(stat, dof))
+    extra = {"em_iterations": iters, "calibration": calibration, "p_value_chi2": p_chi2}
+    if calibration == "bootstrap":
+        draws, seed = inp.bootstrap_draws, inp.seed
+        boot = (_bootstrap_null(pi, q, n_y, m, draws, seed) if dense
+                else sparse_bootstrap_null(pi, q, n_y, m, draws, seed, own, region_group))
+        exceed = int(np.sum(boot >= stat - 1e-9 * max(1.0, stat)))
+        p_value = float((1 + exceed) / (draws + 1))
+        if exceed == 0:
+            # beyond every draw: the bootstrap resolves no p-value below 1/(B+1), so a level below that could
+            # never reject; there the chi^2 tail (conservative under the null, as measured) says how far out
+            p_value = min(p_value, p_chi2)
+        extra.update(bootstrap_draws=draws, seed=seed)
+    else:
+        p_value = p_chi2
+    return _RegionsFit(stat=stat, dof=dof, p_value=p_value, w=q / p, q=q, pi=pi, expected=expected,
+                       D=rc.observed - expected, sigma=sigma, extra=extra)
+
+
+def _wald_fit(inp: _TestInputs, rc: _RegionCounts) -> _RegionsFit:
+    """The Wald form: D = observed - expected at the MLLS weights, D^T Sigma^+ D against chi^2."""
+    Pt, p, J, m = inp.Pt, inp.p, rc.regions.n_regions, inp.Pt.shape[0]
+    w = inp.w_given if inp.w_given is not None else np.maximum(mlls_newton(Pt, p).weights, 0.0)
+    q = p * w
+    pi = rc.N / inp.n_y[:, None]
+    expected = q @ pi
+    D = rc.observed - expected
+    sigma = _wald_target_cov(Pt, w, p, rc.target_regions, pi, rc.observed, J) / m + _holdout_cov(rc.N, None, q)
+    stat, dof = _wald(D, sigma)
+    p_value = float(chi2.sf(stat, dof)) if dof > 0 else 1.0
+    return _RegionsFit(stat=stat, dof=dof, p_value=p_value, w=w, q=q, pi=pi, expected=expected, D=D, sigma=sigma,
+                       extra={})
+
+
+def _with_log_odds(inp: _TestInputs, rc: _RegionCounts, fit: _RegionsFit, method: str,
+                   class_names) -> _RegionsFit:
+    """The regions fit with the log-odds part added: both p-values in ``extra``, the reported one combined by
+    :func:`combine_p_values`."""
+    # the second look (labelshift/inference/_log_odds.py); the two p-values are combined by a weighted Bonferroni
+    # bound (combine_p_values), so the combined test keeps its level whatever the dependence between them
+    # its bootstrap world is the completed data of a null fit (the regions' fit; for the Wald form, one is made)
+    if method != "likelihood-ratio":
+        pi, q_null = _null_fit(rc.N, rc.T, inp.p)[:2]
+    else:
+        pi, q_null = fit.pi, fit.q
+    part = log_odds_test(inp.Ph, inp.y, inp.Pt, inp.bootstrap_draws, inp.seed,
+                         _world_shares(rc.regions, pi, q_null, inp.p), q_null)
+    extra = dict(fit.extra)
+    extra.update(p_value_regions=fit.p_value, p_value_log_odds=part.p_value, log_odds_statistic=part.statistic,
+                 p_value_log_odds_diagonal=part.p_value_diagonal, p_value_log_odds_block=part.p_value_block,
+                 p_value_log_odds_sum=part.p_value_sum, log_odds_block_statistic=part.block_statistic,
+                 log_odds_sum_statistic=part.sum_statistic,
+                 log_odds_moments=part.moments, log_odds_class=int(np.argmax(part.class_share)),
+                 log_odds_class_share=float(np.max(part.class_share)),
+                 log_odds_where=_region_name((int(np.argmax(part.class_share)),), 0.0, 1.0, class_names))
+    return fit._replace(p_value=combine_p_values(fit.p_value, part.p_value), extra=extra)
+
+
+def _region_evidence(rc: _RegionCounts, fit: _RegionsFit, class_names) -> tuple:
+    """The regions as :class:`Region` items with their z_R = D_R / sd_R, largest |z| first."""
+    z = fit.D / np.sqrt(np.maximum(np.diag(fit.sigma), 1e-300))
+    holdout_rows = rc.N.sum(axis=0).astype(int)
+    items = []
+    for r, (g, lo, hi) in enumerate(rc.regions.bounds):
+        mem = tuple(rc.regions.members[g])
+        items.append(Region(name=_region_name(mem, lo, hi, class_names), predicted_classes=mem,
+                            confidence_low=lo, confidence_high=hi, observed=float(rc.observed[r]),
+                            expected=float(fit.expected[r]), z=float(z[r]), holdout_rows=int(holdout_rows[r])))
+    items.sort(key=lambda it: -abs(it.z))
+    return tuple(items)
+
+
+def _class_z(regions: _Regions, fit: _RegionsFit, k: int) -> np.ndarray:
+    """(k,) z of each predicted class's regions together (nan for a pooled class)."""
+    class_z = np.full(k, np.nan)
+    for g, mem in enumerate(regions.members):
+        if len(mem) != 1:
+            continue
+        a = np.zeros(regions.n_regions)
+        a[[r for r, b in enumerate(regions.bounds) if b[0] == g]] = 1.0
+        v = float(a @ fit.sigma @ a)
+        class_z[mem[0]] = float(a @ fit.D) / math.sqrt(v) if v > 0 else np.nan
+    return class_z
+
+
+def _test_result(inp: _TestInputs, rc: _RegionCounts, fit: _RegionsFit, method: str,
+                 class_names) -> LabelShiftTest:
+    """The :class:`LabelShiftTest` of a fit."""
+    (m, k), n, J = inp.Pt.shape, inp.Ph.shape[0], rc.regions.n_regions
+    items = _region_evidence(rc, fit, class_names)
+    bonf = float(norm.isf(0.05 / (2 * J)))
+    return LabelShiftTest(statistic=fit.stat, dof=fit.dof, p_value=fit.p_value, weights=fit.w, source_prior=inp.p,
+                          regions=items, class_z=_class_z(rc.regions, fit, k), n_target=m, n_holdout=n,
+                          bonferroni_z=bonf, method=method,
+                          extra={"n_regions": J, "min_region_rows": inp.min_region_rows,
+                                 "max_confidence_bins": inp.max_confidence_bins, **fit.extra})
+
+
 def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=None, source_prior=None,
                      min_region_rows: int = MIN_REGION_ROWS, max_confidence_bins: int = MAX_CONFIDENCE_BINS,
                      class_names=None, method: str = "likelihood-ratio", calibration: str = "bootstrap",
@@ -686,140 +889,10 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
         InputError: shapes or classes that do not match, a class with too few holdout rows, a holdout smaller than
             :data:`MIN_HOLDOUT` or a target smaller than :data:`MIN_TARGET`, weights that are not the MLLS optimum.
     """
-    S = check_probabilities(holdout_probs, "holdout_probs", 2)
-    n, k = S.shape
-    P = check_probabilities(target_probs, "target_probs", 2)
-    m = P.shape[0]
-    if P.shape[1] != k:
-        raise InputError(f"target_probs has {P.shape[1]} class columns but holdout_probs has {k}; both must be the "
-                         "calibrated outputs of the same classifier (same classes, same order).")
-    y = check_labels(holdout_labels, "holdout_labels", k, n_rows=n)
-    min_region_rows = _check_int(min_region_rows, "min_region_rows", 1)
-    max_confidence_bins = _check_int(max_confidence_bins, "max_confidence_bins", 1)
-    if class_names is not None and len(class_names) != k:
-        raise InputError(f"class_names has {len(class_names)} entries but there are {k} classes.")
-    if n < MIN_HOLDOUT:
-        raise InputError(f"the holdout has n = {n} rows, fewer than MIN_HOLDOUT = {MIN_HOLDOUT}: the null "
-                         "distribution of the test rests on the holdout's class-conditional output frequencies and "
-                         "is not reliable with so few rows (its size is measured for n >= 500). Collect a larger "
-                         "labelled holdout.")
-    if m < MIN_TARGET:
-        raise InputError(f"target_probs has m = {m} rows, fewer than MIN_TARGET = {MIN_TARGET}; test a larger "
-                         "target batch (or several batches together).")
-    n_y = np.bincount(y, minlength=k)
-    few = np.flatnonzero(n_y < MIN_CLASS_ROWS)
-    if few.size:
-        raise InputError(f"holdout_labels has fewer than MIN_CLASS_ROWS = {MIN_CLASS_ROWS} examples of class(es) "
-                         f"{few.tolist()} (counts {n_y[few].tolist()}); the test needs each class's outputs on the "
-                         "holdout to know what that class looks like. Add labelled holdout examples of those "
-                         "classes.")
-    if method not in METHODS:
-        raise InputError(f"method must be one of {METHODS}, got {method!r}.")
-    if calibration not in CALIBRATIONS:
-        raise InputError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}.")
-    bootstrap_draws = _check_int(bootstrap_draws, "bootstrap_draws", 19)
-    if log_odds is None:
-        # the default: the log-odds part up to BLOCK_MAX_CLASSES classes; above, its measured size at k = 100 was
-        # far above the level (docs/label_shift_test.md, "Many classes"), the regions part's was not
-        log_odds = k <= BLOCK_MAX_CLASSES
-    if not isinstance(log_odds, (bool, np.bool_)):
-        raise InputError(f"log_odds must be True or False (or None, the default for the number of classes), got "
-                         f"{log_odds!r}.")
-    seed = _check_int(seed, "seed", 0)
-    p = n_y / n if source_prior is None else check_prior(source_prior, "source_prior", k)
-    w_given = None if weights is None else _mlls_weights(P, p, weights)
-
-    regions = _make_regions(S, min_region_rows, max_confidence_bins)
-    J = regions.n_regions
-    if J < k + 2:
-        raise InputError(f"the holdout gives only {J} regions of the output simplex (at least {min_region_rows} "
-                         f"holdout rows per region), fewer than k + 2 = {k + 2}: the test has no degrees of freedom "
-                         f"left after estimating the {k} class weights. Collect a larger labelled holdout (n = {n} "
-                         "now; the size is measured from n = 500 at k = 10), or lower min_region_rows.")
-    bs = regions.assign(S)
-    bt = _assign_rows(regions, P)
-    N = np.zeros((k, J))
-    np.add.at(N, (y, bs), 1.0)
-    T = np.bincount(bt, minlength=J).astype(np.float64)
-    observed = T / m
-
-    if method == "likelihood-ratio":
-        q0 = p if w_given is None else p * w_given
-        dense = k <= DENSE_MAX_CLASSES
-        region_group = np.array([b[0] for b in regions.bounds])
-        own = None if dense else own_regions(regions.group, region_group)
-        pi, q, stat, iters = _null_fit(N, T, q0) if dense else sparse_null_fit(N, T, q0, own, region_group)
-        free = q > _Q_TOL
-        dof = J - int(free.sum())
-        w = q / p
-        # evidence: the holdout's own histograms reweighted by the null fit's q (what "the holdout reweighted by
-        # w" predicts), against the target; sd from both samples' multinomial variances
-        expected = q @ (N / n_y[:, None])
-        D = observed - expected
-        sigma = (np.diag(expected) - np.outer(expected, expected)) / m + _holdout_cov(N, None, q)
-        p_chi2 = float(chi2.sf(stat, dof))
-        extra = {"em_iterations": iters, "calibration": calibration, "p_value_chi2": p_chi2}
-        if calibration == "bootstrap":
-            boot = (_bootstrap_null(pi, q, n_y, m, bootstrap_draws, seed) if dense
-                    else sparse_bootstrap_null(pi, q, n_y, m, bootstrap_draws, seed, own, region_group))
-            exceed = int(np.sum(boot >= stat - 1e-9 * max(1.0, stat)))
-            p_value = float((1 + exceed) / (bootstrap_draws + 1))
-            if exceed == 0:
-                # beyond every draw: the bootstrap resolves no p-value below 1/(B+1), so a level below that could
-                # never reject; there the chi^2 tail (conservative under the null, as measured) says how far out
-                p_value = min(p_value, p_chi2)
-            extra.update(bootstrap_draws=bootstrap_draws, seed=seed)
-        else:
-            p_value = p_chi2
-    else:
-        w = w_given if w_given is not None else np.maximum(mlls_newton(P, p).weights, 0.0)
-        q = p * w
-        pi = N / n_y[:, None]
-        expected = q @ pi
-        D = observed - expected
-        sigma = _wald_target_cov(P, w, p, bt, pi, observed, J) / m + _holdout_cov(N, None, q)
-        stat, dof = _wald(D, sigma)
-        p_value = float(chi2.sf(stat, dof)) if dof > 0 else 1.0
-        extra = {}
-
-    if log_odds:
-        # the second look (labelshift/_log_odds_test.py); the two p-values are combined by a weighted Bonferroni
-        # bound (combine_p_values), so the combined test keeps its level whatever the dependence between them
-        # its bootstrap world is the completed data of a null fit (the regions' fit; for the Wald form, one is made)
-        if method != "likelihood-ratio":
-            pi, q_null = _null_fit(N, T, p)[:2]
-        else:
-            q_null = q
-        part = log_odds_test(S, y, P, bootstrap_draws, seed, _world_shares(regions, pi, q_null, p), q_null)
-        extra.update(p_value_regions=p_value, p_value_log_odds=part.p_value, log_odds_statistic=part.statistic,
-                     p_value_log_odds_diagonal=part.p_value_diagonal, p_value_log_odds_block=part.p_value_block,
-                     p_value_log_odds_sum=part.p_value_sum, log_odds_block_statistic=part.block_statistic,
-                     log_odds_sum_statistic=part.sum_statistic,
-                     log_odds_moments=part.moments, log_odds_class=int(np.argmax(part.class_share)),
-                     log_odds_class_share=float(np.max(part.class_share)),
-                     log_odds_where=_region_name((int(np.argmax(part.class_share)),), 0.0, 1.0, class_names))
-        p_value = combine_p_values(p_value, part.p_value)
-
-    se = np.sqrt(np.maximum(np.diag(sigma), 1e-300))
-    z = D / se
-    holdout_rows = N.sum(axis=0).astype(int)
-    items = []
-    for r, (g, lo, hi) in enumerate(regions.bounds):
-        mem = tuple(regions.members[g])
-        items.append(Region(name=_region_name(mem, lo, hi, class_names), predicted_classes=mem,
-                            confidence_low=lo, confidence_high=hi, observed=float(observed[r]),
-                            expected=float(expected[r]), z=float(z[r]), holdout_rows=int(holdout_rows[r])))
-    items.sort(key=lambda it: -abs(it.z))
-    class_z = np.full(k, np.nan)
-    for g, mem in enumerate(regions.members):
-        if len(mem) != 1:
-            continue
-        a = np.zeros(J)
-        a[[r for r, b in enumerate(regions.bounds) if b[0] == g]] = 1.0
-        v = float(a @ sigma @ a)
-        class_z[mem[0]] = float(a @ D) / math.sqrt(v) if v > 0 else np.nan
-    bonf = float(norm.isf(0.05 / (2 * J)))
-    return LabelShiftTest(statistic=stat, dof=dof, p_value=p_value, weights=w, source_prior=p, regions=tuple(items),
-                          class_z=class_z, n_target=m, n_holdout=n, bonferroni_z=bonf,
-                          method=method, extra={"n_regions": J, "min_region_rows": min_region_rows,
-                                                "max_confidence_bins": max_confidence_bins, **extra})
+    inp = _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
+                       max_confidence_bins, class_names, method, calibration, bootstrap_draws, seed, log_odds)
+    rc = _region_counts(inp)
+    fit = _likelihood_ratio_fit(inp, rc, calibration) if method == "likelihood-ratio" else _wald_fit(inp, rc)
+    if inp.log_odds:
+        fit = _with_log_odds(inp, rc, fit, method, class_names)
+    return _test_result(inp, rc, fit, method, class_names)

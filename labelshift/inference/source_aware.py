@@ -20,12 +20,13 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 import numpy as np
 from scipy.stats import norm
 
 from .. import rows as _rows
-from .._validation import as_float_array, as_float_rows, check_labels
+from .._validation import as_float_array, as_float_rows, check_labels, check_level
 from ..calibration import PROB_FLOOR, log_softmax
 from ..calibration.scaling import CONVERGED_GRADIENT
 from ..errors import IllConditionedWarning, InputError
@@ -261,13 +262,6 @@ def _log_scores(calibrator, x: np.ndarray, name: str) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------------
 # input checks
 # ---------------------------------------------------------------------------------------------------------------
-def _check_level(level) -> float:
-    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < level < 1.0:
-        raise InputError(f"level must be a probability strictly between 0 and 1 (e.g. 0.95 for a 95% interval), "
-                         f"got {level!r}.")
-    return float(level)
-
-
 def _check_outputs(x, name: str, k: int | None, rows: bool = False) -> np.ndarray:
     arr = as_float_rows(x, name) if rows else as_float_array(x, name, 2)
     if arr.shape[0] == 0:
@@ -402,6 +396,282 @@ def _check_fit_on_holdout(calibrator, design: _Design, scale, psi: np.ndarray) -
 # ---------------------------------------------------------------------------------------------------------------
 # the interval
 # ---------------------------------------------------------------------------------------------------------------
+class _Inputs(NamedTuple):
+    """The checked inputs of :func:`source_aware_interval` and the calibrator's view of them."""
+    Xt: np.ndarray              # (m, k) raw target outputs (a large float32 set as it is)
+    y: np.ndarray               # (n,) holdout labels
+    counts: np.ndarray          # (k,) holdout rows per class
+    n: int
+    k: int
+    m: int
+    large: bool                 # the target is read in row blocks (labelshift.rows)
+    design: _Design
+    scale: np.ndarray | float
+    bias: np.ndarray
+    kind: str
+    Zh: np.ndarray              # (n, k) the calibrator's log scores of the holdout
+    Zt: np.ndarray | None       # (m, k) those of the target (None when large)
+
+
+class _HoldoutFit(NamedTuple):
+    """The holdout's part: p_s, each holdout row's influence on theta and on p_s, and why theta is not trusted."""
+    ps: np.ndarray              # (k,) p_s, the mean calibrated holdout prediction
+    a_inf: np.ndarray           # (n, q) influence on theta
+    b_inf: np.ndarray           # (n, k) influence on p_s
+    reasons: list
+
+
+class _TargetFit(NamedTuple):
+    """The target's part: the MLLS weights, g = mean_i s_i, the Hessian H and A = mean_i d s_i / d theta."""
+    w: np.ndarray
+    g: np.ndarray
+    H: np.ndarray
+    A: np.ndarray
+    Pt: np.ndarray | None       # (m, k) calibrated target rows (None when large)
+
+
+class _FreeSetCovariance(NamedTuple):
+    """Target and holdout covariance of w_G on a free set G, the holdout rows' influence on w_G, and H_GG^{-1}."""
+    target: np.ndarray
+    holdout: np.ndarray
+    influence: np.ndarray
+    H_inv: np.ndarray
+
+
+class _Covariances(NamedTuple):
+    """The covariances of w and of p_t = p_s * w (target part, holdout part, total) and the holdout influence on
+    p_t."""
+    w_target: np.ndarray
+    w: np.ndarray
+    pt_target: np.ndarray
+    pt_holdout: np.ndarray
+    pt: np.ndarray
+    pt_influence: np.ndarray
+
+
+class _Bounds(NamedTuple):
+    """The per-class intervals on p_t and w (total), those of the target-only part, and the standard errors."""
+    lo: np.ndarray
+    hi: np.ndarray
+    w_lo: np.ndarray
+    w_hi: np.ndarray
+    t_w_lo: np.ndarray
+    t_w_hi: np.ndarray
+    se_pt: np.ndarray
+    se_w: np.ndarray
+    se_pt_t: np.ndarray
+
+
+def _interval_inputs(holdout_outputs, holdout_labels, target_outputs, calibrator) -> _Inputs:
+    """The inputs of :func:`source_aware_interval` checked (InputError as documented there) and read through the
+    calibrator."""
+    Xh = _check_outputs(holdout_outputs, "holdout_outputs", None)
+    n, k = Xh.shape
+    if k < 2:
+        raise InputError(f"holdout_outputs has {k} class column; pass one column per class (at least 2).")
+    Xt = _check_outputs(target_outputs, "target_outputs", k, rows=True)
+    m = Xt.shape[0]
+    large = _rows.is_large(Xt)
+    design, scale, bias = _calibrator_map(calibrator, k)
+    kind = calibrator.kind
+    y = check_labels(holdout_labels, "holdout_labels", k, n_rows=n)
+    counts = np.bincount(y, minlength=k)
+    missing = np.flatnonzero(counts == 0)
+    if missing.size:
+        raise InputError(
+            f"holdout_labels has no example of class(es) {missing.tolist()}: the calibrator's bias and p_s(y) of "
+            "such a class are not estimable, so neither is its error. Add labelled holdout rows of those classes "
+            "(and refit the calibrator on them).")
+    n_min = min_holdout_rows(kind, k)
+    if n < n_min:
+        raise InputError(
+            f"holdout_outputs has {n} rows, too few to refit a {kind} calibrator ({design.q} parameters) and "
+            f"estimate its error: the source-aware interval needs at least {n_min} "
+            f"(MIN_ROWS_PER_PARAMETER = {MIN_ROWS_PER_PARAMETER} per parameter). Label more holdout rows, or use "
+            "interval='fisher', which treats the calibrator and p_s as known (and is too short when m is not small "
+            "next to n).")
+    Zh = _log_scores(calibrator, Xh, "holdout_outputs")
+    Zt = None if large else _log_scores(calibrator, Xt, "target_outputs")
+    return _Inputs(Xt=Xt, y=y, counts=counts, n=n, k=k, m=m, large=large, design=design, scale=scale, bias=bias,
+                   kind=kind, Zh=Zh, Zt=Zt)
+
+
+def _holdout_fit(inp: _Inputs, calibrator) -> _HoldoutFit:
+    """The holdout's scores, NLL Hessian J and d p_s / d theta, and each holdout row's influence on (theta, p_s);
+    InputError when the calibrator was not fit on these rows."""
+    n, y, design, Zh = inp.n, inp.y, inp.design, inp.Zh
+    Ph = np.exp(log_softmax(Zh * inp.scale + inp.bias))
+    R = Ph.copy()
+    R[np.arange(n), y] -= 1.0
+    psi = design.row_mean(Zh, R)                                   # (n, q) per-row NLL score
+    Xbar = design.row_mean(Zh, Ph)                                 # (n, q) mean of X under f
+    J = (design.gram(Zh, Ph) - Xbar.T @ Xbar) / n                 # (1/n) sum_i X_i^T (diag f_i - f_i f_i^T) X_i
+    # the fit's prior P (calibration/scaling.py): the penalised score psi_j + grad P / n is what is 0 at the fit,
+    # and its Jacobian is J + hess P / n (docs/calibration.md)
+    pen_grad, pen_hess = calibrator.penalty_terms() if hasattr(calibrator, "penalty_terms") else (0.0, 0.0)
+    psi = psi + pen_grad / n
+    J = J + pen_hess / n
+    Dp = (design.weighted_sum(Zh, Ph) - Ph.T @ Xbar) / n           # (k, q) mean d f / d theta on the holdout
+    _check_fit_on_holdout(calibrator, design, inp.scale, psi)
+    reasons = _unidentified_calibrator(J, inp.kind, calibrator)
+    a_inf = -psi @ np.linalg.pinv(J, rcond=1e-14, hermitian=True)   # (n, q) influence on theta (J symmetric)
+    ps = Ph.mean(axis=0)
+    ps = ps / ps.sum()
+    b_inf = (Ph - ps) + a_inf @ Dp.T                               # (n, k) influence on p_s
+    return _HoldoutFit(ps=ps, a_inf=a_inf, b_inf=b_inf, reasons=reasons)
+
+
+def _unidentified_calibrator(J: np.ndarray, kind: str, calibrator) -> list:
+    """Why the calibrator's parameters are not identified (NLL Hessian J ill-conditioned, temperature at its
+    bound); empty when they are."""
+    ev = np.linalg.eigvalsh(J)
+    reasons = []
+    if not ev[0] > ev[-1] / _COND_MAX:
+        reasons.append(f"the calibrator's parameters are not identified by the holdout: its NLL Hessian has "
+                       f"condition number {ev[-1] / max(ev[0], 1e-300):.3g} > {_COND_MAX:.0e} (separable classes, "
+                       "or a class the classifier never scores)")
+    if kind in ("TS", "BCTS") and abs(math.log(calibrator.temperature_)) >= _LOG_T_BOUND - 1e-6:
+        reasons.append(f"the calibrator's temperature {calibrator.temperature_:.3g} sits at its bound "
+                       f"exp(+-{_LOG_T_BOUND:g}); the normal approximation of its error does not hold")
+    return reasons
+
+
+def _target_fit(inp: _Inputs, calibrator, ps: np.ndarray, weights) -> _TargetFit:
+    """The calibrated target rows, the MLLS weights (solved, or the given ones checked by their duality gap), the
+    Hessian H and A = mean d s_i / d theta."""
+    Xt, m, large, design, scale, bias = inp.Xt, inp.m, inp.large, inp.design, inp.scale, inp.bias
+    Pt = None if large else np.exp(log_softmax(inp.Zt * scale + bias))
+    if weights is None:
+        w = np.maximum(mlls_newton(Pt if not large else _calibrated_rows(Xt, calibrator, scale, bias),
+                                   ps).weights, 0.0)
+    else:
+        w = _given_weights(weights, inp.k, ps)
+    if large:
+        # one large set: the calibrated rows are made block by block (never a whole (m, k) float64 array)
+        g, H, A = _target_pass_rows(Xt, calibrator, scale, bias, design, w)
+        gap = float(np.max(g / ps) - 1.0)
+    elif weights is not None:
+        gap = float(mlls_optimality(Pt, w, ps))
+    if weights is not None and gap > max(1e-3 / m, 2e-10):
+        raise InputError(f"weights are not the MLLS maximiser for these target rows (duality gap {gap:.3g}); "
+                         "pass None to solve MLLS here.")
+    if not large:
+        fw = Pt @ w
+        scaled = Pt / fw[:, None]                                  # s_i = f_i / f_i^T w
+        g = scaled.mean(axis=0)
+        H = scaled.T @ scaled / m
+        posterior = scaled * w                                     # target posterior q_i = w * f_i / f_i^T w
+        # (k, q): d s_ic / d theta_r = s_ic (X_icr - E_q X_ir)
+        A = (design.weighted_sum(inp.Zt, scaled) - design.cross(scaled, inp.Zt, posterior, H * m, w)) / m
+    return _TargetFit(w=w, g=g, H=H, A=A, Pt=Pt)
+
+
+def _free_set_covariance(G: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, m: int, n: int) -> _FreeSetCovariance:
+    """Target and holdout covariance of w_G (free set G), the holdout influence on w_G, and H_GG^{-1}."""
+    HG = tgt.H[np.ix_(G, G)]
+    Hinv = np.linalg.pinv(HG, rcond=1e-14, hermitian=True)
+    cov_s = HG - np.outer(tgt.g[G], tgt.g[G])
+    cov_t = Hinv @ cov_s @ Hinv / m
+    infl = (hold.a_inf @ tgt.A[G].T - hold.b_inf[:, G]) @ Hinv     # (n, |G|) influence of holdout rows on w_G
+    infl = infl - infl.mean(axis=0)
+    cov_h = infl.T @ infl / n ** 2
+    return _FreeSetCovariance(target=cov_t, holdout=cov_h, influence=infl, H_inv=Hinv)
+
+
+def _covariances(F: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, k: int, m: int, n: int) -> _Covariances:
+    """The covariances of w and p_t = p_s * w on the free set F (0 on the pinned classes), target and holdout."""
+    ps, w = hold.ps, tgt.w
+    on_F = _free_set_covariance(F, tgt, hold, m, n)
+    cov_w_t = np.zeros((k, k))
+    cov_w_h = np.zeros((k, k))
+    cov_w_t[np.ix_(F, F)] = on_F.target
+    cov_w_h[np.ix_(F, F)] = on_F.holdout
+    infl_w = np.zeros((n, k))
+    infl_w[:, F] = on_F.influence
+    infl_pt = hold.b_inf * w + infl_w * ps                         # p_t = p_s * w: both move
+    infl_pt -= infl_pt.mean(axis=0)
+    cov_pt_h = infl_pt.T @ infl_pt / n ** 2
+    cov_pt_t = cov_w_t * np.outer(ps, ps)
+    return _Covariances(w_target=cov_w_t, w=cov_w_t + cov_w_h, pt_target=cov_pt_t, pt_holdout=cov_pt_h,
+                        pt=cov_pt_t + cov_pt_h, pt_influence=infl_pt)
+
+
+def _normal_bounds(prior: np.ndarray, w: np.ndarray, ps: np.ndarray, cov: _Covariances, z: float) -> _Bounds:
+    """The normal intervals +- z se on p_t (clipped to [0, 1]) and on w (to [0, 1 / p_s]), total and
+    target-only."""
+    se_pt = np.sqrt(np.clip(np.diag(cov.pt), 0.0, None))
+    se_w = np.sqrt(np.clip(np.diag(cov.w), 0.0, None))
+    w_max = 1.0 / ps
+    lo = np.clip(prior - z * se_pt, 0.0, 1.0)
+    hi = np.clip(prior + z * se_pt, 0.0, 1.0)
+    w_lo = np.clip(w - z * se_w, 0.0, w_max)
+    w_hi = np.clip(w + z * se_w, 0.0, w_max)
+    se_w_t = np.sqrt(np.clip(np.diag(cov.w_target), 0.0, None))
+    t_w_lo = np.clip(w - z * se_w_t, 0.0, w_max)
+    t_w_hi = np.clip(w + z * se_w_t, 0.0, w_max)
+    return _Bounds(lo=lo, hi=hi, w_lo=w_lo, w_hi=w_hi, t_w_lo=t_w_lo, t_w_hi=t_w_hi, se_pt=se_pt, se_w=se_w,
+                   se_pt_t=ps * se_w_t)
+
+
+def _poorly_identified(F: np.ndarray, w: np.ndarray, cov_w: np.ndarray) -> str | None:
+    """The reason when the worst direction of w's total covariance on F, relative to max(w_y, 1), has a standard
+    error above MAX_STANDARD_ERROR; None otherwise."""
+    # (an absolute bound of 1/2 on w, as for the target-only check, would flag every class with a large weight --
+    # w_y = 6 known to +-10% -- while the point is whether the data pin w down: so the error is measured relative
+    # to max(w_y, 1), which is the absolute 1/2 of labelshift.inference.uncertainty for weights up to 1)
+    if not F.size:
+        return None
+    scale_w = np.maximum(w[F], 1.0)
+    rel = cov_w[np.ix_(F, F)] / np.outer(scale_w, scale_w)
+    lam, vec = np.linalg.eigh(rel)
+    worst = float(np.sqrt(max(lam[-1], 0.0)))
+    if worst <= MAX_STANDARD_ERROR:
+        return None
+    top = int(F[np.argmax(np.abs(vec[:, -1]))])
+    return (f"w is poorly identified: its standard error relative to max(w, 1) in the worst direction "
+            f"(mostly class {top}) is {worst:.3g} > {MAX_STANDARD_ERROR:g}, target and holdout error "
+            "together; more labelled holdout rows (or target rows) would narrow it")
+
+
+def _target_only_upper(inp: _Inputs, calibrator, tgt: _TargetFit, ps: np.ndarray, free: np.ndarray, z: float,
+                       level: float) -> np.ndarray:
+    """The target-only profile-likelihood upper bounds on w of :func:`fisher_interval` (used for pinned classes)."""
+    if inp.large:         # the target-only profile bound, on calibrated rows made block by block
+        return _pinned_bounds(None, tgt.w, tgt.H, ps, free, z, m=inp.m,
+                              rows_dot=lambda v: _calibrated_dot(inp.Xt, calibrator, inp.scale, inp.bias, v))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IllConditionedWarning)
+        return fisher_interval(tgt.Pt, tgt.w, ps, level=level).weights_upper
+
+
+def _pinned_class_bounds(inp: _Inputs, calibrator, tgt: _TargetFit, hold: _HoldoutFit, free: np.ndarray, z: float,
+                         level: float, bounds: _Bounds, reasons: list) -> _Bounds:
+    """The one-sided intervals [0, U_y] of the classes pinned at w_y = 0, written into ``bounds``' arrays (their
+    standard errors become nan); appends to ``reasons`` each pinned class that is not identified."""
+    ps, pinned, F = hold.ps, ~free, np.flatnonzero(free)
+    w_max = 1.0 / ps
+    t_upper = _target_only_upper(inp, calibrator, tgt, ps, free, z, level)
+    for yy in np.flatnonzero(pinned):
+        G = np.sort(np.append(F, yy))
+        on_G = _free_set_covariance(G, tgt, hold, inp.m, inp.n)
+        j = int(np.flatnonzero(G == yy)[0])
+        w_u = min(float((on_G.H_inv @ (tgt.g[G] - ps[G]))[j]), 0.0)  # unconstrained estimate of w_y (<= 0)
+        vt, vh = float(on_G.target[j, j]), float(on_G.holdout[j, j])
+
+        bounds.t_w_lo[yy], bounds.t_w_hi[yy] = 0.0, float(t_upper[yy])
+        u = float(t_upper[yy]) + _normal_bound(w_u, vt + vh, z) - _normal_bound(w_u, vt, z)
+        u = min(u, w_max[yy])
+        bounds.w_lo[yy], bounds.w_hi[yy] = 0.0, u
+        bounds.lo[yy], bounds.hi[yy] = 0.0, min(ps[yy] * u, 1.0)
+        one_se = _normal_bound(w_u, vt + vh, 1.0)
+        if not one_se <= MAX_STANDARD_ERROR:
+            reasons.append(f"class {yy} is estimated at w = 0 but not identified: its one-standard-error bound on "
+                           f"w_{yy} (normal model, target and holdout error) is {one_se:.3g} > "
+                           f"{MAX_STANDARD_ERROR:g}")
+    return bounds._replace(se_pt=np.where(pinned, np.nan, bounds.se_pt), se_w=np.where(pinned, np.nan, bounds.se_w),
+                           se_pt_t=np.where(pinned, np.nan, bounds.se_pt_t))
+
+
 def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calibrator, *, level: float = 0.95,
                           weights=None) -> SourceAwareInterval:
     """Normal confidence intervals on the target prior p_t = p_s * w of MLLS (eq. (mlls-sample) of Garg et al.,
@@ -435,188 +705,32 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
             holdout example; an unsupported or unfitted calibrator, or one not fit on these holdout rows;
             mismatched shapes; weights that are not the MLLS estimate.
     """
-    level = _check_level(level)
-    Xh = _check_outputs(holdout_outputs, "holdout_outputs", None)
-    n, k = Xh.shape
-    if k < 2:
-        raise InputError(f"holdout_outputs has {k} class column; pass one column per class (at least 2).")
-    Xt = _check_outputs(target_outputs, "target_outputs", k, rows=True)
-    m = Xt.shape[0]
-    large = _rows.is_large(Xt)
-    design, scale, bias = _calibrator_map(calibrator, k)
-    kind = calibrator.kind
-    y = check_labels(holdout_labels, "holdout_labels", k, n_rows=n)
-    counts = np.bincount(y, minlength=k)
-    missing = np.flatnonzero(counts == 0)
-    if missing.size:
-        raise InputError(
-            f"holdout_labels has no example of class(es) {missing.tolist()}: the calibrator's bias and p_s(y) of "
-            "such a class are not estimable, so neither is its error. Add labelled holdout rows of those classes "
-            "(and refit the calibrator on them).")
-    n_min = min_holdout_rows(kind, k)
-    if n < n_min:
-        raise InputError(
-            f"holdout_outputs has {n} rows, too few to refit a {kind} calibrator ({design.q} parameters) and "
-            f"estimate its error: the source-aware interval needs at least {n_min} "
-            f"(MIN_ROWS_PER_PARAMETER = {MIN_ROWS_PER_PARAMETER} per parameter). Label more holdout rows, or use "
-            "interval='fisher', which treats the calibrator and p_s as known (and is too short when m is not small "
-            "next to n).")
-    Zh = _log_scores(calibrator, Xh, "holdout_outputs")
-    Zt = None if large else _log_scores(calibrator, Xt, "target_outputs")
+    level = check_level(level, example="e.g. 0.95 for a 95% interval")
+    inp = _interval_inputs(holdout_outputs, holdout_labels, target_outputs, calibrator)
     z = float(norm.ppf(0.5 * (1.0 + level)))
-
-    # ---- holdout: scores, NLL Hessian J, d p_s / d theta, per-row influence on (theta, p_s) -------------------
-    Ph = np.exp(log_softmax(Zh * scale + bias))
-    R = Ph.copy()
-    R[np.arange(n), y] -= 1.0
-    psi = design.row_mean(Zh, R)                                   # (n, q) per-row NLL score
-    Xbar = design.row_mean(Zh, Ph)                                 # (n, q) mean of X under f
-    J = (design.gram(Zh, Ph) - Xbar.T @ Xbar) / n                 # (1/n) sum_i X_i^T (diag f_i - f_i f_i^T) X_i
-    # the fit's prior P (calibration/scaling.py): the penalised score psi_j + grad P / n is what is 0 at the fit,
-    # and its Jacobian is J + hess P / n (docs/calibration.md)
-    pen_grad, pen_hess = calibrator.penalty_terms() if hasattr(calibrator, "penalty_terms") else (0.0, 0.0)
-    psi = psi + pen_grad / n
-    J = J + pen_hess / n
-    Dp = (design.weighted_sum(Zh, Ph) - Ph.T @ Xbar) / n           # (k, q) mean d f / d theta on the holdout
-    _check_fit_on_holdout(calibrator, design, scale, psi)
-    ev = np.linalg.eigvalsh(J)
-    reasons = []
-    if not ev[0] > ev[-1] / _COND_MAX:
-        reasons.append(f"the calibrator's parameters are not identified by the holdout: its NLL Hessian has "
-                       f"condition number {ev[-1] / max(ev[0], 1e-300):.3g} > {_COND_MAX:.0e} (separable classes, "
-                       "or a class the classifier never scores)")
-    if kind in ("TS", "BCTS") and abs(math.log(calibrator.temperature_)) >= _LOG_T_BOUND - 1e-6:
-        reasons.append(f"the calibrator's temperature {calibrator.temperature_:.3g} sits at its bound "
-                       f"exp(+-{_LOG_T_BOUND:g}); the normal approximation of its error does not hold")
-    a_inf = -psi @ np.linalg.pinv(J, rcond=1e-14, hermitian=True)   # (n, q) influence on theta (J symmetric)
-    ps = Ph.mean(axis=0)
-    ps = ps / ps.sum()
-    b_inf = (Ph - ps) + a_inf @ Dp.T                               # (n, k) influence on p_s
-
-    # ---- target: calibrated rows, MLLS, the Hessian H and A = mean d s_i / d theta -----------------------------
-    Pt = None if large else np.exp(log_softmax(Zt * scale + bias))
-    if weights is None:
-        w = np.maximum(mlls_newton(Pt if not large else _calibrated_rows(Xt, calibrator, scale, bias),
-                                   ps).weights, 0.0)
-    else:
-        w = _given_weights(weights, k, ps)
-    if large:
-        # one large set: the calibrated rows are made block by block (never a whole (m, k) float64 array)
-        g, H, A = _target_pass_rows(Xt, calibrator, scale, bias, design, w)
-        gap = float(np.max(g / ps) - 1.0)
-    elif weights is not None:
-        gap = float(mlls_optimality(Pt, w, ps))
-    if weights is not None and gap > max(1e-3 / m, 2e-10):
-        raise InputError(f"weights are not the MLLS maximiser for these target rows (duality gap {gap:.3g}); "
-                         "pass None to solve MLLS here.")
+    hold = _holdout_fit(inp, calibrator)
+    tgt = _target_fit(inp, calibrator, hold.ps, weights)
+    ps, w, m, n = hold.ps, tgt.w, inp.m, inp.n
     free = w > PIN_TOL
-    if not large:
-        fw = Pt @ w
-        S = Pt / fw[:, None]                                       # s_i = f_i / f_i^T w
-        g = S.mean(axis=0)
-        H = S.T @ S / m
-        Q = S * w                                                  # target posterior q_i = w * f_i / f_i^T w
-        # (k, q): d s_ic / d theta_r = s_ic (X_icr - E_q X_ir)
-        A = (design.weighted_sum(Zt, S) - design.cross(S, Zt, Q, H * m, w)) / m
-
-    def parts(G):
-        """Target and holdout covariance of w_G (free set G), the holdout influence on w_G, and H_GG^{-1}."""
-        HG = H[np.ix_(G, G)]
-        Hinv = np.linalg.pinv(HG, rcond=1e-14, hermitian=True)
-        cov_s = HG - np.outer(g[G], g[G])
-        cov_t = Hinv @ cov_s @ Hinv / m
-        infl = (a_inf @ A[G].T - b_inf[:, G]) @ Hinv               # (n, |G|) influence of holdout rows on w_G
-        infl = infl - infl.mean(axis=0)
-        cov_h = infl.T @ infl / n ** 2
-        return cov_t, cov_h, infl, Hinv
-
-    F = np.flatnonzero(free)
-    cov_t_F, cov_h_F, infl_F, _ = parts(F)
-    cov_w_t = np.zeros((k, k))
-    cov_w_h = np.zeros((k, k))
-    cov_w_t[np.ix_(F, F)] = cov_t_F
-    cov_w_h[np.ix_(F, F)] = cov_h_F
-    infl_w = np.zeros((n, k))
-    infl_w[:, F] = infl_F
-    infl_pt = b_inf * w + infl_w * ps                              # p_t = p_s * w: both move
-    infl_pt -= infl_pt.mean(axis=0)
-    cov_pt_h = infl_pt.T @ infl_pt / n ** 2
-    cov_pt_t = cov_w_t * np.outer(ps, ps)
-    cov_pt = cov_pt_t + cov_pt_h
-    cov_w = cov_w_t + cov_w_h
-
-    se_pt = np.sqrt(np.clip(np.diag(cov_pt), 0.0, None))
-    se_w = np.sqrt(np.clip(np.diag(cov_w), 0.0, None))
+    cov = _covariances(np.flatnonzero(free), tgt, hold, inp.k, m, n)
     prior = ps * w
-    w_max = 1.0 / ps
-    lo = np.clip(prior - z * se_pt, 0.0, 1.0)
-    hi = np.clip(prior + z * se_pt, 0.0, 1.0)
-    w_lo = np.clip(w - z * se_w, 0.0, w_max)
-    w_hi = np.clip(w + z * se_w, 0.0, w_max)
-
-    se_w_t = np.sqrt(np.clip(np.diag(cov_w_t), 0.0, None))
-    t_w_lo = np.clip(w - z * se_w_t, 0.0, w_max)
-    t_w_hi = np.clip(w + z * se_w_t, 0.0, w_max)
-    se_pt_t = ps * se_w_t
-
-    # ---- trustworthiness: the worst direction of the total covariance of w, relative to max(w_y, 1) ---------------
-    # (an absolute bound of 1/2 on w, as for the target-only check, would flag every class with a large weight --
-    # w_y = 6 known to +-10% -- while the point is whether the data pin w down: so the error is measured relative
-    # to max(w_y, 1), which is the absolute 1/2 of labelshift.inference.uncertainty for weights up to 1)
-    if F.size:
-        scale_w = np.maximum(w[F], 1.0)
-        rel = cov_w[np.ix_(F, F)] / np.outer(scale_w, scale_w)
-        lam, vec = np.linalg.eigh(rel)
-        worst = float(np.sqrt(max(lam[-1], 0.0)))
-        if not worst <= MAX_STANDARD_ERROR:
-            top = int(F[np.argmax(np.abs(vec[:, -1]))])
-            reasons.append(f"w is poorly identified: its standard error relative to max(w, 1) in the worst direction "
-                           f"(mostly class {top}) is {worst:.3g} > {MAX_STANDARD_ERROR:g}, target and holdout error "
-                           "together; more labelled holdout rows (or target rows) would narrow it")
-
-    few_rows = _few_holdout_rows(counts)
-    if few_rows:
-        reasons.append(few_rows)
-
-    # ---- classes pinned at w = 0 -----------------------------------------------------------------------------
+    bounds = _normal_bounds(prior, w, ps, cov, z)
+    reasons = hold.reasons
+    for reason in (_poorly_identified(np.flatnonzero(free), w, cov.w), _few_holdout_rows(inp.counts)):
+        if reason:
+            reasons.append(reason)
     pinned = ~free
     if pinned.any():
-        if large:         # the target-only profile bound, on calibrated rows made block by block
-            t_upper = _pinned_bounds(None, w, H, ps, free, z, m=m,
-                                     rows_dot=lambda v: _calibrated_dot(Xt, calibrator, scale, bias, v))
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", IllConditionedWarning)
-                t_upper = fisher_interval(Pt, w, ps, level=level).weights_upper
-        for yy in np.flatnonzero(pinned):
-            G = np.sort(np.append(F, yy))
-            cov_t_G, cov_h_G, _, Hinv = parts(G)
-            j = int(np.flatnonzero(G == yy)[0])
-            w_u = min(float((Hinv @ (g[G] - ps[G]))[j]), 0.0)       # unconstrained estimate of w_y (<= 0)
-            vt, vh = float(cov_t_G[j, j]), float(cov_h_G[j, j])
-
-            t_w_lo[yy], t_w_hi[yy] = 0.0, float(t_upper[yy])
-            u = float(t_upper[yy]) + _normal_bound(w_u, vt + vh, z) - _normal_bound(w_u, vt, z)
-            u = min(u, w_max[yy])
-            w_lo[yy], w_hi[yy] = 0.0, u
-            lo[yy], hi[yy] = 0.0, min(ps[yy] * u, 1.0)
-            one_se = _normal_bound(w_u, vt + vh, 1.0)
-            if not one_se <= MAX_STANDARD_ERROR:
-                reasons.append(f"class {yy} is estimated at w = 0 but not identified: its one-standard-error bound on "
-                               f"w_{yy} (normal model, target and holdout error) is {one_se:.3g} > "
-                               f"{MAX_STANDARD_ERROR:g}")
-        se_pt = np.where(pinned, np.nan, se_pt)
-        se_w = np.where(pinned, np.nan, se_w)
-        se_pt_t = np.where(pinned, np.nan, se_pt_t)
-    fisher = PriorInterval(target_prior=prior, lower=np.clip(ps * t_w_lo, 0.0, 1.0),
-                           upper=np.clip(ps * t_w_hi, 0.0, 1.0), weights=w, weights_lower=t_w_lo,
-                           weights_upper=t_w_hi, std_error=se_pt_t, level=level, method="fisher", pinned=pinned,
-                           n_target=m, extra={"z": z})
+        bounds = _pinned_class_bounds(inp, calibrator, tgt, hold, free, z, level, bounds, reasons)
+    fisher = PriorInterval(target_prior=prior, lower=np.clip(ps * bounds.t_w_lo, 0.0, 1.0),
+                           upper=np.clip(ps * bounds.t_w_hi, 0.0, 1.0), weights=w, weights_lower=bounds.t_w_lo,
+                           weights_upper=bounds.t_w_hi, std_error=bounds.se_pt_t, level=level, method="fisher",
+                           pinned=pinned, n_target=m, extra={"z": z})
 
     return SourceAwareInterval(
-        target_prior=prior, lower=lo, upper=hi, weights=w, weights_lower=w_lo, weights_upper=w_hi, std_error=se_pt,
-        level=level, method=METHOD, pinned=pinned, n_target=m,
-        extra={"z": z, "n_source": n, "calibrator": kind, "n_parameters": design.q},
-        source_prior=ps, covariance=cov_pt, covariance_target=cov_pt_t, covariance_holdout=cov_pt_h,
-        weights_covariance=cov_w, weights_std_error=se_w, n_source=n, calibrator=kind,
-        trustworthy=not reasons, reasons=reasons, target_only=fisher, holdout_influence=infl_pt)
+        target_prior=prior, lower=bounds.lo, upper=bounds.hi, weights=w, weights_lower=bounds.w_lo,
+        weights_upper=bounds.w_hi, std_error=bounds.se_pt, level=level, method=METHOD, pinned=pinned, n_target=m,
+        extra={"z": z, "n_source": n, "calibrator": inp.kind, "n_parameters": inp.design.q},
+        source_prior=ps, covariance=cov.pt, covariance_target=cov.pt_target, covariance_holdout=cov.pt_holdout,
+        weights_covariance=cov.w, weights_std_error=bounds.se_w, n_source=n, calibrator=inp.kind,
+        trustworthy=not reasons, reasons=reasons, target_only=fisher, holdout_influence=cov.pt_influence)

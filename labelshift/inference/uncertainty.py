@@ -31,7 +31,8 @@ from scipy.stats import chi2, norm
 from scipy.stats import f as f_dist
 
 from .. import rows as _rows
-from .._validation import as_float_array, check_prior, check_probabilities
+from .._numbers import finite_or_none, none_as_nan
+from .._validation import as_float_array, check_level, check_prior, check_probabilities
 from ..estimation.diagnostics import confusion_condition
 from ..errors import FormatError, IllConditionedWarning, InputError
 from ..estimation.estimators import BBSE_FLAG_SNR, MLLS, MLLS_FLAG_M_SIGMA
@@ -59,14 +60,8 @@ _SUM_TOL = 1e-6
 # ---------------------------------------------------------------------------------------------------------------
 # JSON helpers
 # ---------------------------------------------------------------------------------------------------------------
-def _num(x) -> float | None:
-    """A JSON-able float: non-finite values (nan for "not defined", inf) become None."""
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
 def _nums(a) -> list:
-    return [_num(v) for v in np.asarray(a, dtype=np.float64).ravel()]
+    return [finite_or_none(v) for v in np.asarray(a, dtype=np.float64).ravel()]
 
 
 def _json_value(v):
@@ -75,7 +70,7 @@ def _json_value(v):
     if isinstance(v, (int, np.integer)):
         return int(v)
     if isinstance(v, (float, np.floating)):
-        return _num(v)
+        return finite_or_none(v)
     if isinstance(v, np.ndarray):
         return [_json_value(x) for x in v.tolist()]
     if isinstance(v, (list, tuple)):
@@ -85,13 +80,8 @@ def _json_value(v):
     return v
 
 
-def _float(x) -> float:
-    """A number read back from JSON: None (written for nan) is nan again."""
-    return math.nan if x is None else float(x)
-
-
 def _array(values) -> np.ndarray:
-    return np.array([_float(v) for v in values], dtype=np.float64)
+    return np.array([none_as_nan(v) for v in values], dtype=np.float64)
 
 
 def _require(d, name: str, keys: tuple[str, ...]) -> dict:
@@ -107,12 +97,6 @@ def _require(d, name: str, keys: tuple[str, ...]) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # input checks
 # ---------------------------------------------------------------------------------------------------------------
-def _check_level(level, name: str = "level") -> float:
-    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < level < 1.0:
-        raise InputError(f"{name} must be a probability strictly between 0 and 1 (e.g. 0.95), got {level!r}.")
-    return float(level)
-
-
 def _check_inputs(target_probs, source_prior):
     P = check_probabilities(target_probs, "target_probs", 2)
     k = P.shape[1]
@@ -347,7 +331,7 @@ def fisher_interval(target_probs, weights, source_prior, *, level: float = 0.95)
     Raises:
         InputError: shapes or classes that do not match, non-probabilities, weights that are not the MLLS estimate.
     """
-    level = _check_level(level)
+    level = check_level(level)
     P, p = _check_inputs(target_probs, source_prior)
     w = _check_mle(P, weights, p)
     m, k = P.shape
@@ -396,7 +380,7 @@ def bootstrap_interval(target_probs, source_prior, *, estimator=None, level: flo
 
     ``std_error`` is the standard deviation of the replicates of p_t. f and p_s are treated as known.
     """
-    level = _check_level(level)
+    level = check_level(level)
     P, p = _check_inputs(target_probs, source_prior)
     m, k = P.shape
     if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, (int, np.integer)) or n_bootstrap < 10:
@@ -475,11 +459,11 @@ class NoShiftTest:
 
     def rejects(self, significance: float = 0.05) -> bool:
         """True when "no shift" is rejected at this significance level (p_value < significance)."""
-        significance = _check_level(significance, "significance")
+        significance = check_level(significance, "significance")
         return bool(self.p_value < significance)
 
     def to_dict(self) -> dict:
-        return {"statistic": _num(self.statistic), "dof": int(self.dof), "p_value": _num(self.p_value),
+        return {"statistic": finite_or_none(self.statistic), "dof": int(self.dof), "p_value": finite_or_none(self.p_value),
                 "method": self.method, "n_target": None if self.n_target is None else int(self.n_target),
                 "n_source": self.n_source}
 
@@ -487,7 +471,7 @@ class NoShiftTest:
     def from_dict(cls, d: dict) -> "NoShiftTest":
         """The test that :meth:`to_dict` wrote (None read back as nan); ``from_dict(d).to_dict() == d``."""
         d = _require(d, "no_shift_test", ("statistic", "dof", "p_value"))
-        return cls(statistic=_float(d["statistic"]), dof=int(d["dof"]), p_value=_float(d["p_value"]),
+        return cls(statistic=none_as_nan(d["statistic"]), dof=int(d["dof"]), p_value=none_as_nan(d["p_value"]),
                    method=str(d.get("method", "likelihood-ratio")), n_target=d.get("n_target"),
                    n_source=d.get("n_source"))
 
@@ -606,16 +590,16 @@ class Identifiability:
     notes: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"min_hessian_eigenvalue": _num(self.min_hessian_eigenvalue),
-                "min_free_eigenvalue": _num(self.min_free_eigenvalue),
-                "confusion_sigma_min": None if self.confusion_sigma_min is None else _num(self.confusion_sigma_min),
-                "confusion_condition": None if self.confusion_condition is None else _num(self.confusion_condition),
-                "confusion_snr": None if self.confusion_snr is None else _num(self.confusion_snr),
+        return {"min_hessian_eigenvalue": finite_or_none(self.min_hessian_eigenvalue),
+                "min_free_eigenvalue": finite_or_none(self.min_free_eigenvalue),
+                "confusion_sigma_min": None if self.confusion_sigma_min is None else finite_or_none(self.confusion_sigma_min),
+                "confusion_condition": None if self.confusion_condition is None else finite_or_none(self.confusion_condition),
+                "confusion_snr": None if self.confusion_snr is None else finite_or_none(self.confusion_snr),
                 "n_source": self.n_source, "n_target": int(self.n_target), "trustworthy": bool(self.trustworthy),
-                "reasons": list(self.reasons), "pinned_bounds": [None if b is None else _num(b)
+                "reasons": list(self.reasons), "pinned_bounds": [None if b is None else finite_or_none(b)
                                                                  for b in self.pinned_bounds],
-                "max_weight_width": None if self.max_weight_width is None else _num(self.max_weight_width),
-                "relative_errors": [None if e is None else _num(e) for e in self.relative_errors],
+                "max_weight_width": None if self.max_weight_width is None else finite_or_none(self.max_weight_width),
+                "relative_errors": [None if e is None else finite_or_none(e) for e in self.relative_errors],
                 "estimator": self.estimator, "notes": list(self.notes)}
 
     @classmethod
@@ -625,8 +609,8 @@ class Identifiability:
         ``estimator`` and ``notes`` existed read back with none, ``"MLLS"`` and none."""
         d = _require(d, "identifiability", ("min_hessian_eigenvalue", "min_free_eigenvalue", "n_target",
                                             "trustworthy"))
-        return cls(min_hessian_eigenvalue=_float(d["min_hessian_eigenvalue"]),
-                   min_free_eigenvalue=_float(d["min_free_eigenvalue"]),
+        return cls(min_hessian_eigenvalue=none_as_nan(d["min_hessian_eigenvalue"]),
+                   min_free_eigenvalue=none_as_nan(d["min_free_eigenvalue"]),
                    confusion_sigma_min=d.get("confusion_sigma_min"), confusion_condition=d.get("confusion_condition"),
                    n_source=d.get("n_source"), n_target=int(d["n_target"]), trustworthy=bool(d["trustworthy"]),
                    reasons=list(d.get("reasons") or []), confusion_snr=d.get("confusion_snr"),

@@ -671,27 +671,9 @@ def write_batch_outputs(store: Store, batch: TargetBatch, corrected: Any, summar
 
 
 # -- committing ------------------------------------------------------------------------------------------------------
-def commit_watermark(store: Store, previous: Watermark, batches: Sequence[TargetBatch], record: Mapping[str, Any],
-                     *, rejected: Sequence[RejectedBatch] = (), history_limit: int | None = None) -> Watermark:
-    """Count ``batches`` as processed: write sequence + 1, with them in ``processed`` and ``record`` in ``history``.
-
-    Compare-and-swap: the watermark is written only if it is still the version ``previous`` was read as
-    (``previous.token``; :meth:`~labelshift.storage.Store.compare_and_swap`: ``If-Match`` on S3, an exclusive lock
-    on a local folder); otherwise nothing is written and :class:`ConcurrentRunError` is raised: another run
-    committed meanwhile, and the batches of this run are taken by the next one. Of any number of concurrent commits
-    on the same version exactly one succeeds. On a store that cannot write conditionally
-    (``store.conditional_writes()`` False) the watermark is compared, written, then read back, and the same error
-    raised if another run's write replaced it: a narrower window, not none.
-
-    ``rejected`` batches (:class:`RejectedBatch`) are recorded under ``rejected`` with their reason and checksum,
-    not counted; a commit may hold only rejections (``batches`` empty). ``record`` (JSON-serialisable, e.g. prior
-    and p-value) goes into the new history entry beside ``sequence``, ``time``, ``run_id``, ``batches``, for batches
-    counted again with new content ``replaced``, and the keys ``rejected``; it may not use those names.
-    ``history_limit`` keeps only the most recent entries (``processed`` always keeps every batch). Returns the new
-    watermark.
-
-    A batch already counted with the same checksum is refused (:class:`InputError`): it would be counted twice.
-    """
+def _check_commit(store: Store, previous: Watermark, batches, record, rejected, history_limit):
+    """The arguments of :func:`commit_watermark` checked (InputError as documented there). Returns (batches,
+    rejected, the keys of both) as lists and the watermark's uri."""
     if not isinstance(previous, Watermark):
         raise InputError(f"previous must be the Watermark returned by find_new_batches, got {type(previous).__name__}.")
     if not isinstance(record, Mapping):
@@ -713,13 +695,45 @@ def commit_watermark(store: Store, previous: Watermark, batches: Sequence[Target
     if duplicates:
         raise InputError(f"batches {duplicates} are listed more than once; count or reject each batch once.")
     uri = store.url(WATERMARK_KEY)
-
     again = [b.key for b in batches if previous.processed.get(b.key) == b.checksum]
     if again:
         raise InputError(
             f"batches {again[:5]} are already counted in {uri} with the same content; committing them again would "
             "count them twice. Commit only the batches find_new_batches returned."
         )
+    return batches, rejected, keys, uri
+
+
+def _kept_fingerprints(previous: Watermark, batches: list) -> dict:
+    """The fingerprints of the next watermark: those ``previous`` carries for batches it counts, then those of the
+    batches counted now (a batch without a trusted token gets none)."""
+    # fingerprints: those ``previous`` carries (refreshed by find_new_batches) for batches still counted with the
+    # same content, then those of the batches counted now; a batch without a trusted token gets none
+    fingerprints = {k: info for k, info in previous.fingerprints.items()
+                    if isinstance(info, ObjectInfo) and info.version is not None and k in previous.processed}
+    for b in batches:
+        fingerprints.pop(b.key, None)
+        if b.fingerprint is not None and b.fingerprint.version is not None:
+            fingerprints[b.key] = b.fingerprint
+    return fingerprints
+
+
+def _quarantine(previous: Watermark, rejected: list, keys: list, now: str, sequence: int) -> dict:
+    """The rejected batches of the next watermark: those of ``previous`` not committed now, and ``rejected`` with
+    their checksum, reason, time, sequence (and size and version where trusted)."""
+    quarantine = {k: v for k, v in previous.rejected.items() if k not in keys}
+    for r in rejected:
+        held = {"sha256": r.batch.checksum, "reason": r.reason, "time": now, "sequence": sequence}
+        if r.batch.fingerprint is not None and r.batch.fingerprint.version is not None:
+            held.update(size=r.batch.fingerprint.size, version=r.batch.fingerprint.version)
+        quarantine[r.key] = held
+    return quarantine
+
+
+def _next_watermark(previous: Watermark, batches: list, rejected: list, keys: list, record: Mapping[str, Any],
+                    history_limit: int | None) -> Watermark:
+    """The watermark after this commit: sequence + 1, ``batches`` processed, a history entry with ``record``, a new
+    run id; not written."""
     replaced = [b.key for b in batches if b.key in previous.processed]
     now = _now()
     run_id = uuid.uuid4().hex
@@ -733,52 +747,75 @@ def commit_watermark(store: Store, previous: Watermark, batches: Sequence[Target
     history = [*previous.history, entry]
     if history_limit is not None:
         history = history[-history_limit:]
-    processed = {**previous.processed, **{b.key: b.checksum for b in batches}}
-    # fingerprints: those ``previous`` carries (refreshed by find_new_batches) for batches still counted with the
-    # same content, then those of the batches counted now; a batch without a trusted token gets none
-    fingerprints = {k: info for k, info in previous.fingerprints.items()
-                    if isinstance(info, ObjectInfo) and info.version is not None and k in previous.processed}
-    for b in batches:
-        fingerprints.pop(b.key, None)
-        if b.fingerprint is not None and b.fingerprint.version is not None:
-            fingerprints[b.key] = b.fingerprint
-    quarantine = {k: v for k, v in previous.rejected.items() if k not in keys}
-    for r in rejected:
-        held = {"sha256": r.batch.checksum, "reason": r.reason, "time": now, "sequence": sequence}
-        if r.batch.fingerprint is not None and r.batch.fingerprint.version is not None:
-            held.update(size=r.batch.fingerprint.size, version=r.batch.fingerprint.version)
-        quarantine[r.key] = held
-    new = Watermark(
+    return Watermark(
         sequence=sequence,
-        processed=processed,
+        processed={**previous.processed, **{b.key: b.checksum for b in batches}},
         updated_at=now,
         history=json.loads(_encode(history, "the watermark history")),
         run_id=run_id,
-        fingerprints=fingerprints,
-        rejected=quarantine,
+        fingerprints=_kept_fingerprints(previous, batches),
+        rejected=_quarantine(previous, rejected, keys, now, sequence),
     )
+
+
+def _swap_in(store: Store, previous: Watermark, new: Watermark, uri: str) -> tuple[str, bool]:
+    """Write ``new`` if the watermark is still ``previous``'s version; ConcurrentRunError if another run committed.
+    Returns (the version token written, whether it was found on reading back after a refused retry of this write)."""
     payload = _encode(new.to_dict(), f"the watermark {uri}")
     try:
-        token = store.compare_and_swap(WATERMARK_KEY, payload, previous.token, content_type="application/json")
+        return store.compare_and_swap(WATERMARK_KEY, payload, previous.token, content_type="application/json"), False
     except ConflictError:
         current = read_watermark(store)
-        if current.run_id == run_id:  # this very write landed; a retry of it, after its answer was lost, was refused
-            return replace(new, token=current.token)
+        if current.run_id == new.run_id:  # this very write landed; a retry of it, after its answer was lost, was refused
+            return current.token, True
         raise ConcurrentRunError(
             f"the watermark {uri} moved to sequence {current.sequence} (updated {current.updated_at}) since this run "
             f"read sequence {previous.sequence}: another run committed meanwhile. Nothing was counted by this run; "
             "its batches are taken by the next run and its outputs rewritten then. Run again, and give the "
             "deployment a concurrency limit of one."
         ) from None
+
+
+def _check_not_overwritten(store: Store, new: Watermark, uri: str) -> None:
+    """On a store that cannot write conditionally: ConcurrentRunError when another run's write replaced ``new``."""
     if not store.conditional_writes(WATERMARK_KEY):
         written = read_watermark(store)
-        if written.run_id != run_id:
+        if written.run_id != new.run_id:
             raise ConcurrentRunError(
                 f"the watermark {uri} was overwritten by another run (sequence {written.sequence}) right after this "
                 "run's commit (this store does not write conditionally, so two commits can both pass). Batches the "
                 "winning run did not count are processed again by the next run; none is counted twice. Give the "
                 "deployment a concurrency limit of one."
             )
+
+
+def commit_watermark(store: Store, previous: Watermark, batches: Sequence[TargetBatch], record: Mapping[str, Any],
+                     *, rejected: Sequence[RejectedBatch] = (), history_limit: int | None = None) -> Watermark:
+    """Count ``batches`` as processed: write sequence + 1, with them in ``processed`` and ``record`` in ``history``.
+
+    Compare-and-swap: the watermark is written only if it is still the version ``previous`` was read as
+    (``previous.token``; :meth:`~labelshift.storage.Store.compare_and_swap`: ``If-Match`` on S3, an exclusive lock
+    on a local folder); otherwise nothing is written and :class:`ConcurrentRunError` is raised: another run
+    committed meanwhile, and the batches of this run are taken by the next one. Of any number of concurrent commits
+    on the same version exactly one succeeds. On a store that cannot write conditionally
+    (``store.conditional_writes()`` False) the watermark is compared, written, then read back, and the same error
+    raised if another run's write replaced it: a narrower window, not none.
+
+    ``rejected`` batches (:class:`RejectedBatch`) are recorded under ``rejected`` with their reason and checksum,
+    not counted; a commit may hold only rejections (``batches`` empty). ``record`` (JSON-serialisable, e.g. prior
+    and p-value) goes into the new history entry beside ``sequence``, ``time``, ``run_id``, ``batches``, for batches
+    counted again with new content ``replaced``, and the keys ``rejected``; it may not use those names.
+    ``history_limit`` keeps only the most recent entries (``processed`` always keeps every batch). Returns the new
+    watermark.
+
+    A batch already counted with the same checksum is refused (:class:`InputError`): it would be counted twice.
+    """
+    batches, rejected, keys, uri = _check_commit(store, previous, batches, record, rejected, history_limit)
+    new = _next_watermark(previous, batches, rejected, keys, record, history_limit)
+    token, retried = _swap_in(store, previous, new, uri)
+    if retried:
+        return replace(new, token=token)
+    _check_not_overwritten(store, new, uri)
     logger.info("%s: committed sequence %d with %d batch(es)%s", uri, new.sequence, len(batches),
                 f", {len(rejected)} rejected" if rejected else "")
     return replace(new, token=token)
