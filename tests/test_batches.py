@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from labelshift.monitoring.watermark.batches import (OutputSpec, check_one_format, check_reference,
+from labelshift.monitoring.batches import (OutputSpec, check_one_format, check_reference,
                                                      corrected_parquet, iter_output_chunks, metric_names,
                                                      read_features, read_holdout, read_ids, read_outputs)
 from labelshift.errors import InputError

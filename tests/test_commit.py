@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from labelshift.errors import ConflictError, InputError
-from labelshift.monitoring.watermark.watermark import (WATERMARK_KEY, ConcurrentRunError, RejectedBatch,
+from labelshift.monitoring.watermark import (WATERMARK_KEY, ConcurrentRunError, RejectedBatch,
                                                        commit_watermark, find_new_batches, read_watermark)
 from labelshift.storage import RetryPolicy, S3Store, open_store
 from labelshift.storage import s3 as s3_module

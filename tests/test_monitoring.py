@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, StorageError
-from labelshift.monitoring.watermark.watermark import (CORRECTED_SUFFIX, STATE_PREFIX, SUMMARY_SUFFIX, WATERMARK_KEY,
+from labelshift.monitoring.watermark import (CORRECTED_SUFFIX, STATE_PREFIX, SUMMARY_SUFFIX, WATERMARK_KEY,
                                                        ChangedBatchError, ConcurrentRunError, TargetBatch, Watermark,
                                                        commit_watermark, find_new_batches, list_batches, load_batch,
                                                        read_watermark, write_batch_outputs)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from labelshift.monitoring.watermark.batches import OutputSpec, check_reference, default_class_names, iter_output_chunks
+from labelshift.monitoring.batches import OutputSpec, check_reference, default_class_names, iter_output_chunks
 from labelshift.calibration import load_calibrator
 from labelshift.experiments.zoo import ZooCase
 from labelshift.inference.report import NOT_LABEL_SHIFT
