@@ -3,7 +3,7 @@
 :func:`labelshift.inference.report.assess_shift` takes its defaults from :data:`DEFAULTS`; so do the ``reestimate``
 flow, its command-line options, its form in the Prefect UI (all three through
 :class:`flows.params.ReestimateParameters`, which adds the bounds and descriptions) and the ``estimate-shift`` task.
-``tests/test_settings_drift.py`` fails when any of them drifts from here.
+``tests/test_parameter_drift.py`` fails when any of them drifts from here.
 """
 from __future__ import annotations
 
