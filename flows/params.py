@@ -11,6 +11,7 @@ whole sweep takes well under a minute of computation on a 2-core laptop.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -41,6 +42,20 @@ GAUSSIAN_TARGET_SIZE = 1000
 METHODS: tuple[str, ...] = tuple(gaussian.METHODS)
 #: the bins experiment compares MLLS on a predictor binned into n equal-width bins with MLLS-CM (Figure 2)
 BINS_METHODS: tuple[str, ...] = tuple(gaussian.BINS_METHODS)
+
+
+def documented(model: type[BaseModel]):
+    """Decorator (under ``@flow``): the flow's docstring gets an ``Args`` section, before its ``Returns``, with the
+    description of each parameter from ``model`` -- Prefect shows these in a deployment's form, and they are then
+    written once, here, not again in the flow's docstring."""
+    def decorate(fn):
+        doc = inspect.cleandoc(fn.__doc__ or "")
+        head, sep, tail = doc.partition("\n\nReturns:")
+        args = "\n".join(f"    {name}: {field.description}" for name, field in model.model_fields.items()
+                         if field.description)
+        fn.__doc__ = f"{head}\n\nArgs:\n{args}{sep}{tail}"
+        return fn
+    return decorate
 
 
 def _unique(values: list) -> list:

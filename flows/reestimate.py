@@ -43,7 +43,7 @@ from flows.links import flow_run_info
 from flows.params import (BatchSizeParam, CalibratorParam, CrossCheckParam, EstimatorParam, ExperimentParam,
                           IntervalParam, LabelShiftSignificanceParam, LevelParam, MaxWidthParam, ModelParam,
                           NBootstrapParam, OnChangedParam, OnInvalidParam, ReestimateParameters, SeedParam,
-                          SignificanceParam, TargetParam, TrackingParam)
+                          SignificanceParam, TargetParam, TrackingParam, documented)
 from flows.params import DEFAULT_MODEL  # noqa: F401 - re-exported
 from flows.summary import format_p  # noqa: F401 - re-exported
 from flows.summary import headline as _headline
@@ -303,6 +303,7 @@ def _complete(summary: dict, store, env, runs, t0: float, logger) -> Completed:
 
 
 @flow(name="reestimate", log_prints=False)
+@documented(ReestimateParameters)
 def reestimate(
     model: ModelParam = DEFAULTS.model,
     target: TargetParam = DEFAULTS.target,

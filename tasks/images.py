@@ -139,6 +139,70 @@ def _log_metrics(client: MlflowClient, run_id: str, values: dict, step: int = 0)
         client.log_batch(run_id, metrics=metrics)
 
 
+def _train_and_store(client: MlflowClient, run_id: str, store, ds, dataset: str, config: dict, key: str,
+                     mprefix: str, manifest: dict, model_seed: int, train_limit: int | None):
+    """Train the network on the (optionally subset) train pool, logging the epochs to ``run_id``, and store its
+    checkpoint and its valid and test logits under ``mprefix``. Returns (the model on the CPU, its meta)."""
+    from labelshift.experiments.models import build_model_for
+    from labelshift.experiments.training import accuracy, checkpoint_bytes, predict_logits, resolve_device, train
+
+    rows = _subset(ds.train.y, train_limit, model_seed)
+    device = resolve_device(None)
+    params = {"model": config["model"], "model_seed": model_seed, "train_size": len(rows),
+              "device": device.type, "dataset_fingerprint": dataset_fingerprint(manifest)[:16],
+              **{f"train.{k}": v for k, v in config["train"].items()}}
+    client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+    model = build_model_for(ds, config["model"], seed=model_seed)
+
+    def on_epoch(epoch: int, m: dict) -> None:
+        _log_metrics(client, run_id, {k: m[k] for k in ("train_loss", "train_accuracy", "valid_loss",
+                                                         "valid_accuracy", "lr", "seconds") if k in m},
+                     step=epoch)
+
+    t0 = time.perf_counter()
+    result = train(model, ds.train.x[rows], ds.train.y[rows], seed=model_seed, device=device,
+                   valid=(ds.valid.x, ds.valid.y), on_epoch=on_epoch, **config["train"])
+    train_seconds = time.perf_counter() - t0
+    model = result.model.to("cpu")
+    logits_valid = predict_logits(model, ds.valid.x, device="cpu")
+    logits_test = predict_logits(model, ds.test.x, device="cpu")
+    meta = {"key": key, "store_prefix": mprefix, "dataset": dataset, "model_seed": int(model_seed),
+            "config": config, "train_limit": train_limit, "train_size": int(len(rows)),
+            "test_accuracy": accuracy(logits_test, ds.test.y),
+            "valid_accuracy": accuracy(logits_valid, ds.valid.y), "device": device.type,
+            "train_seconds": train_seconds, "epochs_run": len(result.history)}
+    _log_metrics(client, run_id, {"test_accuracy": meta["test_accuracy"], "train_seconds": train_seconds})
+    store.put_bytes(f"{mprefix}/checkpoint.pt", checkpoint_bytes(model, meta))
+    store.put_array(f"{mprefix}/logits_valid.npy", logits_valid)
+    store.put_array(f"{mprefix}/logits_test.npy", logits_test)
+    return model, meta
+
+
+def _register(client: MlflowClient, run_id: str, tracking_uri: str, model, ds, dataset: str, meta: dict,
+              good_accuracy: float) -> None:
+    """Log the model to its training run and register it as ``labelshift-<dataset>``, aliased latest (and
+    latest-good from ``good_accuracy``); the registered name, version and URI go into ``meta``."""
+    import mlflow
+    import torch
+
+    name = registered_model_name(dataset)
+    mlflow.set_tracking_uri(tracking_uri)
+    # MLflow 3 stores PyTorch models as torch.export programs ("pt2"), traced on an example batch: the
+    # first EXAMPLE_BATCH valid images scaled to [0, 1], the input the network expects
+    example = ds.valid.x[:EXAMPLE_BATCH].astype(np.float32) / 255.0
+    example = example[:, None] if example.ndim == 3 else example
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.pytorch.log_model(model, name="model", registered_model_name=name,
+                                        input_example=example, serialization_format="pt2",
+                                        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                                        await_registration_for=60)
+    version = str(info.registered_model_version)
+    client.set_registered_model_alias(name, LATEST_ALIAS, version)
+    if meta["test_accuracy"] >= good_accuracy:
+        client.set_registered_model_alias(name, GOOD_ALIAS, version)
+    meta.update(registered_model=name, version=version, model_uri=info.model_uri)
+
+
 @task(name="train-model", task_run_name="train-{dataset}-seed{model_seed}", cache_policy=NO_CACHE,
       persist_result=False)
 def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: str, experiment_id: str,
@@ -150,12 +214,7 @@ def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: 
     ``valid_accuracy``, ``device``, ``train_seconds``, ``registered_model`` / ``version`` (when registered),
     ``cached`` (True when found in the store), ``run_id`` (this call's MLflow training run).
     """
-    import mlflow
-    import torch
-
     from labelshift.experiments.datasets import load_dataset
-    from labelshift.experiments.models import build_model_for
-    from labelshift.experiments.training import accuracy, checkpoint_bytes, predict_logits, resolve_device, train
 
     store = open_store(store_uri)
     prefix = dataset_prefix(dataset)
@@ -180,53 +239,10 @@ def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: 
 
         client.set_tag(run_id, "labelshift.cache", "miss")
         ds = load_dataset(store, prefix, expected_name=dataset)
-        rows = _subset(ds.train.y, train_limit, model_seed)
-        device = resolve_device(None)
-        params = {"model": config["model"], "model_seed": model_seed, "train_size": len(rows),
-                  "device": device.type, "dataset_fingerprint": dataset_fingerprint(manifest)[:16],
-                  **{f"train.{k}": v for k, v in config["train"].items()}}
-        client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
-        model = build_model_for(ds, config["model"], seed=model_seed)
-
-        def on_epoch(epoch: int, m: dict) -> None:
-            _log_metrics(client, run_id, {k: m[k] for k in ("train_loss", "train_accuracy", "valid_loss",
-                                                             "valid_accuracy", "lr", "seconds") if k in m},
-                         step=epoch)
-
-        t0 = time.perf_counter()
-        result = train(model, ds.train.x[rows], ds.train.y[rows], seed=model_seed, device=device,
-                       valid=(ds.valid.x, ds.valid.y), on_epoch=on_epoch, **config["train"])
-        train_seconds = time.perf_counter() - t0
-        model = result.model.to("cpu")
-        logits_valid = predict_logits(model, ds.valid.x, device="cpu")
-        logits_test = predict_logits(model, ds.test.x, device="cpu")
-        meta = {"key": key, "store_prefix": mprefix, "dataset": dataset, "model_seed": int(model_seed),
-                "config": config, "train_limit": train_limit, "train_size": int(len(rows)),
-                "test_accuracy": accuracy(logits_test, ds.test.y),
-                "valid_accuracy": accuracy(logits_valid, ds.valid.y), "device": device.type,
-                "train_seconds": train_seconds, "epochs_run": len(result.history)}
-        _log_metrics(client, run_id, {"test_accuracy": meta["test_accuracy"], "train_seconds": train_seconds})
-        store.put_bytes(f"{mprefix}/checkpoint.pt", checkpoint_bytes(model, meta))
-        store.put_array(f"{mprefix}/logits_valid.npy", logits_valid)
-        store.put_array(f"{mprefix}/logits_test.npy", logits_test)
-
+        model, meta = _train_and_store(client, run_id, store, ds, dataset, config, key, mprefix, manifest,
+                                       model_seed, train_limit)
         if register:
-            name = registered_model_name(dataset)
-            mlflow.set_tracking_uri(tracking_uri)
-            # MLflow 3 stores PyTorch models as torch.export programs ("pt2"), traced on an example batch: the
-            # first EXAMPLE_BATCH valid images scaled to [0, 1], the input the network expects
-            example = ds.valid.x[:EXAMPLE_BATCH].astype(np.float32) / 255.0
-            example = example[:, None] if example.ndim == 3 else example
-            with mlflow.start_run(run_id=run_id):
-                info = mlflow.pytorch.log_model(model, name="model", registered_model_name=name,
-                                                input_example=example, serialization_format="pt2",
-                                                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-                                                await_registration_for=60)
-            version = str(info.registered_model_version)
-            client.set_registered_model_alias(name, LATEST_ALIAS, version)
-            if meta["test_accuracy"] >= good_accuracy:
-                client.set_registered_model_alias(name, GOOD_ALIAS, version)
-            meta.update(registered_model=name, version=version, model_uri=info.model_uri)
+            _register(client, run_id, tracking_uri, model, ds, dataset, meta, good_accuracy)
         store.put_json(f"{mprefix}/meta.json", meta)       # last: marks the cache entry complete
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
         return dict(meta, cached=False, run_id=run_id)
