@@ -45,7 +45,6 @@ from flows.params import (BatchSizeParam, CalibratorParam, CrossCheckParam, Esti
                           NBootstrapParam, OnChangedParam, OnInvalidParam, ReestimateParameters, SeedParam,
                           SignificanceParam, TargetParam, TrackingParam, documented)
 from flows.params import DEFAULT_MODEL  # noqa: F401 - re-exported
-from flows.summary import format_p  # noqa: F401 - re-exported
 from flows.summary import headline as _headline
 from flows.summary import summary_markdown
 from flows.user_errors import install as _log_user_errors_once
