@@ -129,7 +129,7 @@ def _no_new_data(store, watermark, p: ReestimateParameters, env, logger) -> Comp
     return Completed(name=Verdict.NO_NEW_DATA, message=message, data=data)
 
 
-# -- 2. the model and the MLflow run ------------------------------------------------------------------------------------
+# -- 2. the model and the MLflow run -----------------------------------------------------------------------------------
 def _load_model(p: ReestimateParameters, env, logger):
     """The model, its calibrator and source holdout from the registry, with its class names; a holdout that cannot
     carry this re-estimation fails here, before anything is written."""
@@ -269,7 +269,7 @@ def _write_outputs(report: ShiftReport, summary: dict, bundle, target_uri: str, 
                                                     report.weights.tolist(), summary)
 
 
-# -- 7. bookkeeping after the commit ------------------------------------------------------------------------------------
+# -- 7. bookkeeping after the commit -----------------------------------------------------------------------------------
 def _after_commit(summary: dict, committed, bundle, env, runs, logger) -> None:
     """The batches are counted now: what follows is bookkeeping, and a failure in it must not fail the run (its
     retry would find no new data and the run would look lost). The monitor run's series is synchronised from the
