@@ -8,7 +8,19 @@ temporary Prefect server that ends with the command has none.
 """
 from __future__ import annotations
 
-__all__ = ["prefect_flow_run_url", "mlflow_links"]
+__all__ = ["flow_run_info", "prefect_flow_run_url", "mlflow_links"]
+
+
+def flow_run_info() -> tuple[str | None, str | None]:
+    """``(id, name)`` of the Prefect flow run this code runs in; ``(None, None)`` outside one (e.g. a flow's
+    ``.fn`` called directly)."""
+    try:
+        from prefect.context import get_run_context
+
+        run = get_run_context().flow_run
+        return str(run.id), str(run.name)
+    except Exception:
+        return None, None
 
 
 def prefect_flow_run_url(flow_run_id: str) -> str | None:

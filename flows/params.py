@@ -11,12 +11,14 @@ whole sweep takes well under a minute of computation on a 2-core laptop.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from labelshift.estimation import registry
+from labelshift.inference.settings import DEFAULTS as ASSESSMENT
 from labelshift.errors import InputError
 from labelshift.experiments import gaussian, images
 
@@ -40,6 +42,20 @@ GAUSSIAN_TARGET_SIZE = 1000
 METHODS: tuple[str, ...] = tuple(gaussian.METHODS)
 #: the bins experiment compares MLLS on a predictor binned into n equal-width bins with MLLS-CM (Figure 2)
 BINS_METHODS: tuple[str, ...] = tuple(gaussian.BINS_METHODS)
+
+
+def documented(model: type[BaseModel]):
+    """Decorator (under ``@flow``): the flow's docstring gets an ``Args`` section, before its ``Returns``, with the
+    description of each parameter from ``model`` -- Prefect shows these in a deployment's form, and they are then
+    written once, here, not again in the flow's docstring."""
+    def decorate(fn):
+        doc = inspect.cleandoc(fn.__doc__ or "")
+        head, sep, tail = doc.partition("\n\nReturns:")
+        args = "\n".join(f"    {name}: {field.description}" for name, field in model.model_fields.items()
+                         if field.description)
+        fn.__doc__ = f"{head}\n\nArgs:\n{args}{sep}{tail}"
+        return fn
+    return decorate
 
 
 def _unique(values: list) -> list:
@@ -286,25 +302,28 @@ BatchSizeParam = Annotated[int, Field(ge=1, le=1_000_000, description="Rows per 
 
 
 class ReestimateParameters(BaseModel):
-    """All parameters of the ``reestimate`` flow, validated together (the defaults are the flow's)."""
+    """All parameters of the ``reestimate`` flow, validated together: the one definition of their names, types,
+    bounds and defaults, which the flow's signature, the ``labelshift estimate`` options and the deployment's form
+    in the Prefect UI are built from. The statistical settings take their defaults from the domain
+    (:data:`labelshift.inference.settings.DEFAULTS`, also those of :func:`labelshift.assess_shift`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: ModelParam = DEFAULT_MODEL
     target: TargetParam = None
     calibrator: CalibratorParam = "BCTS"
-    estimator: EstimatorParam = "MLLS"
-    cross_check: CrossCheckParam = ["BBSE-soft"]
-    interval: IntervalParam = "source-aware"
-    level: LevelParam = 0.95
-    significance: SignificanceParam = 0.05
-    label_shift_significance: LabelShiftSignificanceParam = None
-    n_bootstrap: NBootstrapParam = 200
-    seed: SeedParam = 0
+    estimator: EstimatorParam = ASSESSMENT.estimator
+    cross_check: CrossCheckParam = list(ASSESSMENT.cross_check)
+    interval: IntervalParam = ASSESSMENT.interval
+    level: LevelParam = ASSESSMENT.level
+    significance: SignificanceParam = ASSESSMENT.significance
+    label_shift_significance: LabelShiftSignificanceParam = ASSESSMENT.label_shift_significance
+    n_bootstrap: NBootstrapParam = ASSESSMENT.n_bootstrap
+    seed: SeedParam = ASSESSMENT.seed
     tracking_uri: TrackingParam = None
     mlflow_experiment: ExperimentParam = REESTIMATE_EXPERIMENT
     batch_size: BatchSizeParam = 1024
-    max_interval_width: MaxWidthParam = None
+    max_interval_width: MaxWidthParam = ASSESSMENT.max_interval_width
     on_changed: OnChangedParam = "error"
     on_invalid: OnInvalidParam = "quarantine"
 

@@ -33,17 +33,16 @@ import time
 from contextlib import nullcontext
 
 from prefect import flow, get_run_logger, unmapped
-from prefect.context import get_run_context
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from stack import settings as settings_mod
-from flows.links import mlflow_links, prefect_flow_run_url
+from flows.links import flow_run_info, mlflow_links, prefect_flow_run_url
 from flows.plan import plan as plan_tasks
 from flows.params import (AlphaValuesParam, BaseSeedParam, BinsValuesParam, CalibratorsParam, DatasetParam,
                           EpochsParam, ExperimentsParam, GoodAccuracyParam, MethodsParam, MlflowExperimentParam,
                           ModelSeedsParam, MuParam, NSeedsParam, NSourceParam, ReproduceParameters,
                           SeedsPerTaskParam, ShiftValuesParam, SizeAlphaParam, SizeShiftParam, StoreParam,
-                          TargetSizeParam, TargetSizesParam, TrackingUriParam, TrainLimitParam)
+                          TargetSizeParam, TargetSizesParam, TrackingUriParam, TrainLimitParam, documented)
 from labelshift.errors import InputError, LabelShiftError
 from tasks.estimation import aggregate_sweep, estimate_settings
 from tasks.images import calibrate, ensure_dataset, ensure_gpu_limit, estimate_image_settings, predict_pools, \
@@ -85,14 +84,6 @@ def _report(message: str) -> None:
         get_run_logger().info(message)
     except Exception:                       # outside a run context (e.g. the flow's .fn in a unit test)
         pass
-
-
-def _flow_run_info() -> tuple[str, str]:
-    try:
-        run = get_run_context().flow_run
-        return str(run.id), str(run.name)
-    except Exception:
-        return "", ""
 
 
 def _workers() -> int:
@@ -142,7 +133,122 @@ def dask_task_runner(address: str, **cluster_kwargs):
     return DaskTaskRunner(address=address if sep else f"tcp://{address}")
 
 
+def _start_runs(p: ReproduceParameters, env, plan: dict, flow_run_id: str, flow_run_name: str,
+                prefect_url: str | None) -> dict:
+    """The MLflow parent run of the sweep and a child run per method (an unreachable server fails the run before
+    any work); reports the run's address."""
+    tags = {"dataset": p.dataset, "prefect.flow_run_id": flow_run_id, "prefect.flow_run_name": flow_run_name,
+            "labelshift.store": env.store_uri}
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    run_name = f"{p.dataset}-{flow_run_name or time.strftime('%Y%m%d-%H%M%S')}"
+    runs = start_sweep_runs(env.tracking_uri, env.experiment_name, env.artifact_root, run_name=run_name,
+                            params=p.as_mlflow_params(), tags=tags,
+                            methods_by_experiment={e: list(p.methods_for(e)) for e in plan},
+                            prefect_url=prefect_url)
+    return runs
+
+
+def _submit_estimations(p: ReproduceParameters, env, runs: dict, plan: dict) -> tuple[dict, list[dict]]:
+    """Every method on every (setting, seed), all experiments submitted at once (image datasets: after the models
+    are trained and calibrated). Returns the futures per experiment and the models' meta."""
+    pending, models = {}, []
+    if p.is_image:
+        pools, models = _prepare_models(p, env, runs)
+        for experiment, batches in plan.items():
+            pending[experiment] = estimate_image_settings.map(
+                [group for group, _ in batches], [seeds for _, seeds in batches],
+                methods=unmapped(list(p.methods_for(experiment))), pools=unmapped(pools),
+                base_seed=p.base_seed)
+    for experiment, batches in ({} if p.is_image else plan).items():
+        pending[experiment] = estimate_settings.map(
+            [group for group, _ in batches], [seeds for _, seeds in batches],
+            methods=unmapped(list(p.methods_for(experiment))), mu=p.mu, n_source=p.n_source,
+            base_seed=p.base_seed)
+    return pending, models
+
+
+def _collect_experiments(p: ReproduceParameters, env, runs: dict, pending: dict, t_start: float) -> tuple[list, dict]:
+    """Per experiment, as it finishes: join the seed chunks, aggregate, draw, log, store. Returns the sweeps and
+    the files stored."""
+    sweeps, files = [], {}
+    for experiment, futures in pending.items():
+        chunk_results = [r for f in futures for r in f.result()]   # raises the first task error, if any
+        sweep = aggregate_sweep(experiment, chunk_results)
+        outputs = render_outputs(sweep, p.dataset)
+        log_experiment(env.tracking_uri, runs, sweep, outputs)
+        files.update(save_experiment(env.store_uri, runs["parent_run_id"], experiment, outputs))
+        sweeps.append(sweep)
+        best = sweep.methods[int(sweep.mse_mean.mean(axis=0).argmin())]
+        _report(f"{experiment}: {len(sweep.values)} settings x {p.n_seeds} seeds x {len(sweep.methods)} "
+                f"methods done ({time.perf_counter() - t_start:.1f} s); lowest mean MSE: {best}")
+    return sweeps, files
+
+
+def _links(env, runs: dict, sweeps: list, files: dict, prefect_url: str | None) -> dict[str, str]:
+    """The artifact's links: the MLflow run and its figures (or where to find them without a server), the results
+    in the object store and this flow run."""
+    parent_id = runs["parent_run_id"]
+    links = mlflow_links(env.tracking_uri, runs["experiment_id"], parent_id,
+                         [f"figures/mse_vs_{s.kind}.png" for s in sweeps])
+    if not links:
+        links = {"MLflow run": f"run {parent_id} in experiment '{env.experiment_name}' "
+                               f"(`{env.mlflow_ui_command()}`)"}
+        links.update({f"figure {k.rsplit('/', 1)[-1]}": v["url"] for k, v in files.items() if k.endswith(".png")})
+    links["results in the object store"] = results_url(env.store_uri, parent_id)
+    if prefect_url:
+        links["this flow run"] = prefect_url
+    return links
+
+
+def _publish(p: ReproduceParameters, env, runs: dict, sweeps: list, files: dict, models: list, summary_rows: list,
+             flow_run_id: str, prefect_url: str | None, t_start: float) -> dict:
+    """The summary: in the store, as the Prefect artifact and in MLflow (whose runs then end FINISHED). Returns
+    where the store holds it."""
+    parent_id = runs["parent_run_id"]
+    stored = save_summary(env.store_uri, parent_id, {
+        "parameters": p.model_dump(), "mlflow": {"tracking_uri": env.tracking_uri, "run_id": parent_id,
+                                                 "experiment_id": runs["experiment_id"]},
+        "prefect_flow_run_id": flow_run_id, "rows": summary_rows, "files": files, "models": models})
+    publish_summary(summary_markdown(f"Label shift sweep on '{p.dataset}'", sweeps,
+                                     _links(env, runs, sweeps, files, prefect_url)), key=f"reproduce-{p.dataset}")
+    finish_sweep_runs(env.tracking_uri, runs, records_csv(summary_rows),
+                      tags={"labelshift.results": results_url(env.store_uri, parent_id),
+                            "labelshift.seconds": f"{time.perf_counter() - t_start:.1f}"})
+    return stored
+
+
+def _fail_runs(exc: BaseException, env, parent_id: str) -> None:
+    """Close the MLflow runs FAILED (KILLED when interrupted), never left RUNNING; a failure to do so is reported,
+    and the original error stays the run's."""
+    cause = f"{type(exc).__name__}: {exc}"
+    status = "KILLED" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "FAILED"
+    try:
+        fail_sweep_runs(env.tracking_uri, parent_id, cause, status=status)
+    except Exception as close_exc:          # keep the original error; say that MLflow could not be updated
+        _report(f"could not mark MLflow run {parent_id} {status}: {close_exc}")
+
+
+def _result(env, runs: dict, ui: str | None, stored: dict, files: dict, summary_rows: list, models: list,
+            t_start: float) -> dict:
+    """What the flow returns: the MLflow ids and URIs, the store folder, the figures, the summary rows."""
+    parent_id = runs["parent_run_id"]
+    return {
+        "mlflow": {"tracking_uri": env.tracking_uri, "experiment_id": runs["experiment_id"],
+                   "experiment_name": env.experiment_name, "run_id": parent_id,
+                   "child_run_ids": runs["child_run_ids"], "ui": ui, "ui_command": env.mlflow_ui_command()},
+        "store": {"uri": env.store_uri, "results": results_url(env.store_uri, parent_id),
+                  "summary": stored["url"]},
+        "figures": {k.rsplit("/", 1)[-1]: v["url"] for k, v in files.items() if k.endswith(".png")},
+        "rows": summary_rows,
+        "models": models,
+        "seconds": time.perf_counter() - t_start,
+    }
+
+
 @flow(name="reproduce", task_runner=ThreadPoolTaskRunner(max_workers=_workers()), validate_parameters=True)
+@documented(ReproduceParameters)
 def reproduce(
     dataset: DatasetParam = DEFAULTS.dataset,
     experiments: ExperimentsParam = DEFAULTS.experiments,
@@ -170,40 +276,6 @@ def reproduce(
 ) -> dict:
     """Reproduce the paper's label-shift experiments: weight MSE of each estimator vs shift, target size, bins.
 
-    Args:
-        dataset: Data set. 'gaussian': mixture of two unit-variance Gaussians at -mu and +mu (Example 1), with the
-            true p_s(y|x) as the predictor. 'mnist-5k', 'digits' (offline, pushed to the store on first use),
-            'mnist', 'cifar10' (push them first with `labelshift data push`): a network trained on the train pool,
-            BCTS-calibrated on the valid pool, Dirichlet-shifted target sets from the test pool; the Gaussian
-            defaults of experiments, methods and target_size are then replaced by alpha+size, the image methods
-            and 5000.
-        experiments: Which sweeps to run. Gaussian: 'shift' (MSE vs p_t(y=1) at m = target_size), 'size' (MSE vs
-            target size m at p_t(y=1) = size_shift), 'bins' (MSE and minimum Hessian eigenvalue vs number of
-            calibration bins). Image datasets: 'alpha' (MSE vs Dirichlet alpha at m = target_size) and 'size' (at
-            alpha = size_alpha).
-        shift_values: p_t(y=1) values of the shift sweep, each in (0, 1); the source is balanced.
-        target_sizes: Target sizes m of the size sweep (at p_t(y=1) = size_shift).
-        bins_values: Numbers of equal-width bins of the bins sweep (at m = target_size, p_t(y=1) = size_shift).
-        target_size: Target size m of the shift and bins sweeps (paper: 1000).
-        size_shift: p_t(y=1) of the size and bins sweeps (paper: 0.01).
-        n_seeds: Independent source/target draws per setting; the MSE is their mean (paper: 100).
-        methods: Estimators of the shift and size sweeps; the bins sweep compares MLLS-binned with MLLS-CM.
-        base_seed: Root of the random streams; results do not depend on how seeds are split into tasks.
-        seeds_per_task: Seeds per estimation task; empty = all seeds of a setting in one task (cheapest).
-        mu: Distance of each class mean from 0 (paper: 1).
-        n_source: Labelled source examples each estimator is fit on.
-        store: Object store for tables and figures (s3://bucket/prefix or a folder); empty = $LABELSHIFT_STORE
-            or <home>/store.
-        tracking_uri: MLflow tracking URI; empty = $MLFLOW_TRACKING_URI or sqlite:///<home>/mlflow.db.
-        mlflow_experiment: MLflow experiment name; empty = $LABELSHIFT_MLFLOW_EXPERIMENT or labelshift-reproduce.
-        alpha_values: Dirichlet alphas of the alpha experiment (image datasets).
-        size_alpha: Dirichlet alpha of the size experiment on image datasets (paper: 0.1).
-        model_seeds: Networks trained per image dataset; seed s of the sweep uses model s mod model_seeds.
-        epochs: Training epochs override (image datasets); empty = the dataset's default.
-        train_limit: Train on a stratified subset of this many examples (smoke tests); empty = all.
-        calibrators: Calibrators fit on the valid logits; MLLS uses the first (paper: BCTS).
-        good_accuracy: Test accuracy from which a new model gets the registry alias 'latest-good'.
-
     Returns:
         A dict with the MLflow ids and URIs, the store folder, the figures written and the summary rows.
     """
@@ -211,26 +283,14 @@ def reproduce(
                                if name in ReproduceParameters.model_fields})
     env = settings_mod.resolve(store_uri=p.store, tracking_uri=p.tracking_uri, experiment_name=p.mlflow_experiment)
     check_store_uri(env.store_uri)
-    flow_run_id, flow_run_name = _flow_run_info()
-    t_start = time.perf_counter()
+    flow_run_id, flow_run_name = (value or "" for value in flow_run_info())
+    prefect_url, t_start = prefect_flow_run_url(flow_run_id), time.perf_counter()
 
     # 1. the settings of each experiment (Section 6: the x values with the fixed m or p_t(y=1) filled in), cut
     #    into estimation tasks of a few tenths of a second (groups of settings x chunks of seeds)
     plan = plan_tasks(p)
-
-    # 2. MLflow first (an unreachable server fails the run before any work): parent run for the sweep, a child
-    #    run per method; their ids are passed explicitly to every task below
-    tags = {"dataset": p.dataset, "prefect.flow_run_id": flow_run_id, "prefect.flow_run_name": flow_run_name,
-            "labelshift.store": env.store_uri}
-    commit = git_commit()
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
-    run_name = f"{p.dataset}-{flow_run_name or time.strftime('%Y%m%d-%H%M%S')}"
-    prefect_url = prefect_flow_run_url(flow_run_id)
-    runs = start_sweep_runs(env.tracking_uri, env.experiment_name, env.artifact_root, run_name=run_name,
-                            params=p.as_mlflow_params(), tags=tags,
-                            methods_by_experiment={e: list(p.methods_for(e)) for e in plan},
-                            prefect_url=prefect_url)
+    # 2. MLflow first: parent run for the sweep, a child run per method; their ids go explicitly to every task
+    runs = _start_runs(p, env, plan, flow_run_id, flow_run_name, prefect_url)
     parent_id = runs["parent_run_id"]
     _ACTIVE[parent_id] = env.tracking_uri
     ui = run_url(env.tracking_uri, runs["experiment_id"], parent_id)
@@ -238,76 +298,18 @@ def reproduce(
             f"MLflow run {parent_id} in experiment '{env.experiment_name}' ({env.mlflow_ui_command()})")
     try:
         # 3. fan-out: estimate every method on every (setting, seed), all experiments submitted at once
-        pending, models = {}, []
-        if p.is_image:
-            pools, models = _prepare_models(p, env, runs)
-            for experiment, batches in plan.items():
-                pending[experiment] = estimate_image_settings.map(
-                    [group for group, _ in batches], [seeds for _, seeds in batches],
-                    methods=unmapped(list(p.methods_for(experiment))), pools=unmapped(pools),
-                    base_seed=p.base_seed)
-        for experiment, batches in ({} if p.is_image else plan).items():
-            pending[experiment] = estimate_settings.map(
-                [group for group, _ in batches], [seeds for _, seeds in batches],
-                methods=unmapped(list(p.methods_for(experiment))), mu=p.mu, n_source=p.n_source,
-                base_seed=p.base_seed)
-
+        pending, models = _submit_estimations(p, env, runs, plan)
         # 4. per experiment, as it finishes: join the seed chunks, aggregate, draw, log, store
-        sweeps, files = [], {}
-        for experiment, futures in pending.items():
-            chunk_results = [r for f in futures for r in f.result()]   # raises the first task error, if any
-            sweep = aggregate_sweep(experiment, chunk_results)
-            outputs = render_outputs(sweep, p.dataset)
-            log_experiment(env.tracking_uri, runs, sweep, outputs)
-            files.update(save_experiment(env.store_uri, parent_id, experiment, outputs))
-            sweeps.append(sweep)
-            best = sweep.methods[int(sweep.mse_mean.mean(axis=0).argmin())]
-            _report(f"{experiment}: {len(sweep.values)} settings x {p.n_seeds} seeds x {len(sweep.methods)} "
-                    f"methods done ({time.perf_counter() - t_start:.1f} s); lowest mean MSE: {best}")
-
-        # 5. the summary: store, MLflow, Prefect artifact
+        sweeps, files = _collect_experiments(p, env, runs, pending, t_start)
+        # 5. the summary: store, Prefect artifact, MLflow (runs end FINISHED)
         summary_rows = [dict(row, experiment=s.kind) for s in sweeps for row in s.to_records()]
-        links = mlflow_links(env.tracking_uri, runs["experiment_id"], parent_id,
-                             [f"figures/mse_vs_{s.kind}.png" for s in sweeps])
-        if not links:
-            links = {"MLflow run": f"run {parent_id} in experiment '{env.experiment_name}' "
-                                   f"(`{env.mlflow_ui_command()}`)"}
-            links.update({f"figure {k.rsplit('/', 1)[-1]}": v["url"] for k, v in files.items()
-                          if k.endswith(".png")})
-        links["results in the object store"] = results_url(env.store_uri, parent_id)
-        if prefect_url:
-            links["this flow run"] = prefect_url
-        stored = save_summary(env.store_uri, parent_id, {
-            "parameters": p.model_dump(), "mlflow": {"tracking_uri": env.tracking_uri, "run_id": parent_id,
-                                                     "experiment_id": runs["experiment_id"]},
-            "prefect_flow_run_id": flow_run_id, "rows": summary_rows, "files": files, "models": models})
-        artifact_key = f"reproduce-{p.dataset}"
-        publish_summary(summary_markdown(f"Label shift sweep on '{p.dataset}'", sweeps, links), key=artifact_key)
-        finish_sweep_runs(env.tracking_uri, runs, records_csv(summary_rows),
-                          tags={"labelshift.results": results_url(env.store_uri, parent_id),
-                                "labelshift.seconds": f"{time.perf_counter() - t_start:.1f}"})
+        stored = _publish(p, env, runs, sweeps, files, models, summary_rows, flow_run_id, prefect_url, t_start)
     except BaseException as exc:
-        cause = f"{type(exc).__name__}: {exc}"
-        status = "KILLED" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "FAILED"
-        try:
-            fail_sweep_runs(env.tracking_uri, parent_id, cause, status=status)
-        except Exception as close_exc:          # keep the original error; say that MLflow could not be updated
-            _report(f"could not mark MLflow run {parent_id} {status}: {close_exc}")
+        _fail_runs(exc, env, parent_id)       # never left RUNNING
         raise
     finally:
         _ACTIVE.pop(parent_id, None)
-
-    return {
-        "mlflow": {"tracking_uri": env.tracking_uri, "experiment_id": runs["experiment_id"],
-                   "experiment_name": env.experiment_name, "run_id": parent_id,
-                   "child_run_ids": runs["child_run_ids"], "ui": ui, "ui_command": env.mlflow_ui_command()},
-        "store": {"uri": env.store_uri, "results": results_url(env.store_uri, parent_id),
-                  "summary": stored["url"]},
-        "figures": {k.rsplit("/", 1)[-1]: v["url"] for k, v in files.items() if k.endswith(".png")},
-        "rows": summary_rows,
-        "models": models,
-        "seconds": time.perf_counter() - t_start,
-    }
+    return _result(env, runs, ui, stored, files, summary_rows, models, t_start)
 
 
 def with_task_runner(dask: str | None = None):

@@ -2,8 +2,8 @@
 
 Store layout (under the store's root; ``<key>`` is :func:`model_key`):
 
-* ``datasets/<name>/`` -- the dataset (see :mod:`labelshift.experiments.datasets`), pushed by ``labelshift data push``
-  or, for the offline ``mnist-5k`` and ``digits``, by :func:`ensure_dataset` on first use;
+* ``datasets/<name>/`` -- the dataset (see :mod:`labelshift.experiments.datasets`), pushed by ``labelshift data push`` or, for
+  the offline ``mnist-5k`` and ``digits``, by :func:`ensure_dataset` on first use;
 * ``models/<key>/checkpoint.pt`` -- the trained weights (``load_checkpoint`` reads them with ``weights_only=True``);
 * ``models/<key>/logits_valid.npy``, ``logits_test.npy`` -- the network's logits on the valid and test pools;
 * ``models/<key>/calibration/<NAME>.json`` -- fitted calibrators with NLL and ECE before and after (also logged to
@@ -70,8 +70,8 @@ def registered_model_name(dataset: str) -> str:
 
 
 def training_config(dataset: str, epochs: int | None = None) -> dict:
-    """Architecture and training settings of ``dataset`` (from
-    :data:`labelshift.experiments.training.TRAINING_DEFAULTS`), with an optional epochs override."""
+    """Architecture and training settings of ``dataset`` (from :data:`labelshift.experiments.training.TRAINING_DEFAULTS`),
+    with an optional epochs override."""
     from labelshift.experiments.training import training_defaults
 
     cfg = training_defaults(dataset)
@@ -139,25 +139,13 @@ def _log_metrics(client: MlflowClient, run_id: str, values: dict, step: int = 0)
         client.log_batch(run_id, metrics=metrics)
 
 
-def _start_training_run(client: MlflowClient, experiment_id: str, dataset: str, model_seed: int, key: str,
-                        model_store: str, parent_run_id: str | None) -> str:
-    """Create the MLflow run of one training (a child of ``parent_run_id`` when given); returns its id."""
-    tags = {"labelshift.kind": "training", "dataset": dataset, "model_seed": str(model_seed),
-            "labelshift.model_key": key, "labelshift.model_store": model_store}
-    if parent_run_id:
-        tags["mlflow.parentRunId"] = parent_run_id
-    return client.create_run(experiment_id, run_name=f"train-{dataset}-seed{model_seed}", tags=tags).info.run_id
-
-
-def _train_and_save(store, client: MlflowClient, run_id: str, dataset: str, model_seed: int, config: dict,
-                    manifest, train_limit: int | None, key: str, mprefix: str):
-    """Train the network on the dataset in the store, log its parameters and metrics to the run, and save its
-    checkpoint and valid/test logits under ``mprefix``. Returns (meta, the model on the CPU, the dataset)."""
-    from labelshift.experiments.datasets import load_dataset
+def _train_and_store(client: MlflowClient, run_id: str, store, ds, dataset: str, config: dict, key: str,
+                     mprefix: str, manifest: dict, model_seed: int, train_limit: int | None):
+    """Train the network on the (optionally subset) train pool, logging the epochs to ``run_id``, and store its
+    checkpoint and its valid and test logits under ``mprefix``. Returns (the model on the CPU, its meta)."""
     from labelshift.experiments.models import build_model_for
     from labelshift.experiments.training import accuracy, checkpoint_bytes, predict_logits, resolve_device, train
 
-    ds = load_dataset(store, dataset_prefix(dataset), expected_name=dataset)
     rows = _subset(ds.train.y, train_limit, model_seed)
     device = resolve_device(None)
     params = {"model": config["model"], "model_seed": model_seed, "train_size": len(rows),
@@ -187,13 +175,13 @@ def _train_and_save(store, client: MlflowClient, run_id: str, dataset: str, mode
     store.put_bytes(f"{mprefix}/checkpoint.pt", checkpoint_bytes(model, meta))
     store.put_array(f"{mprefix}/logits_valid.npy", logits_valid)
     store.put_array(f"{mprefix}/logits_test.npy", logits_test)
-    return meta, model, ds
+    return model, meta
 
 
-def _register_model(client: MlflowClient, run_id: str, tracking_uri: str, dataset: str, model, ds, meta: dict,
-                    good_accuracy: float) -> None:
-    """Log the model to the run and register it under the dataset's name, aliased newest (and latest-good when
-    its test accuracy is at least ``good_accuracy``); adds the registration to ``meta``."""
+def _register(client: MlflowClient, run_id: str, tracking_uri: str, model, ds, dataset: str, meta: dict,
+              good_accuracy: float) -> None:
+    """Log the model to its training run and register it as ``labelshift-<dataset>``, aliased latest (and
+    latest-good from ``good_accuracy``); the registered name, version and URI go into ``meta``."""
     import mlflow
     import torch
 
@@ -226,6 +214,8 @@ def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: 
     ``valid_accuracy``, ``device``, ``train_seconds``, ``registered_model`` / ``version`` (when registered),
     ``cached`` (True when found in the store), ``run_id`` (this call's MLflow training run).
     """
+    from labelshift.experiments.datasets import load_dataset
+
     store = open_store(store_uri)
     prefix = dataset_prefix(dataset)
     manifest = read_manifest(store, prefix, expected_name=dataset)
@@ -233,7 +223,11 @@ def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: 
     key = model_key(dataset_fingerprint(manifest), config, model_seed, train_limit)
     mprefix = f"models/{key}"
     client = MlflowClient(tracking_uri=tracking_uri)
-    run_id = _start_training_run(client, experiment_id, dataset, model_seed, key, store.url(mprefix), parent_run_id)
+    tags = {"labelshift.kind": "training", "dataset": dataset, "model_seed": str(model_seed),
+            "labelshift.model_key": key, "labelshift.model_store": store.url(mprefix)}
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
+    run_id = client.create_run(experiment_id, run_name=f"train-{dataset}-seed{model_seed}", tags=tags).info.run_id
     try:
         if store.exists(f"{mprefix}/meta.json"):
             meta = store.get_json(f"{mprefix}/meta.json")
@@ -244,10 +238,11 @@ def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: 
             return dict(meta, cached=True, run_id=run_id)
 
         client.set_tag(run_id, "labelshift.cache", "miss")
-        meta, model, ds = _train_and_save(store, client, run_id, dataset, model_seed, config, manifest, train_limit,
-                                          key, mprefix)
+        ds = load_dataset(store, prefix, expected_name=dataset)
+        model, meta = _train_and_store(client, run_id, store, ds, dataset, config, key, mprefix, manifest,
+                                       model_seed, train_limit)
         if register:
-            _register_model(client, run_id, tracking_uri, dataset, model, ds, meta, good_accuracy)
+            _register(client, run_id, tracking_uri, model, ds, dataset, meta, good_accuracy)
         store.put_json(f"{mprefix}/meta.json", meta)       # last: marks the cache entry complete
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
         return dict(meta, cached=False, run_id=run_id)

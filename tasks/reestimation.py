@@ -31,15 +31,18 @@ from labelshift.monitoring.batches import metric_names
 from labelshift.calibration import load_calibrator
 from labelshift.estimation.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
-from labelshift.monitoring.watermark import RejectedBatch, TargetBatch, load_batch, write_batch_outputs
+from labelshift.monitoring.watermark import RejectedBatch, TargetBatch, write_batch_outputs
 from labelshift.experiments.plots import figure_png, plot_prior_estimate
-from labelshift.inference.report import NOT_LABEL_SHIFT, ShiftReport, assess_shift, finite
+from labelshift.inference.report import ShiftReport, Verdict, assess_shift, finite
+from labelshift.inference.settings import DEFAULTS
 from labelshift.rows import joined
 from labelshift.storage import open_store
+from tasks import tracking
 
 __all__ = ["REFERENCE_ARTIFACT", "ModelBundle", "parse_model_uri", "log_reestimation_reference", "load_bundle",
-           "score_batches", "ScoredBatches", "log_rejections", "log_source_holdout", "estimate_shift", "write_outputs", "start_reestimation_run", "log_reestimation", "sync_monitor",
-           "end_run", "prior_metrics", "history_record", "render_figure"]
+           "ScoredBatches", "log_rejections", "log_source_holdout", "estimate_shift", "write_outputs",
+           "start_reestimation_run", "log_reestimation", "sync_monitor", "end_run", "prior_metrics", "history_record",
+           "render_figure"]
 
 REFERENCE_ARTIFACT = "calibration/source_holdout.npz"
 MONITOR_KIND = "monitor"
@@ -242,12 +245,6 @@ def load_bundle(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS") 
     return bundle
 
 
-@task(name="load-model", task_run_name="load-{model_uri}", cache_policy=NO_CACHE, persist_result=False)
-def load_model_task(model_uri: str, *, tracking_uri: str, calibrator: str) -> ModelBundle:
-    """The registered model with its calibrator and source holdout (:func:`load_bundle`)."""
-    return load_bundle(model_uri, tracking_uri=tracking_uri, calibrator=calibrator)
-
-
 def _forward(model, x: np.ndarray, batch_size: int) -> np.ndarray:
     import torch
 
@@ -256,31 +253,6 @@ def _forward(model, x: np.ndarray, batch_size: int) -> np.ndarray:
         for i in range(0, len(x), batch_size):
             out.append(model(torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size]))).float().numpy())
     return np.concatenate(out).astype(np.float64)
-
-
-@task(name="score-batches", task_run_name="score-{target_uri}", cache_policy=NO_CACHE, persist_result=False)
-def score_batches(bundle: ModelBundle, target_uri: str, batches: list[TargetBatch], *, batch_size: int = 1024) \
-        -> list[np.ndarray]:
-    """Calibrated probabilities f(x) of every row of every batch, batch by batch.
-
-    Each batch is read, checked against the model's input signature and scored before the next is read, so only one
-    batch of inputs is in memory (plus the (n, k) probabilities of each); nothing is written here, so a bad batch
-    anywhere still fails the run before any output exists.
-    """
-    from prefect.logging import get_run_logger
-
-    logger = get_run_logger()
-    store = open_store(target_uri)
-    probs, t0 = [], time.perf_counter()
-    for i, b in enumerate(batches):
-        x = load_batch(store, b, input_shape=bundle.input_shape)
-        logits = _forward(bundle.model, x, batch_size)
-        rows = len(x)
-        del x
-        probs.append(bundle.calibrator.predict_proba(logits))
-        logger.info("scored %s (%d of %d): %d rows, %.1f s so far", b.key, i + 1, len(batches), rows,
-                    time.perf_counter() - t0)
-    return probs
 
 
 @dataclass
@@ -297,14 +269,17 @@ class ScoredBatches:
 
 
 @task(name="estimate-shift", cache_policy=NO_CACHE, persist_result=False)
-def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: str = "MLLS",
-                   cross_check: list[str] = (), interval: str = "source-aware", level: float = 0.95,
-                   significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0,
-                   max_interval_width: float | None = None, outputs: list[np.ndarray] | None = None,
-                   class_names=None, label_shift_significance: float | None = None) -> ShiftReport:
+def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: str = DEFAULTS.estimator,
+                   cross_check: list[str] = DEFAULTS.cross_check, interval: str = DEFAULTS.interval,
+                   level: float = DEFAULTS.level, significance: float = DEFAULTS.significance,
+                   n_bootstrap: int = DEFAULTS.n_bootstrap, seed: int = DEFAULTS.seed,
+                   max_interval_width: float | None = DEFAULTS.max_interval_width,
+                   outputs: list[np.ndarray] | None = None, class_names=None,
+                   label_shift_significance: float | None = DEFAULTS.label_shift_significance) -> ShiftReport:
     """:func:`labelshift.inference.report.assess_shift` on the pooled batches, with the bundle's source holdout and
-    prior (and, for the source-aware interval, the raw holdout outputs, the calibrator and the raw target ``outputs``);
-    the batches are pooled without a copy when they are views of one array (:func:`labelshift.rows.joined`)."""
+    prior (and, for the source-aware interval, the raw holdout outputs, the calibrator and the raw target
+    ``outputs``); the batches are pooled without a copy when they are views of one array
+    (:func:`labelshift.rows.joined`). The defaults are :data:`labelshift.inference.settings.DEFAULTS`."""
     return assess_shift(bundle.source_probs, bundle.source_labels, joined(probs), source_prior=bundle.source_prior,
                         estimator=estimator, cross_check=cross_check, interval=interval, level=level,
                         significance=significance, n_bootstrap=n_bootstrap, seed=seed,
@@ -330,22 +305,6 @@ def write_outputs(target_uri: str, batches: list[TargetBatch], probs: list[np.nd
 
 
 # -- MLflow ----------------------------------------------------------------------------------------------------------
-def _experiment_id(client: MlflowClient, name: str, artifact_root: str | None) -> str:
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        if exp.lifecycle_stage == "deleted":
-            raise InputError(f"MLflow experiment {name!r} is deleted; restore it (mlflow experiments restore) or "
-                             "choose another --experiment-name.")
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_root)
-    except Exception:
-        exp = client.get_experiment_by_name(name)       # created meanwhile by another run
-        if exp is None:
-            raise
-        return exp.experiment_id
-
-
 def _monitor_run(client: MlflowClient, experiment_id: str, model_name: str, target_url: str) -> str:
     """The monitor run of (model, target): found by its tags, else created (and ended at once: it only collects
     the series; logging to an ended run is allowed)."""
@@ -455,7 +414,7 @@ def start_reestimation_run(tracking_uri: str, experiment: str, artifact_root: st
     """Create the child run of this re-estimation (under the monitor run of model and target); child runs of killed
     commands are ended first (:func:`end_orphaned_runs`, FINISHED for those ``history`` counts)."""
     client = MlflowClient(tracking_uri=tracking_uri)
-    experiment_id = _experiment_id(client, experiment, artifact_root)
+    experiment_id = tracking.experiment_id(client, experiment, artifact_location=artifact_root, if_deleted="raise")
     monitor = _monitor_run(client, experiment_id, model_name, target_url)
     end_orphaned_runs(client, experiment_id, monitor, _committed(history or []))
     run = client.create_run(experiment_id, run_name=run_name, tags={
@@ -652,7 +611,7 @@ def render_figure(report: ShiftReport, history: list[dict], level: float, title:
     past = [{"sequence": h["sequence"], "target_prior": h["target_prior"],
              **({"lower": h["lower"], "upper": h["upper"]} if "lower" in h and "upper" in h else {})}
             for h in history if "target_prior" in h]
-    if report.verdict == NOT_LABEL_SHIFT:
+    if report.verdict == Verdict.NOT_LABEL_SHIFT:
         title = f"{title}\nNot label shift: this estimate is not meaningful"
     return figure_png(plot_prior_estimate(report.source_prior.tolist(), report.target_prior.tolist(),
                                           ci.lower.tolist(), ci.upper.tolist(), level=level, title=title,
@@ -672,7 +631,7 @@ def history_record(report: ShiftReport, run_id: str | None, model_name: str | No
               "label_shift_ok": report.label_shift_ok} if report.label_shift_tested else {}
     base = {"model": model_name, "verdict": report.verdict, "n_target": report.n_target, **tested,
             "mlflow_run_id": run_id, **({"classes": list(class_names)} if class_names else {})}
-    if report.verdict == NOT_LABEL_SHIFT:
+    if report.verdict == Verdict.NOT_LABEL_SHIFT:
         return base
     ci = report.interval
     return {**base, "target_prior": [round(v, 6) for v in report.target_prior.tolist()],

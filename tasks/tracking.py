@@ -38,11 +38,11 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from labelshift.errors import ServiceUnavailableError
+from labelshift.errors import InputError, ServiceUnavailableError
 
 __all__ = ["X_NAMES", "check_tracking_server", "start_sweep_runs", "log_experiment", "finish_sweep_runs",
-           "fail_sweep_runs", "run_url", "experiment_url", "artifact_url", "git_commit", "metric_steps", "EXPERIMENT_KIND_TAG",
-           "MODEL_TRAINING_KIND", "mark_model_training"]
+           "fail_sweep_runs", "run_url", "experiment_url", "artifact_url", "git_commit", "metric_steps",
+           "EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "mark_model_training", "experiment_id"]
 
 #: the experiment tag MLflow 3 reads to choose an experiment's view, and its value for model training
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -154,25 +154,43 @@ def check_tracking_server(tracking_uri: str, timeout_s: float = 10.0) -> None:
                                       f"{response.status_code}; check its log.")
 
 
-def _experiment_id(client: MlflowClient, name: str, artifact_root: str | None) -> str:
+def experiment_id(client: MlflowClient, name: str, *, artifact_location: str | None = None,
+                  tags: dict[str, str] | None = None, if_deleted: str = "restore") -> str:
+    """The id of the MLflow experiment ``name``, created with ``artifact_location`` and ``tags`` when there is none
+    (one created meanwhile by a concurrent run is used).
+
+    A deleted experiment is restored (``if_deleted="restore"``: the sweeps of ``reproduce``, each run
+    self-contained) or refused with an InputError naming the fix (``"raise"``: re-estimation, whose monitor runs
+    carry the series of earlier runs, which a restore would bring back unasked). Each caller keeps the behaviour it
+    had before the two copies of this function were merged.
+    """
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
+            if if_deleted == "raise":
+                raise InputError(f"MLflow experiment {name!r} is deleted; restore it (mlflow experiments restore) or "
+                                 "choose another --experiment-name.")
             client.restore_experiment(exp.experiment_id)
-        mark_model_training(client, exp.experiment_id)
         return exp.experiment_id
-    location = None
-    if artifact_root is not None:
-        location = Path(artifact_root, name).resolve().as_uri() if "://" not in artifact_root else \
-            f"{artifact_root.rstrip('/')}/{name}"
     try:
-        return client.create_experiment(name, artifact_location=location,
-                                        tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
+        return client.create_experiment(name, artifact_location=artifact_location, tags=tags)
     except Exception:                       # created concurrently by another run: use that one
         exp = client.get_experiment_by_name(name)
         if exp is None:
             raise
         return exp.experiment_id
+
+
+def _sweep_experiment_id(client: MlflowClient, name: str, artifact_root: str | None) -> str:
+    """The experiment of the sweeps (restored when deleted), its artifacts under ``<artifact_root>/<name>``,
+    tagged as model training (:func:`mark_model_training`)."""
+    location = None
+    if artifact_root is not None:
+        location = Path(artifact_root, name).resolve().as_uri() if "://" not in artifact_root else \
+            f"{artifact_root.rstrip('/')}/{name}"
+    found = experiment_id(client, name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
+    mark_model_training(client, found)
+    return found
 
 
 @task(name="start-mlflow-runs", cache_policy=NO_CACHE, persist_result=False)
@@ -188,7 +206,7 @@ def start_sweep_runs(tracking_uri: str, experiment_name: str, artifact_root: str
     """
     check_tracking_server(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
-    experiment_id = _experiment_id(client, experiment_name, artifact_root)
+    experiment_id = _sweep_experiment_id(client, experiment_name, artifact_root)
     parent = client.create_run(experiment_id, run_name=run_name, tags={**tags, **_note(
         prefect_url, "Label-shift sweep: the figures are under Artifacts > figures, one child run per method "
                      "holds its MSE curves (metrics) and its own figures.")})

@@ -127,9 +127,10 @@ def test_bad_arguments_name_the_fix():
     with pytest.raises(InputError, match="cross_check"):
         assess_shift(sp, ys, probs, source_prior=prior, cross_check=["PCC"])
     with pytest.raises(InputError, match="class columns"):
-        assess_shift(sp, ys, [p[:, :2] / p[:, :2].sum(axis=1, keepdims=True) for p in probs], source_prior=prior)
+        assess_shift(sp, ys, [p[:, :2] / p[:, :2].sum(axis=1, keepdims=True) for p in probs], source_prior=prior,
+                     interval="fisher")
     with pytest.raises(InputError, match="significance"):
-        assess_shift(sp, ys, probs, source_prior=prior, significance=1.5)
+        assess_shift(sp, ys, probs, source_prior=prior, significance=1.5, interval="fisher")
     with pytest.raises(FormatError, match="lacks"):
         ShiftReport.from_dict({"method": "MLLS"})
 

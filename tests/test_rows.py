@@ -103,12 +103,12 @@ def test_assess_shift_on_a_large_float32_set_equals_the_in_memory_float64_path(s
     S, ys, T, prior = _case(rng, 30_000)
     T32 = T.astype(np.float32)
     assert check_probabilities(T32, "t") is T32          # large and float32: kept, not copied to float64
-    old = assess_shift(S, ys, T32.astype(np.float64), source_prior=prior, cross_check=["BBSE-soft", "BBSE-hard"],
-                       max_interval_width=5.0)
+    fisher = dict(cross_check=["BBSE-soft", "BBSE-hard"], max_interval_width=5.0, interval="fisher")
+    old = assess_shift(S, ys, T32.astype(np.float64), source_prior=prior, **fisher)
     rows.LARGE_ROWS = 10**9                               # the same float32 rows through the whole-array code
-    ref = assess_shift(S, ys, T32, source_prior=prior, cross_check=["BBSE-soft", "BBSE-hard"], max_interval_width=5.0)
+    ref = assess_shift(S, ys, T32, source_prior=prior, **fisher)
     rows.LARGE_ROWS = 2000
-    new = assess_shift(S, ys, T32, source_prior=prior, cross_check=["BBSE-soft", "BBSE-hard"], max_interval_width=5.0)
+    new = assess_shift(S, ys, T32, source_prior=prior, **fisher)
     for a in (old, ref):
         np.testing.assert_allclose(new.weights, a.weights, rtol=0, atol=1e-8)
         for key in ("lower", "upper", "weights_lower", "weights_upper"):
@@ -206,7 +206,7 @@ def test_assess_shift_on_a_large_float32_set_makes_no_float64_copy_of_it():
     del T
     tracemalloc.start()
     try:
-        report = assess_shift(S, ys, T32, source_prior=prior, cross_check=["BBSE-soft"])
+        report = assess_shift(S, ys, T32, source_prior=prior, cross_check=["BBSE-soft"], interval="fisher")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -22,6 +22,8 @@ from stack import settings as settings_mod
 from flows.cli._common import PROG, Opt, UsageError, add_common, add_field, bounds, csv, given, local_path, \
     option_name, prefect_api, problems, setup, validated
 from flows.params import DEFAULT_MODEL, INTERVAL_ERROR, ReestimateParameters
+from flows.summary import format_summary
+from labelshift.inference.report import Verdict
 
 __all__ = ["register", "register_simulate", "format_summary", "OPTIONS", "EXIT_SHIFTED", "EXIT_UNTRUSTWORTHY",
            "EXIT_NOT_LABEL_SHIFT"]
@@ -30,6 +32,9 @@ __all__ = ["register", "register_simulate", "format_summary", "OPTIONS", "EXIT_S
 EXIT_SHIFTED = 3
 EXIT_UNTRUSTWORTHY = 4
 EXIT_NOT_LABEL_SHIFT = 5
+#: the exit status of each verdict with --check (any other: 0)
+CHECK_EXITS = {Verdict.NOT_LABEL_SHIFT: EXIT_NOT_LABEL_SHIFT, Verdict.UNTRUSTWORTHY: EXIT_UNTRUSTWORTHY,
+               Verdict.SHIFTED: EXIT_SHIFTED}
 
 #: how each flow parameter appears on the command line, where it differs from --<name with dashes>
 OPTIONS: dict[str, Opt] = {
@@ -121,65 +126,6 @@ def parameters_from_args(args: argparse.Namespace) -> ReestimateParameters:
     return validated(ReestimateParameters, given(args, ReestimateParameters), _explain)
 
 
-def format_summary(summary: dict) -> str:
-    """The summary as a plain-text table for the terminal."""
-    from flows.reestimate import format_p
-    from labelshift.inference.report import ShiftReport, finite
-
-    held = [f"  rejected {r['key']}: {r['reason']}" for r in summary.get("rejected", [])] \
-        + [f"  skipped {r['key']}: {r['reason']}" for r in summary.get("skipped", [])]
-    if summary.get("verdict") == "No new data":
-        return f"No new data under {summary['target']} (run sequence {summary.get('sequence')})."
-    if "result" not in summary:
-        return "\n".join([f"{summary['verdict']}: {summary.get('headline', '')}", *held])
-    res = ShiftReport.from_dict(summary["result"])
-    ci, test, ident = res.interval, res.no_shift_test, res.identifiability
-    interval_label = f"{ci.level:.0%} {ci.method}"
-    lines = [f"{summary['verdict']}: {summary['headline']}",
-             f"  model {summary['model']['uri']} (version {summary['model']['version']}), "
-             f"{len(summary['batches'])} new batch(es), {res.n_target} rows, run {summary['sequence']}",
-             ""]
-    if res.label_shift_tested:
-        lines.append(f"  label-shift test: {res.label_shift_summary}")
-        if res.label_shift_ok is False:
-            lines += [f"    {r.name}: {100 * r.observed:.1f}% of target vs {100 * r.expected:.1f}% expected "
-                      f"(z = {r.z:+.1f})" for r in res.label_shift.disagreeing()]
-            lines.append("    the estimate below assumes label shift: NOT MEANINGFUL for these data")
-        lines.append("")
-    names = summary.get("classes") or [str(c) for c in range(res.n_classes)]
-    width = max(5, *(len(n) for n in names))
-    lines.append(f"  {'class':>{width}}  {'source':>8}  {'target':>8}  {interval_label:>19}  {'w':>7}")
-    for c in range(res.n_classes):
-        lines.append(f"  {names[c]:>{width}}  {res.source_prior[c]:8.4f}  {res.target_prior[c]:8.4f}  "
-                     f"[{ci.lower[c]:.4f}, {ci.upper[c]:.4f}]  {res.weights[c]:7.3f}")
-    lines += ["", f"  no-shift test: statistic {test.statistic:.2f} on {test.dof} dof, "
-                  f"p {format_p(test.p_value)}",
-              f"  identifiability: min Hessian eigenvalue {ident.min_hessian_eigenvalue:.3g}"
-              + (f", confusion condition {ident.confusion_condition:.3g}"
-                 if finite(ident.confusion_condition) else "")
-              + ("" if res.trustworthy else "  NOT TRUSTWORTHY: " + "; ".join(res.reasons)),
-              *[f"  note: {note}" for note in ident.notes]]
-    for method, check in res.cross_check.items():
-        if check.ok:
-            lines.append(f"  cross-check {method}: " + " ".join(f"{v:.4f}" for v in check.target_prior))
-    if res.accuracy is not None and res.verdict != "Not label shift":
-        acc = res.accuracy
-        lines.append(f"  {res.accuracy_summary}; corrected predictions {acc.corrected:.2f} "
-                     f"[{acc.corrected_lower:.2f}, {acc.corrected_upper:.2f}]")
-    if held:
-        lines += ["", f"  {len(summary.get('rejected', []))} batch(es) rejected (recorded in the watermark, not "
-                      "counted, tried again once their content changes), "
-                      f"{len(summary.get('skipped', []))} skipped (gone or replaced while the run read them):", *held]
-    for warning in summary.get("warnings", []):
-        lines.append(f"  warning: {warning}")
-    ml = summary.get("mlflow", {})
-    lines += ["", f"  MLflow run: {ml.get('ui') or ml.get('run_id')}",
-              f"  outputs:    {len(summary.get('outputs', []))} corrected arrays beside the batches under "
-              f"{summary['target']}" + (f" -- none written: {summary['outputs_withheld']}"
-                                        if summary.get("outputs_withheld") else "")]
-    return "\n".join(lines)
-
-
 def run(args) -> int:
     params = parameters_from_args(args)
     env = setup(args, prefect_server=True, store_uri=args.store, tracking_uri=params.tracking_uri,
@@ -203,12 +149,7 @@ def run(args) -> int:
     summary = state.result()
     print(json.dumps(summary, indent=2, default=str) if args.json else format_summary(summary))
     if args.check:
-        if summary.get("verdict") == "Not label shift":
-            return EXIT_NOT_LABEL_SHIFT
-        if summary.get("verdict") == "Untrustworthy":
-            return EXIT_UNTRUSTWORTHY
-        if summary.get("verdict") == "Shifted":
-            return EXIT_SHIFTED
+        return CHECK_EXITS.get(summary.get("verdict"), 0)
     return 0
 
 

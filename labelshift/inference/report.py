@@ -12,6 +12,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from .._validation import check_labels, check_prior, check_probabilities
 from ..errors import FormatError, InputError
 from .accuracy import AccuracyEstimate, expected_accuracy
 from .source_aware import SUPPORTED_CALIBRATORS, SourceAwareInterval, min_holdout_rows, source_aware_interval
+from .settings import DEFAULTS
 from .shift_detection import LabelShiftTest, label_shift_test
 from ..estimation.registry import REESTIMATION_ESTIMATORS, check_interval, check_methods, make_estimator
 from ..estimation.solvers import confusion_matrix
@@ -26,13 +28,33 @@ from .uncertainty import (Identifiability, NoShiftTest, PriorInterval, bootstrap
                           identifiability, no_shift_test)
 
 __all__ = ["CrossCheck", "LargestChange", "ShiftReport", "assess_shift", "check_holdout", "joint_confusion", "finite",
-           "VERDICTS", "NOT_LABEL_SHIFT"]
+           "Verdict", "VERDICTS", "NOT_LABEL_SHIFT"]
+
+
+class Verdict(StrEnum):
+    """The verdict of a re-estimation, one word for the operator. A ``str`` (each member equals its value), so it
+    is written to JSON, MLflow tags and Prefect state names as that string.
+
+    A :class:`ShiftReport` gives one of the first four (:data:`VERDICTS`); the last two are the ``reestimate``
+    flow's when it has nothing to assess.
+    """
+
+    #: the label-shift assumption itself is rejected (the weights then mean nothing)
+    NOT_LABEL_SHIFT = "Not label shift"
+    UNTRUSTWORTHY = "Untrustworthy"
+    SHIFTED = "Shifted"
+    NO_SHIFT = "No shift"
+    #: every new batch was rejected or skipped
+    NO_VALID_DATA = "No valid data"
+    #: no batch arrived since the last run
+    NO_NEW_DATA = "No new data"
+
 
 #: the verdict when the label-shift assumption itself is rejected (the weights then mean nothing)
-NOT_LABEL_SHIFT = "Not label shift"
+NOT_LABEL_SHIFT = Verdict.NOT_LABEL_SHIFT
 #: the verdicts of a report, in the order they take precedence: data that are not label-shifted get no estimate,
 #: and an untrustworthy estimate is not called shifted
-VERDICTS = (NOT_LABEL_SHIFT, "Untrustworthy", "Shifted", "No shift")
+VERDICTS = (Verdict.NOT_LABEL_SHIFT, Verdict.UNTRUSTWORTHY, Verdict.SHIFTED, Verdict.NO_SHIFT)
 
 #: the estimator whose likelihood the test's companion diagnostics (the identifiability report) are computed on
 _LIKELIHOOD = "MLLS"
@@ -185,14 +207,14 @@ class ShiftReport:
             and not self.failures
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Verdict:
         """One word for the operator, one of :data:`VERDICTS`: "Not label shift" wins over everything, then
         "Untrustworthy" over the no-shift test."""
         if self.label_shift_ok is False:
-            return NOT_LABEL_SHIFT
+            return Verdict.NOT_LABEL_SHIFT
         if not self.trustworthy:
-            return "Untrustworthy"
-        return "Shifted" if self.shifted else "No shift"
+            return Verdict.UNTRUSTWORTHY
+        return Verdict.SHIFTED if self.shifted else Verdict.NO_SHIFT
 
     @property
     def label_shift_summary(self) -> str | None:
@@ -337,7 +359,7 @@ def _pool(target_probs) -> np.ndarray:
     return np.asarray(target_probs)
 
 
-def check_holdout(source_labels, n_classes: int, *, interval: str = "fisher", calibrator=None) -> None:
+def check_holdout(source_labels, n_classes: int, *, interval: str = DEFAULTS.interval, calibrator=None) -> None:
     """The labelled source holdout can carry a re-estimation with this interval; InputError naming the fix if not.
 
     Every class needs a holdout example (p_s(y), the calibrator's bias and the class-conditional outputs of a class
@@ -429,90 +451,54 @@ def _at_precision(holdout: np.ndarray, target) -> np.ndarray:
     return holdout.astype(dtype).astype(np.float64)
 
 
-def assess_shift(source_probs, source_labels, target_probs, *, source_prior, estimator: str = "MLLS",
-                 cross_check: Sequence[str] = (), interval: str = "fisher", level: float = 0.95,
-                 significance: float = 0.05, n_bootstrap: int = 200, seed: int = 0,
-                 max_interval_width: float | None = None, source_outputs=None, target_outputs=None,
-                 calibrator=None, label_shift_check: bool = True, class_names=None,
-                 label_shift_significance: float | None = None) -> ShiftReport:
-    """Estimate the target prior on ``target_probs`` and say whether it shifted and whether to trust it.
-
-    The estimators are fit on the labelled source outputs with ``source_prior``; the estimate is ``estimator``'s;
-    the interval is :func:`~labelshift.inference.source_aware.source_aware_interval` (MLLS only; it includes the error
-    of the calibrator and p_s fit on the holdout, and needs the raw outputs and the calibrator),
-    :func:`~labelshift.inference.uncertainty.fisher_interval` (MLLS only, eq. (mlls-sample); target only) or
-    :func:`~labelshift.inference.uncertainty.bootstrap_interval` (target only); the label-shift test
-    (:func:`~labelshift.inference.shift_detection.label_shift_test`, with the MLLS weights) checks that the target's
-    calibrated outputs are the holdout's reweighted by class -- a holdout it cannot use (too small, a class with
-    fewer than 5 rows) is recorded as "not run" with the reason, not raised; the no-shift test is the two-sample test of
-    :func:`~labelshift.inference.uncertainty.no_shift_test` (the source side, calibrator and p_s, is itself estimated
-    from ``source_probs``); the identifiability report is that of the MLLS estimate (Section 5, eq. (bound-main)) with
-    the hard joint confusion matrix of the source outputs. MLLS is fit whatever ``estimator`` is, and shown beside a
-    BBSE estimator as a cross-check. A cross-check estimator that fails (e.g. BBSE on a singular confusion matrix) is
-    reported with its error; the main one failing raises.
-
-    Args:
-        source_probs: (n, k) calibrated outputs on labelled source data.
-        source_labels: (n,) their labels 0..k-1.
-        target_probs: (m, k) calibrated outputs on the target set, or a list of (m_b, k) batches (pooled).
-        source_prior: (k,) p_s the estimators use (the re-estimation flow uses the mean calibrated prediction on
-            the source data; see ``docs/reestimation.md``).
-        estimator: a name of :data:`labelshift.estimation.registry.REESTIMATION_ESTIMATORS`.
-        cross_check: names of the same set, run alongside (duplicates and ``estimator`` itself are skipped).
-        interval: ``"source-aware"`` or ``"fisher"`` (both need a likelihood estimator, MLLS) or ``"bootstrap"``.
-        level: confidence level of the interval, in (0, 1).
-        significance: level of the no-shift test, in (0, 1); also that of the label-shift test unless
-            ``label_shift_significance`` is given.
-        n_bootstrap, seed: the bootstrap's resamples and seed (``interval="bootstrap"``).
-        max_interval_width: optional: the estimate is also untrustworthy when the interval on some w_y is wider.
-        source_outputs, target_outputs, calibrator: ``interval="source-aware"`` only: the classifier's raw outputs
-            (what ``calibrator`` takes) on the holdout, (n, k), and on the target, (m, k) or a list of batches in
-            the order of ``target_probs``; the fitted calibrator that made ``source_probs`` from them.
-        label_shift_check: run the label-shift test (default); False leaves it out of the report.
-        class_names: optional k names used in the label-shift test's evidence.
-        label_shift_significance: level of the label-shift test ("Not label shift" when its p-value is below it),
-            in (0, 1); None (default): ``significance``. A smaller level withholds the outputs of truly
-            label-shifted data less often, and misses more of the data that are not label-shifted.
-
-    Raises:
-        InputError: an unknown estimator or interval, ``interval="fisher"`` or ``"source-aware"`` with a BBSE
-            estimator, a holdout without an example of some class (or, for ``"source-aware"``, too small to refit
-            the calibrator, an unsupported calibrator, no raw outputs), shapes or values that do not fit together;
-            whatever the main estimator raises (e.g. IllConditionedError).
-    """
-    check_interval(estimator, interval)
-    if label_shift_significance is not None:
-        label_shift_significance = _check_label_shift_level(label_shift_significance)
-    cross_check = list(cross_check or ())
-    if cross_check:
-        check_methods(list(dict.fromkeys(cross_check)), allowed=REESTIMATION_ESTIMATORS, argument="cross_check")
-    S = check_probabilities(source_probs, "source_probs", 2)
-    k = S.shape[1]
-    labels = check_labels(source_labels, "source_labels", k, n_rows=S.shape[0])
-    check_prior(source_prior, "source_prior", k)
-    check_holdout(labels, k, interval=interval, calibrator=calibrator)
-    prior = np.asarray(source_prior, dtype=np.float64)    # as given: the report holds the caller's p_s
+def _checked_target(target_probs, n_classes: int) -> tuple[object, np.ndarray]:
+    """``target_probs`` as given (pooled when a list of batches) and as a checked (m, k) float array."""
     given = _pool(target_probs)
     pooled = check_probabilities(given, "target_probs", 2)
-    if pooled.shape[1] != k:
-        raise InputError(f"target_probs has {pooled.shape[1]} class columns but source_probs has {k}; pass the "
-                         "calibrated outputs of the same classifier on both.")
-    if interval == "source-aware":
-        if source_outputs is None or target_outputs is None:
-            raise InputError("interval 'source-aware' needs the classifier's raw outputs on the holdout and the target "
-                             "(source_outputs, target_outputs) and the calibrator; pass them, or use interval "
-                             "'fisher'.")
-        raw_target = _pool(target_outputs)
-        if np.shape(raw_target)[0] != pooled.shape[0]:
-            raise InputError(f"target_outputs has {np.shape(raw_target)[0]} rows but target_probs has "
-                             f"{pooled.shape[0]}; pass the raw outputs of the same target rows, in the same order.")
+    if pooled.shape[1] != n_classes:
+        raise InputError(f"target_probs has {pooled.shape[1]} class columns but source_probs has {n_classes}; pass "
+                         "the calibrated outputs of the same classifier on both.")
+    return given, pooled
 
+
+def _raw_target(interval: str, source_outputs, target_outputs, n_target: int):
+    """The raw target outputs the source-aware interval needs (pooled), checked against the target; None for the
+    other intervals."""
+    if interval != "source-aware":
+        return None
+    if source_outputs is None or target_outputs is None:
+        raise InputError("interval 'source-aware' needs the classifier's raw outputs on the holdout and the target "
+                         "(source_outputs, target_outputs) and the calibrator; pass them, or use interval "
+                         "'fisher'.")
+    raw_target = _pool(target_outputs)
+    if np.shape(raw_target)[0] != n_target:
+        raise InputError(f"target_outputs has {np.shape(raw_target)[0]} rows but target_probs has "
+                         f"{n_target}; pass the raw outputs of the same target rows, in the same order.")
+    return raw_target
+
+
+@dataclass(frozen=True)
+class _Estimates:
+    """The fitted main estimator, its estimate, the MLLS estimate (the basis of the identifiability report and the
+    tests) and the cross-checks."""
+
+    main_fit: object
+    main: object
+    mlls: object
+    checks: dict[str, CrossCheck]
+
+
+def _estimate(holdout_probs, labels, prior, pooled, estimator: str, cross_check: list[str]) -> _Estimates:
+    """Fit ``estimator``, MLLS and the cross-check estimators on the holdout and estimate on the pooled target.
+
+    A cross-check estimator that fails to fit (e.g. BBSE refusing a singular confusion matrix) is reported with its
+    error; the main one failing raises. With another main estimator, MLLS is always shown beside it."""
     fits = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")          # flags are reported in the identifiability report, as data
         for method in dict.fromkeys([estimator, _LIKELIHOOD, *cross_check]):
             try:
-                fits[method] = make_estimator(method).fit(S, labels, prior)
+                fits[method] = make_estimator(method).fit(holdout_probs, labels, prior)
             except Exception as exc:             # e.g. BBSE refusing a singular confusion matrix
                 fits[method] = exc
         if isinstance(fits[estimator], Exception):
@@ -520,7 +506,6 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
         main = fits[estimator].estimate(pooled)
         mlls = fits[_LIKELIHOOD].estimate(pooled) if estimator != _LIKELIHOOD else main
         checks = {}
-        # with another estimator, MLLS (the basis of the identifiability report) is always shown beside it
         for method in dict.fromkeys([*cross_check, *([_LIKELIHOOD] if estimator != _LIKELIHOOD else [])]):
             if method == estimator:
                 continue
@@ -531,31 +516,110 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
             other = mlls if method == _LIKELIHOOD else fit.estimate(pooled)
             checks[method] = CrossCheck(method, target_prior=np.asarray(other.target_prior),
                                         weights=np.asarray(other.weights))
-    accuracy, failures = None, []
+    return _Estimates(fits[estimator], main, mlls, checks)
+
+
+def _interval(interval: str, est: _Estimates, pooled, prior, *, level, n_bootstrap, seed, source_outputs, labels,
+              raw_target, calibrator) -> tuple[PriorInterval, AccuracyEstimate | None, list[str]]:
+    """The interval asked for, the expected accuracy (source-aware only) and the parts that could not be
+    computed (:func:`_source_aware_parts`)."""
     if interval == "bootstrap":
-        ci = bootstrap_interval(pooled, prior, estimator=fits[estimator], level=level, n_bootstrap=n_bootstrap,
-                                seed=seed)
-    elif interval == "source-aware":
-        ci, accuracy, failures = _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, prior,
-                                                     main.weights, level)
-    else:
-        ci = fisher_interval(pooled, main.weights, prior, level=level)
-    test = no_shift_test(pooled, mlls.weights, prior, source_probs=S)
-    lst, lst_error = None, None
-    if label_shift_check:
-        try:
-            lst = label_shift_test(_at_precision(S, given), labels, pooled, weights=np.maximum(np.asarray(mlls.weights), 0.0),
-                                   source_prior=prior, class_names=class_names)
-        except InputError as exc:                # e.g. a holdout too small for its regions: "not run", with why
-            lst_error = str(exc)
-        except _NUMERICAL_FAILURES as exc:       # on valid input: "not run", with why, never an exception
-            lst_error = f"it could not be computed on this input ({type(exc).__name__}: {exc})"
-    ident = identifiability(pooled, mlls.weights, prior, confusion=joint_confusion(S, labels), n_source=len(labels),
-                            interval=ci if estimator == _LIKELIHOOD else None, max_relative_width=max_interval_width,
-                            estimator=estimator)
+        return bootstrap_interval(pooled, prior, estimator=est.main_fit, level=level, n_bootstrap=n_bootstrap,
+                                  seed=seed), None, []
+    if interval == "source-aware":
+        return _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, prior, est.main.weights,
+                                   level)
+    return fisher_interval(pooled, est.main.weights, prior, level=level), None, []
+
+
+def _label_shift_part(holdout_probs, labels, given, pooled, mlls_weights, prior,
+                      class_names) -> tuple[LabelShiftTest | None, str | None]:
+    """The label-shift test with the MLLS weights, or why it was not run: a holdout it cannot use (an InputError,
+    e.g. too small for its regions) or a numerical failure on valid input is recorded as "not run", never raised."""
+    try:
+        return label_shift_test(_at_precision(holdout_probs, given), labels, pooled,
+                                weights=np.maximum(np.asarray(mlls_weights), 0.0), source_prior=prior,
+                                class_names=class_names), None
+    except InputError as exc:
+        return None, str(exc)
+    except _NUMERICAL_FAILURES as exc:
+        return None, f"it could not be computed on this input ({type(exc).__name__}: {exc})"
+
+
+def assess_shift(source_probs, source_labels, target_probs, *, source_prior, estimator: str = DEFAULTS.estimator,
+                 cross_check: Sequence[str] = DEFAULTS.cross_check, interval: str = DEFAULTS.interval,
+                 level: float = DEFAULTS.level, significance: float = DEFAULTS.significance,
+                 n_bootstrap: int = DEFAULTS.n_bootstrap, seed: int = DEFAULTS.seed,
+                 max_interval_width: float | None = DEFAULTS.max_interval_width, source_outputs=None,
+                 target_outputs=None, calibrator=None, label_shift_check: bool = True, class_names=None,
+                 label_shift_significance: float | None = DEFAULTS.label_shift_significance) -> ShiftReport:
+    """Estimate the target prior on ``target_probs`` and say whether it shifted and whether to trust it.
+
+    The estimators are fit on the labelled source outputs with ``source_prior``. The interval is
+    :func:`~labelshift.inference.source_aware.source_aware_interval` (MLLS; includes the holdout's error),
+    :func:`~labelshift.inference.uncertainty.fisher_interval` (MLLS, eq. (mlls-sample); target only) or
+    :func:`~labelshift.inference.uncertainty.bootstrap_interval`; the label-shift test is
+    :func:`~labelshift.inference.shift_detection.label_shift_test` with the MLLS weights (recorded as "not run",
+    with the reason, when the holdout cannot carry it); the no-shift test is
+    :func:`~labelshift.inference.uncertainty.no_shift_test`; the identifiability report is the MLLS estimate's
+    (Section 5, eq. (bound-main)). MLLS is fit whatever ``estimator`` is and shown beside another as a cross-check;
+    a cross-check that fails is reported with its error. The defaults are :data:`labelshift.inference.settings.
+    DEFAULTS` (those of the ``reestimate`` flow); ``docs/reestimation.md`` explains the numbers.
+
+    Args:
+        source_probs: (n, k) calibrated outputs on labelled source data; source_labels: (n,) their labels 0..k-1.
+        target_probs: (m, k) calibrated outputs on the target set, or a list of (m_b, k) batches (pooled).
+        source_prior: (k,) p_s the estimators use (the flow uses the mean calibrated prediction on the holdout).
+        estimator: a name of :data:`labelshift.estimation.registry.REESTIMATION_ESTIMATORS`.
+        cross_check: names of the same set, run alongside (duplicates and ``estimator`` itself are skipped).
+        interval: ``"source-aware"`` (default) or ``"fisher"`` (both need MLLS) or ``"bootstrap"``.
+        level: confidence level of the interval, in (0, 1).
+        significance: level of the no-shift test, in (0, 1); also that of the label-shift test unless
+            ``label_shift_significance`` (in (0, 1)) is given.
+        n_bootstrap, seed: the bootstrap's resamples and seed (``interval="bootstrap"``).
+        max_interval_width: optional: the estimate is also untrustworthy when the interval on some w_y is wider.
+        source_outputs, target_outputs, calibrator: ``interval="source-aware"`` only: the raw outputs the
+            calibrator takes on the holdout, (n, k), and on the target (as ``target_probs``); the fitted calibrator.
+        label_shift_check: run the label-shift test (default); class_names: k names for its evidence.
+
+    Returns:
+        The :class:`ShiftReport`.
+
+    Raises:
+        InputError: an unknown estimator or interval, ``"fisher"`` or ``"source-aware"`` with a BBSE estimator, a
+            holdout without an example of some class (or, for ``"source-aware"``, too small, an unsupported
+            calibrator, no raw outputs), shapes or values that do not fit together; whatever the main estimator
+            raises (e.g. IllConditionedError).
+    """
+    check_interval(estimator, interval)
+    if label_shift_significance is not None:
+        label_shift_significance = _check_label_shift_level(label_shift_significance)
+    cross_check = list(cross_check or ())
+    if cross_check:
+        check_methods(list(dict.fromkeys(cross_check)), allowed=REESTIMATION_ESTIMATORS, argument="cross_check")
+    holdout_probs = check_probabilities(source_probs, "source_probs", 2)
+    k = holdout_probs.shape[1]
+    labels = check_labels(source_labels, "source_labels", k, n_rows=holdout_probs.shape[0])
+    check_prior(source_prior, "source_prior", k)
+    check_holdout(labels, k, interval=interval, calibrator=calibrator)
+    prior = np.asarray(source_prior, dtype=np.float64)    # as given: the report holds the caller's p_s
+    given, pooled = _checked_target(target_probs, k)
+    raw_target = _raw_target(interval, source_outputs, target_outputs, pooled.shape[0])
+
+    est = _estimate(holdout_probs, labels, prior, pooled, estimator, cross_check)
+    ci, accuracy, failures = _interval(interval, est, pooled, prior, level=level, n_bootstrap=n_bootstrap, seed=seed,
+                                       source_outputs=source_outputs, labels=labels, raw_target=raw_target,
+                                       calibrator=calibrator)
+    test = no_shift_test(pooled, est.mlls.weights, prior, source_probs=holdout_probs)
+    lst, lst_error = (_label_shift_part(holdout_probs, labels, given, pooled, est.mlls.weights, prior, class_names)
+                      if label_shift_check else (None, None))
+    ident = identifiability(pooled, est.mlls.weights, prior, confusion=joint_confusion(holdout_probs, labels),
+                            n_source=len(labels), interval=ci if estimator == _LIKELIHOOD else None,
+                            max_relative_width=max_interval_width, estimator=estimator)
     test.rejects(significance)                   # checks significance
-    return ShiftReport(method=estimator, source_prior=prior, target_prior=np.asarray(main.target_prior),
-                       weights=np.asarray(main.weights), interval=ci, no_shift_test=test, identifiability=ident,
-                       significance=significance, n_target=int(len(pooled)), converged=bool(np.all(main.converged)),
-                       cross_check=checks, label_shift=lst, label_shift_error=lst_error, accuracy=accuracy,
+    return ShiftReport(method=estimator, source_prior=prior, target_prior=np.asarray(est.main.target_prior),
+                       weights=np.asarray(est.main.weights), interval=ci, no_shift_test=test, identifiability=ident,
+                       significance=significance, n_target=int(len(pooled)),
+                       converged=bool(np.all(est.main.converged)), cross_check=est.checks, label_shift=lst,
+                       label_shift_error=lst_error, accuracy=accuracy,
                        label_shift_significance=label_shift_significance, failures=failures)

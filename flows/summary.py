@@ -1,0 +1,285 @@
+"""The summary of a ``reestimate`` run for people: one renderer, two fronts.
+
+:func:`render` walks the run's summary dict once -- which parts there are (the estimate, the label-shift test and
+where it disagrees, the table per class, the cross-checks, what the shift costs in accuracy, withheld outputs,
+rejected and skipped batches) and when each is shown -- and hands each part to a front that lays it out:
+:data:`MARKDOWN`, the Prefect artifact of the run (:func:`summary_markdown`), or :data:`PLAIN_TEXT`, the table
+``labelshift estimate`` prints (:func:`format_summary`). :func:`headline` is the one sentence of a verdict.
+"""
+from __future__ import annotations
+
+from labelshift.inference.report import ShiftReport, Verdict, finite
+
+__all__ = ["render", "summary_markdown", "format_summary", "headline", "format_p", "MARKDOWN", "PLAIN_TEXT"]
+
+
+def format_p(p: float) -> str:
+    """A p-value for people, with its relation sign: "= 0.0312", or "< 1e-16" below what double precision
+    resolves."""
+    return "< 1e-16" if p < 1e-16 else f"= {p:.3g}"
+
+
+def headline(report: ShiftReport, class_names=None) -> str:
+    """One sentence for the verdict of ``report``."""
+    p = format_p(report.no_shift_test.p_value)
+    change = report.largest_change
+    label = class_names[change.label] if class_names else change.label
+    if report.verdict == Verdict.NOT_LABEL_SHIFT:
+        return (f"The new data are not label-shifted source data ({report.label_shift_summary}); the estimated "
+                "weights mean nothing and no corrected outputs were written: find the cause (a new class, input "
+                "drift, a broken feature pipeline) before acting on this target.")
+    cost = f" The deployed model's {report.accuracy_summary}." if report.accuracy is not None else ""
+    if report.verdict == Verdict.UNTRUSTWORTHY:
+        return "The estimate cannot be trusted: " + "; ".join(report.reasons) + f" (p {p})."
+    if report.verdict == Verdict.SHIFTED:
+        return (f"The label distribution has shifted (p {p}): total variation {report.total_variation:.3f}, "
+                f"largest change class {label} {change.source:.3f} -> {change.target:.3f}.{cost}")
+    return f"No significant shift (p {p}); total variation {report.total_variation:.3f}.{cost}"
+
+
+def _identifiability(res: ShiftReport, condition: str, untrusted: str) -> str:
+    """The identifiability numbers, and the reasons when the estimate is not trustworthy."""
+    ident = res.identifiability
+    return (f"identifiability: min Hessian eigenvalue {ident.min_hessian_eigenvalue:.3g}"
+            + (f", {condition} {ident.confusion_condition:.3g}" if finite(ident.confusion_condition) else "")
+            + ("" if res.trustworthy else untrusted + "; ".join(res.reasons)))
+
+
+def _held(summary: dict) -> list[tuple[str, dict]]:
+    """The batches the run did not count: ("rejected", item) and ("skipped", item), in that order."""
+    return [("rejected", r) for r in summary.get("rejected", [])] + \
+        [("skipped", r) for r in summary.get("skipped", [])]
+
+
+def render(summary: dict, front) -> str:
+    """The summary of a run (the data of the ``reestimate`` flow's final state) as ``front`` lays it out."""
+    if summary.get("verdict") == Verdict.NO_NEW_DATA:
+        return front.no_new_data(summary)
+    held = _held(summary)
+    if "result" not in summary:          # no estimate: every new batch was rejected or skipped
+        return front.join(front.no_estimate(summary, held))
+    res = ShiftReport.from_dict(summary["result"])
+    names = summary.get("classes") or [str(c) for c in range(res.n_classes)]
+    disagreeing = res.label_shift.disagreeing() if res.label_shift is not None and res.label_shift_ok is False \
+        else None
+    shows_accuracy = res.accuracy is not None and res.verdict != Verdict.NOT_LABEL_SHIFT
+    parts = {
+        "head": front.head(summary, res),
+        "tests": front.tests(res, names),
+        "label_shift": front.label_shift(res, disagreeing) if res.label_shift_tested else [],
+        "classes": front.classes(res, names),
+        "cross_checks": front.cross_checks(res),
+        "accuracy": front.accuracy(res, names) if shows_accuracy else [],
+        "withheld": front.withheld(summary["outputs_withheld"]) if summary.get("outputs_withheld") else [],
+        "held": front.held(summary, held) if held else [],
+        "warnings": front.warnings(summary.get("warnings", [])),
+        "links": front.links(summary),
+    }
+    return front.join([line for part in front.order for line in parts[part]])
+
+
+class _Markdown:
+    """The Prefect artifact: the verdict first, then the numbers behind it, then a table per class."""
+
+    order = ("head", "tests", "label_shift", "classes", "cross_checks", "accuracy", "withheld", "held", "links")
+    icons = {Verdict.SHIFTED: "⚠️", Verdict.NO_SHIFT: "✅", Verdict.UNTRUSTWORTHY: "❓", Verdict.NOT_LABEL_SHIFT: "🚫"}
+
+    @staticmethod
+    def join(lines: list[str]) -> str:
+        return "\n".join(lines) + "\n"
+
+    def no_new_data(self, summary: dict) -> str:
+        return self.join(["# No new data", "", summary["headline"]])
+
+    def no_estimate(self, summary: dict, held) -> list[str]:
+        return [f"# ❌ {summary['verdict']}: {summary['target']}", "", f"**{summary['headline']}**",
+                *self.held(summary, held)]
+
+    def head(self, summary: dict, res: ShiftReport) -> list[str]:
+        word = summary["verdict"]
+        return [f"# {self.icons.get(word, '')} {word}: {summary['model']['uri']} on {summary['target']}", "",
+                f"**{summary['headline']}**", "",
+                f"- new batches: {len(summary['batches'])} ({res.n_target} rows), run sequence {summary['sequence']}"]
+
+    @staticmethod
+    def tests(res: ShiftReport, names) -> list[str]:
+        test, ci, change = res.no_shift_test, res.interval, res.largest_change
+        return [f"- no-shift test ({test.method}, {test.dof} dof): statistic {test.statistic:.2f}, "
+                f"p {format_p(test.p_value)} (shifted when p < {res.significance})",
+                f"- total variation between source and target prior: {res.total_variation:.3f}; largest change: "
+                f"class {names[change.label]} {change.source:.3f} -> {change.target:.3f}",
+                "- " + _identifiability(res, "confusion-matrix condition", " -- **not trustworthy**: "),
+                *[f"- note: {note}" for note in res.identifiability.notes],
+                f"- interval: {ci.method}" + (" (includes the labelled holdout's error: calibrator and p_s)"
+                                              if ci.method == "source-aware" else " (target sampling error only)")]
+
+    @staticmethod
+    def label_shift(res: ShiftReport, disagreeing) -> list[str]:
+        lines = [f"- label-shift test: {res.label_shift_summary}"]
+        if disagreeing is not None:
+            lines += ["", "Where the target disagrees with the holdout reweighted by class (output regions):", "",
+                      "| region | target fraction | expected under label shift | z |", "|---|---|---|---|"]
+            lines += [f"| {r.name} | {r.observed:.3f} | {r.expected:.3f} | {r.z:+.1f} |" for r in disagreeing]
+            lines += ["", "The estimate below assumes label shift and is **not meaningful** for these data; see "
+                          "\"What an operator should do\" in docs/label_shift_test.md.", ""]
+        return lines
+
+    @staticmethod
+    def classes(res: ShiftReport, names) -> list[str]:
+        ci = res.interval
+        return ["", f"| class | source p_s | target p_t ({res.method}) | {ci.level:.0%} {ci.method} interval | w |",
+                "|---|---|---|---|---|",
+                *[f"| {names[c]} | {res.source_prior[c]:.4f} | {res.target_prior[c]:.4f} | "
+                  f"[{ci.lower[c]:.4f}, {ci.upper[c]:.4f}] | {res.weights[c]:.3f} |" for c in range(res.n_classes)]]
+
+    @staticmethod
+    def cross_checks(res: ShiftReport) -> list[str]:
+        lines = []
+        for method, check in res.cross_check.items():
+            prior = "[" + ", ".join(f"{v:.3f}" for v in check.target_prior) + "]" if check.ok else None
+            lines += ["", f"Cross-check {method}: " + (prior if check.ok else f"failed ({check.error})")]
+        return lines
+
+    @staticmethod
+    def accuracy(res: ShiftReport, names) -> list[str]:
+        """What the shift costs: the deployed model's accuracy on the holdout and expected on the target (per-class
+        recall on the holdout weighted by the estimated prior), and that of the corrected predictions."""
+        acc = res.accuracy
+        return ["", "What the shift costs in accuracy (per-class recall on the holdout, weighted by the estimated "
+                    "target prior; docs/accuracy.md):", "",
+                f"| predictions | accuracy on the source | expected on the target | {acc.level:.0%} interval |",
+                "|---|---|---|---|",
+                f"| deployed model | {acc.source:.3f} | {acc.expected:.3f} | [{acc.lower:.3f}, {acc.upper:.3f}] |",
+                f"| corrected to the target | | {acc.corrected:.3f} | [{acc.corrected_lower:.3f}, "
+                f"{acc.corrected_upper:.3f}] |", "",
+                "The corrected figure's interval is short when the calibrator is misspecified "
+                "(benchmarks/README.md).", "", "| class | recall on the holdout | target p_t |", "|---|---|---|",
+                *[f"| {names[c]} | {acc.per_class_recall[c]:.3f} | {res.target_prior[c]:.4f} |"
+                  for c in range(res.n_classes)]]
+
+    @staticmethod
+    def withheld(reason: str) -> list[str]:
+        return ["", f"**No corrected outputs were written:** {reason}"]
+
+    @staticmethod
+    def held(summary: dict, held) -> list[str]:
+        """The batches a run rejected or skipped, one line each with the reason."""
+        lines = []
+        for kind, title, what in (("rejected", "Rejected batches",
+                                   "not counted, recorded in the watermark; tried again once their content changes"),
+                                  ("skipped", "Skipped batches",
+                                   "gone or replaced since the listing; the next run lists them again")):
+            items = [item for k, item in held if k == kind]
+            if items:
+                lines += ["", f"**{title}** ({len(items)}: {what}):", ""]
+                lines += [f"- `{item['key']}`: {item['reason']}" for item in items]
+        return lines
+
+    @staticmethod
+    def warnings(warnings: list[str]) -> list[str]:
+        return []                        # the run's log carries them
+
+    @staticmethod
+    def links(summary: dict) -> list[str]:
+        links = summary.get("links", {})
+        return ["", *[f"- {k}: {v}" for k, v in links.items()]] if links else []
+
+
+class _PlainText:
+    """The terminal: the verdict and its sentence, the label-shift test, a table per class, then the numbers."""
+
+    order = ("head", "label_shift", "classes", "tests", "cross_checks", "accuracy", "held", "warnings", "links")
+
+    @staticmethod
+    def join(lines: list[str]) -> str:
+        return "\n".join(lines)
+
+    @staticmethod
+    def no_new_data(summary: dict) -> str:
+        return f"No new data under {summary['target']} (run sequence {summary.get('sequence')})."
+
+    def no_estimate(self, summary: dict, held) -> list[str]:
+        return [f"{summary['verdict']}: {summary.get('headline', '')}", *self._held_lines(held)]
+
+    @staticmethod
+    def head(summary: dict, res: ShiftReport) -> list[str]:
+        return [f"{summary['verdict']}: {summary['headline']}",
+                f"  model {summary['model']['uri']} (version {summary['model']['version']}), "
+                f"{len(summary['batches'])} new batch(es), {res.n_target} rows, run {summary['sequence']}", ""]
+
+    @staticmethod
+    def tests(res: ShiftReport, names) -> list[str]:
+        test = res.no_shift_test
+        return ["", f"  no-shift test: statistic {test.statistic:.2f} on {test.dof} dof, p {format_p(test.p_value)}",
+                "  " + _identifiability(res, "confusion condition", "  NOT TRUSTWORTHY: "),
+                *[f"  note: {note}" for note in res.identifiability.notes]]
+
+    @staticmethod
+    def label_shift(res: ShiftReport, disagreeing) -> list[str]:
+        lines = [f"  label-shift test: {res.label_shift_summary}"]
+        if disagreeing is not None:
+            lines += [f"    {r.name}: {100 * r.observed:.1f}% of target vs {100 * r.expected:.1f}% expected "
+                      f"(z = {r.z:+.1f})" for r in disagreeing]
+            lines.append("    the estimate below assumes label shift: NOT MEANINGFUL for these data")
+        return [*lines, ""]
+
+    @staticmethod
+    def classes(res: ShiftReport, names) -> list[str]:
+        ci = res.interval
+        width = max(5, *(len(n) for n in names))
+        interval_label = f"{ci.level:.0%} {ci.method}"
+        return [f"  {'class':>{width}}  {'source':>8}  {'target':>8}  {interval_label:>19}  {'w':>7}",
+                *[f"  {names[c]:>{width}}  {res.source_prior[c]:8.4f}  {res.target_prior[c]:8.4f}  "
+                  f"[{ci.lower[c]:.4f}, {ci.upper[c]:.4f}]  {res.weights[c]:7.3f}" for c in range(res.n_classes)]]
+
+    @staticmethod
+    def cross_checks(res: ShiftReport) -> list[str]:
+        return [f"  cross-check {method}: " + " ".join(f"{v:.4f}" for v in check.target_prior)
+                for method, check in res.cross_check.items() if check.ok]
+
+    @staticmethod
+    def accuracy(res: ShiftReport, names) -> list[str]:
+        acc = res.accuracy
+        return [f"  {res.accuracy_summary}; corrected predictions {acc.corrected:.2f} "
+                f"[{acc.corrected_lower:.2f}, {acc.corrected_upper:.2f}]"]
+
+    @staticmethod
+    def withheld(reason: str) -> list[str]:
+        return []                        # said on the outputs line (:meth:`links`)
+
+    @staticmethod
+    def _held_lines(held) -> list[str]:
+        return [f"  {kind} {item['key']}: {item['reason']}" for kind, item in held]
+
+    def held(self, summary: dict, held) -> list[str]:
+        return ["", f"  {len(summary.get('rejected', []))} batch(es) rejected (recorded in the watermark, not "
+                    "counted, tried again once their content changes), "
+                    f"{len(summary.get('skipped', []))} skipped (gone or replaced while the run read them):",
+                *self._held_lines(held)]
+
+    @staticmethod
+    def warnings(warnings: list[str]) -> list[str]:
+        return [f"  warning: {warning}" for warning in warnings]
+
+    @staticmethod
+    def links(summary: dict) -> list[str]:
+        ml = summary.get("mlflow", {})
+        return ["", f"  MLflow run: {ml.get('ui') or ml.get('run_id')}",
+                f"  outputs:    {len(summary.get('outputs', []))} corrected arrays beside the batches under "
+                f"{summary['target']}" + (f" -- none written: {summary['outputs_withheld']}"
+                                          if summary.get("outputs_withheld") else "")]
+
+
+#: the fronts
+MARKDOWN = _Markdown()
+PLAIN_TEXT = _PlainText()
+
+
+def summary_markdown(summary: dict) -> str:
+    """The Prefect artifact of a run: the verdict first, then the numbers behind it, then a table per class."""
+    return render(summary, MARKDOWN)
+
+
+def format_summary(summary: dict) -> str:
+    """The summary as a plain-text table for the terminal."""
+    return render(summary, PLAIN_TEXT)
