@@ -44,7 +44,7 @@ from flows.params import REESTIMATE_EXPERIMENT as DEFAULT_EXPERIMENT
 from flows.params import (DEFAULT_MODEL, BatchSizeParam, CalibratorParam, CrossCheckParam, EstimatorParam,
                           ExperimentParam, IntervalParam, LabelShiftSignificanceParam, LevelParam, MaxWidthParam,
                           ModelParam, NBootstrapParam, OnChangedParam, OnInvalidParam, SeedParam, SignificanceParam,
-                          TargetParam, TrackingParam)
+                          TargetParam, TrackingParam, RegisterCorrectedParam, CorrectedModelNameParam)
 from labelshift.errors import InputError
 from labelshift.monitoring.watermark import commit_watermark, find_new_batches, read_watermark
 from labelshift.estimation.registry import check_interval
@@ -54,6 +54,7 @@ from tasks.reestimation import (catch_up_monitor, end_run, estimate_shift, histo
                                 log_rejections, parse_model_uri, render_figure, start_reestimation_run,
                                 sync_monitor)
 from tasks.references import class_names_of, load_for_reestimation, score_for_reestimation, write_for_reestimation
+from tasks.serving import check_corrected_name, register_if_shifted
 from tasks.tracking import check_tracking_server, git_commit, run_url
 from flows.user_errors import install as _log_user_errors_once
 
@@ -269,6 +270,8 @@ def reestimate(
     max_interval_width: MaxWidthParam = None,
     on_changed: OnChangedParam = "error",
     on_invalid: OnInvalidParam = "quarantine",
+    register_corrected: RegisterCorrectedParam = False,
+    corrected_model_name: CorrectedModelNameParam = None,
 ):
     """Re-estimate the target label distribution from the target batches that arrived since the last success.
 
@@ -315,6 +318,8 @@ def reestimate(
     classes = class_names_of(bundle)
     # a holdout that cannot carry this re-estimation fails here, before anything is written
     check_holdout(bundle.source_labels, bundle.n_classes, interval=interval, calibrator=bundle.calibrator)
+    # the corrected model's registry name, checked before anything is written (docs/serving.md)
+    corrected_as = check_corrected_name(env.tracking_uri, model, corrected_model_name) if register_corrected else None
     logger.info("model %s -> version %s (run %s, %s), input %s, classes %s, calibrator %s", model, bundle.version,
                 bundle.run_id, getattr(bundle, "mode", "pytorch"), bundle.input_shape, ", ".join(classes), calibrator)
     sequence = watermark.sequence + 1
@@ -383,6 +388,10 @@ def reestimate(
         else:
             summary["outputs"] = write_for_reestimation(bundle, target_uri, batches, probs,
                                                         report.weights.tolist(), summary)
+        if corrected_as:    # before the commit: a failed registration fails the run and the watermark stays
+            summary["corrected_model"] = register_if_shifted(bundle, report, tracking_uri=env.tracking_uri,
+                                                             name=corrected_as, run_id=runs["run_id"],
+                                                             target=store.uri, sequence=sequence)
         committed = _commit(store, watermark, batches, record, runs["run_id"], rejected=scored.rejected)
     except BaseException as exc:
         # cancelled (Prefect's termination signal, Ctrl-C) or failed: the watermark did not move

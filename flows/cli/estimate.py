@@ -50,6 +50,8 @@ OPTIONS: dict[str, Opt] = {
                            "named)",
                       default="such a batch is rejected: recorded in the watermark with its reason, not counted, "
                               "and the run goes on with the good ones"),
+    "register_corrected": Opt(const=True, default="nothing is registered"),
+    "corrected_model_name": Opt(metavar="NAME", default="<model name>-shift-corrected"),
 }
 
 
@@ -172,6 +174,9 @@ def format_summary(summary: dict) -> str:
                       f"{len(summary.get('skipped', []))} skipped (gone or replaced while the run read them):", *held]
     for warning in summary.get("warnings", []):
         lines.append(f"  warning: {warning}")
+    if summary.get("corrected_model"):
+        cm = summary["corrected_model"]
+        lines.append(f"  corrected model: {cm['model_uri']} (version {cm['version']}; docs/serving.md)")
     ml = summary.get("mlflow", {})
     lines += ["", f"  MLflow run: {ml.get('ui') or ml.get('run_id')}",
               f"  outputs:    {len(summary.get('outputs', []))} corrected arrays beside the batches under "
