@@ -1,9 +1,9 @@
 """A corrected model to serve: on a trusted "Shifted" verdict, a new version of an MLflow pyfunc that returns
 p_t(y|x) proportional to w_y f_y(x), registered beside the deployed model.
 
-The pyfunc (:func:`corrected_model_class`, an ``mlflow.pyfunc.PythonModel``) holds a copy of the deployed model version (input
-mode), its calibrator and the estimated weights w; in prediction-log mode it holds no model and takes the deployed
-model's outputs as its input. Its ``predict`` computes what the ``reestimate`` flow writes beside each batch
+The pyfunc (:func:`corrected_model_class`, an ``mlflow.pyfunc.PythonModel``) holds a copy of the deployed model
+version (input mode), its calibrator and the estimated weights w; in prediction-log mode it holds no model and takes
+the deployed model's outputs as its input. Its ``predict`` computes what the ``reestimate`` flow writes beside each batch
 (``NAME.corrected.npy`` / ``.corrected.parquet``): the same scoring (:func:`tasks.reestimation._forward`,
 :func:`tasks.references._model_scores`), the same float32 rounding of the raw outputs before the calibrator, and
 :func:`labelshift.estimation.diagnostics.correct_predictions` (Saerens et al. 2002; Garg et al., NeurIPS 2020,
@@ -38,8 +38,8 @@ from labelshift.inference.report import ShiftReport
 from labelshift.monitoring.batches import OutputSpec, read_outputs
 from tasks.reestimation import _forward, parse_model_uri
 
-__all__ = ["KIND", "KIND_TAG", "ALIAS", "CLASS_COLUMN", "corrected_model_class", "load_state", "corrected_frame", "calibrated", "corrected_name",
-           "check_corrected_name", "register_if_shifted", "register_corrected_model"]
+__all__ = ["KIND", "KIND_TAG", "ALIAS", "CLASS_COLUMN", "corrected_model_class", "load_state", "corrected_frame",
+           "calibrated", "corrected_name", "check_corrected_name", "register_if_shifted", "register_corrected_model"]
 
 #: value of the tag :data:`KIND_TAG` on a registered model (and its versions) made here; a registered model without
 #: it is another kind of model, and is never written to
@@ -267,9 +267,9 @@ def register_if_shifted(bundle, report: ShiftReport, *, tracking_uri: str, name:
 
 def register_corrected_model(bundle, report: ShiftReport, *, tracking_uri: str, name: str, run_id: str,
                              target: str, sequence: int, alias: str = ALIAS) -> dict:
-    """A new version of ``name``: the corrected pyfunc (:func:`corrected_model_class`) of ``bundle`` with ``report``'s weights, logged
-    as a model of the estimating run ``run_id``, tagged and described (docs/serving.md), with ``alias`` moved to it.
-    Returns {"name", "version", "alias", "model_uri", "version_uri"}."""
+    """A new version of ``name``: the corrected pyfunc (:func:`corrected_model_class`) of ``bundle`` with
+    ``report``'s weights, logged as a model of the estimating run ``run_id``, tagged and described (docs/serving.md),
+    with ``alias`` moved to it. Returns {"name", "version", "alias", "model_uri", "version_uri"}."""
     client = MlflowClient(tracking_uri=tracking_uri)
     doc = correction_doc(bundle, report, run_id=run_id, target=target, sequence=sequence)
     _ensure_registered_model(client, name, bundle.name)
@@ -283,14 +283,8 @@ def register_corrected_model(bundle, report: ShiftReport, *, tracking_uri: str, 
         artifacts = {"correction": str(path)}
         if doc["mode"] != "outputs":
             artifacts["deployed"] = doc["source_model"]["uri"]       # copied into the new model
-        quiet = logging.getLogger("mlflow.pyfunc")
-        level, quiet.level = quiet.level, logging.ERROR
-        try:
-            mlflow.pyfunc.log_model(name=ARTIFACT, python_model=corrected_model_class()(), artifacts=artifacts,
-                                    signature=_signature(bundle), pip_requirements=_requirements(doc["mode"]),
-                                    model_id=logged.model_id)
-        finally:
-            quiet.level = level
+        _log_quietly(logged.model_id, corrected_model_class()(), artifacts, _signature(bundle),
+                     _requirements(doc["mode"]))
     mv = client.create_model_version(name, source=f"models:/{logged.model_id}", run_id=run_id,
                                      tags=version_tags(doc), description=version_description(doc),
                                      model_id=logged.model_id, await_creation_for=120)
@@ -300,8 +294,25 @@ def register_corrected_model(bundle, report: ShiftReport, *, tracking_uri: str, 
             "version_uri": f"models:/{name}/{mv.version}"}
 
 
+def _log_quietly(model_id: str, python_model, artifacts: dict, signature, requirements: list[str]) -> None:
+    """``mlflow.pyfunc.log_model`` into the logged model ``model_id``, without its notes on pickled models and on
+    the missing input example (the signature is the deployed model's)."""
+    quiet = logging.getLogger("mlflow.pyfunc")
+    level, quiet.level = quiet.level, logging.ERROR
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            mlflow.pyfunc.log_model(name=ARTIFACT, python_model=python_model, artifacts=artifacts, signature=signature,
+                                    pip_requirements=requirements, model_id=model_id)
+    finally:
+        quiet.level = level
+
+
 def _ensure_registered_model(client: MlflowClient, name: str, source_name: str) -> None:
+    """Create the registered model ``name`` with its tags, unless it exists; an existing one must still pass
+    :func:`check_corrected_name` (it may have been created since the run checked it)."""
     if _registered_model(client, name) is not None:
+        check_corrected_name(client.tracking_uri, f"models:/{source_name}/0", name)
         return
     try:
         client.create_registered_model(name, tags={KIND_TAG: KIND, SOURCE_TAG: source_name}, description=(
