@@ -421,7 +421,9 @@ def reestimate(
 
     summary["seconds"] = time.perf_counter() - t0
     links = {"MLflow run": ui or f"run {runs['run_id']} in experiment '{env.experiment_name}'",
-             "watermark": store.url("_labelshift/watermark.json")}
+             "watermark": store.url("_labelshift/watermark.json"),
+             **({"corrected model": summary["corrected_model"]["version_uri"]}
+                if summary.get("corrected_model") else {})}
     summary["links"] = links
     try:
         create_markdown_artifact(markdown=summary_markdown(summary), key="reestimate",

@@ -2,9 +2,9 @@
 p_t(y|x) proportional to w_y f_y(x), registered beside the deployed model.
 
 The pyfunc (:func:`corrected_model_class`, an ``mlflow.pyfunc.PythonModel``) holds a copy of the deployed model
-version (input mode), its calibrator and the estimated weights w; in prediction-log mode it holds no model and takes
-the deployed model's outputs as its input. Its ``predict`` computes what the ``reestimate`` flow writes beside each batch
-(``NAME.corrected.npy`` / ``.corrected.parquet``): the same scoring (:func:`tasks.reestimation._forward`,
+version (input mode), its calibrator and the estimated weights w; in prediction-log mode it holds no model and
+takes the deployed model's outputs as its input. Its ``predict`` computes what the ``reestimate`` flow writes beside
+each batch (``NAME.corrected.npy`` / ``.corrected.parquet``): the same scoring (:func:`tasks.reestimation._forward`,
 :func:`tasks.references._model_scores`), the same float32 rounding of the raw outputs before the calibrator, and
 :func:`labelshift.estimation.diagnostics.correct_predictions` (Saerens et al. 2002; Garg et al., NeurIPS 2020,
 Section 2) -- so the two agree to float precision -- and adds the corrected class (the arg max).
