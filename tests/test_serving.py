@@ -201,6 +201,34 @@ def test_prediction_log_mode_takes_the_deployed_models_outputs(prefect_server, m
         model.predict(pd.DataFrame(logits, columns=["a", "b", "c"]))
 
 
+def test_a_scikit_learn_model_on_parquet_batches(prefect_server, mlflow_server, tmp_path):
+    """Input mode with a scikit-learn model whose signature names its columns: the corrected model takes a DataFrame
+    of those columns (others ignored) and gives the class columns of NAME.corrected.parquet."""
+    import pandas as pd
+    from sklearn.linear_model import LogisticRegression
+
+    from tasks.references import register_sklearn_model
+
+    rng = np.random.default_rng(3)
+    tx, ty = draw(SOURCE_PRIOR, 2000, rng)
+    hx, hy = draw(SOURCE_PRIOR, 3000, rng)
+    frame = lambda a: pd.DataFrame(a, columns=["x1", "x2"])    # noqa: E731
+    clf = LogisticRegression().fit(frame(tx), ty)
+    info = register_sklearn_model(clf, frame(hx), hy, name="serve-sklearn", tracking_uri=mlflow_server.url)
+    target = tmp_path / "tabular"
+    target.mkdir()
+    x, _ = draw(SHIFTED_PRIOR, 3000, rng)
+    batch = frame(x).assign(id=[f"r{i}" for i in range(len(x))])
+    batch.to_parquet(target / "day-1.parquet")
+    state = _run(info["model_uri"], mlflow_server.url, target, register_corrected=True)
+    assert state.is_completed() and state.name == "Shifted", state.message
+    written = pd.read_parquet(target / "day-1.corrected.parquet")
+    names = [str(c) for c in range(K)]
+    out = _load(mlflow_server.url, "models:/serve-sklearn-shift-corrected@shift-corrected").predict(batch)
+    np.testing.assert_allclose(out[names].to_numpy(), written[names].to_numpy(), rtol=0, atol=1e-6)
+    assert (out["corrected_class"].to_numpy() == np.asarray(names)[written[names].to_numpy().argmax(1)]).all()
+
+
 @pytest.mark.parametrize("verdict", ["Not label shift", "Untrustworthy", "No shift"])
 def test_nothing_is_registered_under_any_other_verdict(verdict):
     from tasks.serving import register_if_shifted
