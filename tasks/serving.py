@@ -73,25 +73,32 @@ def check_corrected_name(tracking_uri: str, model_uri: str, name: str | None = N
     naming the fix otherwise (the deployed model's own name, or any model registered some other way)."""
     model_name = parse_model_uri(model_uri)[0]
     name = corrected_name(model_name, name)
-    fix = (f"Choose another registry name (CLI --corrected-model-name NAME; flow parameter corrected_model_name), or "
-           f"leave it out for the default '{model_name}{NAME_SUFFIX}'. Nothing was registered and the watermark did "
-           "not move.")
     if name == model_name:
         raise InputError(f"corrected_model_name {name!r} is the deployed model's own name; the corrected model needs "
-                         f"a registered model of its own. {fix}")
-    client = MlflowClient(tracking_uri=tracking_uri)
-    registered = _registered_model(client, name)
+                         f"a registered model of its own. {_fix(model_name)}")
+    _check_registered(_registered_model(MlflowClient(tracking_uri=tracking_uri), name), name, model_name)
+    return name
+
+
+def _fix(model_name: str) -> str:
+    return (f"Choose another registry name (CLI --corrected-model-name NAME; flow parameter corrected_model_name), or "
+            f"leave it out for the default '{model_name}{NAME_SUFFIX}'. Nothing was registered and the watermark did "
+            "not move.")
+
+
+def _check_registered(registered, name: str, model_name: str) -> None:
+    """Raise InputError unless ``registered`` (the registered model ``name``, or None) is absent or a corrected model
+    of ``model_name``."""
     if registered is None:
-        return name
+        return
     tags = registered.tags or {}
     if tags.get(KIND_TAG) != KIND:
         found = f"tag {KIND_TAG} = {tags[KIND_TAG]!r}" if KIND_TAG in tags else f"no tag {KIND_TAG}"
         raise InputError(f"registered model {name!r} exists and is not a labelshift shift-corrected model ({found}, "
-                         f"expected {KIND!r}); its versions would be mixed with corrected ones. {fix}")
+                         f"expected {KIND!r}); its versions would be mixed with corrected ones. {_fix(model_name)}")
     if tags.get(SOURCE_TAG) not in (None, model_name):
         raise InputError(f"registered model {name!r} holds the corrections of {tags[SOURCE_TAG]!r}, not of "
-                         f"{model_name!r}. {fix}")
-    return name
+                         f"{model_name!r}. {_fix(model_name)}")
 
 
 def _registered_model(client: MlflowClient, name: str):
@@ -311,8 +318,9 @@ def _log_quietly(model_id: str, python_model, artifacts: dict, signature, requir
 def _ensure_registered_model(client: MlflowClient, name: str, source_name: str) -> None:
     """Create the registered model ``name`` with its tags, unless it exists; an existing one must still pass
     :func:`check_corrected_name` (it may have been created since the run checked it)."""
-    if _registered_model(client, name) is not None:
-        check_corrected_name(client.tracking_uri, f"models:/{source_name}/0", name)
+    existing = _registered_model(client, name)
+    if existing is not None:
+        _check_registered(existing, name, source_name)
         return
     try:
         client.create_registered_model(name, tags={KIND_TAG: KIND, SOURCE_TAG: source_name}, description=(

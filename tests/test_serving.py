@@ -247,3 +247,19 @@ def test_the_registry_name_is_validated_with_the_other_parameters():
     for bad in ("", "a/b", "a@b"):
         with pytest.raises(ValidationError, match="corrected_model_name"):
             ReestimateParameters(corrected_model_name=bad)
+
+
+def test_the_registry_name_check_names_the_fix(mlflow_sqlite, tmp_path):
+    from labelshift.errors import InputError
+    from tasks.serving import KIND, KIND_TAG, SOURCE_TAG, check_corrected_name
+
+    uri = mlflow_sqlite(tmp_path)
+    client = MlflowClient(uri)
+    assert check_corrected_name(uri, "models:/fraud@production") == "fraud-shift-corrected"     # not there yet
+    client.create_registered_model("fraud-shift-corrected", tags={KIND_TAG: KIND, SOURCE_TAG: "fraud"})
+    assert check_corrected_name(uri, "models:/fraud/3") == "fraud-shift-corrected"
+    with pytest.raises(InputError, match="holds the corrections of 'fraud', not of 'churn'.*--corrected-model-name"):
+        check_corrected_name(uri, "models:/churn@production", "fraud-shift-corrected")
+    client.create_registered_model("fraud-logs", tags={KIND_TAG: "reference"})
+    with pytest.raises(InputError, match="tag labelshift.kind = 'reference', expected 'shift-corrected'"):
+        check_corrected_name(uri, "models:/fraud@production", "fraud-logs")
