@@ -299,6 +299,16 @@ OnInvalidParam = Annotated[Literal["quarantine", "error"], Field(
                 "the good batches (it is tried again once its content changes); 'error' fails the run, naming every "
                 "bad batch, and counts nothing.")]
 BatchSizeParam = Annotated[int, Field(ge=1, le=1_000_000, description="Rows per forward pass of the model.")]
+RegisterCorrectedParam = Annotated[bool, Field(
+    description="On a 'Shifted' verdict (trusted, label shift not rejected), register a new version of the corrected "
+                "model in the MLflow registry -- the deployed model (or, for prediction logs, its outputs) with its "
+                "calibrator and the estimated weights, as a pyfunc returning p_t(y|x) -- and move its alias "
+                "'shift-corrected' to it. Never under any other verdict. See docs/serving.md.")]
+CorrectedModelNameParam = Annotated[str | None, Field(
+    min_length=1, pattern=r"^[^/@:]+$",
+    description="Registry name of the corrected model (with register_corrected). A registered model of that name "
+                "must not exist yet or be one this flow made (tag labelshift.kind = shift-corrected). When not set: "
+                "<deployed model's name>-shift-corrected.")]
 
 
 class ReestimateParameters(BaseModel):
@@ -326,6 +336,8 @@ class ReestimateParameters(BaseModel):
     max_interval_width: MaxWidthParam = ASSESSMENT.max_interval_width
     on_changed: OnChangedParam = "error"
     on_invalid: OnInvalidParam = "quarantine"
+    register_corrected: RegisterCorrectedParam = False
+    corrected_model_name: CorrectedModelNameParam = None
 
     @model_validator(mode="after")
     def _interval_fits_estimator(self) -> "ReestimateParameters":

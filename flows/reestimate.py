@@ -44,7 +44,8 @@ from flows.links import flow_run_info
 from flows.params import (BatchSizeParam, CalibratorParam, CrossCheckParam, EstimatorParam, ExperimentParam,
                           IntervalParam, LabelShiftSignificanceParam, LevelParam, MaxWidthParam, ModelParam,
                           NBootstrapParam, OnChangedParam, OnInvalidParam, ReestimateParameters, SeedParam,
-                          SignificanceParam, TargetParam, TrackingParam, documented)
+                          SignificanceParam, TargetParam, TrackingParam, RegisterCorrectedParam,
+                          CorrectedModelNameParam, documented)
 from flows.params import DEFAULT_MODEL  # noqa: F401 - re-exported
 from flows.summary import headline as _headline
 from flows.summary import summary_markdown
@@ -59,6 +60,7 @@ from tasks.reestimation import (catch_up_monitor, end_run, estimate_shift, histo
                                 log_rejections, parse_model_uri, render_figure, start_reestimation_run,
                                 sync_monitor)
 from tasks.references import class_names_of, load_for_reestimation, score_for_reestimation, write_for_reestimation
+from tasks.serving import check_corrected_name, register_if_shifted
 from tasks.tracking import check_tracking_server, git_commit, run_url
 
 _log_user_errors_once()
@@ -295,7 +297,9 @@ def _complete(summary: dict, store, env, runs, t0: float, logger) -> Completed:
     summary["seconds"] = time.perf_counter() - t0
     summary["links"] = {"MLflow run": summary["mlflow"]["ui"] or f"run {runs['run_id']} in experiment "
                                                                   f"'{env.experiment_name}'",
-                        "watermark": store.url("_labelshift/watermark.json")}
+                        "watermark": store.url("_labelshift/watermark.json"),
+                        **({"corrected model": summary["corrected_model"]["version_uri"]}
+                           if summary.get("corrected_model") else {})}
     word = summary["verdict"]
     _publish(summary, f"re-estimation verdict: {word}", logger)
     logger.info("%s -- %s", word, summary["headline"])
@@ -322,6 +326,8 @@ def reestimate(
     max_interval_width: MaxWidthParam = DEFAULTS.max_interval_width,
     on_changed: OnChangedParam = DEFAULTS.on_changed,
     on_invalid: OnInvalidParam = DEFAULTS.on_invalid,
+    register_corrected: RegisterCorrectedParam = DEFAULTS.register_corrected,
+    corrected_model_name: CorrectedModelNameParam = DEFAULTS.corrected_model_name,
 ):
     """Re-estimate the target label distribution from the target batches that arrived since the last success.
 
@@ -345,6 +351,9 @@ def reestimate(
     # 2. MLflow reachable before any work; model, calibrator and source holdout from the registry; the child run
     check_tracking_server(env.tracking_uri)
     bundle, classes = _load_model(p, env, logger)
+    # the corrected model's registry name, checked before anything is written (docs/serving.md)
+    corrected_as = (check_corrected_name(env.tracking_uri, p.model, p.corrected_model_name)
+                    if p.register_corrected else None)
     runs = _start_run(p, env, store, bundle, watermark, len(batches))
     try:
         # 3. calibrated probabilities of every new row
@@ -356,6 +365,10 @@ def reestimate(
         record = _log(report, summary, bundle, classes, watermark, env, runs, rejected)
         # 5. outputs beside each batch; then -- only then -- 6. the watermark, which counts the batches either way
         _write_outputs(report, summary, bundle, target_uri, scored)
+        if corrected_as:    # before the commit: a failed registration fails the run and the watermark stays
+            summary["corrected_model"] = register_if_shifted(bundle, report, tracking_uri=env.tracking_uri,
+                                                             name=corrected_as, run_id=runs["run_id"],
+                                                             target=store.uri, sequence=runs["sequence"])
         committed = _commit(store, watermark, scored.batches, record, runs["run_id"], rejected=scored.rejected)
     except BaseException as exc:
         _end_failed_run(exc, env, runs, logger)

@@ -263,8 +263,9 @@ class _PlainText:
 
     @staticmethod
     def links(summary: dict) -> list[str]:
-        ml = summary.get("mlflow", {})
-        return ["", f"  MLflow run: {ml.get('ui') or ml.get('run_id')}",
+        ml, cm = summary.get("mlflow", {}), summary.get("corrected_model")
+        return [*([f"  corrected model: {cm['model_uri']} (version {cm['version']}; docs/serving.md)"] if cm else []),
+                "", f"  MLflow run: {ml.get('ui') or ml.get('run_id')}",
                 f"  outputs:    {len(summary.get('outputs', []))} corrected arrays beside the batches under "
                 f"{summary['target']}" + (f" -- none written: {summary['outputs_withheld']}"
                                           if summary.get("outputs_withheld") else "")]

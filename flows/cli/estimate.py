@@ -55,6 +55,8 @@ OPTIONS: dict[str, Opt] = {
                            "named)",
                       default="such a batch is rejected: recorded in the watermark with its reason, not counted, "
                               "and the run goes on with the good ones"),
+    "register_corrected": Opt(const=True, default="nothing is registered"),
+    "corrected_model_name": Opt(metavar="NAME", default="<model name>-shift-corrected"),
 }
 
 

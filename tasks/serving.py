@@ -1,0 +1,390 @@
+"""A corrected model to serve: on a trusted "Shifted" verdict, a new version of an MLflow pyfunc that returns
+p_t(y|x) proportional to w_y f_y(x), registered beside the deployed model.
+
+The pyfunc (:func:`corrected_model_class`, an ``mlflow.pyfunc.PythonModel``) holds a copy of the deployed model
+version (input mode), its calibrator and the estimated weights w; in prediction-log mode it holds no model and
+takes the deployed model's outputs as its input. Its ``predict`` computes what the ``reestimate`` flow writes beside
+each batch (``NAME.corrected.npy`` / ``.corrected.parquet``): the same scoring (:func:`tasks.reestimation._forward`,
+:func:`tasks.references._model_scores`), the same float32 rounding of the raw outputs before the calibrator, and
+:func:`labelshift.estimation.diagnostics.correct_predictions` (Saerens et al. 2002; Garg et al., NeurIPS 2020,
+Section 2) -- so the two agree to float precision -- and adds the corrected class (the arg max).
+
+:func:`check_corrected_name` runs before a re-estimation does any work (a name taken by another kind of model fails
+the run with nothing written, nothing registered and the watermark as it was); :func:`register_if_shifted` runs
+after the outputs are written and before the watermark moves, and registers only under "Shifted". What is recorded
+on each version, and how to serve it, is in ``docs/serving.md``.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import tempfile
+from pathlib import Path
+import warnings
+from types import SimpleNamespace
+
+import mlflow
+import mlflow.pyfunc
+import numpy as np
+from mlflow import MlflowClient
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from labelshift.calibration import load_calibrator
+from labelshift.errors import InputError
+from labelshift.estimation.diagnostics import correct_predictions
+from labelshift.inference.report import ShiftReport
+from labelshift.monitoring.batches import OutputSpec, read_outputs
+from tasks.reestimation import _forward, parse_model_uri
+
+__all__ = ["KIND", "KIND_TAG", "ALIAS", "CLASS_COLUMN", "corrected_model_class", "load_state", "corrected_frame",
+           "calibrated", "corrected_name", "check_corrected_name", "register_if_shifted", "register_corrected_model"]
+
+#: value of the tag :data:`KIND_TAG` on a registered model (and its versions) made here; a registered model without
+#: it is another kind of model, and is never written to
+KIND = "shift-corrected"
+KIND_TAG = "labelshift.kind"
+#: registered-model tag naming the deployed model whose corrections it holds
+SOURCE_TAG = "labelshift.source_model"
+#: the alias that moves to each new version
+ALIAS = "shift-corrected"
+#: suffix of the default registry name, ``<deployed model's name>-shift-corrected``
+NAME_SUFFIX = "-shift-corrected"
+#: the output column of the corrected class (the class names are the other columns)
+CLASS_COLUMN = "corrected_class"
+#: the artifact path of the model in its logged-model record, and the JSON the pyfunc loads
+ARTIFACT = "shift-corrected"
+CORRECTION_FORMAT = "labelshift-shift-corrected"
+#: rows per forward pass of a PyTorch model (the flow's default batch size)
+BATCH_SIZE = 1024
+
+
+def corrected_name(model_name: str, name: str | None = None) -> str:
+    """The registry name of the corrected model: ``name`` when given, else ``<model_name>-shift-corrected``."""
+    return name or f"{model_name}{NAME_SUFFIX}"
+
+
+def check_corrected_name(tracking_uri: str, model_uri: str, name: str | None = None) -> str:
+    """The registry name the corrections of ``model_uri`` go to, checked before anything is computed.
+
+    A registered model of that name may not exist yet (it is created on the first "Shifted" run) or must carry the
+    tag ``labelshift.kind = shift-corrected`` and hold corrections of the same deployed model. Raises InputError
+    naming the fix otherwise (the deployed model's own name, or any model registered some other way)."""
+    model_name = parse_model_uri(model_uri)[0]
+    name = corrected_name(model_name, name)
+    if name == model_name:
+        raise InputError(f"corrected_model_name {name!r} is the deployed model's own name; the corrected model needs "
+                         f"a registered model of its own. {_fix(model_name)}")
+    _check_registered(_registered_model(MlflowClient(tracking_uri=tracking_uri), name), name, model_name)
+    return name
+
+
+def _fix(model_name: str) -> str:
+    return (f"Choose another registry name (CLI --corrected-model-name NAME; flow parameter corrected_model_name), or "
+            f"leave it out for the default '{model_name}{NAME_SUFFIX}'. Nothing was registered and the watermark did "
+            "not move.")
+
+
+def _check_registered(registered, name: str, model_name: str) -> None:
+    """Raise InputError unless ``registered`` (the registered model ``name``, or None) is absent or a corrected model
+    of ``model_name``."""
+    if registered is None:
+        return
+    tags = registered.tags or {}
+    if tags.get(KIND_TAG) != KIND:
+        found = f"tag {KIND_TAG} = {tags[KIND_TAG]!r}" if KIND_TAG in tags else f"no tag {KIND_TAG}"
+        raise InputError(f"registered model {name!r} exists and is not a labelshift shift-corrected model ({found}, "
+                         f"expected {KIND!r}); its versions would be mixed with corrected ones. {_fix(model_name)}")
+    if tags.get(SOURCE_TAG) not in (None, model_name):
+        raise InputError(f"registered model {name!r} holds the corrections of {tags[SOURCE_TAG]!r}, not of "
+                         f"{model_name!r}. {_fix(model_name)}")
+
+
+def _registered_model(client: MlflowClient, name: str):
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_registered_model(name)
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+
+
+# -- the pyfunc --------------------------------------------------------------------------------------------------------
+@functools.cache
+def corrected_model_class() -> type:
+    """The pyfunc class of a corrected model, made on first use and once (MLflow inspects a ``PythonModel`` subclass
+    when it is defined, and warns about its untyped ``predict``: that needs to happen only where one is registered).
+
+    Its ``predict`` takes what the deployed model takes (input mode: an array of shape (n, *input shape), or a
+    DataFrame with the signature's columns) or, in prediction-log mode, the deployed model's outputs (a DataFrame with
+    one column per class name or one list column, or an (n, k) array), and returns a DataFrame with one column per
+    class name -- p_t(y|x) proportional to w_y f_y(x), f the calibrated source posterior -- and :data:`CLASS_COLUMN`,
+    the name of the most probable class (:func:`corrected_frame`). Its artifacts: ``correction`` (the JSON of
+    :func:`correction_doc`) and, in input mode, ``deployed`` (a copy of the deployed model version)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+
+        class ShiftCorrectedModel(mlflow.pyfunc.PythonModel):
+            """The deployed model corrected to its target's label distribution (:func:`corrected_model_class`)."""
+
+            def load_context(self, context):
+                self.state = load_state(context.artifacts)
+
+            def predict(self, context, model_input, params=None):
+                return corrected_frame(self.state, model_input)
+
+    return ShiftCorrectedModel
+
+
+def load_state(artifacts: dict) -> SimpleNamespace:
+    """What ``predict`` needs, from the model's artifacts (local paths): the correction JSON, its calibrator and
+    weights, and the deployed model (input mode)."""
+    doc = json.loads(Path(artifacts["correction"]).read_text())
+    model = _load_deployed(artifacts["deployed"], doc["mode"]) if doc["mode"] != "outputs" else None
+    return SimpleNamespace(doc=doc, class_names=list(doc["class_names"]), calibrator=load_calibrator(doc["calibrator"]),
+                           weights=np.asarray(doc["weights"], dtype=np.float64), model=model)
+
+
+def corrected_frame(state: SimpleNamespace, model_input):
+    """p_t(y|x) of each row (:func:`labelshift.estimation.diagnostics.correct_predictions` of :func:`calibrated`),
+    one column per class, and the corrected class in :data:`CLASS_COLUMN`."""
+    import pandas as pd
+
+    corrected = correct_predictions(calibrated(state, model_input), state.weights)
+    out = pd.DataFrame(corrected, columns=state.class_names)
+    out[CLASS_COLUMN] = np.asarray(state.class_names, dtype=object)[corrected.argmax(axis=1)]
+    return out
+
+
+def calibrated(state: SimpleNamespace, model_input) -> np.ndarray:
+    """f(x), the calibrated source posterior of each row, computed as the flow computes it: the deployed model's
+    scores (as :mod:`tasks.references` scores a batch) rounded to float32, then the calibrator; prediction logs'
+    probabilities kept in float32, as the flow keeps them."""
+    doc = state.doc
+    if doc["mode"] == "outputs":
+        raw = _outputs(model_input, OutputSpec(tuple(state.class_names), doc["output_kind"]))
+        return state.calibrator.predict_proba(raw.astype(np.float64)).astype(np.float32)
+    x = _inputs(model_input, doc)
+    if doc["mode"] == "pytorch":
+        scores = _forward(state.model, x, BATCH_SIZE)
+    else:
+        from tasks.references import _model_scores
+
+        scorer = SimpleNamespace(mode=doc["mode"], model=state.model, output_method=doc.get("output_method"),
+                                 input_columns=doc.get("input_columns"), uri=doc["source_model"]["uri"],
+                                 n_classes=len(state.class_names))
+        scores = _model_scores(scorer, x)
+    return state.calibrator.predict_proba(np.asarray(scores).astype(np.float32).astype(np.float64))
+
+
+def _load_deployed(path: str, mode: str):
+    if mode == "pytorch":
+        import mlflow.pytorch
+
+        return mlflow.pytorch.load_model(path, map_location="cpu")
+    if mode == "sklearn":
+        import mlflow.sklearn
+
+        return mlflow.sklearn.load_model(path)
+    return mlflow.pyfunc.load_model(path)
+
+
+def _inputs(model_input, doc: dict) -> np.ndarray:
+    """The model inputs of a request as the flow reads a batch: float32, checked against the input columns or
+    shape."""
+    import pandas as pd
+
+    columns, shape = doc.get("input_columns"), doc.get("input_shape")
+    if isinstance(model_input, pd.DataFrame) and columns:
+        missing = [c for c in columns if c not in model_input.columns]
+        if missing:
+            raise InputError(f"the input lacks the model's column(s) {missing[:10]}; send the columns of its "
+                             f"signature ({', '.join(columns[:8])}{' ...' if len(columns) > 8 else ''}).")
+        model_input = model_input[columns]
+    x = np.asarray(model_input.to_numpy() if isinstance(model_input, pd.DataFrame) else model_input, dtype=np.float32)
+    if shape and x.ndim >= 1 and x.shape[1:] != tuple(shape):
+        if x.ndim == 2 and x.shape[1] == int(np.prod(shape)):
+            x = x.reshape((len(x), *shape))
+        else:
+            raise InputError(f"the input has shape {x.shape}, the model takes (n, {', '.join(map(str, shape))}); "
+                             "send one row per example.")
+    if not np.isfinite(x).all():
+        raise InputError("the input holds NaN or infinite values; drop or impute those rows.")
+    return np.ascontiguousarray(x)
+
+
+def _outputs(model_input, spec: OutputSpec) -> np.ndarray:
+    """The deployed model's outputs of a request, (n, k) float32, read and checked as a prediction-log batch
+    (:func:`labelshift.monitoring.batches.read_outputs`): class columns or one list column, or an (n, k) array."""
+    import io
+
+    import pandas as pd
+
+    buf = io.BytesIO()
+    if isinstance(model_input, pd.DataFrame):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pandas(model_input, preserve_index=False), buf)
+        return read_outputs(buf.getvalue(), "parquet", spec, "the request")
+    np.save(buf, np.asarray(model_input), allow_pickle=False)
+    return read_outputs(buf.getvalue(), "npy", spec, "the request")
+
+
+# -- registration ------------------------------------------------------------------------------------------------------
+def _mode(bundle) -> str:
+    return getattr(bundle, "mode", None) or "pytorch"
+
+
+def correction_doc(bundle, report: ShiftReport, *, run_id: str, target: str, sequence: int) -> dict:
+    """What the pyfunc loads and what the version records: the weights and their interval, the calibrator, the
+    classes, the mode, the deployed model version and the run that estimated the weights."""
+    from tasks.references import class_names_of
+
+    ci = report.interval.to_dict()
+    return {"format": CORRECTION_FORMAT, "version": 1, "mode": _mode(bundle), "class_names": class_names_of(bundle),
+            "output_kind": getattr(bundle, "output_kind", "logits"),
+            "output_method": getattr(bundle, "output_method", None),
+            "input_columns": list(bundle.input_columns) if getattr(bundle, "input_columns", None) else None,
+            "input_shape": list(bundle.input_shape) if getattr(bundle, "input_shape", None) else None,
+            "calibrator_name": bundle.calibrator_name, "calibrator": bundle.calibrator.to_dict(),
+            "weights": [float(v) for v in report.weights], "weights_lower": ci["weights_lower"],
+            "weights_upper": ci["weights_upper"], "target_prior": ci["target_prior"], "prior_lower": ci["lower"],
+            "prior_upper": ci["upper"], "source_prior": [float(v) for v in report.source_prior],
+            "interval": ci["method"], "level": ci["level"],
+            "estimator": report.method, "verdict": report.verdict,
+            "source_model": {"uri": f"models:/{bundle.name}/{bundle.version}", "name": bundle.name,
+                             "version": str(bundle.version), "run_id": bundle.run_id},
+            "estimation_run_id": run_id, "target": target, "sequence": sequence}
+
+
+@task(name="register-corrected-model", cache_policy=NO_CACHE, persist_result=False)
+def register_if_shifted(bundle, report: ShiftReport, *, tracking_uri: str, name: str, run_id: str, target: str,
+                        sequence: int) -> dict | None:
+    """Register the corrected model (:func:`register_corrected_model`) when the verdict is "Shifted" -- trusted,
+    label shift not rejected, the shift significant; None under every other verdict (nothing registered)."""
+    if report.verdict != "Shifted":
+        return None
+    return register_corrected_model(bundle, report, tracking_uri=tracking_uri, name=name, run_id=run_id,
+                                    target=target, sequence=sequence)
+
+
+def register_corrected_model(bundle, report: ShiftReport, *, tracking_uri: str, name: str, run_id: str,
+                             target: str, sequence: int, alias: str = ALIAS) -> dict:
+    """A new version of ``name``: the corrected pyfunc (:func:`corrected_model_class`) of ``bundle`` with
+    ``report``'s weights, logged as a model of the estimating run ``run_id``, tagged and described (docs/serving.md),
+    with ``alias`` moved to it. Returns {"name", "version", "alias", "model_uri", "version_uri"}."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    doc = correction_doc(bundle, report, run_id=run_id, target=target, sequence=sequence)
+    _ensure_registered_model(client, name, bundle.name)
+    mlflow.set_tracking_uri(tracking_uri)           # the fluent logging below resolves models:/ URIs through it
+    experiment_id = client.get_run(run_id).info.experiment_id
+    logged = mlflow.initialize_logged_model(name=ARTIFACT, source_run_id=run_id, experiment_id=experiment_id,
+                                            tags={KIND_TAG: KIND})
+    with tempfile.TemporaryDirectory(prefix="labelshift-corrected-") as tmp:
+        path = Path(tmp) / "correction.json"
+        path.write_text(json.dumps(doc, indent=1))
+        artifacts = {"correction": str(path)}
+        if doc["mode"] != "outputs":
+            artifacts["deployed"] = doc["source_model"]["uri"]       # copied into the new model
+        _log_quietly(logged.model_id, corrected_model_class()(), artifacts, _signature(bundle),
+                     _requirements(doc["mode"]))
+    mv = client.create_model_version(name, source=f"models:/{logged.model_id}", run_id=run_id,
+                                     tags=version_tags(doc), description=version_description(doc),
+                                     model_id=logged.model_id, await_creation_for=120)
+    client.set_registered_model_alias(name, alias, mv.version)
+    client.set_tag(run_id, "labelshift.corrected_model", f"models:/{name}/{mv.version}")
+    return {"name": name, "version": str(mv.version), "alias": alias, "model_uri": f"models:/{name}@{alias}",
+            "version_uri": f"models:/{name}/{mv.version}"}
+
+
+def _log_quietly(model_id: str, python_model, artifacts: dict, signature, requirements: list[str]) -> None:
+    """``mlflow.pyfunc.log_model`` into the logged model ``model_id``, without its notes on pickled models and on
+    the missing input example (the signature is the deployed model's)."""
+    quiet = logging.getLogger("mlflow.pyfunc")
+    level, quiet.level = quiet.level, logging.ERROR
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            mlflow.pyfunc.log_model(name=ARTIFACT, python_model=python_model, artifacts=artifacts, signature=signature,
+                                    pip_requirements=requirements, model_id=model_id)
+    finally:
+        quiet.level = level
+
+
+def _ensure_registered_model(client: MlflowClient, name: str, source_name: str) -> None:
+    """Create the registered model ``name`` with its tags, unless it exists; an existing one must still pass
+    :func:`check_corrected_name` (it may have been created since the run checked it)."""
+    existing = _registered_model(client, name)
+    if existing is not None:
+        _check_registered(existing, name, source_name)
+        return
+    try:
+        client.create_registered_model(name, tags={KIND_TAG: KIND, SOURCE_TAG: source_name}, description=(
+            f"{source_name} corrected to the label distribution of its target: each version reweights the "
+            f"calibrated outputs by the importance weights of one re-estimation (alias '{ALIAS}': the latest). "
+            "Made by the labelshift reestimate flow; docs/serving.md."))
+    except Exception:
+        if _registered_model(client, name) is None:     # else: created meanwhile by another run
+            raise
+
+
+def _signature(bundle):
+    """The deployed model's input schema in input mode (requests are checked against it when served); none in
+    prediction-log mode (outputs come as class columns, one list column or an array)."""
+    from mlflow.models import ModelSignature
+
+    if _mode(bundle) == "outputs":
+        return None
+    info = mlflow.models.get_model_info(f"models:/{bundle.name}/{bundle.version}")
+    if info.signature is None or info.signature.inputs is None:
+        return None
+    return ModelSignature(inputs=info.signature.inputs)
+
+
+def _requirements(mode: str) -> list[str]:
+    """What the model needs besides the labelshift package itself, which is not on PyPI: serve it in an environment
+    where labelshift is installed (``--env-manager local``; docs/serving.md)."""
+    extra = {"pytorch": ["torch"], "sklearn": ["scikit-learn"]}.get(mode, [])
+    return ["mlflow", "numpy", "pandas", "pyarrow", *extra]
+
+
+def _numbers(values) -> str:
+    return json.dumps([None if v is None else round(float(v), 6) for v in values])
+
+
+def version_tags(doc: dict) -> dict[str, str]:
+    """The tags of a corrected version: its kind, the deployed model version, the weights with their interval and
+    the run that estimated them (docs/serving.md)."""
+    src = doc["source_model"]
+    return {KIND_TAG: KIND, "labelshift.source_model": src["uri"], "labelshift.source_model_name": src["name"],
+            "labelshift.source_model_version": src["version"], "labelshift.source_run_id": src["run_id"] or "",
+            "labelshift.estimation_run_id": doc["estimation_run_id"], "labelshift.mode": doc["mode"],
+            "labelshift.calibrator": doc["calibrator_name"], "labelshift.classes": json.dumps(doc["class_names"]),
+            "labelshift.weights": _numbers(doc["weights"]),
+            "labelshift.weights_lower": _numbers(doc["weights_lower"]),
+            "labelshift.weights_upper": _numbers(doc["weights_upper"]),
+            "labelshift.target_prior": _numbers(doc["target_prior"]),
+            "labelshift.interval": f"{doc['level']:.0%} {doc['interval']}", "labelshift.estimator": doc["estimator"],
+            "labelshift.target": doc["target"], "labelshift.sequence": str(doc["sequence"]),
+            "labelshift.verdict": doc["verdict"]}
+
+
+def version_description(doc: dict) -> str:
+    """The version's description: what it computes, from what, and a table of the weights (markdown)."""
+    src = doc["source_model"]
+    takes = "the deployed model's outputs (prediction-log mode)" if doc["mode"] == "outputs" else \
+        "the deployed model's inputs"
+    lines = [f"{src['uri']} corrected to the label distribution of {doc['target']}: p_t(y|x) proportional to "
+             f"w_y f_y(x), f the {doc['calibrator_name']}-calibrated output. Takes {takes}; returns one column per "
+             f"class and '{CLASS_COLUMN}'. Weights estimated by {doc['estimator']} in MLflow run "
+             f"{doc['estimation_run_id']} (re-estimation {doc['sequence']}), {doc['level']:.0%} {doc['interval']} "
+             "intervals.", "", "| class | w | interval on w | target p_t |", "|---|---|---|---|"]
+    for c, n in enumerate(doc["class_names"]):
+        lo, hi = doc["weights_lower"][c], doc["weights_upper"][c]
+        span = "" if lo is None or hi is None else f"[{lo:.3f}, {hi:.3f}]"
+        lines.append(f"| {n} | {doc['weights'][c]:.3f} | {span} | {doc['target_prior'][c]:.4f} |")
+    return "\n".join(lines)
