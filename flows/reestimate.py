@@ -53,8 +53,10 @@ from labelshift.storage import open_store
 from tasks.reestimation import (catch_up_monitor, end_run, estimate_shift, history_record, log_reestimation,
                                 log_rejections, parse_model_uri, render_figure, start_reestimation_run,
                                 sync_monitor)
+from tasks.alerts import emit_verdict
 from tasks.references import class_names_of, load_for_reestimation, score_for_reestimation, write_for_reestimation
 from tasks.tracking import check_tracking_server, git_commit, run_url
+from flows.links import prefect_flow_run_url
 from flows.user_errors import install as _log_user_errors_once
 
 _log_user_errors_once()
@@ -347,7 +349,9 @@ def reestimate(
                 + " Nothing was counted. Fix or delete these batches and run again, or run with "
                   "on_invalid='quarantine' (CLI: without --fail-on-invalid) to go on with the good ones.")
         if not scored.batches:
-            return _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger)
+            state = _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger)
+            emit_verdict(state.data, model=bundle.describe(), prefect_run_url=prefect_flow_run_url(flow_run_id))
+            return state
         batches, probs = scored.batches, scored.probs
         # 4. the estimate, its uncertainty and identifiability, and the test of label shift itself
         report = estimate_shift(bundle, probs, estimator=estimator, cross_check=list(cross_check),
@@ -420,5 +424,6 @@ def reestimate(
     except Exception as exc:
         summary["warnings"].append(f"the Prefect artifact was not created ({type(exc).__name__}: {exc})")
         logger.warning(summary["warnings"][-1])
+    emit_verdict(summary, prefect_run_url=prefect_flow_run_url(flow_run_id))   # alerts: never fails the run
     logger.info("%s -- %s", word, summary["headline"])
     return Completed(name=word, message=summary["headline"], data=summary)
