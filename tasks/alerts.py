@@ -154,6 +154,10 @@ def emit_verdict(summary: dict, *, model: dict | None = None, prefect_run_url: s
 
         if summary.get("verdict") not in EVENT_NAMES:
             return None
+        if not summary.get("prefect_flow_run_id"):       # the summary of "No valid data" does not hold it
+            from prefect.runtime import flow_run
+
+            summary = {**summary, "prefect_flow_run_id": flow_run.id}
         event = verdict_event(summary, model=model, prefect_run_url=prefect_run_url)
         emit_event(**event)
         return event["event"]

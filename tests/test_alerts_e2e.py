@@ -97,6 +97,22 @@ def _ours(scope: str) -> list:
         return sorted(a.name for a in client.read_automations() if TAG in a.tags and a.name.endswith(f"({scope})"))
 
 
+def _wait_for_event(name: str, flow_run_id) -> dict:
+    """The stored event ``name`` of the flow run, polled from Prefect's events API up to :data:`DEADLINE_S`."""
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + DEADLINE_S
+    with get_client(sync_client=True) as client:
+        while True:
+            page = client.request("POST", "/events/filter", json={"filter": {"event": {"name": [name]}}}).json()
+            found = [e for e in page["events"] if e["payload"].get("prefect_flow_run_id") == str(flow_run_id)]
+            if found:
+                return found[0]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no event {name} of flow run {flow_run_id} within {DEADLINE_S} s")
+            time.sleep(0.5)
+
+
 def test_a_not_label_shift_run_notifies_the_webhook_once(prefect_server, sqlite_model, receiver, tmp_path,
                                                          monkeypatch, capsys):
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
@@ -157,6 +173,16 @@ def test_a_not_label_shift_run_notifies_the_webhook_once(prefect_server, sqlite_
                           "for the shift beyond the threshold")
         assert [m for m in receiver.messages if run_id in m.get("body", "")] == [message]
         assert not [m for m in receiver.messages if "total variation 0.05" in m.get("body", "")]
+
+        # a run whose every batch is rejected ends "No valid data" and emits its event too (no automation on it)
+        np.save(target / "day-2.npy", np.zeros((10, 5), np.float32))
+        state = reestimate(model=sqlite_model["model_uri"], target=str(target),
+                           tracking_uri=sqlite_model["tracking_uri"], return_state=True)
+        assert state.name == "No valid data", state.message
+        event = _wait_for_event("labelshift.verdict.no-valid-data", state.state_details.flow_run_id)
+        assert event["resource"]["labelshift.model"] == MODEL_NAME
+        assert event["resource"]["prefect.resource.id"] == f"labelshift.target.{summary['target']}"
+        assert event["payload"]["rejected"] == ["day-2.npy"]
     finally:
         main(["alerts", "--home", home, "--model", MODEL_NAME, "--remove"])
     assert _ours(MODEL_NAME) == []
