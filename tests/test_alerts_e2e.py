@@ -141,6 +141,10 @@ def test_a_not_label_shift_run_notifies_the_webhook_once(prefect_server, sqlite_
         assert _ours(MODEL_NAME) == ["labelshift: Not label shift (alerts-e2e)",
                                      "labelshift: Shifted, total variation >= 20% (alerts-e2e)",
                                      "labelshift: Untrustworthy (alerts-e2e)"]
+        # an unknown block, once there are notification blocks: the error lists them
+        assert main(["alerts", "--home", home, "--block", "slack-webhook/nope", "--model", "other-model"]) == 2
+        assert "pick one of: custom-webhook/labelshift-alerts" in capsys.readouterr().err
+        assert _ours("other-model") == []
 
         # a real re-estimation that ends "Not label shift": source data plus a class the model never saw
         rng = np.random.default_rng(11)
