@@ -247,6 +247,19 @@ def _check_server() -> None:
                                       "PREFECT_API_URL")
 
 
+def _tagged(client, page: int = 100) -> list:
+    """Every automation tagged :data:`TAG`, page by page (the API answers at most its default limit at once)."""
+    from prefect.events.filters import AutomationFilter, AutomationFilterTags
+
+    only_ours = AutomationFilter(tags=AutomationFilterTags(all_=[TAG]))
+    found: list = []
+    while True:
+        batch = client.read_automations(automations=only_ours, limit=page, offset=len(found))
+        found += batch
+        if len(batch) < page:
+            return found
+
+
 def apply_alerts(plan: AlertPlan) -> dict:
     """Set up (or with ``plan.remove``, delete) the plan's automations on the Prefect server in use.
 
@@ -266,7 +279,7 @@ def apply_alerts(plan: AlertPlan) -> dict:
         block_ids = _save_blocks(plan) + block_ids
     done: dict = {"created": [], "updated": [], "deleted": [], "blocks": [str(b) for b in block_ids]}
     with get_client(sync_client=True) as client:
-        ours = [a for a in client.read_automations() if TAG in (a.tags or []) and a.name.endswith(f" ({plan.scope})")]
+        ours = [a for a in _tagged(client) if a.name.endswith(f" ({plan.scope})")]
         by_name: dict = {}
         for automation in ours:
             by_name.setdefault(automation.name, []).append(automation)
