@@ -40,7 +40,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Completed
 
-from flows.links import flow_run_info
+from flows.links import flow_run_info, prefect_flow_run_url
 from flows.params import (BatchSizeParam, CalibratorParam, CrossCheckParam, EstimatorParam, ExperimentParam,
                           IntervalParam, LabelShiftSignificanceParam, LevelParam, MaxWidthParam, ModelParam,
                           NBootstrapParam, OnChangedParam, OnInvalidParam, ReestimateParameters, SeedParam,
@@ -59,6 +59,7 @@ from stack import settings as settings_mod
 from tasks.reestimation import (catch_up_monitor, end_run, estimate_shift, history_record, log_reestimation,
                                 log_rejections, parse_model_uri, render_figure, start_reestimation_run,
                                 sync_monitor)
+from tasks.alerts import emit_verdict
 from tasks.references import class_names_of, load_for_reestimation, score_for_reestimation, write_for_reestimation
 from tasks.serving import check_corrected_name, register_if_shifted
 from tasks.tracking import check_tracking_server, git_commit, run_url
@@ -195,9 +196,9 @@ def _score(p: ReestimateParameters, bundle, target_uri: str, batches):
     return scored, rejected
 
 
-def _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger):
+def _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger, bundle):
     """No new batch passed its checks: record the rejected ones (if any) in the watermark, list them in MLflow and
-    the artifact, end the MLflow run, and complete as "No valid data"."""
+    the artifact, end the MLflow run, emit the verdict's event, and complete as "No valid data"."""
     names = ", ".join(r["key"] for r in [*rejected, *scored.skipped])
     headline = (f"No valid data: none of the {len(rejected) + len(scored.skipped)} new batch(es) under {store.uri} "
                 f"could be used ({names}). " + ("Rejected batches are recorded in the watermark and not tried again "
@@ -220,6 +221,7 @@ def _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger):
         logger.warning("MLflow run %s could not be marked FINISHED (%s: %s)", runs["run_id"], type(exc).__name__, exc)
     logger.warning(summary["headline"])
     _publish(summary, f"re-estimation verdict: {Verdict.NO_VALID_DATA}", logger)
+    emit_verdict(summary, model=bundle.describe(), prefect_run_url=prefect_flow_run_url(runs["flow_run_id"]))
     return Completed(name=Verdict.NO_VALID_DATA, message=summary["headline"], data=summary)
 
 
@@ -302,6 +304,7 @@ def _complete(summary: dict, store, env, runs, t0: float, logger) -> Completed:
                            if summary.get("corrected_model") else {})}
     word = summary["verdict"]
     _publish(summary, f"re-estimation verdict: {word}", logger)
+    emit_verdict(summary, prefect_run_url=prefect_flow_run_url(runs["flow_run_id"]))   # alerts: never fails the run
     logger.info("%s -- %s", word, summary["headline"])
     return Completed(name=word, message=summary["headline"], data=summary)
 
@@ -359,7 +362,7 @@ def reestimate(
         # 3. calibrated probabilities of every new row
         scored, rejected = _score(p, bundle, target_uri, batches)
         if not scored.batches:
-            return _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger)
+            return _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger, bundle)
         # 4. the estimate and its tests, logged to MLflow
         report, summary = _assess(p, bundle, classes, scored, rejected, store, env, runs)
         record = _log(report, summary, bundle, classes, watermark, env, runs, rejected)

@@ -50,7 +50,19 @@ ENV_CODE_DIR = "LABELSHIFT_CODE_DIR"
 #: the S3 server and its credentials: read by boto3 itself (``labelshift stack up`` writes them to its env.sh)
 ENV_AWS = ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
+#: the notification targets and thresholds of ``labelshift alerts`` (docs/alerts.md)
+ENV_ALERT_WEBHOOK_URL = "LABELSHIFT_ALERT_WEBHOOK_URL"
+ENV_ALERT_SLACK_URL = "LABELSHIFT_ALERT_SLACK_WEBHOOK_URL"
+ENV_ALERT_EMAIL_TO = "LABELSHIFT_ALERT_EMAIL_TO"
+ENV_ALERT_EMAIL_FROM = "LABELSHIFT_ALERT_EMAIL_FROM"
+ENV_ALERT_SENDGRID_KEY = "LABELSHIFT_ALERT_SENDGRID_API_KEY"
+ENV_ALERT_BLOCKS = "LABELSHIFT_ALERT_BLOCKS"
+ENV_ALERT_TV = "LABELSHIFT_ALERT_SHIFTED_TV"
+ENV_ALERT_ACCURACY_DROP = "LABELSHIFT_ALERT_SHIFTED_ACCURACY_DROP"
+
 DEFAULT_HOME = ".labelshift"
+#: total variation from which a Shifted verdict is alerted on, unless set
+DEFAULT_ALERT_TV = "0.10"
 DEFAULT_EXPERIMENT = "labelshift-reproduce"
 DEFAULT_TIMEZONE = "UTC"
 
@@ -64,6 +76,22 @@ class Variable:
     default: str
     flag: str = ""
 
+
+#: the variables of ``labelshift alerts`` (docs/alerts.md), the last rows of :data:`VARIABLES`
+ALERT_VARIABLES: tuple[Variable, ...] = (
+    Variable(ENV_ALERT_WEBHOOK_URL, "URL a custom webhook block of `alerts` posts to", "none", "`--webhook-url`"),
+    Variable(ENV_ALERT_SLACK_URL, "Slack incoming-webhook URL of `alerts`", "none", "`--slack-webhook-url`"),
+    Variable(ENV_ALERT_EMAIL_TO, "e-mail recipients of `alerts` (comma-separated; sent through SendGrid)", "none",
+             "`--email-to`"),
+    Variable(ENV_ALERT_EMAIL_FROM, "sender address of those e-mails", "none", "`--email-from`"),
+    Variable(ENV_ALERT_SENDGRID_KEY, "SendGrid API key of those e-mails", "none", ""),
+    Variable(ENV_ALERT_BLOCKS, "existing notification blocks of `alerts`, `TYPE/NAME` comma-separated", "none",
+             "`--block`"),
+    Variable(ENV_ALERT_TV, "total variation from which `alerts` notifies of a Shifted verdict (`off`: never)",
+             f"`{DEFAULT_ALERT_TV}`", "`--shifted-tv`"),
+    Variable(ENV_ALERT_ACCURACY_DROP, "accuracy drop from which `alerts` notifies of a Shifted verdict", "`off`",
+             "`--shifted-accuracy-drop`"),
+)
 
 #: every environment variable the project reads, in the order of the table in docs/operations.md
 VARIABLES: tuple[Variable, ...] = (
@@ -93,7 +121,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(ENV_AWS[0], "endpoint of the S3 server of `s3://` stores (read by boto3)", "AWS's own endpoint", ""),
     Variable(ENV_AWS[1], "S3 access key (read by boto3)", "boto3's credential chain", ""),
     Variable(ENV_AWS[2], "S3 secret key (read by boto3)", "boto3's credential chain", ""),
+    *ALERT_VARIABLES,
 )
+
 
 
 def read(name: str, environ: Mapping[str, str] | None = None) -> str | None:

@@ -9,6 +9,7 @@
     labelshift report [--out DIR]    a markdown results page (tables, figures, the paper's claims) from MLflow
     labelshift estimate --model M    re-estimate the target label distribution of new data once (reestimate flow)
     labelshift reference register    register a reference (calibrator, holdout, class names) for prediction logs
+    labelshift alerts [options]      automations that notify (webhook, Slack, e-mail) on re-estimation verdicts
 
 One module per subcommand; each registers its parser and handler, and shares only :mod:`flows.cli._common`. The
 commands that run a flow (``reproduce``, ``estimate``) build their options from the flow's parameter model in
@@ -22,7 +23,7 @@ import argparse
 import sys
 
 from stack import settings as settings_mod
-from flows.cli import data, estimate, reference, report, reproduce, serve, where
+from flows.cli import alerts, data, estimate, reference, report, reproduce, serve, where
 from flows.cli._common import PROG, UsageError, add_common
 from flows.cli.reproduce import parameters_from_args
 
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.register(sub)
     estimate.register(sub)
     reference.register(sub)
+    alerts.register(sub)
     try:
         from stack import supervisor as stack  # written separately; the command is optional until it exists
     except ImportError:

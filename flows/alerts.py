@@ -1,0 +1,302 @@
+"""The shipped automations on the verdict events of re-estimation, and their idempotent creation (docs/alerts.md).
+
+:func:`check_alerts` turns the operator's choices into an :class:`AlertPlan`, or raises :class:`InputError` naming
+the fix -- before anything is created. :func:`apply_alerts` then, on a Prefect server:
+
+1. saves the notification blocks the plan names (a custom webhook, Slack, SendGrid email) under fixed names,
+   overwriting their previous version, and loads the existing blocks it refers to by ``<type slug>/<name>``;
+2. creates or updates one automation per alert (:func:`automation_specs`), found again by its name, and deletes the
+   shipped automations of the same scope the plan no longer asks for.
+
+Running it twice leaves one automation per alert: the second run updates them. Every automation is tagged
+:data:`TAG`; its trigger is reactive, one event fires it once, and its actions send one notification per block.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from labelshift.errors import InputError, ServiceUnavailableError
+from tasks.alerts import EVENT_NAMES, LABEL_ACCURACY_DROP_PERCENT, LABEL_MODEL, LABEL_TV_PERCENT, RESOURCE_PREFIX
+
+__all__ = ["TAG", "BLOCK_NAME", "AlertPlan", "AutomationSpec", "check_alerts", "check_url", "parse_threshold",
+           "automation_specs", "apply_alerts", "MESSAGE_SUBJECT", "MESSAGE_BODY"]
+
+#: the tag of every automation this module manages
+TAG = "labelshift-alerts"
+#: the name of each notification block this module saves (per kind: custom-webhook, slack-webhook, sendgrid-email)
+BLOCK_NAME = "labelshift-alerts"
+_EMAIL = re.compile(r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$")
+
+#: what each notification says (Jinja, rendered by Prefect's actions service from the triggering event)
+MESSAGE_SUBJECT = "labelshift: {{ event.payload.verdict }} -- {{ event.payload.model.name }} on {{ event.payload.target }}"
+MESSAGE_BODY = """{{ event.payload.verdict }}: model {{ event.payload.model.name }} v{{ event.payload.model.version }} \
+on {{ event.payload.target }}
+{{ event.payload.headline }}
+{% if event.payload.prior_text %}prior (source -> target [{{ event.payload.prior.level }} interval]): \
+{{ event.payload.prior_text }}
+total variation {{ event.payload.total_variation }}; p-values: no shift {{ event.payload.p_values.no_shift }}, \
+label shift {{ event.payload.p_values.label_shift }}
+{% endif %}{% if event.payload.accuracy %}accuracy: {{ event.payload.accuracy.source }} on the source, expected \
+{{ event.payload.accuracy.expected }} on the target (drop {{ event.payload.accuracy.drop }})
+{% endif %}Prefect run: {{ event.payload.links.prefect_run or event.payload.prefect_flow_run_id }}
+MLflow run: {{ event.payload.links.mlflow_run or event.payload.mlflow_run_id }}"""
+
+
+@dataclass(frozen=True)
+class AlertPlan:
+    """What ``labelshift alerts`` sets up, checked.
+
+    Attributes:
+        webhook_url: the URL a custom webhook block POSTs to (JSON ``{"subject", "body", "text"}``), or None.
+        slack_url: a Slack incoming-webhook URL (a ``slack-webhook`` block), or None.
+        email_to, email_from, sendgrid_api_key: recipients, sender and key of a ``sendgrid-email`` block (all or
+            none).
+        blocks: existing notification blocks as ``<type slug>/<name>``.
+        tv_percent: Shifted alerts from this total variation on, in whole percents (None: no such alert).
+        accuracy_drop_percent: Shifted alerts from this accuracy drop on, in whole percents (None: none).
+        model: the registered model name the alerts are restricted to (None: every model).
+        remove: delete this scope's automations instead of creating them.
+    """
+
+    webhook_url: str | None = None
+    slack_url: str | None = None
+    email_to: tuple[str, ...] = ()
+    email_from: str | None = None
+    sendgrid_api_key: str | None = field(default=None, repr=False)
+    blocks: tuple[str, ...] = ()
+    tv_percent: int | None = 10
+    accuracy_drop_percent: int | None = None
+    model: str | None = None
+    remove: bool = False
+
+    @property
+    def scope(self) -> str:
+        """The automations' scope in their names: the model, or ``all models``."""
+        return self.model or "all models"
+
+
+@dataclass(frozen=True)
+class AutomationSpec:
+    """One automation: its name, what it says, the event it expects and the labels its resource must carry."""
+
+    name: str
+    description: str
+    event: str
+    match: dict
+
+
+def check_url(url: str, option: str) -> str:
+    """``url`` when it is an absolute http(s) URL with a host; else InputError naming ``option`` and the fix."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname or " " in url.strip():
+        raise InputError(f"{option} {url!r} is not an http(s) URL; pass one such as https://hooks.example.com/labelshift "
+                         "(scheme, host and path)")
+    return url.strip()
+
+
+def parse_threshold(value: str | float | None, option: str) -> int | None:
+    """A threshold given as a fraction in [0, 1] with at most two decimals (``0.1``, ``0.05``), in whole percents;
+    ``off`` or None: no alert. InputError otherwise, naming ``option``."""
+    if value is None or str(value).strip().lower() in ("off", "none", ""):
+        return None
+    try:
+        fraction = float(value)
+    except ValueError:
+        raise InputError(f"{option} {value!r} is not a number; pass a fraction such as 0.1, or 'off'") from None
+    if not 0.0 <= fraction <= 1.0:
+        raise InputError(f"{option} must be in [0, 1], got {fraction}; pass a fraction such as 0.1 (10%), or 'off'")
+    percent = round(fraction * 100)
+    if abs(fraction * 100 - percent) > 1e-6:
+        raise InputError(f"{option} {fraction} is not a whole percent (the events carry whole percents); pass "
+                         f"{percent / 100:.2f} or another multiple of 0.01")
+    return percent
+
+
+def check_alerts(*, webhook_url=None, slack_url=None, email_to=(), email_from=None, sendgrid_api_key=None,
+                 blocks=(), tv=None, accuracy_drop=None, model=None, remove=False,
+                 tv_option="--shifted-tv", drop_option="--shifted-accuracy-drop") -> AlertPlan:
+    """The plan, checked: URLs, e-mail addresses, thresholds and block references. Raises InputError naming the
+    option and the fix; nothing is created here (the blocks named by reference are checked by
+    :func:`apply_alerts`, before it creates anything)."""
+    refs = tuple(b.strip() for b in blocks if b.strip())
+    for ref in refs:
+        if ref.count("/") != 1 or not all(ref.split("/")):
+            raise InputError(f"--block {ref!r} must be <block type slug>/<block name>, e.g. sendgrid-email/ops "
+                             "(`prefect block ls` lists them)")
+    email_to = tuple(a.strip() for a in email_to if a.strip())
+    for address in (*email_to, *([email_from] if email_from else [])):
+        if not _EMAIL.match(address):
+            raise InputError(f"{address!r} is not an e-mail address; pass one such as ops@example.com")
+    if email_to and not (email_from and sendgrid_api_key):
+        raise InputError("--email-to needs --email-from and a SendGrid API key in $LABELSHIFT_ALERT_SENDGRID_API_KEY "
+                         "(or send e-mail through a block of your own with --block TYPE/NAME)")
+    plan = AlertPlan(webhook_url=check_url(webhook_url, "--webhook-url") if webhook_url else None,
+                     slack_url=check_url(slack_url, "--slack-webhook-url") if slack_url else None,
+                     email_to=email_to, email_from=email_from if email_to else None,
+                     sendgrid_api_key=sendgrid_api_key if email_to else None, blocks=refs,
+                     tv_percent=parse_threshold(tv, tv_option),
+                     accuracy_drop_percent=parse_threshold(accuracy_drop, drop_option),
+                     model=(model or "").strip() or None, remove=remove)
+    if not remove and not (plan.webhook_url or plan.slack_url or plan.email_to or plan.blocks):
+        raise InputError("no notification target: pass --webhook-url URL, --slack-webhook-url URL, --email-to "
+                         "ADDRESS or --block TYPE/NAME (or their environment variables, see --help)")
+    return plan
+
+
+def _at_least(percent: int) -> list[str]:
+    """The label values of ``floor(100 x) >= percent``: "percent" .. "100"."""
+    return [str(p) for p in range(percent, 101)]
+
+
+def automation_specs(plan: AlertPlan) -> list[AutomationSpec]:
+    """The automations of ``plan``: Not label shift and Untrustworthy always, Shifted from each threshold set."""
+    base = {"prefect.resource.id": RESOURCE_PREFIX + "*"}
+    if plan.model:
+        base[LABEL_MODEL] = plan.model
+    scope = f" ({plan.scope})"
+    specs = [AutomationSpec(f"labelshift: Not label shift{scope}",
+                            "The new data are not label-shifted source data: no corrected outputs were written.",
+                            EVENT_NAMES["Not label shift"], dict(base)),
+             AutomationSpec(f"labelshift: Untrustworthy{scope}", "The re-estimate cannot be trusted.",
+                            EVENT_NAMES["Untrustworthy"], dict(base))]
+    if plan.tv_percent is not None:
+        specs.append(AutomationSpec(
+            f"labelshift: Shifted, total variation >= {plan.tv_percent}%{scope}",
+            f"The label distribution shifted by a total variation of {plan.tv_percent}% or more.",
+            EVENT_NAMES["Shifted"], {**base, LABEL_TV_PERCENT: _at_least(plan.tv_percent)}))
+    if plan.accuracy_drop_percent is not None:
+        specs.append(AutomationSpec(
+            f"labelshift: Shifted, accuracy drop >= {plan.accuracy_drop_percent}%{scope}",
+            f"The label distribution shifted and the deployed model's expected accuracy dropped by "
+            f"{plan.accuracy_drop_percent} points or more.",
+            EVENT_NAMES["Shifted"], {**base, LABEL_ACCURACY_DROP_PERCENT: _at_least(plan.accuracy_drop_percent)}))
+    return specs
+
+
+def _automation(spec: AutomationSpec, block_ids: list):
+    from prefect.events.actions import SendNotification
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+
+    trigger = EventTrigger(expect={spec.event}, match=spec.match, posture=Posture.Reactive, threshold=1, within=0)
+    actions = [SendNotification(block_document_id=b, subject=MESSAGE_SUBJECT, body=MESSAGE_BODY) for b in block_ids]
+    return AutomationCore(name=spec.name, description=spec.description + " (managed by `labelshift alerts`)",
+                          enabled=True, tags=[TAG], trigger=trigger, actions=actions)
+
+
+def _existing_blocks(refs) -> list:
+    """The block document ids of the existing notification blocks ``refs``; InputError for one that is missing or
+    cannot notify, listing the notification blocks there are."""
+    from prefect.blocks.core import Block
+
+    ids = []
+    for ref in refs:
+        try:
+            block = Block.load(ref)
+        except Exception as exc:
+            raise InputError(f"--block {ref}: no such block on the Prefect server ({type(exc).__name__}: {exc}); "
+                             f"create it first (Prefect UI > Blocks, or `prefect block create`), or pick one of: "
+                             f"{', '.join(_notification_blocks()) or 'none yet'}") from None
+        if "notify" not in block.get_block_capabilities():
+            raise InputError(f"--block {ref} is not a notification block; pick one of: "
+                             f"{', '.join(_notification_blocks()) or 'none yet'}")
+        ids.append(block._block_document_id)
+    return ids
+
+
+def _notification_blocks() -> list[str]:
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            return sorted(f"{d.block_type.slug}/{d.name}" for d in client.read_block_documents(include_secrets=False)
+                          if d.name and d.block_type and "notify" in (d.block_schema.capabilities
+                                                                      if d.block_schema else []))
+    except Exception:
+        return []
+
+
+def _save_blocks(plan: AlertPlan) -> list:
+    """Save the blocks the plan describes (overwriting this command's earlier ones); their document ids."""
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock, SendgridEmail, SlackWebhook
+
+    ids = []
+    if plan.webhook_url:
+        ids.append(CustomWebhookNotificationBlock(
+            name=BLOCK_NAME, url=plan.webhook_url,
+            json_data={"subject": "{{subject}}", "body": "{{body}}", "text": "{{subject}}\n{{body}}"},
+        ).save(BLOCK_NAME, overwrite=True))
+    if plan.slack_url:
+        ids.append(SlackWebhook(url=plan.slack_url).save(BLOCK_NAME, overwrite=True))
+    if plan.email_to:
+        ids.append(SendgridEmail(api_key=plan.sendgrid_api_key, sender_email=plan.email_from,
+                                 to_emails=list(plan.email_to)).save(BLOCK_NAME, overwrite=True))
+    return ids
+
+
+def _check_server() -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    with get_client(sync_client=True) as client:
+        problem = client.api_healthcheck()
+    if problem is not None:
+        raise ServiceUnavailableError(f"the Prefect API at {PREFECT_API_URL.value()} did not answer ({problem}); "
+                                      "start it (`labelshift stack up`, or `prefect server start`) or fix "
+                                      "PREFECT_API_URL")
+
+
+def _tagged(client, page: int = 100) -> list:
+    """Every automation tagged :data:`TAG`, page by page (the API answers at most its default limit at once)."""
+    from prefect.events.filters import AutomationFilter, AutomationFilterTags
+
+    only_ours = AutomationFilter(tags=AutomationFilterTags(all_=[TAG]))
+    found: list = []
+    while True:
+        batch = client.read_automations(automations=only_ours, limit=page, offset=len(found))
+        found += batch
+        if len(batch) < page:
+            return found
+
+
+def apply_alerts(plan: AlertPlan) -> dict:
+    """Set up (or with ``plan.remove``, delete) the plan's automations on the Prefect server in use.
+
+    Checks the server and the referenced blocks first; only then saves blocks and writes automations. Returns
+    ``{"created": [names], "updated": [names], "deleted": [names], "blocks": [ids]}``.
+
+    Raises:
+        ServiceUnavailableError: the Prefect API does not answer.
+        InputError: a referenced block is missing or cannot notify.
+    """
+    from prefect.client.orchestration import get_client
+
+    _check_server()
+    wanted = [] if plan.remove else automation_specs(plan)
+    block_ids = [] if plan.remove else _existing_blocks(plan.blocks)     # checked before anything is written
+    if not plan.remove:
+        block_ids = _save_blocks(plan) + block_ids
+    done: dict = {"created": [], "updated": [], "deleted": [], "blocks": [str(b) for b in block_ids]}
+    with get_client(sync_client=True) as client:
+        ours = [a for a in _tagged(client) if a.name.endswith(f" ({plan.scope})")]
+        by_name: dict = {}
+        for automation in ours:
+            by_name.setdefault(automation.name, []).append(automation)
+        for spec in wanted:
+            found = by_name.pop(spec.name, [])
+            automation = _automation(spec, block_ids)
+            if found:
+                client.update_automation(found[0].id, automation)
+                done["updated"].append(spec.name)
+                found = found[1:]
+            else:
+                client.create_automation(automation)
+                done["created"].append(spec.name)
+            for extra in found:                   # duplicates made by hand or by an interrupted earlier run
+                client.delete_automation(extra.id)
+        for name, stale in by_name.items():
+            for automation in stale:
+                client.delete_automation(automation.id)
+            done["deleted"].append(name)
+    return done

@@ -1,0 +1,131 @@
+"""``labelshift alerts``: create or update the automations that notify on re-estimation verdicts (docs/alerts.md).
+
+    labelshift alerts --webhook-url https://hooks.example.com/labelshift --shifted-tv 0.15
+
+Needs a lasting Prefect server (``PREFECT_API_URL``): the automations live on it and its triggers service fires
+them. Everything is checked first (URLs, thresholds, the server, the blocks named by ``--block``); only then are
+blocks saved and automations written, by :func:`flows.alerts.apply_alerts`.
+"""
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+from stack import settings as settings_mod
+from flows.cli._common import UsageError, add_common, setup
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    s = settings_mod
+    p = sub.add_parser(
+        "alerts", help="notify (webhook, Slack, e-mail) on Not label shift, Untrustworthy and large shifts",
+        description=textwrap.fill(
+            "Create or update, on the Prefect server of PREFECT_API_URL, the automations that send a notification "
+            "when a re-estimation ends Not label shift, Untrustworthy, or Shifted by at least a total variation "
+            "(--shifted-tv) or an accuracy drop (--shifted-accuracy-drop). Every re-estimation emits a Prefect event "
+            "named for its verdict (labelshift.verdict.shifted, .not-label-shift, .untrustworthy, .no-shift, "
+            ".no-valid-data) that carries the model, the target, the headline, the prior with its interval, the "
+            "p-values and the links to the runs; the automations match those events. Idempotent: running it again "
+            "updates the automations (and drops a Shifted alert whose threshold was turned off), never duplicates "
+            "them. Nothing is created when an option is wrong.", 79),
+        epilog="examples:\n"
+               "  labelshift alerts --webhook-url https://hooks.example.com/labelshift\n"
+               "  labelshift alerts --slack-webhook-url https://hooks.slack.com/services/T/B/X --shifted-tv 0.2 \\\n"
+               "      --shifted-accuracy-drop 0.05 --model fraud-model\n"
+               f"  {s.ENV_ALERT_SENDGRID_KEY}=SG.xxx labelshift alerts --email-to ops@example.com "
+               "--email-from labelshift@example.com\n"
+               "  labelshift alerts --block mattermost-webhook/ops     # any notification block you created\n"
+               "  labelshift alerts --remove                           # delete these automations\n"
+               "A flag wins over its environment variable. Thresholds are fractions in whole percents (0.1 = 10%).\n"
+               "Exit status: 0 done, 1 the Prefect server is unreachable, 2 bad options or an unknown block "
+               "(nothing created).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(p, top=False)
+    n = p.add_argument_group("where notifications go (at least one)")
+    n.add_argument("--webhook-url", metavar="URL",
+                   help="POST a JSON message {subject, body, text} to this URL (a Custom Webhook block named "
+                        f"'labelshift-alerts') (default: ${s.ENV_ALERT_WEBHOOK_URL})")
+    n.add_argument("--slack-webhook-url", metavar="URL",
+                   help="post to Slack through this incoming-webhook URL (a Slack Webhook block) "
+                        f"(default: ${s.ENV_ALERT_SLACK_URL})")
+    n.add_argument("--email-to", metavar="ADDRESS,...",
+                   help="e-mail these addresses through SendGrid (a SendGrid Email block; the API key from "
+                        f"${s.ENV_ALERT_SENDGRID_KEY}) (default: ${s.ENV_ALERT_EMAIL_TO})")
+    n.add_argument("--email-from", metavar="ADDRESS",
+                   help=f"sender of those e-mails (default: ${s.ENV_ALERT_EMAIL_FROM})")
+    n.add_argument("--block", action="append", metavar="TYPE/NAME",
+                   help="also notify through this existing notification block, e.g. sendgrid-email/ops or "
+                        "microsoft-teams-webhook/ml (repeatable; `prefect block ls` lists them) "
+                        f"(default: ${s.ENV_ALERT_BLOCKS}, comma-separated)")
+    t = p.add_argument_group("when to notify (Not label shift and Untrustworthy always)")
+    t.add_argument("--shifted-tv", metavar="T",
+                   help="notify of a Shifted verdict whose total variation between source and target prior is at "
+                        f"least T, in [0, 1] by 0.01; 'off': never (default: ${s.ENV_ALERT_TV} or "
+                        f"{s.DEFAULT_ALERT_TV})")
+    t.add_argument("--shifted-accuracy-drop", metavar="D",
+                   help="notify of a Shifted verdict whose expected accuracy on the target is at least D below the "
+                        f"accuracy on the source, in [0, 1] by 0.01; 'off': never (default: ${s.ENV_ALERT_ACCURACY_DROP}"
+                        " or off)")
+    t.add_argument("--model", metavar="NAME",
+                   help="only the re-estimations of this registered model (NAME or models:/NAME@ALIAS) (default: "
+                        "every model); each scope has its own automations")
+    p.add_argument("--remove", action="store_true", help="delete the automations of this scope instead")
+    p.set_defaults(handler=run)
+
+
+def _model_name(value: str | None) -> str | None:
+    if not value:
+        return None
+    if value.startswith("models:/"):
+        return value[len("models:/"):].split("@", 1)[0].split("/", 1)[0] or None
+    return value
+
+
+def _listed(text: str | None) -> list[str]:
+    return [t for t in (text or "").split(",") if t.strip()]
+
+
+def plan_from_args(args):
+    """The checked :class:`flows.alerts.AlertPlan` of the command line and the environment; UsageError when wrong."""
+    from flows.alerts import check_alerts
+    from labelshift.errors import InputError
+
+    s, read = settings_mod, settings_mod.read
+    try:
+        return check_alerts(
+            webhook_url=args.webhook_url or read(s.ENV_ALERT_WEBHOOK_URL),
+            slack_url=args.slack_webhook_url or read(s.ENV_ALERT_SLACK_URL),
+            email_to=_listed(args.email_to or read(s.ENV_ALERT_EMAIL_TO)),
+            email_from=args.email_from or read(s.ENV_ALERT_EMAIL_FROM),
+            sendgrid_api_key=read(s.ENV_ALERT_SENDGRID_KEY),
+            blocks=args.block or _listed(read(s.ENV_ALERT_BLOCKS)),
+            tv=args.shifted_tv or read(s.ENV_ALERT_TV) or s.DEFAULT_ALERT_TV,
+            accuracy_drop=args.shifted_accuracy_drop or read(s.ENV_ALERT_ACCURACY_DROP),
+            model=_model_name(args.model), remove=args.remove)
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run(args) -> int:
+    plan = plan_from_args(args)                       # every option checked before anything is contacted
+    env = setup(args)
+    if env.prefect_api_url is None:
+        raise UsageError(f"alerts need a lasting Prefect server: the automations live on it and its triggers fire "
+                         f"them. Set {settings_mod.ENV_PREFECT_API_URL} (e.g. http://127.0.0.1:4200/api of "
+                         "`labelshift stack up` or `prefect server start`)")
+    from flows.alerts import apply_alerts
+    from labelshift.errors import InputError
+
+    try:
+        done = apply_alerts(plan)
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+    for word in ("created", "updated", "deleted"):
+        for name in done[word]:
+            print(f"{word} automation '{name}'")
+    if not plan.remove:
+        print(f"notifications through {len(done['blocks'])} block(s); every re-estimation emits "
+              "labelshift.verdict.<verdict> (docs/alerts.md)")
+    return 0

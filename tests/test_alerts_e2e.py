@@ -1,0 +1,192 @@
+"""Alerts end to end: ``labelshift alerts`` against the Prefect test server (whose triggers and actions services
+run: Prefect 3.9 runs them in its ephemeral server too), a real re-estimation that ends "Not label shift", and a
+webhook receiver on loopback that must get exactly one message for that run.
+
+"Exactly one" without a fixed sleep: after the run's message arrives, a sentinel event is emitted for the same model
+and target (an Untrustworthy verdict) that fires another of the shipped automations; Prefect handles the events of
+one sender in order, so when the sentinel's message has arrived, any duplicate of the run's would have too. Two
+Shifted events, below and above the threshold, check the threshold on the way.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import numpy as np
+import pytest
+
+from flows.cli import main
+from tests.reestimation_support import SOURCE_PRIOR, draw, register_model
+
+pytestmark = pytest.mark.integration
+
+MODEL_NAME = "alerts-e2e"
+#: seconds a notification may take from the event to the receiver (about 1-5 s here)
+DEADLINE_S = 90
+
+
+class Receiver:
+    """An HTTP server on loopback that keeps the JSON bodies POSTed to it."""
+
+    def __init__(self):
+        self.messages: list[dict] = []
+        self._cond = threading.Condition()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with outer._cond:
+                    outer.messages.append(json.loads(body or b"{}"))
+                    outer._cond.notify_all()
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def wait_for(self, predicate, what: str) -> dict:
+        """The first message for which ``predicate`` holds, waiting up to :data:`DEADLINE_S`."""
+        deadline = time.monotonic() + DEADLINE_S
+        with self._cond:
+            while True:
+                found = [m for m in self.messages if predicate(m)]
+                if found:
+                    return found[0]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no message {what} within {DEADLINE_S} s; got {self.messages}")
+                self._cond.wait(left)
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def sqlite_model(tmp_path_factory, mlflow_database_template):
+    import shutil
+
+    folder = tmp_path_factory.mktemp("alerts")
+    shutil.copyfile(mlflow_database_template, folder / "mlflow.db")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    return dict(register_model(uri, MODEL_NAME, n_holdout=3000), tracking_uri=uri, home=folder / "home")
+
+
+def _ours(scope: str) -> list:
+    from prefect.client.orchestration import get_client
+
+    from flows.alerts import TAG
+
+    with get_client(sync_client=True) as client:
+        return sorted(a.name for a in client.read_automations() if TAG in a.tags and a.name.endswith(f"({scope})"))
+
+
+def _wait_for_event(name: str, flow_run_id) -> dict:
+    """The stored event ``name`` of the flow run, polled from Prefect's events API up to :data:`DEADLINE_S`."""
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + DEADLINE_S
+    with get_client(sync_client=True) as client:
+        while True:
+            page = client.request("POST", "/events/filter", json={"filter": {"event": {"name": [name]}}}).json()
+            found = [e for e in page["events"] if e["payload"].get("prefect_flow_run_id") == str(flow_run_id)]
+            if found:
+                return found[0]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no event {name} of flow run {flow_run_id} within {DEADLINE_S} s")
+            time.sleep(0.5)
+
+
+def test_a_not_label_shift_run_notifies_the_webhook_once(prefect_server, sqlite_model, receiver, tmp_path,
+                                                         monkeypatch, capsys):
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+
+    from prefect.events import emit_event
+
+    from flows.reestimate import reestimate
+    from tasks.alerts import LABEL_TV_PERCENT, percent_label, verdict_event
+
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server)
+    home = str(sqlite_model["home"])
+    argv = ["alerts", "--home", home, "--webhook-url", receiver.url, "--model", MODEL_NAME, "--shifted-tv", "0.2"]
+    try:
+        # bad input first: an unknown block is named, nothing is created (not even the webhook block)
+        assert main([*argv, "--block", "custom-webhook/no-such-block"]) == 2
+        assert "--block custom-webhook/no-such-block: no such block" in capsys.readouterr().err
+        assert _ours(MODEL_NAME) == []
+        with pytest.raises(ValueError):
+            CustomWebhookNotificationBlock.load("labelshift-alerts")
+
+        # twice: the second run updates, never duplicates
+        assert main(argv) == 0
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert out.count("created automation") == 3 and out.count("updated automation") == 3, out
+        assert _ours(MODEL_NAME) == ["labelshift: Not label shift (alerts-e2e)",
+                                     "labelshift: Shifted, total variation >= 20% (alerts-e2e)",
+                                     "labelshift: Untrustworthy (alerts-e2e)"]
+        # an unknown block, once there are notification blocks: the error lists them
+        assert main(["alerts", "--home", home, "--block", "slack-webhook/nope", "--model", "other-model"]) == 2
+        assert "pick one of: custom-webhook/labelshift-alerts" in capsys.readouterr().err
+        assert _ours("other-model") == []
+
+        # a real re-estimation that ends "Not label shift": source data plus a class the model never saw
+        rng = np.random.default_rng(11)
+        x, _ = draw(SOURCE_PRIOR, 2400, rng)
+        target = tmp_path / "target"
+        target.mkdir()
+        np.save(target / "day-1.npy", np.concatenate([x, 0.3 * rng.standard_normal((600, 2)).astype(np.float32)]))
+        state = reestimate(model=sqlite_model["model_uri"], target=str(target),
+                           tracking_uri=sqlite_model["tracking_uri"], return_state=True)
+        assert state.name == "Not label shift", state.message
+        summary = state.result()
+        run_id = summary["prefect_flow_run_id"]
+        message = receiver.wait_for(lambda m: run_id in m.get("body", ""), "for the run")
+        assert "Not label shift" in message["subject"] and MODEL_NAME in message["subject"]
+        body = message["body"]
+        assert f"model {MODEL_NAME} v{sqlite_model['version']}" in body
+        assert f"Prefect run: {prefect_server.removesuffix('/api')}/runs/flow-run/{run_id}" in body
+        assert summary["headline"] in body and "label shift" in body
+
+        # Shifted below and above the threshold, then the sentinel (Untrustworthy), all for the same model and target
+        for verdict, tv in (("Shifted", 0.05), ("Shifted", 0.37), ("Untrustworthy", 0.37)):
+            fake = copy.deepcopy(summary)
+            fake["verdict"], fake["headline"] = verdict, f"synthetic {verdict} at total variation {tv}"
+            fake["mlflow"]["run_id"], fake["prefect_flow_run_id"] = f"synthetic-{verdict}-{tv}", None
+            event = verdict_event(fake)
+            event["resource"][LABEL_TV_PERCENT] = percent_label(tv)
+            assert emit_event(**event) is not None
+        receiver.wait_for(lambda m: "synthetic Untrustworthy" in m.get("body", ""), "for the sentinel")
+        receiver.wait_for(lambda m: "synthetic Shifted at total variation 0.37" in m.get("body", ""),
+                          "for the shift beyond the threshold")
+        assert [m for m in receiver.messages if run_id in m.get("body", "")] == [message]
+        assert not [m for m in receiver.messages if "total variation 0.05" in m.get("body", "")]
+
+        # a run whose every batch is rejected ends "No valid data" and emits its event too (no automation on it)
+        np.save(target / "day-2.npy", np.zeros((10, 5), np.float32))
+        state = reestimate(model=sqlite_model["model_uri"], target=str(target),
+                           tracking_uri=sqlite_model["tracking_uri"], return_state=True)
+        assert state.name == "No valid data", state.message
+        event = _wait_for_event("labelshift.verdict.no-valid-data", state.state_details.flow_run_id)
+        assert event["resource"]["labelshift.model"] == MODEL_NAME
+        assert event["resource"]["prefect.resource.id"] == f"labelshift.target.{summary['target']}"
+        assert event["payload"]["rejected"] == ["day-2.npy"]
+    finally:
+        main(["alerts", "--home", home, "--model", MODEL_NAME, "--remove"])
+    assert _ours(MODEL_NAME) == []
