@@ -130,15 +130,15 @@ def check_labels(y, name: str, n_classes: int, n_rows: int | None = None) -> np.
     return arr
 
 
-def check_all_classes_present(labels: np.ndarray, n_classes: int, name: str) -> np.ndarray:
-    """Counts per class; every class needs at least one source example."""
+def check_all_classes_present(labels: np.ndarray, n_classes: int, name: str, why: str | None = None) -> np.ndarray:
+    """Counts per class; every class needs at least one source example. ``why``: the error's text after the
+    missing classes (why they are needed and the fix), for callers that need a class for their own reason."""
     counts = np.bincount(labels, minlength=n_classes)
     missing = np.flatnonzero(counts == 0)
     if missing.size:
-        raise InputError(
-            f"{name} has no examples of class(es) {missing.tolist()}; every class needs source examples to "
-            "estimate p_s(y) and the confusion matrix. Add labelled data for those classes."
-        )
+        raise InputError(f"{name} has no example{'' if why else 's'} of class(es) {missing.tolist()}"
+                         + (why or "; every class needs source examples to estimate p_s(y) and the confusion "
+                                   "matrix. Add labelled data for those classes."))
     return counts
 
 

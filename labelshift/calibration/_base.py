@@ -227,17 +227,15 @@ class Calibrator:
         if cls is not Calibrator and not issubclass(target, cls):
             raise FormatError(f"{source} holds a {target.kind} calibrator, not {cls.kind}; load it with "
                               f"load_calibrator(...) or {target.__name__}.load(...).")
-        version = d["format_version"]
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise FormatError(f"{source} has an invalid format_version {version!r} (expected an integer >= 1); "
-                              "the file is corrupt. Re-save the calibrator with .save(path).")
+        for key, least in (("format_version", 1), ("n_classes", 2)):
+            value = d[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise FormatError(f"{source} has an invalid {key} {value!r} (expected an integer >= {least}); the "
+                                  "file is corrupt. Re-save the calibrator with .save(path).")
+        version, k = d["format_version"], d["n_classes"]
         if version > FORMAT_VERSION:
             raise FormatError(f"{source} was written in format_version {version}, newer than this labelshift "
                               f"reads ({FORMAT_VERSION}); upgrade labelshift to load it.")
-        k = d["n_classes"]
-        if not isinstance(k, int) or isinstance(k, bool) or k < 2:
-            raise FormatError(f"{source} has an invalid n_classes {k!r} (expected an integer >= 2); the file is "
-                              "corrupt. Re-save the calibrator with .save(path).")
         if d["input_kind"] not in ("logits", "probs"):
             raise FormatError(f"{source} has an invalid input_kind {d['input_kind']!r} (expected 'logits' or "
                               "'probs'); the file is corrupt. Re-save the calibrator with .save(path).")

@@ -26,7 +26,7 @@ import numpy as np
 from scipy.stats import norm
 
 from .. import rows as _rows
-from .._validation import as_float_array, as_float_rows, check_labels, check_level
+from .._validation import as_float_array, as_float_rows, check_all_classes_present, check_labels, check_level
 from ..calibration import PROB_FLOOR, log_softmax
 from ..calibration.scaling import CONVERGED_GRADIENT
 from ..errors import IllConditionedWarning, InputError
@@ -475,13 +475,9 @@ def _interval_inputs(holdout_outputs, holdout_labels, target_outputs, calibrator
     design, scale, bias = _calibrator_map(calibrator, k)
     kind = calibrator.kind
     y = check_labels(holdout_labels, "holdout_labels", k, n_rows=n)
-    counts = np.bincount(y, minlength=k)
-    missing = np.flatnonzero(counts == 0)
-    if missing.size:
-        raise InputError(
-            f"holdout_labels has no example of class(es) {missing.tolist()}: the calibrator's bias and p_s(y) of "
-            "such a class are not estimable, so neither is its error. Add labelled holdout rows of those classes "
-            "(and refit the calibrator on them).")
+    counts = check_all_classes_present(
+        y, k, "holdout_labels", why=": the calibrator's bias and p_s(y) of such a class are not estimable, so "
+        "neither is its error. Add labelled holdout rows of those classes (and refit the calibrator on them).")
     n_min = min_holdout_rows(kind, k)
     if n < n_min:
         raise InputError(
