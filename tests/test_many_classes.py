@@ -118,3 +118,46 @@ def test_neighbour_columns_pick_the_classes_rows_lean_towards():
     assert list(cols[:k]) == list(range(k))
     block0 = sorted(int(c) - k for c in cols[k:k + 2])
     assert block0 == [1, 2]
+
+
+def _gauss_case(k: int, n: int, m: int, seed: int, absent: int = 0):
+    """Raw float32 logits of k Gaussian classes (the benchmark's data, 90% accurate) on a holdout of n rows and a
+    target of m rows from a Dirichlet(1) prior, without the target rows of the first ``absent`` classes."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_many_classes import synthetic
+    zs, ys, zt, yt = synthetic(k, n, m, 0.9, seed=seed)
+    return zs, ys, zt[yt >= absent], yt[yt >= absent]
+
+
+def test_pinned_class_variances_from_one_bordered_column_equal_the_pseudo_inverse(monkeypatch):
+    # above _BORDERED_MIN_CLASSES a pinned class's bound comes from one column of H_GG^{-1} by the Schur complement;
+    # forced here at k = 30 with 6 classes absent from the target: the same bounds as parts(G)'s pseudo-inverse
+    from labelshift.calibration import BCTS
+    from labelshift.inference import source_aware as sa
+    zs, ys, zt, _ = _gauss_case(30, 6000, 4000, seed=3, absent=6)
+    cal = BCTS().fit(zs, ys)
+    ref = sa.source_aware_interval(zs, ys, zt, cal)
+    assert ref.pinned[:6].all()
+    monkeypatch.setattr(sa, "_BORDERED_MIN_CLASSES", 0)
+    new = sa.source_aware_interval(zs, ys, zt, cal, weights=ref.weights)
+    for key in ("weights_upper", "upper", "weights_lower", "lower"):
+        np.testing.assert_allclose(getattr(new, key), getattr(ref, key), rtol=1e-9, atol=1e-15, err_msg=key)
+    assert new.reasons == ref.reasons
+
+
+def test_source_aware_dict_above_the_stored_limit_keeps_the_variances(monkeypatch):
+    from labelshift.calibration import BCTS
+    from labelshift.inference import source_aware as sa
+    zs, ys, zt, _ = _gauss_case(5, 1000, 2000, seed=4)
+    iv = sa.source_aware_interval(zs, ys, zt, BCTS().fit(zs, ys))
+    full = iv.to_dict()
+    assert "covariance" in full and "variance" not in full
+    monkeypatch.setattr(sa, "STORED_COVARIANCE_MAX_CLASSES", 4)
+    d = iv.to_dict()
+    assert not {"covariance", "covariance_target", "covariance_holdout"} & set(d)
+    np.testing.assert_array_equal(d["variance_holdout"], np.diag(iv.covariance_holdout))
+    back = sa.SourceAwareInterval.from_dict(d)
+    assert back.to_dict() == d
+    np.testing.assert_array_equal(back.std_error, iv.std_error)

@@ -2,7 +2,8 @@
 
 All four apply a softmax to an affine map of the log-scores z (logits, or log(max(p, 1e-12)) for probability
 inputs) and are fit by minimising the mean negative log-likelihood of held-out labelled source outputs with
-scipy's L-BFGS-B and analytic gradients, starting from the identity map (T = 1 or a = 1, b = 0):
+scipy's L-BFGS-B and analytic gradients (above :data:`LBFGS_MAX_CLASSES` classes: Newton's method with the exact
+Hessian, ``docs/calibration.md``), starting from the identity map (T = 1 or a = 1, b = 0):
 
 =========================  ============================  ==================================================
 class                      map g(z)                      source
@@ -37,7 +38,7 @@ from scipy.linalg import cho_factor, cho_solve
 from scipy.optimize import minimize
 
 from ..errors import InputError
-from ._base import Calibrator, _floats, log_probabilities, log_softmax
+from ._base import PREDICT_BLOCK_ENTRIES, Calibrator, _floats, log_probabilities, log_softmax
 
 _LOG_T_BOUND = 30.0
 #: standard deviation of the fit's Gaussian prior on log T, the vector scales a - 1 and the centred biases
@@ -71,6 +72,7 @@ class _ScalingCalibrator(Calibrator):
     _temperature: bool = True     # one temperature (scale = 1/T) instead of a per-class scale a
     _bias: bool = True            # per-class bias b (b_0 pinned to 0 while fitting)
     _settings = ("input_kind", "max_iter", "tol", "prior_sd")
+    _reads_float32_blocks = True
     # a saved calibrator without settings.prior_sd was written before the prior existed and was fit without it
     _legacy_settings = {"prior_sd": None}
 
@@ -301,12 +303,25 @@ class _ScalingCalibrator(Calibrator):
         return hess / float(self.prior_sd) ** 2
 
     def _predict_proba(self, x):
-        return np.exp(self._log_proba_of_scores(self._as_log_scores(x)))
+        return np.exp(self._log_proba_rows(x))
 
     def predict_log_proba(self, outputs) -> np.ndarray:
         """Log of :meth:`predict_proba`, computed without underflow to -inf."""
         x = self._check_predict_outputs(outputs, "outputs")
-        return self._log_proba_of_scores(self._as_log_scores(x))
+        return self._log_proba_rows(x)
+
+    def _log_proba_rows(self, x: np.ndarray) -> np.ndarray:
+        """The calibrated log-probabilities of outputs x, float64. Above PREDICT_BLOCK_ENTRIES entries row block by
+        row block into one output array (each row's arithmetic is the same; a float32 x is converted a block at a
+        time): the whole-array form's float64 temporaries are four times the output (3.2 GB at 100,000 rows of
+        1,000 classes)."""
+        if x.size <= PREDICT_BLOCK_ENTRIES:
+            return self._log_proba_of_scores(self._as_log_scores(x))
+        out = np.empty(x.shape)
+        step = max(1, PREDICT_BLOCK_ENTRIES // x.shape[1])
+        for a in range(0, x.shape[0], step):
+            out[a:a + step] = self._log_proba_of_scores(self._as_log_scores(x[a:a + step].astype(np.float64)))
+        return out
 
     # -- subclass hooks --------------------------------------------------------------------------------------
     def _set_fitted(self, scale: np.ndarray, bias: np.ndarray) -> None:  # pragma: no cover - abstract

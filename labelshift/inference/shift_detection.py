@@ -371,7 +371,7 @@ def _rows_positive(P: np.ndarray, w: np.ndarray) -> bool:
     """Whether f_i^T w > 0 on every row (a large set in row blocks, without a float64 copy of it)."""
     if not _rows.is_large(P):
         return not np.any(P @ w <= 0)
-    return all(not np.any(P[sl].astype(np.float64) @ w <= 0) for sl in _rows.blocks(P.shape[0]))
+    return all(not np.any(P[sl].astype(np.float64) @ w <= 0) for sl in _rows.blocks(P.shape[0], width=P.shape[1]))
 
 
 def _assign_rows(regions: _Regions, P: np.ndarray) -> np.ndarray:
@@ -379,7 +379,7 @@ def _assign_rows(regions: _Regions, P: np.ndarray) -> np.ndarray:
     if not _rows.is_large(P):
         return regions.assign(P)
     out = np.empty(P.shape[0], dtype=np.int64)
-    for sl in _rows.blocks(P.shape[0]):
+    for sl in _rows.blocks(P.shape[0], width=P.shape[1]):
         out[sl] = regions.assign(P[sl])
     return out
 
@@ -603,7 +603,7 @@ def _wald_target_cov(P, w, p, bt, pi, observed, J) -> np.ndarray:
     if _rows.is_large(P):                    # in row blocks, float64 sums
         H, psi_bar, R = np.zeros((k, k)), np.zeros(k), np.zeros((J, k))
         with _rows.one_blas_thread():
-            for sl in _rows.blocks(m):
+            for sl in _rows.blocks(m, width=k):
                 B = P[sl].astype(np.float64)
                 psi = B / (B @ w)[:, None]
                 H += psi.T @ psi

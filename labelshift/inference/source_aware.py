@@ -50,6 +50,11 @@ _LOG_T_BOUND = 30.0                 # the scaling calibrators' bound on |log T| 
 _SCORE_TOL = 0.05                   # |mean holdout score| above this many standard errors: not fit on these rows
                                     # (and above the fit's own stopping gradient: _check_fit_on_holdout)
 _COND_MAX = 1e12                    # condition number of the NLL Hessian above which theta is not identified
+_BORDERED_MIN_CLASSES = 100         # above: a pinned class's variances from one column of H_GG^{-1} (_pinned_column)
+#: :meth:`SourceAwareInterval.to_dict` writes the three (k, k) covariance matrices up to this many classes; above, it
+#: writes their diagonals (``variance``, ``variance_target``, ``variance_holdout``) instead: at k = 1,000 the matrices
+#: are 3 million numbers, about 60 MB of JSON in every stored summary (docs/intervals.md)
+STORED_COVARIANCE_MAX_CLASSES = 100
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -109,9 +114,13 @@ class SourceAwareInterval(PriorInterval):
         def mat(a):
             return [[float(v) for v in row] for row in np.asarray(a, dtype=np.float64)]
 
-        d.update({"source_prior": [float(v) for v in self.source_prior], "covariance": mat(self.covariance),
-                  "covariance_target": mat(self.covariance_target),
-                  "covariance_holdout": mat(self.covariance_holdout),
+        if len(self.source_prior) <= STORED_COVARIANCE_MAX_CLASSES:
+            matrices = {"covariance": mat(self.covariance), "covariance_target": mat(self.covariance_target),
+                        "covariance_holdout": mat(self.covariance_holdout)}
+        else:                           # the diagonals only (STORED_COVARIANCE_MAX_CLASSES)
+            matrices = {f"variance{part}": [float(v) for v in np.diag(getattr(self, f"covariance{part}"))]
+                        for part in ("", "_target", "_holdout")}
+        d.update({"source_prior": [float(v) for v in self.source_prior], **matrices,
                   "weights_std_error": [None if not math.isfinite(v) else float(v) for v in self.weights_std_error],
                   "n_source": int(self.n_source), "calibrator": self.calibrator,
                   "trustworthy": bool(self.trustworthy), "reasons": list(self.reasons)})
@@ -120,8 +129,13 @@ class SourceAwareInterval(PriorInterval):
     @classmethod
     def from_dict(cls, d: dict) -> "SourceAwareInterval":
         """The interval that :meth:`to_dict` wrote; ``from_dict(d).to_dict() == d`` (the target-only interval and
-        the covariance of w are not stored, and read back as None)."""
+        the covariance of w are not stored, and read back as None; above STORED_COVARIANCE_MAX_CLASSES classes the
+        three covariance matrices read back as the diagonal matrices of their stored variances)."""
         base = PriorInterval.from_dict(d)
+        if "covariance" not in d and all(f"variance{part}" in d for part in ("", "_target", "_holdout")):
+            # written above STORED_COVARIANCE_MAX_CLASSES classes: the variances only, read back as diagonal matrices
+            d = {**d, **{f"covariance{part}": np.diag(np.asarray(d[f"variance{part}"], dtype=np.float64))
+                         for part in ("", "_target", "_holdout")}}
         missing = [key for key in ("source_prior", "covariance", "covariance_target", "covariance_holdout",
                                    "weights_std_error", "n_source") if key not in d]
         if missing:
@@ -296,7 +310,7 @@ def _calibrated_rows(Xt: np.ndarray, calibrator, scale, bias) -> np.ndarray:
     """The calibrated target rows of a large set as a float32 (m, k) array (made block by block): for the MLLS
     solve without given weights and the target-only bound of pinned classes (float32 rounding, relative 1e-7)."""
     out = np.empty(Xt.shape, dtype=np.float32)
-    for sl in _rows.blocks(Xt.shape[0]):
+    for sl in _rows.blocks(Xt.shape[0], width=Xt.shape[1]):
         out[sl] = _calibrated_block(Xt[sl], calibrator, scale, bias)[1]
     return out
 
@@ -305,7 +319,7 @@ def _calibrated_dot(Xt: np.ndarray, calibrator, scale, bias, v: np.ndarray) -> n
     """(m,) float64 f_i^T v over the calibrated rows of a large target, made block by block."""
     out = np.empty(Xt.shape[0])
     with _rows.one_blas_thread():
-        for sl in _rows.blocks(Xt.shape[0]):
+        for sl in _rows.blocks(Xt.shape[0], width=Xt.shape[1]):
             out[sl] = _calibrated_block(Xt[sl], calibrator, scale, bias)[1] @ v
     return out
 
@@ -318,13 +332,35 @@ def _target_pass_rows(Xt: np.ndarray, calibrator, scale, bias, design: "_Design"
     H = np.zeros((k, k))
     A = np.zeros((k, design.q))
     with _rows.one_blas_thread():
-        for sl in _rows.blocks(m):
+        for sl in _rows.blocks(m, width=k):
             Zb, Pb = _calibrated_block(Xt[sl], calibrator, scale, bias)
             Sb = Pb / (Pb @ w)[:, None]
             gs += Sb.sum(axis=0)
             H += Sb.T @ Sb
             A += design.weighted_sum(Zb, Sb) - Sb.T @ design.row_mean(Zb, Sb * w)
     return gs / m, H / m, A / m
+
+
+def _pinned_column(y: int, F: np.ndarray, H: np.ndarray, Hinv_F: np.ndarray, g: np.ndarray, ps: np.ndarray, m: int,
+                   n: int, a_inf: np.ndarray, b_inf: np.ndarray, A: np.ndarray):
+    """(w_u, target variance, holdout variance) of the pinned class y with y freed (G = F + {y}) -- the [y, y]
+    entries that ``parts(G)`` of :func:`source_aware_interval` gives -- from the column h of H_GG^{-1} for y alone:
+    by the bordered inverse (Schur complement s = H_yy - H_yF H_FF^{-1} H_Fy: h_y = 1 / s, h_F = -H_FF^{-1} H_Fy / s),
+    O(k^2 + n k) where parts(G) costs a pseudo-inverse and (n, k) products (docs/intervals.md). None when s is not
+    clearly positive (H_GG numerically singular): the caller then takes parts(G)'s pseudo-inverse."""
+    b = H[F, y]
+    u = Hinv_F @ b
+    s = float(H[y, y] - b @ u)
+    if not s > 1e-10 * float(H[y, y]):
+        return None
+    h = np.zeros(H.shape[0])                       # the column as a k-vector, 0 outside G
+    h[F] = -u / s
+    h[y] = 1.0 / s
+    w_u = min(float(h @ (g - ps)), 0.0)            # unconstrained estimate of w_y (<= 0)
+    vt = float(h @ H @ h - (h @ g) ** 2) / m
+    infl = a_inf @ (A.T @ h) - b_inf @ h           # the holdout rows' influence on w_y
+    infl -= infl.mean()
+    return w_u, vt, float(infl @ infl) / n ** 2
 
 
 def _normal_bound(w_u: float, v: float, z: float) -> float:
@@ -541,7 +577,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
         return cov_t, cov_h, infl, Hinv
 
     F = np.flatnonzero(free)
-    cov_t_F, cov_h_F, infl_F, _ = parts(F)
+    cov_t_F, cov_h_F, infl_F, Hinv_F = parts(F)
     cov_w_t = np.zeros((k, k))
     cov_w_h = np.zeros((k, k))
     cov_w_t[np.ix_(F, F)] = cov_t_F
@@ -599,11 +635,16 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
                 warnings.simplefilter("ignore", IllConditionedWarning)
                 t_upper = fisher_interval(Pt, w, ps, level=level).weights_upper
         for yy in np.flatnonzero(pinned):
-            G = np.sort(np.append(F, yy))
-            cov_t_G, cov_h_G, _, Hinv = parts(G)
-            j = int(np.flatnonzero(G == yy)[0])
-            w_u = min(float((Hinv @ (g[G] - ps[G]))[j]), 0.0)       # unconstrained estimate of w_y (<= 0)
-            vt, vh = float(cov_t_G[j, j]), float(cov_h_G[j, j])
+            one = _pinned_column(yy, F, H, Hinv_F, g, ps, m, n, a_inf, b_inf, A) if k > _BORDERED_MIN_CLASSES \
+                else None
+            if one is None:
+                G = np.sort(np.append(F, yy))
+                cov_t_G, cov_h_G, _, Hinv = parts(G)
+                j = int(np.flatnonzero(G == yy)[0])
+                w_u = min(float((Hinv @ (g[G] - ps[G]))[j]), 0.0)   # unconstrained estimate of w_y (<= 0)
+                vt, vh = float(cov_t_G[j, j]), float(cov_h_G[j, j])
+            else:
+                w_u, vt, vh = one
 
             t_w_lo[yy], t_w_hi[yy] = 0.0, float(t_upper[yy])
             u = float(t_upper[yy]) + _normal_bound(w_u, vt + vh, z) - _normal_bound(w_u, vt, z)
