@@ -33,6 +33,9 @@ LARGE_ROWS = 1 << 20
 LARGE_ENTRIES = 1 << 25
 #: entries of a block at most, when the callers say how wide the rows are (``blocks(m, width=k)``): 34 MB as float64
 BLOCK_ENTRIES = ROW_BLOCK * 64
+#: classes above which :func:`mlls_pass` forms its (k, k) Hessian from float32 blocks (the k^2 m product is most of a
+#: pass there; the gradient, which fixes the solution, stays float64; as the in-memory solver does at every k)
+WIDE_HESSIAN_CLASSES = 64
 
 
 @functools.lru_cache(maxsize=1)
@@ -168,6 +171,8 @@ def mlls_pass(P: np.ndarray, w, *, hessian: bool = False, precision=np.float64):
         grad += (inv @ B).astype(np.float64)
         if hessian:
             Bv = B * inv[:, None]
+            if k > WIDE_HESSIAN_CLASSES:     # the Hessian only steers Newton's step: a float32 product (half the time)
+                Bv = Bv.astype(np.float32)
             H += (Bv.T @ Bv).astype(np.float64)
     obj = -np.inf if dead else obj / m
     return obj, grad / m, (H / m if hessian else None), dead
