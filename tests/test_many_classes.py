@@ -161,3 +161,24 @@ def test_source_aware_dict_above_the_stored_limit_keeps_the_variances(monkeypatc
     back = sa.SourceAwareInterval.from_dict(d)
     assert back.to_dict() == d
     np.testing.assert_array_equal(back.std_error, iv.std_error)
+
+
+@pytest.mark.parametrize("kind", ["BCTS", "VS"])
+def test_holdout_terms_in_row_blocks_equal_the_whole_array_section(monkeypatch, kind):
+    # above _HOLDOUT_ROWS_MIN_CLASSES the holdout's J, p_s and influences are summed over row blocks; forced here at
+    # k = 30 with blocks of 1,000 rows: the interval equals the whole-array one to rounding (summation order)
+    from labelshift import rows
+    from labelshift.calibration import BCTS, VS
+    from labelshift.inference import source_aware as sa
+    zs, ys, zt, _ = _gauss_case(30, 6000, 4000, seed=3, absent=4)
+    cal = (BCTS if kind == "BCTS" else VS)().fit(zs, ys)
+    ref = sa.source_aware_interval(zs, ys, zt, cal)
+    monkeypatch.setattr(sa, "_HOLDOUT_ROWS_MIN_CLASSES", 0)
+    monkeypatch.setattr(rows, "BLOCK_ENTRIES", 30 * 1000)
+    new = sa.source_aware_interval(zs, ys, zt, cal, weights=ref.weights)
+    for key in ("covariance", "covariance_holdout", "holdout_influence"):
+        a = getattr(ref, key)
+        np.testing.assert_allclose(getattr(new, key), a, rtol=1e-10, atol=1e-10 * np.abs(a).max(), err_msg=key)
+    for key in ("lower", "upper", "weights_upper", "std_error"):
+        np.testing.assert_allclose(getattr(new, key), getattr(ref, key), rtol=1e-9, atol=1e-15, err_msg=key)
+    assert new.reasons == ref.reasons

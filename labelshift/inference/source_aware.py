@@ -51,6 +51,7 @@ _SCORE_TOL = 0.05                   # |mean holdout score| above this many stand
                                     # (and above the fit's own stopping gradient: _check_fit_on_holdout)
 _COND_MAX = 1e12                    # condition number of the NLL Hessian above which theta is not identified
 _BORDERED_MIN_CLASSES = 100         # above: a pinned class's variances from one column of H_GG^{-1} (_pinned_column)
+_HOLDOUT_ROWS_MIN_CLASSES = 100     # above: the holdout's terms in row blocks (_holdout_terms_rows)
 #: :meth:`SourceAwareInterval.to_dict` writes the three (k, k) covariance matrices up to this many classes; above, it
 #: writes their diagonals (``variance``, ``variance_target``, ``variance_holdout``) instead: at k = 1,000 the matrices
 #: are 3 million numbers, about 60 MB of JSON in every stored summary (docs/intervals.md)
@@ -341,6 +342,50 @@ def _target_pass_rows(Xt: np.ndarray, calibrator, scale, bias, design: "_Design"
     return gs / m, H / m, A / m
 
 
+def _holdout_terms_rows(calibrator, Zh: np.ndarray, y: np.ndarray, design: _Design, scale, bias):
+    """(J, p_s, a_inf, b_inf) of :func:`source_aware_interval`'s holdout section -- the penalised NLL Hessian, the
+    mean calibrated prediction, the holdout rows' influence on theta (n, q) and on p_s (n, k) -- in two passes over
+    row blocks with float64 sums (the same formulas; Zh may be float32 and is converted a block at a time), and the
+    "fit on these rows" check from the score's sums. The whole-array section keeps five (n, k) float64 arrays and
+    their temporaries (over 3 GB at n = 50,000, k = 1,000); this keeps the two results."""
+    n, k = Zh.shape
+    q = design.q
+    pen_grad, pen_hess = calibrator.penalty_terms() if hasattr(calibrator, "penalty_terms") else (0.0, 0.0)
+
+    def block(sl):
+        Zb = Zh[sl].astype(np.float64)
+        Pb = np.exp(log_softmax(Zb * scale + bias))
+        Rb = Pb.copy()
+        Rb[np.arange(Rb.shape[0]), y[sl]] -= 1.0
+        return Zb, Pb, design.row_mean(Zb, Rb) + pen_grad / n
+
+    gram, xx, ws, px = np.zeros((q, q)), np.zeros((q, q)), np.zeros((k, q)), np.zeros((k, q))
+    s_psi, ss_psi, s_p = np.zeros(q), np.zeros(q), np.zeros(k)
+    for sl in _rows.blocks(n, width=k):
+        Zb, Pb, psi_b = block(sl)
+        Xb = design.row_mean(Zb, Pb)
+        gram += design.gram(Zb, Pb)
+        xx += Xb.T @ Xb
+        ws += design.weighted_sum(Zb, Pb)
+        px += Pb.T @ Xb
+        s_psi += psi_b.sum(axis=0)
+        ss_psi += np.einsum("ir,ir->r", psi_b, psi_b)
+        s_p += Pb.sum(axis=0)
+    J = (gram - xx) / n + pen_hess / n
+    Dp = (ws - px) / n
+    mean = s_psi / n
+    _check_fit_scores(calibrator, design, scale, mean, np.sqrt(np.maximum(ss_psi / n - mean ** 2, 0.0) / n))
+    Jinv = np.linalg.pinv(J, rcond=1e-14, hermitian=True)
+    ps = s_p / n
+    ps = ps / ps.sum()
+    a_inf, b_inf = np.empty((n, q)), np.empty((n, k))
+    for sl in _rows.blocks(n, width=k):
+        _, Pb, psi_b = block(sl)
+        a_inf[sl] = -psi_b @ Jinv
+        b_inf[sl] = (Pb - ps) + a_inf[sl] @ Dp.T
+    return J, ps, a_inf, b_inf
+
+
 def _pinned_column(y: int, F: np.ndarray, H: np.ndarray, Hinv_F: np.ndarray, g: np.ndarray, ps: np.ndarray, m: int,
                    n: int, a_inf: np.ndarray, b_inf: np.ndarray, A: np.ndarray):
     """(w_u, target variance, holdout variance) of the pinned class y with y freed (G = F + {y}) -- the [y, y]
@@ -413,8 +458,11 @@ def _check_fit_on_holdout(calibrator, design: _Design, scale, psi: np.ndarray) -
     score is s times that of s = 1/T). On a holdout the model separates, every row's score is tiny and so is its
     standard error; only the second bound then tells a fit on these rows, stopped at its tolerance, from one on
     other rows. The message names the parameter that fails by the widest margin."""
-    score_mean = psi.mean(axis=0)
-    score_se = psi.std(axis=0) / math.sqrt(psi.shape[0])
+    _check_fit_scores(calibrator, design, scale, psi.mean(axis=0), psi.std(axis=0) / math.sqrt(psi.shape[0]))
+
+
+def _check_fit_scores(calibrator, design: _Design, scale, score_mean: np.ndarray, score_se: np.ndarray) -> None:
+    """:func:`_check_fit_on_holdout` from the mean penalised score and its standard error."""
     optimiser_score = score_mean.copy()
     if design.blocks[0] == "scalar":                               # the optimiser's log T: d/d log T = -s d/ds
         optimiser_score[0] *= float(np.ravel(scale)[0])
@@ -482,7 +530,8 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
             mismatched shapes; weights that are not the MLLS estimate.
     """
     level = _check_level(level)
-    Xh = _check_outputs(holdout_outputs, "holdout_outputs", None)
+    Xh = _check_outputs(holdout_outputs, "holdout_outputs", None,
+                        rows=np.shape(holdout_outputs)[-1] > _HOLDOUT_ROWS_MIN_CLASSES)
     n, k = Xh.shape
     if k < 2:
         raise InputError(f"holdout_outputs has {k} class column; pass one column per class (at least 2).")
@@ -512,19 +561,23 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     z = float(norm.ppf(0.5 * (1.0 + level)))
 
     # ---- holdout: scores, NLL Hessian J, d p_s / d theta, per-row influence on (theta, p_s) -------------------
-    Ph = np.exp(log_softmax(Zh * scale + bias))
-    R = Ph.copy()
-    R[np.arange(n), y] -= 1.0
-    psi = design.row_mean(Zh, R)                                   # (n, q) per-row NLL score
-    Xbar = design.row_mean(Zh, Ph)                                 # (n, q) mean of X under f
-    J = (design.gram(Zh, Ph) - Xbar.T @ Xbar) / n                 # (1/n) sum_i X_i^T (diag f_i - f_i f_i^T) X_i
-    # the fit's prior P (calibration/scaling.py): the penalised score psi_j + grad P / n is what is 0 at the fit,
-    # and its Jacobian is J + hess P / n (docs/calibration.md)
-    pen_grad, pen_hess = calibrator.penalty_terms() if hasattr(calibrator, "penalty_terms") else (0.0, 0.0)
-    psi = psi + pen_grad / n
-    J = J + pen_hess / n
-    Dp = (design.weighted_sum(Zh, Ph) - Ph.T @ Xbar) / n           # (k, q) mean d f / d theta on the holdout
-    _check_fit_on_holdout(calibrator, design, scale, psi)
+    rows_h = k > _HOLDOUT_ROWS_MIN_CLASSES       # many classes: the same in row blocks (_holdout_terms_rows)
+    if rows_h:
+        J, ps, a_inf, b_inf = _holdout_terms_rows(calibrator, Zh, y, design, scale, bias)
+    else:
+        Ph = np.exp(log_softmax(Zh * scale + bias))
+        R = Ph.copy()
+        R[np.arange(n), y] -= 1.0
+        psi = design.row_mean(Zh, R)                               # (n, q) per-row NLL score
+        Xbar = design.row_mean(Zh, Ph)                             # (n, q) mean of X under f
+        J = (design.gram(Zh, Ph) - Xbar.T @ Xbar) / n             # (1/n) sum_i X_i^T (diag f_i - f_i f_i^T) X_i
+        # the fit's prior P (calibration/scaling.py): the penalised score psi_j + grad P / n is what is 0 at the
+        # fit, and its Jacobian is J + hess P / n (docs/calibration.md)
+        pen_grad, pen_hess = calibrator.penalty_terms() if hasattr(calibrator, "penalty_terms") else (0.0, 0.0)
+        psi = psi + pen_grad / n
+        J = J + pen_hess / n
+        Dp = (design.weighted_sum(Zh, Ph) - Ph.T @ Xbar) / n       # (k, q) mean d f / d theta on the holdout
+        _check_fit_on_holdout(calibrator, design, scale, psi)
     ev = np.linalg.eigvalsh(J)
     reasons = []
     if not ev[0] > ev[-1] / _COND_MAX:
@@ -534,10 +587,11 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     if kind in ("TS", "BCTS") and abs(math.log(calibrator.temperature_)) >= _LOG_T_BOUND - 1e-6:
         reasons.append(f"the calibrator's temperature {calibrator.temperature_:.3g} sits at its bound "
                        f"exp(+-{_LOG_T_BOUND:g}); the normal approximation of its error does not hold")
-    a_inf = -psi @ np.linalg.pinv(J, rcond=1e-14, hermitian=True)   # (n, q) influence on theta (J symmetric)
-    ps = Ph.mean(axis=0)
-    ps = ps / ps.sum()
-    b_inf = (Ph - ps) + a_inf @ Dp.T                               # (n, k) influence on p_s
+    if not rows_h:
+        a_inf = -psi @ np.linalg.pinv(J, rcond=1e-14, hermitian=True)   # (n, q) influence on theta (J symmetric)
+        ps = Ph.mean(axis=0)
+        ps = ps / ps.sum()
+        b_inf = (Ph - ps) + a_inf @ Dp.T                           # (n, k) influence on p_s
 
     # ---- target: calibrated rows, MLLS, the Hessian H and A = mean d s_i / d theta -----------------------------
     Pt = None if large else np.exp(log_softmax(Zt * scale + bias))
