@@ -182,3 +182,14 @@ def test_holdout_terms_in_row_blocks_equal_the_whole_array_section(monkeypatch, 
     for key in ("lower", "upper", "weights_upper", "std_error"):
         np.testing.assert_allclose(getattr(new, key), getattr(ref, key), rtol=1e-9, atol=1e-15, err_msg=key)
     assert new.reasons == ref.reasons
+
+
+def test_holdout_cov_above_the_dense_limit_is_the_per_class_sum(monkeypatch):
+    from labelshift.inference import shift_detection as sd
+    rng = np.random.default_rng(5)
+    k, J = 40, 150
+    N = rng.integers(0, 20, size=(k, J)).astype(float)
+    q = rng.dirichlet(np.ones(k))
+    fast = sd._holdout_cov(N, None, q)                      # k > DENSE_MAX_CLASSES: one product
+    monkeypatch.setattr(sd, "DENSE_MAX_CLASSES", k)
+    np.testing.assert_allclose(fast, sd._holdout_cov(N, None, q), rtol=0, atol=1e-12 * np.abs(fast).max())

@@ -590,6 +590,9 @@ def _holdout_cov(N: np.ndarray, pi, q: np.ndarray) -> np.ndarray:
     if pi is None:
         pooled = N.sum(axis=0) / n_y.sum()
         pi = (N + _SMOOTH * pooled[None, :]) / (n_y[:, None] + _SMOOTH)
+    if k > DENSE_MAX_CLASSES:            # the same sum as one product: k J^2 work instead of k passes over J x J
+        a = q ** 2 / n_y
+        return np.diag(a @ pi) - (pi.T * a) @ pi
     out = np.zeros((J, J))
     for c in range(k):
         out += (q[c] ** 2 / n_y[c]) * (np.diag(pi[c]) - np.outer(pi[c], pi[c]))

@@ -386,6 +386,18 @@ def _holdout_terms_rows(calibrator, Zh: np.ndarray, y: np.ndarray, design: _Desi
     return J, ps, a_inf, b_inf
 
 
+def _influence_rows(a_inf: np.ndarray, b_inf: np.ndarray, A: np.ndarray, G: np.ndarray,
+                    Hinv: np.ndarray) -> np.ndarray:
+    """(a_inf A_G^T - b_inf[:, G]) H_GG^{-1}, the holdout rows' influence on w_G, a row block at a time (no (n, k)
+    temporaries)."""
+    n, k = b_inf.shape
+    out = np.empty((n, G.size))
+    AG = A[G].T
+    for sl in _rows.blocks(n, width=k):
+        out[sl] = (a_inf[sl] @ AG - b_inf[sl][:, G]) @ Hinv
+    return out
+
+
 def _pinned_column(y: int, F: np.ndarray, H: np.ndarray, Hinv_F: np.ndarray, g: np.ndarray, ps: np.ndarray, m: int,
                    n: int, a_inf: np.ndarray, b_inf: np.ndarray, A: np.ndarray):
     """(w_u, target variance, holdout variance) of the pinned class y with y freed (G = F + {y}) -- the [y, y]
@@ -625,7 +637,10 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
         Hinv = np.linalg.pinv(HG, rcond=1e-14, hermitian=True)
         cov_s = HG - np.outer(g[G], g[G])
         cov_t = Hinv @ cov_s @ Hinv / m
-        infl = (a_inf @ A[G].T - b_inf[:, G]) @ Hinv               # (n, |G|) influence of holdout rows on w_G
+        if rows_h:                                                 # the same, a row block at a time
+            infl = _influence_rows(a_inf, b_inf, A, G, Hinv)
+        else:
+            infl = (a_inf @ A[G].T - b_inf[:, G]) @ Hinv           # (n, |G|) influence of holdout rows on w_G
         infl = infl - infl.mean(axis=0)
         cov_h = infl.T @ infl / n ** 2
         return cov_t, cov_h, infl, Hinv
@@ -636,9 +651,13 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     cov_w_h = np.zeros((k, k))
     cov_w_t[np.ix_(F, F)] = cov_t_F
     cov_w_h[np.ix_(F, F)] = cov_h_F
-    infl_w = np.zeros((n, k))
-    infl_w[:, F] = infl_F
-    infl_pt = b_inf * w + infl_w * ps                              # p_t = p_s * w: both move
+    if rows_h:                                                     # as below, without an (n, k) infl_w
+        infl_pt = b_inf * w
+        infl_pt[:, F] += infl_F * ps[F]
+    else:
+        infl_w = np.zeros((n, k))
+        infl_w[:, F] = infl_F
+        infl_pt = b_inf * w + infl_w * ps                          # p_t = p_s * w: both move
     infl_pt -= infl_pt.mean(axis=0)
     cov_pt_h = infl_pt.T @ infl_pt / n ** 2
     cov_pt_t = cov_w_t * np.outer(ps, ps)
