@@ -193,3 +193,38 @@ def test_holdout_cov_above_the_dense_limit_is_the_per_class_sum(monkeypatch):
     fast = sd._holdout_cov(N, None, q)                      # k > DENSE_MAX_CLASSES: one product
     monkeypatch.setattr(sd, "DENSE_MAX_CLASSES", k)
     np.testing.assert_allclose(fast, sd._holdout_cov(N, None, q), rtol=0, atol=1e-12 * np.abs(fast).max())
+
+
+def test_default_path_at_150_classes_completes_with_the_many_class_forms(monkeypatch):
+    # a proxy of k = 1,000 (benchmarks/bench_many_classes.py): k = 150 > 100 takes the Newton calibrator fit, the
+    # holdout's row blocks, the bordered column of pinned classes and the summary without k x k matrices; a smaller
+    # LARGE_ENTRIES sends the target through the blocked passes as at k = 1,000, m = 100,000
+    import json
+    import warnings
+    from labelshift import rows
+    from labelshift.calibration import BCTS
+    from labelshift.inference.report import VERDICTS, ShiftReport, assess_shift
+    monkeypatch.setattr(rows, "LARGE_ENTRIES", 1 << 19)
+    k = 150
+    zs, ys, zt, yt = _gauss_case(k, 7500, 4000, seed=5, absent=3)
+    assert rows.is_large(zt)
+    cal = BCTS().fit(zs, ys)
+    assert cal.converged_
+    S, P = cal.predict_proba(zs), cal.predict_proba(zt)
+    prior = S.mean(axis=0) / S.mean(axis=0).sum()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rep = assess_shift(S, ys, P, source_prior=prior, estimator="MLLS", cross_check=["BBSE-soft"],
+                           interval="source-aware", source_outputs=zs, target_outputs=zt, calibrator=cal)
+    assert rep.verdict in VERDICTS and rep.failures == [] and rep.accuracy is not None
+    iv = rep.interval
+    assert np.all(iv.lower <= iv.target_prior + 1e-12) and np.all(iv.target_prior <= iv.upper + 1e-12)
+    assert iv.target_prior.sum() == pytest.approx(1.0) and iv.pinned.any()
+    # each class's 95% interval covers the target's own class share in about 95% of classes (the intervals are
+    # approximate at 50 holdout rows a class, docs/intervals.md: 0.90-0.95 measured from 33 rows); 0.8 is more than
+    # 7 binomial standard errors (0.018 at 150 classes) below
+    share = np.bincount(yt, minlength=k) / yt.size
+    assert np.mean((iv.lower <= share + 1e-12) & (share <= iv.upper + 1e-12)) >= 0.8
+    d = rep.to_dict()
+    assert "variance" in d["interval"] and "covariance" not in d["interval"]
+    assert ShiftReport.from_dict(json.loads(json.dumps(d))).to_dict() == d
