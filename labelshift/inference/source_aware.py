@@ -654,6 +654,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     if rows_h:                                                     # as below, without an (n, k) infl_w
         infl_pt = b_inf * w
         infl_pt[:, F] += infl_F * ps[F]
+        del infl_F
     else:
         infl_w = np.zeros((n, k))
         infl_w[:, F] = infl_F
@@ -701,8 +702,11 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     pinned = ~free
     if pinned.any():
         if large:         # the target-only profile bound, on calibrated rows made block by block
-            t_upper = _pinned_bounds(None, w, H, ps, free, z, m=m,
-                                     rows_dot=lambda v: _calibrated_dot(Xt, calibrator, scale, bias, v))
+            rows_dot = lambda v: _calibrated_dot(Xt, calibrator, scale, bias, v)   # noqa: E731
+            if k > _BORDERED_MIN_CLASSES:        # one float32 copy of them, not one softmax pass per pinned class
+                rows32 = _calibrated_rows(Xt, calibrator, scale, bias)
+                rows_dot = lambda v: _rows.row_dot(rows32, v)                       # noqa: E731
+            t_upper = _pinned_bounds(None, w, H, ps, free, z, m=m, rows_dot=rows_dot)
         else:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", IllConditionedWarning)
