@@ -35,7 +35,7 @@ def as_float_rows(x, name: str) -> np.ndarray:
     (:func:`labelshift.rows.is_large`) is returned as it is (checked for NaN/inf in row blocks), not copied to
     float64; callers read it in row blocks (:func:`labelshift.rows.blocks`)."""
     if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 and x.size and _rows.is_large(x):
-        for sl in _rows.blocks(x.shape[0]):
+        for sl in _rows.blocks(x.shape[0], width=x.shape[1]):
             _check_finite(x[sl], name)
         return x
     return as_float_array(x, name, 2)

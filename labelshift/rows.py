@@ -9,7 +9,10 @@ whole-array formulas up to the rounding of the summation order (relative 1e-12 o
 :func:`is_large` decides where the library switches to them: a single (m, k) set (or a batch of one set with
 uniform row weights) of more than :data:`LARGE_ROWS` rows; such a set is also kept in float32 when given so
 (:func:`labelshift._validation.check_probabilities`). Below that the whole-array formulas run as before, so results
-on smaller inputs are unchanged to the bit.
+on smaller inputs are unchanged to the bit. Many classes make a set large at fewer rows: more than
+:data:`LARGE_ENTRIES` entries (k = 1,000 classes: from 33,555 rows), and a block then holds at most
+:data:`BLOCK_ENTRIES` entries (rows of more than 64 classes: fewer than ROW_BLOCK rows a block; ``blocks(m, width=k)``).
+Up to 32 classes LARGE_ROWS decides first and blocks are ROW_BLOCK rows, as before.
 """
 from __future__ import annotations
 
@@ -25,6 +28,14 @@ __all__ = ["ROW_BLOCK", "LARGE_ROWS", "is_large", "single_set", "blocks", "row_d
 ROW_BLOCK = 65536
 #: single sets with more rows than this use the blocked passes
 LARGE_ROWS = 1 << 20
+#: ... and so do single sets with more entries (rows x classes) than this: 268 MB as float64 (issue 20: at k = 1,000
+#: a target of 100,000 rows is 800 MB as float64, and each whole-array temporary of it as much again)
+LARGE_ENTRIES = 1 << 25
+#: entries of a block at most, when the callers say how wide the rows are (``blocks(m, width=k)``): 34 MB as float64
+BLOCK_ENTRIES = ROW_BLOCK * 64
+#: classes above which :func:`mlls_pass` forms its (k, k) Hessian from float32 blocks (the k^2 m product is most of a
+#: pass there; the gradient, which fixes the solution, stays float64; as the in-memory solver does at every k)
+WIDE_HESSIAN_CLASSES = 64
 
 
 @functools.lru_cache(maxsize=1)
@@ -71,13 +82,18 @@ def single_set(probs, mask=None) -> np.ndarray | None:
 
 
 def is_large(probs, mask=None) -> bool:
-    """Whether the blocked passes apply: one set (:func:`single_set`) of more than :data:`LARGE_ROWS` rows."""
+    """Whether the blocked passes apply: one set (:func:`single_set`) of more than :data:`LARGE_ROWS` rows or more
+    than :data:`LARGE_ENTRIES` entries."""
     P = single_set(probs, mask)
-    return P is not None and P.shape[0] > LARGE_ROWS
+    return P is not None and (P.shape[0] > LARGE_ROWS or P.size > LARGE_ENTRIES)
 
 
-def blocks(m: int, size: int | None = None):
-    size = ROW_BLOCK if size is None else int(size)
+def blocks(m: int, size: int | None = None, width: int | None = None):
+    """Slices of ``size`` consecutive rows covering 0..m-1; by default ROW_BLOCK rows, fewer for rows ``width``
+    entries wide when ROW_BLOCK of them would hold more than BLOCK_ENTRIES."""
+    if size is None:
+        size = ROW_BLOCK if width is None else max(1, min(ROW_BLOCK, BLOCK_ENTRIES // max(int(width), 1)))
+    size = int(size)
     for a in range(0, m, size):
         yield slice(a, min(a + size, m))
 
@@ -87,7 +103,7 @@ def row_dot(P: np.ndarray, w) -> np.ndarray:
     """f_i^T w for every row, float64 (m,)."""
     w = np.asarray(w, dtype=np.float64)
     out = np.empty(P.shape[0])
-    for sl in blocks(P.shape[0]):
+    for sl in blocks(P.shape[0], width=P.shape[1]):
         np.matmul(P[sl].astype(np.float64, copy=False), w, out=out[sl])
     return out
 
@@ -96,7 +112,7 @@ def row_dot(P: np.ndarray, w) -> np.ndarray:
 def column_sums(P: np.ndarray) -> np.ndarray:
     """sum_i f_i, float64 (k,)."""
     total = np.zeros(P.shape[1])
-    for sl in blocks(P.shape[0]):
+    for sl in blocks(P.shape[0], width=P.shape[1]):
         total += P[sl].sum(axis=0, dtype=np.float64)
     return total
 
@@ -109,7 +125,7 @@ def mean_cov(P: np.ndarray, ddof: int = 1) -> tuple[np.ndarray, np.ndarray]:
     shift = P[:min(m, ROW_BLOCK)].mean(axis=0, dtype=np.float64)
     s = np.zeros(k)
     ss = np.zeros((k, k))
-    for sl in blocks(m):
+    for sl in blocks(m, width=k):
         B = P[sl].astype(np.float64) - shift
         s += B.sum(axis=0)
         ss += B.T @ B
@@ -123,7 +139,7 @@ def argmax_counts(P: np.ndarray) -> np.ndarray:
     """Counts of the argmax prediction per class, float64 (k,)."""
     k = P.shape[1]
     counts = np.zeros(k)
-    for sl in blocks(P.shape[0]):
+    for sl in blocks(P.shape[0], width=P.shape[1]):
         counts += np.bincount(np.argmax(P[sl], axis=1), minlength=k)
     return counts
 
@@ -141,7 +157,7 @@ def mlls_pass(P: np.ndarray, w, *, hessian: bool = False, precision=np.float64):
     obj, grad = 0.0, np.zeros(k)
     H = np.zeros((k, k)) if hessian else None
     dead = False
-    for sl in blocks(P.shape[0]):
+    for sl in blocks(P.shape[0], width=P.shape[1]):
         B = P[sl].astype(precision, copy=False)
         fw = B @ wp
         bad = fw <= 0
@@ -155,6 +171,8 @@ def mlls_pass(P: np.ndarray, w, *, hessian: bool = False, precision=np.float64):
         grad += (inv @ B).astype(np.float64)
         if hessian:
             Bv = B * inv[:, None]
+            if k > WIDE_HESSIAN_CLASSES:     # the Hessian only steers Newton's step: a float32 product (half the time)
+                Bv = Bv.astype(np.float32)
             H += (Bv.T @ Bv).astype(np.float64)
     obj = -np.inf if dead else obj / m
     return obj, grad / m, (H / m if hessian else None), dead

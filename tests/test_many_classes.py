@@ -118,3 +118,113 @@ def test_neighbour_columns_pick_the_classes_rows_lean_towards():
     assert list(cols[:k]) == list(range(k))
     block0 = sorted(int(c) - k for c in cols[k:k + 2])
     assert block0 == [1, 2]
+
+
+def _gauss_case(k: int, n: int, m: int, seed: int, absent: int = 0):
+    """Raw float32 logits of k Gaussian classes (the benchmark's data, 90% accurate) on a holdout of n rows and a
+    target of m rows from a Dirichlet(1) prior, without the target rows of the first ``absent`` classes."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_many_classes import synthetic
+    zs, ys, zt, yt = synthetic(k, n, m, 0.9, seed=seed)
+    return zs, ys, zt[yt >= absent], yt[yt >= absent]
+
+
+def test_pinned_class_variances_from_one_bordered_column_equal_the_pseudo_inverse(monkeypatch):
+    # above _BORDERED_MIN_CLASSES a pinned class's bound comes from one column of H_GG^{-1} by the Schur complement;
+    # forced here at k = 30 with 6 classes absent from the target: the same bounds as parts(G)'s pseudo-inverse
+    from labelshift.calibration import BCTS
+    from labelshift.inference import source_aware as sa
+    zs, ys, zt, _ = _gauss_case(30, 6000, 4000, seed=3, absent=6)
+    cal = BCTS().fit(zs, ys)
+    ref = sa.source_aware_interval(zs, ys, zt, cal)
+    assert ref.pinned[:6].all()
+    monkeypatch.setattr(sa, "_BORDERED_MIN_CLASSES", 0)
+    new = sa.source_aware_interval(zs, ys, zt, cal, weights=ref.weights)
+    for key in ("weights_upper", "upper", "weights_lower", "lower"):
+        np.testing.assert_allclose(getattr(new, key), getattr(ref, key), rtol=1e-9, atol=1e-15, err_msg=key)
+    assert new.reasons == ref.reasons
+
+
+def test_source_aware_dict_above_the_stored_limit_keeps_the_variances(monkeypatch):
+    from labelshift.calibration import BCTS
+    from labelshift.inference import source_aware as sa
+    zs, ys, zt, _ = _gauss_case(5, 1000, 2000, seed=4)
+    iv = sa.source_aware_interval(zs, ys, zt, BCTS().fit(zs, ys))
+    full = iv.to_dict()
+    assert "covariance" in full and "variance" not in full
+    monkeypatch.setattr(sa, "STORED_COVARIANCE_MAX_CLASSES", 4)
+    d = iv.to_dict()
+    assert not {"covariance", "covariance_target", "covariance_holdout"} & set(d)
+    np.testing.assert_array_equal(d["variance_holdout"], np.diag(iv.covariance_holdout))
+    back = sa.SourceAwareInterval.from_dict(d)
+    assert back.to_dict() == d
+    np.testing.assert_array_equal(back.std_error, iv.std_error)
+
+
+@pytest.mark.parametrize("kind", ["BCTS", "VS"])
+def test_holdout_terms_in_row_blocks_equal_the_whole_array_section(monkeypatch, kind):
+    # above _HOLDOUT_ROWS_MIN_CLASSES the holdout's J, p_s and influences are summed over row blocks; forced here at
+    # k = 30 with blocks of 1,000 rows: the interval equals the whole-array one to rounding (summation order)
+    from labelshift import rows
+    from labelshift.calibration import BCTS, VS
+    from labelshift.inference import source_aware as sa
+    zs, ys, zt, _ = _gauss_case(30, 6000, 4000, seed=3, absent=4)
+    cal = (BCTS if kind == "BCTS" else VS)().fit(zs, ys)
+    ref = sa.source_aware_interval(zs, ys, zt, cal)
+    monkeypatch.setattr(sa, "_HOLDOUT_ROWS_MIN_CLASSES", 0)
+    monkeypatch.setattr(rows, "BLOCK_ENTRIES", 30 * 1000)
+    new = sa.source_aware_interval(zs, ys, zt, cal, weights=ref.weights)
+    for key in ("covariance", "covariance_holdout", "holdout_influence"):
+        a = getattr(ref, key)
+        np.testing.assert_allclose(getattr(new, key), a, rtol=1e-10, atol=1e-10 * np.abs(a).max(), err_msg=key)
+    for key in ("lower", "upper", "weights_upper", "std_error"):
+        np.testing.assert_allclose(getattr(new, key), getattr(ref, key), rtol=1e-9, atol=1e-15, err_msg=key)
+    assert new.reasons == ref.reasons
+
+
+def test_holdout_cov_above_the_dense_limit_is_the_per_class_sum(monkeypatch):
+    from labelshift.inference import shift_detection as sd
+    rng = np.random.default_rng(5)
+    k, J = 40, 150
+    N = rng.integers(0, 20, size=(k, J)).astype(float)
+    q = rng.dirichlet(np.ones(k))
+    fast = sd._holdout_cov(N, None, q)                      # k > DENSE_MAX_CLASSES: one product
+    monkeypatch.setattr(sd, "DENSE_MAX_CLASSES", k)
+    np.testing.assert_allclose(fast, sd._holdout_cov(N, None, q), rtol=0, atol=1e-12 * np.abs(fast).max())
+
+
+def test_default_path_at_150_classes_completes_with_the_many_class_forms(monkeypatch):
+    # a proxy of k = 1,000 (benchmarks/bench_many_classes.py): k = 150 > 100 takes the Newton calibrator fit, the
+    # holdout's row blocks, the bordered column of pinned classes and the summary without k x k matrices; a smaller
+    # LARGE_ENTRIES sends the target through the blocked passes as at k = 1,000, m = 100,000
+    import json
+    import warnings
+    from labelshift import rows
+    from labelshift.calibration import BCTS
+    from labelshift.inference.report import VERDICTS, ShiftReport, assess_shift
+    monkeypatch.setattr(rows, "LARGE_ENTRIES", 1 << 19)
+    k = 150
+    zs, ys, zt, yt = _gauss_case(k, 7500, 4000, seed=5, absent=3)
+    assert rows.is_large(zt)
+    cal = BCTS().fit(zs, ys)
+    assert cal.converged_
+    S, P = cal.predict_proba(zs), cal.predict_proba(zt)
+    prior = S.mean(axis=0) / S.mean(axis=0).sum()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rep = assess_shift(S, ys, P, source_prior=prior, estimator="MLLS", cross_check=["BBSE-soft"],
+                           interval="source-aware", source_outputs=zs, target_outputs=zt, calibrator=cal)
+    assert rep.verdict in VERDICTS and rep.failures == [] and rep.accuracy is not None
+    iv = rep.interval
+    assert np.all(iv.lower <= iv.target_prior + 1e-12) and np.all(iv.target_prior <= iv.upper + 1e-12)
+    assert iv.target_prior.sum() == pytest.approx(1.0) and iv.pinned.any()
+    # each class's 95% interval covers the target's own class share in about 95% of classes (the intervals are
+    # approximate at 50 holdout rows a class, docs/intervals.md: 0.90-0.95 measured from 33 rows); 0.8 is more than
+    # 7 binomial standard errors (0.018 at 150 classes) below
+    share = np.bincount(yt, minlength=k) / yt.size
+    assert np.mean((iv.lower <= share + 1e-12) & (share <= iv.upper + 1e-12)) >= 0.8
+    d = rep.to_dict()
+    assert "variance" in d["interval"] and "covariance" not in d["interval"]
+    assert ShiftReport.from_dict(json.loads(json.dumps(d))).to_dict() == d

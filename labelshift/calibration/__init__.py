@@ -6,7 +6,7 @@ NeurIPS 2020, Sections 4.2, 4.4, 6 and Appendix A).
 * :class:`ConfusionMatrixCalibrator` (``CM``): p_s(y | argmax), eq. (cm-log) -- the predictor of MLLS-CM.
 * :class:`BinningCalibrator`: p_s(y | bin), the aggregated predictor of Section 6 / Figure 2.
 * :class:`TemperatureScaling` (``TS``), :class:`BCTS`, :class:`VectorScaling` (``VS``), :class:`NBVS`: the
-  scaling maps of Guo et al. (2017) and Alexandari et al. (2020), fit by NLL with L-BFGS.
+  scaling maps of Guo et al. (2017) and Alexandari et al. (2020), fit by NLL with L-BFGS (Newton above 100 classes).
 * :func:`nll`, :func:`expected_calibration_error`: NLL and top-label ECE for reporting before/after calibration.
 * :func:`load_calibrator`: load any saved calibrator (JSON) by its ``kind``.
 """

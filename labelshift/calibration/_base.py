@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._validation import ROW_SUM_TOL, as_float_array, check_all_classes_present, check_labels, \
+from .._validation import ROW_SUM_TOL, _check_finite, as_float_array, check_all_classes_present, check_labels, \
     check_probabilities
 from ..errors import FormatError, InputError, NotFittedError, ObjectNotFoundError, StorageError
 
@@ -33,6 +33,10 @@ FORMAT_VERSION = 1
 PROB_FLOOR = 1e-12
 
 INPUT_KINDS = ("auto", "logits", "probs")
+
+#: entries of an outputs array above which the scaling calibrators' predict_proba reads it a row block at a time
+#: (a float32 array is then not copied to float64 whole; labelshift.calibration.scaling)
+PREDICT_BLOCK_ENTRIES = 1 << 22
 
 _REGISTRY: dict[str, type["Calibrator"]] = {}
 
@@ -80,6 +84,8 @@ class Calibrator:
     _settings: ClassVar[tuple[str, ...]] = ("input_kind",)
     #: settings a saved dict written before they existed lacks, with the value its calibrator was fit with
     _legacy_settings: ClassVar[dict[str, Any]] = {}
+    #: predict_proba reads float32 outputs of more than PREDICT_BLOCK_ENTRIES entries as they are (in row blocks)
+    _reads_float32_blocks: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -152,7 +158,7 @@ class Calibrator:
 
     def _check_predict_outputs(self, outputs, name: str) -> np.ndarray:
         self._check_fitted()
-        x = _check_outputs(outputs, name)
+        x = _check_outputs(outputs, name, keep_float32=self._reads_float32_blocks)
         if x.shape[1] != self.n_classes_:
             raise InputError(
                 f"{name} has {x.shape[1]} class columns but this {type(self).__name__} was fit on "
@@ -286,8 +292,13 @@ def load_calibrator(path_or_dict) -> Calibrator:
 
 
 # -- helpers -------------------------------------------------------------------------------------------------
-def _check_outputs(outputs, name: str) -> np.ndarray:
-    x = as_float_array(outputs, name, 2)
+def _check_outputs(outputs, name: str, keep_float32: bool = False) -> np.ndarray:
+    if keep_float32 and isinstance(outputs, np.ndarray) and outputs.dtype == np.float32 and outputs.ndim == 2 \
+            and outputs.size > PREDICT_BLOCK_ENTRIES:
+        _check_finite(outputs, name)
+        x = outputs
+    else:
+        x = as_float_array(outputs, name, 2)
     if x.shape[1] < 2:
         raise InputError(f"{name} has {x.shape[1]} class column(s); a calibrator needs at least 2 classes "
                          "(pass one column per class, e.g. [1 - p, p] for a binary classifier).")

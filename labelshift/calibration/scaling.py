@@ -2,7 +2,8 @@
 
 All four apply a softmax to an affine map of the log-scores z (logits, or log(max(p, 1e-12)) for probability
 inputs) and are fit by minimising the mean negative log-likelihood of held-out labelled source outputs with
-scipy's L-BFGS-B and analytic gradients, starting from the identity map (T = 1 or a = 1, b = 0):
+scipy's L-BFGS-B and analytic gradients (above :data:`LBFGS_MAX_CLASSES` classes: Newton's method with the exact
+Hessian, ``docs/calibration.md``), starting from the identity map (T = 1 or a = 1, b = 0):
 
 =========================  ============================  ==================================================
 class                      map g(z)                      source
@@ -33,10 +34,11 @@ import warnings
 from typing import Any
 
 import numpy as np
+from scipy.linalg import cho_factor, cho_solve
 from scipy.optimize import minimize
 
 from ..errors import InputError
-from ._base import Calibrator, _floats, log_probabilities, log_softmax
+from ._base import PREDICT_BLOCK_ENTRIES, Calibrator, _floats, log_probabilities, log_softmax
 
 _LOG_T_BOUND = 30.0
 #: standard deviation of the fit's Gaussian prior on log T, the vector scales a - 1 and the centred biases
@@ -44,6 +46,15 @@ _LOG_T_BOUND = 30.0
 PRIOR_SD = 50.0
 #: max |gradient| of the mean objective at which a fit that L-BFGS-B ends "ABNORMAL" still counts as converged
 CONVERGED_GRADIENT = 1e-6
+#: at most this many classes, the scaling calibrators are fit by L-BFGS-B; above it by Newton's method with the exact
+#: Hessian (about ten passes over the rows, where L-BFGS-B took hundreds of iterations and over ten minutes at
+#: k = 1,000, n = 50,000; docs/calibration.md). Fits at k <= LBFGS_MAX_CLASSES are as before, to the bit
+LBFGS_MAX_CLASSES = 100
+#: rows per block of a Newton pass (float64 temporaries of a block: 8 MB at k = 1,000)
+_NEWTON_ROWS = 1024
+#: largest |gradient| of the mean objective below which a Newton step reuses the last Hessian (near the optimum the
+#: Hessian hardly moves, and its k^2 product is most of a pass)
+_FRESH_HESSIAN_GRADIENT = 1e-4
 
 
 class _ScalingCalibrator(Calibrator):
@@ -61,6 +72,7 @@ class _ScalingCalibrator(Calibrator):
     _temperature: bool = True     # one temperature (scale = 1/T) instead of a per-class scale a
     _bias: bool = True            # per-class bias b (b_0 pinned to 0 while fitting)
     _settings = ("input_kind", "max_iter", "tol", "prior_sd")
+    _reads_float32_blocks = True
     # a saved calibrator without settings.prior_sd was written before the prior existed and was fit without it
     _legacy_settings = {"prior_sd": None}
 
@@ -170,36 +182,146 @@ class _ScalingCalibrator(Calibrator):
     def _fit(self, x, y, k, kind, prior):
         z = x if kind == "logits" else log_probabilities(x)
         theta0 = self._initial_theta(k)
-        ns = self._n_scale(k)
+        if k > LBFGS_MAX_CLASSES:
+            theta, self.n_iter_, success, message, fun, grad = self._minimize_newton(z, y, theta0)
+        else:
+            theta, self.n_iter_, success, message, fun, grad = self._minimize_lbfgs(z, y, theta0)
+        if not np.isfinite(fun) or fun > self.nll_before_:
+            theta = theta0                   # never return a map worse than the identity on the fit data
+        scale, bias = self._unpack(theta, k)
+        self._set_fitted(scale, bias - bias.mean())
+        grad_norm = float(np.max(np.abs(grad(theta))))
+        self.converged_ = bool(success or grad_norm < CONVERGED_GRADIENT)
+        if not self.converged_:
+            warnings.warn(f"{type(self).__name__}: {'Newton' if k > LBFGS_MAX_CLASSES else 'L-BFGS'} did not "
+                          f"converge in {self.n_iter_} iterations ({message}; max |gradient| {grad_norm:.2e}); raise "
+                          "max_iter.", RuntimeWarning, stacklevel=3)
+        if k > LBFGS_MAX_CLASSES:            # the mean NLL of the fitted map: the objective less the prior's part
+            self.nll_after_ = float(fun - self._penalty(theta, k)[0] / z.shape[0]) if theta is not theta0 \
+                else float(self.nll_before_)
+        else:
+            self.nll_after_ = float(-np.mean(self._log_proba_of_scores(z)[np.arange(z.shape[0]), y]))
+
+    def _minimize_lbfgs(self, z, y, theta0):
+        """L-BFGS-B from theta0 (k <= LBFGS_MAX_CLASSES): (theta, iterations, success, message, objective at
+        theta, the gradient as a function of theta); sets ``nll_before_``."""
+        ns = self._n_scale(z.shape[1])
         bounds = [(-_LOG_T_BOUND, _LOG_T_BOUND)] if self._temperature else [(None, None)] * ns
         bounds += [(None, None)] * (theta0.size - len(bounds))
         self.nll_before_ = self._objective(theta0, z, y)[0]
         res = minimize(self._objective, theta0, args=(z, y), jac=True, method="L-BFGS-B", bounds=bounds,
                        options={"maxiter": int(self.max_iter), "gtol": float(self.tol), "ftol": 1e-15,
                                 "maxcor": 20})
-        theta = res.x
-        if not np.isfinite(res.fun) or res.fun > self.nll_before_:
-            theta = theta0                   # never return a map worse than the identity on the fit data
-        scale, bias = self._unpack(theta, k)
-        self._set_fitted(scale, bias - bias.mean())
-        self.n_iter_ = int(res.nit)
         # L-BFGS-B stops with "ABNORMAL" when the line search cannot improve in floating point, which at a
-        # gradient this small just means it is at the optimum
-        grad_norm = float(np.max(np.abs(self._objective(theta, z, y)[1])))
-        self.converged_ = bool(res.success or grad_norm < CONVERGED_GRADIENT)
-        if not self.converged_:
-            warnings.warn(f"{type(self).__name__}: L-BFGS did not converge in {self.n_iter_} iterations "
-                          f"({res.message}; max |gradient| {grad_norm:.2e}); raise max_iter.", RuntimeWarning,
-                          stacklevel=3)
-        self.nll_after_ = float(-np.mean(self._log_proba_of_scores(z)[np.arange(z.shape[0]), y]))
+        # gradient this small just means it is at the optimum (the caller's CONVERGED_GRADIENT check)
+        return res.x, int(res.nit), bool(res.success), res.message, res.fun, lambda t: self._objective(t, z, y)[1]
+
+    def _minimize_newton(self, z, y, theta0):
+        """Newton's method with the exact Hessian and a backtracking (Armijo) line search, from theta0, until the
+        largest |gradient| of the mean objective is at most ``tol`` (k > LBFGS_MAX_CLASSES; docs/calibration.md).
+        Each iteration is one pass over the rows in blocks (:meth:`_newton_pass`); the objective is the one
+        L-BFGS-B minimises. Once the gradient is below _FRESH_HESSIAN_GRADIENT the Hessian of the last point that
+        had one is reused (a chord step: no k^2 product; it is refreshed if its step finds no decrease). Returns
+        what :meth:`_minimize_lbfgs` does; sets ``nll_before_``."""
+        f, g, H = self._newton_pass(theta0, z, y, hessian=True)
+        self.nll_before_ = f
+        theta, it, fresh, message = theta0, 0, True, "iteration limit reached"
+        while it < int(self.max_iter):
+            if np.max(np.abs(g)) <= float(self.tol):
+                message = "gradient below tol"
+                break
+            step = self._newton_step(theta, f, g, H, z, y, np.max(np.abs(g)) > _FRESH_HESSIAN_GRADIENT)
+            if step is None and fresh:       # no decrease in floating point: at the optimum to rounding
+                message = "line search found no decrease"
+                break
+            if step is None:
+                H, fresh = self._newton_pass(theta, z, y, hessian=True)[2], True
+                continue
+            theta, f, g, H_step = step
+            H, fresh, it = (H, False, it + 1) if H_step is None else (H_step, True, it + 1)
+        success = bool(np.max(np.abs(g)) <= float(self.tol))
+        return theta, it, success, message, f, lambda t: g if t is theta else self._newton_pass(t, z, y, False)[1]
+
+    def _newton_step(self, theta, f, g, H, z, y, hessian: bool):
+        """One damped Newton step: (theta', objective, gradient, Hessian if ``hessian`` else None) at the first
+        t = 1, 1/2, 1/4, ... with the Armijo decrease (or, to rounding, no increase and a smaller gradient); None
+        when t falls below 1e-10."""
+        d = _newton_direction(H, g)
+        t, slope, g_max = 1.0, float(g @ d), float(np.max(np.abs(g)))
+        while t >= 1e-10:
+            trial = theta + t * d
+            if self._temperature:
+                trial[0] = np.clip(trial[0], -_LOG_T_BOUND, _LOG_T_BOUND)
+            ft, gt, Ht = self._newton_pass(trial, z, y, hessian=hessian)
+            if ft <= f + 1e-4 * t * slope or (ft <= f and np.max(np.abs(gt)) < g_max):
+                return trial, ft, gt, Ht
+            t *= 0.5
+        return None
+
+    def _newton_pass(self, theta, z, y, hessian: bool):
+        """(mean objective, its gradient in theta, its Hessian in theta or None) -- the objective of
+        :meth:`_objective` -- in one pass over row blocks of _NEWTON_ROWS: no (n, k) temporary. The NLL's Hessian
+        in the coordinates the logits are linear in (phi: 1/T or a, then b_1..b_{k-1}) is
+        (1/n) sum_i [sum_c p_ic X_icr X_ics - xbar_ir xbar_is], xbar_i = sum_c p_ic X_ic (as the source-aware
+        interval's J); then the chain rule to log T, and the prior's."""
+        n, k = z.shape
+        scale, bias = self._unpack(theta, k)
+        sums = _NewtonSums(k, self._temperature, self._bias, hessian)
+        nll = 0.0
+        for a in range(0, n, _NEWTON_ROWS):
+            zb, yb = z[a:a + _NEWTON_ROWS], y[a:a + _NEWTON_ROWS]
+            rows = np.arange(yb.size)
+            u = zb * scale + bias
+            u -= u.max(axis=1, keepdims=True)
+            u_y = u[rows, yb]
+            np.exp(u, out=u)
+            total = u.sum(axis=1)
+            nll += float(np.sum(np.log(total) - u_y))
+            u /= total[:, None]              # the calibrated probabilities p of the block
+            sums.add(zb, yb, u, zb[rows, yb])
+        g, H = sums.result(n)
+        if self._temperature:                # phi_0 = s = exp(-log T): d/d log T = -s d/ds, d2 = s^2 d2/ds2 + s d/ds
+            s = float(scale[0])
+            if H is not None:
+                H[0, 0] = s * s * H[0, 0] + s * g[0]
+                H[0, 1:] *= -s
+                H[1:, 0] *= -s
+            g[0] *= -s
+        penalty, g_penalty = self._penalty(theta, k)
+        if H is not None and self.prior_sd is not None:
+            H += self._penalty_hessian(k) / n
+        return nll / n + penalty / n, g + g_penalty / n, H
+
+    def _penalty_hessian(self, k: int) -> np.ndarray:
+        """The Hessian of :meth:`_penalty` in theta (constant): 1 / prior_sd^2 times the identity on the scale part
+        and (I - 1 1^T / k) on the free biases."""
+        ns = self._n_scale(k)
+        q = ns + (k - 1 if self._bias else 0)
+        hess = np.eye(q)
+        if self._bias:
+            hess[ns:, ns:] -= 1.0 / k
+        return hess / float(self.prior_sd) ** 2
 
     def _predict_proba(self, x):
-        return np.exp(self._log_proba_of_scores(self._as_log_scores(x)))
+        return np.exp(self._log_proba_rows(x))
 
     def predict_log_proba(self, outputs) -> np.ndarray:
         """Log of :meth:`predict_proba`, computed without underflow to -inf."""
         x = self._check_predict_outputs(outputs, "outputs")
-        return self._log_proba_of_scores(self._as_log_scores(x))
+        return self._log_proba_rows(x)
+
+    def _log_proba_rows(self, x: np.ndarray) -> np.ndarray:
+        """The calibrated log-probabilities of outputs x, float64. Above PREDICT_BLOCK_ENTRIES entries row block by
+        row block into one output array (each row's arithmetic is the same; a float32 x is converted a block at a
+        time): the whole-array form's float64 temporaries are four times the output (3.2 GB at 100,000 rows of
+        1,000 classes)."""
+        if x.size <= PREDICT_BLOCK_ENTRIES:
+            return self._log_proba_of_scores(self._as_log_scores(x))
+        out = np.empty(x.shape)
+        step = max(1, PREDICT_BLOCK_ENTRIES // x.shape[1])
+        for a in range(0, x.shape[0], step):
+            out[a:a + step] = self._log_proba_of_scores(self._as_log_scores(x[a:a + step].astype(np.float64)))
+        return out
 
     # -- subclass hooks --------------------------------------------------------------------------------------
     def _set_fitted(self, scale: np.ndarray, bias: np.ndarray) -> None:  # pragma: no cover - abstract
@@ -218,6 +340,73 @@ class _ScalingCalibrator(Calibrator):
         self.nll_after_ = float(info.get("nll_after", np.nan))
         self.n_iter_ = int(info.get("n_iter", 0))
         self.converged_ = bool(info.get("converged", True))
+
+
+class _NewtonSums:
+    """Float64 sums over row blocks for :meth:`_ScalingCalibrator._newton_pass`: the NLL gradient in phi (1/T or a,
+    then b_1..b_{k-1}) and, with ``hessian``, the per-class sums of p, p z, p z^2 and the products of the row means
+    xbar (sum_c p_ic z_ic for 1/T, p_ic z_ic for a_c, p_ic for b_c)."""
+
+    def __init__(self, k: int, temperature: bool, bias: bool, hessian: bool):
+        self.k, self.temperature, self.bias, self.hessian = k, temperature, bias, hessian
+        self.g_z, self.g_1 = np.zeros(k), np.zeros(k)       # sum_i (p_ic - 1[y_i = c]) z_ic, and without z
+        if hessian:
+            self.s0, self.s1, self.s2 = np.zeros(k), np.zeros(k), np.zeros(k)
+            self.zz, self.zp = (0.0, np.zeros(k)) if temperature else (np.zeros((k, k)), np.zeros((k, k)))
+            self.pp = np.zeros((k, k)) if bias else None
+
+    def add(self, zb: np.ndarray, yb: np.ndarray, p: np.ndarray, z_y: np.ndarray) -> None:
+        k = self.k
+        pz = p * zb
+        col_pz, col_p = pz.sum(axis=0), p.sum(axis=0)
+        self.g_z += col_pz - np.bincount(yb, weights=z_y, minlength=k)
+        self.g_1 += col_p - np.bincount(yb, minlength=k)
+        if not self.hessian:
+            return
+        self.s0 += col_p
+        self.s1 += col_pz
+        self.s2 += np.einsum("ic,ic->c", pz, zb)
+        if self.temperature:
+            zbar = pz.sum(axis=1)
+            self.zz += float(zbar @ zbar)
+            if self.bias:
+                self.zp += zbar @ p
+        else:
+            self.zz += pz.T @ pz
+            if self.bias:
+                self.zp += pz.T @ p
+        if self.bias:
+            self.pp += p.T @ p
+
+    def result(self, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """(gradient, Hessian or None) of the mean NLL in phi."""
+        g = [np.array([self.g_z.sum()]) if self.temperature else self.g_z]
+        if self.bias:
+            g.append(self.g_1[1:])
+        g = np.concatenate(g) / n
+        if not self.hessian:
+            return g, None
+        if self.temperature:
+            scale = np.array([[self.s2.sum() - self.zz]])
+            cross = (self.s1 - self.zp)[None, 1:]
+        else:
+            scale = np.diag(self.s2) - self.zz
+            cross = (np.diag(self.s1) - self.zp)[:, 1:]
+        if not self.bias:
+            return g, scale / n
+        bias = (np.diag(self.s0) - self.pp)[1:, 1:]
+        return g, np.block([[scale, cross], [cross.T, bias]]) / n
+
+
+def _newton_direction(H: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """-H^{-1} g by Cholesky; where H is not positive definite (log T far from its optimum: the objective is convex
+    in 1/T, not in log T), the eigenvalues are replaced by their absolute values, floored at 1e-10 of the largest."""
+    try:
+        return -cho_solve(cho_factor(H), g)
+    except np.linalg.LinAlgError:
+        lam, vec = np.linalg.eigh(H)
+        lam = np.maximum(np.abs(lam), 1e-10 * np.max(np.abs(lam)))
+        return -vec @ ((vec.T @ g) / lam)
 
 
 class TemperatureScaling(_ScalingCalibrator):

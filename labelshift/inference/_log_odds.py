@@ -116,7 +116,7 @@ def _target_moments(P, k: int, products: bool = False):
     total = np.zeros((k, k))
     squares = np.zeros((k, k))
     second = np.zeros((k, k, k))
-    for sl in _rows.blocks(m):
+    for sl in _rows.blocks(m, width=k):
         c, odds = _log_odds(P[sl])
         count += np.bincount(c, minlength=k)
         for j in range(k):                       # row c of total gets the rows predicted c (bincount: fast)

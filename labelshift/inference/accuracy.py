@@ -236,7 +236,7 @@ def _target_terms_rows(Xt, calibrator, w, ps, pinned):
 
     ssum, SS = np.zeros(k), np.zeros((k, k))
     with _rows.one_blas_thread():
-        for sl in _rows.blocks(m):
+        for sl in _rows.blocks(m, width=k):
             Sb = calibrated(sl)
             ssum += Sb.sum(axis=0)
             SS += Sb.T @ Sb
@@ -248,7 +248,7 @@ def _target_terms_rows(Xt, calibrator, w, ps, pinned):
         vs = [Hinv @ (ps[F] * r[F]) for r in (r_dep, r_cor)]   # phi_i = (s_i,F - mean s_F) Hinv (p_s,F * r_F)
         pp, ds, dss, shift = np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2)
         with _rows.one_blas_thread():
-            for sl in _rows.blocks(m):
+            for sl in _rows.blocks(m, width=k):
                 Sb = calibrated(sl)
                 Qb = Sb * w
                 pis = (Qb[np.arange(Qb.shape[0]), np.argmax(Xt[sl], axis=1)], Qb.max(axis=1))

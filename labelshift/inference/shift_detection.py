@@ -359,7 +359,7 @@ def _rows_positive(P: np.ndarray, w: np.ndarray) -> bool:
     """Whether f_i^T w > 0 on every row (a large set in row blocks, without a float64 copy of it)."""
     if not _rows.is_large(P):
         return not np.any(P @ w <= 0)
-    return all(not np.any(P[sl].astype(np.float64) @ w <= 0) for sl in _rows.blocks(P.shape[0]))
+    return all(not np.any(P[sl].astype(np.float64) @ w <= 0) for sl in _rows.blocks(P.shape[0], width=P.shape[1]))
 
 
 def _assign_rows(regions: _Regions, P: np.ndarray) -> np.ndarray:
@@ -367,7 +367,7 @@ def _assign_rows(regions: _Regions, P: np.ndarray) -> np.ndarray:
     if not _rows.is_large(P):
         return regions.assign(P)
     out = np.empty(P.shape[0], dtype=np.int64)
-    for sl in _rows.blocks(P.shape[0]):
+    for sl in _rows.blocks(P.shape[0], width=P.shape[1]):
         out[sl] = regions.assign(P[sl])
     return out
 
@@ -554,6 +554,9 @@ def _holdout_cov(N: np.ndarray, pi, q: np.ndarray) -> np.ndarray:
     if pi is None:
         pooled = N.sum(axis=0) / n_y.sum()
         pi = (N + _SMOOTH * pooled[None, :]) / (n_y[:, None] + _SMOOTH)
+    if k > DENSE_MAX_CLASSES:            # the same sum as one product: k J^2 work instead of k passes over J x J
+        a = q ** 2 / n_y
+        return np.diag(a @ pi) - (pi.T * a) @ pi
     out = np.zeros((J, J))
     for c in range(k):
         out += (q[c] ** 2 / n_y[c]) * (np.diag(pi[c]) - np.outer(pi[c], pi[c]))
@@ -567,7 +570,7 @@ def _wald_target_cov(P, w, p, bt, pi, observed, J) -> np.ndarray:
     if _rows.is_large(P):                    # in row blocks, float64 sums
         H, psi_bar, R = np.zeros((k, k)), np.zeros(k), np.zeros((J, k))
         with _rows.one_blas_thread():
-            for sl in _rows.blocks(m):
+            for sl in _rows.blocks(m, width=k):
                 B = P[sl].astype(np.float64)
                 psi = B / (B @ w)[:, None]
                 H += psi.T @ psi

@@ -51,6 +51,12 @@ _LOG_T_BOUND = 30.0                 # the scaling calibrators' bound on |log T| 
 _SCORE_TOL = 0.05                   # |mean holdout score| above this many standard errors: not fit on these rows
                                     # (and above the fit's own stopping gradient: _check_fit_on_holdout)
 _COND_MAX = 1e12                    # condition number of the NLL Hessian above which theta is not identified
+_BORDERED_MIN_CLASSES = 100         # above: a pinned class's variances from one column of H_GG^{-1} (_pinned_column)
+_HOLDOUT_ROWS_MIN_CLASSES = 100     # above: the holdout's terms in row blocks (_holdout_terms_rows)
+#: :meth:`SourceAwareInterval.to_dict` writes the three (k, k) covariance matrices up to this many classes; above, it
+#: writes their diagonals (``variance``, ``variance_target``, ``variance_holdout``) instead: at k = 1,000 the matrices
+#: are 3 million numbers, about 60 MB of JSON in every stored summary (docs/intervals.md)
+STORED_COVARIANCE_MAX_CLASSES = 100
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -111,9 +117,13 @@ class SourceAwareInterval(PriorInterval):
         def mat(a):
             return [[float(v) for v in row] for row in np.asarray(a, dtype=np.float64)]
 
-        d.update({"source_prior": [float(v) for v in self.source_prior], "covariance": mat(self.covariance),
-                  "covariance_target": mat(self.covariance_target),
-                  "covariance_holdout": mat(self.covariance_holdout),
+        if len(self.source_prior) <= STORED_COVARIANCE_MAX_CLASSES:
+            matrices = {"covariance": mat(self.covariance), "covariance_target": mat(self.covariance_target),
+                        "covariance_holdout": mat(self.covariance_holdout)}
+        else:                           # the diagonals only (STORED_COVARIANCE_MAX_CLASSES)
+            matrices = {f"variance{part}": [float(v) for v in np.diag(getattr(self, f"covariance{part}"))]
+                        for part in ("", "_target", "_holdout")}
+        d.update({"source_prior": [float(v) for v in self.source_prior], **matrices,
                   "weights_std_error": [None if not math.isfinite(v) else float(v) for v in self.weights_std_error],
                   "n_source": int(self.n_source), "calibrator": self.calibrator,
                   "trustworthy": bool(self.trustworthy), "reasons": list(self.reasons)})
@@ -122,8 +132,13 @@ class SourceAwareInterval(PriorInterval):
     @classmethod
     def from_dict(cls, d: dict) -> "SourceAwareInterval":
         """The interval that :meth:`to_dict` wrote; ``from_dict(d).to_dict() == d`` (the target-only interval and
-        the covariance of w are not stored, and read back as None)."""
+        the covariance of w are not stored, and read back as None; above STORED_COVARIANCE_MAX_CLASSES classes the
+        three covariance matrices read back as the diagonal matrices of their stored variances)."""
         base = PriorInterval.from_dict(d)
+        if "covariance" not in d and all(f"variance{part}" in d for part in ("", "_target", "_holdout")):
+            # written above STORED_COVARIANCE_MAX_CLASSES classes: the variances only, read back as diagonal matrices
+            d = {**d, **{f"covariance{part}": np.diag(np.asarray(d[f"variance{part}"], dtype=np.float64))
+                         for part in ("", "_target", "_holdout")}}
         missing = [key for key in ("source_prior", "covariance", "covariance_target", "covariance_holdout",
                                    "weights_std_error", "n_source") if key not in d]
         if missing:
@@ -291,7 +306,7 @@ def _calibrated_rows(Xt: np.ndarray, calibrator, scale, bias) -> np.ndarray:
     """The calibrated target rows of a large set as a float32 (m, k) array (made block by block): for the MLLS
     solve without given weights and the target-only bound of pinned classes (float32 rounding, relative 1e-7)."""
     out = np.empty(Xt.shape, dtype=np.float32)
-    for sl in _rows.blocks(Xt.shape[0]):
+    for sl in _rows.blocks(Xt.shape[0], width=Xt.shape[1]):
         out[sl] = _calibrated_block(Xt[sl], calibrator, scale, bias)[1]
     return out
 
@@ -300,7 +315,7 @@ def _calibrated_dot(Xt: np.ndarray, calibrator, scale, bias, v: np.ndarray) -> n
     """(m,) float64 f_i^T v over the calibrated rows of a large target, made block by block."""
     out = np.empty(Xt.shape[0])
     with _rows.one_blas_thread():
-        for sl in _rows.blocks(Xt.shape[0]):
+        for sl in _rows.blocks(Xt.shape[0], width=Xt.shape[1]):
             out[sl] = _calibrated_block(Xt[sl], calibrator, scale, bias)[1] @ v
     return out
 
@@ -313,13 +328,91 @@ def _target_pass_rows(Xt: np.ndarray, calibrator, scale, bias, design: "_Design"
     H = np.zeros((k, k))
     A = np.zeros((k, design.q))
     with _rows.one_blas_thread():
-        for sl in _rows.blocks(m):
+        for sl in _rows.blocks(m, width=k):
             Zb, Pb = _calibrated_block(Xt[sl], calibrator, scale, bias)
             Sb = Pb / (Pb @ w)[:, None]
             gs += Sb.sum(axis=0)
             H += Sb.T @ Sb
             A += design.weighted_sum(Zb, Sb) - Sb.T @ design.row_mean(Zb, Sb * w)
     return gs / m, H / m, A / m
+
+
+def _holdout_terms_rows(calibrator, Zh: np.ndarray, y: np.ndarray, design: _Design, scale, bias):
+    """(J, p_s, a_inf, b_inf) of :func:`source_aware_interval`'s holdout section -- the penalised NLL Hessian, the
+    mean calibrated prediction, the holdout rows' influence on theta (n, q) and on p_s (n, k) -- in two passes over
+    row blocks with float64 sums (the same formulas; Zh may be float32 and is converted a block at a time), and the
+    "fit on these rows" check from the score's sums. The whole-array section keeps five (n, k) float64 arrays and
+    their temporaries (over 3 GB at n = 50,000, k = 1,000); this keeps the two results."""
+    n, k = Zh.shape
+    q = design.q
+    pen_grad, pen_hess = calibrator.penalty_terms() if hasattr(calibrator, "penalty_terms") else (0.0, 0.0)
+
+    def block(sl):
+        Zb = Zh[sl].astype(np.float64)
+        Pb = np.exp(log_softmax(Zb * scale + bias))
+        Rb = Pb.copy()
+        Rb[np.arange(Rb.shape[0]), y[sl]] -= 1.0
+        return Zb, Pb, design.row_mean(Zb, Rb) + pen_grad / n
+
+    gram, xx, ws, px = np.zeros((q, q)), np.zeros((q, q)), np.zeros((k, q)), np.zeros((k, q))
+    s_psi, ss_psi, s_p = np.zeros(q), np.zeros(q), np.zeros(k)
+    for sl in _rows.blocks(n, width=k):
+        Zb, Pb, psi_b = block(sl)
+        Xb = design.row_mean(Zb, Pb)
+        gram += design.gram(Zb, Pb)
+        xx += Xb.T @ Xb
+        ws += design.weighted_sum(Zb, Pb)
+        px += Pb.T @ Xb
+        s_psi += psi_b.sum(axis=0)
+        ss_psi += np.einsum("ir,ir->r", psi_b, psi_b)
+        s_p += Pb.sum(axis=0)
+    J = (gram - xx) / n + pen_hess / n
+    Dp = (ws - px) / n
+    mean = s_psi / n
+    _check_fit_scores(calibrator, design, scale, mean, np.sqrt(np.maximum(ss_psi / n - mean ** 2, 0.0) / n))
+    Jinv = np.linalg.pinv(J, rcond=1e-14, hermitian=True)
+    ps = s_p / n
+    ps = ps / ps.sum()
+    a_inf, b_inf = np.empty((n, q)), np.empty((n, k))
+    for sl in _rows.blocks(n, width=k):
+        _, Pb, psi_b = block(sl)
+        a_inf[sl] = -psi_b @ Jinv
+        b_inf[sl] = (Pb - ps) + a_inf[sl] @ Dp.T
+    return J, ps, a_inf, b_inf
+
+
+def _influence_rows(a_inf: np.ndarray, b_inf: np.ndarray, A: np.ndarray, G: np.ndarray,
+                    Hinv: np.ndarray) -> np.ndarray:
+    """(a_inf A_G^T - b_inf[:, G]) H_GG^{-1}, the holdout rows' influence on w_G, a row block at a time (no (n, k)
+    temporaries)."""
+    n, k = b_inf.shape
+    out = np.empty((n, G.size))
+    AG = A[G].T
+    for sl in _rows.blocks(n, width=k):
+        out[sl] = (a_inf[sl] @ AG - b_inf[sl][:, G]) @ Hinv
+    return out
+
+
+def _pinned_column(y: int, F: np.ndarray, H: np.ndarray, Hinv_F: np.ndarray, g: np.ndarray, ps: np.ndarray, m: int,
+                   n: int, a_inf: np.ndarray, b_inf: np.ndarray, A: np.ndarray):
+    """(w_u, target variance, holdout variance) of the pinned class y with y freed (G = F + {y}) -- the [y, y]
+    entries that ``parts(G)`` of :func:`source_aware_interval` gives -- from the column h of H_GG^{-1} for y alone:
+    by the bordered inverse (Schur complement s = H_yy - H_yF H_FF^{-1} H_Fy: h_y = 1 / s, h_F = -H_FF^{-1} H_Fy / s),
+    O(k^2 + n k) where parts(G) costs a pseudo-inverse and (n, k) products (docs/intervals.md). None when s is not
+    clearly positive (H_GG numerically singular): the caller then takes parts(G)'s pseudo-inverse."""
+    b = H[F, y]
+    u = Hinv_F @ b
+    s = float(H[y, y] - b @ u)
+    if not s > 1e-10 * float(H[y, y]):
+        return None
+    h = np.zeros(H.shape[0])                       # the column as a k-vector, 0 outside G
+    h[F] = -u / s
+    h[y] = 1.0 / s
+    w_u = min(float(h @ (g - ps)), 0.0)            # unconstrained estimate of w_y (<= 0)
+    vt = float(h @ H @ h - (h @ g) ** 2) / m
+    infl = a_inf @ (A.T @ h) - b_inf @ h           # the holdout rows' influence on w_y
+    infl -= infl.mean()
+    return w_u, vt, float(infl @ infl) / n ** 2
 
 
 def _normal_bound(w_u: float, v: float, z: float) -> float:
@@ -372,8 +465,11 @@ def _check_fit_on_holdout(calibrator, design: _Design, scale, psi: np.ndarray) -
     score is s times that of s = 1/T). On a holdout the model separates, every row's score is tiny and so is its
     standard error; only the second bound then tells a fit on these rows, stopped at its tolerance, from one on
     other rows. The message names the parameter that fails by the widest margin."""
-    score_mean = psi.mean(axis=0)
-    score_se = psi.std(axis=0) / math.sqrt(psi.shape[0])
+    _check_fit_scores(calibrator, design, scale, psi.mean(axis=0), psi.std(axis=0) / math.sqrt(psi.shape[0]))
+
+
+def _check_fit_scores(calibrator, design: _Design, scale, score_mean: np.ndarray, score_se: np.ndarray) -> None:
+    """:func:`_check_fit_on_holdout` from the mean penalised score and its standard error."""
     optimiser_score = score_mean.copy()
     if design.blocks[0] == "scalar":                               # the optimiser's log T: d/d log T = -s d/ds
         optimiser_score[0] *= float(np.ravel(scale)[0])
@@ -405,6 +501,7 @@ class _Inputs(NamedTuple):
     k: int
     m: int
     large: bool                 # the target is read in row blocks (labelshift.rows)
+    holdout_rows: bool          # the holdout's terms are summed in row blocks (k > _HOLDOUT_ROWS_MIN_CLASSES)
     design: _Design
     scale: np.ndarray | float
     bias: np.ndarray
@@ -419,6 +516,7 @@ class _HoldoutFit(NamedTuple):
     a_inf: np.ndarray           # (n, q) influence on theta
     b_inf: np.ndarray           # (n, k) influence on p_s
     reasons: list
+    in_row_blocks: bool         # products with a_inf and b_inf are taken a row block at a time (_influence_rows)
 
 
 class _TargetFit(NamedTuple):
@@ -447,6 +545,7 @@ class _Covariances(NamedTuple):
     pt_holdout: np.ndarray
     pt: np.ndarray
     pt_influence: np.ndarray
+    free_H_inv: np.ndarray      # H_FF^{-1} on the free set F (for the bordered inverse of _pinned_column)
 
 
 class _Bounds(NamedTuple):
@@ -465,7 +564,8 @@ class _Bounds(NamedTuple):
 def _interval_inputs(holdout_outputs, holdout_labels, target_outputs, calibrator) -> _Inputs:
     """The inputs of :func:`source_aware_interval` checked (InputError as documented there) and read through the
     calibrator."""
-    Xh = _check_outputs(holdout_outputs, "holdout_outputs", None)
+    Xh = _check_outputs(holdout_outputs, "holdout_outputs", None,
+                        rows=np.shape(holdout_outputs)[-1] > _HOLDOUT_ROWS_MIN_CLASSES)
     n, k = Xh.shape
     if k < 2:
         raise InputError(f"holdout_outputs has {k} class column; pass one column per class (at least 2).")
@@ -488,14 +588,20 @@ def _interval_inputs(holdout_outputs, holdout_labels, target_outputs, calibrator
             "next to n).")
     Zh = _log_scores(calibrator, Xh, "holdout_outputs")
     Zt = None if large else _log_scores(calibrator, Xt, "target_outputs")
-    return _Inputs(Xt=Xt, y=y, counts=counts, n=n, k=k, m=m, large=large, design=design, scale=scale, bias=bias,
-                   kind=kind, Zh=Zh, Zt=Zt)
+    return _Inputs(Xt=Xt, y=y, counts=counts, n=n, k=k, m=m, large=large,
+                   holdout_rows=k > _HOLDOUT_ROWS_MIN_CLASSES, design=design, scale=scale, bias=bias, kind=kind,
+                   Zh=Zh, Zt=Zt)
 
 
 def _holdout_fit(inp: _Inputs, calibrator) -> _HoldoutFit:
     """The holdout's scores, NLL Hessian J and d p_s / d theta, and each holdout row's influence on (theta, p_s);
-    InputError when the calibrator was not fit on these rows."""
+    InputError when the calibrator was not fit on these rows. Above _HOLDOUT_ROWS_MIN_CLASSES classes the same
+    terms are summed over row blocks (:func:`_holdout_terms_rows`)."""
     n, y, design, Zh = inp.n, inp.y, inp.design, inp.Zh
+    if inp.holdout_rows:
+        J, ps, a_inf, b_inf = _holdout_terms_rows(calibrator, Zh, y, design, inp.scale, inp.bias)
+        return _HoldoutFit(ps=ps, a_inf=a_inf, b_inf=b_inf, reasons=_unidentified_calibrator(J, inp.kind, calibrator),
+                           in_row_blocks=True)
     Ph = np.exp(log_softmax(Zh * inp.scale + inp.bias))
     R = Ph.copy()
     R[np.arange(n), y] -= 1.0
@@ -514,7 +620,7 @@ def _holdout_fit(inp: _Inputs, calibrator) -> _HoldoutFit:
     ps = Ph.mean(axis=0)
     ps = ps / ps.sum()
     b_inf = (Ph - ps) + a_inf @ Dp.T                               # (n, k) influence on p_s
-    return _HoldoutFit(ps=ps, a_inf=a_inf, b_inf=b_inf, reasons=reasons)
+    return _HoldoutFit(ps=ps, a_inf=a_inf, b_inf=b_inf, reasons=reasons, in_row_blocks=False)
 
 
 def _unidentified_calibrator(J: np.ndarray, kind: str, calibrator) -> list:
@@ -568,7 +674,10 @@ def _free_set_covariance(G: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, m: i
     Hinv = np.linalg.pinv(HG, rcond=1e-14, hermitian=True)
     cov_s = HG - np.outer(tgt.g[G], tgt.g[G])
     cov_t = Hinv @ cov_s @ Hinv / m
-    infl = (hold.a_inf @ tgt.A[G].T - hold.b_inf[:, G]) @ Hinv     # (n, |G|) influence of holdout rows on w_G
+    if hold.in_row_blocks:                                         # the same, a row block at a time
+        infl = _influence_rows(hold.a_inf, hold.b_inf, tgt.A, G, Hinv)
+    else:
+        infl = (hold.a_inf @ tgt.A[G].T - hold.b_inf[:, G]) @ Hinv  # (n, |G|) influence of holdout rows on w_G
     infl = infl - infl.mean(axis=0)
     cov_h = infl.T @ infl / n ** 2
     return _FreeSetCovariance(target=cov_t, holdout=cov_h, influence=infl, H_inv=Hinv)
@@ -577,19 +686,24 @@ def _free_set_covariance(G: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, m: i
 def _covariances(F: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, k: int, m: int, n: int) -> _Covariances:
     """The covariances of w and p_t = p_s * w on the free set F (0 on the pinned classes), target and holdout."""
     ps, w = hold.ps, tgt.w
-    on_F = _free_set_covariance(F, tgt, hold, m, n)
+    cov_t_F, cov_h_F, infl_F, Hinv_F = _free_set_covariance(F, tgt, hold, m, n)
     cov_w_t = np.zeros((k, k))
     cov_w_h = np.zeros((k, k))
-    cov_w_t[np.ix_(F, F)] = on_F.target
-    cov_w_h[np.ix_(F, F)] = on_F.holdout
-    infl_w = np.zeros((n, k))
-    infl_w[:, F] = on_F.influence
-    infl_pt = hold.b_inf * w + infl_w * ps                         # p_t = p_s * w: both move
+    cov_w_t[np.ix_(F, F)] = cov_t_F
+    cov_w_h[np.ix_(F, F)] = cov_h_F
+    if hold.in_row_blocks:                                         # as below, without an (n, k) infl_w
+        infl_pt = hold.b_inf * w
+        infl_pt[:, F] += infl_F * ps[F]
+        del infl_F
+    else:
+        infl_w = np.zeros((n, k))
+        infl_w[:, F] = infl_F
+        infl_pt = hold.b_inf * w + infl_w * ps                     # p_t = p_s * w: both move
     infl_pt -= infl_pt.mean(axis=0)
     cov_pt_h = infl_pt.T @ infl_pt / n ** 2
     cov_pt_t = cov_w_t * np.outer(ps, ps)
     return _Covariances(w_target=cov_w_t, w=cov_w_t + cov_w_h, pt_target=cov_pt_t, pt_holdout=cov_pt_h,
-                        pt=cov_pt_t + cov_pt_h, pt_influence=infl_pt)
+                        pt=cov_pt_t + cov_pt_h, pt_influence=infl_pt, free_H_inv=Hinv_F)
 
 
 def _normal_bounds(prior: np.ndarray, w: np.ndarray, ps: np.ndarray, cov: _Covariances, z: float) -> _Bounds:
@@ -633,26 +747,46 @@ def _target_only_upper(inp: _Inputs, calibrator, tgt: _TargetFit, ps: np.ndarray
                        level: float) -> np.ndarray:
     """The target-only profile-likelihood upper bounds on w of :func:`fisher_interval` (used for pinned classes)."""
     if inp.large:         # the target-only profile bound, on calibrated rows made block by block
-        return _pinned_bounds(None, tgt.w, tgt.H, ps, free, z, m=inp.m,
-                              rows_dot=lambda v: _calibrated_dot(inp.Xt, calibrator, inp.scale, inp.bias, v))
+        if inp.k > _BORDERED_MIN_CLASSES:        # one float32 copy of them, not one softmax pass per pinned class
+            rows32 = _calibrated_rows(inp.Xt, calibrator, inp.scale, inp.bias)
+
+            def rows_dot(v):
+                return _rows.row_dot(rows32, v)
+        else:
+            def rows_dot(v):
+                return _calibrated_dot(inp.Xt, calibrator, inp.scale, inp.bias, v)
+        return _pinned_bounds(None, tgt.w, tgt.H, ps, free, z, m=inp.m, rows_dot=rows_dot)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", IllConditionedWarning)
         return fisher_interval(tgt.Pt, tgt.w, ps, level=level).weights_upper
 
 
-def _pinned_class_bounds(inp: _Inputs, calibrator, tgt: _TargetFit, hold: _HoldoutFit, free: np.ndarray, z: float,
-                         level: float, bounds: _Bounds, reasons: list) -> _Bounds:
+def _pinned_class_variances(yy: int, F: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, Hinv_F: np.ndarray, m: int,
+                            n: int) -> tuple[float, float, float]:
+    """(w_u, target variance, holdout variance) of the pinned class yy with yy freed (G = F + {yy}): above
+    _BORDERED_MIN_CLASSES classes from one column of H_GG^{-1} (:func:`_pinned_column`), else (or when that column
+    is numerically singular) from the free-set covariance on G."""
+    ps = hold.ps
+    if tgt.H.shape[0] > _BORDERED_MIN_CLASSES:
+        one = _pinned_column(yy, F, tgt.H, Hinv_F, tgt.g, ps, m, n, hold.a_inf, hold.b_inf, tgt.A)
+        if one is not None:
+            return one
+    G = np.sort(np.append(F, yy))
+    on_G = _free_set_covariance(G, tgt, hold, m, n)
+    j = int(np.flatnonzero(G == yy)[0])
+    w_u = min(float((on_G.H_inv @ (tgt.g[G] - ps[G]))[j]), 0.0)      # unconstrained estimate of w_y (<= 0)
+    return w_u, float(on_G.target[j, j]), float(on_G.holdout[j, j])
+
+
+def _pinned_class_bounds(inp: _Inputs, calibrator, tgt: _TargetFit, hold: _HoldoutFit, Hinv_F: np.ndarray,
+                         free: np.ndarray, z: float, level: float, bounds: _Bounds, reasons: list) -> _Bounds:
     """The one-sided intervals [0, U_y] of the classes pinned at w_y = 0, written into ``bounds``' arrays (their
     standard errors become nan); appends to ``reasons`` each pinned class that is not identified."""
     ps, pinned, F = hold.ps, ~free, np.flatnonzero(free)
     w_max = 1.0 / ps
     t_upper = _target_only_upper(inp, calibrator, tgt, ps, free, z, level)
     for yy in np.flatnonzero(pinned):
-        G = np.sort(np.append(F, yy))
-        on_G = _free_set_covariance(G, tgt, hold, inp.m, inp.n)
-        j = int(np.flatnonzero(G == yy)[0])
-        w_u = min(float((on_G.H_inv @ (tgt.g[G] - ps[G]))[j]), 0.0)  # unconstrained estimate of w_y (<= 0)
-        vt, vh = float(on_G.target[j, j]), float(on_G.holdout[j, j])
+        w_u, vt, vh = _pinned_class_variances(int(yy), F, tgt, hold, Hinv_F, inp.m, inp.n)
 
         bounds.t_w_lo[yy], bounds.t_w_hi[yy] = 0.0, float(t_upper[yy])
         u = float(t_upper[yy]) + _normal_bound(w_u, vt + vh, z) - _normal_bound(w_u, vt, z)
@@ -717,7 +851,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
             reasons.append(reason)
     pinned = ~free
     if pinned.any():
-        bounds = _pinned_class_bounds(inp, calibrator, tgt, hold, free, z, level, bounds, reasons)
+        bounds = _pinned_class_bounds(inp, calibrator, tgt, hold, cov.free_H_inv, free, z, level, bounds, reasons)
     fisher = PriorInterval(target_prior=prior, lower=np.clip(ps * bounds.t_w_lo, 0.0, 1.0),
                            upper=np.clip(ps * bounds.t_w_hi, 0.0, 1.0), weights=w, weights_lower=bounds.t_w_lo,
                            weights_upper=bounds.t_w_hi, std_error=bounds.se_pt_t, level=level, method="fisher",
