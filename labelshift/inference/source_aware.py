@@ -338,7 +338,7 @@ def _target_pass_rows(Xt: np.ndarray, calibrator, scale, bias, design: "_Design"
 
 
 def _holdout_terms_rows(calibrator, Zh: np.ndarray, y: np.ndarray, design: _Design, scale, bias):
-    """(J, p_s, a_inf, b_inf) of :func:`source_aware_interval`'s holdout section -- the penalised NLL Hessian, the
+    """(J, p_s, a_inf, b_inf) of :func:`_holdout_fit`'s whole-array section -- the penalised NLL Hessian, the
     mean calibrated prediction, the holdout rows' influence on theta (n, q) and on p_s (n, k) -- in two passes over
     row blocks with float64 sums (the same formulas; Zh may be float32 and is converted a block at a time), and the
     "fit on these rows" check from the score's sums. The whole-array section keeps five (n, k) float64 arrays and
@@ -396,10 +396,10 @@ def _influence_rows(a_inf: np.ndarray, b_inf: np.ndarray, A: np.ndarray, G: np.n
 def _pinned_column(y: int, F: np.ndarray, H: np.ndarray, Hinv_F: np.ndarray, g: np.ndarray, ps: np.ndarray, m: int,
                    n: int, a_inf: np.ndarray, b_inf: np.ndarray, A: np.ndarray):
     """(w_u, target variance, holdout variance) of the pinned class y with y freed (G = F + {y}) -- the [y, y]
-    entries that ``parts(G)`` of :func:`source_aware_interval` gives -- from the column h of H_GG^{-1} for y alone:
+    entries that :func:`_free_set_covariance` (G) gives -- from the column h of H_GG^{-1} for y alone:
     by the bordered inverse (Schur complement s = H_yy - H_yF H_FF^{-1} H_Fy: h_y = 1 / s, h_F = -H_FF^{-1} H_Fy / s),
-    O(k^2 + n k) where parts(G) costs a pseudo-inverse and (n, k) products (docs/intervals.md). None when s is not
-    clearly positive (H_GG numerically singular): the caller then takes parts(G)'s pseudo-inverse."""
+    O(k^2 + n k) where that costs a pseudo-inverse and (n, k) products (docs/intervals.md). None when s is not
+    clearly positive (H_GG numerically singular): the caller then takes its pseudo-inverse."""
     b = H[F, y]
     u = Hinv_F @ b
     s = float(H[y, y] - b @ u)
