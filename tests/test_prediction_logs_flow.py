@@ -275,7 +275,7 @@ def test_estimates_per_segment_equal_assess_shift_on_each_segments_rows(prefect_
     assert items["tiny"]["too_small"] and items["tiny"]["rows"] == 60 and "60 rows" in items["tiny"]["reason"]
 
     bundle = load_reference(reference["model_uri"], tracking_uri=reference["tracking_uri"])
-    probs = bundle.calibrator.predict_proba(logits.astype(np.float64))
+    probs = bundle.calibrator.predict_proba(logits.astype(np.float64)).astype(np.float32)   # as the flow keeps them
     settings = dict(significance=0.01, label_shift_significance=0.001, class_names=NAMES,
                     source_prior=bundle.source_prior, source_outputs=bundle.source_outputs,
                     calibrator=bundle.calibrator)
