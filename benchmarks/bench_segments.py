@@ -9,12 +9,15 @@ it (the ``reestimate`` flow's default settings, :data:`labelshift.inference.sett
 * ``pooled``: :func:`labelshift.assess_shift` on all S * m rows (what the flow computes without segments too);
 * ``segments``: ``assess_shift`` on each segment's rows, one after another (the ``assess-segment`` tasks' work; the
   flow runs them as concurrent Prefect tasks, which only overlaps where numpy releases the GIL);
-* where one segment's time goes: the same call with the label-shift test off, with the Fisher instead of the
-  source-aware interval, without the BBSE cross-check (differences against the default call, one segment).
+* ``threads``: the same on a thread pool of ``--workers`` threads, as the flow's ``assess-segment`` tasks run
+  (Prefect's default task runner is a thread pool);
+* where the time goes: the segments again without the label-shift test, then also without the BBSE-soft
+  cross-check, or with the Fisher interval instead of the source-aware one.
 
 CPU: one BLAS thread (the flow's scoring also runs with one), wall-clock seconds, the best of ``--repeat`` runs.
 
     python benchmarks/bench_segments.py                  # S = 100, m = 10,000, k = 10, n = 5,000
+    python benchmarks/bench_segments.py --segments 20    # fewer segments of 10,000 rows
     python benchmarks/bench_segments.py --quick          # S = 10, m = 2,000: a smoke test
     python benchmarks/bench_segments.py --write-readme   # also write the section of benchmarks/README.md
 """
@@ -30,8 +33,10 @@ one_blas_thread()
 
 import argparse  # noqa: E402
 import datetime as _dt  # noqa: E402
+import os  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -80,41 +85,42 @@ def best(fn, repeat: int) -> float:
     return min(times)
 
 
-def measure(pb: dict, repeat: int) -> dict:
+def measure(pb: dict, repeat: int, workers: int) -> dict:
     split = split_segments(pb["values"])
-    first = next(iter(split.values()))
+    parts = list(split.values())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = {"split": best(lambda: split_segments(pb["values"]), repeat),
                "pooled": best(lambda: assess(pb), repeat),
-               "segments": best(lambda: [assess(pb, rows) for rows in split.values()], repeat)}
-        one = best(lambda: assess(pb, first), max(repeat, 3))
-        out.update({"one": one,
-                    "label_shift_test": one - best(lambda: assess(pb, first, label_shift_check=False), 3),
-                    "source_aware_vs_fisher": one - best(lambda: assess(pb, first, interval="fisher"), 3),
-                    "cross_check": one - best(lambda: assess(pb, first, cross_check=()), 3)})
+               "segments": best(lambda: [assess(pb, rows) for rows in parts], repeat),
+               "no_test": best(lambda: [assess(pb, rows, label_shift_check=False) for rows in parts], repeat),
+               "fisher": best(lambda: [assess(pb, rows, label_shift_check=False, interval="fisher")
+                                       for rows in parts], repeat),
+               "no_cross_check": best(lambda: [assess(pb, rows, label_shift_check=False, cross_check=())
+                                               for rows in parts], repeat)}
+        with ThreadPoolExecutor(workers) as pool:      # as Prefect's thread pool task runner runs assess-segment
+            out["threads"] = best(lambda: list(pool.map(lambda rows: assess(pb, rows), parts)), repeat)
+    out["workers"] = workers
     return out
 
 
 def report(args, t: dict) -> list[str]:
     s, m = args.segments, args.rows
-    per = t["segments"] / s
+    per = lambda key: f"{t[key]:.2f} ({t[key] / s * 1000:.0f} ms a segment)"  # noqa: E731
     return [HEADING, "",
             f"Run of {_dt.date.today().isoformat()} (`python benchmarks/bench_segments.py"
-            f"{' --quick' if args.quick else ''}`; {cpu_model()}, one BLAS thread, best of {args.repeat}): "
+            f"{' --quick' if args.quick else f' --segments {s}'}`; {cpu_model()}, {os.cpu_count()} cores, one BLAS "
+            f"thread, load average {os.getloadavg()[0]:.1f} at the end, best of {args.repeat}): "
             f"k = {args.k} classes, holdout n = {args.n:,}, {s} segments of {m:,} rows ({s * m:,} rows), the flow's "
             "default settings (MLLS, source-aware interval, label-shift test, BBSE-soft cross-check, accuracy).", "",
             "| step | seconds |", "|---|---|",
             f"| split the {s * m:,} rows by segment value | {t['split']:.3f} |",
             f"| pooled estimate, all {s * m:,} rows (as without segments) | {t['pooled']:.2f} |",
-            f"| {s} segment estimates, one after another | {t['segments']:.2f} ({per * 1000:.0f} ms a segment) |",
-            "", "Where one segment's time goes (one segment of "
-            f"{m:,} rows: {t['one'] * 1000:.0f} ms; differences against the call without the part):", "",
-            "| part | ms |", "|---|---|",
-            f"| label-shift test (bootstrap of the fitted null) | {t['label_shift_test'] * 1000:.0f} |",
-            f"| source-aware interval beyond the Fisher one (holdout side) | "
-            f"{t['source_aware_vs_fisher'] * 1000:.0f} |",
-            f"| BBSE-soft cross-check | {t['cross_check'] * 1000:.0f} |", ""]
+            f"| {s} segment estimates, one after another | {per('segments')} |",
+            f"| the same on {t['workers']} threads (as the `assess-segment` tasks run) | {per('threads')} |",
+            f"| {s} segments without the label-shift test | {per('no_test')} |",
+            f"| ... and without the BBSE-soft cross-check | {per('no_cross_check')} |",
+            f"| ... or with the Fisher interval instead of the source-aware one | {per('fisher')} |", ""]
 
 
 def main(argv=None) -> int:
@@ -123,14 +129,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=10_000, help="rows per segment")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--n", type=int, default=5_000, help="holdout rows")
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="threads of the fanned-out run")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--write-readme", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
         args.segments, args.rows, args.repeat = 10, 2_000, 1
     pb = problem(args.k, args.n, args.segments, args.rows)
-    publish(HEADING, report(args, measure(pb, args.repeat)), args.write_readme)
+    publish(HEADING, report(args, measure(pb, args.repeat, args.workers)), args.write_readme)
     return 0
 
 
