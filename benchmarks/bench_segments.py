@@ -46,7 +46,7 @@ from labelshift.experiments.well_specified import WellSpecifiedGaussians  # noqa
 from labelshift.inference.segments import split_segments  # noqa: E402
 from report_utils import cpu_model, publish  # noqa: E402
 
-HEADING = "## Estimates per segment: 100 segments of 10,000 rows (issue 22)"
+HEADING = "## Estimates per segment: segments of 10,000 rows (issue 22)"
 
 
 def problem(k: int, n: int, segments: int, m: int) -> dict:
