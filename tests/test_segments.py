@@ -113,3 +113,20 @@ def test_records_metrics_table_and_figure(segments):
     assert "too small" in text and "eu west" in text
     png = figure_png(plot_segment_priors(ps, [r for r in records if not r["too_small"]], class_names=["a", "b/c", "d"]))
     assert png[:4] == b"\x89PNG"
+
+
+def test_the_cli_options_are_the_flow_parameters():
+    import argparse
+
+    from flows.cli._common import UsageError
+    from flows.cli.estimate import parameters_from_args, register
+
+    parser = argparse.ArgumentParser(prog="labelshift")
+    register(parser.add_subparsers(dest="command"))
+    params = parameters_from_args(parser.parse_args(["estimate", "--segment-column", "region",
+                                                     "--min-segment-size", "500"]))
+    assert params.segment_column == "region" and params.min_segment_size == 500
+    defaults = parameters_from_args(parser.parse_args(["estimate"]))
+    assert defaults.segment_column is None and defaults.min_segment_size == 200
+    with pytest.raises(UsageError, match="--min-segment-size"):
+        parameters_from_args(parser.parse_args(["estimate", "--min-segment-size", "5"]))
