@@ -15,7 +15,9 @@ meets new unlabelled data in object storage; on a schedule this flow
    holdout; the target-only Fisher interval or a bootstrap by name), a test of the label-shift assumption itself
    (:mod:`labelshift.inference.shift_detection`), a two-sample test of "no shift" (w = 1: the mean calibrated prediction
    on the new data against the source holdout's) and the identifiability report (Hessian minimum eigenvalue,
-   confusion-matrix conditioning; :mod:`labelshift.inference.uncertainty`);
+   confusion-matrix conditioning; :mod:`labelshift.inference.uncertainty`); with ``segment_column``, the same on
+   each segment's rows besides (``assess-segment`` tasks, :mod:`tasks.segments`; the column is read and checked
+   before the MLflow run starts) -- the pooled estimate and its verdict alone drive the steps below;
 4. logs to MLflow (experiment ``reestimation``): a child run per re-estimation with the prior, the interval, the
    p-value, the identifiability numbers and a figure;
 5. writes corrected predictions p_t(y|x) proportional to w_y f_y(x) beside each batch (``NAME.corrected.npy``),
