@@ -54,8 +54,8 @@ def _held(summary: dict) -> list[tuple[str, dict]]:
 def _segment_cells(item: dict) -> list[str]:
     """A segment's numbers as text: rows, verdict, total variation, no-shift p, label-shift p, expected accuracy
     with its interval ("too small" segments: their rows and the verdict, the rest empty)."""
-    if item["too_small"]:
-        return [str(item["rows"]), "too small", "", "", "", ""]
+    if item["too_small"] or "target_prior" not in item:
+        return [str(item["rows"]), "too small" if item["too_small"] else f"failed ({item['reason']})", "", "", "", ""]
     acc = item.get("accuracy")
     lsp = item.get("label_shift_p_value")
     return [str(item["rows"]), item["verdict"], f"{item['total_variation']:.3f}", format_p(item["no_shift_p_value"]),
@@ -184,7 +184,7 @@ class _Markdown:
         rows = []
         for item in segments["items"]:
             priors = ([f"{v:.3f} [{lo:.3f}, {hi:.3f}]" for v, lo, hi in
-                       zip(item["target_prior"], item["lower"], item["upper"])] if not item["too_small"]
+                       zip(item["target_prior"], item["lower"], item["upper"])] if "target_prior" in item
                       else [""] * len(names))
             rows.append("| " + " | ".join([item["name"], *_segment_cells(item), *priors]) + " |")
         return ["", _segment_note(segments), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows]

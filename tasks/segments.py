@@ -92,22 +92,28 @@ def assess_segment(bundle, name: str, probs: np.ndarray, outputs: np.ndarray | N
 def assess_segments(bundle, values: np.ndarray, probs: np.ndarray, outputs: np.ndarray | None, settings: dict,
                     class_names, min_size: int) -> list[SegmentEstimate]:
     """Every segment, in the order of their names: those with at least ``min_size`` rows assessed as concurrent
-    ``assess-segment`` tasks, the others reported as too small (with their size)."""
-    futures = {}
-    results = {}
-    for name, rows in split_segments(values).items():
+    ``assess-segment`` tasks, the others reported as too small (with their size). A segment whose assessment
+    raises is reported as failed, with the error: it never fails the run, whose pooled estimate stands."""
+    futures, results = {}, {}
+    split = split_segments(values)
+    for name, rows in split.items():
         if len(rows) < min_size:
             results[name] = SegmentEstimate(name, len(rows), min_size)
         else:
             futures[name] = assess_segment.submit(bundle, name, probs[rows],
                                                   None if outputs is None else outputs[rows], settings,
                                                   class_names, min_size)
-    results.update({name: f.result() for name, f in futures.items()})
+    for name, future in futures.items():
+        try:
+            results[name] = future.result()
+        except Exception as exc:        # one segment's failure is reported, never the pooled run's
+            results[name] = SegmentEstimate(name, len(split[name]), min_size, error=f"{type(exc).__name__}: {exc}")
     return [results[name] for name in sorted(results)]
 
 
 def segment_metrics(segments: list[SegmentEstimate], class_names) -> dict[str, float]:
-    """MLflow metrics per segment: ``segment.<s>.n_rows`` and ``segment.<s>.too_small`` always; for an assessed
+    """MLflow metrics per segment: ``segment.<s>.n_rows``, ``segment.<s>.too_small`` and ``segment.<s>.failed``
+    always; for an assessed
     segment also ``target_prior_<c>``, ``prior_lower_<c>``, ``prior_upper_<c>``, ``total_variation``,
     ``no_shift_p_value``, ``label_shift_p_value``, ``shifted``, ``trustworthy`` and ``accuracy_expected``,
     ``accuracy_lower``, ``accuracy_upper``. ``<s>`` and ``<c>`` are made metric-safe
@@ -116,6 +122,7 @@ def segment_metrics(segments: list[SegmentEstimate], class_names) -> dict[str, f
     for key, seg in zip(metric_names([s.name for s in segments]), segments):
         at = f"segment.{key}."
         out[at + "n_rows"], out[at + "too_small"] = seg.n_rows, float(seg.too_small)
+        out[at + "failed"] = float(seg.error is not None)
         if seg.report is None:
             continue
         r = seg.report
@@ -146,6 +153,6 @@ def log_segments(tracking_uri: str, run_id: str, segments: list[SegmentEstimate]
         client.log_batch(run_id, metrics=metrics[i:i + 1000])
     records = [s.to_dict() for s in segments]
     client.log_text(run_id, json.dumps(records, indent=1), "reestimation/segments.json")
-    figure = plot_segment_priors(source_prior, [r for r in records if not r["too_small"]],
+    figure = plot_segment_priors(source_prior, [r for r in records if "target_prior" in r],
                                  class_names=class_names, level=level, title=title)
     _log_bytes(client, run_id, figure_png(figure), "figures", "segment_priors.png")

@@ -106,12 +106,18 @@ def test_records_metrics_table_and_figure(segments):
         _validate_metric_name(name)
     assert metrics["segment.eu west.target_prior_b_c"] == segs[0].report.target_prior[1]
     assert metrics["segment.x.n_rows"] == 12 and "segment.x.total_variation" not in metrics
+    failed = SegmentEstimate("bad", 900, 200, error="InputError: no")
+    assert failed.to_dict() == {"name": "bad", "rows": 900, "too_small": False, "verdict": "Failed",
+                                "reason": "InputError: no"}
+    assert segment_metrics([failed], None) == {"segment.bad.n_rows": 900.0, "segment.bad.too_small": 0.0,
+                                               "segment.bad.failed": 1.0}
+    records.append(failed.to_dict())
     block = {"column": "region", "min_size": 200, "items": records}
     md = "\n".join(MARKDOWN.segments(block, ["a", "b/c", "d"]))
     assert "| x | 12 | too small |" in md and "p_t(b/c)" in md and "positively correlated" in md
     text = "\n".join(PLAIN_TEXT.segments(block, ["a", "b/c", "d"]))
-    assert "too small" in text and "eu west" in text
-    png = figure_png(plot_segment_priors(ps, [r for r in records if not r["too_small"]], class_names=["a", "b/c", "d"]))
+    assert "too small" in text and "eu west" in text and "failed (InputError: no)" in text
+    png = figure_png(plot_segment_priors(ps, [r for r in records if "target_prior" in r], class_names=["a", "b/c", "d"]))
     assert png[:4] == b"\x89PNG"
 
 

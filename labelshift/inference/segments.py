@@ -52,21 +52,24 @@ def split_segments(values: np.ndarray) -> dict[str, np.ndarray]:
 @dataclass(frozen=True)
 class SegmentEstimate:
     """One segment's result: its name, its number of rows, and the assessment of its rows (None when it has fewer
-    than ``min_size`` rows: too small to assess)."""
+    than ``min_size`` rows: too small to assess; or when the assessment failed, with the ``error``)."""
 
     name: str
     n_rows: int
     min_size: int
     report: ShiftReport | None = None
+    error: str | None = None
 
     @property
     def too_small(self) -> bool:
-        return self.report is None
+        return self.report is None and self.error is None
 
     def to_dict(self) -> dict:
         """A compact, JSON-ready record: name, rows, and either ``too_small`` or the verdict, the prior with its
         interval, the total variation, the tests' p-values and the expected accuracy with its interval."""
         base = {"name": self.name, "rows": self.n_rows, "too_small": self.too_small}
+        if self.error is not None:
+            return {**base, "verdict": "Failed", "reason": self.error}
         if self.report is None:
             return {**base, "verdict": "Too small",
                     "reason": f"{self.n_rows} rows, fewer than the minimum segment size {self.min_size}"}
