@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from pydantic_core import PydanticCustomError
 
 from labelshift.estimation import registry
+from labelshift.inference.segments import MIN_SEGMENT_SIZE
 from labelshift.inference.settings import DEFAULTS as ASSESSMENT
 from labelshift.errors import InputError
 from labelshift.experiments import gaussian, images
@@ -310,6 +311,17 @@ CorrectedModelNameParam = Annotated[str | None, Field(
                 "must not exist yet or be one this flow made (tag labelshift.kind = shift-corrected). When not set: "
                 "<deployed model's name>-shift-corrected.")]
 
+SegmentColumnParam = Annotated[str | None, Field(
+    min_length=1,
+    description="A column of the Parquet batches (prediction logs or tabular inputs) whose value names each row's "
+                "segment (e.g. region): besides the pooled estimate, one estimate per segment -- verdict, interval, "
+                "label-shift test, accuracy -- against the shared holdout, logged as segment.<name>.* metrics, a "
+                "table and a figure. Every row needs a value; not for .npy batches. The pooled verdict alone drives "
+                "the outputs, the watermark, the alerts and the corrected model. See docs/reestimation.md.")]
+MinSegmentSizeParam = Annotated[int, Field(
+    ge=20, description="Segments with fewer rows are reported as too small (with their size) instead of assessed "
+                       "(with segment_column). See docs/reestimation.md for why 200.")]
+
 
 class ReestimateParameters(BaseModel):
     """All parameters of the ``reestimate`` flow, validated together: the one definition of their names, types,
@@ -338,6 +350,8 @@ class ReestimateParameters(BaseModel):
     on_invalid: OnInvalidParam = "quarantine"
     register_corrected: RegisterCorrectedParam = False
     corrected_model_name: CorrectedModelNameParam = None
+    segment_column: SegmentColumnParam = None
+    min_segment_size: MinSegmentSizeParam = MIN_SEGMENT_SIZE
 
     @model_validator(mode="after")
     def _interval_fits_estimator(self) -> "ReestimateParameters":

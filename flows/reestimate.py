@@ -15,7 +15,9 @@ meets new unlabelled data in object storage; on a schedule this flow
    holdout; the target-only Fisher interval or a bootstrap by name), a test of the label-shift assumption itself
    (:mod:`labelshift.inference.shift_detection`), a two-sample test of "no shift" (w = 1: the mean calibrated prediction
    on the new data against the source holdout's) and the identifiability report (Hessian minimum eigenvalue,
-   confusion-matrix conditioning; :mod:`labelshift.inference.uncertainty`);
+   confusion-matrix conditioning; :mod:`labelshift.inference.uncertainty`); with ``segment_column``, the same on
+   each segment's rows besides (``assess-segment`` tasks, :mod:`tasks.segments`; the column is read and checked
+   before the MLflow run starts) -- the pooled estimate and its verdict alone drive the steps below;
 4. logs to MLflow (experiment ``reestimation``): a child run per re-estimation with the prior, the interval, the
    p-value, the identifiability numbers and a figure;
 5. writes corrected predictions p_t(y|x) proportional to w_y f_y(x) beside each batch (``NAME.corrected.npy``),
@@ -45,7 +47,7 @@ from flows.params import (BatchSizeParam, CalibratorParam, CrossCheckParam, Esti
                           IntervalParam, LabelShiftSignificanceParam, LevelParam, MaxWidthParam, ModelParam,
                           NBootstrapParam, OnChangedParam, OnInvalidParam, ReestimateParameters, SeedParam,
                           SignificanceParam, TargetParam, TrackingParam, RegisterCorrectedParam,
-                          CorrectedModelNameParam, documented)
+                          CorrectedModelNameParam, SegmentColumnParam, MinSegmentSizeParam, documented)
 from flows.params import DEFAULT_MODEL  # noqa: F401 - re-exported
 from flows.summary import headline as _headline
 from flows.summary import summary_markdown
@@ -53,6 +55,7 @@ from flows.user_errors import install as _log_user_errors_once
 from labelshift.errors import InputError
 from labelshift.estimation.registry import check_interval
 from labelshift.inference.report import ShiftReport, Verdict, check_holdout
+from labelshift.rows import joined
 from labelshift.monitoring.watermark import commit_watermark, find_new_batches, read_watermark
 from labelshift.storage import open_store
 from stack import settings as settings_mod
@@ -61,6 +64,7 @@ from tasks.reestimation import (catch_up_monitor, end_run, estimate_shift, histo
                                 sync_monitor)
 from tasks.alerts import emit_verdict
 from tasks.references import class_names_of, load_for_reestimation, score_for_reestimation, write_for_reestimation
+from tasks.segments import assess_segments, check_segmentable, log_segments, read_segment_values, segment_values_of
 from tasks.serving import check_corrected_name, register_if_shifted
 from tasks.tracking import check_tracking_server, git_commit, run_url
 
@@ -157,7 +161,9 @@ def _start_run(p: ReestimateParameters, env, store, bundle, watermark, n_batches
                   max_interval_width=p.max_interval_width, on_invalid=p.on_invalid,
                   # logged only when given, so that runs without it log the parameters they always did
                   **({"label_shift_significance": p.label_shift_significance}
-                     if p.label_shift_significance is not None else {}))
+                     if p.label_shift_significance is not None else {}),
+                  **({"segment_column": p.segment_column, "min_segment_size": p.min_segment_size}
+                     if p.segment_column else {}))
     tags = {"prefect.flow_run_id": flow_run_id or "", "prefect.flow_run_name": flow_run_name or "",
             "labelshift.sequence": str(sequence)}
     commit = git_commit()
@@ -226,14 +232,18 @@ def _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger, bu
 
 
 # -- 4. the estimate, logged -------------------------------------------------------------------------------------------
+def _settings(p: ReestimateParameters) -> dict:
+    """The statistical settings of one assessment, as :func:`tasks.reestimation.estimate_shift` takes them (the
+    pooled rows and every segment's are assessed with the same)."""
+    return dict(estimator=p.estimator, cross_check=list(p.cross_check), interval=p.interval, level=p.level,
+                significance=p.significance, n_bootstrap=p.n_bootstrap, seed=p.seed,
+                max_interval_width=p.max_interval_width, label_shift_significance=p.label_shift_significance)
+
+
 def _assess(p: ReestimateParameters, bundle, classes, scored, rejected, store, env, runs) -> tuple[ShiftReport, dict]:
     """The estimate, its uncertainty and identifiability, and the test of label shift itself; and the summary of
     the run (its state's data and the artifact's source)."""
-    report = estimate_shift(bundle, scored.probs, estimator=p.estimator, cross_check=list(p.cross_check),
-                            interval=p.interval, level=p.level, significance=p.significance,
-                            n_bootstrap=p.n_bootstrap, seed=p.seed, max_interval_width=p.max_interval_width,
-                            outputs=scored.outputs, class_names=classes,
-                            label_shift_significance=p.label_shift_significance)
+    report = estimate_shift(bundle, scored.probs, outputs=scored.outputs, class_names=classes, **_settings(p))
     summary = {
         "verdict": report.verdict, "headline": _headline(report, classes), "sequence": runs["sequence"],
         "classes": classes, "model": bundle.describe(), "target": store.uri,
@@ -245,6 +255,32 @@ def _assess(p: ReestimateParameters, bundle, classes, scored, rejected, store, e
         "rejected": rejected, "skipped": scored.skipped,
     }
     return report, summary
+
+
+def _read_segments(p: ReestimateParameters, store, target_uri: str, batches) -> dict | None:
+    """With a segment column: every new batch's segment values, read and checked (the column exists, every row has
+    a value; Parquet batches only) before the MLflow run starts -- bad input fails here with nothing written."""
+    if not p.segment_column:
+        return None
+    check_segmentable(batches, p.segment_column, store.uri)
+    return read_segment_values(target_uri, batches, p.segment_column)
+
+
+def _per_segment(p: ReestimateParameters, bundle, classes, scored, values, summary: dict, env, runs) -> None:
+    """One estimate per segment besides the pooled one (``assess-segment`` tasks), into the summary
+    (``summary["segments"]``) and the MLflow run (metrics, figure). The pooled estimate and its verdict are untouched:
+    they alone drive the outputs, the watermark, the alerts and the corrected model."""
+    if values is None:
+        return
+    outputs = joined(scored.outputs) if scored.outputs else None
+    segments = assess_segments(bundle, segment_values_of(values, scored), joined(scored.probs), outputs,
+                               _settings(p), classes, p.min_segment_size)
+    summary["segments"] = {"column": p.segment_column, "min_size": p.min_segment_size,
+                           "items": [s.to_dict() for s in segments]}
+    named = None if classes == [str(c) for c in range(len(classes))] else classes
+    log_segments(env.tracking_uri, runs["run_id"], segments, bundle.source_prior.tolist(), named, p.level,
+                 runs["sequence"], f"{bundle.name} v{bundle.version}: target prior per {p.segment_column}, "
+                                   f"run {runs['sequence']}")
 
 
 def _log(report: ShiftReport, summary: dict, bundle, classes, watermark, env, runs, rejected) -> dict:
@@ -331,6 +367,8 @@ def reestimate(
     on_invalid: OnInvalidParam = DEFAULTS.on_invalid,
     register_corrected: RegisterCorrectedParam = DEFAULTS.register_corrected,
     corrected_model_name: CorrectedModelNameParam = DEFAULTS.corrected_model_name,
+    segment_column: SegmentColumnParam = DEFAULTS.segment_column,
+    min_segment_size: MinSegmentSizeParam = DEFAULTS.min_segment_size,
 ):
     """Re-estimate the target label distribution from the target batches that arrived since the last success.
 
@@ -357,6 +395,7 @@ def reestimate(
     # the corrected model's registry name, checked before anything is written (docs/serving.md)
     corrected_as = (check_corrected_name(env.tracking_uri, p.model, p.corrected_model_name)
                     if p.register_corrected else None)
+    segment_values = _read_segments(p, store, target_uri, batches)     # checked before anything is written
     runs = _start_run(p, env, store, bundle, watermark, len(batches))
     try:
         # 3. calibrated probabilities of every new row
@@ -365,6 +404,7 @@ def reestimate(
             return _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger, bundle)
         # 4. the estimate and its tests, logged to MLflow
         report, summary = _assess(p, bundle, classes, scored, rejected, store, env, runs)
+        _per_segment(p, bundle, classes, scored, segment_values, summary, env, runs)    # never the pooled verdict
         record = _log(report, summary, bundle, classes, watermark, env, runs, rejected)
         # 5. outputs beside each batch; then -- only then -- 6. the watermark, which counts the batches either way
         _write_outputs(report, summary, bundle, target_uri, scored)

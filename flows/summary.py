@@ -51,6 +51,24 @@ def _held(summary: dict) -> list[tuple[str, dict]]:
         [("skipped", r) for r in summary.get("skipped", [])]
 
 
+def _segment_cells(item: dict) -> list[str]:
+    """A segment's numbers as text: rows, verdict, total variation, no-shift p, label-shift p, expected accuracy
+    with its interval ("too small" segments: their rows and the verdict, the rest empty)."""
+    if item["too_small"] or "target_prior" not in item:
+        return [str(item["rows"]), "too small" if item["too_small"] else f"failed ({item['reason']})", "", "", "", ""]
+    acc = item.get("accuracy")
+    lsp = item.get("label_shift_p_value")
+    return [str(item["rows"]), item["verdict"], f"{item['total_variation']:.3f}", format_p(item["no_shift_p_value"]),
+            "not run" if lsp is None else format_p(lsp),
+            "" if acc is None else f"{acc['expected']:.3f} [{acc['lower']:.3f}, {acc['upper']:.3f}]"]
+
+
+def _segment_note(segments: dict) -> str:
+    return (f"Estimates per segment ({segments['column']}; each on its own rows against the shared holdout, so "
+            "their intervals are positively correlated -- docs/reestimation.md; segments under "
+            f"{segments['min_size']} rows are too small to assess; the verdict above is the pooled one):")
+
+
 def render(summary: dict, front) -> str:
     """The summary of a run (the data of the ``reestimate`` flow's final state) as ``front`` lays it out."""
     if summary.get("verdict") == Verdict.NO_NEW_DATA:
@@ -70,6 +88,7 @@ def render(summary: dict, front) -> str:
         "classes": front.classes(res, names),
         "cross_checks": front.cross_checks(res),
         "accuracy": front.accuracy(res, names) if shows_accuracy else [],
+        "segments": front.segments(summary["segments"], names) if summary.get("segments") else [],
         "withheld": front.withheld(summary["outputs_withheld"]) if summary.get("outputs_withheld") else [],
         "held": front.held(summary, held) if held else [],
         "warnings": front.warnings(summary.get("warnings", [])),
@@ -81,7 +100,8 @@ def render(summary: dict, front) -> str:
 class _Markdown:
     """The Prefect artifact: the verdict first, then the numbers behind it, then a table per class."""
 
-    order = ("head", "tests", "label_shift", "classes", "cross_checks", "accuracy", "withheld", "held", "links")
+    order = ("head", "tests", "label_shift", "classes", "cross_checks", "accuracy", "segments", "withheld", "held",
+             "links")
     icons = {Verdict.SHIFTED: "⚠️", Verdict.NO_SHIFT: "✅", Verdict.UNTRUSTWORTHY: "❓", Verdict.NOT_LABEL_SHIFT: "🚫"}
 
     @staticmethod
@@ -158,6 +178,18 @@ class _Markdown:
                   for c in range(res.n_classes)]]
 
     @staticmethod
+    def segments(segments: dict, names) -> list[str]:
+        head = ["segment", "rows", "verdict", "total variation", "no-shift p", "label-shift p", "expected accuracy",
+                *[f"p_t({n})" for n in names]]
+        rows = []
+        for item in segments["items"]:
+            priors = ([f"{v:.3f} [{lo:.3f}, {hi:.3f}]" for v, lo, hi in
+                       zip(item["target_prior"], item["lower"], item["upper"])] if "target_prior" in item
+                      else [""] * len(names))
+            rows.append("| " + " | ".join([item["name"], *_segment_cells(item), *priors]) + " |")
+        return ["", _segment_note(segments), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows]
+
+    @staticmethod
     def withheld(reason: str) -> list[str]:
         return ["", f"**No corrected outputs were written:** {reason}"]
 
@@ -188,7 +220,8 @@ class _Markdown:
 class _PlainText:
     """The terminal: the verdict and its sentence, the label-shift test, a table per class, then the numbers."""
 
-    order = ("head", "label_shift", "classes", "tests", "cross_checks", "accuracy", "held", "warnings", "links")
+    order = ("head", "label_shift", "classes", "tests", "cross_checks", "accuracy", "segments", "held", "warnings",
+             "links")
 
     @staticmethod
     def join(lines: list[str]) -> str:
@@ -242,6 +275,17 @@ class _PlainText:
         acc = res.accuracy
         return [f"  {res.accuracy_summary}; corrected predictions {acc.corrected:.2f} "
                 f"[{acc.corrected_lower:.2f}, {acc.corrected_upper:.2f}]"]
+
+    @staticmethod
+    def segments(segments: dict, names) -> list[str]:
+        width = max(7, *(len(item["name"]) for item in segments["items"]))
+        lines = ["", "  " + _segment_note(segments),
+                 f"  {'segment':>{width}}  {'rows':>7}  {'verdict':<16} {'TV':>6}  {'no-shift p':>10}  "
+                 f"{'label-shift p':>13}  expected accuracy"]
+        for item in segments["items"]:
+            rows, verdict, tv, p, lsp, acc = _segment_cells(item)
+            lines.append(f"  {item['name']:>{width}}  {rows:>7}  {verdict:<16} {tv:>6}  {p:>10}  {lsp:>13}  {acc}")
+        return lines
 
     @staticmethod
     def withheld(reason: str) -> list[str]:

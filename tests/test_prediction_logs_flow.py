@@ -229,3 +229,110 @@ def test_a_reference_without_class_names_or_with_an_empty_class_is_refused(mlflo
     with pytest.raises(InputError, match="no example of class"):
         register_reference(logits[y != 7], y[y != 7], name="no-sevens", class_names=NAMES, output_kind="logits",
                            tracking_uri=mlflow_s3_server.url)
+
+
+# -- estimates per segment (issue 22, part 3) ---------------------------------------------------------------------------
+#: three segments of the logs: two assessed, one under the minimum size (200)
+SEGMENTS = {"north": 500, "south": 400, "tiny": 60}
+
+
+def _segmented_logs(digits) -> tuple[dict, np.ndarray, np.ndarray]:
+    """Two Parquet batches whose rows carry a 'region' column, the segments interleaved; returns the batches (key ->
+    table) and, in the pooled order of the flow (the batches sorted by key, rows in order), every row's region and
+    float32 logits."""
+    x, _ = _shifted(digits, sum(SEGMENTS.values()), 60)
+    logits = digits["model"].decision_function(x).astype(np.float32)
+    regions = np.random.default_rng(61).permutation(np.repeat(list(SEGMENTS), list(SEGMENTS.values())))
+    half = len(regions) // 2
+    batches = {}
+    for key, sl in (("a.parquet", slice(0, half)), ("b.parquet", slice(half, None))):
+        batches[key] = {"region": regions[sl].tolist(), **{c: logits[sl, j] for j, c in enumerate(NAMES)}}
+    return batches, regions, logits
+
+
+def _experiment_runs(tracking_uri: str) -> list:
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name("reestimation")
+    return [] if exp is None else client.search_runs([exp.experiment_id], max_results=1000)
+
+
+def test_estimates_per_segment_equal_assess_shift_on_each_segments_rows(prefect_server, reference, digits, seaweed,
+                                                                         s3_bucket):
+    from labelshift import assess_shift
+    from tasks.references import load_reference
+    from tasks.reestimation import estimate_shift
+
+    batches, regions, logits = _segmented_logs(digits)
+    for key, table in batches.items():
+        _put(seaweed, s3_bucket, f"seg/{key}", _parquet(table))
+    state = _run(reference["model_uri"], reference["tracking_uri"], f"s3://{s3_bucket}/seg/", segment_column="region")
+    assert state.is_completed(), state.message
+    summary = state.result()
+    seg = summary["segments"]
+    assert seg["column"] == "region" and seg["min_size"] == 200
+    items = {item["name"]: item for item in seg["items"]}
+    assert list(items) == sorted(SEGMENTS)
+    assert items["tiny"]["too_small"] and items["tiny"]["rows"] == 60 and "60 rows" in items["tiny"]["reason"]
+
+    bundle = load_reference(reference["model_uri"], tracking_uri=reference["tracking_uri"])
+    probs = bundle.calibrator.predict_proba(logits.astype(np.float64)).astype(np.float32)   # as the flow keeps them
+    settings = dict(significance=0.01, label_shift_significance=0.001, class_names=NAMES,
+                    source_prior=bundle.source_prior, source_outputs=bundle.source_outputs,
+                    calibrator=bundle.calibrator)
+    for name in ("north", "south"):
+        rows = np.flatnonzero(regions == name)
+        want = assess_shift(bundle.source_probs, bundle.source_labels, probs[rows], target_outputs=logits[rows],
+                            **settings)
+        got = items[name]
+        assert got["rows"] == SEGMENTS[name] and got["verdict"] == want.verdict
+        assert got["target_prior"] == want.target_prior.tolist()
+        assert got["lower"] == want.interval.lower.tolist() and got["upper"] == want.interval.upper.tolist()
+        assert got["no_shift_p_value"] == want.no_shift_test.p_value
+        assert got["label_shift_p_value"] == want.label_shift.p_value
+        assert got["accuracy"]["expected"] == want.accuracy.expected
+    # the pooled estimate is what it is without segments
+    pooled = estimate_shift.fn(bundle, [probs], outputs=[logits], class_names=NAMES, significance=0.01,
+                               label_shift_significance=0.001)
+    assert summary["result"]["target_prior"] == pooled.target_prior.tolist() and summary["verdict"] == pooled.verdict
+
+    client = MlflowClient(reference["tracking_uri"])
+    run = client.get_run(summary["mlflow"]["run_id"])
+    metrics = run.data.metrics
+    assert metrics["segment.north.target_prior_digit-5"] == items["north"]["target_prior"][5]
+    assert metrics["segment.tiny.n_rows"] == 60 and metrics["segment.tiny.too_small"] == 1.0
+    assert "segment.tiny.target_prior_digit-5" not in metrics and "segment.south.label_shift_p_value" in metrics
+    assert run.data.params["segment_column"] == "region"
+    figures = [a.path for a in client.list_artifacts(run.info.run_id, "figures")]
+    assert "figures/segment_priors.png" in figures
+    from flows.reestimate import summary_markdown
+
+    text = summary_markdown(summary)
+    assert "| tiny | 60 | too small |" in text and "| north | 500 |" in text
+
+
+@pytest.mark.parametrize("case", ["unknown-column", "missing-value", "npy"])
+def test_bad_segment_input_fails_before_anything_is_written(prefect_server, reference, digits, seaweed, s3_bucket,
+                                                            case):
+    prefix = f"segbad-{case}/"
+    good = _log_batch(digits, 300, 70)
+    good["region"] = ["north"] * 300
+    if case == "npy":
+        logits = np.column_stack([good[c] for c in NAMES])
+        _put(seaweed, s3_bucket, prefix + "a.npy", np.save(buf := io.BytesIO(), logits) or buf.getvalue())
+        words = ["a.npy", ".npy arrays, which have no columns", "without --segment-column"]
+    else:
+        if case == "missing-value":
+            good["region"] = ["north"] * 296 + [None, "", "  ", None]
+            words = ["a.parquet", "empty or missing in 4 of 300 row(s)", "first row 296"]
+        else:
+            words = ["a.parquet", "no segment column 'regio'", "'request_id'", "'region'", "--segment-column"]
+        _put(seaweed, s3_bucket, prefix + "a.parquet", _parquet(good))
+    before = {k: _get(seaweed, s3_bucket, k) for k in _keys(seaweed, s3_bucket, prefix)}
+    runs_before = len(_experiment_runs(reference["tracking_uri"]))
+    state = _run(reference["model_uri"], reference["tracking_uri"], f"s3://{s3_bucket}/{prefix}",
+                 segment_column="regio" if case == "unknown-column" else "region")
+    assert state.is_failed(), state
+    assert all(w in state.message for w in words), state.message
+    assert {k: _get(seaweed, s3_bucket, k) for k in _keys(seaweed, s3_bucket, prefix)} == before    # no watermark
+    runs = _experiment_runs(reference["tracking_uri"])
+    assert len(runs) == runs_before and not [r for r in runs if r.info.status == "RUNNING"]

@@ -57,6 +57,8 @@ OPTIONS: dict[str, Opt] = {
                               "and the run goes on with the good ones"),
     "register_corrected": Opt(const=True, default="nothing is registered"),
     "corrected_model_name": Opt(metavar="NAME", default="<model name>-shift-corrected"),
+    "segment_column": Opt(metavar="COLUMN", default="no estimates per segment"),
+    "min_segment_size": Opt(metavar="N"),
 }
 
 

@@ -207,3 +207,36 @@ def plot_prior_estimate(source_prior, target_prior, lower, upper, *, class_names
         hx.grid(True, alpha=0.3)
         hx.legend(fontsize=7, frameon=False, loc="best", ncol=2 if k > 5 else 1)
     return fig
+
+
+def plot_segment_priors(source_prior, segments: list[dict], *, class_names=None, level: float = 0.95,
+                        title: str = "Estimated target prior per segment") -> Figure:
+    """The segments' estimated priors side by side: per class, the source prior p_s(y) as a gray bar and each
+    segment's p_t(y) as a marker with its ``level`` interval, offset within the class's slot (one colour per
+    segment). ``segments``: dicts with ``name``, ``target_prior``, ``lower`` and ``upper`` (lists of k floats), as
+    :meth:`labelshift.inference.segments.SegmentEstimate.to_dict` gives them for the assessed segments."""
+    ps = np.asarray(source_prior, float)
+    k = len(ps)
+    names = list(class_names) if class_names is not None else [str(i) for i in range(k)]
+    fig = Figure(figsize=(max(_FIGSIZE[0], 0.9 * k + 1.5), _FIGSIZE[1] + 0.4), dpi=120)
+    fig.subplots_adjust(left=0.12, right=0.78 if segments else 0.97, bottom=0.14, top=0.9)
+    ax = fig.add_subplot()
+    x = np.arange(k)
+    ax.bar(x, ps, width=0.8, color="tab:gray", alpha=0.35, label="source p_s(y)")
+    span = 0.7
+    for i, seg in enumerate(segments):
+        pt = np.asarray(seg["target_prior"], float)
+        lo, hi = np.asarray(seg["lower"], float), np.asarray(seg["upper"], float)
+        dx = -span / 2 + span * (i + 0.5) / len(segments)
+        err = np.vstack([np.clip(pt - lo, 0, None), np.clip(hi - pt, 0, None)])
+        ax.errorbar(x + dx, pt, yerr=err, fmt="o", ms=3, capsize=2, linewidth=0.8, color=f"C{i % 10}",
+                    label=str(seg["name"]) if len(segments) <= 20 else None)
+    ax.set_xticks(x, names, fontsize=8, rotation=0 if k <= 10 else 90)
+    ax.set_xlabel("class")
+    ax.set_ylabel(f"prior (bars: source; markers: segments, {level:.0%} interval)")
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, axis="y", alpha=0.3)
+    if segments and len(segments) <= 20:
+        ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="segment",
+                  title_fontsize=7)
+    return fig

@@ -37,7 +37,7 @@ __all__ = ["FORMATS", "OUTPUT_KINDS", "OutputSpec", "batch_format", "check_one_f
            "read_outputs", "iter_feature_chunks", "read_features", "read_ids", "corrected_parquet",
            "write_corrected", "batch_rows", "iter_ids", "write_corrected_parquet", "write_corrected_file",
            "metric_names", "default_class_names", "check_class_names", "check_reference",
-           "read_holdout", "Holdout", "PARQUET_CORRECTED_SUFFIX"]
+           "read_holdout", "Holdout", "PARQUET_CORRECTED_SUFFIX", "read_segments"]
 
 #: batch suffix -> format name
 FORMATS = {".npy": "npy", ".parquet": "parquet"}
@@ -349,6 +349,32 @@ def iter_feature_chunks(source, uri: str, columns: Sequence[str], *, chunk_rows:
 
 def read_features(source, uri: str, columns: Sequence[str], *, chunk_rows: int = CHUNK_ROWS) -> np.ndarray:
     return np.concatenate(list(iter_feature_chunks(source, uri, columns, chunk_rows=chunk_rows)))
+
+
+def read_segments(source, uri: str, column: str) -> np.ndarray:
+    """The segment value of every row of a Parquet batch (an array of str, in row order), read from ``column``
+    (any type: numbers become their text).
+
+    Raises:
+        InputError: the batch has no such column (the message lists the columns it has), or some rows have no value
+            (null or blank; :func:`labelshift.inference.segments.check_segment_values`).
+        FormatError: the batch is not a readable Parquet file.
+    """
+    import pyarrow.compute as pc
+
+    from ..inference.segments import check_segment_values
+
+    pf = _parquet(source, uri)
+    names = list(pf.schema_arrow.names)
+    if column not in names:
+        raise InputError(f"batch {uri} has no segment column {column!r}; its columns are "
+                         f"{', '.join(repr(n) for n in names[:30])}{' ...' if len(names) > 30 else ''}. Pass one of "
+                         "them as segment_column (CLI: --segment-column NAME), or write the column into the batch.")
+    col = pf.read(columns=[column]).column(0)
+    if pa.types.is_floating(col.type):          # a NaN is a missing value, not the segment "nan"
+        col = pc.if_else(pc.is_nan(col), pa.scalar(None, col.type), col)
+    text = pc.fill_null(pc.utf8_trim_whitespace(pc.cast(col, pa.string())), "")
+    return check_segment_values(text.to_numpy(zero_copy_only=False), column=column, batch=uri)
 
 
 # -- writing -----------------------------------------------------------------------------------------------------------

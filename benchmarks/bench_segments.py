@@ -1,0 +1,145 @@
+"""Estimates per segment: what 100 segments of 10,000 rows cost (issue 22, part 3).
+
+Problem: :class:`labelshift.experiments.well_specified.WellSpecifiedGaussians` ``make(k)`` (k = 10 by default), a
+labelled holdout of n rows with BCTS fit on it, and S segments of m rows each, segment s drawn under its own target
+prior (Dirichlet(1), seed s) -- what a target with a segment column of S values holds. Timed, as the flow computes
+it (the ``reestimate`` flow's default settings, :data:`labelshift.inference.settings.DEFAULTS`):
+
+* ``split``: :func:`labelshift.inference.segments.split_segments` of the S * m segment values;
+* ``pooled``: :func:`labelshift.assess_shift` on all S * m rows (what the flow computes without segments too);
+* ``segments``: ``assess_shift`` on each segment's rows, one after another (the ``assess-segment`` tasks' work; the
+  flow runs them as concurrent Prefect tasks, which only overlaps where numpy releases the GIL);
+* ``threads``: the same on a thread pool of ``--workers`` threads, as the flow's ``assess-segment`` tasks run
+  (Prefect's default task runner is a thread pool);
+* where the time goes: the segments again without the label-shift test, then also without the BBSE-soft
+  cross-check, or with the Fisher interval instead of the source-aware one.
+
+CPU: one BLAS thread (the flow's scoring also runs with one), wall-clock seconds, the best of ``--repeat`` runs.
+
+    python benchmarks/bench_segments.py                  # S = 100, m = 10,000, k = 10, n = 5,000
+    python benchmarks/bench_segments.py --segments 20    # fewer segments of 10,000 rows
+    python benchmarks/bench_segments.py --quick          # S = 10, m = 2,000: a smoke test
+    python benchmarks/bench_segments.py --write-readme   # also write the section of benchmarks/README.md
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report_utils import one_blas_thread  # noqa: E402
+
+one_blas_thread()
+
+import argparse  # noqa: E402
+import datetime as _dt  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from labelshift import assess_shift  # noqa: E402
+from labelshift.calibration.scaling import BCTS  # noqa: E402
+from labelshift.experiments.well_specified import WellSpecifiedGaussians  # noqa: E402
+from labelshift.inference.segments import split_segments  # noqa: E402
+from report_utils import cpu_model, publish  # noqa: E402
+
+HEADING = "## Estimates per segment: segments of 10,000 rows (issue 22)"
+
+
+def problem(k: int, n: int, segments: int, m: int) -> dict:
+    """The holdout (calibrated and raw), BCTS, and the segments' rows (calibrated and raw) with their values."""
+    pb = WellSpecifiedGaussians.make(k)
+    rng = np.random.default_rng(0)
+    xh, yh = pb.holdout(n, rng)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = BCTS().fit(xh, yh)
+    raw, values = [], []
+    for s in range(segments):
+        prior = np.random.default_rng([1, s]).dirichlet(np.ones(k))
+        xt, _ = pb.draw(prior, m, rng)
+        raw.append(xt.astype(np.float32))
+        values.append(np.full(m, f"segment-{s:03d}", dtype=object))
+    order = rng.permutation(segments * m)             # the segments' rows interleaved, as in a log
+    raw_all = np.concatenate(raw)[order]
+    return {"cal": cal, "hold": (cal.predict_proba(xh), yh, xh), "raw": raw_all,
+            "probs": cal.predict_proba(raw_all.astype(np.float64)), "values": np.concatenate(values)[order]}
+
+
+def assess(pb: dict, rows=None, **options):
+    probs_h, yh, xh = pb["hold"]
+    probs, raw = (pb["probs"], pb["raw"]) if rows is None else (pb["probs"][rows], pb["raw"][rows])
+    return assess_shift(probs_h, yh, probs, source_prior=probs_h.mean(axis=0), source_outputs=xh,
+                        target_outputs=raw, calibrator=pb["cal"], **options)
+
+
+def best(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def measure(pb: dict, repeat: int, workers: int) -> dict:
+    split = split_segments(pb["values"])
+    parts = list(split.values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = {"split": best(lambda: split_segments(pb["values"]), repeat),
+               "pooled": best(lambda: assess(pb), repeat),
+               "segments": best(lambda: [assess(pb, rows) for rows in parts], repeat),
+               "no_test": best(lambda: [assess(pb, rows, label_shift_check=False) for rows in parts], repeat),
+               "fisher": best(lambda: [assess(pb, rows, label_shift_check=False, interval="fisher")
+                                       for rows in parts], repeat),
+               "no_cross_check": best(lambda: [assess(pb, rows, label_shift_check=False, cross_check=())
+                                               for rows in parts], repeat)}
+        with ThreadPoolExecutor(workers) as pool:      # as Prefect's thread pool task runner runs assess-segment
+            out["threads"] = best(lambda: list(pool.map(lambda rows: assess(pb, rows), parts)), repeat)
+    out["workers"] = workers
+    return out
+
+
+def report(args, t: dict) -> list[str]:
+    s, m = args.segments, args.rows
+    per = lambda key: f"{t[key]:.2f} ({t[key] / s * 1000:.0f} ms a segment)"  # noqa: E731
+    return [HEADING, "",
+            f"Run of {_dt.date.today().isoformat()} (`python benchmarks/bench_segments.py"
+            f"{' --quick' if args.quick else f' --segments {s}'}`; {cpu_model()}, {os.cpu_count()} cores, one BLAS "
+            f"thread, load average {os.getloadavg()[0]:.1f} at the end, best of {args.repeat}): "
+            f"k = {args.k} classes, holdout n = {args.n:,}, {s} segments of {m:,} rows ({s * m:,} rows), the flow's "
+            "default settings (MLLS, source-aware interval, label-shift test, BBSE-soft cross-check, accuracy).", "",
+            "| step | seconds |", "|---|---|",
+            f"| split the {s * m:,} rows by segment value | {t['split']:.3f} |",
+            f"| pooled estimate, all {s * m:,} rows (as without segments) | {t['pooled']:.2f} |",
+            f"| {s} segment estimates, one after another | {per('segments')} |",
+            f"| the same on {t['workers']} threads (as the `assess-segment` tasks run) | {per('threads')} |",
+            f"| {s} segments without the label-shift test | {per('no_test')} |",
+            f"| ... and without the BBSE-soft cross-check | {per('no_cross_check')} |",
+            f"| ... or with the Fisher interval instead of the source-aware one | {per('fisher')} |", ""]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--segments", type=int, default=100)
+    ap.add_argument("--rows", type=int, default=10_000, help="rows per segment")
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--n", type=int, default=5_000, help="holdout rows")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="threads of the fanned-out run")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--write-readme", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.segments, args.rows, args.repeat = 10, 2_000, 1
+    pb = problem(args.k, args.n, args.segments, args.rows)
+    publish(HEADING, report(args, measure(pb, args.repeat, args.workers)), args.write_readme)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""Estimates per segment, the parts without services: the split by segment value, the checks of the segment column
+(errors that name the batch and the fix), the records, metrics, table and figure (issue 22, part 3). The flow end
+to end: tests/test_prediction_logs_flow.py."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from labelshift.errors import InputError
+from labelshift.inference.segments import SegmentEstimate, check_segment_values, split_segments
+from labelshift.monitoring.batches import read_segments
+
+
+def _parquet(table: dict) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(pa.table(table), buf)
+    return buf.getvalue()
+
+
+def test_split_groups_row_indices_by_value_in_sorted_order():
+    values = np.array(["b", "a", "b", "c", "a", "b"], dtype=object)
+    split = split_segments(values)
+    assert list(split) == ["a", "b", "c"]
+    assert split["a"].tolist() == [1, 4] and split["b"].tolist() == [0, 2, 5] and split["c"].tolist() == [3]
+    assert all(v.dtype == np.int64 for v in split.values())
+
+
+def test_missing_or_empty_values_are_refused_naming_the_batch_and_count():
+    with pytest.raises(InputError, match=r"batch s3://b/x.parquet: segment column 'region' is empty or missing in 3 "
+                                         r"of 5 row\(s\) \(first row 1\)"):
+        check_segment_values(["eu", None, " ", float("nan"), "us"], column="region", batch="s3://b/x.parquet")
+    assert check_segment_values([" eu", 3], column="r", batch="x").tolist() == ["eu", "3"]
+
+
+def test_read_segments_from_parquet_checks_the_column():
+    data = _parquet({"id": ["a", "b", "c"], "region": ["eu", "us", "eu"], "code": [1, 2, 1],
+                     "score": [0.5, float("nan"), 1.0], "dict": pa.array(["x", "y", "x"]).dictionary_encode()})
+    assert read_segments(data, "u", "region").tolist() == ["eu", "us", "eu"]
+    assert read_segments(data, "u", "code").tolist() == ["1", "2", "1"]
+    assert read_segments(data, "u", "dict").tolist() == ["x", "y", "x"]
+    with pytest.raises(InputError, match="missing in 1 of 3"):
+        read_segments(data, "u", "score")
+    with pytest.raises(InputError) as err:
+        read_segments(data, "s3://b/x.parquet", "Region")
+    assert "no segment column 'Region'" in str(err.value) and "'region'" in str(err.value)
+    assert "--segment-column" in str(err.value)
+    nulls = _parquet({"region": ["eu", None, "us", ""]})
+    with pytest.raises(InputError, match="missing in 2 of 4"):
+        read_segments(nulls, "u", "region")
+
+
+def test_npy_batches_cannot_be_segmented():
+    from labelshift.monitoring.watermark import TargetBatch
+    from tasks.segments import check_segmentable
+
+    batches = [TargetBatch(key="day1.npy", checksum="0" * 64)]
+    with pytest.raises(InputError, match=r"needs Parquet batches.*day1.npy.*without --segment-column"):
+        check_segmentable(batches, "region", "s3://b/t/")
+    check_segmentable([TargetBatch(key="day1.parquet", checksum="0" * 64)], "region", "s3://b/t/")
+
+
+@pytest.fixture(scope="module")
+def segments():
+    """Two assessed segments (a shifted and an unshifted one) and a too small one, on a well-specified problem."""
+    import warnings
+
+    from labelshift import assess_shift
+    from labelshift.calibration.scaling import BCTS
+    from labelshift.experiments.well_specified import WellSpecifiedGaussians
+
+    pb = WellSpecifiedGaussians.make(3)
+    rng = np.random.default_rng(0)
+    xh, yh = pb.holdout(1500, rng)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = BCTS().fit(xh, yh)
+    ph = cal.predict_proba(xh)
+    out = []
+    for name, prior in (("eu west", [0.6, 0.3, 0.1]), ("us", pb.source_prior)):
+        xt, _ = pb.draw(prior, 800, rng)
+        rep = assess_shift(ph, yh, cal.predict_proba(xt), source_prior=ph.mean(0), source_outputs=xh,
+                           target_outputs=xt, calibrator=cal, class_names=["a", "b/c", "d"])
+        out.append(SegmentEstimate(name, 800, 200, rep))
+    out.append(SegmentEstimate("x", 12, 200))
+    return out, ph.mean(0)
+
+
+def test_records_metrics_table_and_figure(segments):
+    from mlflow.utils.validation import _validate_metric_name
+
+    from flows.summary import MARKDOWN, PLAIN_TEXT
+    from labelshift.experiments.plots import figure_png, plot_segment_priors
+    from tasks.segments import segment_metrics
+
+    segs, ps = segments
+    records = [s.to_dict() for s in segs]
+    assert records[2] == {"name": "x", "rows": 12, "too_small": True, "verdict": "Too small",
+                          "reason": "12 rows, fewer than the minimum segment size 200"}
+    assert records[0]["target_prior"] == segs[0].report.target_prior.tolist()
+    metrics = segment_metrics(segs, ["a", "b/c", "d"])
+    for name in metrics:
+        _validate_metric_name(name)
+    assert metrics["segment.eu west.target_prior_b_c"] == segs[0].report.target_prior[1]
+    assert metrics["segment.x.n_rows"] == 12 and "segment.x.total_variation" not in metrics
+    failed = SegmentEstimate("bad", 900, 200, error="InputError: no")
+    assert failed.to_dict() == {"name": "bad", "rows": 900, "too_small": False, "verdict": "Failed",
+                                "reason": "InputError: no"}
+    assert segment_metrics([failed], None) == {"segment.bad.n_rows": 900.0, "segment.bad.too_small": 0.0,
+                                               "segment.bad.failed": 1.0}
+    records.append(failed.to_dict())
+    block = {"column": "region", "min_size": 200, "items": records}
+    md = "\n".join(MARKDOWN.segments(block, ["a", "b/c", "d"]))
+    assert "| x | 12 | too small |" in md and "p_t(b/c)" in md and "positively correlated" in md
+    text = "\n".join(PLAIN_TEXT.segments(block, ["a", "b/c", "d"]))
+    assert "too small" in text and "eu west" in text and "failed (InputError: no)" in text
+    png = figure_png(plot_segment_priors(ps, [r for r in records if "target_prior" in r], class_names=["a", "b/c", "d"]))
+    assert png[:4] == b"\x89PNG"
+
+
+def test_the_cli_options_are_the_flow_parameters():
+    import argparse
+
+    from flows.cli._common import UsageError
+    from flows.cli.estimate import parameters_from_args, register
+
+    parser = argparse.ArgumentParser(prog="labelshift")
+    register(parser.add_subparsers(dest="command"))
+    params = parameters_from_args(parser.parse_args(["estimate", "--segment-column", "region",
+                                                     "--min-segment-size", "500"]))
+    assert params.segment_column == "region" and params.min_segment_size == 500
+    defaults = parameters_from_args(parser.parse_args(["estimate"]))
+    assert defaults.segment_column is None and defaults.min_segment_size == 200
+    with pytest.raises(UsageError, match="--min-segment-size"):
+        parameters_from_args(parser.parse_args(["estimate", "--min-segment-size", "5"]))
