@@ -198,3 +198,24 @@ def check_level(level, name: str = "level", example: str = "e.g. 0.95") -> float
     if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < level < 1.0:
         raise InputError(f"{name} must be a probability strictly between 0 and 1 ({example}), got {level!r}.")
     return float(level)
+
+
+def check_given_weights(weights, n_classes: int, source_prior: np.ndarray, *, shape_fix: str, sign_fix: str,
+                        sum_fix: str, sum_tol: float = 1e-6) -> np.ndarray:
+    """Given weights w as a (k,) float array in W = {w >= 0, p_s^T w = 1} (negatives down to -1e-9 clipped to 0).
+
+    Raises:
+        InputError: a wrong length, a negative entry or p_s^T w off 1 by more than ``sum_tol``; each message ends
+            with the caller's fix (``shape_fix``, ``sign_fix``, ``sum_fix``).
+    """
+    w = as_float_array(weights, "weights", 1)
+    if w.shape[0] != n_classes:
+        raise InputError(f"weights has {w.shape[0]} entries but target_probs has {n_classes} class columns; "
+                         + shape_fix)
+    if np.any(w < -1e-9):
+        raise InputError(f"weights has negative entries (min {w.min():.3g}); " + sign_fix)
+    w = np.maximum(w, 0.0)
+    total = float(w @ source_prior)
+    if abs(total - 1.0) > sum_tol:
+        raise InputError(f"weights are not in W: sum_y w_y p_s(y) = {total:.8g}, not 1. " + sum_fix)
+    return w

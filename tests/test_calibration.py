@@ -100,13 +100,19 @@ def test_bcts_and_vs_recover_the_known_map(cls, data, fitted):
     assert abs(cal.bias_.sum()) < 1e-12  # the reported bias is centred
 
 
-@pytest.mark.parametrize("cls", SCALING, ids=lambda c: c.kind)
-def test_analytic_gradient_matches_finite_differences(cls):
-    rng = np.random.default_rng(3)
-    z = rng.normal(0, 2, size=(50, 5))
-    y = rng.integers(0, 5, size=50)
+def _random_problem(cls, seed: int, n: int):
+    """Logits and labels of n rows and 5 classes, a fresh ``cls`` and a parameter vector near its start."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(0, 2, size=(n, 5))
+    y = rng.integers(0, 5, size=n)
     cal = cls()
     theta = cal._initial_theta(5) + rng.normal(0, 0.3, size=cal._initial_theta(5).size)
+    return z, y, cal, theta
+
+
+@pytest.mark.parametrize("cls", SCALING, ids=lambda c: c.kind)
+def test_analytic_gradient_matches_finite_differences(cls):
+    z, y, cal, theta = _random_problem(cls, seed=3, n=50)
     _, grad = cal._objective(theta, z, y)
     h = 1e-6
     fd = np.array([(cal._objective(theta + h * e, z, y)[0] - cal._objective(theta - h * e, z, y)[0]) / (2 * h)
@@ -119,11 +125,7 @@ def test_analytic_gradient_matches_finite_differences(cls):
 def test_newton_pass_is_the_objective_with_its_exact_hessian(cls):
     # the Newton fit's blocked pass (above LBFGS_MAX_CLASSES) computes the objective L-BFGS-B minimises, its gradient
     # and its Hessian; 2,500 rows span three row blocks
-    rng = np.random.default_rng(4)
-    z = rng.normal(0, 2, size=(2500, 5))
-    y = rng.integers(0, 5, size=2500)
-    cal = cls()
-    theta = cal._initial_theta(5) + rng.normal(0, 0.3, size=cal._initial_theta(5).size)
+    z, y, cal, theta = _random_problem(cls, seed=4, n=2500)
     value, grad, hess = cal._newton_pass(theta, z, y, hessian=True)
     want_value, want_grad = cal._objective(theta, z, y)
     assert value == pytest.approx(want_value, rel=1e-13)

@@ -34,7 +34,7 @@ from .. import rows as _rows
 from ._log_odds import BLOCK_MAX_CLASSES, log_odds_test
 from ._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit
 from ._squarem import squarem_batch
-from .._validation import as_float_array, check_labels, check_prior, check_probabilities
+from .._validation import check_given_weights, check_labels, check_prior, check_probabilities
 from ..errors import InputError
 from ..estimation.solvers import PIN_TOL, mlls_gradient, mlls_newton
 from .._numbers import finite_or_none
@@ -330,19 +330,13 @@ def _mlls_weights(P: np.ndarray, p: np.ndarray, weights) -> np.ndarray:
     k = P.shape[1]
     if weights is None:
         return np.maximum(mlls_newton(P, p).weights, 0.0)
-    w = as_float_array(weights, "weights", 1)
-    if w.shape[0] != k:
-        raise InputError(f"weights has {w.shape[0]} entries but target_probs has {k} class columns; pass the MLLS "
-                         "weights estimated on these target_probs (or weights=None to solve MLLS here).")
-    if np.any(w < -1e-9):
-        raise InputError(f"weights has negative entries (min {w.min():.3g}); the test needs the MLLS estimate, "
-                         "which lies in W = {w >= 0, sum_y w_y p_s(y) = 1}. Pass MLLS weights or weights=None.")
-    w = np.maximum(w, 0.0)
-    total = float(w @ p)
-    if abs(total - 1.0) > _SUM_TOL:
-        raise InputError(f"weights are not in W: sum_y w_y p_s(y) = {total:.8g}, not 1. Pass the MLLS weights "
-                         "estimated with the holdout's class frequencies as source prior (MLLS().fit(holdout_probs, "
-                         "holdout_labels)), or weights=None to solve MLLS here.")
+    w = check_given_weights(
+        weights, k, p, sum_tol=_SUM_TOL,
+        shape_fix="pass the MLLS weights estimated on these target_probs (or weights=None to solve MLLS here).",
+        sign_fix="the test needs the MLLS estimate, which lies in W = {w >= 0, sum_y w_y p_s(y) = 1}. Pass MLLS "
+                 "weights or weights=None.",
+        sum_fix="Pass the MLLS weights estimated with the holdout's class frequencies as source prior "
+                "(MLLS().fit(holdout_probs, holdout_labels)), or weights=None to solve MLLS here.")
     if not _rows_positive(P, w):
         raise InputError("weights give zero likelihood to some target rows (f_i^T w = 0): they are not the MLLS "
                          "estimate for these target_probs. Pass weights=None to solve MLLS here.")

@@ -32,7 +32,7 @@ from scipy.stats import f as f_dist
 
 from .. import rows as _rows
 from .._numbers import finite_or_none, none_as_nan
-from .._validation import as_float_array, check_level, check_prior, check_probabilities
+from .._validation import as_float_array, check_given_weights, check_level, check_prior, check_probabilities
 from ..estimation.diagnostics import confusion_condition
 from ..errors import FormatError, IllConditionedWarning, InputError
 from ..estimation.estimators import BBSE_FLAG_SNR, MLLS, MLLS_FLAG_M_SIGMA
@@ -133,19 +133,11 @@ def _check_mle(P, weights, p) -> np.ndarray:
         res = mlls_newton(P, p)
         w = np.maximum(res.weights, 0.0)
     else:
-        w = as_float_array(weights, "weights", 1)
-        if w.shape[0] != k:
-            raise InputError(f"weights has {w.shape[0]} entries but target_probs has {k} class columns; pass the "
-                             "weights estimated on these target_probs.")
-        if np.any(w < -1e-9):
-            raise InputError(f"weights has negative entries (min {w.min():.3g}); these intervals are for the MLLS "
-                             "estimate, which lies in W = {w >= 0, sum_y w_y p_s(y) = 1}. Pass MLLS weights (or "
-                             "None to solve MLLS here), or use bootstrap_interval for other estimators.")
-        w = np.maximum(w, 0.0)
-        total = float(w @ p)
-        if abs(total - 1.0) > _SUM_TOL:
-            raise InputError(f"weights are not in W: sum_y w_y p_s(y) = {total:.8g}, not 1. Pass the MLLS weights "
-                             "estimated with this source_prior (or None to solve MLLS here).")
+        w = check_given_weights(
+            weights, k, p, sum_tol=_SUM_TOL, shape_fix="pass the weights estimated on these target_probs.",
+            sign_fix="these intervals are for the MLLS estimate, which lies in W = {w >= 0, sum_y w_y p_s(y) = 1}. "
+                     "Pass MLLS weights (or None to solve MLLS here), or use bootstrap_interval for other estimators.",
+            sum_fix="Pass the MLLS weights estimated with this source_prior (or None to solve MLLS here).")
     fw = _dot(P, w)
     if np.any(fw <= 0):
         raise InputError(f"weights give zero likelihood to {int(np.sum(fw <= 0))} target row(s) (f_i^T w = 0): "
