@@ -10,8 +10,9 @@ from scipy.stats import binom
 
 from labelshift import MLLS
 from labelshift.errors import InputError
-from labelshift.inference.shift_detection import (MIN_HOLDOUT, REGIONS_SHARE, LabelShiftTest, _bootstrap_null,
-                                                  _null_fit, _null_fit_batch, label_shift_test)
+from labelshift.inference.shift_detection import (MIN_HOLDOUT, REGIONS_SHARE, STOP_EXCEEDANCES, LabelShiftTest,
+                                                  _bootstrap_null, _null_fit, _null_fit_batch, label_shift_test,
+                                                  sequential_p_value)
 
 K, D = 4, 4
 MEANS = np.array([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 2.0, 0], [0, 0, 0, 2.0]])
@@ -229,7 +230,10 @@ def test_bootstrap_follows_the_chi_squared_law_when_wilks_applies():
     k, J = 4, 12
     pi = rng.dirichlet(np.full(J, 5.0), size=k)
     q = np.array([0.2, 0.3, 0.25, 0.25])
-    boot = _bootstrap_null(pi, q, np.array([2000, 2000, 2000, 2000]), 20_000, 400, 0)
+    boot = np.concatenate(list(_bootstrap_null(pi, q, np.array([2000, 2000, 2000, 2000]), 20_000, 400, 0)))
+    # fitted in batches, each draw's statistic is bit for bit the same (the draws are made up front)
+    assert np.array_equal(np.concatenate(list(_bootstrap_null(pi, q, np.array([2000] * 4), 20_000, 400, 0, 64))),
+                          boot)
     d = J - k
     assert abs(boot.mean() - d) <= 4 * np.sqrt(2 * d / 400) + 0.05 * d
 
@@ -476,3 +480,50 @@ def test_world_shares_split_each_region_as_the_null_fit_says():
     rows = np.flatnonzero(r == j)
     c = int(np.argsort(rho[:, j])[-2])
     assert np.corrcoef(P[rows, c], R[rows, c])[0, 1] > 0.5
+
+
+def _in_batches(values, size):
+    return (values[a:a + size] for a in range(0, values.size, size))
+
+
+def test_sequential_p_value_is_the_fixed_one_below_its_threshold_and_stops_early_above():
+    rng = np.random.default_rng(21)
+    B, h = 200, STOP_EXCEEDANCES
+    for _ in range(300):
+        boot = rng.chisquare(5, size=B)
+        stat = float(rng.chisquare(5) * rng.choice([0.5, 1.0, 3.0]))
+        fixed = (1 + int(np.sum(boot >= stat))) / (B + 1)
+        p, found, used = sequential_p_value(stat, _in_batches(boot, 20), B)
+        if fixed < h / (B + 1):                       # fewer than h draws reach it: the fixed-B p-value, every draw
+            assert (p, used) == (fixed, B)
+        else:                                         # stopped at the h-th draw that reaches it
+            hit = np.flatnonzero(boot >= stat)[h - 1]
+            assert (p, found, used) == (h / (hit + 1), h, hit + 1) and p >= 0.05
+    # the draws are consumed lazily: a batch after the stop is never asked for
+    def batches():
+        yield np.full(20, 10.0)
+        raise AssertionError("drew past the stop")
+    assert sequential_p_value(1.0, batches(), B) == (h / h, h, h)
+
+
+def test_sequential_p_value_is_valid_under_the_null():
+    # data and draws exchangeable (i.i.d. continuous): Besag & Clifford's p-value has P(p <= h / L) = h / L exactly
+    # and the fixed-B one below h / (B + 1); 20,000 replicates, so each rate is within 4 binomial sd of its level
+    rng = np.random.default_rng(5)
+    reps, B = 20_000, 200
+    p = np.array([sequential_p_value(float(row[0]), _in_batches(row[1:], 20), B)[0]
+                  for row in rng.random((reps, B + 1))])
+    for level in (10 / 201, 10 / 40, 10 / 20, 10 / 11):
+        assert abs(np.mean(p <= level + 1e-12) - level) <= 4 * np.sqrt(level * (1 - level) / reps)
+
+
+def test_the_regions_bootstrap_stops_early_under_label_shift():
+    rng = np.random.default_rng(9)
+    S, ys = holdout(1000, rng)
+    xt, _ = draw(np.array([0.1, 0.2, 0.3, 0.4]), 2000, rng)
+    res = label_shift_test(S, ys, posterior(xt), log_odds=False)
+    used = res.extra["bootstrap_draws_used"]
+    assert res.extra["bootstrap_draws"] == 200
+    # consistent with label shift: p = STOP_EXCEEDANCES / used when it stopped, else the fixed-B p-value
+    assert (used < 200 and res.p_value == STOP_EXCEEDANCES / used) or used == 200
+    assert res.p_value > 0.05

@@ -76,9 +76,12 @@ def test_sparse_null_fit_keeps_its_support_and_its_bootstrap_is_reproducible():
     assert np.all(pi[~allowed] == 0.0)
     np.testing.assert_allclose(pi.sum(axis=1), 1.0)
     assert stat >= 0.0 and q.sum() == pytest.approx(1.0)
-    a = sparse_bootstrap_null(pi, q, N.sum(axis=1), 2000, 25, 7, own, region_group)
-    b = sparse_bootstrap_null(pi, q, N.sum(axis=1), 2000, 25, 7, own, region_group)
+    a = np.concatenate(list(sparse_bootstrap_null(pi, q, N.sum(axis=1), 2000, 25, 7, own, region_group)))
+    b = np.concatenate(list(sparse_bootstrap_null(pi, q, N.sum(axis=1), 2000, 25, 7, own, region_group)))
     assert np.array_equal(a, b) and np.all(a >= 0.0) and np.ptp(a) > 0
+    # fitted in batches of 4 draws, each draw's statistic is bit for bit the one fitted with all 25 at once
+    batched = list(sparse_bootstrap_null(pi, q, N.sum(axis=1), 2000, 25, 7, own, region_group, 4))
+    assert [x.size for x in batched] == [4] * 6 + [1] and np.array_equal(np.concatenate(batched), a)
 
 
 def test_label_shift_test_above_the_dense_limit_runs_on_neighbour_moments():

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
+from .. import rows as _rows
 from ._squarem import squarem_batch
 
 
@@ -91,12 +92,13 @@ def sparse_null_fit(N: np.ndarray, T: np.ndarray, q0: np.ndarray, own: np.ndarra
 
 
 def sparse_bootstrap_null(pi: np.ndarray, q: np.ndarray, n_y: np.ndarray, m: int, draws: int, seed: int,
-                          own: np.ndarray, region_group: np.ndarray, tol: float = 1e-9,
-                          max_iter: int = 500) -> np.ndarray:
+                          own: np.ndarray, region_group: np.ndarray, batch: int | None = None, tol: float = 1e-9,
+                          max_iter: int = 500):
     """The parametric bootstrap of :func:`sparse_null_fit`'s statistic from its fit (pi, q): per class y,
     N*_y ~ Multinomial(n_y, pi_y) (on pi's support), T* ~ Multinomial(m, sum_y q_y pi_y); each draw refitted on
-    its own support S(N*) (started at the fit, masked to it) by the batched EM. Returns the ``draws``
-    statistics."""
+    its own support S(N*) (started at the fit, masked to it) by the batched EM. Yields the statistics of ``batch``
+    draws at a time (all at once when None), in draw order; the draws are made up front, so that a draw's
+    statistic does not depend on the batching."""
     rng = np.random.default_rng([seed, 0x15, 0x5])
     k = pi.shape[0]
     sup = _Support(pi > 0)
@@ -109,9 +111,10 @@ def sparse_bootstrap_null(pi: np.ndarray, q: np.ndarray, n_y: np.ndarray, m: int
     qs = qs / qs.sum()
     mix = sup.region_sums((qs[sup.y] * start)[None])[0]
     T = rng.multinomial(int(m), mix / mix.sum(), size=draws).astype(np.float64)
-    mask = np.stack([support(_dense(sup, row), own, region_group)[sup.y, sup.r] for row in N])
-    pi0 = sup.normalised(np.where(mask, np.maximum(start, 1e-8)[None, :], 0.0))
-    return _fit(N, T, sup, pi0, np.broadcast_to(qs, (draws, k)).copy(), mask, tol, max_iter)[0]
+    for sl in _rows.blocks(draws, batch or draws):
+        mask = np.stack([support(_dense(sup, row), own, region_group)[sup.y, sup.r] for row in N[sl]])
+        pi0 = sup.normalised(np.where(mask, np.maximum(start, 1e-8)[None, :], 0.0))
+        yield _fit(N[sl], T[sl], sup, pi0, np.broadcast_to(qs, (mask.shape[0], k)).copy(), mask, tol, max_iter)[0]
 
 
 def _dense(sup: _Support, values: np.ndarray) -> np.ndarray:
