@@ -388,6 +388,7 @@ def test_log_odds_part_names_the_class_the_leaning_rows_are_predicted():
 
 def test_block_statistic_in_chunks_of_draws_and_skipped_for_many_classes(monkeypatch):
     from labelshift.inference import _log_odds as lot
+    monkeypatch.setattr(lot, "stopping_draw", lambda *args: None)   # all the draws: the fixed-B p-values compared
     S, ys, P = _leaning_rows(2, n=600, m=1200)
     whole = label_shift_test(S, ys, P, seed=4)
     monkeypatch.setattr(lot, "_BLOCK_CHUNK", 1)                # one draw per chunk
@@ -527,3 +528,18 @@ def test_the_regions_bootstrap_stops_early_under_label_shift():
     # consistent with label shift: p = STOP_EXCEEDANCES / used when it stopped, else the fixed-B p-value
     assert (used < 200 and res.p_value == STOP_EXCEEDANCES / used) or used == 200
     assert res.p_value > 0.05
+
+
+def test_the_log_odds_bootstrap_stops_early_under_label_shift():
+    from labelshift.inference import _log_odds as lot
+    rng = np.random.default_rng(12)
+    S, ys = holdout(1000, rng)
+    xt, _ = draw(np.array([0.4, 0.3, 0.2, 0.1]), 2000, rng)
+    x = label_shift_test(S, ys, posterior(xt)).extra
+    used = x["log_odds_draws_used"]
+    assert used < 200 and used % 20 == 0                # whole batches of DRAW_BATCH draws
+    # each statistic's sequential p-value STOP_EXCEEDANCES / L (L <= the draws used) and their weighted Bonferroni
+    own = {name: x[f"p_value_log_odds_{name}"] for name in ("diagonal", "block", "sum")}
+    assert all(STOP_EXCEEDANCES / used <= p <= 1.0 for p in own.values())
+    assert x["p_value_log_odds"] == pytest.approx(min(1.0, min(own[n] / lot.STATISTIC_WEIGHTS[n] for n in own)))
+    assert x["p_value_log_odds"] >= 0.1                 # never below 10 / 200 / 0.5: no rejection at 5% from it

@@ -29,6 +29,7 @@ from scipy import sparse
 from scipy.stats import chi2
 
 from .. import rows as _rows
+from ._sequential import DRAW_BATCH, STOP_EXCEEDANCES, stopping_draw
 
 LOG_ODDS_FLOOR = -30.0
 _W_FLOOR = 1e-6          # variances below this fraction of the largest are raised to it (near-constant moments)
@@ -60,6 +61,7 @@ class LogOddsPart:
     p_value_diagonal: float = float("nan")
     p_value_block: float = float("nan")
     p_value_sum: float = float("nan")
+    draws_used: int = 0
 
 
 def _log_odds(Z) -> tuple[np.ndarray, np.ndarray]:
@@ -325,11 +327,20 @@ class _HoldoutMoments(NamedTuple):
     E2: np.ndarray              # per-class second moments of the kept moments
 
 
-class _Draws(NamedTuple):
-    """The bootstrap draws from the world (:func:`_world`): per class the holdout rows drawn and their sums, the
-    target's draws as counts of world rows, and the draws' moments."""
+class _WorldDraws(NamedTuple):
+    """The bootstrap world (:func:`_world`) and the rows of every draw, made up front (so that a draw's statistics
+    do not depend on which draws are computed together): per class the world rows its holdout rows are drawn as,
+    and the target's draws as counts of world rows."""
     Zt: np.ndarray              # the target rows that stand for the target in the world
     Fw: sparse.csr_matrix       # the world's features
+    F2w: sparse.csr_matrix      # and their squares
+    picked: list                # per class (draws, n_y) the world rows drawn, int32
+    counts_t: np.ndarray        # (draws, world rows) the target's draws
+
+
+class _Draws(NamedTuple):
+    """The moments of a batch of draws from the world: per class the holdout rows drawn and their sums, the
+    target's draws as counts of world rows, and the draws' moments."""
     Mb: np.ndarray              # (draws, d, k) per-class means of the kept moments
     E2b: np.ndarray             # (draws, d, k) and their second moments
     rows_y: list                # per class the world rows drawn (block statistic only)
@@ -338,6 +349,17 @@ class _Draws(NamedTuple):
     fb_full: np.ndarray         # (draws, moments) the target draws' means
     fb: np.ndarray              # fb_full on the kept moments
     var_b: np.ndarray           # and their variances
+
+
+class _BlockData(NamedTuple):
+    """The block statistic's side of the data: its value and parts, the blocks kept, the layout of their moments,
+    the pooled holdout's block moments, and the world's products (for the draws)."""
+    stat: float
+    parts: np.ndarray
+    kept: np.ndarray
+    layout: np.ndarray
+    pooled: tuple
+    Ow: sparse.csr_matrix
 
 
 def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int) -> _HoldoutMoments | None:
@@ -364,50 +386,55 @@ def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int) -> _HoldoutMoments
                            var_t=var_t, pooled=pooled, M_full=M_full, M=M_full[keep], E2=E2)
 
 
-def _bootstrap_draws(hm: _HoldoutMoments, y: np.ndarray, P, draws: int, seed: int, responsibilities,
-                     q_world: np.ndarray) -> _Draws:
-    """The bootstrap world and the draws from it (seeded by ``seed``): each class's n_y holdout rows and the
-    target's m rows (classes from ``q_world``)."""
+def _world_draws(hm: _HoldoutMoments, y: np.ndarray, P, draws: int, seed: int, responsibilities,
+                 q_world: np.ndarray) -> _WorldDraws:
+    """The bootstrap world and the rows of every draw from it (seeded by ``seed``): each class's n_y holdout rows
+    and the target's m rows (classes from ``q_world``)."""
     # the bootstrap world (_world): class y's rows are its holdout rows plus the target rows in the share the null
     # fit gives y, so that a (class, output) pair the holdout shows a handful of times enters at the target's rate;
     # the holdout's n_y rows of each class and the target's m rows (classes from q_world) are drawn from it
-    k, m, n_y, keep = hm.n_y.size, P.shape[0], hm.n_y, hm.keep
+    k, m, n_y = hm.n_y.size, P.shape[0], hm.n_y
     rng = np.random.default_rng([seed, 0x10DD5])
     sub = np.sort(rng.choice(m, size=min(m, WORLD_TARGET_ROWS), replace=False))
     Zt = np.asarray(P[sub], dtype=np.float64)
     Ft = _features(Zt, k) if hm.block else _features(Zt, k)[:, hm.cols]
     Fw, F2w, world = _world(hm.Fs, y, Ft, np.asarray(responsibilities(Zt), dtype=np.float64), m)
-    d = int(keep.sum())
-    Mb, E2b = np.zeros((draws, d, k)), np.zeros((draws, d, k))
-    rows_y, sums_y = [], []
-    for c in range(k):
-        picked = _draw_rows(rng, np.cumsum(world[c]), int(n_y[c]), draws)
-        counts = _counts(picked, Fw.shape[0])
-        sums = (counts @ Fw).toarray()
-        Mb[:, :, c], E2b[:, :, c] = sums[:, keep] / n_y[c], (counts @ F2w).toarray()[:, keep] / n_y[c]
-        if hm.block:
-            rows_y.append(picked)                  # kept compact (int32) for the block statistic's products
-        sums_y.append(sums / n_y[c])
-    del counts
+    picked = [_draw_rows(rng, np.cumsum(world[c]), int(n_y[c]), draws) for c in range(k)]
     qw = np.maximum(np.asarray(q_world, dtype=np.float64), 0.0)
     counts_t = rng.multinomial(m, (qw / qw.sum()) @ world, size=draws)      # (B, rows), int: the target's draws
-    fb_full = np.zeros((draws, Fw.shape[1]))
-    second = np.zeros((draws, d))
-    F2k = F2w[:, keep]
-    for sl in _rows.blocks(draws, max(1, _TARGET_CHUNK // Fw.shape[0])):       # float64 a chunk of draws at a time
-        ct = counts_t[sl].astype(np.float64).T
-        fb_full[sl] = np.asarray(Fw.T @ ct).T / m
-        second[sl] = np.asarray(F2k.T @ ct).T / m
+    return _WorldDraws(Zt=Zt, Fw=Fw, F2w=F2w, picked=picked, counts_t=counts_t)
+
+
+def _draw_moments(hm: _HoldoutMoments, wd: _WorldDraws, sl: slice, m: int) -> _Draws:
+    """The moments of the draws ``sl``: the holdout's per-class means and second moments, the target's means and
+    variances."""
+    k, n_y, keep, Fw = hm.n_y.size, hm.n_y, hm.keep, wd.Fw
+    counts_t = wd.counts_t[sl]
+    b, d = counts_t.shape[0], int(keep.sum())
+    Mb, E2b = np.zeros((b, d, k)), np.zeros((b, d, k))
+    rows_y, sums_y = [], []
+    for c in range(k):
+        counts = _counts(wd.picked[c][sl], Fw.shape[0])
+        sums = (counts @ Fw).toarray()
+        Mb[:, :, c], E2b[:, :, c] = sums[:, keep] / n_y[c], (counts @ wd.F2w).toarray()[:, keep] / n_y[c]
+        if hm.block:
+            rows_y.append(wd.picked[c][sl])        # kept compact (int32) for the block statistic's products
+        sums_y.append(sums / n_y[c])
+    fb_full = np.zeros((b, Fw.shape[1]))
+    second = np.zeros((b, d))
+    F2k = wd.F2w[:, keep]
+    for part in _rows.blocks(b, max(1, _TARGET_CHUNK // Fw.shape[0])):       # float64 a chunk of draws at a time
+        ct = counts_t[part].astype(np.float64).T
+        fb_full[part] = np.asarray(Fw.T @ ct).T / m
+        second[part] = np.asarray(F2k.T @ ct).T / m
     fb = fb_full[:, keep]
-    return _Draws(Zt=Zt, Fw=Fw, Mb=Mb, E2b=E2b, rows_y=rows_y, sums_y=sums_y, counts_t=counts_t, fb_full=fb_full,
-                  fb=fb, var_b=np.maximum(second - fb ** 2, 0.0))
+    return _Draws(Mb=Mb, E2b=E2b, rows_y=rows_y, sums_y=sums_y, counts_t=counts_t, fb_full=fb_full, fb=fb,
+                  var_b=np.maximum(second - fb ** 2, 0.0))
 
 
-def _block_law(hm: _HoldoutMoments, S: np.ndarray, y: np.ndarray, dr: _Draws, m: int,
-               draws: int) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
-    """The block statistic on the data and on the same draws. Returns (statistic, its draws, its parts by kept
-    predicted-class block, those blocks)."""
-    # the block statistic on the same draws: block layout (c, a) = slot a of block c, the indicator in slot c
+def _block_data(hm: _HoldoutMoments, S: np.ndarray, y: np.ndarray, Zt: np.ndarray, m: int) -> _BlockData:
+    """The block statistic on the data, and what its draws need."""
+    # block layout (c, a) = slot a of block c, the indicator in slot c
     k, n_y = hm.n_y.size, hm.n_y
     kept = np.flatnonzero(hm.keep[:k])                            # blocks (predicted classes) the holdout shows
     layout = k + np.arange(k)[:, None] * k + np.arange(k)[None, :]
@@ -420,26 +447,47 @@ def _block_law(hm: _HoldoutMoments, S: np.ndarray, y: np.ndarray, dr: _Draws, m:
     t_block = hm.moments[2][kept]
     b_stat, b_parts = _block_statistic(hm.moments[0][layout][None], t_block[None], hm.M_full[layout][None],
                                        E2_hold[None], n_y, m, pooled_block)
-    Ow = sparse.vstack([Ps, _products(dr.Zt, k)]).tocsr()
-    b_boot = np.empty(draws)
-    for sl in _rows.blocks(draws, max(1, min(_BLOCK_CHUNK // k ** 4, _TARGET_CHUNK // Ow.shape[0]))):
+    return _BlockData(stat=float(b_stat[0]), parts=b_parts[0], kept=kept, layout=layout, pooled=pooled_block,
+                      Ow=sparse.vstack([Ps, _products(Zt, k)]).tocsr())
+
+
+def _block_draws(bd: _BlockData, hm: _HoldoutMoments, dr: _Draws, m: int) -> np.ndarray:
+    """The block statistic on a batch of draws."""
+    k, n_y, kept, layout, Ow = hm.n_y.size, hm.n_y, bd.kept, bd.layout, bd.Ow
+    b_boot = np.empty(dr.counts_t.shape[0])
+    for sl in _rows.blocks(b_boot.size, max(1, min(_BLOCK_CHUNK // k ** 4, _TARGET_CHUNK // Ow.shape[0]))):
         E2c = np.stack([(_counts(dr.rows_y[c][sl], Ow.shape[0]) @ Ow).toarray().reshape(-1, k, k, k)[:, kept]
                         / n_y[c] for c in range(k)], axis=1)                      # (b, y, c, a, a)
         Mc = np.stack([dr.sums_y[c][sl][:, layout] for c in range(k)], axis=-1)   # (b, c, a, y)
         T2c = np.asarray(Ow.T @ dr.counts_t[sl].astype(np.float64).T).T.reshape(-1, k, k, k)[:, kept] / m
-        b_boot[sl] = _block_statistic(dr.fb_full[sl][:, layout], T2c, Mc, E2c, n_y, m, pooled_block)[0]
-    return float(b_stat[0]), b_boot, b_parts[0], kept
+        b_boot[sl] = _block_statistic(dr.fb_full[sl][:, layout], T2c, Mc, E2c, n_y, m, bd.pooled)[0]
+    return b_boot
+
+
+def _draw_statistics(hm: _HoldoutMoments, wd: _WorldDraws, bd: _BlockData | None, sl: slice, m: int,
+                     odds: np.ndarray) -> dict:
+    """The part's statistics on the draws ``sl``: {name: (draws,)}, computed as on the data."""
+    dr = _draw_moments(hm, wd, sl, m)
+    boot, q_b, W_b = _studentised(dr.fb, dr.var_b, dr.Mb, dr.E2b, hm.n_y, m, hm.pooled)
+    z_b = np.sqrt(W_b) * (dr.fb - np.einsum("bdk,bk->bd", dr.Mb, q_b))
+    out = {"diagonal": boot, "sum": np.abs(np.sum(z_b[:, odds], axis=1))}
+    if bd is not None:
+        out["block"] = _block_draws(bd, hm, dr, m)
+    return out
 
 
 def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, responsibilities,
                   q_world: np.ndarray) -> LogOddsPart:
     """The log-odds part (module docstring). S (n, k) holdout outputs, y its labels (every class present), P the
-    target outputs (m, k; read in row blocks), ``draws`` bootstrap draws from ``seed``. The bootstrap world is the
-    completed data of a null fit: ``responsibilities(rows)`` gives, for target output rows (T, k), each class's
-    share of every row (T, k; rows sum to 1 or are 0), ``q_world`` the fit's class proportions (the target's
-    classes in the draws). Three statistics are computed on the same draws: the diagonal S, the sum statistic
-    (the absolute sum of S's log-odds z-scores) and, for k <= BLOCK_MAX_CLASSES, the block statistic; each gets
-    p = (1 + #{draws >= it}) / (draws + 1), and the part's p-value is their smallest p / STATISTIC_WEIGHTS share,
+    target outputs (m, k; read in row blocks), at most ``draws`` bootstrap draws from ``seed``. The bootstrap world
+    is the completed data of a null fit: ``responsibilities(rows)`` gives, for target output rows (T, k), each
+    class's share of every row (T, k; rows sum to 1 or are 0), ``q_world`` the fit's class proportions (the
+    target's classes in the draws). Three statistics are computed on the same draws: the diagonal S, the sum
+    statistic (the absolute sum of S's log-odds z-scores) and, for k <= BLOCK_MAX_CLASSES, the block statistic.
+    The draws are computed DRAW_BATCH at a time; once each statistic has STOP_EXCEEDANCES draws reaching it, the
+    bootstrap stops and the part's p-value is the weighted Bonferroni min_j (p_j / share_j) of their sequential
+    p-values (:mod:`labelshift.inference._sequential`; at least 0.1); otherwise, after all the draws, each gets
+    p = (1 + #{draws >= it}) / (draws + 1) and the part's p-value is their smallest p / STATISTIC_WEIGHTS share,
     calibrated by the same draws (:func:`_combined`)."""
     k = S.shape[1]
     m = P.shape[0]
@@ -447,28 +495,54 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     if hm is None:
         return LogOddsPart(statistic=0.0, p_value=1.0, class_share=np.zeros(k), moments=0)
     stat, q, W = _studentised(hm.f[None], hm.var_t[None], hm.M[None], hm.E2[None], hm.n_y, m, hm.pooled)
-    dr = _bootstrap_draws(hm, y, P, draws, seed, responsibilities, q_world)
-    boot, q_b, W_b = _studentised(dr.fb, dr.var_b, dr.Mb, dr.E2b, hm.n_y, m, hm.pooled)
     s, d, cols, keep = float(stat[0]), int(hm.keep.sum()), hm.cols, hm.keep
     # the sum statistic: |sum of the log-odds moments' z-scores| (the indicators left out), the same fits
-    odds = cols[keep][None, :] >= k
+    odds = cols[keep] >= k
     z = np.sqrt(W[0]) * (hm.f - hm.M @ q[0])
-    z_b = np.sqrt(W_b) * (dr.fb - np.einsum("bdk,bk->bd", dr.Mb, q_b))
-    t_sum = float(abs(np.sum(z[odds[0]])))
-    sum_boot = np.abs(np.sum(z_b[:, odds[0]], axis=1))
-
+    t_sum = float(abs(np.sum(z[odds])))
     # evidence: the statistic's parts by predicted-class block (the indicator of c and its log-odds)
     owner = np.concatenate([np.arange(k), np.repeat(np.arange(k), k)])[cols][keep]
     shares = {"diagonal": np.bincount(owner, weights=z ** 2, minlength=k),
-              "sum": np.maximum(np.sign(np.sum(z[odds[0]])) * np.bincount(owner, weights=z * odds[0], minlength=k), 0)}
-    laws = {"diagonal": (s, boot), "sum": (t_sum, sum_boot)}
-    if not hm.block:
-        return _combined(laws, shares, draws, statistic=s, moments=d, sum_statistic=t_sum)
-    bs, b_boot, b_parts, kept = _block_law(hm, S, y, dr, m, draws)
-    laws["block"] = (bs, b_boot)
-    shares["block"] = np.zeros(k)
-    shares["block"][kept] = b_parts
-    return _combined(laws, shares, draws, statistic=s, moments=d, sum_statistic=t_sum, block_statistic=bs)
+              "sum": np.maximum(np.sign(np.sum(z[odds])) * np.bincount(owner, weights=z * odds, minlength=k), 0)}
+    statistics = {"diagonal": s, "sum": t_sum}
+    fields = {"statistic": s, "moments": d, "sum_statistic": t_sum}
+    wd = _world_draws(hm, y, P, draws, seed, responsibilities, q_world)
+    bd = _block_data(hm, S, y, wd.Zt, m) if hm.block else None
+    if bd is not None:
+        statistics["block"] = fields["block_statistic"] = bd.stat
+        shares["block"] = np.zeros(k)
+        shares["block"][bd.kept] = bd.parts
+    found = {name: [] for name in statistics}
+    for sl in _rows.blocks(draws, DRAW_BATCH):
+        for name, values in _draw_statistics(hm, wd, bd, sl, m, odds).items():
+            found[name].append(values)
+        early = _stopped_early(statistics, found, shares, sl.stop, fields)
+        if early is not None:
+            return early
+    laws = {name: (statistics[name], np.concatenate(found[name])) for name in statistics}
+    return _combined(laws, shares, draws, draws_used=draws, **fields)
+
+
+def _shares_of_level(names) -> np.ndarray:
+    """The STATISTIC_WEIGHTS of these statistics, renormalised to sum 1."""
+    w = np.array([STATISTIC_WEIGHTS[name] for name in names])
+    return w / w.sum()
+
+
+def _stopped_early(statistics: dict, found: dict, shares: dict, used: int, fields: dict) -> LogOddsPart | None:
+    """When every statistic has STOP_EXCEEDANCES draws reaching it among the draws so far: the part with each
+    statistic's sequential p-value and their weighted Bonferroni combination min(1, min_j p_j / share_j) (valid for
+    any dependence between them; at least STOP_EXCEEDANCES / draws / the largest share); else None."""
+    names = list(statistics)
+    stops = [stopping_draw(statistics[name], np.concatenate(found[name])) for name in names]
+    if any(stop is None for stop in stops):
+        return None
+    w = _shares_of_level(names)
+    own = {f"p_value_{name}": STOP_EXCEEDANCES / stop for name, stop in zip(names, stops)}
+    scaled = np.array([own[f"p_value_{name}"] for name in names]) / w
+    share = shares[names[int(np.argmin(scaled))]]
+    share = share / share.sum() if share.sum() > 0 else share
+    return LogOddsPart(p_value=float(min(1.0, scaled.min())), class_share=share, draws_used=used, **fields, **own)
 
 
 def _combined(laws: dict, shares: dict, draws: int, **fields) -> LogOddsPart:
@@ -479,8 +553,7 @@ def _combined(laws: dict, shares: dict, draws: int, **fields) -> LogOddsPart:
     lies beyond every draw, its matched chi^2 tail / weight caps it (weighted Bonferroni of the tails). The evidence
     is the shares of the statistic with the smallest weighted p-value (its tail included)."""
     names = list(laws)
-    w = np.array([STATISTIC_WEIGHTS[name] for name in names])
-    w = w / w.sum()
+    w = _shares_of_level(names)
     found = {name: _p_value(*laws[name]) for name in names}
     scaled = np.array([found[name][0] for name in names]) / w
     ranks = np.stack([_ranks(*laws[name]) for name in names]) / w[:, None]

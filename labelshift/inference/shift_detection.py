@@ -32,6 +32,7 @@ from scipy.stats import chi2, norm
 
 from .. import rows as _rows
 from ._log_odds import BLOCK_MAX_CLASSES, log_odds_test
+from ._sequential import DRAW_BATCH, STOP_EXCEEDANCES, sequential_p_value
 from ._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit
 from ._squarem import squarem_batch
 from .._validation import check_given_weights, check_labels, check_prior, check_probabilities
@@ -67,13 +68,6 @@ METHODS = ("likelihood-ratio", "wald")
 CALIBRATIONS = ("bootstrap", "chi2")
 #: default number of bootstrap draws
 BOOTSTRAP_DRAWS = 200
-#: the regions part's bootstrap stops once this many draws reach the statistic (:func:`sequential_p_value`): every
-#: p-value below STOP_EXCEEDANCES / (B + 1) = 0.0498 at B = 200 is the fixed-B one, so no decision at the 0.05
-#: level (nor at 0.3 x 0.05 in the combined test) changes, and a target consistent with label shift needs about
-#: 40 draws on average instead of 200 (docs/label_shift_test.md, "Stopping the bootstrap early")
-STOP_EXCEEDANCES = 10
-#: draws refitted together before the stopping rule looks at them
-DRAW_BATCH = 20
 #: up to this many classes the regions' null fit and its bootstrap run on the dense (classes, regions) table (where
 #: the measured size and power tables were made); above, on a support fixed by the holdout (_sparse_null) -- the
 #: same limit as the log-odds part's block statistic, so that one number says where the many-class forms begin
@@ -512,25 +506,6 @@ def _bootstrap_null(pi: np.ndarray, q: np.ndarray, n_y: np.ndarray, m: int, draw
         yield _null_fit_batch(Nb[sl], Tb[sl], q, pi)
 
 
-def sequential_p_value(statistic: float, batches, draws: int,
-                       exceedances: int = STOP_EXCEEDANCES) -> tuple[float, int, int]:
-    """Besag & Clifford's sequential Monte Carlo p-value (Biometrika 78, 1991, 301-304) of ``statistic`` from
-    bootstrap statistics arriving in ``batches`` (an iterable of arrays, at most ``draws`` in all): drawing stops
-    at the draw L where the ``exceedances``-th one reaches the statistic, p = exceedances / L; when fewer reach it
-    in all the draws, p = (1 + #reaching) / (draws + 1), the fixed-B p-value. Under H0 it is as valid as the
-    fixed-B one, and it equals it whenever that is below exceedances / (draws + 1), so decisions at those levels
-    do not change; above, it costs about exceedances / p draws instead of ``draws``. Returns (p, draws that
-    reached the statistic, draws used)."""
-    found = used = 0
-    for boot in batches:
-        hits = np.flatnonzero(boot >= statistic - 1e-9 * max(1.0, statistic))
-        if found + hits.size >= exceedances:
-            return exceedances / (used + int(hits[exceedances - found - 1]) + 1), exceedances, \
-                used + int(hits[exceedances - found - 1]) + 1
-        found, used = found + hits.size, used + boot.size
-    return (1 + found) / (draws + 1), found, used
-
-
 def _world_shares(regions: _Regions, pi: np.ndarray, q: np.ndarray, p: np.ndarray, iterations: int = 100):
     """For the log-odds part's bootstrap world: a function of target output rows Z (T, k) giving each class's share
     of every row under the null fit (pi, q). Within a row the shares start from the calibrated posterior under the
@@ -813,7 +788,7 @@ def _with_log_odds(inp: _TestInputs, rc: _RegionCounts, fit: _RegionsFit, method
     extra.update(p_value_regions=fit.p_value, p_value_log_odds=part.p_value, log_odds_statistic=part.statistic,
                  p_value_log_odds_diagonal=part.p_value_diagonal, p_value_log_odds_block=part.p_value_block,
                  p_value_log_odds_sum=part.p_value_sum, log_odds_block_statistic=part.block_statistic,
-                 log_odds_sum_statistic=part.sum_statistic,
+                 log_odds_sum_statistic=part.sum_statistic, log_odds_draws_used=part.draws_used,
                  log_odds_moments=part.moments, log_odds_class=int(np.argmax(part.class_share)),
                  log_odds_class_share=float(np.max(part.class_share)),
                  log_odds_where=_region_name((int(np.argmax(part.class_share)),), 0.0, 1.0, class_names))
