@@ -353,13 +353,15 @@ class _Draws(NamedTuple):
 
 class _BlockData(NamedTuple):
     """The block statistic's side of the data: its value and parts, the blocks kept, the layout of their moments,
-    the pooled holdout's block moments, and the world's products (for the draws)."""
+    the pooled holdout's block moments, and the world's products u u' (rows sorted by predicted class)."""
     stat: float
     parts: np.ndarray
     kept: np.ndarray
     layout: np.ndarray
     pooled: tuple
-    Ow: sparse.csr_matrix
+    order: np.ndarray           # (world rows,) the world's rows by predicted class
+    starts: np.ndarray          # (k + 1,) where each predicted class's rows begin in that order
+    U2: np.ndarray              # (world rows, k * k) each row's u u', in that order
 
 
 def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int) -> _HoldoutMoments | None:
@@ -447,19 +449,41 @@ def _block_data(hm: _HoldoutMoments, S: np.ndarray, y: np.ndarray, Zt: np.ndarra
     t_block = hm.moments[2][kept]
     b_stat, b_parts = _block_statistic(hm.moments[0][layout][None], t_block[None], hm.M_full[layout][None],
                                        E2_hold[None], n_y, m, pooled_block)
+    c, u = _block_vectors(np.vstack([S, Zt]))                    # the world's rows: the holdout's, then Zt's
+    order = np.argsort(c, kind="stable")
+    U2 = (u[order][:, :, None] * u[order][:, None, :]).reshape(order.size, k * k)
     return _BlockData(stat=float(b_stat[0]), parts=b_parts[0], kept=kept, layout=layout, pooled=pooled_block,
-                      Ow=sparse.vstack([Ps, _products(Zt, k)]).tocsr())
+                      order=order, starts=np.searchsorted(c[order], np.arange(k + 1)), U2=U2)
+
+
+def _block_sums(bd: _BlockData, counts: np.ndarray) -> np.ndarray:
+    """(draws, kept blocks, k, k): for draws given as counts of world rows (draws, world rows), the sums of u u'
+    over the rows drawn, by the predicted class's block -- one dense product per block (the rows of a block are
+    contiguous in ``bd.order``)."""
+    C = counts[:, bd.order].astype(np.float64)
+    k = bd.starts.size - 1
+    out = np.empty((C.shape[0], bd.kept.size, k * k))
+    for i, block in enumerate(bd.kept):
+        lo, hi = bd.starts[block], bd.starts[block + 1]
+        out[:, i] = C[:, lo:hi] @ bd.U2[lo:hi]
+    return out.reshape(C.shape[0], bd.kept.size, k, k)
+
+
+def _row_counts(picked: np.ndarray, size: int) -> np.ndarray:
+    """(draws, size): how often each world row was drawn, from the rows ``picked`` (draws, rows)."""
+    draws = picked.shape[0]
+    return np.bincount((np.arange(draws)[:, None] * size + picked).ravel(), minlength=draws * size).reshape(draws, size)
 
 
 def _block_draws(bd: _BlockData, hm: _HoldoutMoments, dr: _Draws, m: int) -> np.ndarray:
     """The block statistic on a batch of draws."""
-    k, n_y, kept, layout, Ow = hm.n_y.size, hm.n_y, bd.kept, bd.layout, bd.Ow
+    k, n_y, layout, rows = hm.n_y.size, hm.n_y, bd.layout, bd.order.size
     b_boot = np.empty(dr.counts_t.shape[0])
-    for sl in _rows.blocks(b_boot.size, max(1, min(_BLOCK_CHUNK // k ** 4, _TARGET_CHUNK // Ow.shape[0]))):
-        E2c = np.stack([(_counts(dr.rows_y[c][sl], Ow.shape[0]) @ Ow).toarray().reshape(-1, k, k, k)[:, kept]
-                        / n_y[c] for c in range(k)], axis=1)                      # (b, y, c, a, a)
+    for sl in _rows.blocks(b_boot.size, max(1, min(_BLOCK_CHUNK // k ** 4, _TARGET_CHUNK // rows))):
+        E2c = np.stack([_block_sums(bd, _row_counts(dr.rows_y[c][sl], rows)) / n_y[c] for c in range(k)],
+                       axis=1)                                                    # (b, y, c, a, a)
         Mc = np.stack([dr.sums_y[c][sl][:, layout] for c in range(k)], axis=-1)   # (b, c, a, y)
-        T2c = np.asarray(Ow.T @ dr.counts_t[sl].astype(np.float64).T).T.reshape(-1, k, k, k)[:, kept] / m
+        T2c = _block_sums(bd, dr.counts_t[sl]) / m
         b_boot[sl] = _block_statistic(dr.fb_full[sl][:, layout], T2c, Mc, E2c, n_y, m, bd.pooled)[0]
     return b_boot
 
