@@ -76,7 +76,7 @@ DENSE_MAX_CLASSES = BLOCK_MAX_CLASSES
 _LOG_ODDS_FLOATS = ("p_value_regions", "p_value_log_odds", "log_odds_statistic", "log_odds_class_share",
                     "p_value_log_odds_diagonal", "p_value_log_odds_block", "p_value_log_odds_sum",
                     "log_odds_block_statistic", "log_odds_sum_statistic")
-_LOG_ODDS_KEYS = _LOG_ODDS_FLOATS + ("log_odds_moments", "log_odds_class", "log_odds_where")
+_LOG_ODDS_KEYS = _LOG_ODDS_FLOATS + ("log_odds_moments", "log_odds_class", "log_odds_where", "log_odds_draws_used")
 # pseudo-count (spread over the regions by their pooled holdout frequency) in the holdout variance of each class
 _SMOOTH = 1.0
 # the share of the level given to the regions part when both parts are combined (combine_p_values): 0.3, as the
@@ -133,7 +133,10 @@ class LabelShiftTest:
             p_value without the log-odds part: (``calibration="bootstrap"``): (1 + #{draws with statistic* >=
             statistic}) / (B + 1), B
             draws of the parametric bootstrap from the null fit (beyond every draw: the smaller of 1/(B+1) and the
-            chi^2 tail, so that levels below 1/(B+1) can still reject); ``calibration="chi2"`` (and the Wald form):
+            chi^2 tail, so that levels below 1/(B+1) can still reject), or 10 / L once the 10th draw reaching the
+            statistic is draw L (the bootstrap then stops: ``extra["bootstrap_draws_used"]``; the log-odds part's
+            likewise, ``extra["log_odds_draws_used"]``; both leave every decision at levels up to 0.0498 as with
+            all B draws, ``docs/label_shift_test.md``); ``calibration="chi2"`` (and the Wald form):
             P(chi^2_dof >= statistic), asymptotic. ``extra["p_value_chi2"]`` holds the chi^2 p-value in both cases.
         weights: the weights w the expected fractions use (k,): the null fit's (a binned MLLS that also uses the
             target to refine the class-conditional histograms) for the likelihood ratio, the MLLS weights for Wald.
@@ -211,6 +214,7 @@ class LabelShiftTest:
                 "calibration": self.extra.get("calibration", "chi2"),
                 "p_value_chi2": finite_or_none(self.extra.get("p_value_chi2", self.p_value)),
                 "bootstrap_draws": self.extra.get("bootstrap_draws"),
+                "bootstrap_draws_used": self.extra.get("bootstrap_draws_used"),
                 **{key: (finite_or_none(self.extra[key]) if isinstance(self.extra[key], float) else self.extra[key])
                    for key in _LOG_ODDS_KEYS if key in self.extra},
                 "disagreeing": [r.to_dict() for r in self.disagreeing()],
@@ -242,6 +246,7 @@ class LabelShiftTest:
                    extra={"calibration": d.get("calibration", "chi2"),
                           "p_value_chi2": num(d.get("p_value_chi2", d["p_value"])),
                           "bootstrap_draws": d.get("bootstrap_draws"),
+                          "bootstrap_draws_used": d.get("bootstrap_draws_used"),
                           **{key: (num(d[key]) if key in _LOG_ODDS_FLOATS else d[key])
                              for key in _LOG_ODDS_KEYS if key in d}})
 
