@@ -177,3 +177,50 @@ def test_alerts_need_a_lasting_prefect_server(capsys, tmp_path, monkeypatch):
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     assert main(["alerts", "--home", str(tmp_path), "--webhook-url", "http://h/x"]) == 2
     assert "alerts need a lasting Prefect server" in capsys.readouterr().err
+
+
+def _listener(*argv: str):
+    """``labelshift alerts listen --port 0 ...`` in a subprocess, and the URL of its first line."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "alerts", "listen", "--port", "0", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    first = proc.stdout.readline()
+    assert first.startswith("listening on http://127.0.0.1:"), (first, proc.stderr.read() if not first else "")
+    return proc, first.split()[2]
+
+
+def test_listen_prints_the_notification_it_receives():
+    """The receiver of the walk-through (docs/alerts.md): a message as the Custom Webhook block posts it is printed
+    as its text, a body that is not JSON as it came; --count ends it."""
+    import urllib.request
+
+    proc, url = _listener("--count", "2")
+    try:
+        message = {"subject": "labelshift: Shifted -- m on s3://b/t", "body": "Shifted: model m v1 on s3://b/t",
+                   "text": "labelshift: Shifted -- m on s3://b/t\nShifted: model m v1 on s3://b/t"}
+        for data, kind in ((json.dumps(message).encode(), "application/json"), (b"plain words", "text/plain")):
+            request = urllib.request.Request(url + "hook", data=data, headers={"Content-Type": kind})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                assert answer.status == 200
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "POST /hook\nlabelshift: Shifted -- m on s3://b/t\nShifted: model m v1 on s3://b/t\n" in out
+    assert out.rstrip().endswith("POST /hook\nplain words")
+
+
+def test_listen_on_a_taken_port_names_the_fix(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["alerts", "listen", "--port", str(taken.getsockname()[1])]) == 2
+    assert "pick another --port (0 for any free one)" in capsys.readouterr().err
