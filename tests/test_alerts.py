@@ -3,6 +3,7 @@
 Prefect server is ``tests/test_alerts_e2e.py``."""
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -94,6 +95,41 @@ def test_emitting_never_fails_the_run(shifted, monkeypatch, caplog):
     with caplog.at_level("WARNING"):
         assert emit_verdict.fn(shifted) is None
     assert "was not emitted (RuntimeError: events client down)" in caplog.text
+
+
+def _message(summary: dict, **options) -> str:
+    """The notification body of ``summary``'s event as Prefect's actions service renders it."""
+    from prefect.server.utilities.user_templates import render_user_template_sync, validate_user_template
+
+    from flows.alerts import MESSAGE_BODY
+
+    validate_user_template(MESSAGE_BODY)
+    return render_user_template_sync(MESSAGE_BODY, {"event": verdict_event(summary, **options)})
+
+
+def test_the_message_gives_the_figures_rounded_and_names_what_is_missing(shifted):
+    """Found in the walk-through (docs/operations.md): the message printed floats to 17 digits ("total variation
+    0.14342965906558353", "drop 3.1583058911155426e-05"); it gives them as the CLI does."""
+    res = shifted["result"]
+    body = _message(shifted, prefect_run_url="http://prefect:4200/runs/flow-run/fr-1")
+    lines = body.splitlines()
+    assert lines[0] == "Shifted: model fraud-model v7 on s3://bucket/target" and lines[1] == "headline of Shifted"
+    p_values = f"no shift {res['no_shift_test']['p_value']:.3g}, label shift {res['label_shift_test']['p_value']:.3g}"
+    assert lines[3] == f"total variation {res['total_variation']:.3f}; p-values: {p_values}"
+    acc = res["accuracy"]
+    assert lines[4] == (f"accuracy: {acc['source']:.3f} on the source, expected {acc['expected']:.3f} "
+                        f"[{acc['lower']:.3f}, {acc['upper']:.3f}] on the target "
+                        f"(drop {acc['source'] - acc['expected']:.3f})")
+    assert lines[5:] == ["Prefect run: http://prefect:4200/runs/flow-run/fr-1",
+                         "MLflow run: http://mlflow:5000/#/experiments/3/runs/mlrun-1"]
+    untested = copy.deepcopy(shifted)
+    untested["result"]["label_shift_test"] = None
+    assert "label shift not run" in _message(untested)
+    body = _message({"verdict": "No valid data", "headline": "No valid data: ...", "target": "file:///t",
+                     "batches": [], "rejected": [{"key": "bad.npy", "reason": "shape"}], "mlflow": {"run_id": "r9"},
+                     "prefect_flow_run_id": "fr-2"}, model=MODEL)
+    assert body.splitlines() == ["No valid data: model fraud-model v7 on file:///t", "No valid data: ...",
+                                 "Prefect run: fr-2", "MLflow run: r9"]
 
 
 @pytest.mark.parametrize("fraction, label", [(0.29, "29"), (0.999, "99"), (1.0, "100"), (0.0, "0"), (-0.02, "-2"),
