@@ -31,17 +31,18 @@ _EMAIL = re.compile(r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$")
 
 #: what each notification says (Jinja, rendered by Prefect's actions service from the triggering event)
 MESSAGE_SUBJECT = "labelshift: {{ event.payload.verdict }} -- {{ event.payload.model.name }} on {{ event.payload.target }}"
-MESSAGE_BODY = """{{ event.payload.verdict }}: model {{ event.payload.model.name }} v{{ event.payload.model.version }} \
-on {{ event.payload.target }}
-{{ event.payload.headline }}
-{% if event.payload.prior_text %}prior (source -> target [{{ event.payload.prior.level }} interval]): \
-{{ event.payload.prior_text }}
-total variation {{ event.payload.total_variation }}; p-values: no shift {{ event.payload.p_values.no_shift }}, \
-label shift {{ event.payload.p_values.label_shift }}
-{% endif %}{% if event.payload.accuracy %}accuracy: {{ event.payload.accuracy.source }} on the source, expected \
-{{ event.payload.accuracy.expected }} on the target (drop {{ event.payload.accuracy.drop }})
-{% endif %}Prefect run: {{ event.payload.links.prefect_run or event.payload.prefect_flow_run_id }}
-MLflow run: {{ event.payload.links.mlflow_run or event.payload.mlflow_run_id }}"""
+MESSAGE_BODY = """{% macro num(x, spec, missing='n/a') %}{% if x is number %}{{ spec|format(x) }}{% else %}\
+{{ missing }}{% endif %}{% endmacro %}{% set p = event.payload %}\
+{{ p.verdict }}: model {{ p.model.name }} v{{ p.model.version }} on {{ p.target }}
+{{ p.headline }}
+{% if p.prior_text %}prior (source -> target [{{ p.prior.level }} interval]): {{ p.prior_text }}
+total variation {{ num(p.total_variation, '%.3f') }}; p-values: no shift {{ num(p.p_values.no_shift, '%.3g') }}, \
+label shift {{ num(p.p_values.label_shift, '%.3g', 'not run') }}
+{% endif %}{% if p.accuracy %}accuracy: {{ num(p.accuracy.source, '%.3f') }} on the source, expected \
+{{ num(p.accuracy.expected, '%.3f') }} [{{ num(p.accuracy.lower, '%.3f') }}, {{ num(p.accuracy.upper, '%.3f') }}] \
+on the target (drop {{ num(p.accuracy.drop, '%.3f') }})
+{% endif %}Prefect run: {{ p.links.prefect_run or p.prefect_flow_run_id }}
+MLflow run: {{ p.links.mlflow_run or p.mlflow_run_id }}"""
 
 
 @dataclass(frozen=True)

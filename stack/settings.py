@@ -269,6 +269,8 @@ def apply(settings: Settings, *, verbose: bool = False,
     env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     if not verbose:
         env.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        # MLflow's "View run ... at: <url>" lines on every run's end (a tracking server only); the CLI prints its links
+        env.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     if verbose:
         env.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
         env.setdefault("MLFLOW_LOGGING_LEVEL", "INFO")

@@ -20,6 +20,7 @@ import logging
 import tempfile
 import threading
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,8 +63,13 @@ def class_names_of(bundle) -> list[str]:
 def reference_model_class():
     """The pyfunc form of a reference: ``predict`` takes model outputs (one column per class, or an (n, k) array)
     and returns the calibrated probabilities, one column per class name. (Made on demand: MLflow inspects a
-    PythonModel subclass when it is defined, which needs to happen only where a reference is registered.)"""
+    PythonModel subclass when it is defined, which needs to happen only where a reference is registered; its note
+    on the untyped ``predict`` is recorded and dropped, since MLflow sets its own warning filter around it.)"""
+    with warnings.catch_warnings(record=True):
+        return _define_reference_model()
 
+
+def _define_reference_model():
     class ReferenceModel(mlflow.pyfunc.PythonModel):
         """A reference as an MLflow pyfunc: ``predict`` takes model outputs (one column per class, or an (n, k) array)
         and returns the calibrated probabilities, one column per class name."""

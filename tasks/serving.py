@@ -124,8 +124,7 @@ def corrected_model_class() -> type:
     class name -- p_t(y|x) proportional to w_y f_y(x), f the calibrated source posterior -- and :data:`CLASS_COLUMN`,
     the name of the most probable class (:func:`corrected_frame`). Its artifacts: ``correction`` (the JSON of
     :func:`correction_doc`) and, in input mode, ``deployed`` (a copy of the deployed model version)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
+    with warnings.catch_warnings(record=True):      # recorded and dropped: MLflow sets its own filter ("once")
 
         class ShiftCorrectedModel(mlflow.pyfunc.PythonModel):
             """The deployed model corrected to its target's label distribution (:func:`corrected_model_class`)."""

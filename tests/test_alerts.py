@@ -3,6 +3,7 @@
 Prefect server is ``tests/test_alerts_e2e.py``."""
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -96,6 +97,41 @@ def test_emitting_never_fails_the_run(shifted, monkeypatch, caplog):
     assert "was not emitted (RuntimeError: events client down)" in caplog.text
 
 
+def _message(summary: dict, **options) -> str:
+    """The notification body of ``summary``'s event as Prefect's actions service renders it."""
+    from prefect.server.utilities.user_templates import render_user_template_sync, validate_user_template
+
+    from flows.alerts import MESSAGE_BODY
+
+    validate_user_template(MESSAGE_BODY)
+    return render_user_template_sync(MESSAGE_BODY, {"event": verdict_event(summary, **options)})
+
+
+def test_the_message_gives_the_figures_rounded_and_names_what_is_missing(shifted):
+    """Found in the walk-through (docs/operations.md): the message printed floats to 17 digits ("total variation
+    0.14342965906558353", "drop 3.1583058911155426e-05"); it gives them as the CLI does."""
+    res = shifted["result"]
+    body = _message(shifted, prefect_run_url="http://prefect:4200/runs/flow-run/fr-1")
+    lines = body.splitlines()
+    assert lines[0] == "Shifted: model fraud-model v7 on s3://bucket/target" and lines[1] == "headline of Shifted"
+    p_values = f"no shift {res['no_shift_test']['p_value']:.3g}, label shift {res['label_shift_test']['p_value']:.3g}"
+    assert lines[3] == f"total variation {res['total_variation']:.3f}; p-values: {p_values}"
+    acc = res["accuracy"]
+    assert lines[4] == (f"accuracy: {acc['source']:.3f} on the source, expected {acc['expected']:.3f} "
+                        f"[{acc['lower']:.3f}, {acc['upper']:.3f}] on the target "
+                        f"(drop {acc['source'] - acc['expected']:.3f})")
+    assert lines[5:] == ["Prefect run: http://prefect:4200/runs/flow-run/fr-1",
+                         "MLflow run: http://mlflow:5000/#/experiments/3/runs/mlrun-1"]
+    untested = copy.deepcopy(shifted)
+    untested["result"]["label_shift_test"] = None
+    assert "label shift not run" in _message(untested)
+    body = _message({"verdict": "No valid data", "headline": "No valid data: ...", "target": "file:///t",
+                     "batches": [], "rejected": [{"key": "bad.npy", "reason": "shape"}], "mlflow": {"run_id": "r9"},
+                     "prefect_flow_run_id": "fr-2"}, model=MODEL)
+    assert body.splitlines() == ["No valid data: model fraud-model v7 on file:///t", "No valid data: ...",
+                                 "Prefect run: fr-2", "MLflow run: r9"]
+
+
 @pytest.mark.parametrize("fraction, label", [(0.29, "29"), (0.999, "99"), (1.0, "100"), (0.0, "0"), (-0.02, "-2"),
                                              (0.1, "10"), (0.57, "57")])
 def test_percent_labels_round_down(fraction, label):
@@ -177,3 +213,50 @@ def test_alerts_need_a_lasting_prefect_server(capsys, tmp_path, monkeypatch):
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     assert main(["alerts", "--home", str(tmp_path), "--webhook-url", "http://h/x"]) == 2
     assert "alerts need a lasting Prefect server" in capsys.readouterr().err
+
+
+def _listener(*argv: str):
+    """``labelshift alerts listen --port 0 ...`` in a subprocess, and the URL of its first line."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "alerts", "listen", "--port", "0", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    first = proc.stdout.readline()
+    assert first.startswith("listening on http://127.0.0.1:"), (first, proc.stderr.read() if not first else "")
+    return proc, first.split()[2]
+
+
+def test_listen_prints_the_notification_it_receives():
+    """The receiver of the walk-through (docs/alerts.md): a message as the Custom Webhook block posts it is printed
+    as its text, a body that is not JSON as it came; --count ends it."""
+    import urllib.request
+
+    proc, url = _listener("--count", "2")
+    try:
+        message = {"subject": "labelshift: Shifted -- m on s3://b/t", "body": "Shifted: model m v1 on s3://b/t",
+                   "text": "labelshift: Shifted -- m on s3://b/t\nShifted: model m v1 on s3://b/t"}
+        for data, kind in ((json.dumps(message).encode(), "application/json"), (b"plain words", "text/plain")):
+            request = urllib.request.Request(url + "hook", data=data, headers={"Content-Type": kind})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                assert answer.status == 200
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "POST /hook\nlabelshift: Shifted -- m on s3://b/t\nShifted: model m v1 on s3://b/t\n" in out
+    assert out.rstrip().endswith("POST /hook\nplain words")
+
+
+def test_listen_on_a_taken_port_names_the_fix(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["alerts", "listen", "--port", str(taken.getsockname()[1])]) == 2
+    assert "pick another --port (0 for any free one)" in capsys.readouterr().err

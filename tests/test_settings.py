@@ -102,3 +102,29 @@ def test_the_domain_and_tasks_do_not_read_the_projects_variables(path):
     reads = re.compile(r"""(environ(\.get)?\s*[(\[]|getenv\()\s*['"]LABELSHIFT_""")
     for file in (ROOT / path).rglob("*.py"):
         assert not reads.search(file.read_text()), file
+
+
+def test_the_console_is_quiet_by_default_about_mlflow_runs(tmp_path):
+    """Found in the walk-through (docs/operations.md): against a tracking server MLflow printed "View run ... at:"
+    and "View experiment at:" on every run's end, twice for some, between the CLI's own lines and links."""
+    quiet, verbose = {}, {}
+    settings_mod.apply(settings_mod.resolve(tmp_path, environ={}), environ=quiet)
+    settings_mod.apply(settings_mod.resolve(tmp_path, environ={}), verbose=True, environ=verbose)
+    assert quiet["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"
+    assert "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT" not in verbose
+
+
+def test_defining_the_pyfunc_models_prints_no_warning():
+    """Found in the walk-through: `reference register` and a run with --register-corrected printed MLflow's
+    "Add type hints to the `predict` method" although both classes are defined under catch_warnings: MLflow sets
+    its own filter ("once") inside, which an "ignore" outside does not override."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import tasks.references, tasks.serving; tasks.references.reference_model_class(); "
+            "tasks.serving.corrected_model_class()")
+    done = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "type hints" not in done.stderr and "Warning" not in done.stderr, done.stderr

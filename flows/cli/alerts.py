@@ -9,12 +9,16 @@ blocks saved and automations written, by :func:`flows.alerts.apply_alerts`.
 from __future__ import annotations
 
 import argparse
+import json
 import textwrap
 
 from stack import settings as settings_mod
 from flows.cli._common import UsageError, add_common, setup
 
-__all__ = ["register"]
+__all__ = ["register", "LISTEN_PORT"]
+
+#: port of ``labelshift alerts listen`` unless --port says otherwise
+LISTEN_PORT = 8765
 
 
 def register(sub) -> None:
@@ -73,6 +77,28 @@ def register(sub) -> None:
                         "every model); each scope has its own automations")
     p.add_argument("--remove", action="store_true", help="delete the automations of this scope instead")
     p.set_defaults(handler=run)
+    _register_listen(p)
+
+
+def _register_listen(alerts_parser) -> None:
+    sub = alerts_parser.add_subparsers(dest="alerts_action", metavar="listen", title="optional subcommand")
+    p = sub.add_parser(
+        "listen", help="a webhook receiver on loopback that prints each notification it gets",
+        description=textwrap.fill(
+            "Print each message POSTed to http://HOST:PORT/ (any path): the text of a labelshift notification, "
+            "else the body as it came. A receiver to try the alerts on one machine: pass its URL to "
+            "`labelshift alerts --webhook-url` in another shell. Answers 200 to every POST; not a server for "
+            "production.", 79),
+        epilog="example:\n"
+               "  labelshift alerts listen --port 8765 &\n"
+               "  labelshift alerts --webhook-url http://127.0.0.1:8765/labelshift\n"
+               "Exit status: 0 after --count messages, 2 when the port is taken, 130 on Ctrl-C.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--port", type=int, default=LISTEN_PORT,
+                   help=f"port to listen on; 0 for any free one (printed) (default: {LISTEN_PORT})")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, loopback only)")
+    p.add_argument("--count", type=int, metavar="N", help="stop after N messages (default: until Ctrl-C)")
+    p.set_defaults(handler=listen)
 
 
 def _model_name(value: str | None) -> str | None:
@@ -128,4 +154,53 @@ def run(args) -> int:
     if not plan.remove:
         print(f"notifications through {len(done['blocks'])} block(s); every re-estimation emits "
               "labelshift.verdict.<verdict> (docs/alerts.md)")
+    return 0
+
+
+def message_text(body: bytes) -> str:
+    """What ``listen`` prints of a POST body: the ``text`` of a labelshift notification (JSON with ``text``, as the
+    Custom Webhook block of ``alerts`` sends it), else the body decoded as UTF-8 (undecodable bytes replaced)."""
+    raw = body.decode("utf-8", errors="replace")
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        return raw
+    if isinstance(message, dict) and isinstance(message.get("text"), str):
+        return message["text"]
+    return json.dumps(message, indent=2)
+
+
+def listen(args) -> int:
+    """Serve HTTP on ``args.host:args.port`` and print each POST body (:func:`message_text`) until ``args.count``
+    messages arrived (or Ctrl-C). Raises UsageError when the address cannot be bound."""
+    from datetime import datetime, timezone
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    if args.count is not None and args.count < 1:
+        raise UsageError(f"--count must be at least 1, got {args.count}; leave it out to listen until Ctrl-C")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            self.send_response(200)
+            self.end_headers()
+            when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+            print(f"--- {when}  POST {self.path}\n{message_text(body)}", flush=True)
+
+        def log_message(self, *args):
+            pass
+
+    try:
+        server = HTTPServer((args.host, args.port), Handler)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port "
+                         "(0 for any free one)") from None
+    host, port = server.server_address[:2]
+    print(f"listening on http://{host}:{port}/ (pass it to `labelshift alerts --webhook-url`; Ctrl-C to stop)",
+          flush=True)
+    handled = 0
+    with server:
+        while args.count is None or handled < args.count:
+            server.handle_request()
+            handled += 1
     return 0
