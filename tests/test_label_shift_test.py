@@ -543,3 +543,22 @@ def test_the_log_odds_bootstrap_stops_early_under_label_shift():
     assert all(STOP_EXCEEDANCES / used <= p <= 1.0 for p in own.values())
     assert x["p_value_log_odds"] == pytest.approx(min(1.0, min(own[n] / lot.STATISTIC_WEIGHTS[n] for n in own)))
     assert x["p_value_log_odds"] >= 0.1                 # never below 10 / 200 / 0.5: no rejection at 5% from it
+
+
+def test_log_odds_draws_made_batch_by_batch_are_those_made_up_front():
+    # the rows of each draw come from the same streams whether drawn all at once (as before the early stop) or
+    # batch after batch: the holdout rows by jumping ahead in their stream, the target's by drawing in order
+    from labelshift.inference import _log_odds as lot
+    rng = np.random.default_rng(3)
+    S, ys = holdout(600, rng)
+    xt, _ = draw(np.array([0.4, 0.3, 0.2, 0.1]), 800, rng)
+    P = posterior(xt)
+    hm = lot._holdout_moments(S, ys, P, K)
+    wd = lot._world_draws(hm, ys, P, 45, 7, lambda Z: Z, np.full(K, 1.0 / K))
+    batches = [lot._draw_batch(wd, sl) for sl in (slice(0, 20), slice(20, 40), slice(40, 45))]
+    ref = np.random.default_rng([7, 0x10DD5])
+    ref.choice(P.shape[0], size=min(P.shape[0], lot.WORLD_TARGET_ROWS), replace=False)
+    for c in range(K):
+        whole = lot._draw_rows(ref, wd.cdfs[c], int(hm.n_y[c]), 45)
+        assert np.array_equal(np.concatenate([b[0][c] for b in batches]), whole)
+    assert np.array_equal(np.concatenate([b[1] for b in batches]), ref.multinomial(P.shape[0], wd.mix, size=45))

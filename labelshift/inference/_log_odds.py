@@ -328,14 +328,20 @@ class _HoldoutMoments(NamedTuple):
 
 
 class _WorldDraws(NamedTuple):
-    """The bootstrap world (:func:`_world`) and the rows of every draw, made up front (so that a draw's statistics
-    do not depend on which draws are computed together): per class the world rows its holdout rows are drawn as,
-    and the target's draws as counts of world rows."""
+    """The bootstrap world (:func:`_world`) and the random streams of its draws: each draw's rows are made when its
+    batch is computed (:func:`_draw_batch`), yet are exactly the rows that drawing all of them up front would give
+    -- the holdout rows by jumping ahead in their stream, the target's by drawing batch after batch in order -- so
+    that a draw's statistics do not depend on the batching, and draws after an early stop are never made."""
     Zt: np.ndarray              # the target rows that stand for the target in the world
     Fw: sparse.csr_matrix       # the world's features
     F2w: sparse.csr_matrix      # and their squares
-    picked: list                # per class (draws, n_y) the world rows drawn, int32
-    counts_t: np.ndarray        # (draws, world rows) the target's draws
+    cdfs: list                  # per class the cumulative world weights its holdout rows are drawn by
+    n_y: np.ndarray             # (k,) holdout rows per class (rows a draw takes of each)
+    draws: int                  # B
+    picks: dict                 # the state of the holdout rows' stream (one uniform a row, class by class)
+    target: np.random.Generator  # the target's stream, positioned after every holdout row of every draw
+    mix: np.ndarray             # the target's probabilities of the world rows
+    m: int                      # target rows a draw takes
 
 
 class _Draws(NamedTuple):
@@ -362,6 +368,7 @@ class _BlockData(NamedTuple):
     order: np.ndarray           # (world rows,) the world's rows by predicted class
     starts: np.ndarray          # (k + 1,) where each predicted class's rows begin in that order
     U2: np.ndarray              # (world rows, k * k) each row's u u', in that order
+    rank: np.ndarray            # (world rows,) each world row's place in that order
 
 
 def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int) -> _HoldoutMoments | None:
@@ -401,26 +408,40 @@ def _world_draws(hm: _HoldoutMoments, y: np.ndarray, P, draws: int, seed: int, r
     Zt = np.asarray(P[sub], dtype=np.float64)
     Ft = _features(Zt, k) if hm.block else _features(Zt, k)[:, hm.cols]
     Fw, F2w, world = _world(hm.Fs, y, Ft, np.asarray(responsibilities(Zt), dtype=np.float64), m)
-    picked = [_draw_rows(rng, np.cumsum(world[c]), int(n_y[c]), draws) for c in range(k)]
+    picks = rng.bit_generator.state
+    rng.bit_generator.advance(int(draws * n_y.sum()))          # the holdout rows' uniforms come first
     qw = np.maximum(np.asarray(q_world, dtype=np.float64), 0.0)
-    counts_t = rng.multinomial(m, (qw / qw.sum()) @ world, size=draws)      # (B, rows), int: the target's draws
-    return _WorldDraws(Zt=Zt, Fw=Fw, F2w=F2w, picked=picked, counts_t=counts_t)
+    return _WorldDraws(Zt=Zt, Fw=Fw, F2w=F2w, cdfs=[np.cumsum(world[c]) for c in range(k)], n_y=n_y, draws=draws,
+                       picks=picks, target=rng, mix=(qw / qw.sum()) @ world, m=m)
+
+
+def _draw_batch(wd: _WorldDraws, sl: slice) -> tuple[list, np.ndarray]:
+    """The rows of the draws ``sl`` (batches asked for in order): per class the world rows its holdout rows are
+    (draws, n_y) int32, and the target's counts of world rows (draws, rows)."""
+    picked, offset = [], 0
+    for c, cdf in enumerate(wd.cdfs):
+        stream = np.random.Generator(np.random.PCG64())
+        stream.bit_generator.state = wd.picks
+        stream.bit_generator.advance(int(offset + sl.start * wd.n_y[c]))    # a uniform is one 64-bit output
+        picked.append(_draw_rows(stream, cdf, int(wd.n_y[c]), sl.stop - sl.start))
+        offset += wd.draws * int(wd.n_y[c])
+    return picked, wd.target.multinomial(wd.m, wd.mix, size=sl.stop - sl.start)
 
 
 def _draw_moments(hm: _HoldoutMoments, wd: _WorldDraws, sl: slice, m: int) -> _Draws:
     """The moments of the draws ``sl``: the holdout's per-class means and second moments, the target's means and
     variances."""
     k, n_y, keep, Fw = hm.n_y.size, hm.n_y, hm.keep, wd.Fw
-    counts_t = wd.counts_t[sl]
+    picked, counts_t = _draw_batch(wd, sl)
     b, d = counts_t.shape[0], int(keep.sum())
     Mb, E2b = np.zeros((b, d, k)), np.zeros((b, d, k))
     rows_y, sums_y = [], []
     for c in range(k):
-        counts = _counts(wd.picked[c][sl], Fw.shape[0])
+        counts = _counts(picked[c], Fw.shape[0])
         sums = (counts @ Fw).toarray()
         Mb[:, :, c], E2b[:, :, c] = sums[:, keep] / n_y[c], (counts @ wd.F2w).toarray()[:, keep] / n_y[c]
         if hm.block:
-            rows_y.append(wd.picked[c][sl])        # kept compact (int32) for the block statistic's products
+            rows_y.append(picked[c])               # kept compact (int32) for the block statistic's products
         sums_y.append(sums / n_y[c])
     fb_full = np.zeros((b, Fw.shape[1]))
     second = np.zeros((b, d))
@@ -452,15 +473,16 @@ def _block_data(hm: _HoldoutMoments, S: np.ndarray, y: np.ndarray, Zt: np.ndarra
     c, u = _block_vectors(np.vstack([S, Zt]))                    # the world's rows: the holdout's, then Zt's
     order = np.argsort(c, kind="stable")
     U2 = (u[order][:, :, None] * u[order][:, None, :]).reshape(order.size, k * k)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
     return _BlockData(stat=float(b_stat[0]), parts=b_parts[0], kept=kept, layout=layout, pooled=pooled_block,
-                      order=order, starts=np.searchsorted(c[order], np.arange(k + 1)), U2=U2)
+                      order=order, starts=np.searchsorted(c[order], np.arange(k + 1)), U2=U2, rank=rank)
 
 
-def _block_sums(bd: _BlockData, counts: np.ndarray) -> np.ndarray:
-    """(draws, kept blocks, k, k): for draws given as counts of world rows (draws, world rows), the sums of u u'
-    over the rows drawn, by the predicted class's block -- one dense product per block (the rows of a block are
-    contiguous in ``bd.order``)."""
-    C = counts[:, bd.order].astype(np.float64)
+def _block_sums(bd: _BlockData, C: np.ndarray) -> np.ndarray:
+    """(draws, kept blocks, k, k): for draws given as counts of the world's rows in ``bd.order`` (draws, world rows;
+    float64), the sums of u u' over the rows drawn, by the predicted class's block -- one dense product per block
+    (a block's rows are contiguous in that order)."""
     k = bd.starts.size - 1
     out = np.empty((C.shape[0], bd.kept.size, k * k))
     for i, block in enumerate(bd.kept):
@@ -469,10 +491,12 @@ def _block_sums(bd: _BlockData, counts: np.ndarray) -> np.ndarray:
     return out.reshape(C.shape[0], bd.kept.size, k, k)
 
 
-def _row_counts(picked: np.ndarray, size: int) -> np.ndarray:
-    """(draws, size): how often each world row was drawn, from the rows ``picked`` (draws, rows)."""
-    draws = picked.shape[0]
-    return np.bincount((np.arange(draws)[:, None] * size + picked).ravel(), minlength=draws * size).reshape(draws, size)
+def _sorted_counts(bd: _BlockData, picked: np.ndarray) -> np.ndarray:
+    """(draws, world rows) float64: how often each world row was drawn, from the rows ``picked`` (draws, rows),
+    the world's rows in ``bd.order``."""
+    draws, size = picked.shape[0], bd.rank.size
+    at = (np.arange(draws)[:, None] * size + bd.rank[picked]).ravel()
+    return np.bincount(at, weights=np.ones(at.size), minlength=draws * size).reshape(draws, size)
 
 
 def _block_draws(bd: _BlockData, hm: _HoldoutMoments, dr: _Draws, m: int) -> np.ndarray:
@@ -480,10 +504,11 @@ def _block_draws(bd: _BlockData, hm: _HoldoutMoments, dr: _Draws, m: int) -> np.
     k, n_y, layout, rows = hm.n_y.size, hm.n_y, bd.layout, bd.order.size
     b_boot = np.empty(dr.counts_t.shape[0])
     for sl in _rows.blocks(b_boot.size, max(1, min(_BLOCK_CHUNK // k ** 4, _TARGET_CHUNK // rows))):
-        E2c = np.stack([_block_sums(bd, _row_counts(dr.rows_y[c][sl], rows)) / n_y[c] for c in range(k)],
-                       axis=1)                                                    # (b, y, c, a, a)
+        b = sl.stop - sl.start
+        held = _block_sums(bd, np.concatenate([_sorted_counts(bd, dr.rows_y[c][sl]) for c in range(k)]))
+        E2c = np.swapaxes(held.reshape(k, b, *held.shape[1:]) / n_y[:, None, None, None, None], 0, 1)  # (b, y, ...)
         Mc = np.stack([dr.sums_y[c][sl][:, layout] for c in range(k)], axis=-1)   # (b, c, a, y)
-        T2c = _block_sums(bd, dr.counts_t[sl]) / m
+        T2c = _block_sums(bd, dr.counts_t[sl][:, bd.order].astype(np.float64)) / m
         b_boot[sl] = _block_statistic(dr.fb_full[sl][:, layout], T2c, Mc, E2c, n_y, m, bd.pooled)[0]
     return b_boot
 
