@@ -493,13 +493,14 @@ def test_sequential_p_value_is_the_fixed_one_below_its_threshold_and_stops_early
     for _ in range(300):
         boot = rng.chisquare(5, size=B)
         stat = float(rng.chisquare(5) * rng.choice([0.5, 1.0, 3.0]))
-        fixed = (1 + int(np.sum(boot >= stat))) / (B + 1)
+        reach = int(np.sum(boot >= stat))
+        fixed = (1 + reach) / (B + 1)
         p, found, used = sequential_p_value(stat, _in_batches(boot, 20), B)
-        if fixed < h / (B + 1):                       # fewer than h draws reach it: the fixed-B p-value, every draw
+        if reach < h:                                 # fewer than h draws reach it: the fixed-B p-value, every draw
             assert (p, used) == (fixed, B)
         else:                                         # stopped at the h-th draw that reaches it
             hit = np.flatnonzero(boot >= stat)[h - 1]
-            assert (p, found, used) == (h / (hit + 1), h, hit + 1) and p >= 0.05
+            assert (p, found, used) == (h / (hit + 1), h, hit + 1) and p >= h / B and fixed >= (h + 1) / (B + 1)
     # the draws are consumed lazily: a batch after the stop is never asked for
     def batches():
         yield np.full(20, 10.0)
@@ -542,7 +543,12 @@ def test_the_log_odds_bootstrap_stops_early_under_label_shift():
     own = {name: x[f"p_value_log_odds_{name}"] for name in ("diagonal", "block", "sum")}
     assert all(STOP_EXCEEDANCES / used <= p <= 1.0 for p in own.values())
     assert x["p_value_log_odds"] == pytest.approx(min(1.0, min(own[n] / lot.STATISTIC_WEIGHTS[n] for n in own)))
-    assert x["p_value_log_odds"] >= 0.1                 # never below 10 / 200 / 0.5: no rejection at 5% from it
+    assert x["p_value_log_odds"] >= 0.1                 # never below 10 / 200 / 0.5 (the block statistic's share)
+    # the batches must be asked for in order: the target's stream is drawn batch after batch
+    hm = lot._holdout_moments(S, ys, posterior(xt), K)
+    wd = lot._world_draws(hm, ys, posterior(xt), 40, 0, lambda Z: Z, np.full(K, 1.0 / K))
+    with pytest.raises(ValueError, match="in order"):
+        lot._draw_batch(wd, slice(20, 40))
 
 
 def test_log_odds_draws_made_batch_by_batch_are_those_made_up_front():

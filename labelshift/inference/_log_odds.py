@@ -13,7 +13,9 @@ Statistics (on the same bootstrap draws): S, the weighted least-squares distance
 and the holdout's class means mixed by q (q profiled out, class variances smoothed by SMOOTH pseudo-rows); the block
 statistic (each predicted class's block weighted by its shrunk covariance: a few log-odds moving against the rest);
 the sum statistic (all log-odds moving together). The part's p-value is their smallest p-value over its
-STATISTIC_WEIGHTS share, calibrated by the draws (:func:`_combined`). The draws come from a studentised bootstrap in
+STATISTIC_WEIGHTS share, calibrated by the draws (:func:`_combined`) -- or, when the bootstrap stops early because
+each statistic has 10 draws reaching it, their sequential p-values' weighted Bonferroni (:func:`_stopped_early`;
+``docs/label_shift_test.md``, "Stopping the bootstrap early"). The draws come from a studentised bootstrap in
 the completed data of the null fit (holdout rows and WORLD_TARGET_ROWS target rows in the classes' fitted shares,
 :func:`labelshift.inference.shift_detection._world_shares`), so the law does not assume calibrated outputs.
 Derivation, how the weights were chosen, measured size and power: ``docs/label_shift_test.md`` ("The second look:
@@ -342,6 +344,7 @@ class _WorldDraws(NamedTuple):
     target: np.random.Generator  # the target's stream, positioned after every holdout row of every draw
     mix: np.ndarray             # the target's probabilities of the world rows
     m: int                      # target rows a draw takes
+    next_draw: list             # [the first draw of the next batch]: batches must come in order (the target stream)
 
 
 class _Draws(NamedTuple):
@@ -397,8 +400,8 @@ def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int) -> _HoldoutMoments
 
 def _world_draws(hm: _HoldoutMoments, y: np.ndarray, P, draws: int, seed: int, responsibilities,
                  q_world: np.ndarray) -> _WorldDraws:
-    """The bootstrap world and the rows of every draw from it (seeded by ``seed``): each class's n_y holdout rows
-    and the target's m rows (classes from ``q_world``)."""
+    """The bootstrap world and the random streams of its draws (seeded by ``seed``; :func:`_draw_batch` makes the
+    draws: each class's n_y holdout rows and the target's m rows, classes from ``q_world``)."""
     # the bootstrap world (_world): class y's rows are its holdout rows plus the target rows in the share the null
     # fit gives y, so that a (class, output) pair the holdout shows a handful of times enters at the target's rate;
     # the holdout's n_y rows of each class and the target's m rows (classes from q_world) are drawn from it
@@ -412,15 +415,18 @@ def _world_draws(hm: _HoldoutMoments, y: np.ndarray, P, draws: int, seed: int, r
     rng.bit_generator.advance(int(draws * n_y.sum()))          # the holdout rows' uniforms come first
     qw = np.maximum(np.asarray(q_world, dtype=np.float64), 0.0)
     return _WorldDraws(Zt=Zt, Fw=Fw, F2w=F2w, cdfs=[np.cumsum(world[c]) for c in range(k)], n_y=n_y, draws=draws,
-                       picks=picks, target=rng, mix=(qw / qw.sum()) @ world, m=m)
+                       picks=picks, target=rng, mix=(qw / qw.sum()) @ world, m=m, next_draw=[0])
 
 
 def _draw_batch(wd: _WorldDraws, sl: slice) -> tuple[list, np.ndarray]:
     """The rows of the draws ``sl`` (batches asked for in order): per class the world rows its holdout rows are
     (draws, n_y) int32, and the target's counts of world rows (draws, rows)."""
+    if sl.start != wd.next_draw[0]:
+        raise ValueError(f"draws {sl.start}-{sl.stop} asked for before draw {wd.next_draw[0]}: batches come in order")
+    wd.next_draw[0] = sl.stop
     picked, offset = [], 0
     for c, cdf in enumerate(wd.cdfs):
-        stream = np.random.Generator(np.random.PCG64())
+        stream = np.random.Generator(np.random.PCG64(0))        # its state is replaced just below
         stream.bit_generator.state = wd.picks
         stream.bit_generator.advance(int(offset + sl.start * wd.n_y[c]))    # a uniform is one 64-bit output
         picked.append(_draw_rows(stream, cdf, int(wd.n_y[c]), sl.stop - sl.start))
@@ -535,7 +541,8 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     statistic (the absolute sum of S's log-odds z-scores) and, for k <= BLOCK_MAX_CLASSES, the block statistic.
     The draws are computed DRAW_BATCH at a time; once each statistic has STOP_EXCEEDANCES draws reaching it, the
     bootstrap stops and the part's p-value is the weighted Bonferroni min_j (p_j / share_j) of their sequential
-    p-values (:mod:`labelshift.inference._sequential`; at least 0.1); otherwise, after all the draws, each gets
+    p-values (:mod:`labelshift.inference._sequential`; at least 0.05 / the largest share: 0.1 with the block
+    statistic, 0.083 without; ``draws_used`` the draws computed); otherwise, after all the draws, each gets
     p = (1 + #{draws >= it}) / (draws + 1) and the part's p-value is their smallest p / STATISTIC_WEIGHTS share,
     calibrated by the same draws (:func:`_combined`)."""
     k = S.shape[1]
@@ -581,7 +588,8 @@ def _shares_of_level(names) -> np.ndarray:
 def _stopped_early(statistics: dict, found: dict, shares: dict, used: int, fields: dict) -> LogOddsPart | None:
     """When every statistic has STOP_EXCEEDANCES draws reaching it among the draws so far: the part with each
     statistic's sequential p-value and their weighted Bonferroni combination min(1, min_j p_j / share_j) (valid for
-    any dependence between them; at least STOP_EXCEEDANCES / draws / the largest share); else None."""
+    any dependence between them; at least STOP_EXCEEDANCES / draws / the largest share, above every fixed-B value
+    it replaces, 11 / 201); else None."""
     names = list(statistics)
     stops = [stopping_draw(statistics[name], np.concatenate(found[name])) for name in names]
     if any(stop is None for stop in stops):

@@ -3,16 +3,17 @@
 A bootstrap p-value (1 + #{draws reaching the statistic}) / (B + 1) needs all B draws only when few draws reach the
 statistic; when many do, the p-value is large and its exact value does not matter. Drawing until the h-th draw that
 reaches the statistic (at draw L) and reporting h / L is as valid under H0 as the fixed-B p-value, and equals it
-whenever that one is below h / (B + 1). Both parts of the label-shift test use it
+whenever fewer than h draws reach the statistic. Both parts of the label-shift test use it
 (``docs/label_shift_test.md``, "Stopping the bootstrap early").
 """
 from __future__ import annotations
 
 import numpy as np
 
-#: a bootstrap stops once this many draws reach the statistic: with B = 200 every p-value below 10 / 201 = 0.0498
-#: is the fixed-B one, so no decision at the 0.05 level changes; a target consistent with label shift needs about
-#: 40 draws on average instead of 200
+#: a bootstrap stops once this many draws reach the statistic: with B = 200 a stopped p-value is at least 10 / 200
+#: = 0.05 and every fixed-B p-value it replaces at least 11 / 201, so no decision "p < level" at a level up to 0.05
+#: changes (the strict < matters at exactly 0.05); a target consistent with label shift needs about 40 draws on
+#: average instead of 200
 STOP_EXCEEDANCES = 10
 #: draws computed together before the stopping rule looks at them
 DRAW_BATCH = 20

@@ -134,10 +134,12 @@ class LabelShiftTest:
             statistic}) / (B + 1), B
             draws of the parametric bootstrap from the null fit (beyond every draw: the smaller of 1/(B+1) and the
             chi^2 tail, so that levels below 1/(B+1) can still reject), or 10 / L once the 10th draw reaching the
-            statistic is draw L (the bootstrap then stops: ``extra["bootstrap_draws_used"]``; the log-odds part's
-            likewise, ``extra["log_odds_draws_used"]``; both leave every decision at levels up to 0.0498 as with
-            all B draws, ``docs/label_shift_test.md``); ``calibration="chi2"`` (and the Wald form):
-            P(chi^2_dof >= statistic), asymptotic. ``extra["p_value_chi2"]`` holds the chi^2 p-value in both cases.
+            statistic is draw L (the bootstrap then stops: ``extra["bootstrap_draws_used"]`` = L; the log-odds part
+            stops when each of its statistics has 10 draws reaching it and then reports their weighted Bonferroni,
+            ``extra["log_odds_draws_used"]`` the draws computed; every decision at levels up to 0.05 -- 0.078 with
+            the log-odds part -- is that of all B draws, ``docs/label_shift_test.md``); ``calibration="chi2"``
+            (and the Wald form): P(chi^2_dof >= statistic), asymptotic. ``extra["p_value_chi2"]`` holds the chi^2
+            p-value in both cases.
         weights: the weights w the expected fractions use (k,): the null fit's (a binned MLLS that also uses the
             target to refine the class-conditional histograms) for the likelihood ratio, the MLLS weights for Wald.
         source_prior: p_s the weights are relative to (k,).
