@@ -25,8 +25,12 @@ run: setup
 	$(BIN)/labelshift data simulate-target mnist-5k --alpha 5.0 --batches 2 --rows 200 --seed $$(date +%s)
 	$(BIN)/labelshift estimate --model models:/labelshift-mnist-5k@latest-good
 
+# the suite on TEST_WORKERS pytest-xdist processes (default 2; `make test TEST_WORKERS=0` runs it in this process):
+# each worker starts its own servers on free ports, and a test file stays on one worker (its module fixtures once)
+TEST_WORKERS ?= 2
+
 test: setup lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # ruff with the small rule set of pyproject.toml; the layering (flows -> tasks -> labelshift) is tests/test_layering.py
 lint: setup
