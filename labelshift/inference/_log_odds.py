@@ -348,12 +348,11 @@ class _WorldDraws(NamedTuple):
 
 
 class _Draws(NamedTuple):
-    """The moments of a batch of draws from the world: per class the holdout rows drawn and their sums, the
-    target's draws as counts of world rows, and the draws' moments."""
+    """The moments of a batch of draws from the world: the holdout's per-class moments (and, for the block
+    statistic, their block sums), the target's draws as counts of world rows, and the draws' moments."""
     Mb: np.ndarray              # (draws, d, k) per-class means of the kept moments
     E2b: np.ndarray             # (draws, d, k) and their second moments
-    rows_y: list                # per class the world rows drawn (block statistic only)
-    sums_y: list                # per class the draws' means of every moment
+    held: np.ndarray | None     # (draws, k, kept blocks, k, k) per class the sums of u u' by block (block statistic)
     counts_t: np.ndarray        # (draws, world rows) the target's draws
     fb_full: np.ndarray         # (draws, moments) the target draws' means
     fb: np.ndarray              # fb_full on the kept moments
@@ -372,6 +371,7 @@ class _BlockData(NamedTuple):
     starts: np.ndarray          # (k + 1,) where each predicted class's rows begin in that order
     U2: np.ndarray              # (world rows, k * k) each row's u u', in that order
     rank: np.ndarray            # (world rows,) each world row's place in that order
+    block_of: np.ndarray        # (world rows,) in that order: the place in ``kept`` of the row's block, -1 if none
 
 
 def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int) -> _HoldoutMoments | None:
@@ -434,21 +434,24 @@ def _draw_batch(wd: _WorldDraws, sl: slice) -> tuple[list, np.ndarray]:
     return picked, wd.target.multinomial(wd.m, wd.mix, size=sl.stop - sl.start)
 
 
-def _draw_moments(hm: _HoldoutMoments, wd: _WorldDraws, sl: slice, m: int) -> _Draws:
+def _draw_moments(hm: _HoldoutMoments, wd: _WorldDraws, sl: slice, m: int, bd: _BlockData | None = None) -> _Draws:
     """The moments of the draws ``sl``: the holdout's per-class means and second moments, the target's means and
-    variances."""
+    variances. With ``bd`` (the block statistic) the holdout's moments are read off its block sums of u u', which
+    hold them (row c of block c: the indicator and the log-odds; the diagonal: their squares)."""
     k, n_y, keep, Fw = hm.n_y.size, hm.n_y, hm.keep, wd.Fw
     picked, counts_t = _draw_batch(wd, sl)
     b, d = counts_t.shape[0], int(keep.sum())
-    Mb, E2b = np.zeros((b, d, k)), np.zeros((b, d, k))
-    rows_y, sums_y = [], []
-    for c in range(k):
-        counts = _counts(picked[c], Fw.shape[0])
-        sums = (counts @ Fw).toarray()
-        Mb[:, :, c], E2b[:, :, c] = sums[:, keep] / n_y[c], (counts @ wd.F2w).toarray()[:, keep] / n_y[c]
-        if hm.block:
-            rows_y.append(picked[c])               # kept compact (int32) for the block statistic's products
-        sums_y.append(sums / n_y[c])
+    held = None
+    if bd is not None:
+        held = _held_block_sums(bd, picked)
+        sums, squares = _layout_sums(bd, held, Fw.shape[1])
+        Mb, E2b = sums[:, keep] / n_y, squares[:, keep] / n_y
+    else:
+        Mb, E2b = np.zeros((b, d, k)), np.zeros((b, d, k))
+        for c in range(k):
+            counts = _counts(picked[c], Fw.shape[0])
+            Mb[:, :, c] = (counts @ Fw).toarray()[:, keep] / n_y[c]
+            E2b[:, :, c] = (counts @ wd.F2w).toarray()[:, keep] / n_y[c]
     fb_full = np.zeros((b, Fw.shape[1]))
     second = np.zeros((b, d))
     F2k = wd.F2w[:, keep]
@@ -457,8 +460,36 @@ def _draw_moments(hm: _HoldoutMoments, wd: _WorldDraws, sl: slice, m: int) -> _D
         fb_full[part] = np.asarray(Fw.T @ ct).T / m
         second[part] = np.asarray(F2k.T @ ct).T / m
     fb = fb_full[:, keep]
-    return _Draws(Mb=Mb, E2b=E2b, rows_y=rows_y, sums_y=sums_y, counts_t=counts_t, fb_full=fb_full, fb=fb,
+    return _Draws(Mb=Mb, E2b=E2b, held=held, counts_t=counts_t, fb_full=fb_full, fb=fb,
                   var_b=np.maximum(second - fb ** 2, 0.0))
+
+
+def _held_block_sums(bd: _BlockData, picked: list) -> np.ndarray:
+    """(draws, k, kept blocks, k, k): for each class y's holdout draws (``picked[y]``: (draws, n_y) world rows), the
+    sums of u u' over the rows drawn, by the predicted class's block -- one sparse product: a row per (class,
+    draw, block) counting the world rows drawn (a row of a block not kept adds nothing)."""
+    k, b, size, kept = len(picked), picked[0].shape[0], bd.rank.size, bd.kept.size
+    key = np.sort(np.concatenate([((y * b + np.arange(b))[:, None] * size + bd.rank[p]).ravel()
+                                  for y, p in enumerate(picked)]))          # by (class, draw), then world row
+    row, at = np.divmod(key, size)
+    place = bd.block_of[at]
+    take = place >= 0
+    row = row[take] * kept + place[take]                                    # ascending: blocks follow the order
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=k * b * kept))])
+    counts = sparse.csr_matrix((np.ones(row.size), at[take], indptr), shape=(k * b * kept, size))
+    return np.swapaxes((counts @ bd.U2).reshape(k, b, kept, k, k), 0, 1)
+
+
+def _layout_sums(bd: _BlockData, held: np.ndarray, moments: int) -> tuple[np.ndarray, np.ndarray]:
+    """(draws, moments, k) each: the sums of every moment of the full layout and of its square, per class, from
+    the block sums ``held`` (:func:`_held_block_sums`); 0 in the blocks not kept."""
+    b, k, kept = held.shape[0], held.shape[1], bd.kept.size
+    sums, squares = np.zeros((b, moments, k)), np.zeros((b, moments, k))
+    rows = held[:, :, np.arange(kept), bd.kept, :]                          # (b, y, c, a): row c of block c
+    diagonal = np.einsum("bycaa->byca", held)
+    sums[:, bd.layout, :] = np.moveaxis(rows, 1, -1)
+    squares[:, bd.layout, :] = np.moveaxis(diagonal, 1, -1)
+    return sums, squares
 
 
 def _block_data(hm: _HoldoutMoments, S: np.ndarray, y: np.ndarray, Zt: np.ndarray, m: int) -> _BlockData:
@@ -481,8 +512,11 @@ def _block_data(hm: _HoldoutMoments, S: np.ndarray, y: np.ndarray, Zt: np.ndarra
     U2 = (u[order][:, :, None] * u[order][:, None, :]).reshape(order.size, k * k)
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
+    place = np.full(k, -1)
+    place[kept] = np.arange(kept.size)
     return _BlockData(stat=float(b_stat[0]), parts=b_parts[0], kept=kept, layout=layout, pooled=pooled_block,
-                      order=order, starts=np.searchsorted(c[order], np.arange(k + 1)), U2=U2, rank=rank)
+                      order=order, starts=np.searchsorted(c[order], np.arange(k + 1)), U2=U2, rank=rank,
+                      block_of=place[c[order]])
 
 
 def _block_sums(bd: _BlockData, C: np.ndarray) -> np.ndarray:
@@ -497,23 +531,14 @@ def _block_sums(bd: _BlockData, C: np.ndarray) -> np.ndarray:
     return out.reshape(C.shape[0], bd.kept.size, k, k)
 
 
-def _sorted_counts(bd: _BlockData, picked: np.ndarray) -> np.ndarray:
-    """(draws, world rows) float64: how often each world row was drawn, from the rows ``picked`` (draws, rows),
-    the world's rows in ``bd.order``."""
-    draws, size = picked.shape[0], bd.rank.size
-    at = (np.arange(draws)[:, None] * size + bd.rank[picked]).ravel()
-    return np.bincount(at, weights=np.ones(at.size), minlength=draws * size).reshape(draws, size)
-
-
 def _block_draws(bd: _BlockData, hm: _HoldoutMoments, dr: _Draws, m: int) -> np.ndarray:
     """The block statistic on a batch of draws."""
     k, n_y, layout, rows = hm.n_y.size, hm.n_y, bd.layout, bd.order.size
     b_boot = np.empty(dr.counts_t.shape[0])
     for sl in _rows.blocks(b_boot.size, max(1, min(_BLOCK_CHUNK // k ** 4, _TARGET_CHUNK // rows))):
-        b = sl.stop - sl.start
-        held = _block_sums(bd, np.concatenate([_sorted_counts(bd, dr.rows_y[c][sl]) for c in range(k)]))
-        E2c = np.swapaxes(held.reshape(k, b, *held.shape[1:]) / n_y[:, None, None, None, None], 0, 1)  # (b, y, ...)
-        Mc = np.stack([dr.sums_y[c][sl][:, layout] for c in range(k)], axis=-1)   # (b, c, a, y)
+        E2c = dr.held[sl] / n_y[None, :, None, None, None]                       # (b, y, c, a, a)
+        Mc = np.moveaxis(dr.held[sl][:, :, np.arange(bd.kept.size), bd.kept, :] / n_y[None, :, None, None],
+                         1, -1)                                                  # (b, c, a, y): row c of block c
         T2c = _block_sums(bd, dr.counts_t[sl][:, bd.order].astype(np.float64)) / m
         b_boot[sl] = _block_statistic(dr.fb_full[sl][:, layout], T2c, Mc, E2c, n_y, m, bd.pooled)[0]
     return b_boot
@@ -522,7 +547,7 @@ def _block_draws(bd: _BlockData, hm: _HoldoutMoments, dr: _Draws, m: int) -> np.
 def _draw_statistics(hm: _HoldoutMoments, wd: _WorldDraws, bd: _BlockData | None, sl: slice, m: int,
                      odds: np.ndarray) -> dict:
     """The part's statistics on the draws ``sl``: {name: (draws,)}, computed as on the data."""
-    dr = _draw_moments(hm, wd, sl, m)
+    dr = _draw_moments(hm, wd, sl, m, bd)
     boot, q_b, W_b = _studentised(dr.fb, dr.var_b, dr.Mb, dr.E2b, hm.n_y, m, hm.pooled)
     z_b = np.sqrt(W_b) * (dr.fb - np.einsum("bdk,bk->bd", dr.Mb, q_b))
     out = {"diagonal": boot, "sum": np.abs(np.sum(z_b[:, odds], axis=1))}
