@@ -370,6 +370,7 @@ class _BlockData(NamedTuple):
     order: np.ndarray           # (world rows,) the world's rows by predicted class
     starts: np.ndarray          # (k + 1,) where each predicted class's rows begin in that order
     U2: np.ndarray              # (world rows, k * k) each row's u u', in that order
+    U2_upper: np.ndarray        # (world rows, k (k + 1) / 2) its upper triangle (u u' is symmetric)
     rank: np.ndarray            # (world rows,) each world row's place in that order
     block_of: np.ndarray        # (world rows,) in that order: the place in ``kept`` of the row's block, -1 if none
 
@@ -477,7 +478,12 @@ def _held_block_sums(bd: _BlockData, picked: list) -> np.ndarray:
     row = row[take] * kept + place[take]                                    # ascending: blocks follow the order
     indptr = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=k * b * kept))])
     counts = sparse.csr_matrix((np.ones(row.size), at[take], indptr), shape=(k * b * kept, size))
-    return np.swapaxes((counts @ bd.U2).reshape(k, b, kept, k, k), 0, 1)
+    upper = counts @ bd.U2_upper                                            # the upper triangles, then mirrored
+    out = np.empty((k * b * kept, k, k))
+    i, j = np.triu_indices(k)
+    out[:, i, j] = upper
+    out[:, j, i] = upper
+    return np.swapaxes(out.reshape(k, b, kept, k, k), 0, 1)
 
 
 def _layout_sums(bd: _BlockData, held: np.ndarray, moments: int) -> tuple[np.ndarray, np.ndarray]:
@@ -515,7 +521,8 @@ def _block_data(hm: _HoldoutMoments, S: np.ndarray, y: np.ndarray, Zt: np.ndarra
     place = np.full(k, -1)
     place[kept] = np.arange(kept.size)
     return _BlockData(stat=float(b_stat[0]), parts=b_parts[0], kept=kept, layout=layout, pooled=pooled_block,
-                      order=order, starts=np.searchsorted(c[order], np.arange(k + 1)), U2=U2, rank=rank,
+                      order=order, starts=np.searchsorted(c[order], np.arange(k + 1)), U2=U2,
+                      U2_upper=np.ascontiguousarray(U2.reshape(-1, k, k)[:, *np.triu_indices(k)]), rank=rank,
                       block_of=place[c[order]])
 
 

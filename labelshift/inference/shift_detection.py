@@ -532,9 +532,11 @@ def _world_shares(regions: _Regions, pi: np.ndarray, q: np.ndarray, p: np.ndarra
         r = regions.assign(Z)
         want = np.bincount(r, minlength=J)[:, None] * rho.T                    # (J, k): the class totals per region
         R = Z * ratio[None, :]
+        cell = (r[:, None] * k + np.arange(k)).ravel()                         # (row, class) -> region r, class
         for _ in range(iterations):
             R /= np.maximum(R.sum(axis=1, keepdims=True), 1e-300)
-            have = np.stack([np.bincount(r, weights=R[:, c], minlength=J) for c in range(k)], axis=1)
+            # every class's total per region in one pass (the same sums, row after row, as one bincount a class)
+            have = np.bincount(cell, weights=R.ravel(), minlength=J * k).reshape(J, k)
             scale = np.where(have > 0, want / np.maximum(have, 1e-300), 0.0)     # at most 1e300 x rows: finite
             if np.all(np.abs(scale[have > 0] - 1.0) < 1e-8):
                 break
