@@ -11,6 +11,9 @@ it (the ``reestimate`` flow's default settings, :data:`labelshift.inference.sett
   flow runs them as concurrent Prefect tasks, which only overlaps where numpy releases the GIL);
 * ``threads``: the same on a thread pool of ``--workers`` threads, as the flow's ``assess-segment`` tasks run
   (Prefect's default task runner is a thread pool);
+* ``processes``: the same on a pool of ``--workers`` processes (forked, the problem inherited; each segment's rows
+  sent to its process and its report sent back; the pool's start counted): what running the segments on
+  processes would give on this machine;
 * where the time goes: the segments again without the label-shift test, then also without the BBSE-soft
   cross-check, or with the Fisher interval instead of the source-aware one.
 
@@ -36,7 +39,8 @@ import datetime as _dt  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+import multiprocessing  # noqa: E402
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -76,6 +80,22 @@ def assess(pb: dict, rows=None, **options):
                         target_outputs=raw, calibrator=pb["cal"], **options)
 
 
+_PROBLEM: dict = {}   # the problem a forked worker process inherits (``processes``)
+
+
+def _assess_in_worker(rows):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return assess(_PROBLEM["pb"], rows)
+
+
+def on_processes(pb: dict, parts: list, workers: int) -> list:
+    """The segments' reports computed on a pool of ``workers`` forked processes (started here)."""
+    _PROBLEM["pb"] = pb
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(_assess_in_worker, parts))
+
+
 def best(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -100,6 +120,7 @@ def measure(pb: dict, repeat: int, workers: int) -> dict:
                                                for rows in parts], repeat)}
         with ThreadPoolExecutor(workers) as pool:      # as Prefect's thread pool task runner runs assess-segment
             out["threads"] = best(lambda: list(pool.map(lambda rows: assess(pb, rows), parts)), repeat)
+        out["processes"] = best(lambda: on_processes(pb, parts, workers), repeat)
     out["workers"] = workers
     return out
 
@@ -118,6 +139,7 @@ def report(args, t: dict) -> list[str]:
             f"| pooled estimate, all {s * m:,} rows (as without segments) | {t['pooled']:.2f} |",
             f"| {s} segment estimates, one after another | {per('segments')} |",
             f"| the same on {t['workers']} threads (as the `assess-segment` tasks run) | {per('threads')} |",
+            f"| the same on {t['workers']} processes (forked; the pool's start included) | {per('processes')} |",
             f"| {s} segments without the label-shift test | {per('no_test')} |",
             f"| ... and without the BBSE-soft cross-check | {per('no_cross_check')} |",
             f"| ... or with the Fisher interval instead of the source-aware one | {per('fisher')} |", ""]

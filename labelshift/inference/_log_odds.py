@@ -298,9 +298,12 @@ def _world(Fs, y, Ft, resp, m: int):
 
 def _draw_rows(rng, cdf: np.ndarray, rows: int, draws: int) -> np.ndarray:
     """``draws`` samples of ``rows`` world rows each (inverse-cdf sampling from ``cdf``): their indices, (draws,
-    rows) int32."""
-    idx = np.searchsorted(cdf, rng.random((draws, rows)) * cdf[-1], side="right")
-    return np.minimum(idx, cdf.size - 1).astype(np.int32)
+    rows) int32. The uniforms are looked up in ascending order (the same positions, found faster)."""
+    u = (rng.random((draws, rows)) * cdf[-1]).ravel()
+    order = np.argsort(u)
+    idx = np.empty(u.size, dtype=np.int64)
+    idx[order] = np.searchsorted(cdf, u[order], side="right")
+    return np.minimum(idx, cdf.size - 1).astype(np.int32).reshape(draws, rows)
 
 
 def _counts(picked: np.ndarray, size: int) -> sparse.csr_matrix:
@@ -311,22 +314,39 @@ def _counts(picked: np.ndarray, size: int) -> sparse.csr_matrix:
                              shape=(draws, size))
 
 
-class _HoldoutMoments(NamedTuple):
-    """The holdout's side of the statistic: the moments compared (``cols`` of the full layout, ``keep`` of those
-    the holdout takes), their per-class means and second moments, and the target's moments."""
+class HoldoutSide(NamedTuple):
+    """What the part computes from the labelled holdout alone (:func:`holdout_side`), the same for every target it
+    is tested against: the moments compared (``cols`` of the full layout, ``keep`` of those the holdout takes),
+    their per-class means and second moments, and what the block statistic takes from the holdout."""
     n_y: np.ndarray             # (k,) holdout rows per class
     Fs: sparse.csr_matrix       # (n, len(cols)) the holdout's features
     Fh: np.ndarray              # Fs as a dense array
     cols: np.ndarray
     keep: np.ndarray
     block: bool                 # k <= BLOCK_MAX_CLASSES: the full layout and the block statistic
-    moments: tuple              # _target_moments of the target rows
-    f: np.ndarray               # the target's means of the kept moments
-    var_t: np.ndarray           # and their variances
     pooled: tuple               # the whole holdout's means and second moments of the kept moments
     M_full: np.ndarray          # (len(cols), k) per-class means
     M: np.ndarray               # M_full on the kept moments
     E2: np.ndarray              # per-class second moments of the kept moments
+    blocks: tuple | None        # the block statistic's (kept, layout, E2 by class, pooled, the holdout's (c, u))
+
+
+class _HoldoutMoments(NamedTuple):
+    """The holdout's side of the statistic (:class:`HoldoutSide`) and the target's moments."""
+    n_y: np.ndarray
+    Fs: sparse.csr_matrix
+    Fh: np.ndarray
+    cols: np.ndarray
+    keep: np.ndarray
+    block: bool
+    pooled: tuple
+    M_full: np.ndarray
+    M: np.ndarray
+    E2: np.ndarray
+    blocks: tuple | None
+    moments: tuple              # _target_moments of the target rows
+    f: np.ndarray               # the target's means of the kept moments
+    var_t: np.ndarray           # and their variances
 
 
 class _WorldDraws(NamedTuple):
@@ -375,8 +395,9 @@ class _BlockData(NamedTuple):
     block_of: np.ndarray        # (world rows,) in that order: the place in ``kept`` of the row's block, -1 if none
 
 
-def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int) -> _HoldoutMoments | None:
-    """The moments compared and the holdout's per-class means of them; None when the holdout takes none."""
+def holdout_side(S: np.ndarray, y: np.ndarray, k: int) -> HoldoutSide | None:
+    """The part's work on the holdout alone (S (n, k) outputs, y labels, every class present), for
+    :func:`log_odds_test` against any number of targets; None when the holdout takes no moment."""
     n_y = np.bincount(y, minlength=k)
     members = [np.flatnonzero(y == c) for c in range(k)]
     Fs = _features(S, k)
@@ -390,13 +411,39 @@ def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int) -> _HoldoutMoments
         return None
     Fh = Fs.toarray()
     F2 = np.square(Fh)
-    moments = _target_moments(P, k, products=block)
-    f, var_t = moments[0][cols][keep], moments[1][cols][keep]
     pooled = (Fh[:, keep].mean(axis=0), F2[:, keep].mean(axis=0))
     M_full = np.stack([Fh[idx].mean(axis=0) for idx in members], axis=1)          # (k + k^2, k)
     E2 = np.stack([F2[idx][:, keep].mean(axis=0) for idx in members], axis=1)
-    return _HoldoutMoments(n_y=n_y, Fs=Fs, Fh=Fh, cols=cols, keep=keep, block=block, moments=moments, f=f,
-                           var_t=var_t, pooled=pooled, M_full=M_full, M=M_full[keep], E2=E2)
+    return HoldoutSide(n_y=n_y, Fs=Fs, Fh=Fh, cols=cols, keep=keep, block=block, pooled=pooled, M_full=M_full,
+                       M=M_full[keep], E2=E2, blocks=_holdout_blocks(S, y, k, n_y, keep, Fh) if block else None)
+
+
+def _holdout_blocks(S: np.ndarray, y: np.ndarray, k: int, n_y: np.ndarray, keep: np.ndarray, Fh: np.ndarray):
+    """The block statistic's side of the holdout: the blocks kept (predicted classes the holdout shows), the layout
+    of their moments, per class their second moments (y, c, a, a), the pooled holdout's block moments, and the
+    holdout rows' (c, u) (:func:`_block_vectors`)."""
+    # block layout (c, a) = slot a of block c, the indicator in slot c
+    kept = np.flatnonzero(keep[:k])
+    layout = k + np.arange(k)[:, None] * k + np.arange(k)[None, :]
+    layout[np.arange(k), np.arange(k)] = np.arange(k)
+    layout = layout[kept]                                         # (c, a) -> column of the full moment layout
+    Ps = _products(S, k)
+    Y = sparse.csr_matrix((1.0 / n_y[y], (y, np.arange(y.size))), shape=(k, y.size))
+    E2_hold = (Y @ Ps).toarray().reshape(k, k, k, k)[:, kept]   # (y, c, a, a)
+    pooled_block = (Fh.mean(axis=0)[layout], np.asarray(Ps.mean(axis=0)).reshape(k, k, k)[kept])
+    return kept, layout, E2_hold, pooled_block, _block_vectors(S)
+
+
+def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int,
+                     side: HoldoutSide | None = None) -> _HoldoutMoments | None:
+    """The holdout's side (``side``, else computed here) and the target's moments; None when the holdout takes no
+    moment."""
+    side = holdout_side(S, y, k) if side is None else side
+    if side is None:
+        return None
+    moments = _target_moments(P, k, products=side.block)
+    return _HoldoutMoments(*side, moments=moments, f=moments[0][side.cols][side.keep],
+                           var_t=moments[1][side.cols][side.keep])
 
 
 def _world_draws(hm: _HoldoutMoments, y: np.ndarray, P, draws: int, seed: int, responsibilities,
@@ -498,22 +545,15 @@ def _layout_sums(bd: _BlockData, held: np.ndarray, moments: int) -> tuple[np.nda
     return sums, squares
 
 
-def _block_data(hm: _HoldoutMoments, S: np.ndarray, y: np.ndarray, Zt: np.ndarray, m: int) -> _BlockData:
+def _block_data(hm: _HoldoutMoments, Zt: np.ndarray, m: int) -> _BlockData:
     """The block statistic on the data, and what its draws need."""
-    # block layout (c, a) = slot a of block c, the indicator in slot c
     k, n_y = hm.n_y.size, hm.n_y
-    kept = np.flatnonzero(hm.keep[:k])                            # blocks (predicted classes) the holdout shows
-    layout = k + np.arange(k)[:, None] * k + np.arange(k)[None, :]
-    layout[np.arange(k), np.arange(k)] = np.arange(k)
-    layout = layout[kept]                                         # (c, a) -> column of the full moment layout
-    Ps = _products(S, k)
-    Y = sparse.csr_matrix((1.0 / n_y[y], (y, np.arange(y.size))), shape=(k, y.size))
-    E2_hold = (Y @ Ps).toarray().reshape(k, k, k, k)[:, kept]   # (y, c, a, a)
-    pooled_block = (hm.Fh.mean(axis=0)[layout], np.asarray(Ps.mean(axis=0)).reshape(k, k, k)[kept])
+    kept, layout, E2_hold, pooled_block, (c_s, u_s) = hm.blocks
     t_block = hm.moments[2][kept]
     b_stat, b_parts = _block_statistic(hm.moments[0][layout][None], t_block[None], hm.M_full[layout][None],
                                        E2_hold[None], n_y, m, pooled_block)
-    c, u = _block_vectors(np.vstack([S, Zt]))                    # the world's rows: the holdout's, then Zt's
+    c_t, u_t = _block_vectors(Zt)
+    c, u = np.concatenate([c_s, c_t]), np.vstack([u_s, u_t])     # the world's rows: the holdout's, then Zt's
     order = np.argsort(c, kind="stable")
     U2 = (u[order][:, :, None] * u[order][:, None, :]).reshape(order.size, k * k)
     rank = np.empty_like(order)
@@ -564,7 +604,7 @@ def _draw_statistics(hm: _HoldoutMoments, wd: _WorldDraws, bd: _BlockData | None
 
 
 def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, responsibilities,
-                  q_world: np.ndarray) -> LogOddsPart:
+                  q_world: np.ndarray, side: HoldoutSide | None = None) -> LogOddsPart:
     """The log-odds part (module docstring). S (n, k) holdout outputs, y its labels (every class present), P the
     target outputs (m, k; read in row blocks), at most ``draws`` bootstrap draws from ``seed``. The bootstrap world
     is the completed data of a null fit: ``responsibilities(rows)`` gives, for target output rows (T, k), each
@@ -576,10 +616,11 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     p-values (:mod:`labelshift.inference._sequential`; at least 0.05 / the largest share: 0.1 with the block
     statistic, 0.083 without; ``draws_used`` the draws computed); otherwise, after all the draws, each gets
     p = (1 + #{draws >= it}) / (draws + 1) and the part's p-value is their smallest p / STATISTIC_WEIGHTS share,
-    calibrated by the same draws (:func:`_combined`)."""
+    calibrated by the same draws (:func:`_combined`). ``side``: :func:`holdout_side` of (S, y), when already
+    computed (the same result)."""
     k = S.shape[1]
     m = P.shape[0]
-    hm = _holdout_moments(S, y, P, k)
+    hm = _holdout_moments(S, y, P, k, side)
     if hm is None:
         return LogOddsPart(statistic=0.0, p_value=1.0, class_share=np.zeros(k), moments=0)
     stat, q, W = _studentised(hm.f[None], hm.var_t[None], hm.M[None], hm.E2[None], hm.n_y, m, hm.pooled)
@@ -595,7 +636,7 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     statistics = {"diagonal": s, "sum": t_sum}
     fields = {"statistic": s, "moments": d, "sum_statistic": t_sum}
     wd = _world_draws(hm, y, P, draws, seed, responsibilities, q_world)
-    bd = _block_data(hm, S, y, wd.Zt, m) if hm.block else None
+    bd = _block_data(hm, wd.Zt, m) if hm.block else None
     if bd is not None:
         statistics["block"] = fields["block_statistic"] = bd.stat
         shares["block"] = np.zeros(k)
