@@ -357,6 +357,7 @@ class _WorldDraws(NamedTuple):
     Zt: np.ndarray              # the target rows that stand for the target in the world
     Fw: sparse.csr_matrix       # the world's features
     F2w: sparse.csr_matrix      # and their squares
+    F2k: sparse.csr_matrix      # the squares of the kept moments
     cdfs: list                  # per class the cumulative world weights its holdout rows are drawn by
     n_y: np.ndarray             # (k,) holdout rows per class (rows a draw takes of each)
     draws: int                  # B
@@ -462,7 +463,7 @@ def _world_draws(hm: _HoldoutMoments, y: np.ndarray, P, draws: int, seed: int, r
     picks = rng.bit_generator.state
     rng.bit_generator.advance(int(draws * n_y.sum()))          # the holdout rows' uniforms come first
     qw = np.maximum(np.asarray(q_world, dtype=np.float64), 0.0)
-    return _WorldDraws(Zt=Zt, Fw=Fw, F2w=F2w, cdfs=[np.cumsum(world[c]) for c in range(k)], n_y=n_y, draws=draws,
+    return _WorldDraws(Zt=Zt, Fw=Fw, F2w=F2w, F2k=F2w[:, hm.keep], cdfs=[np.cumsum(world[c]) for c in range(k)], n_y=n_y, draws=draws,
                        picks=picks, target=rng, mix=(qw / qw.sum()) @ world, m=m, next_draw=[0])
 
 
@@ -502,7 +503,7 @@ def _draw_moments(hm: _HoldoutMoments, wd: _WorldDraws, sl: slice, m: int, bd: _
             E2b[:, :, c] = (counts @ wd.F2w).toarray()[:, keep] / n_y[c]
     fb_full = np.zeros((b, Fw.shape[1]))
     second = np.zeros((b, d))
-    F2k = wd.F2w[:, keep]
+    F2k = wd.F2k
     for part in _rows.blocks(b, max(1, _TARGET_CHUNK // Fw.shape[0])):       # float64 a chunk of draws at a time
         ct = counts_t[part].astype(np.float64).T
         fb_full[part] = np.asarray(Fw.T @ ct).T / m
@@ -555,14 +556,16 @@ def _block_data(hm: _HoldoutMoments, Zt: np.ndarray, m: int) -> _BlockData:
     c_t, u_t = _block_vectors(Zt)
     c, u = np.concatenate([c_s, c_t]), np.vstack([u_s, u_t])     # the world's rows: the holdout's, then Zt's
     order = np.argsort(c, kind="stable")
-    U2 = (u[order][:, :, None] * u[order][:, None, :]).reshape(order.size, k * k)
+    u = u[order]
+    U2 = (u[:, :, None] * u[:, None, :]).reshape(order.size, k * k)
+    i, j = np.triu_indices(k)
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
     place = np.full(k, -1)
     place[kept] = np.arange(kept.size)
     return _BlockData(stat=float(b_stat[0]), parts=b_parts[0], kept=kept, layout=layout, pooled=pooled_block,
                       order=order, starts=np.searchsorted(c[order], np.arange(k + 1)), U2=U2,
-                      U2_upper=np.ascontiguousarray(U2.reshape(-1, k, k)[:, *np.triu_indices(k)]), rank=rank,
+                      U2_upper=u[:, i] * u[:, j], rank=rank,
                       block_of=place[c[order]])
 
 
