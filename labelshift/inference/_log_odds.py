@@ -463,8 +463,9 @@ def _world_draws(hm: _HoldoutMoments, y: np.ndarray, P, draws: int, seed: int, r
     picks = rng.bit_generator.state
     rng.bit_generator.advance(int(draws * n_y.sum()))          # the holdout rows' uniforms come first
     qw = np.maximum(np.asarray(q_world, dtype=np.float64), 0.0)
-    return _WorldDraws(Zt=Zt, Fw=Fw, F2w=F2w, F2k=F2w[:, hm.keep], cdfs=[np.cumsum(world[c]) for c in range(k)], n_y=n_y, draws=draws,
-                       picks=picks, target=rng, mix=(qw / qw.sum()) @ world, m=m, next_draw=[0])
+    return _WorldDraws(Zt=Zt, Fw=Fw, F2w=F2w, F2k=F2w[:, hm.keep], cdfs=[np.cumsum(world[c]) for c in range(k)],
+                       n_y=n_y, draws=draws, picks=picks, target=rng, mix=(qw / qw.sum()) @ world, m=m,
+                       next_draw=[0])
 
 
 def _draw_batch(wd: _WorldDraws, sl: slice) -> tuple[list, np.ndarray]:

@@ -28,8 +28,8 @@ from ..estimation.solvers import confusion_matrix
 from .uncertainty import (Identifiability, NoShiftTest, PriorInterval, bootstrap_interval, fisher_interval,
                           identifiability, no_shift_test)
 
-__all__ = ["CrossCheck", "LargestChange", "ShiftReport", "assess_shift", "label_shift_holdout", "check_holdout", "joint_confusion", "finite",
-           "Verdict", "VERDICTS", "NOT_LABEL_SHIFT"]
+__all__ = ["CrossCheck", "LargestChange", "ShiftReport", "assess_shift", "label_shift_holdout", "check_holdout",
+           "joint_confusion", "finite", "Verdict", "VERDICTS", "NOT_LABEL_SHIFT"]
 
 
 class Verdict(StrEnum):

@@ -19,6 +19,8 @@ it fires: ``docs/label_shift_test.md``.
     res = label_shift_test(holdout_probs, holdout_labels, target_probs)   # calibrated outputs, holdout labels
     if res.rejects(0.05):
         print(res.summary())          # "Not label shift: p = ... (regions chi2 = ..., p = ...; log-odds ...); ..."
+    prepared = prepare_holdout(holdout_probs, holdout_labels)           # many targets against one holdout
+    res = label_shift_test(holdout_probs, holdout_labels, target_probs, prepared=prepared)     # the same result
 """
 from __future__ import annotations
 
@@ -40,9 +42,9 @@ from ..errors import InputError
 from ..estimation.solvers import PIN_TOL, mlls_gradient, mlls_newton
 from .._numbers import finite_or_none
 
-__all__ = ["LabelShiftTest", "Region", "label_shift_test", "PreparedHoldout", "prepare_holdout", "MIN_HOLDOUT", "MIN_CLASS_ROWS", "MIN_TARGET",
-           "MIN_REGION_ROWS", "MAX_CONFIDENCE_BINS", "BOOTSTRAP_DRAWS", "CALIBRATIONS", "STOP_EXCEEDANCES",
-           "sequential_p_value"]
+__all__ = ["LabelShiftTest", "Region", "label_shift_test", "PreparedHoldout", "prepare_holdout", "MIN_HOLDOUT",
+           "MIN_CLASS_ROWS", "MIN_TARGET", "MIN_REGION_ROWS", "MAX_CONFIDENCE_BINS", "BOOTSTRAP_DRAWS", "CALIBRATIONS",
+           "STOP_EXCEEDANCES", "sequential_p_value"]
 
 #: the test refuses holdouts smaller than this (its size is measured from n = 500 up; see docs/label_shift_test.md)
 MIN_HOLDOUT = 200
