@@ -8,9 +8,14 @@ it (the ``reestimate`` flow's default settings, :data:`labelshift.inference.sett
 * ``split``: :func:`labelshift.inference.segments.split_segments` of the S * m segment values;
 * ``pooled``: :func:`labelshift.assess_shift` on all S * m rows (what the flow computes without segments too);
 * ``segments``: ``assess_shift`` on each segment's rows, one after another (the ``assess-segment`` tasks' work; the
-  flow runs them as concurrent Prefect tasks, which only overlaps where numpy releases the GIL);
+  flow runs them as concurrent Prefect tasks, which only overlaps where numpy releases the GIL), with the label-shift
+  test's work on the holdout made once (:func:`labelshift.inference.report.label_shift_holdout`, as the flow does;
+  its cost counted) where this labelshift has it;
 * ``threads``: the same on a thread pool of ``--workers`` threads, as the flow's ``assess-segment`` tasks run
   (Prefect's default task runner is a thread pool);
+* ``processes``: the same on a pool of ``--workers`` processes (forked, the problem inherited; each segment's rows
+  sent to its process and its report sent back; the pool's start counted): what running the segments on
+  processes would give on this machine;
 * where the time goes: the segments again without the label-shift test, then also without the BBSE-soft
   cross-check, or with the Fisher interval instead of the source-aware one.
 
@@ -36,14 +41,22 @@ import datetime as _dt  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+import multiprocessing  # noqa: E402
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+import labelshift  # noqa: E402
 
 from labelshift import assess_shift  # noqa: E402
 from labelshift.calibration.scaling import BCTS  # noqa: E402
 from labelshift.experiments.well_specified import WellSpecifiedGaussians  # noqa: E402
 from labelshift.inference.segments import split_segments  # noqa: E402
+
+try:                                                      # session 11 on; the code before it has no such step
+    from labelshift.inference.report import label_shift_holdout  # noqa: E402
+except ImportError:
+    label_shift_holdout = None
 from report_utils import cpu_model, publish  # noqa: E402
 
 HEADING = "## Estimates per segment: segments of 10,000 rows (issue 22)"
@@ -69,11 +82,46 @@ def problem(k: int, n: int, segments: int, m: int) -> dict:
             "probs": cal.predict_proba(raw_all.astype(np.float64)), "values": np.concatenate(values)[order]}
 
 
+def prepared(pb: dict) -> dict:
+    """``assess`` options that reuse the label-shift test's work on the holdout across segments (as the flow's
+    ``assess-segment`` tasks do); none for a labelshift without it (before session 11)."""
+    if label_shift_holdout is None:
+        return {}
+    return {"prepared_holdout": label_shift_holdout(pb["hold"][0], pb["hold"][1], pb["probs"])}
+
+
 def assess(pb: dict, rows=None, **options):
     probs_h, yh, xh = pb["hold"]
     probs, raw = (pb["probs"], pb["raw"]) if rows is None else (pb["probs"][rows], pb["raw"][rows])
     return assess_shift(probs_h, yh, probs, source_prior=probs_h.mean(axis=0), source_outputs=xh,
                         target_outputs=raw, calibrator=pb["cal"], **options)
+
+
+def segments(pb: dict, parts: list, **options) -> list:
+    """Every segment's report, one after another, the holdout's part of the label-shift test made once."""
+    shared = prepared(pb)
+    return [assess(pb, rows, **shared, **options) for rows in parts]
+
+
+_PROBLEM: dict = {}   # the problem a forked worker process inherits (``processes``)
+
+
+def _assess_in_worker(rows):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return assess(_PROBLEM["pb"], rows, **_PROBLEM["shared"])
+
+
+def on_processes(pb: dict, parts: list, workers: int) -> list:
+    """The segments' reports computed on a pool of ``workers`` forked processes (started here)."""
+    _PROBLEM["pb"], _PROBLEM["shared"] = pb, prepared(pb)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(_assess_in_worker, parts))
+
+
+def on_threads(pool: ThreadPoolExecutor, pb: dict, parts: list) -> list:
+    shared = prepared(pb)
+    return list(pool.map(lambda rows: assess(pb, rows, **shared), parts))
 
 
 def best(fn, repeat: int) -> float:
@@ -92,14 +140,15 @@ def measure(pb: dict, repeat: int, workers: int) -> dict:
         warnings.simplefilter("ignore")
         out = {"split": best(lambda: split_segments(pb["values"]), repeat),
                "pooled": best(lambda: assess(pb), repeat),
-               "segments": best(lambda: [assess(pb, rows) for rows in parts], repeat),
+               "segments": best(lambda: segments(pb, parts), repeat),
                "no_test": best(lambda: [assess(pb, rows, label_shift_check=False) for rows in parts], repeat),
                "fisher": best(lambda: [assess(pb, rows, label_shift_check=False, interval="fisher")
                                        for rows in parts], repeat),
                "no_cross_check": best(lambda: [assess(pb, rows, label_shift_check=False, cross_check=())
                                                for rows in parts], repeat)}
         with ThreadPoolExecutor(workers) as pool:      # as Prefect's thread pool task runner runs assess-segment
-            out["threads"] = best(lambda: list(pool.map(lambda rows: assess(pb, rows), parts)), repeat)
+            out["threads"] = best(lambda: on_threads(pool, pb, parts), repeat)
+        out["processes"] = best(lambda: on_processes(pb, parts, workers), repeat)
     out["workers"] = workers
     return out
 
@@ -118,6 +167,7 @@ def report(args, t: dict) -> list[str]:
             f"| pooled estimate, all {s * m:,} rows (as without segments) | {t['pooled']:.2f} |",
             f"| {s} segment estimates, one after another | {per('segments')} |",
             f"| the same on {t['workers']} threads (as the `assess-segment` tasks run) | {per('threads')} |",
+            f"| the same on {t['workers']} processes (forked; the pool's start included) | {per('processes')} |",
             f"| {s} segments without the label-shift test | {per('no_test')} |",
             f"| ... and without the BBSE-soft cross-check | {per('no_cross_check')} |",
             f"| ... or with the Fisher interval instead of the source-aware one | {per('fisher')} |", ""]
@@ -136,6 +186,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.segments, args.rows, args.repeat = 10, 2_000, 1
+    print(f"labelshift from {Path(labelshift.__file__).parent}", file=sys.stderr)
     pb = problem(args.k, args.n, args.segments, args.rows)
     publish(HEADING, report(args, measure(pb, args.repeat, args.workers)), args.write_readme)
     return 0

@@ -275,17 +275,20 @@ def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: s
                    n_bootstrap: int = DEFAULTS.n_bootstrap, seed: int = DEFAULTS.seed,
                    max_interval_width: float | None = DEFAULTS.max_interval_width,
                    outputs: list[np.ndarray] | None = None, class_names=None,
-                   label_shift_significance: float | None = DEFAULTS.label_shift_significance) -> ShiftReport:
+                   label_shift_significance: float | None = DEFAULTS.label_shift_significance,
+                   prepared_holdout=None) -> ShiftReport:
     """:func:`labelshift.inference.report.assess_shift` on the pooled batches, with the bundle's source holdout and
     prior (and, for the source-aware interval, the raw holdout outputs, the calibrator and the raw target
     ``outputs``); the batches are pooled without a copy when they are views of one array
-    (:func:`labelshift.rows.joined`). The defaults are :data:`labelshift.inference.settings.DEFAULTS`."""
+    (:func:`labelshift.rows.joined`). The defaults are :data:`labelshift.inference.settings.DEFAULTS`;
+    ``prepared_holdout``: the label-shift test's work on the holdout, made once for many calls (the segments)."""
     return assess_shift(bundle.source_probs, bundle.source_labels, joined(probs), source_prior=bundle.source_prior,
                         estimator=estimator, cross_check=cross_check, interval=interval, level=level,
                         significance=significance, n_bootstrap=n_bootstrap, seed=seed,
                         max_interval_width=max_interval_width, source_outputs=bundle.source_outputs,
                         target_outputs=None if outputs is None else joined(outputs), calibrator=bundle.calibrator,
-                        class_names=class_names, label_shift_significance=label_shift_significance)
+                        class_names=class_names, label_shift_significance=label_shift_significance,
+                        prepared_holdout=prepared_holdout)
 
 
 @task(name="write-outputs", cache_policy=NO_CACHE, persist_result=False)

@@ -5,8 +5,9 @@ re-estimation's MLflow run (metrics ``segment.<segment>.<name>``, the figure ``f
 
 Each segment is :func:`labelshift.inference.report.assess_shift` on that segment's rows with the shared holdout and
 the run's settings -- exactly what :func:`tasks.reestimation.estimate_shift` does with the pooled rows -- so a
-segment's result is the one a run on that segment alone would give. Nothing is shared between the segments'
-computations (``docs/reestimation.md``, "Estimates per segment"; the cost: ``benchmarks/README.md``).
+segment's result is the one a run on that segment alone would give. The segments share only the label-shift test's
+work on the holdout (:func:`labelshift.inference.report.label_shift_holdout`, made once; the same results), nothing
+of the targets (``docs/reestimation.md``, "Estimates per segment"; the cost: ``benchmarks/README.md``).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
 from labelshift.experiments.plots import figure_png, plot_segment_priors
+from labelshift.inference.report import label_shift_holdout
 from labelshift.inference.segments import SegmentEstimate, split_segments
 from labelshift.monitoring.batches import batch_format, metric_names, read_segments
 from labelshift.monitoring.watermark import TargetBatch
@@ -81,11 +83,11 @@ def segment_values_of(values: dict[str, np.ndarray], scored) -> np.ndarray:
 
 @task(name="assess-segment", task_run_name="assess-segment-{name}", cache_policy=NO_CACHE, persist_result=False)
 def assess_segment(bundle, name: str, probs: np.ndarray, outputs: np.ndarray | None, settings: dict,
-                   class_names, min_size: int) -> SegmentEstimate:
+                   class_names, min_size: int, prepared_holdout=None) -> SegmentEstimate:
     """One segment: :func:`tasks.reestimation.estimate_shift` (``assess_shift`` with the shared holdout) on its
-    rows, with the run's ``settings``."""
+    rows, with the run's ``settings`` (and the label-shift test's ``prepared_holdout``, made once)."""
     report = estimate_shift.fn(bundle, [probs], outputs=None if outputs is None else [outputs],
-                               class_names=class_names, **settings)
+                               class_names=class_names, prepared_holdout=prepared_holdout, **settings)
     return SegmentEstimate(name, len(probs), min_size, report)
 
 
@@ -96,13 +98,15 @@ def assess_segments(bundle, values: np.ndarray, probs: np.ndarray, outputs: np.n
     raises is reported as failed, with the error: it never fails the run, whose pooled estimate stands."""
     futures, results = {}, {}
     split = split_segments(values)
+    prepared = (label_shift_holdout(bundle.source_probs, bundle.source_labels, probs)
+                if any(len(rows) >= min_size for rows in split.values()) else None)
     for name, rows in split.items():
         if len(rows) < min_size:
             results[name] = SegmentEstimate(name, len(rows), min_size)
         else:
             futures[name] = assess_segment.submit(bundle, name, probs[rows],
                                                   None if outputs is None else outputs[rows], settings,
-                                                  class_names, min_size)
+                                                  class_names, min_size, prepared)
     for name, future in futures.items():
         try:
             results[name] = future.result()

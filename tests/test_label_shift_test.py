@@ -568,3 +568,28 @@ def test_log_odds_draws_made_batch_by_batch_are_those_made_up_front():
         whole = lot._draw_rows(ref, wd.cdfs[c], int(hm.n_y[c]), 45)
         assert np.array_equal(np.concatenate([b[0][c] for b in batches]), whole)
     assert np.array_equal(np.concatenate([b[1] for b in batches]), ref.multinomial(P.shape[0], wd.mix, size=45))
+
+
+def test_a_prepared_holdout_gives_the_same_result_and_must_be_that_holdouts():
+    # the holdout's part (regions, their class counts, the log-odds part's holdout moments) made once for many
+    # targets (the segments of a target): each test gives exactly what it gives without it
+    from labelshift.inference.shift_detection import prepare_holdout
+    S, ys, P = _leaning_rows(6, n=800, m=1500)
+    prepared = prepare_holdout(S, ys)
+    rng = np.random.default_rng(6)
+    shifted = posterior(draw(np.array([0.1, 0.2, 0.3, 0.4]), 1200, rng)[0])
+    for target in (P, shifted, P[:400]):
+        for kwargs in ({}, {"method": "wald"}, {"seed": 3}):
+            alone = label_shift_test(S, ys, target, **kwargs)
+            again = label_shift_test(S, ys, target, prepared=prepared, **kwargs)
+            assert json.dumps(again.to_dict()) == json.dumps(alone.to_dict())
+            assert again.extra.keys() == alone.extra.keys()
+    without = prepare_holdout(S, ys, log_odds=False)           # no log-odds side: the test makes its own
+    assert without.log_odds is None
+    assert label_shift_test(S, ys, P, prepared=without).to_dict() == label_shift_test(S, ys, P).to_dict()
+    with pytest.raises(InputError, match="prepared was made from another holdout or region rule"):
+        label_shift_test(S, ys, P, prepared=prepared, min_region_rows=30)
+    with pytest.raises(InputError, match="prepared was made from another holdout"):
+        label_shift_test(S[::-1], ys[::-1], P, prepared=prepared)
+    with pytest.raises(InputError, match="MIN_HOLDOUT"):
+        prepare_holdout(S[:100], ys[:100])

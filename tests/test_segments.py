@@ -136,3 +136,34 @@ def test_the_cli_options_are_the_flow_parameters():
     assert defaults.segment_column is None and defaults.min_segment_size == 200
     with pytest.raises(UsageError, match="--min-segment-size"):
         parameters_from_args(parser.parse_args(["estimate", "--min-segment-size", "5"]))
+
+
+def test_a_segment_with_the_prepared_holdout_is_the_segment_alone():
+    # the segments share the label-shift test's work on the holdout (made once, at the target's precision): each
+    # report is the one assess_shift gives on that segment alone
+    import warnings
+
+    from labelshift import assess_shift
+    from labelshift.calibration.scaling import BCTS
+    from labelshift.experiments.well_specified import WellSpecifiedGaussians
+    from labelshift.inference.report import label_shift_holdout
+
+    pb = WellSpecifiedGaussians.make(4)
+    rng = np.random.default_rng(2)
+    xh, yh = pb.holdout(1200, rng)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = BCTS().fit(xh, yh)
+    ph = cal.predict_proba(xh)
+    xt, _ = pb.draw([0.5, 0.2, 0.2, 0.1], 1500, rng)
+    for probs in (cal.predict_proba(xt), cal.predict_proba(xt).astype(np.float32)):
+        prepared = label_shift_holdout(ph, yh, probs)
+        # made at the target's precision, as assess_shift tests (so that it is the one used)
+        assert prepared.matches(ph.astype(probs.dtype).astype(np.float64), yh, 25, 4)
+        for rows in (np.arange(0, 1500, 2), np.arange(1, 700)):
+            alone = assess_shift(ph, yh, probs[rows], source_prior=ph.mean(0), interval="fisher")
+            shared = assess_shift(ph, yh, probs[rows], source_prior=ph.mean(0), interval="fisher",
+                                  prepared_holdout=prepared)
+            assert shared.to_dict() == alone.to_dict() and shared.label_shift is not None
+    # a holdout the test cannot use: nothing prepared, each report says why the test was not run
+    assert label_shift_holdout(ph[:150], yh[:150], probs) is None

@@ -298,9 +298,12 @@ def _world(Fs, y, Ft, resp, m: int):
 
 def _draw_rows(rng, cdf: np.ndarray, rows: int, draws: int) -> np.ndarray:
     """``draws`` samples of ``rows`` world rows each (inverse-cdf sampling from ``cdf``): their indices, (draws,
-    rows) int32."""
-    idx = np.searchsorted(cdf, rng.random((draws, rows)) * cdf[-1], side="right")
-    return np.minimum(idx, cdf.size - 1).astype(np.int32)
+    rows) int32. The uniforms are looked up in ascending order (the same positions, found faster)."""
+    u = (rng.random((draws, rows)) * cdf[-1]).ravel()
+    order = np.argsort(u)
+    idx = np.empty(u.size, dtype=np.int64)
+    idx[order] = np.searchsorted(cdf, u[order], side="right")
+    return np.minimum(idx, cdf.size - 1).astype(np.int32).reshape(draws, rows)
 
 
 def _counts(picked: np.ndarray, size: int) -> sparse.csr_matrix:
@@ -311,22 +314,39 @@ def _counts(picked: np.ndarray, size: int) -> sparse.csr_matrix:
                              shape=(draws, size))
 
 
-class _HoldoutMoments(NamedTuple):
-    """The holdout's side of the statistic: the moments compared (``cols`` of the full layout, ``keep`` of those
-    the holdout takes), their per-class means and second moments, and the target's moments."""
+class HoldoutSide(NamedTuple):
+    """What the part computes from the labelled holdout alone (:func:`holdout_side`), the same for every target it
+    is tested against: the moments compared (``cols`` of the full layout, ``keep`` of those the holdout takes),
+    their per-class means and second moments, and what the block statistic takes from the holdout."""
     n_y: np.ndarray             # (k,) holdout rows per class
     Fs: sparse.csr_matrix       # (n, len(cols)) the holdout's features
     Fh: np.ndarray              # Fs as a dense array
     cols: np.ndarray
     keep: np.ndarray
     block: bool                 # k <= BLOCK_MAX_CLASSES: the full layout and the block statistic
-    moments: tuple              # _target_moments of the target rows
-    f: np.ndarray               # the target's means of the kept moments
-    var_t: np.ndarray           # and their variances
     pooled: tuple               # the whole holdout's means and second moments of the kept moments
     M_full: np.ndarray          # (len(cols), k) per-class means
     M: np.ndarray               # M_full on the kept moments
     E2: np.ndarray              # per-class second moments of the kept moments
+    blocks: tuple | None        # the block statistic's (kept, layout, E2 by class, pooled, the holdout's (c, u))
+
+
+class _HoldoutMoments(NamedTuple):
+    """The holdout's side of the statistic (:class:`HoldoutSide`) and the target's moments."""
+    n_y: np.ndarray
+    Fs: sparse.csr_matrix
+    Fh: np.ndarray
+    cols: np.ndarray
+    keep: np.ndarray
+    block: bool
+    pooled: tuple
+    M_full: np.ndarray
+    M: np.ndarray
+    E2: np.ndarray
+    blocks: tuple | None
+    moments: tuple              # _target_moments of the target rows
+    f: np.ndarray               # the target's means of the kept moments
+    var_t: np.ndarray           # and their variances
 
 
 class _WorldDraws(NamedTuple):
@@ -337,6 +357,7 @@ class _WorldDraws(NamedTuple):
     Zt: np.ndarray              # the target rows that stand for the target in the world
     Fw: sparse.csr_matrix       # the world's features
     F2w: sparse.csr_matrix      # and their squares
+    F2k: sparse.csr_matrix      # the squares of the kept moments
     cdfs: list                  # per class the cumulative world weights its holdout rows are drawn by
     n_y: np.ndarray             # (k,) holdout rows per class (rows a draw takes of each)
     draws: int                  # B
@@ -348,12 +369,11 @@ class _WorldDraws(NamedTuple):
 
 
 class _Draws(NamedTuple):
-    """The moments of a batch of draws from the world: per class the holdout rows drawn and their sums, the
-    target's draws as counts of world rows, and the draws' moments."""
+    """The moments of a batch of draws from the world: the holdout's per-class moments (and, for the block
+    statistic, their block sums), the target's draws as counts of world rows, and the draws' moments."""
     Mb: np.ndarray              # (draws, d, k) per-class means of the kept moments
     E2b: np.ndarray             # (draws, d, k) and their second moments
-    rows_y: list                # per class the world rows drawn (block statistic only)
-    sums_y: list                # per class the draws' means of every moment
+    held: np.ndarray | None     # (draws, k, kept blocks, k, k) per class the sums of u u' by block (block statistic)
     counts_t: np.ndarray        # (draws, world rows) the target's draws
     fb_full: np.ndarray         # (draws, moments) the target draws' means
     fb: np.ndarray              # fb_full on the kept moments
@@ -371,11 +391,14 @@ class _BlockData(NamedTuple):
     order: np.ndarray           # (world rows,) the world's rows by predicted class
     starts: np.ndarray          # (k + 1,) where each predicted class's rows begin in that order
     U2: np.ndarray              # (world rows, k * k) each row's u u', in that order
+    U2_upper: np.ndarray        # (world rows, k (k + 1) / 2) its upper triangle (u u' is symmetric)
     rank: np.ndarray            # (world rows,) each world row's place in that order
+    block_of: np.ndarray        # (world rows,) in that order: the place in ``kept`` of the row's block, -1 if none
 
 
-def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int) -> _HoldoutMoments | None:
-    """The moments compared and the holdout's per-class means of them; None when the holdout takes none."""
+def holdout_side(S: np.ndarray, y: np.ndarray, k: int) -> HoldoutSide | None:
+    """The part's work on the holdout alone (S (n, k) outputs, y labels, every class present), for
+    :func:`log_odds_test` against any number of targets; None when the holdout takes no moment."""
     n_y = np.bincount(y, minlength=k)
     members = [np.flatnonzero(y == c) for c in range(k)]
     Fs = _features(S, k)
@@ -389,13 +412,39 @@ def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int) -> _HoldoutMoments
         return None
     Fh = Fs.toarray()
     F2 = np.square(Fh)
-    moments = _target_moments(P, k, products=block)
-    f, var_t = moments[0][cols][keep], moments[1][cols][keep]
     pooled = (Fh[:, keep].mean(axis=0), F2[:, keep].mean(axis=0))
     M_full = np.stack([Fh[idx].mean(axis=0) for idx in members], axis=1)          # (k + k^2, k)
     E2 = np.stack([F2[idx][:, keep].mean(axis=0) for idx in members], axis=1)
-    return _HoldoutMoments(n_y=n_y, Fs=Fs, Fh=Fh, cols=cols, keep=keep, block=block, moments=moments, f=f,
-                           var_t=var_t, pooled=pooled, M_full=M_full, M=M_full[keep], E2=E2)
+    return HoldoutSide(n_y=n_y, Fs=Fs, Fh=Fh, cols=cols, keep=keep, block=block, pooled=pooled, M_full=M_full,
+                       M=M_full[keep], E2=E2, blocks=_holdout_blocks(S, y, k, n_y, keep, Fh) if block else None)
+
+
+def _holdout_blocks(S: np.ndarray, y: np.ndarray, k: int, n_y: np.ndarray, keep: np.ndarray, Fh: np.ndarray):
+    """The block statistic's side of the holdout: the blocks kept (predicted classes the holdout shows), the layout
+    of their moments, per class their second moments (y, c, a, a), the pooled holdout's block moments, and the
+    holdout rows' (c, u) (:func:`_block_vectors`)."""
+    # block layout (c, a) = slot a of block c, the indicator in slot c
+    kept = np.flatnonzero(keep[:k])
+    layout = k + np.arange(k)[:, None] * k + np.arange(k)[None, :]
+    layout[np.arange(k), np.arange(k)] = np.arange(k)
+    layout = layout[kept]                                         # (c, a) -> column of the full moment layout
+    Ps = _products(S, k)
+    Y = sparse.csr_matrix((1.0 / n_y[y], (y, np.arange(y.size))), shape=(k, y.size))
+    E2_hold = (Y @ Ps).toarray().reshape(k, k, k, k)[:, kept]   # (y, c, a, a)
+    pooled_block = (Fh.mean(axis=0)[layout], np.asarray(Ps.mean(axis=0)).reshape(k, k, k)[kept])
+    return kept, layout, E2_hold, pooled_block, _block_vectors(S)
+
+
+def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int,
+                     side: HoldoutSide | None = None) -> _HoldoutMoments | None:
+    """The holdout's side (``side``, else computed here) and the target's moments; None when the holdout takes no
+    moment."""
+    side = holdout_side(S, y, k) if side is None else side
+    if side is None:
+        return None
+    moments = _target_moments(P, k, products=side.block)
+    return _HoldoutMoments(*side, moments=moments, f=moments[0][side.cols][side.keep],
+                           var_t=moments[1][side.cols][side.keep])
 
 
 def _world_draws(hm: _HoldoutMoments, y: np.ndarray, P, draws: int, seed: int, responsibilities,
@@ -414,8 +463,9 @@ def _world_draws(hm: _HoldoutMoments, y: np.ndarray, P, draws: int, seed: int, r
     picks = rng.bit_generator.state
     rng.bit_generator.advance(int(draws * n_y.sum()))          # the holdout rows' uniforms come first
     qw = np.maximum(np.asarray(q_world, dtype=np.float64), 0.0)
-    return _WorldDraws(Zt=Zt, Fw=Fw, F2w=F2w, cdfs=[np.cumsum(world[c]) for c in range(k)], n_y=n_y, draws=draws,
-                       picks=picks, target=rng, mix=(qw / qw.sum()) @ world, m=m, next_draw=[0])
+    return _WorldDraws(Zt=Zt, Fw=Fw, F2w=F2w, F2k=F2w[:, hm.keep], cdfs=[np.cumsum(world[c]) for c in range(k)],
+                       n_y=n_y, draws=draws, picks=picks, target=rng, mix=(qw / qw.sum()) @ world, m=m,
+                       next_draw=[0])
 
 
 def _draw_batch(wd: _WorldDraws, sl: slice) -> tuple[list, np.ndarray]:
@@ -434,55 +484,90 @@ def _draw_batch(wd: _WorldDraws, sl: slice) -> tuple[list, np.ndarray]:
     return picked, wd.target.multinomial(wd.m, wd.mix, size=sl.stop - sl.start)
 
 
-def _draw_moments(hm: _HoldoutMoments, wd: _WorldDraws, sl: slice, m: int) -> _Draws:
+def _draw_moments(hm: _HoldoutMoments, wd: _WorldDraws, sl: slice, m: int, bd: _BlockData | None = None) -> _Draws:
     """The moments of the draws ``sl``: the holdout's per-class means and second moments, the target's means and
-    variances."""
+    variances. With ``bd`` (the block statistic) the holdout's moments are read off its block sums of u u', which
+    hold them (row c of block c: the indicator and the log-odds; the diagonal: their squares)."""
     k, n_y, keep, Fw = hm.n_y.size, hm.n_y, hm.keep, wd.Fw
     picked, counts_t = _draw_batch(wd, sl)
     b, d = counts_t.shape[0], int(keep.sum())
-    Mb, E2b = np.zeros((b, d, k)), np.zeros((b, d, k))
-    rows_y, sums_y = [], []
-    for c in range(k):
-        counts = _counts(picked[c], Fw.shape[0])
-        sums = (counts @ Fw).toarray()
-        Mb[:, :, c], E2b[:, :, c] = sums[:, keep] / n_y[c], (counts @ wd.F2w).toarray()[:, keep] / n_y[c]
-        if hm.block:
-            rows_y.append(picked[c])               # kept compact (int32) for the block statistic's products
-        sums_y.append(sums / n_y[c])
+    held = None
+    if bd is not None:
+        held = _held_block_sums(bd, picked)
+        sums, squares = _layout_sums(bd, held, Fw.shape[1])
+        Mb, E2b = sums[:, keep] / n_y, squares[:, keep] / n_y
+    else:
+        Mb, E2b = np.zeros((b, d, k)), np.zeros((b, d, k))
+        for c in range(k):
+            counts = _counts(picked[c], Fw.shape[0])
+            Mb[:, :, c] = (counts @ Fw).toarray()[:, keep] / n_y[c]
+            E2b[:, :, c] = (counts @ wd.F2w).toarray()[:, keep] / n_y[c]
     fb_full = np.zeros((b, Fw.shape[1]))
     second = np.zeros((b, d))
-    F2k = wd.F2w[:, keep]
+    F2k = wd.F2k
     for part in _rows.blocks(b, max(1, _TARGET_CHUNK // Fw.shape[0])):       # float64 a chunk of draws at a time
         ct = counts_t[part].astype(np.float64).T
         fb_full[part] = np.asarray(Fw.T @ ct).T / m
         second[part] = np.asarray(F2k.T @ ct).T / m
     fb = fb_full[:, keep]
-    return _Draws(Mb=Mb, E2b=E2b, rows_y=rows_y, sums_y=sums_y, counts_t=counts_t, fb_full=fb_full, fb=fb,
+    return _Draws(Mb=Mb, E2b=E2b, held=held, counts_t=counts_t, fb_full=fb_full, fb=fb,
                   var_b=np.maximum(second - fb ** 2, 0.0))
 
 
-def _block_data(hm: _HoldoutMoments, S: np.ndarray, y: np.ndarray, Zt: np.ndarray, m: int) -> _BlockData:
+def _held_block_sums(bd: _BlockData, picked: list) -> np.ndarray:
+    """(draws, k, kept blocks, k, k): for each class y's holdout draws (``picked[y]``: (draws, n_y) world rows), the
+    sums of u u' over the rows drawn, by the predicted class's block -- one sparse product: a row per (class,
+    draw, block) counting the world rows drawn (a row of a block not kept adds nothing)."""
+    k, b, size, kept = len(picked), picked[0].shape[0], bd.rank.size, bd.kept.size
+    key = np.sort(np.concatenate([((y * b + np.arange(b))[:, None] * size + bd.rank[p]).ravel()
+                                  for y, p in enumerate(picked)]))          # by (class, draw), then world row
+    row, at = np.divmod(key, size)
+    place = bd.block_of[at]
+    take = place >= 0
+    row = row[take] * kept + place[take]                                    # ascending: blocks follow the order
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=k * b * kept))])
+    counts = sparse.csr_matrix((np.ones(row.size), at[take], indptr), shape=(k * b * kept, size))
+    upper = counts @ bd.U2_upper                                            # the upper triangles, then mirrored
+    out = np.empty((k * b * kept, k, k))
+    i, j = np.triu_indices(k)
+    out[:, i, j] = upper
+    out[:, j, i] = upper
+    return np.swapaxes(out.reshape(k, b, kept, k, k), 0, 1)
+
+
+def _layout_sums(bd: _BlockData, held: np.ndarray, moments: int) -> tuple[np.ndarray, np.ndarray]:
+    """(draws, moments, k) each: the sums of every moment of the full layout and of its square, per class, from
+    the block sums ``held`` (:func:`_held_block_sums`); 0 in the blocks not kept."""
+    b, k, kept = held.shape[0], held.shape[1], bd.kept.size
+    sums, squares = np.zeros((b, moments, k)), np.zeros((b, moments, k))
+    rows = held[:, :, np.arange(kept), bd.kept, :]                          # (b, y, c, a): row c of block c
+    diagonal = np.einsum("bycaa->byca", held)
+    sums[:, bd.layout, :] = np.moveaxis(rows, 1, -1)
+    squares[:, bd.layout, :] = np.moveaxis(diagonal, 1, -1)
+    return sums, squares
+
+
+def _block_data(hm: _HoldoutMoments, Zt: np.ndarray, m: int) -> _BlockData:
     """The block statistic on the data, and what its draws need."""
-    # block layout (c, a) = slot a of block c, the indicator in slot c
     k, n_y = hm.n_y.size, hm.n_y
-    kept = np.flatnonzero(hm.keep[:k])                            # blocks (predicted classes) the holdout shows
-    layout = k + np.arange(k)[:, None] * k + np.arange(k)[None, :]
-    layout[np.arange(k), np.arange(k)] = np.arange(k)
-    layout = layout[kept]                                         # (c, a) -> column of the full moment layout
-    Ps = _products(S, k)
-    Y = sparse.csr_matrix((1.0 / n_y[y], (y, np.arange(y.size))), shape=(k, y.size))
-    E2_hold = (Y @ Ps).toarray().reshape(k, k, k, k)[:, kept]   # (y, c, a, a)
-    pooled_block = (hm.Fh.mean(axis=0)[layout], np.asarray(Ps.mean(axis=0)).reshape(k, k, k)[kept])
+    kept, layout, E2_hold, pooled_block, (c_s, u_s) = hm.blocks
     t_block = hm.moments[2][kept]
     b_stat, b_parts = _block_statistic(hm.moments[0][layout][None], t_block[None], hm.M_full[layout][None],
                                        E2_hold[None], n_y, m, pooled_block)
-    c, u = _block_vectors(np.vstack([S, Zt]))                    # the world's rows: the holdout's, then Zt's
+    c_t, u_t = _block_vectors(Zt)
+    c, u = np.concatenate([c_s, c_t]), np.vstack([u_s, u_t])     # the world's rows: the holdout's, then Zt's
     order = np.argsort(c, kind="stable")
-    U2 = (u[order][:, :, None] * u[order][:, None, :]).reshape(order.size, k * k)
+    u = u[order]
+    U2 = (u[:, :, None] * u[:, None, :]).reshape(order.size, k * k)
+    i, j = np.triu_indices(k)
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
+    place = np.full(k, -1)
+    place[kept] = np.arange(kept.size)
     return _BlockData(stat=float(b_stat[0]), parts=b_parts[0], kept=kept, layout=layout, pooled=pooled_block,
-                      order=order, starts=np.searchsorted(c[order], np.arange(k + 1)), U2=U2, rank=rank)
+                      order=order, starts=np.searchsorted(c[order], np.arange(k + 1)), U2=U2,
+                      U2_upper=u[:, i] * u[:, j], rank=rank,
+                      block_of=place[c[order]])
 
 
 def _block_sums(bd: _BlockData, C: np.ndarray) -> np.ndarray:
@@ -497,23 +582,14 @@ def _block_sums(bd: _BlockData, C: np.ndarray) -> np.ndarray:
     return out.reshape(C.shape[0], bd.kept.size, k, k)
 
 
-def _sorted_counts(bd: _BlockData, picked: np.ndarray) -> np.ndarray:
-    """(draws, world rows) float64: how often each world row was drawn, from the rows ``picked`` (draws, rows),
-    the world's rows in ``bd.order``."""
-    draws, size = picked.shape[0], bd.rank.size
-    at = (np.arange(draws)[:, None] * size + bd.rank[picked]).ravel()
-    return np.bincount(at, weights=np.ones(at.size), minlength=draws * size).reshape(draws, size)
-
-
 def _block_draws(bd: _BlockData, hm: _HoldoutMoments, dr: _Draws, m: int) -> np.ndarray:
     """The block statistic on a batch of draws."""
     k, n_y, layout, rows = hm.n_y.size, hm.n_y, bd.layout, bd.order.size
     b_boot = np.empty(dr.counts_t.shape[0])
     for sl in _rows.blocks(b_boot.size, max(1, min(_BLOCK_CHUNK // k ** 4, _TARGET_CHUNK // rows))):
-        b = sl.stop - sl.start
-        held = _block_sums(bd, np.concatenate([_sorted_counts(bd, dr.rows_y[c][sl]) for c in range(k)]))
-        E2c = np.swapaxes(held.reshape(k, b, *held.shape[1:]) / n_y[:, None, None, None, None], 0, 1)  # (b, y, ...)
-        Mc = np.stack([dr.sums_y[c][sl][:, layout] for c in range(k)], axis=-1)   # (b, c, a, y)
+        E2c = dr.held[sl] / n_y[None, :, None, None, None]                       # (b, y, c, a, a)
+        Mc = np.moveaxis(dr.held[sl][:, :, np.arange(bd.kept.size), bd.kept, :] / n_y[None, :, None, None],
+                         1, -1)                                                  # (b, c, a, y): row c of block c
         T2c = _block_sums(bd, dr.counts_t[sl][:, bd.order].astype(np.float64)) / m
         b_boot[sl] = _block_statistic(dr.fb_full[sl][:, layout], T2c, Mc, E2c, n_y, m, bd.pooled)[0]
     return b_boot
@@ -522,7 +598,7 @@ def _block_draws(bd: _BlockData, hm: _HoldoutMoments, dr: _Draws, m: int) -> np.
 def _draw_statistics(hm: _HoldoutMoments, wd: _WorldDraws, bd: _BlockData | None, sl: slice, m: int,
                      odds: np.ndarray) -> dict:
     """The part's statistics on the draws ``sl``: {name: (draws,)}, computed as on the data."""
-    dr = _draw_moments(hm, wd, sl, m)
+    dr = _draw_moments(hm, wd, sl, m, bd)
     boot, q_b, W_b = _studentised(dr.fb, dr.var_b, dr.Mb, dr.E2b, hm.n_y, m, hm.pooled)
     z_b = np.sqrt(W_b) * (dr.fb - np.einsum("bdk,bk->bd", dr.Mb, q_b))
     out = {"diagonal": boot, "sum": np.abs(np.sum(z_b[:, odds], axis=1))}
@@ -532,7 +608,7 @@ def _draw_statistics(hm: _HoldoutMoments, wd: _WorldDraws, bd: _BlockData | None
 
 
 def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, responsibilities,
-                  q_world: np.ndarray) -> LogOddsPart:
+                  q_world: np.ndarray, side: HoldoutSide | None = None) -> LogOddsPart:
     """The log-odds part (module docstring). S (n, k) holdout outputs, y its labels (every class present), P the
     target outputs (m, k; read in row blocks), at most ``draws`` bootstrap draws from ``seed``. The bootstrap world
     is the completed data of a null fit: ``responsibilities(rows)`` gives, for target output rows (T, k), each
@@ -544,10 +620,11 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     p-values (:mod:`labelshift.inference._sequential`; at least 0.05 / the largest share: 0.1 with the block
     statistic, 0.083 without; ``draws_used`` the draws computed); otherwise, after all the draws, each gets
     p = (1 + #{draws >= it}) / (draws + 1) and the part's p-value is their smallest p / STATISTIC_WEIGHTS share,
-    calibrated by the same draws (:func:`_combined`)."""
+    calibrated by the same draws (:func:`_combined`). ``side``: :func:`holdout_side` of (S, y), when already
+    computed (the same result)."""
     k = S.shape[1]
     m = P.shape[0]
-    hm = _holdout_moments(S, y, P, k)
+    hm = _holdout_moments(S, y, P, k, side)
     if hm is None:
         return LogOddsPart(statistic=0.0, p_value=1.0, class_share=np.zeros(k), moments=0)
     stat, q, W = _studentised(hm.f[None], hm.var_t[None], hm.M[None], hm.E2[None], hm.n_y, m, hm.pooled)
@@ -563,7 +640,7 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     statistics = {"diagonal": s, "sum": t_sum}
     fields = {"statistic": s, "moments": d, "sum_statistic": t_sum}
     wd = _world_draws(hm, y, P, draws, seed, responsibilities, q_world)
-    bd = _block_data(hm, S, y, wd.Zt, m) if hm.block else None
+    bd = _block_data(hm, wd.Zt, m) if hm.block else None
     if bd is not None:
         statistics["block"] = fields["block_statistic"] = bd.stat
         shares["block"] = np.zeros(k)

@@ -21,14 +21,15 @@ from ..errors import FormatError, InputError
 from .accuracy import AccuracyEstimate, expected_accuracy
 from .source_aware import SUPPORTED_CALIBRATORS, SourceAwareInterval, min_holdout_rows, source_aware_interval
 from .settings import DEFAULTS
-from .shift_detection import LabelShiftTest, label_shift_test
+from .shift_detection import (MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, LabelShiftTest, PreparedHoldout,
+                              label_shift_test, prepare_holdout)
 from ..estimation.registry import REESTIMATION_ESTIMATORS, check_interval, check_methods, make_estimator
 from ..estimation.solvers import confusion_matrix
 from .uncertainty import (Identifiability, NoShiftTest, PriorInterval, bootstrap_interval, fisher_interval,
                           identifiability, no_shift_test)
 
-__all__ = ["CrossCheck", "LargestChange", "ShiftReport", "assess_shift", "check_holdout", "joint_confusion", "finite",
-           "Verdict", "VERDICTS", "NOT_LABEL_SHIFT"]
+__all__ = ["CrossCheck", "LargestChange", "ShiftReport", "assess_shift", "label_shift_holdout", "check_holdout",
+           "joint_confusion", "finite", "Verdict", "VERDICTS", "NOT_LABEL_SHIFT"]
 
 
 class Verdict(StrEnum):
@@ -532,18 +533,34 @@ def _interval(interval: str, est: _Estimates, pooled, prior, *, level, n_bootstr
     return fisher_interval(pooled, est.main.weights, prior, level=level), None, []
 
 
-def _label_shift_part(holdout_probs, labels, given, pooled, mlls_weights, prior,
-                      class_names) -> tuple[LabelShiftTest | None, str | None]:
+def _label_shift_part(holdout_probs, labels, given, pooled, mlls_weights, prior, class_names,
+                      prepared: PreparedHoldout | None = None) -> tuple[LabelShiftTest | None, str | None]:
     """The label-shift test with the MLLS weights, or why it was not run: a holdout it cannot use (an InputError,
-    e.g. too small for its regions) or a numerical failure on valid input is recorded as "not run", never raised."""
+    e.g. too small for its regions) or a numerical failure on valid input is recorded as "not run", never raised.
+    ``prepared`` (:func:`label_shift_holdout`) is used when it was made from this holdout at this precision."""
+    holdout = _at_precision(holdout_probs, given)
+    if prepared is not None and not prepared.matches(holdout, labels, MIN_REGION_ROWS, MAX_CONFIDENCE_BINS):
+        prepared = None
     try:
-        return label_shift_test(_at_precision(holdout_probs, given), labels, pooled,
-                                weights=np.maximum(np.asarray(mlls_weights), 0.0), source_prior=prior,
-                                class_names=class_names), None
+        return label_shift_test(holdout, labels, pooled, weights=np.maximum(np.asarray(mlls_weights), 0.0),
+                                source_prior=prior, class_names=class_names, prepared=prepared), None
     except InputError as exc:
         return None, str(exc)
     except _NUMERICAL_FAILURES as exc:
         return None, f"it could not be computed on this input ({type(exc).__name__}: {exc})"
+
+
+def label_shift_holdout(source_probs, source_labels, target_probs) -> PreparedHoldout | None:
+    """The label-shift test's work on the holdout (:func:`~labelshift.inference.shift_detection.prepare_holdout`),
+    made once for many :func:`assess_shift` calls against it (``prepared_holdout=``), e.g. the segments of a target:
+    at the precision of ``target_probs`` (as :func:`assess_shift` tests), with the test's default region rule. None
+    when the holdout cannot carry the test (each assessment then says why it was not run)."""
+    try:
+        holdout = check_probabilities(source_probs, "source_probs", 2)
+        labels = check_labels(source_labels, "source_labels", holdout.shape[1], n_rows=holdout.shape[0])
+        return prepare_holdout(_at_precision(holdout, _pool(target_probs)), labels)
+    except InputError:
+        return None
 
 
 def assess_shift(source_probs, source_labels, target_probs, *, source_prior, estimator: str = DEFAULTS.estimator,
@@ -552,7 +569,8 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
                  n_bootstrap: int = DEFAULTS.n_bootstrap, seed: int = DEFAULTS.seed,
                  max_interval_width: float | None = DEFAULTS.max_interval_width, source_outputs=None,
                  target_outputs=None, calibrator=None, label_shift_check: bool = True, class_names=None,
-                 label_shift_significance: float | None = DEFAULTS.label_shift_significance) -> ShiftReport:
+                 label_shift_significance: float | None = DEFAULTS.label_shift_significance,
+                 prepared_holdout: PreparedHoldout | None = None) -> ShiftReport:
     """Estimate the target prior on ``target_probs`` and say whether it shifted and whether to trust it.
 
     The estimators are fit on the labelled source outputs with ``source_prior``. The interval is
@@ -581,6 +599,8 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
         source_outputs, target_outputs, calibrator: ``interval="source-aware"`` only: the raw outputs the
             calibrator takes on the holdout, (n, k), and on the target (as ``target_probs``); the fitted calibrator.
         label_shift_check: run the label-shift test (default); class_names: k names for its evidence.
+        prepared_holdout: optional, :func:`label_shift_holdout` of this holdout, for many assessments against it
+            (the segments of a target): the label-shift test reuses its work on the holdout (the same report).
 
     Returns:
         The :class:`ShiftReport`.
@@ -611,8 +631,8 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
                                        source_outputs=source_outputs, labels=labels, raw_target=raw_target,
                                        calibrator=calibrator)
     test = no_shift_test(pooled, est.mlls.weights, prior, source_probs=holdout_probs)
-    lst, lst_error = (_label_shift_part(holdout_probs, labels, given, pooled, est.mlls.weights, prior, class_names)
-                      if label_shift_check else (None, None))
+    lst, lst_error = (_label_shift_part(holdout_probs, labels, given, pooled, est.mlls.weights, prior, class_names,
+                                        prepared_holdout) if label_shift_check else (None, None))
     ident = identifiability(pooled, est.mlls.weights, prior, confusion=joint_confusion(holdout_probs, labels),
                             n_source=len(labels), interval=ci if estimator == _LIKELIHOOD else None,
                             max_relative_width=max_interval_width, estimator=estimator)

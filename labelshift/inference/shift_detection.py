@@ -19,6 +19,8 @@ it fires: ``docs/label_shift_test.md``.
     res = label_shift_test(holdout_probs, holdout_labels, target_probs)   # calibrated outputs, holdout labels
     if res.rejects(0.05):
         print(res.summary())          # "Not label shift: p = ... (regions chi2 = ..., p = ...; log-odds ...); ..."
+    prepared = prepare_holdout(holdout_probs, holdout_labels)           # many targets against one holdout
+    res = label_shift_test(holdout_probs, holdout_labels, target_probs, prepared=prepared)     # the same result
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from scipy.linalg import null_space
 from scipy.stats import chi2, norm
 
 from .. import rows as _rows
-from ._log_odds import BLOCK_MAX_CLASSES, log_odds_test
+from ._log_odds import BLOCK_MAX_CLASSES, HoldoutSide, holdout_side, log_odds_test
 from ._sequential import DRAW_BATCH, STOP_EXCEEDANCES, sequential_p_value
 from ._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit
 from ._squarem import squarem_batch
@@ -40,9 +42,9 @@ from ..errors import InputError
 from ..estimation.solvers import PIN_TOL, mlls_gradient, mlls_newton
 from .._numbers import finite_or_none
 
-__all__ = ["LabelShiftTest", "Region", "label_shift_test", "MIN_HOLDOUT", "MIN_CLASS_ROWS", "MIN_TARGET",
-           "MIN_REGION_ROWS", "MAX_CONFIDENCE_BINS", "BOOTSTRAP_DRAWS", "CALIBRATIONS", "STOP_EXCEEDANCES",
-           "sequential_p_value"]
+__all__ = ["LabelShiftTest", "Region", "label_shift_test", "PreparedHoldout", "prepare_holdout", "MIN_HOLDOUT",
+           "MIN_CLASS_ROWS", "MIN_TARGET", "MIN_REGION_ROWS", "MAX_CONFIDENCE_BINS", "BOOTSTRAP_DRAWS", "CALIBRATIONS",
+           "STOP_EXCEEDANCES", "sequential_p_value"]
 
 #: the test refuses holdouts smaller than this (its size is measured from n = 500 up; see docs/label_shift_test.md)
 MIN_HOLDOUT = 200
@@ -532,9 +534,11 @@ def _world_shares(regions: _Regions, pi: np.ndarray, q: np.ndarray, p: np.ndarra
         r = regions.assign(Z)
         want = np.bincount(r, minlength=J)[:, None] * rho.T                    # (J, k): the class totals per region
         R = Z * ratio[None, :]
+        cell = (r[:, None] * k + np.arange(k)).ravel()                         # (row, class) -> region r, class
         for _ in range(iterations):
             R /= np.maximum(R.sum(axis=1, keepdims=True), 1e-300)
-            have = np.stack([np.bincount(r, weights=R[:, c], minlength=J) for c in range(k)], axis=1)
+            # every class's total per region in one pass (the same sums, row after row, as one bincount a class)
+            have = np.bincount(cell, weights=R.ravel(), minlength=J * k).reshape(J, k)
             scale = np.where(have > 0, want / np.maximum(have, 1e-300), 0.0)     # at most 1e300 x rows: finite
             if np.all(np.abs(scale[have > 0] - 1.0) < 1e-8):
                 break
@@ -612,6 +616,61 @@ def _wald(D: np.ndarray, sigma: np.ndarray) -> tuple[float, int]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# the holdout's part, computed once for many targets
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class PreparedHoldout:
+    """What :func:`label_shift_test` computes from the labelled holdout alone -- its regions and their class
+    counts, and the log-odds part's holdout moments -- made once by :func:`prepare_holdout` and passed to every
+    test against that holdout (``label_shift_test(..., prepared=...)``, e.g. each segment of a target), which
+    then gives exactly the result it gives without it.
+
+    Attributes:
+        holdout_probs, holdout_labels: the holdout it was made from (float64 (n, k), int (n,)).
+        min_region_rows, max_confidence_bins: the region rule it was made with.
+        regions: the regions of the output simplex; N (k, J): the holdout rows of each class in each.
+        log_odds: the log-odds part's holdout side, or None (not prepared: computed by each test that runs it).
+    """
+
+    holdout_probs: np.ndarray
+    holdout_labels: np.ndarray
+    min_region_rows: int
+    max_confidence_bins: int
+    regions: _Regions
+    N: np.ndarray
+    log_odds: HoldoutSide | None
+
+    def matches(self, holdout_probs: np.ndarray, holdout_labels: np.ndarray, min_region_rows: int,
+                max_confidence_bins: int) -> bool:
+        """Whether it was made from this holdout (the same values) with this region rule."""
+        return (self.min_region_rows == min_region_rows and self.max_confidence_bins == max_confidence_bins
+                and self.holdout_probs.shape == np.shape(holdout_probs)
+                and np.array_equal(self.holdout_labels, holdout_labels)
+                and np.array_equal(self.holdout_probs, holdout_probs))
+
+
+def prepare_holdout(holdout_probs, holdout_labels, *, min_region_rows: int = MIN_REGION_ROWS,
+                    max_confidence_bins: int = MAX_CONFIDENCE_BINS, log_odds: bool | None = None) -> PreparedHoldout:
+    """The holdout's part of :func:`label_shift_test` (same arguments, same defaults), for many tests against one
+    holdout: the regions and the holdout's counts in them, and -- when ``log_odds`` (None: up to
+    BLOCK_MAX_CLASSES classes) -- the log-odds part's holdout moments.
+
+    Raises:
+        InputError: as :func:`label_shift_test` for the holdout (too small, a class with too few rows).
+    """
+    Ph, y, n_y = _holdout_inputs(holdout_probs, holdout_labels)
+    min_region_rows = _check_int(min_region_rows, "min_region_rows", 1)
+    max_confidence_bins = _check_int(max_confidence_bins, "max_confidence_bins", 1)
+    k = Ph.shape[1]
+    regions = _make_regions(Ph, min_region_rows, max_confidence_bins)
+    N = np.zeros((k, regions.n_regions))
+    np.add.at(N, (y, regions.assign(Ph)), 1.0)
+    side = holdout_side(Ph, y, k) if _check_log_odds(log_odds, k) else None
+    return PreparedHoldout(holdout_probs=Ph, holdout_labels=y, min_region_rows=min_region_rows,
+                           max_confidence_bins=max_confidence_bins, regions=regions, N=N, log_odds=side)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # the test
 # ---------------------------------------------------------------------------------------------------------------
 class _TestInputs(NamedTuple):
@@ -653,6 +712,35 @@ class _RegionsFit(NamedTuple):
     extra: dict
 
 
+def _check_holdout_size(n: int) -> None:
+    if n < MIN_HOLDOUT:
+        raise InputError(f"the holdout has n = {n} rows, fewer than MIN_HOLDOUT = {MIN_HOLDOUT}: the null "
+                         "distribution of the test rests on the holdout's class-conditional output frequencies and "
+                         "is not reliable with so few rows (its size is measured for n >= 500). Collect a larger "
+                         "labelled holdout.")
+
+
+def _class_rows(y: np.ndarray, k: int) -> np.ndarray:
+    """The holdout's rows per class (k,); InputError when a class has fewer than MIN_CLASS_ROWS."""
+    n_y = np.bincount(y, minlength=k)
+    few = np.flatnonzero(n_y < MIN_CLASS_ROWS)
+    if few.size:
+        raise InputError(f"holdout_labels has fewer than MIN_CLASS_ROWS = {MIN_CLASS_ROWS} examples of class(es) "
+                         f"{few.tolist()} (counts {n_y[few].tolist()}); the test needs each class's outputs on the "
+                         "holdout to know what that class looks like. Add labelled holdout examples of those "
+                         "classes.")
+    return n_y
+
+
+def _holdout_inputs(holdout_probs, holdout_labels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The holdout checked as :func:`label_shift_test` checks it: (probabilities (n, k), labels, rows per class)."""
+    Ph = check_probabilities(holdout_probs, "holdout_probs", 2)
+    n, k = Ph.shape
+    y = check_labels(holdout_labels, "holdout_labels", k, n_rows=n)
+    _check_holdout_size(n)
+    return Ph, y, _class_rows(y, k)
+
+
 def _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
                  max_confidence_bins, class_names, method, calibration, bootstrap_draws, seed,
                  log_odds) -> _TestInputs:
@@ -669,21 +757,11 @@ def _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_pr
     max_confidence_bins = _check_int(max_confidence_bins, "max_confidence_bins", 1)
     if class_names is not None and len(class_names) != k:
         raise InputError(f"class_names has {len(class_names)} entries but there are {k} classes.")
-    if n < MIN_HOLDOUT:
-        raise InputError(f"the holdout has n = {n} rows, fewer than MIN_HOLDOUT = {MIN_HOLDOUT}: the null "
-                         "distribution of the test rests on the holdout's class-conditional output frequencies and "
-                         "is not reliable with so few rows (its size is measured for n >= 500). Collect a larger "
-                         "labelled holdout.")
+    _check_holdout_size(n)
     if m < MIN_TARGET:
         raise InputError(f"target_probs has m = {m} rows, fewer than MIN_TARGET = {MIN_TARGET}; test a larger "
                          "target batch (or several batches together).")
-    n_y = np.bincount(y, minlength=k)
-    few = np.flatnonzero(n_y < MIN_CLASS_ROWS)
-    if few.size:
-        raise InputError(f"holdout_labels has fewer than MIN_CLASS_ROWS = {MIN_CLASS_ROWS} examples of class(es) "
-                         f"{few.tolist()} (counts {n_y[few].tolist()}); the test needs each class's outputs on the "
-                         "holdout to know what that class looks like. Add labelled holdout examples of those "
-                         "classes.")
+    n_y = _class_rows(y, k)
     if method not in METHODS:
         raise InputError(f"method must be one of {METHODS}, got {method!r}.")
     if calibration not in CALIBRATIONS:
@@ -710,21 +788,24 @@ def _check_log_odds(log_odds, k: int) -> bool:
     return log_odds
 
 
-def _region_counts(inp: _TestInputs) -> _RegionCounts:
-    """The regions made from the holdout and the holdout (by class) and target rows in each; InputError when they
-    leave the test no degrees of freedom."""
+def _region_counts(inp: _TestInputs, prepared: PreparedHoldout | None = None) -> _RegionCounts:
+    """The regions made from the holdout (or ``prepared``'s) and the holdout (by class) and target rows in each;
+    InputError when they leave the test no degrees of freedom."""
     n, k = inp.Ph.shape
-    regions = _make_regions(inp.Ph, inp.min_region_rows, inp.max_confidence_bins)
+    regions = (_make_regions(inp.Ph, inp.min_region_rows, inp.max_confidence_bins) if prepared is None
+               else prepared.regions)
     J = regions.n_regions
     if J < k + 2:
         raise InputError(f"the holdout gives only {J} regions of the output simplex (at least {inp.min_region_rows} "
                          f"holdout rows per region), fewer than k + 2 = {k + 2}: the test has no degrees of freedom "
                          f"left after estimating the {k} class weights. Collect a larger labelled holdout (n = {n} "
                          "now; the size is measured from n = 500 at k = 10), or lower min_region_rows.")
-    holdout_regions = regions.assign(inp.Ph)
     target_regions = _assign_rows(regions, inp.Pt)
-    N = np.zeros((k, J))
-    np.add.at(N, (inp.y, holdout_regions), 1.0)
+    if prepared is None:
+        N = np.zeros((k, J))
+        np.add.at(N, (inp.y, regions.assign(inp.Ph)), 1.0)
+    else:
+        N = prepared.N.copy()
     T = np.bincount(target_regions, minlength=J).astype(np.float64)
     return _RegionCounts(regions=regions, N=N, T=T, observed=T / inp.Pt.shape[0], target_regions=target_regions)
 
@@ -778,8 +859,8 @@ def _wald_fit(inp: _TestInputs, rc: _RegionCounts) -> _RegionsFit:
                        extra={})
 
 
-def _with_log_odds(inp: _TestInputs, rc: _RegionCounts, fit: _RegionsFit, method: str,
-                   class_names) -> _RegionsFit:
+def _with_log_odds(inp: _TestInputs, rc: _RegionCounts, fit: _RegionsFit, method: str, class_names,
+                   side: HoldoutSide | None = None) -> _RegionsFit:
     """The regions fit with the log-odds part added: both p-values in ``extra``, the reported one combined by
     :func:`combine_p_values`."""
     # the second look (labelshift/inference/_log_odds.py); the two p-values are combined by a weighted Bonferroni
@@ -790,7 +871,7 @@ def _with_log_odds(inp: _TestInputs, rc: _RegionCounts, fit: _RegionsFit, method
     else:
         pi, q_null = fit.pi, fit.q
     part = log_odds_test(inp.Ph, inp.y, inp.Pt, inp.bootstrap_draws, inp.seed,
-                         _world_shares(rc.regions, pi, q_null, inp.p), q_null)
+                         _world_shares(rc.regions, pi, q_null, inp.p), q_null, side)
     extra = dict(fit.extra)
     extra.update(p_value_regions=fit.p_value, p_value_log_odds=part.p_value, log_odds_statistic=part.statistic,
                  p_value_log_odds_diagonal=part.p_value_diagonal, p_value_log_odds_block=part.p_value_block,
@@ -846,7 +927,7 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
                      min_region_rows: int = MIN_REGION_ROWS, max_confidence_bins: int = MAX_CONFIDENCE_BINS,
                      class_names=None, method: str = "likelihood-ratio", calibration: str = "bootstrap",
                      bootstrap_draws: int = BOOTSTRAP_DRAWS, seed: int = 0,
-                     log_odds: bool | None = None) -> LabelShiftTest:
+                     log_odds: bool | None = None, prepared: PreparedHoldout | None = None) -> LabelShiftTest:
     """Test H0: the target differs from the source by label shift only (p_t(x | y) = p_s(x | y), Garg et al. 2020,
     Section 2), from the calibrated outputs of one classifier on a labelled holdout and on unlabelled target rows.
 
@@ -890,18 +971,25 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
         seed: seed of the bootstrap draws (default 0: the same inputs give the same p-value).
         log_odds: add the log-odds part; it uses ``bootstrap_draws`` and ``seed`` too. None (default): for
             k <= BLOCK_MAX_CLASSES = 20 classes, not above (its size at k = 100 is not the level, see the docs).
+        prepared: optional, :func:`prepare_holdout` of this holdout with this region rule, for many tests against
+            one holdout: its work on the holdout is reused (the result is the same).
 
     Returns:
         :class:`LabelShiftTest`.
 
     Raises:
         InputError: shapes or classes that do not match, a class with too few holdout rows, a holdout smaller than
-            :data:`MIN_HOLDOUT` or a target smaller than :data:`MIN_TARGET`, weights that are not the MLLS optimum.
+            :data:`MIN_HOLDOUT` or a target smaller than :data:`MIN_TARGET`, weights that are not the MLLS optimum,
+            ``prepared`` made from another holdout or region rule.
     """
     inp = _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
                        max_confidence_bins, class_names, method, calibration, bootstrap_draws, seed, log_odds)
-    rc = _region_counts(inp)
+    if prepared is not None and not prepared.matches(inp.Ph, inp.y, inp.min_region_rows, inp.max_confidence_bins):
+        raise InputError("prepared was made from another holdout or region rule than this test's; pass "
+                         "prepare_holdout(holdout_probs, holdout_labels) of this holdout with the same "
+                         "min_region_rows and max_confidence_bins, or prepared=None.")
+    rc = _region_counts(inp, prepared)
     fit = _likelihood_ratio_fit(inp, rc, calibration) if method == "likelihood-ratio" else _wald_fit(inp, rc)
     if inp.log_odds:
-        fit = _with_log_odds(inp, rc, fit, method, class_names)
+        fit = _with_log_odds(inp, rc, fit, method, class_names, None if prepared is None else prepared.log_odds)
     return _test_result(inp, rc, fit, method, class_names)
