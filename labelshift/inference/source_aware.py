@@ -88,6 +88,11 @@ class SourceAwareInterval(PriorInterval):
             ``covariance_holdout = holdout_influence.T @ holdout_influence / n**2``. For quantities estimated on the
             same holdout rows whose error is correlated with the prior's (:mod:`labelshift.inference.accuracy`). Not
             serialised by ``to_dict``.
+        target_terms: above _BORDERED_MIN_CLASSES classes on a large target, (g_F, H_FF^{-1}) on the free classes F:
+            the mean of s_i = f_i / f_i^T w and the pseudo-inverse of H_FF, H = (1/m) sum_i s_i s_i^T (the
+            calibrated rows of a large target made block by block), so that
+            :func:`labelshift.inference.accuracy.expected_accuracy` need not make them again; else None. Not
+            serialised by ``to_dict``.
     """
 
     source_prior: np.ndarray = None
@@ -102,6 +107,7 @@ class SourceAwareInterval(PriorInterval):
     reasons: list = field(default_factory=list)
     target_only: PriorInterval | None = field(default=None, repr=False)
     holdout_influence: np.ndarray | None = field(default=None, repr=False, compare=False)
+    target_terms: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     @property
     def holdout_share(self) -> np.ndarray:
@@ -863,4 +869,5 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
         extra={"z": z, "n_source": n, "calibrator": inp.kind, "n_parameters": inp.design.q},
         source_prior=ps, covariance=cov.pt, covariance_target=cov.pt_target, covariance_holdout=cov.pt_holdout,
         weights_covariance=cov.w, weights_std_error=bounds.se_w, n_source=n, calibrator=inp.kind,
-        trustworthy=not reasons, reasons=reasons, target_only=fisher, holdout_influence=cov.pt_influence)
+        trustworthy=not reasons, reasons=reasons, target_only=fisher, holdout_influence=cov.pt_influence,
+        target_terms=(tgt.g[free], cov.free_H_inv) if inp.large and inp.k > _BORDERED_MIN_CLASSES else None)
