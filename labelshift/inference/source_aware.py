@@ -216,6 +216,22 @@ class _Design:
                 out.append(StS[:, 1:] * w[None, 1:])
         return np.concatenate(out, axis=1)
 
+    def products(self, P: np.ndarray, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(X^T X, P^T X) for X = row_mean(Z, P): a bias block of X is P[:, 1:], so its columns of both come from
+        one P^T P (the holdout's two rows x k^2 products become one; X^T X symmetrised)."""
+        if "bias" not in self.blocks:
+            return X.T @ X, P.T @ X
+        PtP = P.T @ P
+        starts = np.cumsum([0] + self.sizes)
+        cols = [slice(starts[i], starts[i + 1]) for i in range(len(self.blocks))]
+        px = np.empty((self.k, self.q))
+        xx = np.empty((self.q, self.q))
+        for b, c in zip(self.blocks, cols):
+            px[:, c] = PtP[:, 1:] if b == "bias" else P.T @ X[:, c]
+        for b, c in zip(self.blocks, cols):
+            xx[c] = px[1:] if b == "bias" else X[:, c].T @ X
+        return 0.5 * (xx + xx.T), px
+
     def gram(self, Z: np.ndarray, Wt: np.ndarray) -> np.ndarray:
         """(q, q): sum_i sum_c Wt_ic X_icr X_ics, from three (k,) sums in O(rows k) -- every block of X is z_ic or 1
         times an indicator of c (or of nothing, for the scalar), so the product of two blocks is diagonal in c
@@ -333,13 +349,16 @@ def _target_pass_rows(Xt: np.ndarray, calibrator, scale, bias, design: "_Design"
     gs = np.zeros(k)
     H = np.zeros((k, k))
     A = np.zeros((k, design.q))
+    reuse = k > _HOLDOUT_ROWS_MIN_CLASSES        # above: a bias block's S^T Q from S^T S (_Design.cross)
     with _rows.one_blas_thread():
         for sl in _rows.blocks(m, width=k):
             Zb, Pb = _calibrated_block(Xt[sl], calibrator, scale, bias)
             Sb = Pb / (Pb @ w)[:, None]
             gs += Sb.sum(axis=0)
-            H += Sb.T @ Sb
-            A += design.weighted_sum(Zb, Sb) - Sb.T @ design.row_mean(Zb, Sb * w)
+            StS = Sb.T @ Sb
+            H += StS
+            cross = design.cross(Sb, Zb, Sb * w, StS, w) if reuse else Sb.T @ design.row_mean(Zb, Sb * w)
+            A += design.weighted_sum(Zb, Sb) - cross
     return gs / m, H / m, A / m
 
 
@@ -366,9 +385,10 @@ def _holdout_terms_rows(calibrator, Zh: np.ndarray, y: np.ndarray, design: _Desi
         Zb, Pb, psi_b = block(sl)
         Xb = design.row_mean(Zb, Pb)
         gram += design.gram(Zb, Pb)
-        xx += Xb.T @ Xb
+        xx_b, px_b = design.products(Pb, Xb)
+        xx += xx_b
         ws += design.weighted_sum(Zb, Pb)
-        px += Pb.T @ Xb
+        px += px_b
         s_psi += psi_b.sum(axis=0)
         ss_psi += np.einsum("ir,ir->r", psi_b, psi_b)
         s_p += Pb.sum(axis=0)
@@ -376,7 +396,8 @@ def _holdout_terms_rows(calibrator, Zh: np.ndarray, y: np.ndarray, design: _Desi
     Dp = (ws - px) / n
     mean = s_psi / n
     _check_fit_scores(calibrator, design, scale, mean, np.sqrt(np.maximum(ss_psi / n - mean ** 2, 0.0) / n))
-    Jinv = np.linalg.pinv(J, rcond=1e-14, hermitian=True)
+    with _rows.one_blas_thread():                # k > _HOLDOUT_ROWS_MIN_CLASSES: rows.decomposition_threads
+        Jinv = np.linalg.pinv(J, rcond=1e-14, hermitian=True)
     ps = s_p / n
     ps = ps / ps.sum()
     a_inf, b_inf = np.empty((n, q)), np.empty((n, k))
@@ -632,7 +653,8 @@ def _holdout_fit(inp: _Inputs, calibrator) -> _HoldoutFit:
 def _unidentified_calibrator(J: np.ndarray, kind: str, calibrator) -> list:
     """Why the calibrator's parameters are not identified (NLL Hessian J ill-conditioned, temperature at its
     bound); empty when they are."""
-    ev = np.linalg.eigvalsh(J)
+    with _rows.decomposition_threads(int(calibrator.n_classes_)):
+        ev = np.linalg.eigvalsh(J)
     reasons = []
     if not ev[0] > ev[-1] / _COND_MAX:
         reasons.append(f"the calibrator's parameters are not identified by the holdout: its NLL Hessian has "
@@ -677,14 +699,15 @@ def _target_fit(inp: _Inputs, calibrator, ps: np.ndarray, weights) -> _TargetFit
 def _free_set_covariance(G: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, m: int, n: int) -> _FreeSetCovariance:
     """Target and holdout covariance of w_G (free set G), the holdout influence on w_G, and H_GG^{-1}."""
     HG = tgt.H[np.ix_(G, G)]
-    Hinv = np.linalg.pinv(HG, rcond=1e-14, hermitian=True)
+    with _rows.decomposition_threads(tgt.H.shape[0]):
+        Hinv = np.linalg.pinv(HG, rcond=1e-14, hermitian=True)
     cov_s = HG - np.outer(tgt.g[G], tgt.g[G])
     cov_t = Hinv @ cov_s @ Hinv / m
     if hold.in_row_blocks:                                         # the same, a row block at a time
         infl = _influence_rows(hold.a_inf, hold.b_inf, tgt.A, G, Hinv)
     else:
         infl = (hold.a_inf @ tgt.A[G].T - hold.b_inf[:, G]) @ Hinv  # (n, |G|) influence of holdout rows on w_G
-    infl = infl - infl.mean(axis=0)
+    infl -= infl.mean(axis=0)                                       # in place: one (n, |G|) array
     cov_h = infl.T @ infl / n ** 2
     return _FreeSetCovariance(target=cov_t, holdout=cov_h, influence=infl, H_inv=Hinv)
 
@@ -739,7 +762,8 @@ def _poorly_identified(F: np.ndarray, w: np.ndarray, cov_w: np.ndarray) -> str |
         return None
     scale_w = np.maximum(w[F], 1.0)
     rel = cov_w[np.ix_(F, F)] / np.outer(scale_w, scale_w)
-    lam, vec = np.linalg.eigh(rel)
+    with _rows.decomposition_threads(len(w)):
+        lam, vec = np.linalg.eigh(rel)
     worst = float(np.sqrt(max(lam[-1], 0.0)))
     if worst <= MAX_STANDARD_ERROR:
         return None

@@ -254,10 +254,12 @@ def _pinned_bounds(P, w, H, p, free, z: float, *, rows_dot=None, m: int | None =
     fw = rows_dot(w)
     base = None if large else np.log(fw)         # large: drop(t) = -2 sum log1p(t fb_i / fw_i), one (m,) vector
     target = z * z
-    shared = _FreeTangent(H, p, free) if k > _SHARED_TANGENT_MIN_CLASSES else None
+    with _rows.decomposition_threads(k):
+        shared = _FreeTangent(H, p, free) if k > _SHARED_TANGENT_MIN_CLASSES else None
     for y in np.flatnonzero(~free):
         if shared is not None:
-            b = shared.direction(int(y))
+            with _rows.one_blas_thread():
+                b = shared.direction(int(y))
         else:
             grown = free.copy()
             grown[y] = True
