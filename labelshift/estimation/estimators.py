@@ -211,6 +211,9 @@ class RLLS(_ConfusionEstimator):
 # -----------------------------------------------------------------------------------------------------------------
 _SOLVERS = ("newton", "em")
 _DEFAULT_MAX_ITER = {"newton": 200, "em": 100_000}
+#: classes above which an MLLS estimate keeps its negated Hessian in ``Estimate.extra["hessian"]``, so that the
+#: identifiability report reuses it (a k^2 m product: issue 20)
+KEEP_HESSIAN_CLASSES = 100
 
 
 class _MLLSBase(_Params, LabelShiftEstimator):
@@ -243,8 +246,11 @@ class _MLLSBase(_Params, LabelShiftEstimator):
         sigma_free = solvers.restricted_min_eigenvalue(H, res.weights > solvers.PIN_TOL)
         m = weights.sum(axis=1)
         ill = ~(m * np.nan_to_num(sigma_free, nan=0.0) >= MLLS_FLAG_M_SIGMA)
+        extra = dict(sigma_free=sigma_free, duality_gap=res.optimality)
+        if H.shape[-1] > KEEP_HESSIAN_CLASSES:
+            extra["hessian"] = H
         return dict(weights=res.weights, converged=res.converged, iterations=res.iterations, diagnostic=sigma,
-                    ill_conditioned=ill, extra=dict(sigma_free=sigma_free, duality_gap=res.optimality))
+                    ill_conditioned=ill, extra=extra)
 
 
 class MLLS(_MLLSBase):
@@ -275,7 +281,7 @@ class MLLS(_MLLSBase):
 
     ``Estimate.diagnostic`` is sigma, the minimum eigenvalue of the negated Hessian at the solution (Section 5,
     eq. (bound-main)); ``Estimate.extra`` holds ``sigma_free`` (the flag's basis: ``docs/estimators.md``) and
-    ``duality_gap``.
+    ``duality_gap``, and above KEEP_HESSIAN_CLASSES classes ``hessian`` (the negated Hessian at w_hat).
     """
 
     name = "MLLS"

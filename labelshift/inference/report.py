@@ -618,7 +618,8 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
                                             class_names) if label_shift_check else (None, None))
         ident = identifiability(pooled, est.mlls.weights, prior, confusion=joint_confusion(holdout_probs, labels),
                                 n_source=len(labels), interval=ci if estimator == _LIKELIHOOD else None,
-                                max_relative_width=max_interval_width, estimator=estimator)
+                                max_relative_width=max_interval_width, estimator=estimator,
+                                hessian=est.mlls.extra.get("hessian"))
     test.rejects(significance)                   # checks significance
     return ShiftReport(method=estimator, source_prior=prior, target_prior=np.asarray(est.main.target_prior),
                        weights=np.asarray(est.main.weights), interval=ci, no_shift_test=test, identifiability=ident,

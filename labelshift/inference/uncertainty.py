@@ -745,7 +745,7 @@ def _width_check(P, w, p, interval, max_relative_width, level) -> tuple[float, s
 
 def identifiability(target_probs, weights, source_prior, *, confusion=None, n_source: int | None = None,
                     max_relative_width: float | None = None, interval: PriorInterval | None = None,
-                    level: float = 0.95, estimator: str = "MLLS") -> Identifiability:
+                    level: float = 0.95, estimator: str = "MLLS", hessian=None) -> Identifiability:
     """Is the reported estimate identified by the data? Judged on the estimate that is reported, relative to each
     class's share (the reasons are in ``docs/uncertainty.md``):
 
@@ -766,6 +766,8 @@ def identifiability(target_probs, weights, source_prior, *, confusion=None, n_so
         level: level of that default interval.
         estimator: the estimator whose estimate is reported, a name of
             :data:`labelshift.estimation.registry.REESTIMATION_ESTIMATORS`.
+        hessian: optional (k, k) :func:`~labelshift.estimation.solvers.mlls_hessian` at ``weights`` on these rows,
+            already computed (the MLLS estimate's ``extra["hessian"]`` above 100 classes); None computes it.
 
     Raises:
         InputError: inputs as :func:`fisher_interval`; a confusion matrix that is not a k x k joint one, or without
@@ -776,7 +778,10 @@ def identifiability(target_probs, weights, source_prior, *, confusion=None, n_so
     m, k = P.shape
     if interval is not None and len(interval.weights) != k:
         raise InputError(f"interval has {len(interval.weights)} classes but target_probs has {k}.")
-    H = mlls_hessian(P, w)
+    H = mlls_hessian(P, w) if hessian is None else as_float_array(hessian, "hessian", 2)
+    if H.shape != (k, k):
+        raise InputError(f"hessian has shape {H.shape} but there are {k} classes; pass mlls_hessian(target_probs, "
+                         "weights) of these rows, or None.")
     free = w > PIN_TOL
     likelihood = estimator in _LIKELIHOOD_ESTIMATORS
     reasons, notes = [], []
