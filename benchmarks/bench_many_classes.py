@@ -12,7 +12,9 @@ Data (all seeds fixed): k Gaussian classes N(mu_y, I_d) in d = min(max(k, 10), 6
 scaled so that the Bayes classifier is ``--accuracy`` (default 0.9) accurate on balanced classes; the model's
 logits are the linear Bayes logits x mu_y - |mu_y|^2 / 2, as float32 (what a deployed model gives); the source
 prior is Dirichlet(50) (mildly imbalanced), the target prior Dirichlet(1) (a real label shift). The holdout has n
-rows, the target m.
+rows, the target m. The calibrated rows are made block by block: the holdout's as float64, the target's as float32
+(as the flow stores its target batches; since session 11 -- ``--target-float64`` gives the float64 of before, 0.8 GB
+more at k = 1,000). "RSS before the path" is the peak of the child up to the path (data, calibrator, baseline).
 
 Each case runs in a child process, which reports its own peak resident memory (``resource.getrusage``,
 ru_maxrss: data, calibrated outputs and the path together). Each part's time is measured inside the one

@@ -113,9 +113,9 @@ def blocks(m: int, size: int | None = None, width: int | None = None):
 
 @_single_threaded
 def row_dot(P: np.ndarray, w) -> np.ndarray:
-    """f_i^T w for every row, float64 (m,)."""
+    """f_i^T w for every row, float64 (m,); a (k, c) matrix w gives (m, c)."""
     w = np.asarray(w, dtype=np.float64)
-    out = np.empty(P.shape[0])
+    out = np.empty(P.shape[:1] + w.shape[1:])
     for sl in blocks(P.shape[0], width=P.shape[1]):
         np.matmul(P[sl].astype(np.float64, copy=False), w, out=out[sl])
     return out

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import solvers
+from .. import rows as _rows
 from .base import Estimate, LabelShiftEstimator
 from ..errors import IllConditionedError, InputError
 
@@ -85,7 +86,8 @@ class _ConfusionEstimator(_Params, LabelShiftEstimator):
         # C[:, y] = p_s(yhat | y) p_s(y): the joint matrix, re-weighted if the caller gave another source prior
         # (the factor is exactly 1.0 for the default empirical prior, so C is then the joint matrix itself)
         self.confusion_ = joint * (self.source_prior_ / empirical)[None, :]
-        self.singular_values_ = np.linalg.svd(self.confusion_, compute_uv=False)
+        with _rows.decomposition_threads(k):
+            self.singular_values_ = np.linalg.svd(self.confusion_, compute_uv=False)
         self.sigma_min_ = float(self.singular_values_[-1])
         self.n_source_ = int(n)
         snr = self.sigma_min_ * np.sqrt(n)
@@ -242,8 +244,9 @@ class _MLLSBase(_Params, LabelShiftEstimator):
         solve = solvers.mlls_newton if self.solver == "newton" else solvers.mlls_em
         res = solve(rows, self.source_prior_, weights, tol=self.tol, max_iter=max_iter)
         H = solvers.mlls_hessian(rows, res.weights, weights)
-        sigma = np.linalg.eigvalsh(H)[:, 0]
-        sigma_free = solvers.restricted_min_eigenvalue(H, res.weights > solvers.PIN_TOL)
+        with _rows.decomposition_threads(H.shape[-1]):
+            sigma = np.linalg.eigvalsh(H)[:, 0]
+            sigma_free = solvers.restricted_min_eigenvalue(H, res.weights > solvers.PIN_TOL)
         m = weights.sum(axis=1)
         ill = ~(m * np.nan_to_num(sigma_free, nan=0.0) >= MLLS_FLAG_M_SIGMA)
         extra = dict(sigma_free=sigma_free, duality_gap=res.optimality)

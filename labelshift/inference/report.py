@@ -607,12 +607,11 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
     given, pooled = _checked_target(target_probs, k)
     raw_target = _raw_target(interval, source_outputs, target_outputs, pooled.shape[0])
 
-    with _rows.decomposition_threads(k):       # above 100 classes: its k x k decompositions on one BLAS thread
-        est = _estimate(holdout_probs, labels, prior, pooled, estimator, cross_check)
+    est = _estimate(holdout_probs, labels, prior, pooled, estimator, cross_check)
     ci, accuracy, failures = _interval(interval, est, pooled, prior, level=level, n_bootstrap=n_bootstrap, seed=seed,
                                        source_outputs=source_outputs, labels=labels, raw_target=raw_target,
                                        calibrator=calibrator)
-    with _rows.decomposition_threads(k):
+    with _rows.decomposition_threads(k):       # above 100 classes: their k x k decompositions on one BLAS thread
         test = no_shift_test(pooled, est.mlls.weights, prior, source_probs=holdout_probs)
         lst, lst_error = (_label_shift_part(holdout_probs, labels, given, pooled, est.mlls.weights, prior,
                                             class_names) if label_shift_check else (None, None))

@@ -333,12 +333,14 @@ def _calibrated_rows(Xt: np.ndarray, calibrator, scale, bias) -> np.ndarray:
     return out
 
 
-def _calibrated_dot(Xt: np.ndarray, calibrator, scale, bias, v: np.ndarray) -> np.ndarray:
-    """(m,) float64 f_i^T v over the calibrated rows of a large target, made block by block."""
-    out = np.empty(Xt.shape[0])
+def _calibrated_dot(Xt: np.ndarray, calibrator, scale, bias, v: np.ndarray, float32: bool = False) -> np.ndarray:
+    """(m,) float64 f_i^T v over the calibrated rows of a large target, made block by block ((m, c) for a (k, c)
+    matrix v); ``float32``: of the rows rounded to float32 (as :func:`_calibrated_rows` holds them)."""
+    out = np.empty(Xt.shape[:1] + np.shape(v)[1:])
     with _rows.one_blas_thread():
         for sl in _rows.blocks(Xt.shape[0], width=Xt.shape[1]):
-            out[sl] = _calibrated_block(Xt[sl], calibrator, scale, bias)[1] @ v
+            Pb = _calibrated_block(Xt[sl], calibrator, scale, bias)[1]
+            out[sl] = (Pb.astype(np.float32).astype(np.float64) if float32 else Pb) @ v
     return out
 
 
@@ -777,11 +779,9 @@ def _target_only_upper(inp: _Inputs, calibrator, tgt: _TargetFit, ps: np.ndarray
                        level: float) -> np.ndarray:
     """The target-only profile-likelihood upper bounds on w of :func:`fisher_interval` (used for pinned classes)."""
     if inp.large:         # the target-only profile bound, on calibrated rows made block by block
-        if inp.k > _BORDERED_MIN_CLASSES:        # one float32 copy of them, not one softmax pass per pinned class
-            rows32 = _calibrated_rows(inp.Xt, calibrator, inp.scale, inp.bias)
-
+        if inp.k > _BORDERED_MIN_CLASSES:        # one pass for all pinned classes, on the rows rounded to float32
             def rows_dot(v):
-                return _rows.row_dot(rows32, v)
+                return _calibrated_dot(inp.Xt, calibrator, inp.scale, inp.bias, v, float32=True)
         else:
             def rows_dot(v):
                 return _calibrated_dot(inp.Xt, calibrator, inp.scale, inp.bias, v)

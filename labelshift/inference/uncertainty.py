@@ -239,7 +239,8 @@ def _pinned_bounds(P, w, H, p, free, z: float, *, rows_dot=None, m: int | None =
     2 m [L_m(w_hat) - L_m(w_hat + t b)] reaches z^2, found by bisection on the exact log-likelihood (convex and
     increasing in t >= 0), or the end of the segment inside W if it never does.
 
-    ``rows_dot`` (with ``m``, and P None): v -> (m,) float64 f_i^T v for rows that are made block by block (the
+    ``rows_dot`` (with ``m``, and P None): v -> (m,) float64 f_i^T v (a (k, c) matrix V: (m, c)) for rows that are
+    made block by block (the
     calibrated rows of :func:`labelshift.inference.source_aware.source_aware_interval` on a large target); the bound is
     then computed as for a large set."""
     if rows_dot is None:
@@ -250,48 +251,75 @@ def _pinned_bounds(P, w, H, p, free, z: float, *, rows_dot=None, m: int | None =
             return _dot(P, v)
     else:
         k, large = len(w), True
+    if k > _SHARED_TANGENT_MIN_CLASSES:
+        return _pinned_bounds_shared(rows_dot, w, H, p, free, z, m, large)
     out = np.full(k, np.nan)
     fw = rows_dot(w)
     base = None if large else np.log(fw)         # large: drop(t) = -2 sum log1p(t fb_i / fw_i), one (m,) vector
-    target = z * z
-    with _rows.decomposition_threads(k):
-        shared = _FreeTangent(H, p, free) if k > _SHARED_TANGENT_MIN_CLASSES else None
     for y in np.flatnonzero(~free):
-        if shared is not None:
-            with _rows.one_blas_thread():
-                b = shared.direction(int(y))
-        else:
-            grown = free.copy()
-            grown[y] = True
-            b = _profile_direction(H, p, grown, int(y))
-        neg = b < 0
-        t_end = float(np.min(w[neg] / -b[neg])) if neg.any() else 1.0 / p[y]
+        grown = free.copy()
+        grown[y] = True
+        b = _profile_direction(H, p, grown, int(y))
         fb = rows_dot(b)
         if large:
             fb /= fw
-
-        def drop(t, fb=fb):
-            with np.errstate(divide="ignore", invalid="ignore"):
-                if large:       # in row blocks: no (m,) temporaries
-                    val = -2.0 * sum(float(np.sum(np.log1p(t * fb[sl]))) for sl in _rows.blocks(m))
-                else:
-                    val = 2.0 * float(np.sum(base - np.log(fw + t * fb)))
-            return val if np.isfinite(val) else np.inf
-
-        if drop(t_end) <= target:
-            out[y] = t_end
-            continue
-        lo, hi = 0.0, t_end
-        for _ in range(100):
-            mid = 0.5 * (lo + hi)
-            if drop(mid) <= target:
-                lo = mid
-            else:
-                hi = mid
-            if hi - lo <= 1e-12 * hi:
-                break
-        out[y] = min(lo, 1.0 / p[y])
+        out[y] = _profile_bound(_likelihood_drop(fb, fw, base, m, large), _segment_end(w, b, p[y]), z * z, p[y])
     return out
+
+
+def _pinned_bounds_shared(rows_dot, w, H, p, free, z: float, m: int, large: bool) -> np.ndarray:
+    """:func:`_pinned_bounds` above _SHARED_TANGENT_MIN_CLASSES classes: the profile directions from one
+    :class:`_FreeTangent` (its decompositions on one BLAS thread), then f_i^T w and every f_i^T b_y in one pass over
+    the rows (``rows_dot`` of the (k, 1 + pinned) matrix [w, b_y...]) instead of one pass per pinned class."""
+    pinned = np.flatnonzero(~free)
+    with _rows.one_blas_thread():
+        shared = _FreeTangent(H, p, free)
+        B = np.column_stack([w] + [shared.direction(int(y)) for y in pinned])
+    FB = rows_dot(B)
+    fw = np.ascontiguousarray(FB[:, 0])
+    base = None if large else np.log(fw)
+    out = np.full(len(w), np.nan)
+    for j, y in enumerate(pinned):
+        fb = FB[:, j + 1] / fw if large else np.ascontiguousarray(FB[:, j + 1])
+        out[y] = _profile_bound(_likelihood_drop(fb, fw, base, m, large), _segment_end(w, B[:, j + 1], p[y]), z * z,
+                                p[y])
+    return out
+
+
+def _segment_end(w: np.ndarray, b: np.ndarray, p_y: float) -> float:
+    """The largest t with w + t b in W (b_y = 1, p_s^T b = 0)."""
+    neg = b < 0
+    return float(np.min(w[neg] / -b[neg])) if neg.any() else 1.0 / p_y
+
+
+def _likelihood_drop(fb: np.ndarray, fw: np.ndarray, base, m: int, large: bool):
+    """t -> 2 m [L_m(w_hat) - L_m(w_hat + t b)] from fb = f_i^T b (over f_i^T w when ``large``; then in row blocks,
+    no (m,) temporaries) and base = log f_i^T w; inf where not finite."""
+    def drop(t):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if large:
+                val = -2.0 * sum(float(np.sum(np.log1p(t * fb[sl]))) for sl in _rows.blocks(m))
+            else:
+                val = 2.0 * float(np.sum(base - np.log(fw + t * fb)))
+        return val if np.isfinite(val) else np.inf
+    return drop
+
+
+def _profile_bound(drop, t_end: float, target: float, p_y: float) -> float:
+    """The t in [0, t_end] where the convex, increasing ``drop`` reaches ``target`` (bisection to 1e-12 relative), or
+    t_end if it never does; at most 1 / p_s(y)."""
+    if drop(t_end) <= target:
+        return t_end
+    lo, hi = 0.0, t_end
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if drop(mid) <= target:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return min(lo, 1.0 / p_y)
 
 
 # ---------------------------------------------------------------------------------------------------------------
