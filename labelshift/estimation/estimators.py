@@ -243,7 +243,8 @@ class _MLLSBase(_Params, LabelShiftEstimator):
         max_iter = self.max_iter if self.max_iter is not None else _DEFAULT_MAX_ITER[self.solver]
         solve = solvers.mlls_newton if self.solver == "newton" else solvers.mlls_em
         res = solve(rows, self.source_prior_, weights, tol=self.tol, max_iter=max_iter)
-        H = solvers.mlls_hessian(rows, res.weights, weights)
+        # the Newton solver's last Hessian where it was taken at the solution (a large set), else one more pass
+        H = res.hessian if res.hessian is not None else solvers.mlls_hessian(rows, res.weights, weights)
         with _rows.decomposition_threads(H.shape[-1]):
             sigma = np.linalg.eigvalsh(H)[:, 0]
             sigma_free = solvers.restricted_min_eigenvalue(H, res.weights > solvers.PIN_TOL)

@@ -32,6 +32,8 @@ __all__ = ["AccuracyEstimate", "expected_accuracy", "METHOD"]
 
 #: the ``method`` of the result: the variance is that of the source-aware interval plus the holdout recall's
 METHOD = "source-aware"
+#: classes above which the target pass takes both rules' target-row influences in one product (_target_terms_rows)
+_ONE_PRODUCT_CLASSES = 100
 
 
 @dataclass(frozen=True)
@@ -255,15 +257,20 @@ def _target_terms_rows(Xt, calibrator, w, ps, pinned, free_terms=None):
     def run(r_dep, r_cor):
         """[(m, mean pi (1 - pi), Var(pi - phi)) for the deployed rule, the same for the corrected rule]."""
         vs = [Hinv @ (ps[F] * r[F]) for r in (r_dep, r_cor)]   # phi_i = (s_i,F - mean s_F) Hinv (p_s,F * r_F)
+        # above 100 classes: phi of both rules as one product s_i V - mean s_F V (no (rows, |F|) copies of s_i,F)
+        V = np.zeros((k, 2))
+        V[F] = np.column_stack(vs)
+        centre = sbar @ V[F]
         pp, ds, dss, shift = np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2)
         with _rows.one_blas_thread():
             for sl in _rows.blocks(m, width=k):
                 Sb = calibrated(sl)
                 Qb = Sb * w
                 pis = (Qb[np.arange(Qb.shape[0]), np.argmax(Xt[sl], axis=1)], Qb.max(axis=1))
+                phis = Sb @ V - centre if k > _ONE_PRODUCT_CLASSES else None
                 for t in range(2):
                     pi = pis[t]
-                    d = pi - (Sb[:, F] - sbar) @ vs[t]
+                    d = pi - (phis[:, t] if phis is not None else (Sb[:, F] - sbar) @ vs[t])
                     if sl.start == 0:
                         shift[t] = float(d.mean())         # shifted sums: no cancellation in the variance
                     pp[t] += float(np.sum(pi * (1 - pi)))
