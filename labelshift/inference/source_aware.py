@@ -369,22 +369,25 @@ def _holdout_terms_rows(calibrator, Zh: np.ndarray, y: np.ndarray, design: _Desi
     mean calibrated prediction, the holdout rows' influence on theta (n, q) and on p_s (n, k) -- in two passes over
     row blocks with float64 sums (the same formulas; Zh may be float32 and is converted a block at a time), and the
     "fit on these rows" check from the score's sums. The whole-array section keeps five (n, k) float64 arrays and
-    their temporaries (over 3 GB at n = 50,000, k = 1,000); this keeps the two results."""
+    their temporaries (over 3 GB at n = 50,000, k = 1,000); this keeps the two results. The calibrated rows of the
+    first pass wait in b_inf's rows for the second (one softmax pass, not two)."""
     n, k = Zh.shape
     q = design.q
     pen_grad, pen_hess = calibrator.penalty_terms() if hasattr(calibrator, "penalty_terms") else (0.0, 0.0)
 
-    def block(sl):
+    def scores(sl, Pb):
         Zb = Zh[sl].astype(np.float64)
-        Pb = np.exp(log_softmax(Zb * scale + bias))
         Rb = Pb.copy()
         Rb[np.arange(Rb.shape[0]), y[sl]] -= 1.0
-        return Zb, Pb, design.row_mean(Zb, Rb) + pen_grad / n
+        return Zb, design.row_mean(Zb, Rb) + pen_grad / n
 
     gram, xx, ws, px = np.zeros((q, q)), np.zeros((q, q)), np.zeros((k, q)), np.zeros((k, q))
     s_psi, ss_psi, s_p = np.zeros(q), np.zeros(q), np.zeros(k)
+    b_inf = np.empty((n, k))
     for sl in _rows.blocks(n, width=k):
-        Zb, Pb, psi_b = block(sl)
+        Pb = b_inf[sl]
+        Pb[...] = np.exp(log_softmax(Zh[sl].astype(np.float64) * scale + bias))
+        Zb, psi_b = scores(sl, Pb)
         Xb = design.row_mean(Zb, Pb)
         gram += design.gram(Zb, Pb)
         xx_b, px_b = design.products(Pb, Xb)
@@ -402,9 +405,10 @@ def _holdout_terms_rows(calibrator, Zh: np.ndarray, y: np.ndarray, design: _Desi
         Jinv = np.linalg.pinv(J, rcond=1e-14, hermitian=True)
     ps = s_p / n
     ps = ps / ps.sum()
-    a_inf, b_inf = np.empty((n, q)), np.empty((n, k))
+    a_inf = np.empty((n, q))
     for sl in _rows.blocks(n, width=k):
-        _, Pb, psi_b = block(sl)
+        Pb = b_inf[sl]
+        _, psi_b = scores(sl, Pb)
         a_inf[sl] = -psi_b @ Jinv
         b_inf[sl] = (Pb - ps) + a_inf[sl] @ Dp.T
     return J, ps, a_inf, b_inf
@@ -724,7 +728,8 @@ def _covariances(F: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, k: int, m: i
     cov_w_h[np.ix_(F, F)] = cov_h_F
     if hold.in_row_blocks:                                         # as below, without an (n, k) infl_w
         infl_pt = hold.b_inf * w
-        infl_pt[:, F] += infl_F * ps[F]
+        for sl in _rows.blocks(n, width=k):                        # no (n, |F|) temporaries
+            infl_pt[sl, F] += infl_F[sl] * ps[F]
         del infl_F
     else:
         infl_w = np.zeros((n, k))
