@@ -1178,8 +1178,9 @@ def mlls_newton_rows(probs, source_prior, *, tol: float = 1e-10, max_iter: int =
     then an active-set Newton method on the faces of W with the gradient and the Hessian summed in float64 (one
     pass per iteration), damped by the Newton decrement; coordinates the step would take below 0 are pinned at 0,
     a pinned coordinate whose gradient shows a gain above ``tol`` is freed (above CHORD_NEWTON_CLASSES classes the
-    Hessian is kept across steps while the residual keeps falling tenfold a step). Converged when the Frank-Wolfe duality
-    gap is at most ``tol`` and the Newton step at most ``tol`` (max-norm), or the face is stationary to 1e-3 tol.
+    Hessian is kept across steps while the residual keeps falling tenfold a step). Converged when the Frank-Wolfe
+    duality gap is at most ``tol`` and the Newton step at most ``tol`` (max-norm), or the face is stationary to 1e-3
+    tol.
     Problems the Newton method cannot certify within ``max_iter`` iterations continue with float64 EM steps until
     the gap is at most ``tol`` (or ``max_iter`` more passes, reported as not converged). Reaches the optimum of
     :func:`mlls_newton` to ``tol``. ``iterations`` counts passes over the data.

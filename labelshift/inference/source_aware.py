@@ -365,9 +365,10 @@ def _target_pass_rows(Xt: np.ndarray, calibrator, scale, bias, design: "_Design"
 
 
 def _holdout_terms_rows(calibrator, Zh: np.ndarray, y: np.ndarray, design: _Design, scale, bias):
-    """(J, p_s, a_inf, b_inf) of :func:`_holdout_fit`'s whole-array section -- the penalised NLL Hessian, the
-    mean calibrated prediction, the holdout rows' influence on theta (n, q) and on p_s (n, k) -- in two passes over
-    row blocks with float64 sums (the same formulas; Zh may be float32 and is converted a block at a time), and the
+    """(J, p_s, psi, b_inf, a_map) of :func:`_holdout_fit`'s whole-array section -- the penalised NLL Hessian, the
+    mean calibrated prediction, the holdout rows' penalised scores psi (n, q), whose influence on theta is
+    psi a_map (a_map = -J^+; the product is left to the callers), and their influence on p_s (n, k) -- in two passes
+    over row blocks with float64 sums (the same formulas; Zh may be float32 and is converted a block at a time), and the
     "fit on these rows" check from the score's sums. The whole-array section keeps five (n, k) float64 arrays and
     their temporaries (over 3 GB at n = 50,000, k = 1,000); this keeps the two results. The calibrated rows of the
     first pass wait in b_inf's rows for the second (one softmax pass, not two)."""
@@ -405,29 +406,30 @@ def _holdout_terms_rows(calibrator, Zh: np.ndarray, y: np.ndarray, design: _Desi
         Jinv = np.linalg.pinv(J, rcond=1e-14, hermitian=True)
     ps = s_p / n
     ps = ps / ps.sum()
-    a_inf = np.empty((n, q))
+    a_map = -Jinv                                # influence on theta = psi a_map: kept as psi (one product less)
+    psi_to_p = a_map @ Dp.T
+    psi = np.empty((n, q))
     for sl in _rows.blocks(n, width=k):
         Pb = b_inf[sl]
-        _, psi_b = scores(sl, Pb)
-        a_inf[sl] = -psi_b @ Jinv
-        b_inf[sl] = (Pb - ps) + a_inf[sl] @ Dp.T
-    return J, ps, a_inf, b_inf
+        _, psi[sl] = scores(sl, Pb)
+        b_inf[sl] = (Pb - ps) + psi[sl] @ psi_to_p
+    return J, ps, psi, b_inf, a_map
 
 
 def _influence_rows(a_inf: np.ndarray, b_inf: np.ndarray, A: np.ndarray, G: np.ndarray,
-                    Hinv: np.ndarray) -> np.ndarray:
+                    Hinv: np.ndarray, a_map: np.ndarray | None = None) -> np.ndarray:
     """(a_inf A_G^T - b_inf[:, G]) H_GG^{-1}, the holdout rows' influence on w_G, a row block at a time (no (n, k)
-    temporaries)."""
+    temporaries); with ``a_map``, a_inf a_map in place of a_inf (:class:`_HoldoutFit`)."""
     n, k = b_inf.shape
     out = np.empty((n, G.size))
-    AG = A[G].T
+    AG = A[G].T if a_map is None else a_map @ A[G].T
     for sl in _rows.blocks(n, width=k):
         out[sl] = (a_inf[sl] @ AG - b_inf[sl][:, G]) @ Hinv
     return out
 
 
 def _pinned_column(y: int, F: np.ndarray, H: np.ndarray, Hinv_F: np.ndarray, g: np.ndarray, ps: np.ndarray, m: int,
-                   n: int, a_inf: np.ndarray, b_inf: np.ndarray, A: np.ndarray):
+                   n: int, a_inf: np.ndarray, b_inf: np.ndarray, A: np.ndarray, a_map: np.ndarray | None = None):
     """(w_u, target variance, holdout variance) of the pinned class y with y freed (G = F + {y}) -- the [y, y]
     entries that :func:`_free_set_covariance` (G) gives -- from the column h of H_GG^{-1} for y alone:
     by the bordered inverse (Schur complement s = H_yy - H_yF H_FF^{-1} H_Fy: h_y = 1 / s, h_F = -H_FF^{-1} H_Fy / s),
@@ -443,7 +445,8 @@ def _pinned_column(y: int, F: np.ndarray, H: np.ndarray, Hinv_F: np.ndarray, g: 
     h[y] = 1.0 / s
     w_u = min(float(h @ (g - ps)), 0.0)            # unconstrained estimate of w_y (<= 0)
     vt = float(h @ H @ h - (h @ g) ** 2) / m
-    infl = a_inf @ (A.T @ h) - b_inf @ h           # the holdout rows' influence on w_y
+    theta_h = A.T @ h if a_map is None else a_map @ (A.T @ h)
+    infl = a_inf @ theta_h - b_inf @ h             # the holdout rows' influence on w_y
     infl -= infl.mean()
     return w_u, vt, float(infl @ infl) / n ** 2
 
@@ -550,6 +553,7 @@ class _HoldoutFit(NamedTuple):
     b_inf: np.ndarray           # (n, k) influence on p_s
     reasons: list
     in_row_blocks: bool         # products with a_inf and b_inf are taken a row block at a time (_influence_rows)
+    a_map: np.ndarray | None = None   # in row blocks: a_inf holds the scores psi (n, q), the influence is psi a_map
 
 
 class _TargetFit(NamedTuple):
@@ -632,9 +636,9 @@ def _holdout_fit(inp: _Inputs, calibrator) -> _HoldoutFit:
     terms are summed over row blocks (:func:`_holdout_terms_rows`)."""
     n, y, design, Zh = inp.n, inp.y, inp.design, inp.Zh
     if inp.holdout_rows:
-        J, ps, a_inf, b_inf = _holdout_terms_rows(calibrator, Zh, y, design, inp.scale, inp.bias)
-        return _HoldoutFit(ps=ps, a_inf=a_inf, b_inf=b_inf, reasons=_unidentified_calibrator(J, inp.kind, calibrator),
-                           in_row_blocks=True)
+        J, ps, psi, b_inf, a_map = _holdout_terms_rows(calibrator, Zh, y, design, inp.scale, inp.bias)
+        return _HoldoutFit(ps=ps, a_inf=psi, b_inf=b_inf, reasons=_unidentified_calibrator(J, inp.kind, calibrator),
+                           in_row_blocks=True, a_map=a_map)
     Ph = np.exp(log_softmax(Zh * inp.scale + inp.bias))
     R = Ph.copy()
     R[np.arange(n), y] -= 1.0
@@ -710,7 +714,7 @@ def _free_set_covariance(G: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, m: i
     cov_s = HG - np.outer(tgt.g[G], tgt.g[G])
     cov_t = Hinv @ cov_s @ Hinv / m
     if hold.in_row_blocks:                                         # the same, a row block at a time
-        infl = _influence_rows(hold.a_inf, hold.b_inf, tgt.A, G, Hinv)
+        infl = _influence_rows(hold.a_inf, hold.b_inf, tgt.A, G, Hinv, hold.a_map)
     else:
         infl = (hold.a_inf @ tgt.A[G].T - hold.b_inf[:, G]) @ Hinv  # (n, |G|) influence of holdout rows on w_G
     infl -= infl.mean(axis=0)                                       # in place: one (n, |G|) array
@@ -803,7 +807,7 @@ def _pinned_class_variances(yy: int, F: np.ndarray, tgt: _TargetFit, hold: _Hold
     is numerically singular) from the free-set covariance on G."""
     ps = hold.ps
     if tgt.H.shape[0] > _BORDERED_MIN_CLASSES:
-        one = _pinned_column(yy, F, tgt.H, Hinv_F, tgt.g, ps, m, n, hold.a_inf, hold.b_inf, tgt.A)
+        one = _pinned_column(yy, F, tgt.H, Hinv_F, tgt.g, ps, m, n, hold.a_inf, hold.b_inf, tgt.A, hold.a_map)
         if one is not None:
             return one
     G = np.sort(np.append(F, yy))
