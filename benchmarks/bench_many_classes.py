@@ -12,7 +12,9 @@ Data (all seeds fixed): k Gaussian classes N(mu_y, I_d) in d = min(max(k, 10), 6
 scaled so that the Bayes classifier is ``--accuracy`` (default 0.9) accurate on balanced classes; the model's
 logits are the linear Bayes logits x mu_y - |mu_y|^2 / 2, as float32 (what a deployed model gives); the source
 prior is Dirichlet(50) (mildly imbalanced), the target prior Dirichlet(1) (a real label shift). The holdout has n
-rows, the target m.
+rows, the target m. The calibrated rows are made block by block: the holdout's as float64, the target's as float32
+(as the flow stores its target batches; since session 11 -- ``--target-float64`` gives the float64 of before, 0.8 GB
+more at k = 1,000). "RSS before the path" is the peak of the child up to the path (data, calibrator, baseline).
 
 Each case runs in a child process, which reports its own peak resident memory (``resource.getrusage``,
 ru_maxrss: data, calibrated outputs and the path together). Each part's time is measured inside the one
@@ -67,19 +69,29 @@ def synthetic(k: int, n: int, m: int, accuracy: float, seed: int = 0):
     return zs, ys, zt, yt
 
 
-def run_case(k: int, n: int, m: int, accuracy: float, label_shift_check: bool = True) -> dict:
-    """One case in this process: the MLLS baseline, then the default path with its parts timed."""
+def run_case(k: int, n: int, m: int, accuracy: float, label_shift_check: bool = True,
+             target_float32: bool = True) -> dict:
+    """One case in this process: the MLLS baseline, then the default path with its parts timed. The calibrated
+    target rows are float32 (as the flow stores them) unless ``target_float32`` is False (float64, as before
+    session 11)."""
     import numpy as np
     from labelshift.inference import report
     from labelshift.calibration import BCTS
     from labelshift.estimation.estimators import MLLS
 
+    from labelshift.rows import blocks
     zs, ys, zt, _ = synthetic(k, n, m, accuracy)
     t = time.perf_counter()
     cal = BCTS().fit(zs, ys)
     fit_s = time.perf_counter() - t
-    S = cal.predict_proba(zs.astype(np.float64))
-    P = cal.predict_proba(zt)
+    # the calibrated rows made block by block (no whole float64 copy of the logits): the holdout's float64, the
+    # target's float32, as the flow holds them (its target batches are stored as float32)
+    S = np.empty(zs.shape)
+    for sl in blocks(n, width=k):
+        S[sl] = cal.predict_proba(zs[sl].astype(np.float64))
+    P = np.empty(zt.shape, dtype=np.float32 if target_float32 else np.float64)
+    for sl in blocks(m, width=k):
+        P[sl] = cal.predict_proba(zt[sl])
     prior = S.mean(axis=0)
     prior = prior / prior.sum()
     base = []
@@ -87,6 +99,7 @@ def run_case(k: int, n: int, m: int, accuracy: float, label_shift_check: bool = 
         t = time.perf_counter()
         MLLS().fit(S, ys, prior).estimate(P)
         base.append(time.perf_counter() - t)
+    data_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
     spent = {}
     for name in PARTS:
         fn = getattr(report, name)
@@ -110,7 +123,7 @@ def run_case(k: int, n: int, m: int, accuracy: float, label_shift_check: bool = 
             "mlls_s": float(np.median(base)), "total_s": total, "bcts_fit_s": fit_s, "ratio": total / float(np.median(base)),
             "parts_s": {**spent, "estimates": total - sum(spent.values())},
             "verdict": rep.verdict, "label_shift_p": None if lst is None else float(lst.p_value),
-            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, "data_rss_gib": data_rss}
 
 
 SIZE_POWER_CASES = (("size", 0.0), ("shift", 1.0), ("contract", 0.9))
@@ -198,6 +211,8 @@ def main() -> None:
                     "the default above 20 classes leaves it out)")
     ap.add_argument("--no-label-shift-test", action="store_true", help="leave the label-shift test out of the path "
                     "(label_shift_check=False): what the rest costs where the test does not fit")
+    ap.add_argument("--target-float64", action="store_true", help="the calibrated target rows as float64 (before "
+                    "session 11 the benchmark held them so; the flow holds them as float32)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.size_power:
@@ -208,17 +223,18 @@ def main() -> None:
     if args.child:
         sys.path.insert(0, args.root)
         k, n, m = (int(v) for v in args.child.split(":"))
-        print(json.dumps(run_case(k, n, m, args.accuracy, not args.no_label_shift_test)))
+        print(json.dumps(run_case(k, n, m, args.accuracy, not args.no_label_shift_test, not args.target_float64)))
         return
     print(f"# labelshift from {args.root}; {os.cpu_count()} CPUs; Bayes accuracy {args.accuracy}"
           + ("; without the label-shift test" if args.no_label_shift_test else ""))
     print("| k | n | m | holdout acc. | MLLS (s) | default path (s) | ratio | peak RSS (GiB) | "
           "label-shift test | source-aware | accuracy | no-shift | identifiability | estimates | verdict | "
-          "BCTS fit (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "BCTS fit (s) | RSS before the path (GiB) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for case in args.cases.split(","):
         cmd = [sys.executable, __file__, "--child", case, "--root", args.root, "--accuracy", str(args.accuracy)] \
-            + (["--no-label-shift-test"] if args.no_label_shift_test else [])
+            + (["--no-label-shift-test"] if args.no_label_shift_test else []) \
+            + (["--target-float64"] if args.target_float64 else [])
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
                                  env={**os.environ, "PYTHONPATH": args.root})
@@ -235,7 +251,7 @@ def main() -> None:
               f"{p.get('label_shift_test', 0):.1f} | {p.get('source_aware_interval', 0):.1f} | "
               f"{p.get('expected_accuracy', 0):.1f} | {p.get('no_shift_test', 0):.1f} | "
               f"{p.get('identifiability', 0):.1f} | {p['estimates']:.1f} | {r['verdict']} | "
-              f"{r.get('bcts_fit_s', float('nan')):.1f} |", flush=True)
+              f"{r.get('bcts_fit_s', float('nan')):.1f} | {r.get('data_rss_gib', float('nan')):.2f} |", flush=True)
 
 
 if __name__ == "__main__":

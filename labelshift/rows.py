@@ -22,7 +22,7 @@ import functools
 import numpy as np
 
 __all__ = ["ROW_BLOCK", "LARGE_ROWS", "is_large", "single_set", "blocks", "row_dot", "column_sums", "mean_cov",
-           "argmax_counts", "mlls_pass", "one_blas_thread", "joined"]
+           "argmax_counts", "mlls_pass", "one_blas_thread", "decomposition_threads", "joined"]
 
 #: rows per block (2.5 MB of float32, 5 MB of float64 at k = 10: the float64 temporaries of a block stay in cache)
 ROW_BLOCK = 65536
@@ -36,6 +36,13 @@ BLOCK_ENTRIES = ROW_BLOCK * 64
 #: classes above which :func:`mlls_pass` forms its (k, k) Hessian from float32 blocks (the k^2 m product is most of a
 #: pass there; the gradient, which fixes the solution, stays float64; as the in-memory solver does at every k)
 WIDE_HESSIAN_CLASSES = 64
+
+
+#: classes above which the k x k decompositions of the default path (eigh, pinv, svd: O(k^3) LAPACK calls) run on one
+#: BLAS thread (:func:`decomposition_threads`): at k = 1,000 on the shared 2-core machine (load about 12) one eigh
+#: took 17.6 s on OpenBLAS's two threads and 1.1 s on one, while a (20,000 x 1,000) product took 2.2 s and 3.8 s
+#: (benchmarks/README.md, "k = 1,000: session 11"); at k <= 100 nothing changes
+DECOMPOSITION_ONE_THREAD_CLASSES = 100
 
 
 @functools.lru_cache(maxsize=1)
@@ -53,6 +60,12 @@ def one_blas_thread():
     (measured: ``docs/solvers.md``)."""
     ctl = _controller()
     return ctl.limit(limits=1, user_api="blas") if ctl is not None else contextlib.nullcontext()
+
+
+def decomposition_threads(k: int):
+    """:func:`one_blas_thread` above :data:`DECOMPOSITION_ONE_THREAD_CLASSES` classes, else a context that changes
+    nothing: for the parts of the default path whose cost is k x k decompositions."""
+    return one_blas_thread() if k > DECOMPOSITION_ONE_THREAD_CLASSES else contextlib.nullcontext()
 
 
 def _single_threaded(fn):
@@ -100,9 +113,9 @@ def blocks(m: int, size: int | None = None, width: int | None = None):
 
 @_single_threaded
 def row_dot(P: np.ndarray, w) -> np.ndarray:
-    """f_i^T w for every row, float64 (m,)."""
+    """f_i^T w for every row, float64 (m,); a (k, c) matrix w gives (m, c)."""
     w = np.asarray(w, dtype=np.float64)
-    out = np.empty(P.shape[0])
+    out = np.empty(P.shape[:1] + w.shape[1:])
     for sl in blocks(P.shape[0], width=P.shape[1]):
         np.matmul(P[sl].astype(np.float64, copy=False), w, out=out[sl])
     return out

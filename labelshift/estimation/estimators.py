@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import solvers
+from .. import rows as _rows
 from .base import Estimate, LabelShiftEstimator
 from ..errors import IllConditionedError, InputError
 
@@ -85,7 +86,8 @@ class _ConfusionEstimator(_Params, LabelShiftEstimator):
         # C[:, y] = p_s(yhat | y) p_s(y): the joint matrix, re-weighted if the caller gave another source prior
         # (the factor is exactly 1.0 for the default empirical prior, so C is then the joint matrix itself)
         self.confusion_ = joint * (self.source_prior_ / empirical)[None, :]
-        self.singular_values_ = np.linalg.svd(self.confusion_, compute_uv=False)
+        with _rows.decomposition_threads(k):
+            self.singular_values_ = np.linalg.svd(self.confusion_, compute_uv=False)
         self.sigma_min_ = float(self.singular_values_[-1])
         self.n_source_ = int(n)
         snr = self.sigma_min_ * np.sqrt(n)
@@ -211,6 +213,9 @@ class RLLS(_ConfusionEstimator):
 # -----------------------------------------------------------------------------------------------------------------
 _SOLVERS = ("newton", "em")
 _DEFAULT_MAX_ITER = {"newton": 200, "em": 100_000}
+#: classes above which an MLLS estimate keeps its negated Hessian in ``Estimate.extra["hessian"]``, so that the
+#: identifiability report reuses it (a k^2 m product: issue 20)
+KEEP_HESSIAN_CLASSES = 100
 
 
 class _MLLSBase(_Params, LabelShiftEstimator):
@@ -238,13 +243,18 @@ class _MLLSBase(_Params, LabelShiftEstimator):
         max_iter = self.max_iter if self.max_iter is not None else _DEFAULT_MAX_ITER[self.solver]
         solve = solvers.mlls_newton if self.solver == "newton" else solvers.mlls_em
         res = solve(rows, self.source_prior_, weights, tol=self.tol, max_iter=max_iter)
-        H = solvers.mlls_hessian(rows, res.weights, weights)
-        sigma = np.linalg.eigvalsh(H)[:, 0]
-        sigma_free = solvers.restricted_min_eigenvalue(H, res.weights > solvers.PIN_TOL)
+        # the Newton solver's last Hessian where it was taken at the solution (a large set), else one more pass
+        H = res.hessian if res.hessian is not None else solvers.mlls_hessian(rows, res.weights, weights)
+        with _rows.decomposition_threads(H.shape[-1]):
+            sigma = np.linalg.eigvalsh(H)[:, 0]
+            sigma_free = solvers.restricted_min_eigenvalue(H, res.weights > solvers.PIN_TOL)
         m = weights.sum(axis=1)
         ill = ~(m * np.nan_to_num(sigma_free, nan=0.0) >= MLLS_FLAG_M_SIGMA)
+        extra = dict(sigma_free=sigma_free, duality_gap=res.optimality)
+        if H.shape[-1] > KEEP_HESSIAN_CLASSES:
+            extra["hessian"] = H
         return dict(weights=res.weights, converged=res.converged, iterations=res.iterations, diagnostic=sigma,
-                    ill_conditioned=ill, extra=dict(sigma_free=sigma_free, duality_gap=res.optimality))
+                    ill_conditioned=ill, extra=extra)
 
 
 class MLLS(_MLLSBase):
@@ -275,7 +285,7 @@ class MLLS(_MLLSBase):
 
     ``Estimate.diagnostic`` is sigma, the minimum eigenvalue of the negated Hessian at the solution (Section 5,
     eq. (bound-main)); ``Estimate.extra`` holds ``sigma_free`` (the flag's basis: ``docs/estimators.md``) and
-    ``duality_gap``.
+    ``duality_gap``, and above KEEP_HESSIAN_CLASSES classes ``hessian`` (the negated Hessian at w_hat).
     """
 
     name = "MLLS"

@@ -67,12 +67,15 @@ class SolverResult(NamedTuple):
     iterations: iterations used by each problem.
     optimality: the final value of the solver's optimality measure (see each solver; for MLLS the Frank-Wolfe
         duality gap, for RLLS the duality-gap bound).
+    hessian: :func:`mlls_newton_rows` only (and :func:`mlls_newton` on such a set): :func:`mlls_hessian` at
+        ``weights``, which its last pass computed there, when it converged by Newton steps; else None.
     """
 
     weights: np.ndarray
     converged: np.ndarray
     iterations: np.ndarray
     optimality: np.ndarray
+    hessian: np.ndarray | None = None
 
 
 def _unbatch(res: SolverResult, single: bool) -> SolverResult:
@@ -1091,7 +1094,7 @@ def mlls_newton(probs, source_prior, mask=None, *, tol: float = 1e-10, max_iter:
         if np.ndim(probs) == 2:
             return res
         return SolverResult(res.weights[None], np.array([res.converged]), np.array([res.iterations]),
-                            np.array([res.optimality]))
+                            np.array([res.optimality]), None if res.hessian is None else res.hessian[None])
     P, cn, ps, w, single = _prepare(probs, source_prior, mask, init)
     S, M, k = P.shape
     w_ipm = np.maximum(w, 1e-3)                 # the interior-point method starts strictly inside W
@@ -1174,14 +1177,23 @@ def mlls_newton_rows(probs, source_prior, *, tol: float = 1e-10, max_iter: int =
     The stages of :func:`mlls_newton`: a SQUAREM warm start whose passes run in float32 (one pass per EM step);
     then an active-set Newton method on the faces of W with the gradient and the Hessian summed in float64 (one
     pass per iteration), damped by the Newton decrement; coordinates the step would take below 0 are pinned at 0,
-    a pinned coordinate whose gradient shows a gain above ``tol`` is freed. Converged when the Frank-Wolfe duality
-    gap is at most ``tol`` and the Newton step at most ``tol`` (max-norm), or the face is stationary to 1e-3 tol.
+    a pinned coordinate whose gradient shows a gain above ``tol`` is freed (above CHORD_NEWTON_CLASSES classes the
+    Hessian is kept across steps while the residual keeps falling tenfold a step). Converged when the Frank-Wolfe
+    duality gap is at most ``tol`` and the Newton step at most ``tol`` (max-norm), or the face is stationary to 1e-3
+    tol.
     Problems the Newton method cannot certify within ``max_iter`` iterations continue with float64 EM steps until
     the gap is at most ``tol`` (or ``max_iter`` more passes, reported as not converged). Reaches the optimum of
     :func:`mlls_newton` to ``tol``. ``iterations`` counts passes over the data.
     """
     with _rows.one_blas_thread():
         return _newton_rows(probs, source_prior, tol=tol, max_iter=max_iter, init=init)
+
+
+#: classes above which :func:`mlls_newton_rows` keeps its Hessian (a k^2 m product, most of a pass there) across
+#: Newton steps while the face residual keeps falling by _CHORD_CONTRACTION a step (a chord Newton method; each
+#: step still takes a fresh float64 gradient, which alone certifies convergence), refreshing it otherwise
+CHORD_NEWTON_CLASSES = 100
+_CHORD_CONTRACTION = 0.1
 
 
 def _newton_rows(probs, source_prior, *, tol, max_iter, init):
@@ -1198,8 +1210,12 @@ def _newton_rows(probs, source_prior, *, tol, max_iter, init):
     revived = np.zeros(k, dtype=bool)
     gap, converged = np.inf, False
     stuck = 0
+    chord = k > CHORD_NEWTON_CLASSES
+    H, refresh, last_resid = None, True, np.inf
     for it in range(1, max_iter + 1):
-        _, grad, H, dead = _rows.mlls_pass(P, w, hessian=True)
+        _, grad, H_new, dead = _rows.mlls_pass(P, w, hessian=refresh or not chord)
+        if H_new is not None:
+            H, w_of_H = H_new, w
         passes += 1
         g = grad / ps
         gap = float(g.max() - 1.0)
@@ -1219,6 +1235,8 @@ def _newton_rows(probs, source_prior, *, tol, max_iter, init):
             changed = bool(zeroed @ ps > 0.1 * tol or zeroed.max() > tol)
             w = np.where(face, w, 0.0)
         resid = float(np.where(face, np.abs(g - 1.0), 0.0).max())
+        refresh = not resid <= _CHORD_CONTRACTION * last_resid     # the kept Hessian stopped contracting: refresh it
+        last_resid = resid
         solved = bool(np.abs(d).max() <= 1e-6 * w.max() or resid <= 1e-3 * tol)
         gain = g - 1.0
         add = ~face & usable & (gain > tol) & (solved | (gain > 10.0 * resid))
@@ -1252,6 +1270,8 @@ def _newton_rows(probs, source_prior, *, tol, max_iter, init):
         stuck = stuck + 1 if step <= 0.0 and not changed else 0
         if bad or stuck >= 3:
             break
+    if converged:           # the last pass's Hessian, when it was taken at the returned weights
+        return SolverResult(w, converged, passes, gap, H if np.array_equal(w, w_of_H) else None)
     if not converged:       # float64 EM steps from the last iterate, certified by the gap
         w = np.maximum(w, 1e-12 / ps.max())
         w = w / float(w @ ps)

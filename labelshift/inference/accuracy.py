@@ -32,6 +32,8 @@ __all__ = ["AccuracyEstimate", "expected_accuracy", "METHOD"]
 
 #: the ``method`` of the result: the variance is that of the source-aware interval plus the holdout recall's
 METHOD = "source-aware"
+#: classes above which the target pass takes both rules' target-row influences in one product (_target_terms_rows)
+_ONE_PRODUCT_CLASSES = 100
 
 
 @dataclass(frozen=True)
@@ -223,10 +225,26 @@ def _target_terms(target_infl, target_correct_prob):
     return terms
 
 
-def _target_terms_rows(Xt, calibrator, w, ps, pinned):
+def _free_terms_rows(Xt, calibrator, w, F):
+    """(mean s_F, H_FF^{-1}) over a large target, s_i = f_i / f_i^T w, H = (1/m) sum_i s_i s_i^T, from the calibrated
+    rows made block by block with float64 sums."""
+    m, k = Xt.shape
+    ssum, SS = np.zeros(k), np.zeros((k, k))
+    with _rows.one_blas_thread():
+        for sl in _rows.blocks(m, width=k):
+            Pb = calibrator.predict_proba(Xt[sl].astype(np.float64))
+            Sb = Pb / (Pb @ w)[:, None]
+            ssum += Sb.sum(axis=0)
+            SS += Sb.T @ Sb
+    return ssum[F] / m, np.linalg.pinv(SS[np.ix_(F, F)] / m, rcond=1e-14, hermitian=True)
+
+
+def _target_terms_rows(Xt, calibrator, w, ps, pinned, free_terms=None):
     """target_terms of both rules (deployed, corrected) for a large target (:func:`labelshift.rows.is_large`): the
     calibrated rows are made block by block from the raw outputs, with float64 sums (two passes: H_FF and mean s_F,
-    then the per-rule sums), as the whole-array :func:`_target_influence` and :func:`_target_terms` compute them."""
+    then the per-rule sums), as the whole-array :func:`_target_influence` and :func:`_target_terms` compute them.
+    ``free_terms``: (mean s_F, H_FF^{-1}) as the source-aware interval made them on the same rows
+    (``SourceAwareInterval.target_terms``), which saves the first pass."""
     m, k = Xt.shape
     F = np.flatnonzero(~pinned)
 
@@ -234,27 +252,25 @@ def _target_terms_rows(Xt, calibrator, w, ps, pinned):
         Pb = calibrator.predict_proba(Xt[sl].astype(np.float64))
         return Pb / (Pb @ w)[:, None]
 
-    ssum, SS = np.zeros(k), np.zeros((k, k))
-    with _rows.one_blas_thread():
-        for sl in _rows.blocks(m, width=k):
-            Sb = calibrated(sl)
-            ssum += Sb.sum(axis=0)
-            SS += Sb.T @ Sb
-    sbar = ssum[F] / m
-    Hinv = np.linalg.pinv(SS[np.ix_(F, F)] / m, rcond=1e-14, hermitian=True)
+    sbar, Hinv = free_terms if free_terms is not None else _free_terms_rows(Xt, calibrator, w, F)
 
     def run(r_dep, r_cor):
         """[(m, mean pi (1 - pi), Var(pi - phi)) for the deployed rule, the same for the corrected rule]."""
         vs = [Hinv @ (ps[F] * r[F]) for r in (r_dep, r_cor)]   # phi_i = (s_i,F - mean s_F) Hinv (p_s,F * r_F)
+        # above 100 classes: phi of both rules as one product s_i V - mean s_F V (no (rows, |F|) copies of s_i,F)
+        V = np.zeros((k, 2))
+        V[F] = np.column_stack(vs)
+        centre = sbar @ V[F]
         pp, ds, dss, shift = np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2)
         with _rows.one_blas_thread():
             for sl in _rows.blocks(m, width=k):
                 Sb = calibrated(sl)
                 Qb = Sb * w
                 pis = (Qb[np.arange(Qb.shape[0]), np.argmax(Xt[sl], axis=1)], Qb.max(axis=1))
+                phis = Sb @ V - centre if k > _ONE_PRODUCT_CLASSES else None
                 for t in range(2):
                     pi = pis[t]
-                    d = pi - (Sb[:, F] - sbar) @ vs[t]
+                    d = pi - (phis[:, t] if phis is not None else (Sb[:, F] - sbar) @ vs[t])
                     if sl.start == 0:
                         shift[t] = float(d.mean())         # shifted sums: no cancellation in the variance
                     pp[t] += float(np.sum(pi * (1 - pi)))
@@ -303,14 +319,14 @@ def _accuracy_inputs(holdout_outputs, holdout_labels, target_outputs):
     return Xh, Xt, y, counts
 
 
-def _rules_target_terms(Xt, calibrator, w, ps, pinned, y, counts, correct, correct_c):
+def _rules_target_terms(Xt, calibrator, w, ps, pinned, y, counts, correct, correct_c, free_terms=None):
     """The target_terms of :func:`_rule_accuracy` for the deployed and the corrected rule, in row blocks for a
-    large target."""
+    large target (``free_terms``: as :func:`_target_terms_rows`)."""
     if _rows.is_large(Xt):
         # one large target: its calibrated rows are made block by block, never as a whole (m, k) float64 array
         def recall(c):
             return np.bincount(y, weights=c.astype(np.float64), minlength=counts.size) / counts
-        both = _target_terms_rows(Xt, calibrator, w, ps, pinned)(recall(correct), recall(correct_c))
+        both = _target_terms_rows(Xt, calibrator, w, ps, pinned, free_terms)(recall(correct), recall(correct_c))
         return (lambda r: both[0]), (lambda r: both[1])
     Pt = calibrator.predict_proba(Xt)
     target_infl, S = _target_influence(Pt, w, ps, pinned)
@@ -369,7 +385,8 @@ def expected_accuracy(holdout_outputs, holdout_labels, target_outputs, calibrato
     correct = np.argmax(Xh, axis=1) == y                           # deployed rule: argmax of the raw outputs
     correct_c = np.argmax(Ph * w, axis=1) == y                     # corrected rule: argmax_y w_y f_y(x)
     ps = np.asarray(interval.source_prior, dtype=np.float64)
-    terms, terms_c = _rules_target_terms(Xt, calibrator, w, ps, pinned, y, counts, correct, correct_c)
+    terms, terms_c = _rules_target_terms(Xt, calibrator, w, ps, pinned, y, counts, correct, correct_c,
+                                         interval.target_terms)
     r, est, (lo, hi, se), (blo, bhi, bse), parts = _rule_accuracy(correct, y, counts, pt, cov_t, infl_pt, terms, z)
     rc, est_c, (clo, chi, cse), (cblo, cbhi, cbse), _ = _rule_accuracy(correct_c, y, counts, pt, cov_t, infl_pt,
                                                                        terms_c, z)

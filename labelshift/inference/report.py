@@ -16,6 +16,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from .. import rows as _rows
 from .._validation import check_labels, check_prior, check_probabilities
 from ..errors import FormatError, InputError
 from .accuracy import AccuracyEstimate, expected_accuracy
@@ -630,12 +631,14 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
     ci, accuracy, failures = _interval(interval, est, pooled, prior, level=level, n_bootstrap=n_bootstrap, seed=seed,
                                        source_outputs=source_outputs, labels=labels, raw_target=raw_target,
                                        calibrator=calibrator)
-    test = no_shift_test(pooled, est.mlls.weights, prior, source_probs=holdout_probs)
-    lst, lst_error = (_label_shift_part(holdout_probs, labels, given, pooled, est.mlls.weights, prior, class_names,
-                                        prepared_holdout) if label_shift_check else (None, None))
-    ident = identifiability(pooled, est.mlls.weights, prior, confusion=joint_confusion(holdout_probs, labels),
-                            n_source=len(labels), interval=ci if estimator == _LIKELIHOOD else None,
-                            max_relative_width=max_interval_width, estimator=estimator)
+    with _rows.decomposition_threads(k):       # above 100 classes: their k x k decompositions on one BLAS thread
+        test = no_shift_test(pooled, est.mlls.weights, prior, source_probs=holdout_probs)
+        lst, lst_error = (_label_shift_part(holdout_probs, labels, given, pooled, est.mlls.weights, prior,
+                                            class_names, prepared_holdout) if label_shift_check else (None, None))
+        ident = identifiability(pooled, est.mlls.weights, prior, confusion=joint_confusion(holdout_probs, labels),
+                                n_source=len(labels), interval=ci if estimator == _LIKELIHOOD else None,
+                                max_relative_width=max_interval_width, estimator=estimator,
+                                hessian=est.mlls.extra.get("hessian"))
     test.rejects(significance)                   # checks significance
     return ShiftReport(method=estimator, source_prior=prior, target_prior=np.asarray(est.main.target_prior),
                        weights=np.asarray(est.main.weights), interval=ci, no_shift_test=test, identifiability=ident,

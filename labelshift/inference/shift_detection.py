@@ -35,7 +35,7 @@ from scipy.stats import chi2, norm
 from .. import rows as _rows
 from ._log_odds import BLOCK_MAX_CLASSES, HoldoutSide, holdout_side, log_odds_test
 from ._sequential import DRAW_BATCH, STOP_EXCEEDANCES, sequential_p_value
-from ._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit
+from ._sparse_null import CLASS_Z_BLOCK_CLASSES, class_block_z, own_regions, sparse_bootstrap_null, sparse_null_fit
 from ._squarem import squarem_batch
 from .._validation import check_given_weights, check_labels, check_prior, check_probabilities
 from ..errors import InputError
@@ -899,6 +899,9 @@ def _region_evidence(rc: _RegionCounts, fit: _RegionsFit, class_names) -> tuple:
 
 def _class_z(regions: _Regions, fit: _RegionsFit, k: int) -> np.ndarray:
     """(k,) z of each predicted class's regions together (nan for a pooled class)."""
+    if k > CLASS_Z_BLOCK_CLASSES:        # from sigma's diagonal blocks (_sparse_null.class_block_z)
+        owner = np.array([b[0] for b in regions.bounds])
+        return class_block_z(owner, regions.members, fit.D, fit.sigma, k)
     class_z = np.full(k, np.nan)
     for g, mem in enumerate(regions.members):
         if len(mem) != 1:

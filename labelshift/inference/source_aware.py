@@ -88,6 +88,11 @@ class SourceAwareInterval(PriorInterval):
             ``covariance_holdout = holdout_influence.T @ holdout_influence / n**2``. For quantities estimated on the
             same holdout rows whose error is correlated with the prior's (:mod:`labelshift.inference.accuracy`). Not
             serialised by ``to_dict``.
+        target_terms: above _BORDERED_MIN_CLASSES classes on a large target, (g_F, H_FF^{-1}) on the free classes F:
+            the mean of s_i = f_i / f_i^T w and the pseudo-inverse of H_FF, H = (1/m) sum_i s_i s_i^T (the
+            calibrated rows of a large target made block by block), so that
+            :func:`labelshift.inference.accuracy.expected_accuracy` need not make them again; else None. Not
+            serialised by ``to_dict``.
     """
 
     source_prior: np.ndarray = None
@@ -102,6 +107,7 @@ class SourceAwareInterval(PriorInterval):
     reasons: list = field(default_factory=list)
     target_only: PriorInterval | None = field(default=None, repr=False)
     holdout_influence: np.ndarray | None = field(default=None, repr=False, compare=False)
+    target_terms: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     @property
     def holdout_share(self) -> np.ndarray:
@@ -210,6 +216,22 @@ class _Design:
                 out.append(StS[:, 1:] * w[None, 1:])
         return np.concatenate(out, axis=1)
 
+    def products(self, P: np.ndarray, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(X^T X, P^T X) for X = row_mean(Z, P): a bias block of X is P[:, 1:], so its columns of both come from
+        one P^T P (the holdout's two rows x k^2 products become one; X^T X symmetrised)."""
+        if "bias" not in self.blocks:
+            return X.T @ X, P.T @ X
+        PtP = P.T @ P
+        starts = np.cumsum([0] + self.sizes)
+        cols = [slice(starts[i], starts[i + 1]) for i in range(len(self.blocks))]
+        px = np.empty((self.k, self.q))
+        xx = np.empty((self.q, self.q))
+        for b, c in zip(self.blocks, cols):
+            px[:, c] = PtP[:, 1:] if b == "bias" else P.T @ X[:, c]
+        for b, c in zip(self.blocks, cols):
+            xx[c] = px[1:] if b == "bias" else X[:, c].T @ X
+        return 0.5 * (xx + xx.T), px
+
     def gram(self, Z: np.ndarray, Wt: np.ndarray) -> np.ndarray:
         """(q, q): sum_i sum_c Wt_ic X_icr X_ics, from three (k,) sums in O(rows k) -- every block of X is z_ic or 1
         times an indicator of c (or of nothing, for the scalar), so the product of two blocks is diagonal in c
@@ -311,12 +333,14 @@ def _calibrated_rows(Xt: np.ndarray, calibrator, scale, bias) -> np.ndarray:
     return out
 
 
-def _calibrated_dot(Xt: np.ndarray, calibrator, scale, bias, v: np.ndarray) -> np.ndarray:
-    """(m,) float64 f_i^T v over the calibrated rows of a large target, made block by block."""
-    out = np.empty(Xt.shape[0])
+def _calibrated_dot(Xt: np.ndarray, calibrator, scale, bias, v: np.ndarray, float32: bool = False) -> np.ndarray:
+    """(m,) float64 f_i^T v over the calibrated rows of a large target, made block by block ((m, c) for a (k, c)
+    matrix v); ``float32``: of the rows rounded to float32 (as :func:`_calibrated_rows` holds them)."""
+    out = np.empty(Xt.shape[:1] + np.shape(v)[1:])
     with _rows.one_blas_thread():
         for sl in _rows.blocks(Xt.shape[0], width=Xt.shape[1]):
-            out[sl] = _calibrated_block(Xt[sl], calibrator, scale, bias)[1] @ v
+            Pb = _calibrated_block(Xt[sl], calibrator, scale, bias)[1]
+            out[sl] = (Pb.astype(np.float32).astype(np.float64) if float32 else Pb) @ v
     return out
 
 
@@ -327,42 +351,50 @@ def _target_pass_rows(Xt: np.ndarray, calibrator, scale, bias, design: "_Design"
     gs = np.zeros(k)
     H = np.zeros((k, k))
     A = np.zeros((k, design.q))
+    reuse = k > _HOLDOUT_ROWS_MIN_CLASSES        # above: a bias block's S^T Q from S^T S (_Design.cross)
     with _rows.one_blas_thread():
         for sl in _rows.blocks(m, width=k):
             Zb, Pb = _calibrated_block(Xt[sl], calibrator, scale, bias)
             Sb = Pb / (Pb @ w)[:, None]
             gs += Sb.sum(axis=0)
-            H += Sb.T @ Sb
-            A += design.weighted_sum(Zb, Sb) - Sb.T @ design.row_mean(Zb, Sb * w)
+            StS = Sb.T @ Sb
+            H += StS
+            cross = design.cross(Sb, Zb, Sb * w, StS, w) if reuse else Sb.T @ design.row_mean(Zb, Sb * w)
+            A += design.weighted_sum(Zb, Sb) - cross
     return gs / m, H / m, A / m
 
 
 def _holdout_terms_rows(calibrator, Zh: np.ndarray, y: np.ndarray, design: _Design, scale, bias):
-    """(J, p_s, a_inf, b_inf) of :func:`_holdout_fit`'s whole-array section -- the penalised NLL Hessian, the
-    mean calibrated prediction, the holdout rows' influence on theta (n, q) and on p_s (n, k) -- in two passes over
-    row blocks with float64 sums (the same formulas; Zh may be float32 and is converted a block at a time), and the
+    """(J, p_s, psi, b_inf, a_map) of :func:`_holdout_fit`'s whole-array section -- the penalised NLL Hessian, the
+    mean calibrated prediction, the holdout rows' penalised scores psi (n, q), whose influence on theta is
+    psi a_map (a_map = -J^+; the product is left to the callers), and their influence on p_s (n, k) -- in two passes
+    over row blocks with float64 sums (the same formulas; Zh may be float32 and is converted a block at a time), and the
     "fit on these rows" check from the score's sums. The whole-array section keeps five (n, k) float64 arrays and
-    their temporaries (over 3 GB at n = 50,000, k = 1,000); this keeps the two results."""
+    their temporaries (over 3 GB at n = 50,000, k = 1,000); this keeps the two results. The calibrated rows of the
+    first pass wait in b_inf's rows for the second (one softmax pass, not two)."""
     n, k = Zh.shape
     q = design.q
     pen_grad, pen_hess = calibrator.penalty_terms() if hasattr(calibrator, "penalty_terms") else (0.0, 0.0)
 
-    def block(sl):
+    def scores(sl, Pb):
         Zb = Zh[sl].astype(np.float64)
-        Pb = np.exp(log_softmax(Zb * scale + bias))
         Rb = Pb.copy()
         Rb[np.arange(Rb.shape[0]), y[sl]] -= 1.0
-        return Zb, Pb, design.row_mean(Zb, Rb) + pen_grad / n
+        return Zb, design.row_mean(Zb, Rb) + pen_grad / n
 
     gram, xx, ws, px = np.zeros((q, q)), np.zeros((q, q)), np.zeros((k, q)), np.zeros((k, q))
     s_psi, ss_psi, s_p = np.zeros(q), np.zeros(q), np.zeros(k)
+    b_inf = np.empty((n, k))
     for sl in _rows.blocks(n, width=k):
-        Zb, Pb, psi_b = block(sl)
+        Pb = b_inf[sl]
+        Pb[...] = np.exp(log_softmax(Zh[sl].astype(np.float64) * scale + bias))
+        Zb, psi_b = scores(sl, Pb)
         Xb = design.row_mean(Zb, Pb)
         gram += design.gram(Zb, Pb)
-        xx += Xb.T @ Xb
+        xx_b, px_b = design.products(Pb, Xb)
+        xx += xx_b
         ws += design.weighted_sum(Zb, Pb)
-        px += Pb.T @ Xb
+        px += px_b
         s_psi += psi_b.sum(axis=0)
         ss_psi += np.einsum("ir,ir->r", psi_b, psi_b)
         s_p += Pb.sum(axis=0)
@@ -370,31 +402,34 @@ def _holdout_terms_rows(calibrator, Zh: np.ndarray, y: np.ndarray, design: _Desi
     Dp = (ws - px) / n
     mean = s_psi / n
     _check_fit_scores(calibrator, design, scale, mean, np.sqrt(np.maximum(ss_psi / n - mean ** 2, 0.0) / n))
-    Jinv = np.linalg.pinv(J, rcond=1e-14, hermitian=True)
+    with _rows.one_blas_thread():                # k > _HOLDOUT_ROWS_MIN_CLASSES: rows.decomposition_threads
+        Jinv = np.linalg.pinv(J, rcond=1e-14, hermitian=True)
     ps = s_p / n
     ps = ps / ps.sum()
-    a_inf, b_inf = np.empty((n, q)), np.empty((n, k))
+    a_map = -Jinv                                # influence on theta = psi a_map: kept as psi (one product less)
+    psi_to_p = a_map @ Dp.T
+    psi = np.empty((n, q))
     for sl in _rows.blocks(n, width=k):
-        _, Pb, psi_b = block(sl)
-        a_inf[sl] = -psi_b @ Jinv
-        b_inf[sl] = (Pb - ps) + a_inf[sl] @ Dp.T
-    return J, ps, a_inf, b_inf
+        Pb = b_inf[sl]
+        _, psi[sl] = scores(sl, Pb)
+        b_inf[sl] = (Pb - ps) + psi[sl] @ psi_to_p
+    return J, ps, psi, b_inf, a_map
 
 
 def _influence_rows(a_inf: np.ndarray, b_inf: np.ndarray, A: np.ndarray, G: np.ndarray,
-                    Hinv: np.ndarray) -> np.ndarray:
+                    Hinv: np.ndarray, a_map: np.ndarray | None = None) -> np.ndarray:
     """(a_inf A_G^T - b_inf[:, G]) H_GG^{-1}, the holdout rows' influence on w_G, a row block at a time (no (n, k)
-    temporaries)."""
+    temporaries); with ``a_map``, a_inf a_map in place of a_inf (:class:`_HoldoutFit`)."""
     n, k = b_inf.shape
     out = np.empty((n, G.size))
-    AG = A[G].T
+    AG = A[G].T if a_map is None else a_map @ A[G].T
     for sl in _rows.blocks(n, width=k):
         out[sl] = (a_inf[sl] @ AG - b_inf[sl][:, G]) @ Hinv
     return out
 
 
 def _pinned_column(y: int, F: np.ndarray, H: np.ndarray, Hinv_F: np.ndarray, g: np.ndarray, ps: np.ndarray, m: int,
-                   n: int, a_inf: np.ndarray, b_inf: np.ndarray, A: np.ndarray):
+                   n: int, a_inf: np.ndarray, b_inf: np.ndarray, A: np.ndarray, a_map: np.ndarray | None = None):
     """(w_u, target variance, holdout variance) of the pinned class y with y freed (G = F + {y}) -- the [y, y]
     entries that :func:`_free_set_covariance` (G) gives -- from the column h of H_GG^{-1} for y alone:
     by the bordered inverse (Schur complement s = H_yy - H_yF H_FF^{-1} H_Fy: h_y = 1 / s, h_F = -H_FF^{-1} H_Fy / s),
@@ -410,7 +445,8 @@ def _pinned_column(y: int, F: np.ndarray, H: np.ndarray, Hinv_F: np.ndarray, g: 
     h[y] = 1.0 / s
     w_u = min(float(h @ (g - ps)), 0.0)            # unconstrained estimate of w_y (<= 0)
     vt = float(h @ H @ h - (h @ g) ** 2) / m
-    infl = a_inf @ (A.T @ h) - b_inf @ h           # the holdout rows' influence on w_y
+    theta_h = A.T @ h if a_map is None else a_map @ (A.T @ h)
+    infl = a_inf @ theta_h - b_inf @ h             # the holdout rows' influence on w_y
     infl -= infl.mean()
     return w_u, vt, float(infl @ infl) / n ** 2
 
@@ -517,6 +553,7 @@ class _HoldoutFit(NamedTuple):
     b_inf: np.ndarray           # (n, k) influence on p_s
     reasons: list
     in_row_blocks: bool         # products with a_inf and b_inf are taken a row block at a time (_influence_rows)
+    a_map: np.ndarray | None = None   # in row blocks: a_inf holds the scores psi (n, q), the influence is psi a_map
 
 
 class _TargetFit(NamedTuple):
@@ -599,9 +636,9 @@ def _holdout_fit(inp: _Inputs, calibrator) -> _HoldoutFit:
     terms are summed over row blocks (:func:`_holdout_terms_rows`)."""
     n, y, design, Zh = inp.n, inp.y, inp.design, inp.Zh
     if inp.holdout_rows:
-        J, ps, a_inf, b_inf = _holdout_terms_rows(calibrator, Zh, y, design, inp.scale, inp.bias)
-        return _HoldoutFit(ps=ps, a_inf=a_inf, b_inf=b_inf, reasons=_unidentified_calibrator(J, inp.kind, calibrator),
-                           in_row_blocks=True)
+        J, ps, psi, b_inf, a_map = _holdout_terms_rows(calibrator, Zh, y, design, inp.scale, inp.bias)
+        return _HoldoutFit(ps=ps, a_inf=psi, b_inf=b_inf, reasons=_unidentified_calibrator(J, inp.kind, calibrator),
+                           in_row_blocks=True, a_map=a_map)
     Ph = np.exp(log_softmax(Zh * inp.scale + inp.bias))
     R = Ph.copy()
     R[np.arange(n), y] -= 1.0
@@ -626,7 +663,8 @@ def _holdout_fit(inp: _Inputs, calibrator) -> _HoldoutFit:
 def _unidentified_calibrator(J: np.ndarray, kind: str, calibrator) -> list:
     """Why the calibrator's parameters are not identified (NLL Hessian J ill-conditioned, temperature at its
     bound); empty when they are."""
-    ev = np.linalg.eigvalsh(J)
+    with _rows.decomposition_threads(int(calibrator.n_classes_)):
+        ev = np.linalg.eigvalsh(J)
     reasons = []
     if not ev[0] > ev[-1] / _COND_MAX:
         reasons.append(f"the calibrator's parameters are not identified by the holdout: its NLL Hessian has "
@@ -671,14 +709,15 @@ def _target_fit(inp: _Inputs, calibrator, ps: np.ndarray, weights) -> _TargetFit
 def _free_set_covariance(G: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, m: int, n: int) -> _FreeSetCovariance:
     """Target and holdout covariance of w_G (free set G), the holdout influence on w_G, and H_GG^{-1}."""
     HG = tgt.H[np.ix_(G, G)]
-    Hinv = np.linalg.pinv(HG, rcond=1e-14, hermitian=True)
+    with _rows.decomposition_threads(tgt.H.shape[0]):
+        Hinv = np.linalg.pinv(HG, rcond=1e-14, hermitian=True)
     cov_s = HG - np.outer(tgt.g[G], tgt.g[G])
     cov_t = Hinv @ cov_s @ Hinv / m
     if hold.in_row_blocks:                                         # the same, a row block at a time
-        infl = _influence_rows(hold.a_inf, hold.b_inf, tgt.A, G, Hinv)
+        infl = _influence_rows(hold.a_inf, hold.b_inf, tgt.A, G, Hinv, hold.a_map)
     else:
         infl = (hold.a_inf @ tgt.A[G].T - hold.b_inf[:, G]) @ Hinv  # (n, |G|) influence of holdout rows on w_G
-    infl = infl - infl.mean(axis=0)
+    infl -= infl.mean(axis=0)                                       # in place: one (n, |G|) array
     cov_h = infl.T @ infl / n ** 2
     return _FreeSetCovariance(target=cov_t, holdout=cov_h, influence=infl, H_inv=Hinv)
 
@@ -693,7 +732,8 @@ def _covariances(F: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, k: int, m: i
     cov_w_h[np.ix_(F, F)] = cov_h_F
     if hold.in_row_blocks:                                         # as below, without an (n, k) infl_w
         infl_pt = hold.b_inf * w
-        infl_pt[:, F] += infl_F * ps[F]
+        for sl in _rows.blocks(n, width=k):                        # no (n, |F|) temporaries
+            infl_pt[sl, F] += infl_F[sl] * ps[F]
         del infl_F
     else:
         infl_w = np.zeros((n, k))
@@ -733,7 +773,8 @@ def _poorly_identified(F: np.ndarray, w: np.ndarray, cov_w: np.ndarray) -> str |
         return None
     scale_w = np.maximum(w[F], 1.0)
     rel = cov_w[np.ix_(F, F)] / np.outer(scale_w, scale_w)
-    lam, vec = np.linalg.eigh(rel)
+    with _rows.decomposition_threads(len(w)):
+        lam, vec = np.linalg.eigh(rel)
     worst = float(np.sqrt(max(lam[-1], 0.0)))
     if worst <= MAX_STANDARD_ERROR:
         return None
@@ -747,11 +788,9 @@ def _target_only_upper(inp: _Inputs, calibrator, tgt: _TargetFit, ps: np.ndarray
                        level: float) -> np.ndarray:
     """The target-only profile-likelihood upper bounds on w of :func:`fisher_interval` (used for pinned classes)."""
     if inp.large:         # the target-only profile bound, on calibrated rows made block by block
-        if inp.k > _BORDERED_MIN_CLASSES:        # one float32 copy of them, not one softmax pass per pinned class
-            rows32 = _calibrated_rows(inp.Xt, calibrator, inp.scale, inp.bias)
-
+        if inp.k > _BORDERED_MIN_CLASSES:        # one pass for all pinned classes, on the rows rounded to float32
             def rows_dot(v):
-                return _rows.row_dot(rows32, v)
+                return _calibrated_dot(inp.Xt, calibrator, inp.scale, inp.bias, v, float32=True)
         else:
             def rows_dot(v):
                 return _calibrated_dot(inp.Xt, calibrator, inp.scale, inp.bias, v)
@@ -768,7 +807,7 @@ def _pinned_class_variances(yy: int, F: np.ndarray, tgt: _TargetFit, hold: _Hold
     is numerically singular) from the free-set covariance on G."""
     ps = hold.ps
     if tgt.H.shape[0] > _BORDERED_MIN_CLASSES:
-        one = _pinned_column(yy, F, tgt.H, Hinv_F, tgt.g, ps, m, n, hold.a_inf, hold.b_inf, tgt.A)
+        one = _pinned_column(yy, F, tgt.H, Hinv_F, tgt.g, ps, m, n, hold.a_inf, hold.b_inf, tgt.A, hold.a_map)
         if one is not None:
             return one
     G = np.sort(np.append(F, yy))
@@ -863,4 +902,5 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
         extra={"z": z, "n_source": n, "calibrator": inp.kind, "n_parameters": inp.design.q},
         source_prior=ps, covariance=cov.pt, covariance_target=cov.pt_target, covariance_holdout=cov.pt_holdout,
         weights_covariance=cov.w, weights_std_error=bounds.se_w, n_source=n, calibrator=inp.kind,
-        trustworthy=not reasons, reasons=reasons, target_only=fisher, holdout_influence=cov.pt_influence)
+        trustworthy=not reasons, reasons=reasons, target_only=fisher, holdout_influence=cov.pt_influence,
+        target_terms=(tgt.g[free], cov.free_H_inv) if inp.large and inp.k > _BORDERED_MIN_CLASSES else None)

@@ -51,6 +51,9 @@ MAX_RELATIVE_ERROR = 0.5
 # eigenvalues of the tangent information below this fraction of the largest count as zero (no information in that
 # direction: the variance there becomes huge and the interval spans the whole range)
 _EIG_FLOOR = 1e-14
+# classes above which the pinned classes' profile directions share one eigendecomposition on the free set
+# (_FreeTangent) instead of one on each grown set (issue 20: 14 pinned classes at k = 1,000 took 58 s)
+_SHARED_TANGENT_MIN_CLASSES = 100
 # bytes of resampled target rows per estimate call of the bootstrap
 _BOOTSTRAP_CHUNK_BYTES = 32 * 2**20
 # |p_s^T w - 1| above this: the weights are not in W
@@ -174,6 +177,59 @@ def _tangent_covariance(H: np.ndarray, p: np.ndarray, support: np.ndarray) -> np
     return cov
 
 
+def _profile_direction(H: np.ndarray, p: np.ndarray, grown: np.ndarray, y: int) -> np.ndarray:
+    """The profile direction b of pinned class y on the grown set G = ``grown`` (F + {y}): Cov[:, y] / Cov[y, y] of
+    :func:`_tangent_covariance` on G, b_y = 1, 0 outside G."""
+    cov = _tangent_covariance(H, p, grown)
+    b = cov[:, y] / cov[y, y]
+    b[y] = 1.0
+    b[~grown] = 0.0
+    return b
+
+
+class _FreeTangent:
+    """The tangent information on the free set F, A_F = Z_F^T H_FF Z_F (Z_F an orthonormal basis of
+    {d_F : p_F^T d_F = 0}), with its eigendecomposition: shared by the profile directions of all pinned classes
+    above _SHARED_TANGENT_MIN_CLASSES classes (:meth:`direction`; ``docs/uncertainty.md``, "Classes at the
+    boundary")."""
+
+    def __init__(self, H: np.ndarray, p: np.ndarray, free: np.ndarray):
+        self.H, self.p, self.free = H, p, free
+        self.idx = np.flatnonzero(free)
+        self.Z = null_space(p[self.idx][None, :]) if self.idx.size >= 2 else None
+        if self.Z is not None:
+            A = self.Z.T @ H[np.ix_(self.idx, self.idx)] @ self.Z
+            self.lam, self.V = np.linalg.eigh(0.5 * (A + A.T))
+
+    def direction(self, y: int) -> np.ndarray:
+        """The profile direction of :func:`_profile_direction` for pinned y, from A_F and one bordered row: on G the
+        basis [Z_F (0 at y), v] with v the unit vector of {p_G^T d = 0} orthogonal to Z_F, so that A_G =
+        [[A_F, c], [c^T, a]] and Cov[:, y] / Cov[y, y] = (v - Z_F A_F^{-1} c) / v_y; O(k^2) per class. Exact (to
+        rounding) when no eigenvalue of A_G falls under the floor of _tangent_covariance, which is checked by
+        bounds on A_G's extreme eigenvalues from A_F's and the Schur complement s = a - c^T A_F^{-1} c; otherwise
+        (or with |F| < 2) the eigendecomposition on G, as below _SHARED_TANGENT_MIN_CLASSES classes."""
+        grown = self.free.copy()
+        grown[y] = True
+        if self.Z is None or not self.lam[0] > _EIG_FLOOR * self.lam[-1]:
+            return _profile_direction(self.H, self.p, grown, y)
+        H, idx, pF = self.H, self.idx, self.p[self.idx]
+        vF = -self.p[y] * pF / float(pF @ pF)
+        norm = math.sqrt(float(vF @ vF) + 1.0)
+        vF, vy = vF / norm, 1.0 / norm
+        HvF = H[np.ix_(idx, idx)] @ vF + H[idx, y] * vy
+        a = float(vF @ HvF) + vy * (float(H[y, idx] @ vF) + H[y, y] * vy)
+        c = self.Z.T @ HvF
+        u = self.V @ ((self.V.T @ c) / self.lam)
+        s = a - float(c @ u)
+        lam_min = 1.0 / (1.0 / self.lam[0] + (1.0 + float(u @ u)) / s) if s > 0 else 0.0
+        if not lam_min > _EIG_FLOOR * (max(float(self.lam[-1]), a) + float(np.linalg.norm(c))):
+            return _profile_direction(H, self.p, grown, y)
+        b = np.zeros(len(self.p))
+        b[idx] = (vF - self.Z @ u) / vy
+        b[y] = 1.0
+        return b
+
+
 def _pinned_bounds(P, w, H, p, free, z: float, *, rows_dot=None, m: int | None = None) -> np.ndarray:
     """Upper bounds U_y on w_y for the classes pinned at 0 (nan for free ones); ``docs/uncertainty.md``,
     "Classes at the boundary".
@@ -183,7 +239,8 @@ def _pinned_bounds(P, w, H, p, free, z: float, *, rows_dot=None, m: int | None =
     2 m [L_m(w_hat) - L_m(w_hat + t b)] reaches z^2, found by bisection on the exact log-likelihood (convex and
     increasing in t >= 0), or the end of the segment inside W if it never does.
 
-    ``rows_dot`` (with ``m``, and P None): v -> (m,) float64 f_i^T v for rows that are made block by block (the
+    ``rows_dot`` (with ``m``, and P None): v -> (m,) float64 f_i^T v (a (k, c) matrix V: (m, c)) for rows that are
+    made block by block (the
     calibrated rows of :func:`labelshift.inference.source_aware.source_aware_interval` on a large target); the bound is
     then computed as for a large set."""
     if rows_dot is None:
@@ -194,45 +251,75 @@ def _pinned_bounds(P, w, H, p, free, z: float, *, rows_dot=None, m: int | None =
             return _dot(P, v)
     else:
         k, large = len(w), True
+    if k > _SHARED_TANGENT_MIN_CLASSES:
+        return _pinned_bounds_shared(rows_dot, w, H, p, free, z, m, large)
     out = np.full(k, np.nan)
     fw = rows_dot(w)
     base = None if large else np.log(fw)         # large: drop(t) = -2 sum log1p(t fb_i / fw_i), one (m,) vector
-    target = z * z
     for y in np.flatnonzero(~free):
         grown = free.copy()
         grown[y] = True
-        cov = _tangent_covariance(H, p, grown)
-        b = cov[:, y] / cov[y, y]
-        b[y] = 1.0
-        b[~grown] = 0.0
-        neg = b < 0
-        t_end = float(np.min(w[neg] / -b[neg])) if neg.any() else 1.0 / p[y]
+        b = _profile_direction(H, p, grown, int(y))
         fb = rows_dot(b)
         if large:
             fb /= fw
-
-        def drop(t, fb=fb):
-            with np.errstate(divide="ignore", invalid="ignore"):
-                if large:       # in row blocks: no (m,) temporaries
-                    val = -2.0 * sum(float(np.sum(np.log1p(t * fb[sl]))) for sl in _rows.blocks(m))
-                else:
-                    val = 2.0 * float(np.sum(base - np.log(fw + t * fb)))
-            return val if np.isfinite(val) else np.inf
-
-        if drop(t_end) <= target:
-            out[y] = t_end
-            continue
-        lo, hi = 0.0, t_end
-        for _ in range(100):
-            mid = 0.5 * (lo + hi)
-            if drop(mid) <= target:
-                lo = mid
-            else:
-                hi = mid
-            if hi - lo <= 1e-12 * hi:
-                break
-        out[y] = min(lo, 1.0 / p[y])
+        out[y] = _profile_bound(_likelihood_drop(fb, fw, base, m, large), _segment_end(w, b, p[y]), z * z, p[y])
     return out
+
+
+def _pinned_bounds_shared(rows_dot, w, H, p, free, z: float, m: int, large: bool) -> np.ndarray:
+    """:func:`_pinned_bounds` above _SHARED_TANGENT_MIN_CLASSES classes: the profile directions from one
+    :class:`_FreeTangent` (its decompositions on one BLAS thread), then f_i^T w and every f_i^T b_y in one pass over
+    the rows (``rows_dot`` of the (k, 1 + pinned) matrix [w, b_y...]) instead of one pass per pinned class."""
+    pinned = np.flatnonzero(~free)
+    with _rows.one_blas_thread():
+        shared = _FreeTangent(H, p, free)
+        B = np.column_stack([w] + [shared.direction(int(y)) for y in pinned])
+    FB = rows_dot(B)
+    fw = np.ascontiguousarray(FB[:, 0])
+    base = None if large else np.log(fw)
+    out = np.full(len(w), np.nan)
+    for j, y in enumerate(pinned):
+        fb = FB[:, j + 1] / fw if large else np.ascontiguousarray(FB[:, j + 1])
+        out[y] = _profile_bound(_likelihood_drop(fb, fw, base, m, large), _segment_end(w, B[:, j + 1], p[y]), z * z,
+                                p[y])
+    return out
+
+
+def _segment_end(w: np.ndarray, b: np.ndarray, p_y: float) -> float:
+    """The largest t with w + t b in W (b_y = 1, p_s^T b = 0)."""
+    neg = b < 0
+    return float(np.min(w[neg] / -b[neg])) if neg.any() else 1.0 / p_y
+
+
+def _likelihood_drop(fb: np.ndarray, fw: np.ndarray, base, m: int, large: bool):
+    """t -> 2 m [L_m(w_hat) - L_m(w_hat + t b)] from fb = f_i^T b (over f_i^T w when ``large``; then in row blocks,
+    no (m,) temporaries) and base = log f_i^T w; inf where not finite."""
+    def drop(t):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if large:
+                val = -2.0 * sum(float(np.sum(np.log1p(t * fb[sl]))) for sl in _rows.blocks(m))
+            else:
+                val = 2.0 * float(np.sum(base - np.log(fw + t * fb)))
+        return val if np.isfinite(val) else np.inf
+    return drop
+
+
+def _profile_bound(drop, t_end: float, target: float, p_y: float) -> float:
+    """The t in [0, t_end] where the convex, increasing ``drop`` reaches ``target`` (bisection to 1e-12 relative), or
+    t_end if it never does; at most 1 / p_s(y)."""
+    if drop(t_end) <= target:
+        return t_end
+    lo, hi = 0.0, t_end
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if drop(mid) <= target:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return min(lo, 1.0 / p_y)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -686,7 +773,7 @@ def _width_check(P, w, p, interval, max_relative_width, level) -> tuple[float, s
 
 def identifiability(target_probs, weights, source_prior, *, confusion=None, n_source: int | None = None,
                     max_relative_width: float | None = None, interval: PriorInterval | None = None,
-                    level: float = 0.95, estimator: str = "MLLS") -> Identifiability:
+                    level: float = 0.95, estimator: str = "MLLS", hessian=None) -> Identifiability:
     """Is the reported estimate identified by the data? Judged on the estimate that is reported, relative to each
     class's share (the reasons are in ``docs/uncertainty.md``):
 
@@ -707,6 +794,8 @@ def identifiability(target_probs, weights, source_prior, *, confusion=None, n_so
         level: level of that default interval.
         estimator: the estimator whose estimate is reported, a name of
             :data:`labelshift.estimation.registry.REESTIMATION_ESTIMATORS`.
+        hessian: optional (k, k) :func:`~labelshift.estimation.solvers.mlls_hessian` at ``weights`` on these rows,
+            already computed (the MLLS estimate's ``extra["hessian"]`` above 100 classes); None computes it.
 
     Raises:
         InputError: inputs as :func:`fisher_interval`; a confusion matrix that is not a k x k joint one, or without
@@ -717,7 +806,10 @@ def identifiability(target_probs, weights, source_prior, *, confusion=None, n_so
     m, k = P.shape
     if interval is not None and len(interval.weights) != k:
         raise InputError(f"interval has {len(interval.weights)} classes but target_probs has {k}.")
-    H = mlls_hessian(P, w)
+    H = mlls_hessian(P, w) if hessian is None else as_float_array(hessian, "hessian", 2)
+    if H.shape != (k, k):
+        raise InputError(f"hessian has shape {H.shape} but there are {k} classes; pass mlls_hessian(target_probs, "
+                         "weights) of these rows, or None.")
     free = w > PIN_TOL
     likelihood = estimator in _LIKELIHOOD_ESTIMATORS
     reasons, notes = [], []
