@@ -43,6 +43,8 @@ WIDE_HESSIAN_CLASSES = 64
 #: took 17.6 s on OpenBLAS's two threads and 1.1 s on one, while a (20,000 x 1,000) product took 2.2 s and 3.8 s
 #: (benchmarks/README.md, "k = 1,000: session 11"); at k <= 100 nothing changes
 DECOMPOSITION_ONE_THREAD_CLASSES = 100
+#: classes above which the row-block passes below (:func:`mlls_pass`, :func:`mean_cov`, ...) keep BLAS's threads
+THREADED_PASS_CLASSES = 100
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,7 +61,30 @@ def one_blas_thread():
     little on them, and on a busy machine OpenBLAS threads waiting for each other slow a pass down many times
     (measured: ``docs/solvers.md``)."""
     ctl = _controller()
+    _ambient_threads()
     return ctl.limit(limits=1, user_api="blas") if ctl is not None else contextlib.nullcontext()
+
+
+@functools.lru_cache(maxsize=1)
+def _ambient_threads() -> int:
+    """BLAS threads of this process as first seen (before any limit of this module: :func:`one_blas_thread` and
+    :func:`pass_threads` ask for the controller first)."""
+    ctl = _controller()
+    counts = [d.get("num_threads", 1) for d in ctl.select(user_api="blas").info()] if ctl is not None else []
+    return max(counts, default=1)
+
+
+def pass_threads(k: int):
+    """BLAS threads for a pass over row blocks k wide: one up to :data:`THREADED_PASS_CLASSES` classes (the block
+    products are small; see :func:`one_blas_thread`), the process's own number above -- also inside a
+    :func:`decomposition_threads` or :func:`one_blas_thread` context -- because wide blocks' products are large: at
+    k = 1,000 two threads made a pass 1.3-1.6x faster on the idle 2-core machine, with the same numbers
+    (benchmarks/README.md, "k = 1,000: session 11")."""
+    ctl = _controller()
+    if ctl is None:           # pragma: no cover - threadpoolctl comes with scikit-learn
+        return contextlib.nullcontext()
+    threads = _ambient_threads() if k > THREADED_PASS_CLASSES else 1
+    return ctl.limit(limits=threads, user_api="blas")
 
 
 def decomposition_threads(k: int):
@@ -69,10 +94,12 @@ def decomposition_threads(k: int):
 
 
 def _single_threaded(fn):
+    """``fn(P, ...)`` with :func:`pass_threads` of P's width: one BLAS thread up to :data:`THREADED_PASS_CLASSES`
+    classes, the process's own number above."""
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with one_blas_thread():
-            return fn(*args, **kwargs)
+    def wrapper(P, *args, **kwargs):
+        with pass_threads(np.shape(P)[-1] if np.ndim(P) == 2 else 0):
+            return fn(P, *args, **kwargs)
     return wrapper
 
 

@@ -268,3 +268,26 @@ def test_streamed_corrected_parquet_holds_what_the_in_memory_writer_wrote(tmp_pa
     streamed = pq.read_table(out)
     assert pq.ParquetFile(out).metadata.num_row_groups == 3
     assert streamed.equals(pq.read_table(pa.BufferReader(before)))
+
+
+def test_pass_threads_one_thread_for_narrow_rows_and_the_process_count_for_wide_ones():
+    """Row passes up to THREADED_PASS_CLASSES classes run on one BLAS thread; wider ones get the process's own
+    number back, also inside a one-thread context (the k x k decompositions' context around them)."""
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return max(d["num_threads"] for d in threadpool_info() if d["user_api"] == "blas")
+
+    ambient = rows._ambient_threads()
+    with rows.pass_threads(rows.THREADED_PASS_CLASSES):
+        assert blas_threads() == 1
+    with rows.one_blas_thread():
+        with rows.pass_threads(rows.THREADED_PASS_CLASSES + 1):
+            assert blas_threads() == ambient
+        assert blas_threads() == 1
+    # a wide pass gives the same numbers on either count (GEMM splits the output, not the sums)
+    P = np.random.default_rng(0).random((3000, rows.THREADED_PASS_CLASSES + 20))
+    wide = rows.mean_cov(P)
+    with rows.one_blas_thread():
+        narrow = rows.mean_cov.__wrapped__(P)
+    np.testing.assert_allclose(wide[1], narrow[1], rtol=1e-12, atol=1e-15)

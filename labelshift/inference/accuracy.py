@@ -230,7 +230,7 @@ def _free_terms_rows(Xt, calibrator, w, F):
     rows made block by block with float64 sums."""
     m, k = Xt.shape
     ssum, SS = np.zeros(k), np.zeros((k, k))
-    with _rows.one_blas_thread():
+    with _rows.pass_threads(k):
         for sl in _rows.blocks(m, width=k):
             Pb = calibrator.predict_proba(Xt[sl].astype(np.float64))
             Sb = Pb / (Pb @ w)[:, None]
@@ -262,7 +262,7 @@ def _target_terms_rows(Xt, calibrator, w, ps, pinned, free_terms=None):
         V[F] = np.column_stack(vs)
         centre = sbar @ V[F]
         pp, ds, dss, shift = np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2)
-        with _rows.one_blas_thread():
+        with _rows.pass_threads(k):
             for sl in _rows.blocks(m, width=k):
                 Sb = calibrated(sl)
                 Qb = Sb * w

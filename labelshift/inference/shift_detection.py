@@ -580,7 +580,7 @@ def _wald_target_cov(P, w, p, bt, pi, observed, J) -> np.ndarray:
     m, k = P.shape
     if _rows.is_large(P):                    # in row blocks, float64 sums
         H, psi_bar, R = np.zeros((k, k)), np.zeros(k), np.zeros((J, k))
-        with _rows.one_blas_thread():
+        with _rows.pass_threads(k):
             for sl in _rows.blocks(m, width=k):
                 B = P[sl].astype(np.float64)
                 psi = B / (B @ w)[:, None]

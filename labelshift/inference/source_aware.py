@@ -337,7 +337,7 @@ def _calibrated_dot(Xt: np.ndarray, calibrator, scale, bias, v: np.ndarray, floa
     """(m,) float64 f_i^T v over the calibrated rows of a large target, made block by block ((m, c) for a (k, c)
     matrix v); ``float32``: of the rows rounded to float32 (as :func:`_calibrated_rows` holds them)."""
     out = np.empty(Xt.shape[:1] + np.shape(v)[1:])
-    with _rows.one_blas_thread():
+    with _rows.pass_threads(Xt.shape[1]):
         for sl in _rows.blocks(Xt.shape[0], width=Xt.shape[1]):
             Pb = _calibrated_block(Xt[sl], calibrator, scale, bias)[1]
             out[sl] = (Pb.astype(np.float32).astype(np.float64) if float32 else Pb) @ v
@@ -352,7 +352,7 @@ def _target_pass_rows(Xt: np.ndarray, calibrator, scale, bias, design: "_Design"
     H = np.zeros((k, k))
     A = np.zeros((k, design.q))
     reuse = k > _HOLDOUT_ROWS_MIN_CLASSES        # above: a bias block's S^T Q from S^T S (_Design.cross)
-    with _rows.one_blas_thread():
+    with _rows.pass_threads(k):
         for sl in _rows.blocks(m, width=k):
             Zb, Pb = _calibrated_block(Xt[sl], calibrator, scale, bias)
             Sb = Pb / (Pb @ w)[:, None]
