@@ -63,22 +63,29 @@ def test_npy_batches_cannot_be_segmented():
     check_segmentable([TargetBatch(key="day1.parquet", checksum="0" * 64)], "region", "s3://b/t/")
 
 
-@pytest.fixture(scope="module")
-def segments():
-    """Two assessed segments (a shifted and an unshifted one) and a too small one, on a well-specified problem."""
+def _calibrated_holdout(k: int, n: int, seed: int):
+    """A well-specified k-class problem, its random stream, a holdout of n rows, BCTS fit on it and its calibrated
+    rows."""
     import warnings
 
-    from labelshift import assess_shift
     from labelshift.calibration.scaling import BCTS
     from labelshift.experiments.well_specified import WellSpecifiedGaussians
 
-    pb = WellSpecifiedGaussians.make(3)
-    rng = np.random.default_rng(0)
-    xh, yh = pb.holdout(1500, rng)
+    pb = WellSpecifiedGaussians.make(k)
+    rng = np.random.default_rng(seed)
+    xh, yh = pb.holdout(n, rng)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cal = BCTS().fit(xh, yh)
-    ph = cal.predict_proba(xh)
+    return pb, rng, xh, yh, cal, cal.predict_proba(xh)
+
+
+@pytest.fixture(scope="module")
+def segments():
+    """Two assessed segments (a shifted and an unshifted one) and a too small one, on a well-specified problem."""
+    from labelshift import assess_shift
+
+    pb, rng, xh, yh, cal, ph = _calibrated_holdout(3, 1500, 0)
     out = []
     for name, prior in (("eu west", [0.6, 0.3, 0.1]), ("us", pb.source_prior)):
         xt, _ = pb.draw(prior, 800, rng)
@@ -141,20 +148,10 @@ def test_the_cli_options_are_the_flow_parameters():
 def test_a_segment_with_the_prepared_holdout_is_the_segment_alone():
     # the segments share the label-shift test's work on the holdout (made once, at the target's precision): each
     # report is the one assess_shift gives on that segment alone
-    import warnings
-
     from labelshift import assess_shift
-    from labelshift.calibration.scaling import BCTS
-    from labelshift.experiments.well_specified import WellSpecifiedGaussians
     from labelshift.inference.report import label_shift_holdout
 
-    pb = WellSpecifiedGaussians.make(4)
-    rng = np.random.default_rng(2)
-    xh, yh = pb.holdout(1200, rng)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cal = BCTS().fit(xh, yh)
-    ph = cal.predict_proba(xh)
+    pb, rng, xh, yh, cal, ph = _calibrated_holdout(4, 1200, 2)
     xt, _ = pb.draw([0.5, 0.2, 0.2, 0.1], 1500, rng)
     for probs in (cal.predict_proba(xt), cal.predict_proba(xt).astype(np.float32)):
         prepared = label_shift_holdout(ph, yh, probs)
