@@ -1272,15 +1272,21 @@ def _newton_rows(probs, source_prior, *, tol, max_iter, init):
             break
     if converged:           # the last pass's Hessian, when it was taken at the returned weights
         return SolverResult(w, converged, passes, gap, H if np.array_equal(w, w_of_H) else None)
-    if not converged:       # float64 EM steps from the last iterate, certified by the gap
-        w = np.maximum(w, 1e-12 / ps.max())
-        w = w / float(w @ ps)
-        for _ in range(max_iter):
-            xn, _, g = _em_rows(P, ps, w, np.float64)
-            passes += 1
-            gap = float(g.max() - 1.0)
-            if gap <= tol:
-                converged = True
-                break
-            w = xn
+    return _em_finish_rows(P, ps, w, passes, tol=tol, max_iter=max_iter)
+
+
+def _em_finish_rows(P, ps, w, passes: int, *, tol: float, max_iter: int) -> SolverResult:
+    """Float64 EM steps from ``w`` (a Newton iterate it could not certify) until the gap is at most ``tol``, or
+    ``max_iter`` more passes (not converged); ``passes`` counts the passes made before."""
+    w = np.maximum(w, 1e-12 / ps.max())
+    w = w / float(w @ ps)
+    converged, gap = False, np.inf
+    for _ in range(max_iter):
+        xn, _, g = _em_rows(P, ps, w, np.float64)
+        passes += 1
+        gap = float(g.max() - 1.0)
+        if gap <= tol:
+            converged = True
+            break
+        w = xn
     return SolverResult(w, converged, passes, gap)

@@ -564,6 +564,18 @@ def label_shift_holdout(source_probs, source_labels, target_probs) -> PreparedHo
         return None
 
 
+def _checked_settings(estimator: str, interval: str, cross_check, label_shift_significance):
+    """(cross_check as a list, label_shift_significance) after checking them with the estimator and interval;
+    raises InputError naming the argument."""
+    check_interval(estimator, interval)
+    if label_shift_significance is not None:
+        label_shift_significance = _check_label_shift_level(label_shift_significance)
+    cross_check = list(cross_check or ())
+    if cross_check:
+        check_methods(list(dict.fromkeys(cross_check)), allowed=REESTIMATION_ESTIMATORS, argument="cross_check")
+    return cross_check, label_shift_significance
+
+
 def assess_shift(source_probs, source_labels, target_probs, *, source_prior, estimator: str = DEFAULTS.estimator,
                  cross_check: Sequence[str] = DEFAULTS.cross_check, interval: str = DEFAULTS.interval,
                  level: float = DEFAULTS.level, significance: float = DEFAULTS.significance,
@@ -612,12 +624,8 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
             calibrator, no raw outputs), shapes or values that do not fit together; whatever the main estimator
             raises (e.g. IllConditionedError).
     """
-    check_interval(estimator, interval)
-    if label_shift_significance is not None:
-        label_shift_significance = _check_label_shift_level(label_shift_significance)
-    cross_check = list(cross_check or ())
-    if cross_check:
-        check_methods(list(dict.fromkeys(cross_check)), allowed=REESTIMATION_ESTIMATORS, argument="cross_check")
+    cross_check, label_shift_significance = _checked_settings(estimator, interval, cross_check,
+                                                              label_shift_significance)
     holdout_probs = check_probabilities(source_probs, "source_probs", 2)
     k = holdout_probs.shape[1]
     labels = check_labels(source_labels, "source_labels", k, n_rows=holdout_probs.shape[0])
