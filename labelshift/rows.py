@@ -22,7 +22,7 @@ import functools
 import numpy as np
 
 __all__ = ["ROW_BLOCK", "LARGE_ROWS", "is_large", "single_set", "blocks", "row_dot", "column_sums", "mean_cov",
-           "argmax_counts", "mlls_pass", "one_blas_thread", "decomposition_threads", "joined"]
+           "argmax_counts", "mlls_pass", "one_blas_thread", "pass_threads", "decomposition_threads", "joined"]
 
 #: rows per block (2.5 MB of float32, 5 MB of float64 at k = 10: the float64 temporaries of a block stay in cache)
 ROW_BLOCK = 65536
@@ -93,7 +93,7 @@ def decomposition_threads(k: int):
     return one_blas_thread() if k > DECOMPOSITION_ONE_THREAD_CLASSES else contextlib.nullcontext()
 
 
-def _single_threaded(fn):
+def _pass_threaded(fn):
     """``fn(P, ...)`` with :func:`pass_threads` of P's width: one BLAS thread up to :data:`THREADED_PASS_CLASSES`
     classes, the process's own number above."""
     @functools.wraps(fn)
@@ -138,7 +138,7 @@ def blocks(m: int, size: int | None = None, width: int | None = None):
         yield slice(a, min(a + size, m))
 
 
-@_single_threaded
+@_pass_threaded
 def row_dot(P: np.ndarray, w) -> np.ndarray:
     """f_i^T w for every row, float64 (m,); a (k, c) matrix w gives (m, c)."""
     w = np.asarray(w, dtype=np.float64)
@@ -148,7 +148,7 @@ def row_dot(P: np.ndarray, w) -> np.ndarray:
     return out
 
 
-@_single_threaded
+@_pass_threaded
 def column_sums(P: np.ndarray) -> np.ndarray:
     """sum_i f_i, float64 (k,)."""
     total = np.zeros(P.shape[1])
@@ -157,7 +157,7 @@ def column_sums(P: np.ndarray) -> np.ndarray:
     return total
 
 
-@_single_threaded
+@_pass_threaded
 def mean_cov(P: np.ndarray, ddof: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Column means and covariance (as ``np.cov(P, rowvar=False, ddof=ddof)``) in one pass: each block is
     centred on the first block's mean before its cross-products are added (shifted data, so no cancellation)."""
@@ -174,7 +174,7 @@ def mean_cov(P: np.ndarray, ddof: int = 1) -> tuple[np.ndarray, np.ndarray]:
     return shift + d, 0.5 * (cov + cov.T)
 
 
-@_single_threaded
+@_pass_threaded
 def argmax_counts(P: np.ndarray) -> np.ndarray:
     """Counts of the argmax prediction per class, float64 (k,)."""
     k = P.shape[1]
@@ -184,7 +184,7 @@ def argmax_counts(P: np.ndarray) -> np.ndarray:
     return counts
 
 
-@_single_threaded
+@_pass_threaded
 def mlls_pass(P: np.ndarray, w, *, hessian: bool = False, precision=np.float64):
     """One pass of the MLLS quantities at w: (objective, gradient, Hessian or None, whether some row has
     f_i^T w <= 0), all (1/m)-normalised as :func:`labelshift.estimation.solvers.mlls_objective`, ``mlls_gradient`` and
