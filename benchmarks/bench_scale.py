@@ -2,7 +2,7 @@
 
 What it does, in a temporary folder (nothing leaves loopback; every process it starts ends with it):
 
-1. starts SeaweedFS (``weed mini``, :class:`tests.fixtures.seaweed.SeaweedServer`) and Prefect's temporary server
+1. starts SeaweedFS (``weed server``, :class:`tests.fixtures.seaweed.SeaweedServer`) and Prefect's temporary server
    (the one ``labelshift estimate`` would otherwise start for itself, so that its 10-30 s boot is not counted: a
    deployment runs against a lasting server), and uses a SQLite MLflow store with local artifacts;
 2. draws a labelled holdout (20000 rows) and ``--rows`` target rows of logits of a 10-class Gaussian model

