@@ -13,9 +13,9 @@ it (the ``reestimate`` flow's default settings, :data:`labelshift.inference.sett
   its cost counted) where this labelshift has it;
 * ``threads``: the same on a thread pool of ``--workers`` threads, as the flow's ``assess-segment`` tasks run
   (Prefect's default task runner is a thread pool);
-* ``processes``: the same on a pool of ``--workers`` processes (forked, the problem inherited; each segment's rows
-  sent to its process and its report sent back; the pool's start counted): what running the segments on
-  processes would give on this machine;
+* ``processes``: the same as the flow runs them: a :class:`labelshift.inference.segments.SegmentPool` of
+  ``--workers`` worker processes (forkserver; the holdout sent to each once, each segment's rows sent and its
+  report sent back; the pool's start counted), called from ``--workers`` threads;
 * where the time goes: the segments again without the label-shift test, then also without the BBSE-soft
   cross-check, or with the Fisher interval instead of the source-aware one.
 
@@ -41,8 +41,8 @@ import datetime as _dt  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
-import multiprocessing  # noqa: E402
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor  # noqa: E402
+import json  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -51,7 +51,7 @@ import labelshift  # noqa: E402
 from labelshift import assess_shift  # noqa: E402
 from labelshift.calibration.scaling import BCTS  # noqa: E402
 from labelshift.experiments.well_specified import WellSpecifiedGaussians  # noqa: E402
-from labelshift.inference.segments import split_segments  # noqa: E402
+from labelshift.inference.segments import SegmentPool, split_segments  # noqa: E402
 
 try:                                                      # session 11 on; the code before it has no such step
     from labelshift.inference.report import label_shift_holdout  # noqa: E402
@@ -103,20 +103,15 @@ def segments(pb: dict, parts: list, **options) -> list:
     return [assess(pb, rows, **shared, **options) for rows in parts]
 
 
-_PROBLEM: dict = {}   # the problem a forked worker process inherits (``processes``)
-
-
-def _assess_in_worker(rows):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return assess(_PROBLEM["pb"], rows, **_PROBLEM["shared"])
-
-
 def on_processes(pb: dict, parts: list, workers: int) -> list:
-    """The segments' reports computed on a pool of ``workers`` forked processes (started here)."""
-    _PROBLEM["pb"], _PROBLEM["shared"] = pb, prepared(pb)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        return list(pool.map(_assess_in_worker, parts))
+    """The segments' reports as the flow computes them: a :class:`~labelshift.inference.segments.SegmentPool` of
+    ``workers`` processes (started here, forkserver), called from ``workers`` threads (the ``assess-segment``
+    tasks)."""
+    probs_h, yh, xh = pb["hold"]
+    common = dict(source_probs=probs_h, source_labels=yh, source_prior=probs_h.mean(axis=0), source_outputs=xh,
+                  calibrator=pb["cal"], **prepared(pb))
+    with SegmentPool(workers, **common) as pool, ThreadPoolExecutor(workers) as threads:
+        return list(threads.map(lambda rows: pool.assess(pb["probs"][rows], pb["raw"][rows]), parts))
 
 
 def on_threads(pool: ThreadPoolExecutor, pb: dict, parts: list) -> list:
@@ -133,22 +128,24 @@ def best(fn, repeat: int) -> float:
     return min(times)
 
 
-def measure(pb: dict, repeat: int, workers: int) -> dict:
+def measure(pb: dict, repeat: int, workers: int, breakdown: bool = True) -> dict:
     split = split_segments(pb["values"])
     parts = list(split.values())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = {"split": best(lambda: split_segments(pb["values"]), repeat),
                "pooled": best(lambda: assess(pb), repeat),
-               "segments": best(lambda: segments(pb, parts), repeat),
-               "no_test": best(lambda: [assess(pb, rows, label_shift_check=False) for rows in parts], repeat),
-               "fisher": best(lambda: [assess(pb, rows, label_shift_check=False, interval="fisher")
-                                       for rows in parts], repeat),
-               "no_cross_check": best(lambda: [assess(pb, rows, label_shift_check=False, cross_check=())
-                                               for rows in parts], repeat)}
+               "segments": best(lambda: segments(pb, parts), repeat)}
         with ThreadPoolExecutor(workers) as pool:      # as Prefect's thread pool task runner runs assess-segment
             out["threads"] = best(lambda: on_threads(pool, pb, parts), repeat)
         out["processes"] = best(lambda: on_processes(pb, parts, workers), repeat)
+        if breakdown:
+            out.update(
+                no_test=best(lambda: [assess(pb, rows, label_shift_check=False) for rows in parts], repeat),
+                fisher=best(lambda: [assess(pb, rows, label_shift_check=False, interval="fisher")
+                                     for rows in parts], repeat),
+                no_cross_check=best(lambda: [assess(pb, rows, label_shift_check=False, cross_check=())
+                                             for rows in parts], repeat))
     out["workers"] = workers
     return out
 
@@ -167,10 +164,12 @@ def report(args, t: dict) -> list[str]:
             f"| pooled estimate, all {s * m:,} rows (as without segments) | {t['pooled']:.2f} |",
             f"| {s} segment estimates, one after another | {per('segments')} |",
             f"| the same on {t['workers']} threads (as the `assess-segment` tasks run) | {per('threads')} |",
-            f"| the same on {t['workers']} processes (forked; the pool's start included) | {per('processes')} |",
-            f"| {s} segments without the label-shift test | {per('no_test')} |",
-            f"| ... and without the BBSE-soft cross-check | {per('no_cross_check')} |",
-            f"| ... or with the Fisher interval instead of the source-aware one | {per('fisher')} |", ""]
+            f"| the same on {t['workers']} worker processes (`SegmentPool`, as the flow; their start included) "
+            f"| {per('processes')} |",
+            *([f"| {s} segments without the label-shift test | {per('no_test')} |",
+               f"| ... and without the BBSE-soft cross-check | {per('no_cross_check')} |",
+               f"| ... or with the Fisher interval instead of the source-aware one | {per('fisher')} |"]
+              if "no_test" in t else []), ""]
 
 
 def main(argv=None) -> int:
@@ -180,7 +179,10 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--n", type=int, default=5_000, help="holdout rows")
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="threads of the fanned-out run")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                    help="threads, and processes, of the fanned-out runs")
+    ap.add_argument("--no-breakdown", action="store_true", help="skip the rows without the label-shift test")
+    ap.add_argument("--json", type=Path, help="also write the measured seconds to this file")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--write-readme", action="store_true")
     args = ap.parse_args(argv)
@@ -188,7 +190,11 @@ def main(argv=None) -> int:
         args.segments, args.rows, args.repeat = 10, 2_000, 1
     print(f"labelshift from {Path(labelshift.__file__).parent}", file=sys.stderr)
     pb = problem(args.k, args.n, args.segments, args.rows)
-    publish(HEADING, report(args, measure(pb, args.repeat, args.workers)), args.write_readme)
+    t = measure(pb, args.repeat, args.workers, breakdown=not args.no_breakdown)
+    if args.json:
+        args.json.write_text(json.dumps({**vars(args), "json": str(args.json), "seconds": t, "cpu": cpu_model(),
+                                         "cores": os.cpu_count()}, indent=2))
+    publish(HEADING, report(args, t), args.write_readme)
     return 0
 
 

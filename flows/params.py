@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from pydantic_core import PydanticCustomError
 
 from labelshift.estimation import registry
-from labelshift.inference.segments import MIN_SEGMENT_SIZE
+from labelshift.inference.segments import MIN_SEGMENT_SIZE, PROCESS_ROWS, SEGMENT_PROCESSES
 from labelshift.inference.settings import DEFAULTS as ASSESSMENT
 from labelshift.errors import InputError
 from labelshift.experiments import gaussian, images
@@ -321,6 +321,12 @@ SegmentColumnParam = Annotated[str | None, Field(
 MinSegmentSizeParam = Annotated[int, Field(
     ge=20, description="Segments with fewer rows are reported as too small (with their size) instead of assessed "
                        "(with segment_column). See docs/reestimation.md for why 200.")]
+SegmentProcessesParam = Annotated[int, Field(
+    ge=0, le=1024,
+    description=f"Worker processes that assess the segments (with segment_column): 0 = automatic -- one per CPU "
+                f"the run may use (at most one per segment) once the assessed segments hold {PROCESS_ROWS:,} rows "
+                "in all, else none; 1 = none (each segment in its task's thread); N = N. The results are the same "
+                "either way. See docs/reestimation.md.")]
 
 
 class ReestimateParameters(BaseModel):
@@ -352,6 +358,7 @@ class ReestimateParameters(BaseModel):
     corrected_model_name: CorrectedModelNameParam = None
     segment_column: SegmentColumnParam = None
     min_segment_size: MinSegmentSizeParam = MIN_SEGMENT_SIZE
+    segment_processes: SegmentProcessesParam = SEGMENT_PROCESSES
 
     @model_validator(mode="after")
     def _interval_fits_estimator(self) -> "ReestimateParameters":

@@ -47,7 +47,8 @@ from flows.params import (BatchSizeParam, CalibratorParam, CrossCheckParam, Esti
                           IntervalParam, LabelShiftSignificanceParam, LevelParam, MaxWidthParam, ModelParam,
                           NBootstrapParam, OnChangedParam, OnInvalidParam, ReestimateParameters, SeedParam,
                           SignificanceParam, TargetParam, TrackingParam, RegisterCorrectedParam,
-                          CorrectedModelNameParam, SegmentColumnParam, MinSegmentSizeParam, documented)
+                          CorrectedModelNameParam, SegmentColumnParam, MinSegmentSizeParam, SegmentProcessesParam,
+                          documented)
 from flows.params import DEFAULT_MODEL  # noqa: F401 - re-exported
 from flows.summary import headline as _headline
 from flows.summary import summary_markdown
@@ -274,7 +275,7 @@ def _per_segment(p: ReestimateParameters, bundle, classes, scored, values, summa
         return
     outputs = joined(scored.outputs) if scored.outputs else None
     segments = assess_segments(bundle, segment_values_of(values, scored), joined(scored.probs), outputs,
-                               _settings(p), classes, p.min_segment_size)
+                               _settings(p), classes, p.min_segment_size, p.segment_processes)
     summary["segments"] = {"column": p.segment_column, "min_size": p.min_segment_size,
                            "items": [s.to_dict() for s in segments]}
     named = None if classes == [str(c) for c in range(len(classes))] else classes
@@ -369,6 +370,7 @@ def reestimate(
     corrected_model_name: CorrectedModelNameParam = DEFAULTS.corrected_model_name,
     segment_column: SegmentColumnParam = DEFAULTS.segment_column,
     min_segment_size: MinSegmentSizeParam = DEFAULTS.min_segment_size,
+    segment_processes: SegmentProcessesParam = DEFAULTS.segment_processes,
 ):
     """Re-estimate the target label distribution from the target batches that arrived since the last success.
 

@@ -40,6 +40,7 @@ from labelshift.storage import open_store
 from tasks import tracking
 
 __all__ = ["REFERENCE_ARTIFACT", "ModelBundle", "parse_model_uri", "log_reestimation_reference", "load_bundle",
+           "holdout_arguments",
            "ScoredBatches", "log_rejections", "log_source_holdout", "estimate_shift", "write_outputs",
            "start_reestimation_run", "log_reestimation", "sync_monitor", "end_run", "prior_metrics", "history_record",
            "render_figure"]
@@ -282,13 +283,21 @@ def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: s
     ``outputs``); the batches are pooled without a copy when they are views of one array
     (:func:`labelshift.rows.joined`). The defaults are :data:`labelshift.inference.settings.DEFAULTS`;
     ``prepared_holdout``: the label-shift test's work on the holdout, made once for many calls (the segments)."""
-    return assess_shift(bundle.source_probs, bundle.source_labels, joined(probs), source_prior=bundle.source_prior,
+    return assess_shift(target_probs=joined(probs), **holdout_arguments(bundle),
                         estimator=estimator, cross_check=cross_check, interval=interval, level=level,
                         significance=significance, n_bootstrap=n_bootstrap, seed=seed,
-                        max_interval_width=max_interval_width, source_outputs=bundle.source_outputs,
-                        target_outputs=None if outputs is None else joined(outputs), calibrator=bundle.calibrator,
+                        max_interval_width=max_interval_width,
+                        target_outputs=None if outputs is None else joined(outputs),
                         class_names=class_names, label_shift_significance=label_shift_significance,
                         prepared_holdout=prepared_holdout)
+
+
+def holdout_arguments(bundle: ModelBundle) -> dict:
+    """The keyword arguments of :func:`~labelshift.inference.report.assess_shift` that the bundle gives: its source
+    holdout (calibrated and raw outputs, labels), prior and calibrator."""
+    return {"source_probs": bundle.source_probs, "source_labels": bundle.source_labels,
+            "source_prior": bundle.source_prior, "source_outputs": bundle.source_outputs,
+            "calibrator": bundle.calibrator}
 
 
 @task(name="write-outputs", cache_policy=NO_CACHE, persist_result=False)

@@ -1,5 +1,6 @@
 """Estimates per segment (issue 22, part 3): read the segment column of the new batches, assess each segment's rows
-as one Prefect task per segment (``assess-segment``, fanned out with ``.submit``), and log the segments to the
+as one Prefect task per segment (``assess-segment``, fanned out with ``.submit``, computed on worker processes:
+:class:`labelshift.inference.segments.SegmentPool`), and log the segments to the
 re-estimation's MLflow run (metrics ``segment.<segment>.<name>``, the figure ``figures/segment_priors.png`` and
 ``reestimation/segments.json``).
 
@@ -24,11 +25,12 @@ from prefect.cache_policies import NO_CACHE
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
 from labelshift.experiments.plots import figure_png, plot_segment_priors
 from labelshift.inference.report import label_shift_holdout
-from labelshift.inference.segments import SegmentEstimate, split_segments
+from labelshift.inference.segments import (SEGMENT_PROCESSES, SegmentEstimate, SegmentPool, segment_processes,
+                                          split_segments)
 from labelshift.monitoring.batches import batch_format, metric_names, read_segments
 from labelshift.monitoring.watermark import TargetBatch
 from labelshift.storage import open_store
-from tasks.reestimation import _log_bytes, estimate_shift
+from tasks.reestimation import _log_bytes, holdout_arguments
 
 __all__ = ["check_segmentable", "read_segment_values", "segment_values_of", "assess_segment", "assess_segments",
            "segment_metrics", "log_segments"]
@@ -82,36 +84,40 @@ def segment_values_of(values: dict[str, np.ndarray], scored) -> np.ndarray:
 
 
 @task(name="assess-segment", task_run_name="assess-segment-{name}", cache_policy=NO_CACHE, persist_result=False)
-def assess_segment(bundle, name: str, probs: np.ndarray, outputs: np.ndarray | None, settings: dict,
-                   class_names, min_size: int, prepared_holdout=None) -> SegmentEstimate:
-    """One segment: :func:`tasks.reestimation.estimate_shift` (``assess_shift`` with the shared holdout) on its
-    rows, with the run's ``settings`` (and the label-shift test's ``prepared_holdout``, made once)."""
-    report = estimate_shift.fn(bundle, [probs], outputs=None if outputs is None else [outputs],
-                               class_names=class_names, prepared_holdout=prepared_holdout, **settings)
-    return SegmentEstimate(name, len(probs), min_size, report)
+def assess_segment(pool: SegmentPool, name: str, probs: np.ndarray, outputs: np.ndarray | None, class_names,
+                   min_size: int) -> SegmentEstimate:
+    """One segment: ``assess_shift`` on its rows with the shared holdout and the run's settings, on one of the
+    pool's worker processes (or in this task's thread when the pool has none)."""
+    return SegmentEstimate(name, len(probs), min_size, pool.assess(probs, outputs, class_names))
 
 
 def assess_segments(bundle, values: np.ndarray, probs: np.ndarray, outputs: np.ndarray | None, settings: dict,
-                    class_names, min_size: int) -> list[SegmentEstimate]:
+                    class_names, min_size: int, processes: int = SEGMENT_PROCESSES) -> list[SegmentEstimate]:
     """Every segment, in the order of their names: those with at least ``min_size`` rows assessed as concurrent
-    ``assess-segment`` tasks, the others reported as too small (with their size). A segment whose assessment
-    raises is reported as failed, with the error: it never fails the run, whose pooled estimate stands."""
+    ``assess-segment`` tasks on a :class:`~labelshift.inference.segments.SegmentPool` of ``processes`` worker
+    processes (0: automatic; :func:`~labelshift.inference.segments.segment_processes`), the others reported as
+    too small (with their size). A segment whose assessment raises is reported as failed, with the error: it never
+    fails the run, whose pooled estimate stands."""
     futures, results = {}, {}
     split = split_segments(values)
-    prepared = (label_shift_holdout(bundle.source_probs, bundle.source_labels, probs)
-                if any(len(rows) >= min_size for rows in split.values()) else None)
-    for name, rows in split.items():
-        if len(rows) < min_size:
-            results[name] = SegmentEstimate(name, len(rows), min_size)
-        else:
-            futures[name] = assess_segment.submit(bundle, name, probs[rows],
-                                                  None if outputs is None else outputs[rows], settings,
-                                                  class_names, min_size, prepared)
-    for name, future in futures.items():
-        try:
-            results[name] = future.result()
-        except Exception as exc:        # one segment's failure is reported, never the pooled run's
-            results[name] = SegmentEstimate(name, len(split[name]), min_size, error=f"{type(exc).__name__}: {exc}")
+    assessed = [name for name, rows in split.items() if len(rows) >= min_size]
+    for name in split.keys() - set(assessed):
+        results[name] = SegmentEstimate(name, len(split[name]), min_size)
+    if assessed:
+        prepared = label_shift_holdout(bundle.source_probs, bundle.source_labels, probs)
+        workers = segment_processes(processes, len(assessed), sum(len(split[name]) for name in assessed))
+        with SegmentPool(workers, **holdout_arguments(bundle), **settings, prepared_holdout=prepared) as pool:
+            for name in assessed:
+                rows = split[name]
+                futures[name] = assess_segment.submit(pool, name, probs[rows],
+                                                      None if outputs is None else outputs[rows], class_names,
+                                                      min_size)
+            for name, future in futures.items():
+                try:
+                    results[name] = future.result()
+                except Exception as exc:        # one segment's failure is reported, never the pooled run's
+                    results[name] = SegmentEstimate(name, len(split[name]), min_size,
+                                                    error=f"{type(exc).__name__}: {exc}")
     return [results[name] for name in sorted(results)]
 
 

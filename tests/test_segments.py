@@ -164,3 +164,55 @@ def test_a_segment_with_the_prepared_holdout_is_the_segment_alone():
             assert shared.to_dict() == alone.to_dict() and shared.label_shift is not None
     # a holdout the test cannot use: nothing prepared, each report says why the test was not run
     assert label_shift_holdout(ph[:150], yh[:150], probs) is None
+
+
+def _small_problem(k=3, n=600, segments=3, m=400):
+    from labelshift.calibration.scaling import BCTS
+    from labelshift.experiments.well_specified import WellSpecifiedGaussians
+
+    pb = WellSpecifiedGaussians.make(k)
+    rng = np.random.default_rng(0)
+    xh, yh = pb.holdout(n, rng)
+    cal = BCTS().fit(xh, yh)
+    targets = [pb.draw(np.random.default_rng([1, s]).dirichlet(np.ones(k)), m, rng)[0] for s in range(segments)]
+    probs_h = cal.predict_proba(xh)
+    common = dict(source_probs=probs_h, source_labels=yh, source_prior=probs_h.mean(axis=0), source_outputs=xh,
+                  calibrator=cal, significance=0.01)
+    return common, [(cal.predict_proba(x), x) for x in targets]
+
+
+def test_segments_on_worker_processes_equal_the_same_assessments_in_this_process():
+    from concurrent.futures import ThreadPoolExecutor
+
+    import psutil
+
+    from labelshift.inference.report import label_shift_holdout
+    from labelshift.inference.segments import SegmentPool
+
+    common, targets = _small_problem()
+    common["prepared_holdout"] = label_shift_holdout(common["source_probs"], common["source_labels"],
+                                                     targets[0][0])
+    inline = [SegmentPool(1, **common).assess(p, x, class_names=["a", "b", "c"]) for p, x in targets]
+    with SegmentPool(2, **common) as pool, ThreadPoolExecutor(3) as threads:    # as the flow's tasks call it
+        on_workers = list(threads.map(lambda t: pool.assess(*t, class_names=["a", "b", "c"]), targets))
+        # a segment whose assessment raises raises the same error here (the flow reports it as failed)
+        with pytest.raises(InputError, match="target_probs"):
+            pool.assess(np.hstack([targets[0][0], targets[0][0][:, :1]]), None)
+        workers = list(pool._executor._processes)
+    assert 1 <= len(workers) <= 2
+    assert [r.to_dict() for r in on_workers] == [r.to_dict() for r in inline]     # bit for bit (one BLAS thread)
+    assert all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE for pid in workers)
+
+
+def test_segment_processes_automatic_only_for_enough_rows():
+    import os
+
+    from labelshift.inference.segments import PROCESS_ROWS, segment_processes
+
+    cpus = len(os.sched_getaffinity(0))
+    assert segment_processes(0, 100, PROCESS_ROWS) == min(cpus, 100)
+    assert segment_processes(0, 100, PROCESS_ROWS - 1) == 1
+    assert segment_processes(0, 1, 10**9) == 1                   # never more processes than segments
+    assert segment_processes(4, 3, 10) == 3 and segment_processes(1, 50, 10**9) == 1
+    with pytest.raises(InputError, match="0 \\(automatic\\) or more"):
+        segment_processes(-1, 3, 10)

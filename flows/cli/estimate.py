@@ -59,6 +59,7 @@ OPTIONS: dict[str, Opt] = {
     "corrected_model_name": Opt(metavar="NAME", default="<model name>-shift-corrected"),
     "segment_column": Opt(metavar="COLUMN", default="no estimates per segment"),
     "min_segment_size": Opt(metavar="N"),
+    "segment_processes": Opt(metavar="N"),
 }
 
 

@@ -5,22 +5,35 @@ group), each segment assessed on its own rows against the one shared labelled ho
 value; :class:`SegmentEstimate` is one segment's result -- the :class:`~labelshift.inference.report.ShiftReport` of
 :func:`~labelshift.inference.report.assess_shift` on that segment's rows, or "too small" with its size when it has
 fewer rows than the minimum (:data:`MIN_SEGMENT_SIZE`; why 200: ``docs/reestimation.md``, "Estimates per segment").
-What sharing the holdout means for the segments' intervals is said there too.
+What sharing the holdout means for the segments' intervals is said there too. :class:`SegmentPool` assesses many
+segments against one holdout on worker processes (:func:`segment_processes` says how many).
 """
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sys
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import InputError
-from .report import ShiftReport
+from .report import ShiftReport, assess_shift
 
-__all__ = ["MIN_SEGMENT_SIZE", "SegmentEstimate", "check_segment_values", "split_segments"]
+__all__ = ["MIN_SEGMENT_SIZE", "PROCESS_ROWS", "SEGMENT_PROCESSES", "SegmentEstimate", "SegmentPool", "check_segment_values",
+           "segment_processes", "split_segments"]
 
 #: the fewest rows a segment is assessed on; smaller segments are reported as too small, with their size
 MIN_SEGMENT_SIZE = 200
+#: worker processes for the segments: 0 = automatic (one per CPU this process may use, at most one per segment, when
+#: the segments hold at least :data:`PROCESS_ROWS` rows in all; else none), 1 = none (each segment in the calling
+#: thread), N = N
+SEGMENT_PROCESSES = 0
+#: rows of assessed segments from which 0 (automatic) starts worker processes (forking them takes about 0.1 s; a
+#: segment of 10,000 rows at k = 10 about 0.3 s of work: benchmarks/README.md, "Estimates per segment")
+PROCESS_ROWS = 50_000
 
 
 def check_segment_values(values: Sequence, *, column: str, batch: str) -> np.ndarray:
@@ -83,3 +96,81 @@ class SegmentEstimate:
                 "label_shift_ok": r.label_shift_ok, "trustworthy": bool(r.trustworthy),
                 "accuracy": None if acc is None else
                 {"expected": float(acc.expected), "lower": float(acc.lower), "upper": float(acc.upper)}}
+
+
+def segment_processes(requested: int, segments: int, rows: int) -> int:
+    """Worker processes for ``segments`` assessments of ``rows`` rows in all: ``requested``, or with 0 one per CPU
+    this process may use if ``rows`` reaches :data:`PROCESS_ROWS` (else 1); never more than ``segments``. 1 or
+    fewer means none (the calling thread assesses)."""
+    if requested < 0:
+        raise InputError(f"segment processes must be 0 (automatic) or more, got {requested}")
+    if requested == 0:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        requested = cpus if rows >= PROCESS_ROWS else 1
+    return max(1, min(requested, segments))
+
+
+_WORKER_COMMON: dict = {}
+
+
+def _start_worker(common: dict) -> None:
+    """A worker's start: keep the holdout side and the settings, and run BLAS on one thread (the processes are
+    the parallelism; each segment's products are small)."""
+    from ..rows import one_blas_thread
+
+    _WORKER_COMMON.clear()
+    _WORKER_COMMON.update(common)
+    one_blas_thread().__enter__()      # for the worker's whole life
+
+
+def _assess_in_worker(target_probs, target_outputs, class_names) -> ShiftReport:
+    return assess_shift(**_WORKER_COMMON, target_probs=target_probs, target_outputs=target_outputs,
+                        class_names=class_names)
+
+
+class SegmentPool:
+    """:func:`~labelshift.inference.report.assess_shift` on many targets (a target's segments) against one
+    holdout, on ``processes`` worker processes; with ``processes <= 1`` in the calling thread.
+
+    ``common``: the keyword arguments of ``assess_shift`` that every segment shares -- the holdout side
+    (``source_probs``, ``source_labels``, ``source_prior``, ``source_outputs``, ``calibrator``), the settings, and
+    ``prepared_holdout`` (the label-shift test's holdout part, made once). They go to each worker once, when it
+    starts; :meth:`assess` then sends one segment's rows and returns its report, the same report
+    ``assess_shift(**common, target_probs=..., ...)`` gives in this process (up to 100 classes the default path
+    runs its products on one BLAS thread in both; tested). On Linux the workers are forked from this process (in
+    about 0.1 s, with labelshift imported and the holdout in memory); a worker runs only numpy and scipy code
+    (OpenBLAS is fork-safe; the modules it imports are loaded already) and ends with ``os._exit``. ``spawn`` and
+    ``forkserver`` import the caller's ``__main__`` -- the ``labelshift`` command or Prefect's engine, prefect and
+    mlflow -- in every worker, and loky (joblib's pool) started its 16 workers one after another: 16-27 s before
+    the last one took a segment, measured (docs/reestimation.md, "Cost"). Elsewhere: ``spawn``. :meth:`assess` may
+    be called from many threads at once (the flow's ``assess-segment`` tasks); use the pool as a context manager,
+    which stops the workers on exit.
+    """
+
+    def __init__(self, processes: int, **common):
+        self.processes = int(processes)
+        self.common = common
+        self._executor = None
+        if self.processes > 1:
+            context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+            self._executor = ProcessPoolExecutor(self.processes, mp_context=context, initializer=_start_worker,
+                                                 initargs=(common,))
+
+    def assess(self, target_probs, target_outputs=None, class_names=None) -> ShiftReport:
+        """One segment's :class:`~labelshift.inference.report.ShiftReport` (its errors raised here)."""
+        if self._executor is None:
+            return assess_shift(**self.common, target_probs=target_probs, target_outputs=target_outputs,
+                                class_names=class_names)
+        return self._executor.submit(_assess_in_worker, target_probs, target_outputs, class_names).result()
+
+    def close(self, cancel: bool = False) -> None:
+        """Stop the workers once they are done (with ``cancel``, after the segments already started)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=cancel)
+            self._executor = None
+
+    def __enter__(self) -> "SegmentPool":
+        return self
+
+    def __exit__(self, exc_type, *exc_info) -> None:
+        self.close(cancel=exc_type is not None)
