@@ -14,7 +14,7 @@ it (the ``reestimate`` flow's default settings, :data:`labelshift.inference.sett
 * ``threads``: the same on a thread pool of ``--workers`` threads, as the flow's ``assess-segment`` tasks run
   (Prefect's default task runner is a thread pool);
 * ``processes``: the same as the flow runs them: a :class:`labelshift.inference.segments.SegmentPool` of
-  ``--workers`` worker processes (forkserver; the holdout sent to each once, each segment's rows sent and its
+  ``--workers`` worker processes (forked on Linux; the holdout given to each once, each segment's rows sent and its
   report sent back; the pool's start counted), called from ``--workers`` threads;
 * where the time goes: the segments again without the label-shift test, then also without the BBSE-soft
   cross-check, or with the Fisher interval instead of the source-aware one.
@@ -105,7 +105,7 @@ def segments(pb: dict, parts: list, **options) -> list:
 
 def on_processes(pb: dict, parts: list, workers: int) -> list:
     """The segments' reports as the flow computes them: a :class:`~labelshift.inference.segments.SegmentPool` of
-    ``workers`` processes (started here, forkserver), called from ``workers`` threads (the ``assess-segment``
+    ``workers`` processes (started here, forked on Linux), called from ``workers`` threads (the ``assess-segment``
     tasks)."""
     probs_h, yh, xh = pb["hold"]
     common = dict(source_probs=probs_h, source_labels=yh, source_prior=probs_h.mean(axis=0), source_outputs=xh,

@@ -22,7 +22,8 @@ import functools
 import numpy as np
 
 __all__ = ["ROW_BLOCK", "LARGE_ROWS", "is_large", "single_set", "blocks", "row_dot", "column_sums", "mean_cov",
-           "argmax_counts", "mlls_pass", "one_blas_thread", "pass_threads", "decomposition_threads", "joined"]
+           "argmax_counts", "mlls_pass", "one_blas_thread", "one_blas_thread_for_life", "pass_threads",
+           "decomposition_threads", "joined"]
 
 #: rows per block (2.5 MB of float32, 5 MB of float64 at k = 10: the float64 temporaries of a block stay in cache)
 ROW_BLOCK = 65536
@@ -63,6 +64,17 @@ def one_blas_thread():
     ctl = _controller()
     _ambient_threads()
     return ctl.limit(limits=1, user_api="blas") if ctl is not None else contextlib.nullcontext()
+
+
+def one_blas_thread_for_life() -> None:
+    """BLAS on one thread in this process from now on, :func:`pass_threads` included (its "process's own number"
+    becomes 1): for worker processes whose parallelism is the processes themselves."""
+    ctl = _controller()
+    if ctl is None:           # pragma: no cover - threadpoolctl comes with scikit-learn
+        return
+    ctl.limit(limits=1, user_api="blas")     # stays: threadpoolctl restores only on leaving a ``with``
+    _ambient_threads.cache_clear()
+    _ambient_threads()
 
 
 @functools.lru_cache(maxsize=1)

@@ -83,7 +83,7 @@ WEED_INTERNAL_PORT_FLAGS = ("s3.port.grpc", "master.port", "master.port.grpc", "
 #: weed's storage, set rather than sized from the disk: volumes of 64 MiB, at most 1,000 (64 GiB), one grown per
 #: bucket at a time (``WEED_ENV``), read-only once the disk has less than ``WEED_MIN_FREE_MIB`` free. (``weed mini``
 #: sizes them from the disk and keeps 1 % of the disk's size free, so on a large, nearly full disk it had no
-#: writable volume at all; docs/operations.md "SeaweedFS".)
+#: writable volume at all; infra/README.md, "The local stack (no Docker)".)
 WEED_VOLUME_SIZE_MIB = 64
 WEED_MAX_VOLUMES = 1000
 WEED_MIN_FREE_MIB = 256

@@ -257,8 +257,9 @@ def _experiment_runs(tracking_uri: str) -> list:
 
 
 def test_estimates_per_segment_equal_assess_shift_on_each_segments_rows(prefect_server, reference, digits, seaweed,
-                                                                         s3_bucket):
+                                                                         s3_bucket, monkeypatch):
     from labelshift import assess_shift
+    from labelshift.inference import segments as segments_mod
     from tasks.references import load_reference
     from tasks.reestimation import estimate_shift
 
@@ -266,10 +267,18 @@ def test_estimates_per_segment_equal_assess_shift_on_each_segments_rows(prefect_
     for key, table in batches.items():
         _put(seaweed, s3_bucket, f"seg/{key}", _parquet(table))
     # the segments on two worker processes (automatic would assess these few rows in the tasks' threads): the
-    # same numbers as assess_shift in this process, below
+    # same numbers as assess_shift in this process, below; the workers the pool ran are counted when it closes
+    workers, close = [], segments_mod.SegmentPool.close
+
+    def counting_close(pool, cancel=False):
+        workers.append(0 if pool._executor is None else len(pool._executor._processes))
+        close(pool, cancel)
+
+    monkeypatch.setattr(segments_mod.SegmentPool, "close", counting_close)
     state = _run(reference["model_uri"], reference["tracking_uri"], f"s3://{s3_bucket}/seg/", segment_column="region",
                  segment_processes=2)
     assert state.is_completed(), state.message
+    assert workers == [2]
     summary = state.result()
     seg = summary["segments"]
     assert seg["column"] == "region" and seg["min_size"] == 200

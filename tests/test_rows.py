@@ -291,3 +291,23 @@ def test_pass_threads_one_thread_for_narrow_rows_and_the_process_count_for_wide_
     with rows.one_blas_thread():
         narrow = rows.mean_cov.__wrapped__(P)
     np.testing.assert_allclose(wide[1], narrow[1], rtol=1e-12, atol=1e-15)
+
+
+def test_one_blas_thread_for_life_holds_in_wide_passes_too():
+    """A segment worker (labelshift.inference.segments) runs BLAS on one thread, wide passes included: 16 workers
+    of 16 BLAS threads each would oversubscribe the cores. In a subprocess, not to change this one's threads."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; sys.path.insert(0, {root!r})\n"
+            "from threadpoolctl import threadpool_info\n"
+            "from labelshift import rows\n"
+            "rows.one_blas_thread_for_life()\n"
+            "with rows.pass_threads(rows.THREADED_PASS_CLASSES + 1):\n"
+            "    print(max(d['num_threads'] for d in threadpool_info() if d['user_api'] == 'blas'))\n")
+    out = subprocess.run([sys.executable, "-c", code.format(root=str(Path(__file__).resolve().parents[1]))],
+                         capture_output=True, text=True, timeout=120, env={**__import__("os").environ,
+                                                                           "OPENBLAS_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1"]

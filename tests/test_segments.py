@@ -216,3 +216,62 @@ def test_segment_processes_automatic_only_for_enough_rows():
     assert segment_processes(4, 3, 10) == 3 and segment_processes(1, 50, 10**9) == 1
     with pytest.raises(InputError, match="0 \\(automatic\\) or more"):
         segment_processes(-1, 3, 10)
+
+
+def test_usable_cpus_follow_a_cgroup_quota(tmp_path):
+    import os
+
+    from labelshift.inference.segments import usable_cpus
+
+    affinity = len(os.sched_getaffinity(0))
+    quota = tmp_path / "cpu.max"
+    quota.write_text("max 100000\n")
+    assert usable_cpus(quota) == affinity
+    quota.write_text("150000 100000\n")             # --cpus=1.5: one whole CPU
+    assert usable_cpus(quota) == min(affinity, 1)
+    assert usable_cpus(tmp_path / "absent") == affinity
+
+
+_ORPHAN_SCRIPT = """
+import sys, time, warnings
+sys.path.insert(0, {root!r})
+warnings.simplefilter("ignore")
+from tests.test_segments import _small_problem
+from labelshift.inference.segments import SegmentPool
+common, targets = _small_problem(segments=1, m=300)
+pool = SegmentPool(2, **common)
+pool.assess(*targets[0])
+print(" ".join(str(pid) for pid in pool._executor._processes), flush=True)
+time.sleep(600)
+"""
+
+
+def test_workers_end_when_the_process_that_started_them_is_killed():
+    """Forked workers would otherwise outlive a SIGKILLed flow run (holding its pipes, the watchdog's among them)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    def alive(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    root = str(Path(__file__).resolve().parents[1])
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT.format(root=root)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        workers = [int(pid) for pid in parent.stdout.readline().split()]
+        assert workers and all(alive(pid) for pid in workers)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+    deadline = time.monotonic() + 10          # each worker looks for its parent every 0.5 s
+    while time.monotonic() < deadline and any(alive(pid) for pid in workers):
+        time.sleep(0.1)
+    assert not [pid for pid in workers if alive(pid)]

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -23,7 +28,7 @@ from ..errors import InputError
 from .report import ShiftReport, assess_shift
 
 __all__ = ["MIN_SEGMENT_SIZE", "PROCESS_ROWS", "SEGMENT_PROCESSES", "SegmentEstimate", "SegmentPool", "check_segment_values",
-           "segment_processes", "split_segments"]
+           "segment_processes", "split_segments", "usable_cpus"]
 
 #: the fewest rows a segment is assessed on; smaller segments are reported as too small, with their size
 MIN_SEGMENT_SIZE = 200
@@ -31,8 +36,9 @@ MIN_SEGMENT_SIZE = 200
 #: the segments hold at least :data:`PROCESS_ROWS` rows in all; else none), 1 = none (each segment in the calling
 #: thread), N = N
 SEGMENT_PROCESSES = 0
-#: rows of assessed segments from which 0 (automatic) starts worker processes (forking them takes about 0.1 s; a
-#: segment of 10,000 rows at k = 10 about 0.3 s of work: benchmarks/README.md, "Estimates per segment")
+#: rows of assessed segments from which 0 (automatic) starts worker processes: 5 segments of 10,000 rows, 1-2 s of
+#: work at k = 10 (0.2-0.4 s a segment), against the workers' start -- forked, 16 of them took 48 segments (13.4 s
+#: of work) in 1.24 s on the lent 16-core machine (benchmarks/README.md, "Estimates per segment")
 PROCESS_ROWS = 50_000
 
 
@@ -100,27 +106,48 @@ class SegmentEstimate:
 
 def segment_processes(requested: int, segments: int, rows: int) -> int:
     """Worker processes for ``segments`` assessments of ``rows`` rows in all: ``requested``, or with 0 one per CPU
-    this process may use if ``rows`` reaches :data:`PROCESS_ROWS` (else 1); never more than ``segments``. 1 or
-    fewer means none (the calling thread assesses)."""
+    this process may use (:func:`usable_cpus`) if ``rows`` reaches :data:`PROCESS_ROWS` (else 1); never more than
+    ``segments``. 1 or fewer means none (the calling thread assesses)."""
     if requested < 0:
         raise InputError(f"segment processes must be 0 (automatic) or more, got {requested}")
     if requested == 0:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        requested = cpus if rows >= PROCESS_ROWS else 1
+        requested = usable_cpus() if rows >= PROCESS_ROWS else 1
     return max(1, min(requested, segments))
+
+
+def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """CPUs this process may run on (its affinity), capped by a cgroup v2 CPU quota (a container's ``--cpus``)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
 _WORKER_COMMON: dict = {}
 
 
 def _start_worker(common: dict) -> None:
-    """A worker's start: keep the holdout side and the settings, and run BLAS on one thread (the processes are
-    the parallelism; each segment's products are small)."""
-    from ..rows import one_blas_thread
+    """A worker's start: keep the holdout side and the settings; BLAS on one thread (the processes are the
+    parallelism); Ctrl-C left to the parent (which stops the workers); and end when the parent ends, however it
+    ends -- a forked worker would otherwise outlive a killed parent, holding the pipes it inherited (among them
+    the one :mod:`stack.lifetime`'s watchdog waits on)."""
+    from ..rows import one_blas_thread_for_life
 
     _WORKER_COMMON.clear()
     _WORKER_COMMON.update(common)
-    one_blas_thread().__enter__()      # for the worker's whole life
+    one_blas_thread_for_life()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_with_parent(parent: int, every_s: float = 0.5) -> None:
+    while os.getppid() == parent:
+        time.sleep(every_s)
+    os._exit(1)
 
 
 def _assess_in_worker(target_probs, target_outputs, class_names) -> ShiftReport:
@@ -137,14 +164,15 @@ class SegmentPool:
     ``prepared_holdout`` (the label-shift test's holdout part, made once). They go to each worker once, when it
     starts; :meth:`assess` then sends one segment's rows and returns its report, the same report
     ``assess_shift(**common, target_probs=..., ...)`` gives in this process (up to 100 classes the default path
-    runs its products on one BLAS thread in both; tested). On Linux the workers are forked from this process (in
-    about 0.1 s, with labelshift imported and the holdout in memory); a worker runs only numpy and scipy code
-    (OpenBLAS is fork-safe; the modules it imports are loaded already) and ends with ``os._exit``. ``spawn`` and
-    ``forkserver`` import the caller's ``__main__`` -- the ``labelshift`` command or Prefect's engine, prefect and
-    mlflow -- in every worker, and loky (joblib's pool) started its 16 workers one after another: 16-27 s before
-    the last one took a segment, measured (docs/reestimation.md, "Cost"). Elsewhere: ``spawn``. :meth:`assess` may
-    be called from many threads at once (the flow's ``assess-segment`` tasks); use the pool as a context manager,
-    which stops the workers on exit.
+    runs its products on one BLAS thread in both; tested). On Linux the workers are forked from this process, with
+    labelshift imported and the holdout in memory; a worker runs only numpy and scipy code (OpenBLAS is fork-safe;
+    the modules it imports are loaded already), ends with ``os._exit``, and ends too when this process ends
+    (:func:`_start_worker`). ``spawn`` and ``forkserver`` import the caller's ``__main__`` -- the ``labelshift``
+    command or Prefect's engine: prefect and mlflow -- in every worker, and loky (joblib's pool) started its 16
+    workers one after another (48 segments in 25.7 s against 1.24 s forked: benchmarks/README.md, "Estimates per
+    segment"). Elsewhere: ``spawn``. A segment whose worker died is assessed in the calling thread.
+    :meth:`assess` may be called from many threads at once (the flow's ``assess-segment`` tasks); use the pool as
+    a context manager, which stops the workers on exit.
     """
 
     def __init__(self, processes: int, **common):
@@ -161,7 +189,11 @@ class SegmentPool:
         if self._executor is None:
             return assess_shift(**self.common, target_probs=target_probs, target_outputs=target_outputs,
                                 class_names=class_names)
-        return self._executor.submit(_assess_in_worker, target_probs, target_outputs, class_names).result()
+        try:
+            return self._executor.submit(_assess_in_worker, target_probs, target_outputs, class_names).result()
+        except BrokenProcessPool:   # a worker died (killed for memory?): this segment in the calling thread
+            return assess_shift(**self.common, target_probs=target_probs, target_outputs=target_outputs,
+                                class_names=class_names)
 
     def close(self, cancel: bool = False) -> None:
         """Stop the workers once they are done (with ``cancel``, after the segments already started)."""
