@@ -211,6 +211,11 @@ def remove_weed_sockets(ports: Iterable[int | str]) -> None:
                 pass
 
 
+#: the MLflow server's environment: no telemetry, and no job runner (GenAI scorers, prompt optimisation: eight more
+#: processes, each importing mlflow, at every start; nothing here uses it)
+MLFLOW_SERVER_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 def mlflow_server_command(port: int, *, backend_store_uri: str, artifacts_destination: str, host: str = HOST,
                           workers: int = 1) -> list[str]:
     """``mlflow server`` on host:port, run by this interpreter, proxying artifacts to ``artifacts_destination``."""
@@ -409,9 +414,8 @@ class LocalStack:
         env = {k: v for k, v in os.environ.items() if k not in _FOREIGN_AWS_VARS and k != COMMAND_MARKER_ENV}
         env[MARKER_ENV] = str(self.root)
         env["PYTHONUNBUFFERED"] = "1"
-        env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-        # MLflow's job runner (GenAI scorers, prompt optimisation) starts eight more processes; nothing here uses it
-        env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+        for name, value in MLFLOW_SERVER_ENV.items():
+            env.setdefault(name, value)
         env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
         return env
 
