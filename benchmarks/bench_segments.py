@@ -90,11 +90,16 @@ def prepared(pb: dict) -> dict:
     return {"prepared_holdout": label_shift_holdout(pb["hold"][0], pb["hold"][1], pb["probs"])}
 
 
-def assess(pb: dict, rows=None, **options):
+def holdout(pb: dict) -> dict:
+    """The ``assess_shift`` arguments of the holdout side."""
     probs_h, yh, xh = pb["hold"]
+    return dict(source_probs=probs_h, source_labels=yh, source_prior=probs_h.mean(axis=0), source_outputs=xh,
+                calibrator=pb["cal"])
+
+
+def assess(pb: dict, rows=None, **options):
     probs, raw = (pb["probs"], pb["raw"]) if rows is None else (pb["probs"][rows], pb["raw"][rows])
-    return assess_shift(probs_h, yh, probs, source_prior=probs_h.mean(axis=0), source_outputs=xh,
-                        target_outputs=raw, calibrator=pb["cal"], **options)
+    return assess_shift(target_probs=probs, target_outputs=raw, **holdout(pb), **options)
 
 
 def segments(pb: dict, parts: list, **options) -> list:
@@ -107,10 +112,7 @@ def on_processes(pb: dict, parts: list, workers: int) -> list:
     """The segments' reports as the flow computes them: a :class:`~labelshift.inference.segments.SegmentPool` of
     ``workers`` processes (started here, forked on Linux), called from ``workers`` threads (the ``assess-segment``
     tasks)."""
-    probs_h, yh, xh = pb["hold"]
-    common = dict(source_probs=probs_h, source_labels=yh, source_prior=probs_h.mean(axis=0), source_outputs=xh,
-                  calibrator=pb["cal"], **prepared(pb))
-    with SegmentPool(workers, **common) as pool, ThreadPoolExecutor(workers) as threads:
+    with SegmentPool(workers, **holdout(pb), **prepared(pb)) as pool, ThreadPoolExecutor(workers) as threads:
         return list(threads.map(lambda rows: pool.assess(pb["probs"][rows], pb["raw"][rows]), parts))
 
 

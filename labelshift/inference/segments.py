@@ -150,9 +150,12 @@ def _exit_with_parent(parent: int, every_s: float = 0.5) -> None:
     os._exit(1)
 
 
+def _assess(common: dict, target_probs, target_outputs, class_names) -> ShiftReport:
+    return assess_shift(**common, target_probs=target_probs, target_outputs=target_outputs, class_names=class_names)
+
+
 def _assess_in_worker(target_probs, target_outputs, class_names) -> ShiftReport:
-    return assess_shift(**_WORKER_COMMON, target_probs=target_probs, target_outputs=target_outputs,
-                        class_names=class_names)
+    return _assess(_WORKER_COMMON, target_probs, target_outputs, class_names)
 
 
 class SegmentPool:
@@ -186,14 +189,12 @@ class SegmentPool:
 
     def assess(self, target_probs, target_outputs=None, class_names=None) -> ShiftReport:
         """One segment's :class:`~labelshift.inference.report.ShiftReport` (its errors raised here)."""
-        if self._executor is None:
-            return assess_shift(**self.common, target_probs=target_probs, target_outputs=target_outputs,
-                                class_names=class_names)
-        try:
-            return self._executor.submit(_assess_in_worker, target_probs, target_outputs, class_names).result()
-        except BrokenProcessPool:   # a worker died (killed for memory?): this segment in the calling thread
-            return assess_shift(**self.common, target_probs=target_probs, target_outputs=target_outputs,
-                                class_names=class_names)
+        if self._executor is not None:
+            try:
+                return self._executor.submit(_assess_in_worker, target_probs, target_outputs, class_names).result()
+            except BrokenProcessPool:   # a worker died (killed for memory?): this segment in the calling thread
+                pass
+        return _assess(self.common, target_probs, target_outputs, class_names)
 
     def close(self, cancel: bool = False) -> None:
         """Stop the workers once they are done (with ``cancel``, after the segments already started)."""
