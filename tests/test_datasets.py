@@ -14,6 +14,7 @@ import tarfile
 import numpy as np
 import pytest
 
+from labelshift.experiments.datasets import sources
 from labelshift.experiments.datasets import (DATASETS, build_splits, dataset_fingerprint, load_dataset, parse_idx,
                                              push_dataset, read_cifar10_folder, read_cifar_batch, read_idx,
                                              read_manifest, read_mnist_folder, read_mnist_pair, stratified_split)
@@ -415,7 +416,7 @@ def test_mnist_5k_split_sizes():
 
 
 def test_registry_and_argument_errors(tmp_path, store):
-    assert set(DATASETS) == {"mnist", "cifar10", "mnist-5k", "digits"}
+    assert set(DATASETS) == {"mnist", "fashion-mnist", "cifar10", "mnist-5k", "digits"}
     with pytest.raises(InputError, match="unknown dataset 'svhn'"):
         push_dataset("svhn", store, "x")
     with pytest.raises(InputError, match="mnist is not bundled: pass source_dir"):
@@ -435,3 +436,74 @@ def test_stratified_split_is_seeded_and_proportional():
     np.testing.assert_array_equal(stratified_split(y, 0.3, seed=5)[1], carved)
     assert not np.array_equal(stratified_split(y, 0.3, seed=6)[1], carved)
     json.dumps(build_splits("digits")[1])  # the manifest is plain JSON
+
+
+# ---------------------------------------------------------------------------------------------- fashion-mnist
+def test_fashion_mnist_from_idx_files_in_a_folder(tmp_path, store):
+    (xtr, ytr), (xte, yte) = write_mnist_folder(tmp_path / "raw", n_train=120, n_test=30, gz=True)
+    manifest = push_dataset("fashion-mnist", store, "fm", source_dir=tmp_path / "raw")
+    ds = load_dataset(store, "fm", expected_name="fashion-mnist")
+    np.testing.assert_array_equal(ds.test.x, xte)       # the given test set, as is
+    np.testing.assert_array_equal(ds.test.y, yte)
+    assert (len(ds.train), len(ds.valid)) == (100, 20)  # the default valid share, 1/6, per class
+    assert manifest["classes"] == ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                                   "Sneaker", "Bag", "Ankle boot"]
+    assert (ds.mean, ds.std, ds.image_shape) == ((0.2860,), (0.3530,), (1, 28, 28))
+    assert manifest["source"]["kind"] == "folder" and len(manifest["source"]["files"]) == 4
+    assert DATASETS["fashion-mnist"].offline and DATASETS["fashion-mnist"].model == "lenet"
+
+
+def test_fashion_mnist_reads_the_debian_package_folder_by_default(tmp_path, monkeypatch):
+    (xtr, _), _ = write_mnist_folder(tmp_path / "pkg", n_train=60, n_test=20, gz=True)
+    monkeypatch.setattr(sources, "FASHION_MNIST_DIR", tmp_path / "pkg")
+    arrays, manifest = build_splits("fashion-mnist")
+    assert manifest["source"]["kind"] == "debian-package"
+    assert manifest["source"]["package"] == "dataset-fashion-mnist"
+    assert manifest["source"]["folder"] == str(tmp_path / "pkg")
+    assert sum(len(arrays[s][1]) for s in ("train", "valid")) == len(xtr)
+
+
+def test_fashion_mnist_without_the_package_says_how_to_get_it(tmp_path, monkeypatch, store):
+    monkeypatch.setattr(sources, "FASHION_MNIST_DIR", tmp_path / "not-installed")
+    with pytest.raises(InputError) as err:
+        push_dataset("fashion-mnist", store, "fm")
+    msg = str(err.value)
+    assert str(tmp_path / "not-installed") in msg and "does not exist" in msg
+    assert "apt-get install dataset-fashion-mnist" in msg
+    assert "source_dir" in msg and "labelshift data push fashion-mnist --from DIR" in msg
+    # a package folder with a file missing: reinstall, or source_dir
+    write_mnist_folder(tmp_path / "partial", gz=True)
+    (tmp_path / "partial" / "t10k-labels-idx1-ubyte.gz").unlink()
+    monkeypatch.setattr(sources, "FASHION_MNIST_DIR", tmp_path / "partial")
+    with pytest.raises(InputError, match=r"incomplete: .*no t10k-labels-idx1-ubyte.*apt-get install --reinstall "
+                                         r"dataset-fashion-mnist.*--from DIR"):
+        push_dataset("fashion-mnist", store, "fm")
+    assert store.list("") == []
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_fashion_mnist_truncated_file_is_a_format_error(tmp_path, monkeypatch, store, gz):
+    write_mnist_folder(tmp_path / "pkg", gz=gz)
+    path = tmp_path / "pkg" / ("train-images-idx3-ubyte" + (".gz" if gz else ""))
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    monkeypatch.setattr(sources, "FASHION_MNIST_DIR", tmp_path / "pkg")
+    expected = "corrupted or truncated gzip file" if gz else "truncated: the header promises shape"
+    for source_dir in (None, tmp_path / "pkg"):         # the package's folder and a folder given
+        with pytest.raises(FormatError, match=expected) as err:
+            push_dataset("fashion-mnist", store, "fm", source_dir=source_dir)
+        assert str(path) in str(err.value)
+    assert store.list("") == []
+
+
+@pytest.mark.skipif(not sources.FASHION_MNIST_DIR.is_dir(),
+                    reason=f"Debian's dataset-fashion-mnist is not installed ({sources.FASHION_MNIST_DIR} is missing; "
+                           "`make setup` installs it where apt-get works)")
+def test_fashion_mnist_package_split_and_normalisation():
+    arrays, manifest = build_splits("fashion-mnist")
+    assert {s: arrays[s][0].shape for s in arrays} == {
+        "train": (50000, 28, 28), "valid": (10000, 28, 28), "test": (10000, 28, 28)}
+    assert manifest["class_counts"] == {"train": [5000] * 10, "valid": [1000] * 10, "test": [1000] * 10}
+    # the registry's normalisation: the training file's 60,000 images (train + valid pools), scaled to [0, 1]
+    pixels = np.concatenate([arrays["train"][0], arrays["valid"][0]]).astype(np.float64) / 255.0
+    spec = DATASETS["fashion-mnist"]
+    assert abs(pixels.mean() - spec.mean[0]) < 5e-5 and abs(pixels.std() - spec.std[0]) < 5e-5

@@ -20,7 +20,8 @@ def register(sub) -> None:
     push = dsub.add_parser(
         "push", help="build a dataset and write it to the store",
         description="Build dataset NAME in the canonical layout (train/valid/test arrays plus a manifest with "
-                    "checksums) and write it under --to. mnist-5k and digits ship inside installed packages; "
+                    "checksums) and write it under --to. mnist-5k and digits ship inside installed packages, "
+                    "fashion-mnist inside Debian's dataset-fashion-mnist (or --from DIR with its idx files); "
                     "mnist and cifar10 need --from DIR (MNIST's idx files, CIFAR-10's python batches) or "
                     f"--download (internet; the files are kept under ${settings_mod.ENV_CACHE} or "
                     "~/.cache/labelshift).",
@@ -29,7 +30,7 @@ def register(sub) -> None:
                "The reproduce flow reads <store>/datasets/NAME, the default of --to.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(push, top=False)
-    push.add_argument("name", metavar="NAME", help="mnist, cifar10, mnist-5k or digits")
+    push.add_argument("name", metavar="NAME", help="mnist, fashion-mnist, cifar10, mnist-5k or digits")
     push.add_argument("--to", metavar="URI", help="destination prefix: s3://bucket/prefix or a folder "
                                                   "(default: <store>/datasets/NAME, where reproduce reads it)")
     push.add_argument("--from", dest="source_dir", metavar="DIR", help="folder with the standard source files")

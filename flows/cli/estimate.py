@@ -168,7 +168,8 @@ def register_simulate(dsub) -> None:
             "the object store with a chosen label distribution -- --prior, or one drawn from Dirichlet(--alpha) -- "
             "and write them as NAME.npy under --to, where `labelshift estimate` or the scheduled reestimate "
             "deployment picks them up. The true prior is printed and written beside them as "
-            "<prefix>-truth.json. The offline datasets (mnist-5k, digits) are pushed to the store on first use. "
+            "<prefix>-truth.json. The offline datasets (mnist-5k, digits, fashion-mnist) are pushed to the store on "
+            "first use. "
             "Images are drawn without replacement while the pool has enough of a class (repeated rows are not "
             "independent draws, which the label-shift test of `estimate` assumes); a note says when some repeat.",
             79),
@@ -177,7 +178,7 @@ def register_simulate(dsub) -> None:
                "  labelshift estimate --model models:/labelshift-mnist-5k@latest-good",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(p, top=False)
-    p.add_argument("name", choices=["mnist-5k", "digits", "mnist", "cifar10"], help="dataset")
+    p.add_argument("name", choices=["mnist-5k", "digits", "fashion-mnist", "mnist", "cifar10"], help="dataset")
     p.add_argument("--to", metavar="URI",
                    help=f"target location (default: ${settings_mod.ENV_TARGET}, else <store>/target)")
     p.add_argument("--store", metavar="URI", help="object store holding datasets/<name> (default: as reproduce)")

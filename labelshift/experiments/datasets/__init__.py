@@ -1,7 +1,7 @@
 """Image datasets for the paper's Section 6 experiments, kept in an object store in one canonical layout.
 
 * :mod:`.readers` -- readers for MNIST's idx files and CIFAR-10's python batches (own code, restricted unpickler);
-* :mod:`.sources` -- the registry :data:`DATASETS` (mnist, cifar10, mnist-5k, digits): sources, splits,
+* :mod:`.sources` -- the registry :data:`DATASETS` (mnist, fashion-mnist, cifar10, mnist-5k, digits): sources, splits,
   normalisation;
 * :mod:`.layout` -- :func:`push_dataset` / :func:`load_dataset`: arrays plus a manifest, verified on every read.
 

@@ -160,10 +160,10 @@ def push_dataset(name: str, store, prefix: str, *, source_dir=None, download: bo
     """Build dataset ``name`` (see :data:`DATASETS`) and write it in the canonical layout under ``prefix``.
 
     Args:
-        name: a key of :data:`DATASETS` (``mnist``, ``cifar10``, ``mnist-5k``, ``digits``).
+        name: a key of :data:`DATASETS` (``mnist``, ``fashion-mnist``, ``cifar10``, ``mnist-5k``, ``digits``).
         store: a :class:`labelshift.storage.Store` (``open_store(uri)``).
         prefix: folder inside the store, e.g. ``"datasets/mnist-5k"``; ``""`` for the store's root.
-        source_dir: folder holding the standard files (MNIST idx files, CIFAR-10 python batches).
+        source_dir: folder holding the standard files (MNIST or Fashion-MNIST idx files, CIFAR-10 python batches).
         download: fetch the standard files with torchvision's downloader (needs internet).
         valid_fraction: share of the training pool put in ``valid``; the dataset's default when None.
         test_fraction: share carved out as ``test`` for datasets without one (mnist-5k, digits).

