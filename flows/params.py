@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from pydantic_core import PydanticCustomError
 
 from labelshift.estimation import registry
+from labelshift.inference.multiplicity import CORRECTIONS, SEGMENT_CORRECTION
 from labelshift.inference.segments import MIN_SEGMENT_SIZE, PROCESS_ROWS, SEGMENT_PROCESSES
 from labelshift.inference.settings import DEFAULTS as ASSESSMENT
 from labelshift.errors import InputError
@@ -327,6 +328,14 @@ SegmentProcessesParam = Annotated[int, Field(
                 f"the run may use (at most one per segment) once the assessed segments hold {PROCESS_ROWS:,} rows "
                 "in all, else none; 1 = none (each segment in its task's thread); N = N. The results are the same "
                 "either way. See docs/reestimation.md.")]
+SegmentCorrectionParam = Annotated[Literal[CORRECTIONS], Field(
+    description="How the segments' tests are read over the run (with segment_column): their p-values adjusted "
+                "across the segments, and the adjusted values decide each segment's verdict. 'holm' (default): "
+                "the chance of any segment wrongly called Not label shift (or Shifted) in a run stays under the "
+                "level, whatever the segments' dependence; 'bh' (Benjamini-Hochberg): at most that share of the "
+                "flagged segments wrongly flagged, more of the failing ones found when many fail (assumes the "
+                "segments' tests positively dependent); 'none': each segment at the single-test level (about 5 "
+                "in 100 label-shifted segments called Not label shift by chance). See docs/reestimation.md.")]
 
 
 class ReestimateParameters(BaseModel):
@@ -359,6 +368,7 @@ class ReestimateParameters(BaseModel):
     segment_column: SegmentColumnParam = None
     min_segment_size: MinSegmentSizeParam = MIN_SEGMENT_SIZE
     segment_processes: SegmentProcessesParam = SEGMENT_PROCESSES
+    segment_correction: SegmentCorrectionParam = SEGMENT_CORRECTION
 
     @model_validator(mode="after")
     def _interval_fits_estimator(self) -> "ReestimateParameters":

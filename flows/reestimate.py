@@ -48,7 +48,7 @@ from flows.params import (BatchSizeParam, CalibratorParam, CrossCheckParam, Esti
                           NBootstrapParam, OnChangedParam, OnInvalidParam, ReestimateParameters, SeedParam,
                           SignificanceParam, TargetParam, TrackingParam, RegisterCorrectedParam,
                           CorrectedModelNameParam, SegmentColumnParam, MinSegmentSizeParam, SegmentProcessesParam,
-                          documented)
+                          SegmentCorrectionParam, documented)
 from flows.params import DEFAULT_MODEL  # noqa: F401 - re-exported
 from flows.summary import headline as _headline
 from flows.summary import summary_markdown
@@ -56,6 +56,7 @@ from flows.user_errors import install as _log_user_errors_once
 from labelshift.errors import InputError
 from labelshift.estimation.registry import check_interval
 from labelshift.inference.report import ShiftReport, Verdict, check_holdout
+from labelshift.inference.segments import correction_record
 from labelshift.rows import joined
 from labelshift.monitoring.watermark import commit_watermark, find_new_batches, read_watermark
 from labelshift.storage import open_store
@@ -163,8 +164,8 @@ def _start_run(p: ReestimateParameters, env, store, bundle, watermark, n_batches
                   # logged only when given, so that runs without it log the parameters they always did
                   **({"label_shift_significance": p.label_shift_significance}
                      if p.label_shift_significance is not None else {}),
-                  **({"segment_column": p.segment_column, "min_segment_size": p.min_segment_size}
-                     if p.segment_column else {}))
+                  **({"segment_column": p.segment_column, "min_segment_size": p.min_segment_size,
+                      "segment_correction": p.segment_correction} if p.segment_column else {}))
     tags = {"prefect.flow_run_id": flow_run_id or "", "prefect.flow_run_name": flow_run_name or "",
             "labelshift.sequence": str(sequence)}
     commit = git_commit()
@@ -275,8 +276,11 @@ def _per_segment(p: ReestimateParameters, bundle, classes, scored, values, summa
         return
     outputs = joined(scored.outputs) if scored.outputs else None
     segments = assess_segments(bundle, segment_values_of(values, scored), joined(scored.probs), outputs,
-                               _settings(p), classes, p.min_segment_size, p.segment_processes)
+                               _settings(p), classes, p.min_segment_size, p.segment_processes,
+                               p.segment_correction)
+    correction = correction_record(segments)        # how the segments' tests were read over the run
     summary["segments"] = {"column": p.segment_column, "min_size": p.min_segment_size,
+                           **({"correction": correction} if correction else {}),
                            "items": [s.to_dict() for s in segments]}
     named = None if classes == [str(c) for c in range(len(classes))] else classes
     log_segments(env.tracking_uri, runs["run_id"], segments, bundle.source_prior.tolist(), named, p.level,
@@ -371,6 +375,7 @@ def reestimate(
     segment_column: SegmentColumnParam = DEFAULTS.segment_column,
     min_segment_size: MinSegmentSizeParam = DEFAULTS.min_segment_size,
     segment_processes: SegmentProcessesParam = DEFAULTS.segment_processes,
+    segment_correction: SegmentCorrectionParam = DEFAULTS.segment_correction,
 ):
     """Re-estimate the target label distribution from the target batches that arrived since the last success.
 

@@ -8,6 +8,7 @@ rejected and skipped batches) and when each is shown -- and hands each part to a
 """
 from __future__ import annotations
 
+from labelshift.inference.multiplicity import correction_label
 from labelshift.inference.report import ShiftReport, Verdict, finite
 
 __all__ = ["render", "summary_markdown", "format_summary", "headline", "format_p", "MARKDOWN", "PLAIN_TEXT"]
@@ -53,19 +54,39 @@ def _held(summary: dict) -> list[tuple[str, dict]]:
 
 def _segment_cells(item: dict) -> list[str]:
     """A segment's numbers as text: rows, verdict, total variation, no-shift p, label-shift p, expected accuracy
-    with its interval ("too small" segments: their rows and the verdict, the rest empty)."""
+    with its interval ("too small" segments: their rows and the verdict, the rest empty). A p-value adjusted over
+    the segments follows the test's own in brackets, e.g. "= 0.004 (0.31)"."""
     if item["too_small"] or "target_prior" not in item:
         return [str(item["rows"]), "too small" if item["too_small"] else f"failed ({item['reason']})", "", "", "", ""]
     acc = item.get("accuracy")
     lsp = item.get("label_shift_p_value")
-    return [str(item["rows"]), item["verdict"], f"{item['total_variation']:.3f}", format_p(item["no_shift_p_value"]),
-            "not run" if lsp is None else format_p(lsp),
+    return [str(item["rows"]), item["verdict"], f"{item['total_variation']:.3f}",
+            _p_adjusted(item["no_shift_p_value"], item.get("no_shift_p_adjusted")),
+            "not run" if lsp is None else _p_adjusted(lsp, item.get("label_shift_p_adjusted")),
             "" if acc is None else f"{acc['expected']:.3f} [{acc['lower']:.3f}, {acc['upper']:.3f}]"]
 
 
+def _p_adjusted(p: float, adjusted: float | None) -> str:
+    """``format_p(p)``, and the adjusted value in brackets when there is one that differs."""
+    if adjusted is None or adjusted == p:
+        return format_p(p)
+    return f"{format_p(p)} ({'< 1e-16' if adjusted < 1e-16 else f'{adjusted:.3g}'})"
+
+
 def _segment_note(segments: dict) -> str:
+    correction = segments.get("correction")
+    if correction is None:              # a summary written before the segments' tests were adjusted
+        reading = ""
+    elif correction["method"] == "none":
+        reading = ("each segment's tests are read at the single-test level, with no correction for the number of "
+                   "segments (about 1 in 20 label-shifted segments is called Not label shift by chance); ")
+    else:
+        ls, ns = correction["label_shift_tests"], correction["no_shift_tests"]
+        over = f"the {ns} segments tested" if ls == ns else f"the segments tested ({ls} label-shift, {ns} no-shift)"
+        reading = (f"the verdicts read each test's p-value {correction_label(correction['method'])}-adjusted over "
+                   f"{over}, in brackets; ")
     return (f"Estimates per segment ({segments['column']}; each on its own rows against the shared holdout, so "
-            "their intervals are positively correlated -- docs/reestimation.md; segments under "
+            f"their intervals are positively correlated -- docs/reestimation.md; {reading}segments under "
             f"{segments['min_size']} rows are too small to assess; the verdict above is the pooled one):")
 
 
@@ -280,11 +301,11 @@ class _PlainText:
     def segments(segments: dict, names) -> list[str]:
         width = max(7, *(len(item["name"]) for item in segments["items"]))
         lines = ["", "  " + _segment_note(segments),
-                 f"  {'segment':>{width}}  {'rows':>7}  {'verdict':<16} {'TV':>6}  {'no-shift p':>10}  "
-                 f"{'label-shift p':>13}  expected accuracy"]
+                 f"  {'segment':>{width}}  {'rows':>7}  {'verdict':<16} {'TV':>6}  {'no-shift p':>18}  "
+                 f"{'label-shift p':>18}  expected accuracy"]
         for item in segments["items"]:
             rows, verdict, tv, p, lsp, acc = _segment_cells(item)
-            lines.append(f"  {item['name']:>{width}}  {rows:>7}  {verdict:<16} {tv:>6}  {p:>10}  {lsp:>13}  {acc}")
+            lines.append(f"  {item['name']:>{width}}  {rows:>7}  {verdict:<16} {tv:>6}  {p:>18}  {lsp:>18}  {acc}")
         return lines
 
     @staticmethod

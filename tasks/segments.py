@@ -25,8 +25,8 @@ from prefect.cache_policies import NO_CACHE
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
 from labelshift.experiments.plots import figure_png, plot_segment_priors
 from labelshift.inference.report import label_shift_holdout
-from labelshift.inference.segments import (SEGMENT_PROCESSES, SegmentEstimate, SegmentPool, segment_processes,
-                                          split_segments)
+from labelshift.inference.segments import (SEGMENT_CORRECTION, SEGMENT_PROCESSES, SegmentEstimate, SegmentPool,
+                                          adjust_segments, segment_processes, split_segments)
 from labelshift.monitoring.batches import batch_format, metric_names, read_segments
 from labelshift.monitoring.watermark import TargetBatch
 from labelshift.storage import open_store
@@ -92,12 +92,15 @@ def assess_segment(pool: SegmentPool, name: str, probs: np.ndarray, outputs: np.
 
 
 def assess_segments(bundle, values: np.ndarray, probs: np.ndarray, outputs: np.ndarray | None, settings: dict,
-                    class_names, min_size: int, processes: int = SEGMENT_PROCESSES) -> list[SegmentEstimate]:
+                    class_names, min_size: int, processes: int = SEGMENT_PROCESSES,
+                    correction: str = SEGMENT_CORRECTION) -> list[SegmentEstimate]:
     """Every segment, in the order of their names: those with at least ``min_size`` rows assessed as concurrent
     ``assess-segment`` tasks on a :class:`~labelshift.inference.segments.SegmentPool` of ``processes`` worker
     processes (0: automatic; :func:`~labelshift.inference.segments.segment_processes`), the others reported as
     too small (with their size). A segment whose assessment raises is reported as failed, with the error: it never
-    fails the run, whose pooled estimate stands."""
+    fails the run, whose pooled estimate stands. The assessed segments' tests are then read over the run
+    (:func:`~labelshift.inference.segments.adjust_segments` with ``correction``): their adjusted p-values decide
+    each segment's verdict."""
     futures, results = {}, {}
     split = split_segments(values)
     assessed = [name for name, rows in split.items() if len(rows) >= min_size]
@@ -118,15 +121,17 @@ def assess_segments(bundle, values: np.ndarray, probs: np.ndarray, outputs: np.n
                 except Exception as exc:        # one segment's failure is reported, never the pooled run's
                     results[name] = SegmentEstimate(name, len(split[name]), min_size,
                                                     error=f"{type(exc).__name__}: {exc}")
-    return [results[name] for name in sorted(results)]
+    return adjust_segments([results[name] for name in sorted(results)], correction)
 
 
 def segment_metrics(segments: list[SegmentEstimate], class_names) -> dict[str, float]:
     """MLflow metrics per segment: ``segment.<s>.n_rows``, ``segment.<s>.too_small`` and ``segment.<s>.failed``
     always; for an assessed
     segment also ``target_prior_<c>``, ``prior_lower_<c>``, ``prior_upper_<c>``, ``total_variation``,
-    ``no_shift_p_value``, ``label_shift_p_value``, ``shifted``, ``trustworthy`` and ``accuracy_expected``,
-    ``accuracy_lower``, ``accuracy_upper``. ``<s>`` and ``<c>`` are made metric-safe
+    ``no_shift_p_value``, ``label_shift_p_value`` (each test's own), ``no_shift_p_adjusted``,
+    ``label_shift_p_adjusted`` (over the run's segments, :func:`~labelshift.inference.segments.adjust_segments`),
+    ``shifted`` and ``not_label_shift`` (read through the adjusted values), ``trustworthy`` and
+    ``accuracy_expected``, ``accuracy_lower``, ``accuracy_upper``. ``<s>`` and ``<c>`` are made metric-safe
     (:func:`labelshift.monitoring.batches.metric_names`); numbers that are not finite are left out."""
     out: dict[str, float] = {}
     for key, seg in zip(metric_names([s.name for s in segments]), segments):
@@ -142,9 +147,14 @@ def segment_metrics(segments: list[SegmentEstimate], class_names) -> dict[str, f
             out[f"{at}prior_lower_{c}"] = r.interval.lower[i]
             out[f"{at}prior_upper_{c}"] = r.interval.upper[i]
         out.update({at + "total_variation": r.total_variation, at + "no_shift_p_value": r.no_shift_test.p_value,
-                    at + "shifted": float(r.shifted), at + "trustworthy": float(r.trustworthy)})
+                    at + "shifted": float(seg.shifted), at + "trustworthy": float(r.trustworthy)})
+        if seg.no_shift_p is not None:
+            out[at + "no_shift_p_adjusted"] = seg.no_shift_p.adjusted
         if r.label_shift is not None:
             out[at + "label_shift_p_value"] = r.label_shift.p_value
+            out[at + "not_label_shift"] = float(seg.not_label_shift)
+        if seg.label_shift_p is not None:
+            out[at + "label_shift_p_adjusted"] = seg.label_shift_p.adjusted
         if r.accuracy is not None:
             out.update({at + "accuracy_expected": r.accuracy.expected, at + "accuracy_lower": r.accuracy.lower,
                         at + "accuracy_upper": r.accuracy.upper})

@@ -275,3 +275,92 @@ def test_workers_end_when_the_process_that_started_them_is_killed():
     while time.monotonic() < deadline and any(alive(pid) for pid in workers):
         time.sleep(0.1)
     assert not [pid for pid in workers if alive(pid)]
+
+
+def _with_p_values(report, label_shift_p: float, no_shift_p: float):
+    """``report`` with its label-shift and no-shift tests' p-values set (the rest as assessed)."""
+    from dataclasses import replace
+
+    return replace(report, label_shift=replace(report.label_shift, p_value=label_shift_p),
+                   no_shift_test=replace(report.no_shift_test, p_value=no_shift_p))
+
+
+def test_adjusted_p_values_decide_the_segments_verdicts(segments):
+    # three segments at the single-test level 0.05 (issue 29): A's label-shift p 0.03 and C's no-shift p 0.03 reject
+    # alone; over the three, Holm adjusts them to 0.06 (accepted), Benjamini-Hochberg to 0.045 and 0.04 (rejected)
+    from flows.summary import MARKDOWN, PLAIN_TEXT
+    from labelshift.inference.segments import adjust_segments, correction_record
+    from tasks.segments import segment_metrics
+
+    base = segments[0][0].report
+    assert base.trustworthy and base.label_shift is not None and base.significance == 0.05
+    segs = [SegmentEstimate("A", 800, 200, _with_p_values(base, 0.03, 1e-6)),
+            SegmentEstimate("B", 800, 200, _with_p_values(base, 0.004, 0.04)),
+            SegmentEstimate("C", 800, 200, _with_p_values(base, 0.2, 0.03)),
+            SegmentEstimate("tiny", 12, 200)]
+    assert [str(s.verdict) for s in segs[:3]] == ["Not label shift", "Not label shift", "Shifted"]   # alone
+
+    holm = adjust_segments(segs)                                  # the default
+    assert [s.label_shift_p.adjusted for s in holm[:3]] == pytest.approx([0.06, 0.012, 0.2])
+    assert [s.no_shift_p.adjusted for s in holm[:3]] == pytest.approx([3e-6, 0.06, 0.06])
+    assert [str(s.verdict) for s in holm[:3]] == ["Shifted", "Not label shift", "No shift"]
+    assert holm[3] is segs[3] and holm[0].report is segs[0].report          # the reports as assessed
+    assert holm[0].label_shift_p.describe() == "p = 0.03, Holm-adjusted over 3 segments 0.06"
+    bh = adjust_segments(segs, "bh")
+    assert [s.label_shift_p.adjusted for s in bh[:3]] == pytest.approx([0.045, 0.012, 0.2])
+    assert [str(s.verdict) for s in bh[:3]] == ["Not label shift", "Not label shift", "Shifted"]
+    assert [str(s.verdict) for s in adjust_segments(segs, "none")[:3]] == [str(s.verdict) for s in segs[:3]]
+
+    record = holm[0].to_dict()
+    assert record["verdict"] == "Shifted" and record["verdict_alone"] == "Not label shift"
+    assert record["label_shift_p_value"] == 0.03 and record["label_shift_p_adjusted"] == pytest.approx(0.06)
+    assert record["label_shift_ok"] is True
+    assert "verdict_alone" not in segs[0].to_dict()               # not adjusted: the record as before
+    metrics = segment_metrics(holm, ["a", "b/c", "d"])
+    assert metrics["segment.C.shifted"] == 0.0 and metrics["segment.C.no_shift_p_adjusted"] == pytest.approx(0.06)
+    assert metrics["segment.A.not_label_shift"] == 0.0 and metrics["segment.B.not_label_shift"] == 1.0
+    block = {"column": "region", "min_size": 200, "correction": correction_record(holm),
+             "items": [s.to_dict() for s in holm]}
+    assert block["correction"] == {"method": "holm", "label_shift_tests": 3, "no_shift_tests": 3}
+    md = "\n".join(MARKDOWN.segments(block, ["a", "b/c", "d"]))
+    assert "| A | 800 | Shifted |" in md and "= 0.03 (0.06)" in md and "Holm-adjusted over the 3 segments" in md
+    text = "\n".join(PLAIN_TEXT.segments(block, ["a", "b/c", "d"]))
+    assert "Holm-adjusted" in text and "= 0.2" in text and "(0.2)" not in text     # unchanged: not repeated
+    assert correction_record(segs) is None
+    with pytest.raises(InputError, match="segment correction must be one of"):
+        adjust_segments(segs, "BH")
+
+
+def test_a_runs_segments_are_read_through_the_adjusted_p_values(monkeypatch):
+    # assess_segments as the flow calls it (its assess-segment tasks run inline here, without a Prefect server)
+    from types import SimpleNamespace
+
+    import tasks.segments as tasks_segments
+    from labelshift.inference.multiplicity import holm
+
+    assess = tasks_segments.assess_segment.fn
+
+    class Inline:
+        @staticmethod
+        def submit(*args):
+            value = assess(*args)
+            return SimpleNamespace(result=lambda: value)
+
+    monkeypatch.setattr(tasks_segments, "assess_segment", Inline)
+    common, targets = _small_problem(segments=3, m=300)
+    bundle = SimpleNamespace(**{k: common[k] for k in ("source_probs", "source_labels", "source_prior",
+                                                        "source_outputs", "calibrator")})
+    probs = np.concatenate([p for p, _ in targets] + [targets[0][0][:50]])
+    outputs = np.concatenate([x for _, x in targets] + [targets[0][1][:50]])
+    values = np.repeat(["s0", "s1", "s2", "small"], [300, 300, 300, 50]).astype(object)
+    segs = tasks_segments.assess_segments(bundle, values, probs, outputs, {"significance": 0.01}, ["a", "b", "c"],
+                                          200, processes=1)
+    assert [s.name for s in segs] == ["s0", "s1", "s2", "small"] and segs[3].too_small
+    ls = [s.report.label_shift.p_value for s in segs[:3]]
+    ns = [s.report.no_shift_test.p_value for s in segs[:3]]
+    assert [s.label_shift_p.adjusted for s in segs[:3]] == pytest.approx(holm(ls).tolist())
+    assert [s.no_shift_p.adjusted for s in segs[:3]] == pytest.approx(holm(ns).tolist())
+    for s in segs[:3]:
+        assert s.label_shift_p.family == 3 and s.label_shift_p.level == 0.01 and s.no_shift_p.method == "holm"
+        assert s.not_label_shift == (s.label_shift_p.adjusted < 0.01)
+        assert s.to_dict()["verdict"] == str(s.verdict)

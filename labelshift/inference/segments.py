@@ -5,7 +5,9 @@ group), each segment assessed on its own rows against the one shared labelled ho
 value; :class:`SegmentEstimate` is one segment's result -- the :class:`~labelshift.inference.report.ShiftReport` of
 :func:`~labelshift.inference.report.assess_shift` on that segment's rows, or "too small" with its size when it has
 fewer rows than the minimum (:data:`MIN_SEGMENT_SIZE`; why 200: ``docs/reestimation.md``, "Estimates per segment").
-What sharing the holdout means for the segments' intervals is said there too. :class:`SegmentPool` assesses many
+What sharing the holdout means for the segments' intervals is said there too. :func:`adjust_segments` reads the
+segments' tests over the run's family of segments (Holm by default, :mod:`labelshift.inference.multiplicity`), and
+the adjusted p-values decide each segment's :attr:`SegmentEstimate.verdict`. :class:`SegmentPool` assesses many
 segments against one holdout on worker processes (:func:`segment_processes` says how many).
 """
 from __future__ import annotations
@@ -19,16 +21,18 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError
-from .report import ShiftReport, assess_shift
+from .multiplicity import SEGMENT_CORRECTION, AdjustedPValue, adjust_p_values, check_correction
+from .report import ShiftReport, Verdict, assess_shift
 
-__all__ = ["MIN_SEGMENT_SIZE", "PROCESS_ROWS", "SEGMENT_PROCESSES", "SegmentEstimate", "SegmentPool", "check_segment_values",
-           "segment_processes", "split_segments", "usable_cpus"]
+__all__ = ["MIN_SEGMENT_SIZE", "PROCESS_ROWS", "SEGMENT_CORRECTION", "SEGMENT_PROCESSES", "SegmentEstimate",
+           "SegmentPool", "adjust_segments", "check_segment_values", "correction_record", "segment_processes",
+           "split_segments", "usable_cpus"]
 
 #: the fewest rows a segment is assessed on; smaller segments are reported as too small, with their size
 MIN_SEGMENT_SIZE = 200
@@ -71,21 +75,56 @@ def split_segments(values: np.ndarray) -> dict[str, np.ndarray]:
 @dataclass(frozen=True)
 class SegmentEstimate:
     """One segment's result: its name, its number of rows, and the assessment of its rows (None when it has fewer
-    than ``min_size`` rows: too small to assess; or when the assessment failed, with the ``error``)."""
+    than ``min_size`` rows: too small to assess; or when the assessment failed, with the ``error``).
+
+    ``label_shift_p`` and ``no_shift_p``: the report's label-shift and no-shift p-values adjusted over the run's
+    segments (:func:`adjust_segments`); they decide :attr:`verdict`. None before the adjustment (or for a test that
+    was not run): the report's own reading at the single-test level then decides."""
 
     name: str
     n_rows: int
     min_size: int
     report: ShiftReport | None = None
     error: str | None = None
+    label_shift_p: AdjustedPValue | None = None
+    no_shift_p: AdjustedPValue | None = None
 
     @property
     def too_small(self) -> bool:
         return self.report is None and self.error is None
 
+    @property
+    def not_label_shift(self) -> bool | None:
+        """The label-shift test rejects, read over the segments when adjusted; None when it was not run."""
+        if self.report is None or self.report.label_shift is None:
+            return None
+        return self.label_shift_p.rejects if self.label_shift_p is not None else self.report.label_shift_ok is False
+
+    @property
+    def shifted(self) -> bool | None:
+        """The no-shift test rejects, read over the segments when adjusted; None without a report."""
+        if self.report is None:
+            return None
+        return self.no_shift_p.rejects if self.no_shift_p is not None else self.report.shifted
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """The segment's verdict with :attr:`ShiftReport.verdict`'s precedence (Not label shift, Untrustworthy,
+        Shifted, No shift), its two tests read through the adjusted p-values; None without a report. The report's
+        own ``verdict`` is the one the segment alone would get."""
+        if self.report is None:
+            return None
+        if self.not_label_shift:
+            return Verdict.NOT_LABEL_SHIFT
+        if not self.report.trustworthy:
+            return Verdict.UNTRUSTWORTHY
+        return Verdict.SHIFTED if self.shifted else Verdict.NO_SHIFT
+
     def to_dict(self) -> dict:
         """A compact, JSON-ready record: name, rows, and either ``too_small`` or the verdict, the prior with its
-        interval, the total variation, the tests' p-values and the expected accuracy with its interval."""
+        interval, the total variation, the tests' p-values and the expected accuracy with its interval. Adjusted
+        over the segments (:func:`adjust_segments`), also ``label_shift_p_adjusted``, ``no_shift_p_adjusted`` and
+        ``verdict_alone`` (the segment's verdict at the single-test level); ``verdict`` is then the adjusted one."""
         base = {"name": self.name, "rows": self.n_rows, "too_small": self.too_small}
         if self.error is not None:
             return {**base, "verdict": "Failed", "reason": self.error}
@@ -95,13 +134,60 @@ class SegmentEstimate:
         r = self.report
         lst = r.label_shift
         acc = r.accuracy
-        return {**base, "verdict": str(r.verdict), "target_prior": r.target_prior.tolist(),
+        adjusted = {}
+        if self.label_shift_p is not None or self.no_shift_p is not None:
+            adjusted = {"verdict_alone": str(r.verdict),
+                        "label_shift_p_adjusted": _adjusted(self.label_shift_p),
+                        "no_shift_p_adjusted": _adjusted(self.no_shift_p)}
+        return {**base, "verdict": str(self.verdict), "target_prior": r.target_prior.tolist(),
                 "lower": r.interval.lower.tolist(), "upper": r.interval.upper.tolist(),
                 "total_variation": float(r.total_variation), "no_shift_p_value": float(r.no_shift_test.p_value),
                 "label_shift_p_value": None if lst is None else float(lst.p_value),
-                "label_shift_ok": r.label_shift_ok, "trustworthy": bool(r.trustworthy),
+                "label_shift_ok": None if self.not_label_shift is None else not self.not_label_shift,
+                "trustworthy": bool(r.trustworthy), **adjusted,
                 "accuracy": None if acc is None else
                 {"expected": float(acc.expected), "lower": float(acc.lower), "upper": float(acc.upper)}}
+
+
+def _adjusted(p: AdjustedPValue | None) -> float | None:
+    return None if p is None or not np.isfinite(p.adjusted) else float(p.adjusted)
+
+
+def adjust_segments(segments: Sequence[SegmentEstimate],
+                    correction: str = SEGMENT_CORRECTION) -> list[SegmentEstimate]:
+    """The segments with their tests read over the run: each test's p-values across the assessed segments adjusted
+    by ``correction`` (:data:`~labelshift.inference.multiplicity.CORRECTIONS`; Holm by default: why in
+    ``docs/reestimation.md``, "Many segments, few false alarms") -- the label-shift tests as one family, judged at
+    the report's label-shift level, the no-shift tests as another, at its significance. The family of a test is
+    the segments whose report has a finite p-value of it (too small and failed segments have none). The adjusted
+    values decide each segment's :attr:`SegmentEstimate.verdict`; the reports are unchanged."""
+    correction = check_correction(correction)
+    assessed = [s for s in segments if s.report is not None]
+    ls = np.array([np.nan if s.report.label_shift is None else s.report.label_shift.p_value for s in assessed],
+                  dtype=np.float64)
+    ns = np.array([s.report.no_shift_test.p_value for s in assessed], dtype=np.float64)
+    ls_adj, ns_adj = adjust_p_values(ls, correction), adjust_p_values(ns, correction)
+    ls_family, ns_family = int(np.isfinite(ls).sum()), int(np.isfinite(ns).sum())
+    out = {}
+    for i, s in enumerate(assessed):
+        r = s.report
+        out[id(s)] = replace(
+            s, label_shift_p=None if r.label_shift is None else
+            AdjustedPValue(float(ls[i]), float(ls_adj[i]), correction, ls_family, r.label_shift_level),
+            no_shift_p=AdjustedPValue(float(ns[i]), float(ns_adj[i]), correction, ns_family, r.significance))
+    return [out.get(id(s), s) for s in segments]
+
+
+def correction_record(segments: Sequence[SegmentEstimate]) -> dict | None:
+    """How the segments' tests were read, JSON-ready: ``{"method", "label_shift_tests", "no_shift_tests"}`` (the
+    families' sizes); None when they were not adjusted (:func:`adjust_segments`)."""
+    label_shift = [s.label_shift_p for s in segments if s.label_shift_p is not None]
+    no_shift = [s.no_shift_p for s in segments if s.no_shift_p is not None]
+    if not label_shift and not no_shift:
+        return None
+    method = (label_shift or no_shift)[0].method
+    return {"method": method, "label_shift_tests": label_shift[0].family if label_shift else 0,
+            "no_shift_tests": no_shift[0].family if no_shift else 0}
 
 
 def segment_processes(requested: int, segments: int, rows: int) -> int:
