@@ -260,6 +260,7 @@ def test_estimates_per_segment_equal_assess_shift_on_each_segments_rows(prefect_
                                                                          s3_bucket, monkeypatch):
     from labelshift import assess_shift
     from labelshift.inference import segments as segments_mod
+    from labelshift.inference.multiplicity import holm
     from tasks.references import load_reference
     from tasks.reestimation import estimate_shift
 
@@ -296,12 +297,17 @@ def test_estimates_per_segment_equal_assess_shift_on_each_segments_rows(prefect_
         want = assess_shift(bundle.source_probs, bundle.source_labels, probs[rows], target_outputs=logits[rows],
                             **settings)
         got = items[name]
-        assert got["rows"] == SEGMENTS[name] and got["verdict"] == want.verdict
+        assert got["rows"] == SEGMENTS[name] and got["verdict_alone"] == want.verdict     # the segment alone
         assert got["target_prior"] == want.target_prior.tolist()
         assert got["lower"] == want.interval.lower.tolist() and got["upper"] == want.interval.upper.tolist()
         assert got["no_shift_p_value"] == want.no_shift_test.p_value
         assert got["label_shift_p_value"] == want.label_shift.p_value
         assert got["accuracy"]["expected"] == want.accuracy.expected
+    # in the run, each segment's tests are read Holm-adjusted over the two segments assessed (issue 29)
+    assert seg["correction"] == {"method": "holm", "label_shift_tests": 2, "no_shift_tests": 2}
+    for test in ("label_shift", "no_shift"):
+        p = [items[name][f"{test}_p_value"] for name in ("north", "south")]
+        assert [items[name][f"{test}_p_adjusted"] for name in ("north", "south")] == pytest.approx(holm(p).tolist())
     # the pooled estimate is what it is without segments
     pooled = estimate_shift.fn(bundle, [probs], outputs=[logits], class_names=NAMES, significance=0.01,
                                label_shift_significance=0.001)
