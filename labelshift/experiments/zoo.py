@@ -64,6 +64,24 @@ class TargetSet:
         return np.bincount(self.labels, minlength=k) / max(len(self.labels), 1)
 
 
+def draw_with_replacement(outputs: np.ndarray, labels: np.ndarray, prior: np.ndarray, m: int,
+                          rng: np.random.Generator) -> TargetSet:
+    """Section 6's target (Garg et al. 2020): m labels i.i.d. from ``prior``, then for each row an example of its
+    class drawn *with replacement* from the pool (``outputs``, ``labels``), so that rows repeat once a class's draws
+    approach its pool size. Raises InputError when a class drawn has no example in the pool."""
+    k = len(prior)
+    counts = rng.multinomial(m, prior)
+    parts = []
+    for c in np.flatnonzero(counts):
+        members = np.flatnonzero(labels == c)
+        if members.size == 0:
+            raise InputError(f"the target pool has no example of class {int(c)}, which the prior draws; use a pool "
+                             "that holds every class.")
+        parts.append(rng.choice(members, counts[c], replace=True))
+    idx = rng.permutation(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    return TargetSet(outputs[idx], labels[idx], np.asarray(prior, dtype=np.float64)[:k])
+
+
 def dirichlet_target(alpha: float = 1.0, absent: tuple[int, ...] = ()) -> PriorRule:
     """p_t ~ Dirichlet(alpha) per seed; the classes in ``absent`` get p_t = 0 (the rest renormalised)."""
 
@@ -128,7 +146,9 @@ class GaussianCase(ZooCase):
 
     Attributes (beside :class:`ZooCase`'s): ``n`` holdout rows; ``sep`` class separation; ``scale`` the model's
     over-confidence (< 1: under-confident); ``source_prior`` p_s (None: mildly imbalanced, from ``problem_seed``);
-    ``dtype`` of the outputs as logged (float16 rounds the logits).
+    ``dtype`` of the outputs as logged (float16 rounds the logits); ``pool``: None draws the target's rows fresh,
+    a number draws a pool of about that many rows per class (balanced, fresh per seed) and the target from it with
+    replacement (:func:`draw_with_replacement`, Section 6's sampling: rows repeat).
     """
 
     n: int = 2000
@@ -137,6 +157,7 @@ class GaussianCase(ZooCase):
     source_prior: tuple[float, ...] | None = None
     dtype: str = "float64"
     problem_seed: int = 0
+    pool: int | None = None
 
     @property
     def problem(self) -> WellSpecifiedGaussians:
@@ -156,6 +177,10 @@ class GaussianCase(ZooCase):
         """``m`` rows, labels i.i.d. from this seed's p_t."""
         rng = _streams(self.name, seed)[1]
         prior = self.target_prior(rng, self.problem.source_prior)
+        if self.pool is not None:
+            balanced = np.full(self.n_classes, 1.0 / self.n_classes)
+            z, y = self._rows(balanced, self.pool * self.n_classes, rng)
+            return draw_with_replacement(z, y, prior, self.m, rng)
         z, y = self._rows(prior, self.m, rng)
         return TargetSet(z, y, prior)
 

@@ -21,8 +21,9 @@ from .._validation import check_labels, check_prior, check_probabilities
 from ..errors import FormatError, InputError
 from .accuracy import AccuracyEstimate, expected_accuracy
 from .source_aware import SUPPORTED_CALIBRATORS, SourceAwareInterval, min_holdout_rows, source_aware_interval
+from .repeats import Repeats, find_repeats
 from .settings import DEFAULTS
-from .shift_detection import (MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, LabelShiftTest, PreparedHoldout,
+from .shift_detection import (MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, MIN_TARGET, LabelShiftTest, PreparedHoldout,
                               label_shift_test, prepare_holdout)
 from ..estimation.registry import REESTIMATION_ESTIMATORS, check_interval, check_methods, make_estimator
 from ..estimation.solvers import confusion_matrix
@@ -167,6 +168,7 @@ class ShiftReport:
     accuracy: AccuracyEstimate | None = None
     label_shift_significance: float | None = None
     failures: list[str] = field(default_factory=list)
+    repeats: Repeats | None = None
 
     @property
     def n_classes(self) -> int:
@@ -267,6 +269,9 @@ class ShiftReport:
             **({"accuracy": self.accuracy.to_dict()} if self.accuracy is not None else {}),
             # only when some part failed, so that a complete report is written as before
             **({"failures": list(self.failures)} if self.failures else {}),
+            # only when target rows repeat, so that a report of distinct rows is written as before
+            **({"repeats": self.repeats.to_dict(), "repeats_summary": self.repeats_summary}
+               if self.repeats_summary is not None else {}),
         }
 
     @classmethod
@@ -314,7 +319,13 @@ class ShiftReport:
                    label_shift=lst, label_shift_error=lst_error,
                    accuracy=AccuracyEstimate.from_dict(d["accuracy"]) if d.get("accuracy") else None,
                    label_shift_significance=_stored_level(d.get("label_shift_significance")),
-                   failures=[str(f) for f in d.get("failures") or []])
+                   failures=[str(f) for f in d.get("failures") or []],
+                   repeats=Repeats.from_dict(d["repeats"]) if d.get("repeats") else None)
+
+    @property
+    def repeats_summary(self) -> str | None:
+        """One sentence on the target rows that repeat and what that changed; None when no row repeats."""
+        return None if self.repeats is None else self.repeats.summary()
 
     @property
     def accuracy_summary(self) -> str | None:
@@ -407,7 +418,8 @@ _NUMERICAL_FAILURES = (ArithmeticError, ValueError, np.linalg.LinAlgError)
 
 
 def _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, prior, weights,
-                        level) -> tuple[PriorInterval, AccuracyEstimate | None, list[str]]:
+                        level, repeats: Repeats | None = None
+                        ) -> tuple[PriorInterval, AccuracyEstimate | None, list[str]]:
     """The source-aware interval and the expected accuracy of :func:`assess_shift`, and one plain sentence per part
     that could not be computed on this input.
 
@@ -420,13 +432,14 @@ def _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")      # its checks are reported as reasons, as data
-            ci = source_aware_interval(source_outputs, labels, raw_target, calibrator, level=level, weights=weights)
+            ci = source_aware_interval(source_outputs, labels, raw_target, calibrator, level=level, weights=weights,
+                                       repeats=repeats)
     except InputError:
         raise
     except _NUMERICAL_FAILURES as exc:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ci = fisher_interval(pooled, weights, prior, level=level)
+            ci = fisher_interval(pooled, weights, prior, level=level, repeats=repeats)
         return ci, None, [f"the interval that includes the holdout's error could not be computed "
                           f"({type(exc).__name__}: {exc}; most likely the holdout does not identify the calibrator's "
                           "parameters): the interval shown is the target-only one, which leaves that error out, and "
@@ -522,33 +535,55 @@ def _estimate(holdout_probs, labels, prior, pooled, estimator: str, cross_check:
 
 
 def _interval(interval: str, est: _Estimates, pooled, prior, *, level, n_bootstrap, seed, source_outputs, labels,
-              raw_target, calibrator) -> tuple[PriorInterval, AccuracyEstimate | None, list[str]]:
+              raw_target, calibrator, repeats: Repeats | None = None
+              ) -> tuple[PriorInterval, AccuracyEstimate | None, list[str]]:
     """The interval asked for, the expected accuracy (source-aware only) and the parts that could not be
-    computed (:func:`_source_aware_parts`)."""
+    computed (:func:`_source_aware_parts`). The source-aware and Fisher intervals count target rows that repeat as
+    clusters (``repeats``); the bootstrap resamples rows as they are."""
     if interval == "bootstrap":
         return bootstrap_interval(pooled, prior, estimator=est.main_fit, level=level, n_bootstrap=n_bootstrap,
                                   seed=seed), None, []
     if interval == "source-aware":
         return _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, prior, est.main.weights,
-                                   level)
-    return fisher_interval(pooled, est.main.weights, prior, level=level), None, []
+                                   level, repeats)
+    return fisher_interval(pooled, est.main.weights, prior, level=level, repeats=repeats), None, []
 
 
 def _label_shift_part(holdout_probs, labels, given, pooled, mlls_weights, prior, class_names,
-                      prepared: PreparedHoldout | None = None) -> tuple[LabelShiftTest | None, str | None]:
+                      prepared: PreparedHoldout | None = None,
+                      repeats: Repeats | None = None) -> tuple[LabelShiftTest | None, str | None]:
     """The label-shift test with the MLLS weights, or why it was not run: a holdout it cannot use (an InputError,
     e.g. too small for its regions) or a numerical failure on valid input is recorded as "not run", never raised.
-    ``prepared`` (:func:`label_shift_holdout`) is used when it was made from this holdout at this precision."""
+    ``prepared`` (:func:`label_shift_holdout`) is used when it was made from this holdout at this precision. When
+    target rows repeat (``repeats.adjusts``) the test runs on the distinct rows (their null fit starts at w = 1:
+    their prior is not the target's), a label-shifted sample again (``labelshift.inference.repeats``)."""
     holdout = _at_precision(holdout_probs, given)
     if prepared is not None and not prepared.matches(holdout, labels, MIN_REGION_ROWS, MAX_CONFIDENCE_BINS):
         prepared = None
+    weights = np.maximum(np.asarray(mlls_weights), 0.0)
+    if repeats is not None and repeats.adjusts:
+        if repeats.n_distinct < MIN_TARGET:
+            return None, (f"the target's {repeats.n_rows:,} rows hold only {repeats.n_distinct:,} distinct rows "
+                          f"(the rest repeat them), fewer than the {MIN_TARGET} the test needs; collect more "
+                          "distinct target rows (a longer window, or several batches together)")
+        pooled, weights = pooled[repeats.first], None
     try:
-        return label_shift_test(holdout, labels, pooled, weights=np.maximum(np.asarray(mlls_weights), 0.0),
-                                source_prior=prior, class_names=class_names, prepared=prepared), None
+        return label_shift_test(holdout, labels, pooled, weights=weights, source_prior=prior,
+                                class_names=class_names, prepared=prepared), None
     except InputError as exc:
         return None, str(exc)
     except _NUMERICAL_FAILURES as exc:
         return None, f"it could not be computed on this input ({type(exc).__name__}: {exc})"
+
+
+def _few_distinct_rows(repeats: Repeats) -> list[str]:
+    """A sentence when the target's rows, counted as the repeated items they are, are too few to estimate from
+    (fewer distinct rows than the label-shift test's MIN_TARGET); none otherwise."""
+    if not repeats.adjusts or repeats.n_distinct >= MIN_TARGET:
+        return []
+    return [f"the target's {repeats.n_rows:,} rows repeat only {repeats.n_distinct:,} distinct rows (an effective "
+            f"sample of {repeats.effective_rows:,.1f} rows): too few to estimate the target prior; collect more "
+            "distinct target rows"]
 
 
 def label_shift_holdout(source_probs, source_labels, target_probs) -> PreparedHoldout | None:
@@ -636,13 +671,16 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
     raw_target = _raw_target(interval, source_outputs, target_outputs, pooled.shape[0])
 
     est = _estimate(holdout_probs, labels, prior, pooled, estimator, cross_check)
+    repeats = find_repeats(pooled, holdout_probs)
     ci, accuracy, failures = _interval(interval, est, pooled, prior, level=level, n_bootstrap=n_bootstrap, seed=seed,
                                        source_outputs=source_outputs, labels=labels, raw_target=raw_target,
-                                       calibrator=calibrator)
+                                       calibrator=calibrator, repeats=repeats)
+    failures += _few_distinct_rows(repeats)
     with _rows.decomposition_threads(k):       # above 100 classes: their k x k decompositions on one BLAS thread
-        test = no_shift_test(pooled, est.mlls.weights, prior, source_probs=holdout_probs)
+        test = no_shift_test(pooled, est.mlls.weights, prior, source_probs=holdout_probs, repeats=repeats)
         lst, lst_error = (_label_shift_part(holdout_probs, labels, given, pooled, est.mlls.weights, prior,
-                                            class_names, prepared_holdout) if label_shift_check else (None, None))
+                                            class_names, prepared_holdout, repeats)
+                          if label_shift_check else (None, None))
         ident = identifiability(pooled, est.mlls.weights, prior, confusion=joint_confusion(holdout_probs, labels),
                                 n_source=len(labels), interval=ci if estimator == _LIKELIHOOD else None,
                                 max_relative_width=max_interval_width, estimator=estimator,
@@ -653,4 +691,4 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
                        significance=significance, n_target=int(len(pooled)),
                        converged=bool(np.all(est.main.converged)), cross_check=est.checks, label_shift=lst,
                        label_shift_error=lst_error, accuracy=accuracy,
-                       label_shift_significance=label_shift_significance, failures=failures)
+                       label_shift_significance=label_shift_significance, failures=failures, repeats=repeats)

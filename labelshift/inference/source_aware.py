@@ -31,6 +31,7 @@ from ..calibration import PROB_FLOOR, log_softmax
 from ..calibration.scaling import CONVERGED_GRADIENT
 from ..errors import IllConditionedWarning, InputError
 from ..estimation.solvers import PIN_TOL, mlls_newton, mlls_optimality
+from .repeats import clustered_covariance
 from .uncertainty import MAX_STANDARD_ERROR, PriorInterval, _pinned_bounds, fisher_interval
 
 __all__ = ["SourceAwareInterval", "source_aware_interval", "MIN_ROWS_PER_PARAMETER", "METHOD",
@@ -563,6 +564,9 @@ class _TargetFit(NamedTuple):
     H: np.ndarray
     A: np.ndarray
     Pt: np.ndarray | None       # (m, k) calibrated target rows (None when large)
+    # (k, k) per-row covariance of the scores s_i when target rows repeat: the clustered (1/m) sum_g c_g^2 (s_g - g)
+    # (s_g - g)^T over distinct rows (labelshift.inference.repeats); None: the rows are independent, H - g g^T
+    meat: np.ndarray | None = None
 
 
 class _FreeSetCovariance(NamedTuple):
@@ -706,12 +710,37 @@ def _target_fit(inp: _Inputs, calibrator, ps: np.ndarray, weights) -> _TargetFit
     return _TargetFit(w=w, g=g, H=H, A=A, Pt=Pt)
 
 
+def _clustered_target(inp: _Inputs, calibrator, tgt: _TargetFit, repeats) -> _TargetFit:
+    """``tgt`` with the clustered score covariance of target rows that repeat (``repeats`` from
+    :func:`labelshift.inference.repeats.find_repeats`, counted as repeated items); as it is otherwise."""
+    if repeats is None or not repeats.adjusts:
+        return tgt
+    if repeats.n_rows != inp.m:
+        raise InputError(f"repeats describes {repeats.n_rows} target rows but target_outputs has {inp.m}; pass "
+                         "find_repeats of these rows' calibrated outputs, or repeats=None.")
+    F = (tgt.Pt[repeats.first] if tgt.Pt is not None
+         else _calibrated_rows(inp.Xt[repeats.first], calibrator, inp.scale, inp.bias)).astype(np.float64)
+    fw = (F @ tgt.w)[:, None]
+    return tgt._replace(meat=clustered_covariance(F / fw, repeats.counts, tgt.g, posterior=F * tgt.w / fw,
+                                                  class_means=_holdout_score_means(inp, tgt.w)))
+
+
+def _holdout_score_means(inp: _Inputs, w: np.ndarray) -> np.ndarray:
+    """(k, k) the class means of the MLLS scores f / f^T w over the labelled holdout rows (p(x | y) is the target's
+    under label shift): the between-class part that repeats do not multiply. A row block at a time."""
+    sums = np.zeros((inp.k, inp.k))
+    for sl in _rows.blocks(inp.n, width=inp.k):
+        P = np.exp(log_softmax(inp.Zh[sl].astype(np.float64) * inp.scale + inp.bias))
+        np.add.at(sums, inp.y[sl], P / (P @ w)[:, None])
+    return sums / np.maximum(inp.counts, 1)[:, None]
+
+
 def _free_set_covariance(G: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, m: int, n: int) -> _FreeSetCovariance:
     """Target and holdout covariance of w_G (free set G), the holdout influence on w_G, and H_GG^{-1}."""
     HG = tgt.H[np.ix_(G, G)]
     with _rows.decomposition_threads(tgt.H.shape[0]):
         Hinv = np.linalg.pinv(HG, rcond=1e-14, hermitian=True)
-    cov_s = HG - np.outer(tgt.g[G], tgt.g[G])
+    cov_s = HG - np.outer(tgt.g[G], tgt.g[G]) if tgt.meat is None else tgt.meat[np.ix_(G, G)]
     cov_t = Hinv @ cov_s @ Hinv / m
     if hold.in_row_blocks:                                         # the same, a row block at a time
         infl = _influence_rows(hold.a_inf, hold.b_inf, tgt.A, G, Hinv, hold.a_map)
@@ -842,7 +871,7 @@ def _pinned_class_bounds(inp: _Inputs, calibrator, tgt: _TargetFit, hold: _Holdo
 
 
 def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calibrator, *, level: float = 0.95,
-                          weights=None) -> SourceAwareInterval:
+                          weights=None, repeats=None) -> SourceAwareInterval:
     """Normal confidence intervals on the target prior p_t = p_s * w of MLLS (eq. (mlls-sample) of Garg et al.,
     NeurIPS 2020) whose covariance includes (a) the target sample, (b) the calibrator's parameters fit on the
     holdout and (c) p_s, the mean calibrated prediction on the holdout.
@@ -865,6 +894,10 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
         level: confidence level in (0, 1).
         weights: optional MLLS estimate w for the calibrated target rows and p_s = mean calibrated holdout
             prediction (checked by its duality gap); None solves MLLS here.
+        repeats: optional :func:`~labelshift.inference.repeats.find_repeats` of the calibrated target rows: when
+            rows repeat, the target part of the covariance takes each distinct row with its multiplicity as one
+            cluster (the clustered meat of :func:`~labelshift.inference.repeats.clustered_covariance`) instead of
+            m independent rows (``docs/intervals.md``, "Rows that repeat").
 
     Returns:
         :class:`SourceAwareInterval` (a PriorInterval with ``method="source-aware"``).
@@ -878,7 +911,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     inp = _interval_inputs(holdout_outputs, holdout_labels, target_outputs, calibrator)
     z = float(norm.ppf(0.5 * (1.0 + level)))
     hold = _holdout_fit(inp, calibrator)
-    tgt = _target_fit(inp, calibrator, hold.ps, weights)
+    tgt = _clustered_target(inp, calibrator, _target_fit(inp, calibrator, hold.ps, weights), repeats)
     ps, w, m, n = hold.ps, tgt.w, inp.m, inp.n
     free = w > PIN_TOL
     cov = _covariances(np.flatnonzero(free), tgt, hold, inp.k, m, n)

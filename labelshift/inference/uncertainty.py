@@ -36,6 +36,7 @@ from .._validation import as_float_array, check_given_weights, check_level, chec
 from ..estimation.diagnostics import confusion_condition
 from ..errors import FormatError, IllConditionedWarning, InputError
 from ..estimation.estimators import BBSE_FLAG_SNR, MLLS, MLLS_FLAG_M_SIGMA
+from .repeats import clustered_covariance
 from ..estimation.solvers import PIN_TOL, mlls_gradient, mlls_hessian, mlls_newton, restricted_min_eigenvalue
 
 __all__ = ["PriorInterval", "fisher_interval", "bootstrap_interval", "NoShiftTest", "no_shift_test",
@@ -391,7 +392,18 @@ class PriorInterval:
                    n_target=d.get("n_target"), extra=dict(d.get("extra") or {}))
 
 
-def fisher_interval(target_probs, weights, source_prior, *, level: float = 0.95) -> PriorInterval:
+def _repeats_meat(P: np.ndarray, w: np.ndarray, repeats) -> np.ndarray | None:
+    """(k, k) the clustered per-row second moment (1/m) sum_g c_g^2 s_g s_g^T of the MLLS scores s_g = f_g /
+    f_g^T w over the distinct target rows (:func:`labelshift.inference.repeats.clustered_covariance`), or None when
+    ``repeats`` changes nothing (no repeats, or ties taken as the model's own)."""
+    if repeats is None or not repeats.adjusts:
+        return None
+    F = np.asarray(P[repeats.first], dtype=np.float64)
+    fw = (F @ w)[:, None]
+    return clustered_covariance(F / fw, repeats.counts, posterior=F * w / fw)
+
+
+def fisher_interval(target_probs, weights, source_prior, *, level: float = 0.95, repeats=None) -> PriorInterval:
     """Normal confidence intervals on the target prior from the Fisher information of the MLLS likelihood
     (eq. (mlls-sample); the Hessian of Section 5 / eq. (bound-main)), constrained to p_s^T w = 1.
 
@@ -406,6 +418,9 @@ def fisher_interval(target_probs, weights, source_prior, *, level: float = 0.95)
             to a duality gap of max(1e-3 / m, 2e-10)), or None to solve MLLS here.
         source_prior: (k,) p_s.
         level: confidence level in (0, 1).
+        repeats: optional :class:`~labelshift.inference.repeats.Repeats` of these rows: when rows repeat (and are
+            counted as repeated items) the covariance is the sandwich T M T / m with the clustered meat M = (1/m)
+            sum_g c_g^2 s_g s_g^T over distinct rows (T the per-example covariance above, T H T = T), not T / m.
 
     Raises:
         InputError: shapes or classes that do not match, non-probabilities, weights that are not the MLLS estimate.
@@ -417,7 +432,9 @@ def fisher_interval(target_probs, weights, source_prior, *, level: float = 0.95)
     H = mlls_hessian(P, w)
     free = w > PIN_TOL
     z = float(norm.ppf(0.5 * (1.0 + level)))
-    cov_w = _tangent_covariance(H, p, free) / m
+    cov_w = _tangent_covariance(H, p, free)
+    meat = _repeats_meat(P, w, repeats)
+    cov_w = (cov_w if meat is None else cov_w @ meat @ cov_w) / m
     se_w = np.sqrt(np.clip(np.diag(cov_w), 0.0, None))
     w_max = 1.0 / p
     w_lo = np.clip(w - z * se_w, 0.0, w_max)
@@ -555,7 +572,7 @@ class NoShiftTest:
                    n_source=d.get("n_source"))
 
 
-def no_shift_test(target_probs, weights, source_prior, *, source_probs=None) -> NoShiftTest:
+def no_shift_test(target_probs, weights, source_prior, *, source_probs=None, repeats=None) -> NoShiftTest:
     """Test of H0: w = 1 (no label shift, p_t = p_s).
 
     With ``source_probs=None`` f and p_s are taken as known: the likelihood-ratio test against the MLLS estimate
@@ -574,16 +591,23 @@ def no_shift_test(target_probs, weights, source_prior, *, source_probs=None) -> 
     shift with an invertible soft confusion matrix moves the mean, so the test is consistent. Derivation, why the
     pooled covariance, measured size and power: ``docs/uncertainty.md`` ("No-shift test").
 
+    Rows that repeat (``repeats``, :class:`~labelshift.inference.repeats.Repeats`, counted as repeated items): the
+    two-sample form takes the target mean's covariance as that of a sum of independent clusters, (1/m^2) sum_g
+    c_g^2 (f_g - mu_hat_t)(f_g - mu_hat_t)^T over the distinct rows, beside Sigma_pool / n for the source mean,
+    and Hotelling's law with the effective target size m_eff = m^2 / sum_g c_g^2 in place of m; the
+    likelihood-ratio form scales Lambda by m_eff / m.
+
     Args: as :func:`fisher_interval` (``weights`` = the MLLS estimate, or None to solve it here; used by the
     likelihood-ratio form); ``source_probs``: (n, k) calibrated source outputs.
     """
+    repeats = repeats if repeats is not None and repeats.adjusts else None
     P, p = _check_inputs(target_probs, source_prior)
     m, k = P.shape
     if source_probs is None:
         w = _check_mle(P, weights, p)
         sums = _rows.row_dot(P, np.ones(k)) if _rows.is_large(P) else P.sum(axis=1)
         stat = 2.0 * float(np.sum(np.log(_dot(P, w) / sums)))
-        stat = max(stat, 0.0)
+        stat = max(stat, 0.0) * (1.0 if repeats is None else repeats.effective_rows / m)
         return NoShiftTest(statistic=stat, dof=k - 1, p_value=float(chi2.sf(stat, k - 1)), n_target=m)
     S = check_probabilities(source_probs, "source_probs", 2)
     if S.shape[1] != k:
@@ -601,7 +625,14 @@ def no_shift_test(target_probs, weights, source_prior, *, source_probs=None) -> 
     diff = U.T @ (mean_t - mean_s)
     total = n + m
     pooled = ((m - 1) * cov_t + (n - 1) * cov_s) / (total - 2)
-    cov = U.T @ pooled @ U * (1.0 / m + 1.0 / n)
+    if repeats is None:
+        cov = U.T @ pooled @ U * (1.0 / m + 1.0 / n)
+    else:                                   # the target mean's variance from its clusters of repeated rows
+        F = np.asarray(P[repeats.first], dtype=np.float64)
+        w = np.ones(k) if weights is None else np.maximum(np.asarray(weights, dtype=np.float64), 0.0)
+        posterior = F * w / np.maximum(F @ w, 1e-300)[:, None]
+        cov = U.T @ (pooled / n + clustered_covariance(F, repeats.counts, mean_t, posterior) / m) @ U
+        total = n + max(int(round(repeats.effective_rows)), 2)
     lam, V = np.linalg.eigh(0.5 * (cov + cov.T))
     keep = lam > max(float(lam.max()), 0.0) * 1e-12
     proj = V[:, keep].T @ diff
