@@ -112,9 +112,13 @@ def reading(assessed: list[tuple[str, object]], correction: str) -> dict:
 
 
 def record(assessed) -> list[dict]:
-    """What is kept of a seed's reports: kind, the two p-values, trustworthy, the levels."""
-    return [{"kind": kind, "label_shift_p": None if r.label_shift is None else float(r.label_shift.p_value),
-             "no_shift_p": float(r.no_shift_test.p_value), "trustworthy": bool(r.trustworthy)} for kind, r in assessed]
+    """What is kept of a seed's reports: kind, the two p-values (6 significant digits), trustworthy."""
+    return [{"kind": kind, "label_shift_p": None if r.label_shift is None else _g6(r.label_shift.p_value),
+             "no_shift_p": _g6(r.no_shift_test.p_value), "trustworthy": bool(r.trustworthy)} for kind, r in assessed]
+
+
+def _g6(p: float) -> float:
+    return float(f"{float(p):.6g}")
 
 
 def table(runs: list[dict], counts: tuple) -> list[str]:
@@ -123,8 +127,8 @@ def table(runs: list[dict], counts: tuple) -> list[str]:
     run_a, run_b = unshifted + shifted, unshifted + shifted - n_mild - n_strong
     lines = [f"| correction | label-shifted segments called Not label shift, run A ({run_a}): mean per run [max] | "
              f"runs with any (A) | the same, run B ({run_b} label-shifted) | power on the violated segments of run B: "
-             f"mild ({n_mild} a run) | strong ({n_strong} a run) | false share of run B's Not label shift (mean over "
-             f"runs with any) | unshifted segments called Shifted, run A ({unshifted}): mean [max] |",
+             f"mild ({n_mild} a run) | strong ({n_strong} a run) | false share of run B's Not label shift (FDR: mean "
+             f"over runs, 0 where none) | unshifted segments called Shifted, run A ({unshifted}): mean [max] |",
              "|---|---|---|---|---|---|---|---|"]
     for correction in ("none", "holm", "bh"):
         a = [r[correction]["A"] for r in runs]
@@ -132,14 +136,14 @@ def table(runs: list[dict], counts: tuple) -> list[str]:
         false_a = [x["unshifted"] + x["shifted"] for x in a]
         false_b = [x["unshifted"] + x["shifted"] for x in b]
         called_b = [f + x["mild"] + x["strong"] for f, x in zip(false_b, b)]
-        shares = [f / c for f, c in zip(false_b, called_b) if c]
+        shares = [f / max(1, c) for f, c in zip(false_b, called_b)]
         shifted_false = [x["shifted_unshifted"] for x in a]
         mild = sum(x["mild"] for x in b) / max(1, n_mild * len(b))
         strong = sum(x["strong"] for x in b) / max(1, n_strong * len(b))
         name = "none (before)" if correction == "none" else correction_label(correction)
         lines.append(f"| {name} | {np.mean(false_a):.2f} [{max(false_a)}] | {sum(f > 0 for f in false_a)} of "
                      f"{len(a)} | {np.mean(false_b):.2f} [{max(false_b)}] | {100 * mild:.0f}% | {100 * strong:.0f}% "
-                     f"| {100 * np.mean(shares) if shares else 0:.1f}% | {np.mean(shifted_false):.2f} "
+                     f"| {100 * np.mean(shares):.1f}% | {np.mean(shifted_false):.2f} "
                      f"[{max(shifted_false)}] |")
     return lines
 
@@ -166,6 +170,14 @@ def _stand_in(r: dict, significance: float, ns):
     return rep
 
 
+def tail(records: list[list[dict]], levels=(0.05, 0.01, 0.001, 0.0005)) -> str:
+    """How often the label-shift test's p-value of a label-shifted segment falls below each level (all runs
+    pooled): a valid test's at most the level; Holm over S segments reads it down to level / S."""
+    p = np.array([r["label_shift_p"] for seed in records for r in seed
+                  if r["kind"] in ("unshifted", "shifted") and r["label_shift_p"] is not None])
+    return ", ".join(f"below {a:g}: {100 * np.mean(p < a):.2f}%" for a in levels) + f" ({len(p):,} p-values)"
+
+
 def commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -174,18 +186,20 @@ def commit() -> str:
         return "unknown"
 
 
-def report(args, runs: list[dict], seconds: float, meta: dict) -> list[str]:
+def report(args, runs: list[dict], seconds: float, meta: dict, records: list[list[dict]]) -> list[str]:
     counts = tuple(meta["counts"])
     return [HEADING, "",
             f"Run of {meta['date']} at commit {meta['commit']} (`{meta['command']}`; {meta['cpu']}, {meta['cores']} "
             f"cores, {meta['workers']} worker processes; {seconds / 60:.1f} min): k = {meta['k']} classes, a fresh "
             f"holdout of n = {meta['n']:,} rows per run, segments of {meta['rows']:,} rows, the flow's default "
-            f"settings (level 0.05 for both tests), {len(runs)} runs (seeds 0-{len(runs) - 1}). Run A: "
+            f"settings (level 0.05 for both tests), {len(runs)} runs (seeds 0-{len(runs) - 1}"
+            f"{'; ' + meta['note'] if meta.get('note') else ''}). Run A: "
             f"{counts[0]} segments at the source prior and {counts[1]} under Dirichlet(1) priors, all truly "
             f"label-shifted; run B: {counts[0] + counts[1] - counts[2] - counts[3]} of them with {counts[2]} "
             f"segments whose class's look changed by {meta['mild']} noise sd (mild) and {counts[3]} by "
             f"{meta['strong']} (strong). Problem and counts: the docstring of "
-            "`benchmarks/bench_segment_correction.py`.", "", *table(runs, counts), ""]
+            "`benchmarks/bench_segment_correction.py`.", "", *table(runs, counts), "",
+            f"The label-shift test's p-values of the label-shifted segments, all runs pooled: {tail(records)}.", ""]
 
 
 def main(argv=None) -> int:
@@ -209,7 +223,7 @@ def main(argv=None) -> int:
     if args.from_json:
         kept = json.loads(args.from_json.read_text())
         runs = readings_from_records(kept["records"])
-        publish(HEADING, report(args, runs, kept["seconds"], kept["meta"]), args.write_readme)
+        publish(HEADING, report(args, runs, kept["seconds"], kept["meta"], kept["records"]), args.write_readme)
         return 0
     t0 = time.perf_counter()
     meta = {"date": _dt.date.today().isoformat(), "commit": commit(), "cpu": cpu_model(), "cores": os.cpu_count(),
@@ -229,8 +243,9 @@ def main(argv=None) -> int:
               f"{sum(runs[-1]['holm']['A'][k] for k in ('unshifted', 'shifted'))} ({seconds:.0f} s)",
               file=sys.stderr, flush=True)
         # kept after every run, so that a run stopped early leaves what it measured
-        args.json.write_text(json.dumps({"meta": meta, "seconds": seconds, "records": records}, indent=1))
-    publish(HEADING, report(args, runs, seconds, meta), args.write_readme)
+        args.json.write_text(json.dumps({"meta": meta, "seconds": seconds, "records": records},
+                                        separators=(",", ":")))
+    publish(HEADING, report(args, runs, seconds, meta, records), args.write_readme)
     return 0
 
 

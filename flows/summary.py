@@ -67,10 +67,10 @@ def _segment_cells(item: dict) -> list[str]:
 
 
 def _p_adjusted(p: float, adjusted: float | None) -> str:
-    """``format_p(p)``, and the adjusted value in brackets when there is one that differs."""
-    if adjusted is None or adjusted == p:
-        return format_p(p)
-    return f"{format_p(p)} ({'< 1e-16' if adjusted < 1e-16 else f'{adjusted:.3g}'})"
+    """``format_p(p)``, and the adjusted value in brackets when there is one that reads differently."""
+    given = format_p(p)
+    shown = None if adjusted is None else format_p(adjusted)
+    return given if shown is None or shown == given else f"{given} ({shown.removeprefix('= ')})"
 
 
 def _segment_note(segments: dict) -> str:

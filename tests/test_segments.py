@@ -141,6 +141,9 @@ def test_the_cli_options_are_the_flow_parameters():
     assert params.segment_column == "region" and params.min_segment_size == 500
     defaults = parameters_from_args(parser.parse_args(["estimate"]))
     assert defaults.segment_column is None and defaults.min_segment_size == 200
+    assert defaults.segment_correction == "holm"
+    assert parameters_from_args(parser.parse_args(["estimate", "--segment-correction", "bh"])).segment_correction \
+        == "bh"
     with pytest.raises(UsageError, match="--min-segment-size"):
         parameters_from_args(parser.parse_args(["estimate", "--min-segment-size", "5"]))
 

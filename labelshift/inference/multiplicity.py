@@ -29,7 +29,8 @@ __all__ = ["CORRECTIONS", "SEGMENT_CORRECTION", "AdjustedPValue", "adjust_p_valu
 
 #: the corrections over a family of tests: Holm (family-wise error), Benjamini-Hochberg (false discovery rate), none
 CORRECTIONS: tuple[str, ...] = ("holm", "bh", "none")
-#: the correction of the segments' tests by default: Holm (why: ``docs/reestimation.md``, "Many segments")
+#: the correction of the segments' tests by default: Holm (why: ``docs/reestimation.md``, "Many segments, few false
+#: alarms")
 SEGMENT_CORRECTION = "holm"
 _LABELS = {"holm": "Holm", "bh": "Benjamini-Hochberg", "none": "unadjusted"}
 
