@@ -124,7 +124,8 @@ class SegmentEstimate:
         """A compact, JSON-ready record: name, rows, and either ``too_small`` or the verdict, the prior with its
         interval, the total variation, the tests' p-values and the expected accuracy with its interval. Adjusted
         over the segments (:func:`adjust_segments`), also ``label_shift_p_adjusted``, ``no_shift_p_adjusted`` and
-        ``verdict_alone`` (the segment's verdict at the single-test level); ``verdict`` is then the adjusted one."""
+        ``verdict_alone`` (the segment's verdict at the single-test level); ``verdict`` and ``label_shift_ok`` are
+        then read through the adjusted p-values."""
         base = {"name": self.name, "rows": self.n_rows, "too_small": self.too_small}
         if self.error is not None:
             return {**base, "verdict": "Failed", "reason": self.error}
