@@ -7,8 +7,9 @@ against the schema (types, bounds, enums) and shows what is wrong beside each fi
 
 - ``gaussian`` (deployment ``reproduce/<name>``): the paper's two-Gaussian sweeps -- dataset fixed to
   'gaussian', experiments shift/size/bins, the methods that apply;
-- ``images`` (deployment ``reproduce/<name>-images``): mnist-5k, digits, mnist, cifar10 -- experiments
-  alpha/size, the image methods, the training and calibration settings, target size 5000.
+- ``images`` (deployment ``reproduce/<name>-images``): mnist-5k, digits, fashion-mnist, mnist, cifar10 --
+  experiments alpha/size, the image methods (also ``<estimator>@<calibration>``), the training and calibration
+  settings, target size 5000 (fashion-mnist: its own grid, filled in by the flow's parameters).
 
 A combination the schema of a family cannot hold (gaussian with 'alpha', 'MLLS-uncal' on Gaussians) is therefore
 not offered at all; the remaining cross-field rule (``seeds_per_task`` at most ``n_seeds``) is not expressible in
@@ -21,9 +22,10 @@ fields are shown as plain fields ("empty = the default") instead of Prefect's ch
 from __future__ import annotations
 
 import copy
+import typing
 
 from flows.params import (EXPERIMENTS, IMAGE_DATASETS, IMAGE_EXPERIMENTS, IMAGE_METHODS, IMAGE_TARGET_SIZE,
-                          ReproduceParameters)
+                          Method, ReproduceParameters)
 
 __all__ = ["FAMILIES", "family_schema", "IMAGES_SUFFIX"]
 
@@ -63,12 +65,12 @@ TITLES = {
 
 #: what differs in the image family: choices and defaults
 _IMAGE_CHOICES = {"dataset": list(IMAGE_DATASETS), "experiments": list(IMAGE_EXPERIMENTS),
-                  "methods": list(IMAGE_METHODS)}
+                  "methods": [*IMAGE_METHODS, *(m for m in typing.get_args(Method) if m not in IMAGE_METHODS)]}
 _IMAGE_DEFAULTS = {"dataset": "mnist-5k", "experiments": list(IMAGE_EXPERIMENTS), "methods": list(IMAGE_METHODS),
                    "target_size": IMAGE_TARGET_SIZE}
 
 def _gaussian_methods(schema_methods: list[str]) -> list[str]:
-    return [m for m in schema_methods if m not in ("MLLS-uncal",)]
+    return [m for m in schema_methods if m not in ("MLLS-uncal",) and "@" not in m]
 
 
 def _drop_null(prop: dict) -> dict:
@@ -118,7 +120,7 @@ def family_schema(flow_schema: dict, family: str) -> dict:
         props["dataset"]["description"] = (
             "This form runs the two-Gaussian sweeps ('gaussian': the paper's mixture of two unit-variance "
             "Gaussians, Example 1, with the true p_s(y|x) as the predictor). The image datasets (mnist-5k, "
-            f"digits, mnist, cifar10) have a form of their own: the {other}.")
+            f"digits, fashion-mnist, mnist, cifar10) have a form of their own: the {other}.")
         props["experiments"]["items"]["enum"] = list(EXPERIMENTS)
         props["methods"]["items"]["enum"] = _gaussian_methods(props["methods"]["items"]["enum"])
     else:
@@ -133,8 +135,9 @@ def family_schema(flow_schema: dict, family: str) -> dict:
 
 
 IMAGES_DESCRIPTION = (
-    "Reproduce the label-shift experiments of Garg et al. (NeurIPS 2020) on an image dataset (mnist-5k and "
-    "digits ship offline; mnist and cifar10 after `labelshift data push`): train the network (cached in the store), "
+    "Reproduce the label-shift experiments of Garg et al. (NeurIPS 2020) on an image dataset (mnist-5k, "
+    "digits and fashion-mnist ship offline; mnist and cifar10 after `labelshift data push`): train the network "
+    "(cached in the store), "
     "calibrate it (BCTS), then weight MSE of each estimator against the Dirichlet shift alpha and the target size m. "
     "The model is registered in MLflow as labelshift-<dataset> (what the reestimate deployment loads). The "
     "two-Gaussian sweeps are the other reproduce deployment.")

@@ -24,13 +24,19 @@ from labelshift.inference.settings import DEFAULTS as ASSESSMENT
 from labelshift.errors import InputError
 from labelshift.experiments import gaussian, images
 
-Dataset = Literal["gaussian", "mnist-5k", "digits", "mnist", "cifar10"]
+#: an estimator on one named calibration, ``<estimator>@<calibration>`` (image datasets only; the names of
+#: :mod:`labelshift.experiments.images`, e.g. MLLS@VS, BBSE-soft@none)
+CALIBRATED_METHODS: tuple[str, ...] = tuple(f"{e}@{c}" for e in images.CALIBRATED_ESTIMATORS
+                                            for c in images.CALIBRATIONS)
+
+Dataset = Literal["gaussian", "mnist-5k", "digits", "fashion-mnist", "mnist", "cifar10"]
 Experiment = Literal["shift", "size", "bins", "alpha"]
-Method = Literal["BBSE-hard", "BBSE-soft", "RLLS", "RLLS-soft", "MLLS-CM", "MLLS", "PCC", "MLLS-uncal"]
+Method = Literal[("BBSE-hard", "BBSE-soft", "RLLS", "RLLS-soft", "MLLS-CM", "MLLS", "PCC", "MLLS-uncal",
+                  *CALIBRATED_METHODS)]
 Calibrator = Literal["BCTS", "TS", "VS", "NBVS"]
 
 #: the image datasets (Dirichlet-shift sweeps on a trained network's calibrated outputs)
-IMAGE_DATASETS: tuple[str, ...] = ("mnist-5k", "digits", "mnist", "cifar10")
+IMAGE_DATASETS: tuple[str, ...] = ("mnist-5k", "digits", "fashion-mnist", "mnist", "cifar10")
 #: experiments of the image datasets: MSE vs Dirichlet alpha, MSE vs target size m
 IMAGE_EXPERIMENTS: tuple[str, ...] = ("alpha", "size")
 #: methods of the image sweeps: the paper's four plus MLLS on the uncalibrated softmax
@@ -67,6 +73,13 @@ def _unique(values: list) -> list:
     return values
 
 
+def _same(given, default) -> bool:
+    """A parameter value equal to a default (lists compared item by item, whatever the sequence type)."""
+    if isinstance(given, (list, tuple)) and isinstance(default, (list, tuple)):
+        return list(given) == list(default)
+    return given == default
+
+
 def _unique_sorted(values: list) -> list:
     """Grid values: distinct, in increasing order (the curves are drawn and logged with step = index)."""
     return sorted(_unique(values))
@@ -74,11 +87,14 @@ def _unique_sorted(values: list) -> list:
 
 DatasetParam = Annotated[Dataset, Field(
     description="Data set of the sweep. 'gaussian': the paper's mixture of two unit-variance Gaussians "
-                "(Example 1) with the true p_s(y|x) as the predictor. 'mnist-5k', 'digits' (offline, pushed to "
-                "the store on first use), 'mnist', 'cifar10' (push them first with `labelshift data push`): a "
+                "(Example 1) with the true p_s(y|x) as the predictor. 'mnist-5k', 'digits', 'fashion-mnist' "
+                "(offline, pushed to the store on first use; fashion-mnist from Debian's dataset-fashion-mnist), "
+                "'mnist', 'cifar10' (push them first with `labelshift data push`): a "
                 "network trained on the train pool, BCTS-calibrated on the valid pool, Dirichlet-shifted target "
                 "sets from the test pool. For an image dataset the Gaussian defaults of experiments, methods and "
-                "target_size are replaced by alpha+size, the image methods and 5000.")]
+                "target_size are replaced by alpha+size, the image methods and 5000; fashion-mnist also has its "
+                "own grid (labelshift.experiments.images.SWEEP_DEFAULTS: every calibration x estimator pair, "
+                "alpha 0.1/1/10, m up to 10,000).")]
 ExperimentsParam = Annotated[list[Experiment], Field(
     min_length=1, description="Which experiments to run: 'shift' (MSE vs p_t(y=1) at a fixed target size), "
                               "'size' (MSE vs target size m at a fixed shift), 'bins' (MSE and the minimum "
@@ -104,7 +120,9 @@ NSeedsParam = Annotated[int, Field(
                                   "over them (paper: 100).")]
 MethodsParam = Annotated[list[Method], Field(
     min_length=1, description="Estimators compared in the shift, size and alpha experiments; 'MLLS-uncal' (MLLS "
-                              "on the raw softmax) only for image datasets."), AfterValidator(_unique)]
+                              "on the raw softmax) and '<estimator>@<calibration>' (an estimator on one "
+                              "calibration: none, or one of the calibrators; e.g. MLLS@VS) only for image "
+                              "datasets."), AfterValidator(_unique)]
 AlphaValuesParam = Annotated[list[Annotated[float, Field(gt=0.0, le=1e4)]], Field(
     min_length=1, description="Dirichlet concentrations alpha of the alpha experiment (image datasets; smaller is "
                               "more severe shift)."), AfterValidator(_unique_sorted)]
@@ -189,6 +207,11 @@ class ReproduceParameters(BaseModel):
                 data["methods"] = list(IMAGE_METHODS)
             if data.get("target_size") in (None, GAUSSIAN_TARGET_SIZE):
                 data["target_size"] = IMAGE_TARGET_SIZE
+            general = {"methods": list(IMAGE_METHODS)}
+            for name, value in images.SWEEP_DEFAULTS.get(data["dataset"], {}).items():   # the dataset's own grid
+                given = data.get(name)
+                if given is None or _same(given, general.get(name, cls.model_fields[name].default)):
+                    data[name] = value
         return data
 
     @model_validator(mode="after")
@@ -198,11 +221,19 @@ class ReproduceParameters(BaseModel):
             if bad:
                 raise ValueError(f"experiments {bad} are for the 'gaussian' dataset; image datasets run "
                                  f"{', '.join(IMAGE_EXPERIMENTS)}")
+            missing = sorted({m.partition("@")[2] for m in self.methods if "@" in m} - {"none", *self.calibrators})
+            if missing:
+                raise ValueError(f"methods on the calibration(s) {missing} need them among the calibrators "
+                                 f"({', '.join(self.calibrators)}); add them to calibrators")
         else:
             if "alpha" in self.experiments:
                 raise ValueError("the 'alpha' experiment (Dirichlet shift) needs an image dataset")
             if "MLLS-uncal" in self.methods:
                 raise ValueError("'MLLS-uncal' needs an image dataset (the Gaussian predictor is exact)")
+            paired = [m for m in self.methods if "@" in m]
+            if paired:
+                raise ValueError(f"{paired}: an estimator on a calibration needs an image dataset (the Gaussian "
+                                 "predictor is exact)")
         return self
 
     @property

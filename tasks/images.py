@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 
 import numpy as np
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from labelshift.calibration import BCTS, NBVS, TS, VS, expected_calibration_error, nll, softmax
@@ -58,6 +59,17 @@ LATEST_ALIAS = "newest"   # "latest" is reserved by MLflow
 GOOD_ALIAS = "latest-good"
 #: images in the example batch the registered model is traced on
 EXAMPLE_BATCH = 8
+#: progress lines of the long steps (each training epoch, each estimation task); the CLI prints this logger
+progress = logging.getLogger("labelshift.progress")
+
+
+def _progress(message: str) -> None:
+    """A progress line: to the CLI's logger and to the Prefect run's log (as ``flows.reproduce`` reports)."""
+    progress.info(message)
+    try:
+        get_run_logger().info(message)
+    except Exception:                       # outside a run context
+        pass
 
 
 def dataset_prefix(name: str) -> str:
@@ -158,6 +170,9 @@ def _train_and_store(client: MlflowClient, run_id: str, store, ds, dataset: str,
         _log_metrics(client, run_id, {k: m[k] for k in ("train_loss", "train_accuracy", "valid_loss",
                                                          "valid_accuracy", "lr", "seconds") if k in m},
                      step=epoch)
+        _progress(f"train {dataset} seed {model_seed}: epoch {epoch}/{config['train']['epochs']}, train loss "
+                  f"{m['train_loss']:.4f}, valid accuracy {m.get('valid_accuracy', float('nan')):.4f} "
+                  f"({m['seconds']:.0f} s)")
 
     t0 = time.perf_counter()
     result = train(model, ds.train.x[rows], ds.train.y[rows], seed=model_seed, device=device,
@@ -304,7 +319,8 @@ def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str],
         -> images.Pools:
     """Fit each calibrator on the valid logits; save it as JSON (store and MLflow) with NLL and ECE before and
     after on the valid and test pools; return the :class:`~labelshift.experiments.images.Pools` of the sweep
-    (calibrated probabilities from the first calibrator)."""
+    (calibrated probabilities from the first calibrator; every calibrator's in ``Pools.calibrated``, for the
+    ``<estimator>@<calibration>`` methods)."""
     if not calibrators:
         raise InputError("calibrators is empty; ask for at least one of " + ", ".join(CALIBRATORS))
     unknown = [c for c in calibrators if c not in CALIBRATORS]
@@ -323,7 +339,7 @@ def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str],
     if registered_run and registered_run != run_id and not _has_artifact(client, registered_run,
                                                                          "calibration/source_holdout.npz"):
         runs.append(registered_run)
-    first = None
+    first, calibrated = None, {}
     for name in calibrators:
         cal = CALIBRATORS[name](input_kind="logits").fit(lv, yv)
         pv, pt = cal.predict_proba(lv), cal.predict_proba(lt)
@@ -340,6 +356,7 @@ def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str],
         for target_run in runs:
             client.log_text(target_run, text, f"calibration/{name}.json")
         _log_metrics(client, run_id, {f"calibration/{name}/{k}": v for k, v in scores.items()})
+        calibrated[name] = (pv, pt)
         if first is None:
             first = (name, pv, pt)
     # the labelled source holdout the calibrators were fit on, for re-estimation with the registered model
@@ -349,12 +366,17 @@ def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str],
         log_source_holdout(client, target_run, outputs["logits_valid"], yv)
     name, pv, pt = first
     return images.Pools(valid_raw=raw_v, valid_cal=pv, valid_y=yv, test_raw=raw_t, test_cal=pt, test_y=yt,
-                        fingerprint=f"{meta['key']}/{name}")
+                        fingerprint=f"{meta['key']}/{name}", calibrated=calibrated)
 
 
 @task(name="estimate-images", task_run_name=settings_run_name, cache_policy=NO_CACHE, persist_result=False)
 def estimate_image_settings(settings: list, seeds: list[int], methods: list[str], pools: list, *,
                             base_seed: int) -> list:
     """For each setting: draw the seeds' Dirichlet-shifted target sets from the test pool, estimate w with every
-    method, score the MSE (:func:`labelshift.experiments.images.run_setting`)."""
-    return [images.run_setting(s, seeds, pools, methods, base_seed=base_seed) for s in settings]
+    method, score the MSE (:func:`labelshift.experiments.images.run_setting`); a progress line when done."""
+    t0 = time.perf_counter()
+    out = [images.run_setting(s, seeds, pools, methods, base_seed=base_seed) for s in settings]
+    values = ", ".join(f"{s.value:g}" for s in settings)
+    _progress(f"estimated {settings[0].kind} = {values}: {len(seeds)} seeds x {len(methods)} methods "
+              f"({time.perf_counter() - t0:.1f} s)")
+    return out

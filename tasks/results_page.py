@@ -13,6 +13,11 @@ paper's Section 6, *computed from those numbers*:
    shift/alpha experiment (smallest alpha; p_t(y=1) farthest from the balanced 0.5) exceeds the ratio at the
    mildest.
 
+A sweep that ran estimators on several calibrations (``<estimator>@<calibration>`` methods, e.g. fashion-mnist's
+default grid) also gets one table with a row per calibration and a column per estimator at the largest target
+size of its size experiment (the plain names counted where they belong:
+:func:`labelshift.experiments.images.method_calibration`).
+
 Plain MLflow client calls; no Prefect.
 """
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-__all__ = ["latest_sweeps", "claims", "render_page", "write_report"]
+__all__ = ["latest_sweeps", "claims", "calibration_table", "render_page", "write_report"]
 
 X_LABEL = {"shift": "p_t(y=1)", "size": "m", "bins": "bins", "alpha": "alpha"}
 #: relative difference (and standard errors) within which two methods count as "close" (claim 2)
@@ -81,6 +86,27 @@ def _table(rows: list[dict], experiment: str) -> list[str]:
             cells.append("-" if r is None else f"{_fmt(r['mse_mean'])} ± {_fmt(r['mse_se'])}")
         lines.append("| " + " | ".join([f"{v:g}", *cells]) + " |")
     return lines
+
+
+def calibration_table(rows: list[dict], first_calibrator: str = "BCTS", experiment: str = "size") -> list[str]:
+    """Markdown lines: mean MSE ± standard error at the largest value of ``experiment``, a row per calibration and
+    a column per estimator; no lines when the sweep ran no ``<estimator>@<calibration>`` method there."""
+    from labelshift.experiments.images import CALIBRATIONS, method_calibration
+
+    sel = [r for r in rows if r.get("experiment") == experiment and not math.isnan(r["value"])]
+    if not any("@" in r["method"] for r in sel):
+        return []
+    largest = max(r["value"] for r in sel)
+    cells = {method_calibration(r["method"], first_calibrator): r for r in sel if r["value"] == largest}
+    estimators = list(dict.fromkeys(e for e, _ in cells))
+    calibrations = [c for c in CALIBRATIONS if any((e, c) in cells for e in estimators)]
+    lines = [f"### MSE by calibration and estimator at {X_LABEL.get(experiment, experiment)} = {largest:g}", "",
+             "| calibration | " + " | ".join(estimators) + " |", "|" + "---|" * (len(estimators) + 1)]
+    for c in calibrations:
+        row = [("-" if (e, c) not in cells else f"{_fmt(cells[e, c]['mse_mean'])} ± {_fmt(cells[e, c]['mse_se'])}")
+               for e in estimators]
+        lines.append(f"| {c} | " + " | ".join(row) + " |")
+    return lines + [""]
 
 
 def _by_setting(rows: list[dict]) -> dict:
@@ -179,6 +205,7 @@ def render_page(sections: list[dict]) -> str:
         lines.append("")
         for e in dict.fromkeys(r["experiment"] for r in sec["rows"]):
             lines += [f"### MSE vs {X_LABEL.get(e, e)}", ""] + _table(sec["rows"], e) + [""]
+        lines += calibration_table(sec["rows"], (p.get("calibrators") or "BCTS").split(",")[0])
         lines += ["### Claims of Section 6", "", "| claim | verdict | evidence |", "|---|---|---|"]
         lines += [f"| {c['claim']} | **{c['verdict']}** | {c['evidence']} |" for c in claims(sec["rows"])]
         lines.append("")

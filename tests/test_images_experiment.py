@@ -84,3 +84,68 @@ def test_claims_are_computed_from_numbers():
                               "MLLS": [2.0, 0.05]})
     verdicts = [c["verdict"] for c in claims(bad)]
     assert verdicts == ["partly", "partly", "fails"]
+
+
+# ------------------------------------------------------------------ estimators on a named calibration (m@calibration)
+def _with_calibrations(pools, **temperatures):
+    """The pools plus calibrations named like calibrators: the exact posterior's log sharpened by a factor."""
+    cal = {name: (softmax(t * np.log(pools.valid_raw)), softmax(t * np.log(pools.test_raw)))
+           for name, t in temperatures.items()}
+    return images.Pools(pools.valid_raw, pools.valid_cal, pools.valid_y, pools.test_raw, pools.test_cal,
+                        pools.test_y, fingerprint=pools.fingerprint, calibrated=cal)
+
+
+def test_estimator_at_a_calibration_runs_on_that_calibrations_outputs():
+    pools = _with_calibrations(_pools(), TS=2.0, VS=3.0)
+    s = images.settings_grid("alpha", [1.0], m=400)[0]
+    methods = ["MLLS@TS", "MLLS@none", "MLLS-uncal", "BBSE-soft@none", "BBSE-soft", "BBSE-soft@VS", "MLLS@VS"]
+    res = images.run_setting(s, 4, pools, methods)
+    w = {m: res.weights[:, j] for j, m in enumerate(methods)}
+    np.testing.assert_array_equal(w["MLLS@none"], w["MLLS-uncal"])          # "none" is the raw softmax
+    np.testing.assert_array_equal(w["BBSE-soft@none"], w["BBSE-soft"])
+    # MLLS@TS is MLLS on pools whose calibrated outputs are TS's (same fingerprint: the same target sets)
+    as_ts = images.Pools(pools.valid_raw, pools.calibrated["TS"][0], pools.valid_y, pools.test_raw,
+                         pools.calibrated["TS"][1], pools.test_y, fingerprint=pools.fingerprint)
+    np.testing.assert_array_equal(w["MLLS@TS"], images.run_setting(s, 4, as_ts, ["MLLS"]).weights[:, 0])
+    # VS's outputs here are pools.valid_cal/test_cal (the factor 3): MLLS@VS is the plain MLLS
+    np.testing.assert_array_equal(w["MLLS@VS"], images.run_setting(s, 4, pools, ["MLLS"]).weights[:, 0])
+    assert not np.array_equal(w["BBSE-soft@VS"], w["BBSE-soft"])
+
+
+def test_calibrated_method_names_and_their_errors():
+    assert images.split_method("BBSE-soft@NBVS") == ("BBSE-soft", "NBVS")
+    assert images.method_calibration("MLLS", "TS") == ("MLLS", "TS")
+    assert images.method_calibration("RLLS") == ("RLLS", "none")
+    assert images.method_calibration("MLLS-uncal") == ("MLLS", "none")
+    grid = images.calibration_grid(("BBSE-hard", "MLLS"), ("none", "BCTS", "VS"))
+    assert grid == ["BBSE-hard", "MLLS-uncal", "BBSE-hard@BCTS", "MLLS", "BBSE-hard@VS", "MLLS@VS"]
+    s = images.settings_grid("alpha", [1.0], m=50)[0]
+    with pytest.raises(InputError, match=r"'MLLS@VS' needs the VS calibration.*hold TS.*add VS to the calibrators"):
+        images.run_setting(s, 2, _with_calibrations(_pools(), TS=2.0), ["MLLS@VS"])
+    for bad in ("MLLS@XX", "MLLS-binned@TS", "MLLS-uncal@TS"):
+        with pytest.raises(InputError, match=r"<estimator>@<calibration>.*calibration of none, TS, BCTS, VS, NBVS"):
+            images.check_image_methods([bad])
+    with pytest.raises(InputError, match="duplicates"):
+        images.check_image_methods(["MLLS@TS", "MLLS@TS"])
+    p = _pools()
+    with pytest.raises(InputError, match=r"calibrated\['TS'\] must hold"):
+        images.Pools(p.valid_raw, p.valid_cal, p.valid_y, p.test_raw, p.test_cal, p.test_y,
+                     calibrated={"TS": (p.valid_raw[:10], p.test_raw)})
+    with pytest.raises(InputError, match="unknown calibration 'none'"):
+        images.Pools(p.valid_raw, p.valid_cal, p.valid_y, p.test_raw, p.test_cal, p.test_y,
+                     calibrated={"none": (p.valid_raw, p.test_raw)})
+
+
+def test_report_tables_mse_by_calibration_and_estimator():
+    from tasks.results_page import calibration_table
+
+    rows = [dict(experiment="size", value=v, method=m, mse_mean=mse, mse_se=0.01)
+            for v in (100.0, 1000.0)
+            for m, mse in (("BBSE-hard", 1.0), ("MLLS-uncal", 0.5), ("BBSE-hard@TS", 1.0), ("MLLS@TS", 0.3),
+                           ("MLLS", 0.2 if v == 1000 else 9.0), ("MLLS-CM", 1.1))]
+    lines = calibration_table(rows, first_calibrator="BCTS")
+    assert lines[0] == "### MSE by calibration and estimator at m = 1000"
+    assert lines[2] == "| calibration | BBSE-hard | MLLS | MLLS-CM |"
+    assert lines[4:7] == ["| none | 1 ± 0.01 | 0.5 ± 0.01 | 1.1 ± 0.01 |", "| TS | 1 ± 0.01 | 0.3 ± 0.01 | - |",
+                          "| BCTS | - | 0.2 ± 0.01 | - |"]
+    assert calibration_table([r for r in rows if "@" not in r["method"]]) == []     # no grid, no table

@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 
 from flows.cli import main
 from flows.reproduce import reproduce
-from labelshift.experiments.datasets import load_dataset
+from labelshift.experiments.datasets import load_dataset, read_manifest
 from labelshift.experiments import images
 from labelshift.storage import open_store
 
@@ -201,3 +201,36 @@ def test_registered_image_model_is_reestimated_and_old_runs_get_the_holdout(imag
     again = reproduce(**kw, return_state=True)
     assert again.is_completed() and again.result()["models"][0]["cached"] is True
     assert holdout in {a.path for a in client.list_artifacts(version.run_id, "calibration")}
+
+
+def test_fashion_mnist_end_to_end_on_small_idx_files(prefect_server, mlflow_sqlite, tmp_path, monkeypatch):
+    """fashion-mnist through the flow with its own defaults (every calibration x estimator), its source folder
+    pointed at small idx.gz files written here in the package's format; then the report's calibration table."""
+    from flows.params import ReproduceParameters
+    from labelshift.experiments.datasets import sources
+    from tests.test_datasets import write_mnist_folder
+
+    write_mnist_folder(tmp_path / "pkg", n_train=240, n_test=60, gz=True)
+    monkeypatch.setattr(sources, "FASHION_MNIST_DIR", tmp_path / "pkg")
+    tracking, store = mlflow_sqlite(tmp_path), str(tmp_path / "store")
+    state = reproduce(dataset="fashion-mnist", alpha_values=[1.0], target_sizes=[100], target_size=100, n_seeds=2,
+                      epochs=1, good_accuracy=0.0, store=store, tracking_uri=tracking,
+                      mlflow_experiment="test-fashion", return_state=True)
+    assert state.is_completed(), state.message
+    result = state.result()
+    methods = ReproduceParameters(dataset="fashion-mnist").methods
+    assert len(result["rows"]) == 2 * len(methods) and {r["method"] for r in result["rows"]} == set(methods)
+    manifest = read_manifest(open_store(store), "datasets/fashion-mnist", expected_name="fashion-mnist")
+    assert manifest["source"]["kind"] == "debian-package" and manifest["classes"][0] == "T-shirt/top"
+    client = MlflowClient(tracking)
+    assert set(result["mlflow"]["child_run_ids"]) == set(methods)
+    meta = result["models"][0]
+    assert {a.path for a in client.list_artifacts(meta["run_id"], "calibration")} >= {
+        f"calibration/{c}.json" for c in ("BCTS", "TS", "VS", "NBVS")}
+    out = tmp_path / "report"
+    assert main(["report", "--out", str(out), "--tracking-uri", tracking, "--experiment-name", "test-fashion",
+                 "--home", str(tmp_path / "home")]) == 0
+    page = (out / "results.md").read_text()
+    assert "## fashion-mnist" in page and "### Claims of Section 6" in page
+    assert "### MSE by calibration and estimator at m = 100" in page
+    assert "| calibration | BBSE-hard | BBSE-soft | RLLS | MLLS | MLLS-CM |" in page

@@ -13,6 +13,7 @@ from stack import settings as settings_mod
 from flows.cli._common import PROG, Opt, add_common, add_field, given, local_path, option_name, prefect_api, \
     problems, setup, validated
 from flows.params import BINS_METHODS, EXPERIMENTS, METHODS, ReproduceParameters
+from labelshift.experiments.images import CALIBRATIONS
 
 __all__ = ["register", "parameters_from_args", "OPTIONS", "QUICK"]
 
@@ -24,7 +25,7 @@ OPTIONS: dict[str, Opt] = {
     "size_shift": Opt(metavar="P"),
     "n_seeds": Opt(option="--seeds", metavar="N"),
     "methods": Opt(extra=f" Choose from {','.join(METHODS)},RLLS-soft,PCC; the bins sweep always runs "
-                         f"{','.join(BINS_METHODS)}."),
+                         f"{','.join(BINS_METHODS)}; calibrations after @: {','.join(CALIBRATIONS)}."),
     "base_seed": Opt(metavar="S"),
     "n_source": Opt(metavar="N"),
     "alpha_values": Opt(option="--alphas"),
@@ -64,6 +65,7 @@ def register(sub) -> None:
                "  labelshift reproduce --experiments shift --shift-values 0.01,0.1,0.5 --seeds 20\n"
                "  labelshift reproduce --store s3://bucket/labelshift --tracking-uri http://127.0.0.1:5000\n"
                "  labelshift reproduce --dataset mnist-5k      # train, calibrate, Dirichlet-shift sweeps\n"
+               "  labelshift reproduce --dataset fashion-mnist # 60,000 images; every calibration x estimator\n"
                "Lists are comma-separated. Exit status: 0 done, 1 the sweep failed, 2 bad options, 130 interrupted.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(p, top=False)

@@ -19,7 +19,12 @@ alpha; paper alpha = 0.1). Methods: every name of :data:`labelshift.experiments.
 * ``BBSE-hard``, ``BBSE-soft``, ``RLLS``, ``RLLS-soft``, ``MLLS-CM``, ``PCC``: the raw softmax of the network
   (the confusion-matrix methods use its argmax, as in Lipton et al. 2018 and eq. cm-log of the paper);
 * ``MLLS``: the BCTS-calibrated probabilities (the paper's MLLS);
-* ``MLLS-uncal``: MLLS on the raw softmax, for contrast (shows what calibration buys).
+* ``MLLS-uncal``: MLLS on the raw softmax, for contrast (shows what calibration buys);
+* ``<estimator>@<calibration>`` (e.g. ``MLLS@VS``, ``BBSE-soft@TS``, ``RLLS@none``): the estimator on the outputs
+  of one named calibration of :data:`CALIBRATIONS` -- ``none`` (the raw softmax) or a calibrator fit on the valid
+  pool (the pools carry each calibrator's probabilities in :attr:`Pools.calibrated`) -- so a sweep can compare
+  every calibration x estimator pair on the same target sets. :func:`method_calibration` says which calibration
+  each name uses.
 
 Randomness is chunk-invariant, as in :mod:`.gaussian`: seed ``s`` of a setting draws its prior and its target set
 from ``SeedSequence([base_seed, setting_key, s])``; the key names the predictions (their fingerprint), m and
@@ -28,6 +33,7 @@ uses model ``s % n_models``, so again nothing depends on how seeds are chunked.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,7 +46,9 @@ from .sweep import (METHOD_NAMES, SettingResult, SweepResult, aggregate, check_m
 
 __all__ = ["METHODS", "IMAGE_METHOD_NAMES", "DEFAULT_ALPHAS", "DEFAULT_SIZES", "Setting", "Pools",
            "settings_grid", "run_setting", "mse_vs_alpha", "mse_vs_size", "SettingResult", "SweepResult",
-           "aggregate", "setting_key", "RAW_METHODS"]
+           "aggregate", "setting_key", "RAW_METHODS", "CALIBRATIONS", "CALIBRATED_ESTIMATORS",
+           "CALIBRATED_METHOD_PATTERN", "split_method", "method_calibration", "calibration_grid", "SWEEP_DEFAULTS",
+           "check_image_methods"]
 
 #: default methods: the paper's four plus MLLS on the uncalibrated softmax
 METHODS = ("BBSE-hard", "RLLS", "MLLS-CM", "MLLS", "MLLS-uncal")
@@ -51,6 +59,53 @@ RAW_METHODS = frozenset({"BBSE-hard", "BBSE-soft", "RLLS", "RLLS-soft", "MLLS-CM
 #: default grids: Dirichlet alpha (log-spaced, severe to mild) and target sizes
 DEFAULT_ALPHAS = (0.1, 0.3, 1.0, 3.0, 10.0)
 DEFAULT_SIZES = (100, 200, 500, 1000, 2000, 5000, 10000)
+#: what ``<estimator>@<calibration>`` may name after the "@": the raw softmax, or a calibrator fit on the valid pool
+CALIBRATIONS = ("none", "TS", "BCTS", "VS", "NBVS")
+#: estimators that can be paired with a calibration
+CALIBRATED_ESTIMATORS = tuple(m for m in METHOD_NAMES if m != "MLLS-binned")
+#: the regular expression of the ``<estimator>@<calibration>`` names
+CALIBRATED_METHOD_PATTERN = f"^({'|'.join(CALIBRATED_ESTIMATORS)})@({'|'.join(CALIBRATIONS)})$"
+
+
+def split_method(method: str) -> tuple[str, str | None]:
+    """("MLLS", "TS") for "MLLS@TS"; (estimator, None) for a plain name ("MLLS-uncal" is MLLS)."""
+    if "@" in method:
+        estimator, _, calibration = method.partition("@")
+        return estimator, calibration
+    return ("MLLS" if method == "MLLS-uncal" else method), None
+
+
+def method_calibration(method: str, first_calibrator: str = "BCTS") -> tuple[str, str]:
+    """(estimator, calibration) of a method name: plain names of :data:`RAW_METHODS` run on ``"none"``, the other
+    plain names (MLLS) on the sweep's first calibrator."""
+    estimator, calibration = split_method(method)
+    if calibration is None:
+        calibration = "none" if method in RAW_METHODS else first_calibrator
+    return estimator, calibration
+
+
+def calibration_grid(estimators, calibrations, *, first_calibrator: str = "BCTS") -> list[str]:
+    """Method names covering every (calibration, estimator) pair once, the paper's own under their plain names.
+
+    A pair that a plain name already stands for (see :func:`method_calibration`: ``BBSE-hard``, ``BBSE-soft``,
+    ``RLLS`` ... with ``none``, ``MLLS`` with ``first_calibrator``, ``MLLS-uncal`` for MLLS with ``none``) keeps
+    that name, so the Section 6 comparisons (by plain name) and the full grid come from one sweep; every other pair
+    is ``<estimator>@<calibration>``. Ordered by calibration, then estimator.
+    """
+    plain = {method_calibration(m, first_calibrator): m for m in IMAGE_METHOD_NAMES if m != "MLLS-binned"}
+    return [plain.get((e, c), f"{e}@{c}") for c in calibrations for e in estimators]
+
+
+#: the sweep of an image dataset where it differs from the general defaults (``flows.params`` fills these in for
+#: a parameter left at its general default). fashion-mnist: every calibration x estimator pair of
+#: :func:`calibration_grid` plus MLLS-CM, alpha 0.1 / 1 / 10 (at m = 5,000), m from 100 to 10,000 (at alpha = 0.1),
+#: 100 seeds a setting: estimation is a few minutes of a 2-core CPU, training the network most of the rest
+#: (benchmarks/README.md, "Fashion-MNIST at full scale").
+SWEEP_DEFAULTS: dict[str, dict] = {
+    "fashion-mnist": dict(
+        alpha_values=[0.1, 1.0, 10.0], calibrators=["BCTS", "TS", "VS", "NBVS"],
+        methods=[*calibration_grid(("BBSE-hard", "BBSE-soft", "RLLS", "MLLS"), CALIBRATIONS), "MLLS-CM"]),
+}
 
 _KINDS = ("alpha", "size")
 
@@ -99,6 +154,8 @@ class Pools:
         test_raw, test_cal: (n_test, k) the same for the test pool; test_y its labels.
         fingerprint: a string naming these outputs (model key + calibrator); part of every setting key, so two
             models draw different target sets and the same model always draws the same ones.
+        calibrated: calibrator name -> (valid, test) probabilities of that calibrator, for the
+            ``<estimator>@<calibration>`` methods (``valid_cal``/``test_cal`` are those of the first calibrator).
     """
 
     valid_raw: np.ndarray
@@ -108,6 +165,7 @@ class Pools:
     test_cal: np.ndarray
     test_y: np.ndarray
     fingerprint: str = "pools"
+    calibrated: dict = field(default_factory=dict, repr=False)
     _index: list = field(default=None, repr=False)
 
     def __post_init__(self):
@@ -122,6 +180,12 @@ class Pools:
             raise InputError("test probabilities and labels differ in length.")
         self.valid_y = np.asarray(self.valid_y, dtype=np.int64)
         self.test_y = np.asarray(self.test_y, dtype=np.int64)
+        for name, (valid, test) in self.calibrated.items():
+            if name not in CALIBRATIONS or name == "none":
+                raise InputError(f"calibrated: unknown calibration {name!r}; use {', '.join(CALIBRATIONS[1:])}.")
+            if np.shape(valid) != self.valid_raw.shape or np.shape(test) != self.test_raw.shape:
+                raise InputError(f"calibrated[{name!r}] must hold (valid, test) probabilities shaped like "
+                                 f"valid_raw {self.valid_raw.shape} and test_raw {self.test_raw.shape}.")
 
     @property
     def n_classes(self) -> int:
@@ -133,6 +197,22 @@ class Pools:
         counts = np.bincount(self.valid_y, minlength=self.n_classes)
         return counts / counts.sum()
 
+    def outputs(self, method: str) -> tuple[str, np.ndarray, np.ndarray]:
+        """(estimator name, valid probabilities, test probabilities) that ``method`` runs on (module docstring)."""
+        estimator, calibration = split_method(method)
+        if calibration is None:
+            if method in RAW_METHODS:
+                return estimator, self.valid_raw, self.test_raw
+            return estimator, self.valid_cal, self.test_cal
+        if calibration == "none":
+            return estimator, self.valid_raw, self.test_raw
+        if calibration not in self.calibrated:
+            raise InputError(f"method {method!r} needs the {calibration} calibration, which these pools lack (they "
+                             f"hold {', '.join(self.calibrated) or 'none'}); fit it (add {calibration} to the "
+                             "calibrators).")
+        valid, test = self.calibrated[calibration]
+        return estimator, valid, test
+
     @property
     def test_index(self) -> list:
         if self._index is None:
@@ -141,7 +221,20 @@ class Pools:
 
 
 def check_image_methods(methods) -> list[str]:
-    methods = check_methods(methods, allowed=IMAGE_METHOD_NAMES)
+    """``methods`` as a list of distinct names of :data:`IMAGE_METHOD_NAMES` or ``<estimator>@<calibration>``
+    (estimator from :data:`CALIBRATED_ESTIMATORS`, calibration from :data:`CALIBRATIONS`); InputError otherwise."""
+    methods = [methods] if isinstance(methods, str) else list(methods)
+    paired = [m for m in methods if re.match(CALIBRATED_METHOD_PATTERN, m)]
+    plain = [m for m in methods if m not in paired]
+    bad = [m for m in plain if "@" in m]
+    if bad:
+        raise InputError(f"unknown method(s) {bad} in methods; a method on one calibration is "
+                         f"<estimator>@<calibration> with an estimator of {', '.join(CALIBRATED_ESTIMATORS)} and a "
+                         f"calibration of {', '.join(CALIBRATIONS)}.")
+    if plain or not methods:
+        check_methods(plain or methods, allowed=IMAGE_METHOD_NAMES)
+    if len(set(methods)) != len(methods):
+        raise InputError(f"methods has duplicates: {methods}.")
     if "MLLS-binned" in methods:
         raise InputError("'MLLS-binned' is not part of the image sweeps.")
     return methods
@@ -168,10 +261,8 @@ def _estimate_one(method: str, pools: Pools, idx: np.ndarray) -> dict:
     (:class:`~labelshift.errors.IllConditionedError`, e.g. from a weak network) gives NaN weights flagged
     ill-conditioned for that method instead of failing the whole setting; so does a numerical breakdown of the
     solver (LinAlgError, FloatingPointError). Their MSE is NaN, which shows as "-" in tables."""
-    raw = method in RAW_METHODS
-    name = "MLLS" if method == "MLLS-uncal" else method
-    src = pools.valid_raw if raw else pools.valid_cal
-    tgt = (pools.test_raw if raw else pools.test_cal)[idx]
+    name, src, test = pools.outputs(method)
+    tgt = test[idx]
     try:
         out = estimate_all([name], src, pools.valid_y, tgt, source_prior=pools.source_prior)
     except (IllConditionedError, np.linalg.LinAlgError, FloatingPointError):

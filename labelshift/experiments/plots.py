@@ -52,9 +52,45 @@ _MARGINS = dict(left=0.16, right=0.97, bottom=0.13, top=0.92)
 _TWIN_RIGHT = 0.84
 
 
-def _style(method: str, i: int) -> dict:
+#: line style per calibration of an ``<estimator>@<calibration>`` method (its colour and marker are the estimator's)
+CALIBRATION_LINESTYLE = {"none": ":", "TS": (0, (5, 2)), "BCTS": "-", "VS": "-.", "NBVS": (0, (1, 1))}
+
+
+#: methods that run on the raw softmax under their plain name (drawn as calibration "none" beside a grid)
+_RAW_PLAIN = frozenset({"BBSE-hard", "BBSE-soft", "RLLS", "RLLS-soft", "MLLS-CM", "PCC"})
+
+
+def _style(method: str, i: int, grid: bool = False) -> dict:
+    """Colour, marker and line style of a method; ``<estimator>@<calibration>`` takes the estimator's colour and
+    marker and its calibration's line style, and with ``grid`` (such methods in the figure) the plain names of
+    methods on the raw softmax get the line style of "none"."""
     fallback = dict(color=f"C{i % 10}", marker="o")
-    return dict(METHOD_STYLE.get(method, fallback))
+    estimator, _, calibration = method.partition("@")
+    if calibration and estimator in METHOD_STYLE:
+        return dict(METHOD_STYLE[estimator], linestyle=CALIBRATION_LINESTYLE.get(calibration, "-"))
+    style = dict(METHOD_STYLE.get(method, fallback))
+    if grid and method in _RAW_PLAIN:
+        style["linestyle"] = CALIBRATION_LINESTYLE["none"]
+    return style
+
+
+#: methods in a figure above which the legend moves to the right of the axes (a calibration x estimator grid)
+LEGEND_OUTSIDE = 8
+_LEGEND_WIDTH = 1.7     # inches added to the figure for a legend on the right
+
+
+def _legend(ax, n_methods: int) -> None:
+    """The legend: inside the axes, or for more than :data:`LEGEND_OUTSIDE` methods on the right of them (the
+    figure widened so the axes keep their size)."""
+    if n_methods <= LEGEND_OUTSIDE:
+        ax.legend(fontsize=8, frameon=False)
+        return
+    fig = ax.figure
+    width, height = fig.get_size_inches()
+    scale = width / (width + _LEGEND_WIDTH)
+    fig.set_size_inches(width + _LEGEND_WIDTH, height)
+    fig.subplots_adjust(left=_MARGINS["left"] * scale, right=_MARGINS["right"] * scale)
+    ax.legend(fontsize=6.5, frameon=False, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
 def _new_axes(title: str):
@@ -69,10 +105,11 @@ def _new_axes(title: str):
 def _mse_lines(ax, sweep, *, log_y: bool) -> None:
     """One line per method with a band of +-1 standard error over seeds."""
     x = np.asarray(sweep.values, dtype=float)
+    grid = any("@" in m for m in sweep.methods)
     for j, method in enumerate(sweep.methods):
         mean = np.asarray(sweep.mse_mean)[:, j]
         se = np.nan_to_num(np.asarray(sweep.mse_se)[:, j], nan=0.0)
-        st = _style(method, j)
+        st = _style(method, j, grid)
         ax.plot(x, mean, label=method, markersize=4, linewidth=1.5, **st)
         lo = mean - se
         if log_y:   # a band reaching 0 or below cannot be drawn on a log axis; clip it to a tenth of the mean
@@ -90,7 +127,7 @@ def plot_mse_vs_shift(sweep, dataset: str | None = None) -> Figure:
     _mse_lines(ax, sweep, log_y=False)
     ax.set_xlabel(r"target label marginal $p_t(y=1)$")
     ax.set_ylabel("MSE of estimated weights")
-    ax.legend(fontsize=8, frameon=False)
+    _legend(ax, len(sweep.methods))
     return fig
 
 
@@ -102,7 +139,7 @@ def plot_mse_vs_alpha(sweep, dataset: str | None = None) -> Figure:
     ax.set_xscale("log")
     ax.set_xlabel(r"Dirichlet shift parameter $\alpha$ (log)")
     ax.set_ylabel("MSE of estimated weights")
-    ax.legend(fontsize=8, frameon=False)
+    _legend(ax, len(sweep.methods))
     return fig
 
 
@@ -114,7 +151,7 @@ def plot_mse_vs_size(sweep, dataset: str | None = None) -> Figure:
     ax.set_yscale("log")
     ax.set_xlabel("target sample size $m$")
     ax.set_ylabel("MSE of estimated weights (log)")
-    ax.legend(fontsize=8, frameon=False)
+    _legend(ax, len(sweep.methods))
     return fig
 
 
