@@ -332,3 +332,67 @@ def case(name: str) -> ZooCase:
 def fast_cases() -> list[ZooCase]:
     """The cases that run in seconds (the tests)."""
     return [c for c in CASES.values() if c.fast]
+
+
+PoolsLoader = Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class OutputsCase(ZooCase):
+    """A trained model's outputs on two labelled pools of real examples (e.g. a network's logits on Fashion-MNIST's
+    validation and test images): the holdout is ``n`` rows of the first pool without replacement; the target is
+    ``m`` rows of the second, fresh (drawn per class without replacement, as :class:`SklearnCase`) or, with
+    ``replace``, Section 6's with replacement (:func:`draw_with_replacement`), from the pool's first ``pool_rows``
+    rows when given (fewer items: more repeats). With ``split`` the two pools hold the same items row for row (e.g.
+    the test images and the same images shifted in look): the rows are cut per seed into two random halves, the
+    holdout drawn from the first pool's half and the target from the second pool's other half, so that without a
+    shift both are exchangeable samples of one distribution (label shift holds exactly; Fashion-MNIST's training
+    and test files, for one, differ slightly in look).
+
+    Attributes (beside :class:`ZooCase`'s): ``pools`` a picklable callable returning (holdout-pool outputs, labels,
+    target-pool outputs, labels); ``n``; ``replace``; ``pool_rows``; ``split``.
+    """
+
+    pools: PoolsLoader | None = field(default=None, repr=False)
+    n: int = 5000
+    replace: bool = False
+    pool_rows: int | None = None
+    split: bool = False
+
+    def _loaded(self, seed: int):
+        if self.pools is None:
+            raise InputError(f"zoo case {self.name!r} has no pools; pass pools=a callable returning the outputs.")
+        zh, yh, zt, yt = self.pools()
+        if not self.split:
+            return zh, yh, zt, yt
+        if len(yh) != len(yt):
+            raise InputError(f"zoo case {self.name!r}: split needs two pools of the same rows, got {len(yh)} and "
+                             f"{len(yt)} rows.")
+        order = _streams(self.name, seed)[2].permutation(len(yt))
+        h, t = order[:len(yt) // 2], order[len(yt) // 2:]
+        return zh[h], yh[h], zt[t], yt[t]
+
+    def holdout(self, seed: int) -> LabelledOutputs:
+        """``n`` rows of the holdout pool, without replacement."""
+        z, y, _, _ = self._loaded(seed)
+        idx = _streams(self.name, seed)[0].choice(len(y), min(self.n, len(y)), replace=False)
+        return LabelledOutputs(z[idx], y[idx])
+
+    def target(self, seed: int) -> TargetSet:
+        """``m`` rows of the target pool under this seed's p_t, fresh or with replacement (see the class)."""
+        _, yh, pool, labels = self._loaded(seed)
+        if self.pool_rows is not None:
+            pool, labels = pool[:self.pool_rows], labels[:self.pool_rows]
+        rng = _streams(self.name, seed)[1]
+        source = np.bincount(yh, minlength=self.n_classes) / len(yh)
+        if self.replace:
+            return draw_with_replacement(pool, labels, self.target_prior(rng, source), self.m, rng)
+        available = np.bincount(labels, minlength=self.n_classes)
+        prior = _fitting_prior(lambda: self.target_prior(rng, source), self.m, available, self.name)
+        counts = rng.multinomial(self.m, prior)
+        while np.any(counts > available):
+            counts = rng.multinomial(self.m, prior)
+        idx = np.concatenate([rng.choice(np.flatnonzero(labels == c), counts[c], replace=False)
+                              for c in range(self.n_classes)])
+        idx = rng.permutation(idx)
+        return TargetSet(pool[idx], labels[idx], prior)
