@@ -152,7 +152,8 @@ class _Markdown:
                 "- " + _identifiability(res, "confusion-matrix condition", " -- **not trustworthy**: "),
                 *[f"- note: {note}" for note in res.identifiability.notes],
                 f"- interval: {ci.method}" + (" (includes the labelled holdout's error: calibrator and p_s)"
-                                              if ci.method == "source-aware" else " (target sampling error only)")]
+                                              if ci.method == "source-aware" else " (target sampling error only)"),
+                *([f"- rows that repeat: {res.repeats_summary}"] if res.repeats_summary else [])]
 
     @staticmethod
     def label_shift(res: ShiftReport, disagreeing) -> list[str]:
@@ -266,7 +267,8 @@ class _PlainText:
         test = res.no_shift_test
         return ["", f"  no-shift test: statistic {test.statistic:.2f} on {test.dof} dof, p {format_p(test.p_value)}",
                 "  " + _identifiability(res, "confusion condition", "  NOT TRUSTWORTHY: "),
-                *[f"  note: {note}" for note in res.identifiability.notes]]
+                *[f"  note: {note}" for note in res.identifiability.notes],
+                *([f"  rows that repeat: {res.repeats_summary}"] if res.repeats_summary else [])]
 
     @staticmethod
     def label_shift(res: ShiftReport, disagreeing) -> list[str]:

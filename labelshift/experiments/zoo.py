@@ -311,6 +311,8 @@ def _cases() -> tuple[ZooCase, ...]:
         s("lr-breast-cancer", "logistic regression on breast_cancer", 2, "probabilities", 60, dir1,
           dataset="breast_cancer"),
         s("lr-digits", "logistic regression on digits", 10, "probabilities", 150, dir1, dataset="digits"),
+        g("gauss-k10-repeated", "k = 10, target drawn with replacement from ~300 rows a class (Section 6): most "
+          "rows repeat", 10, "logits", 5000, dir1, n=5000, sep=3.0, pool=300),
         g("gauss-k100", "k = 100 balanced, ~94% accurate, n = 10,000, m = 100,000", 100, "logits", 100_000, dir1,
           n=10_000, sep=4.2, source_prior=(1.0,) * 100, fast=False),
         g("gauss-k1000", "k = 1,000 balanced, n = 50,000, m = 100,000", 1000, "logits", 100_000, dir1, n=50_000,

@@ -1,0 +1,227 @@
+"""Target rows that repeat (labelshift.inference.repeats): how they are found, what the tests and intervals count them
+as, what the report says, and the label-shift test's verdict on targets drawn with replacement (Section 6's sampling)
+from simulated classes and from a real network's outputs on real images (ResNet-18 on Fashion-MNIST)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from labelshift.experiments.well_specified import WellSpecifiedGaussians
+from labelshift.experiments.zoo import OutputsCase, dirichlet_target
+from labelshift.inference import repeats as R
+from labelshift.inference import report as report_module
+from labelshift.inference.report import ShiftReport, assess_shift
+from labelshift.inference.uncertainty import fisher_interval, no_shift_test
+
+REPO = Path(__file__).resolve().parents[1]
+RESNET = REPO / "benchmarks" / "fashion_resnet18_outputs_h200.npz"
+
+
+def _probs(m: int, k: int = 5, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).dirichlet(np.ones(k), size=m)
+
+
+# ------------------------------------------------------------------------------------------------ finding repeats
+def test_distinct_rows_groups_equal_rows_in_order_of_first_occurrence():
+    base = _probs(40)
+    idx = np.random.default_rng(1).integers(0, 40, 200)
+    P = base[idx]
+    first, inverse, counts = R.distinct_rows(P)
+    assert np.array_equal(P[first][inverse], P)                    # every row is its group's first row
+    assert np.all(np.diff(first) > 0)                              # groups in order of first occurrence
+    assert counts.sum() == 200 and len(first) == len(np.unique(idx))
+    assert np.array_equal(np.sort(counts), np.sort(np.unique(idx, return_counts=True)[1]))
+
+
+def test_distinct_rows_are_exact_when_the_hash_collides(monkeypatch):
+    P = _probs(30)[np.r_[0:30, 0:10]]
+    monkeypatch.setattr(R, "_row_hash", lambda words: np.zeros(words.shape[0], np.uint64))   # every row collides
+    first, inverse, counts = R.distinct_rows(P)
+    assert len(first) == 30 and np.array_equal(P[first][inverse], P) and counts.max() == 2
+
+
+def test_rows_that_differ_in_one_bit_are_distinct():
+    P = _probs(2).astype(np.float32)
+    Q = P.copy()
+    Q[1, 0] = np.nextafter(Q[1, 0], np.float32(1))
+    assert len(R.distinct_rows(np.vstack([P, Q]))[0]) == 3
+
+
+def test_ties_in_the_holdout_are_taken_as_the_models_own_and_change_nothing():
+    holdout = _probs(1000)
+    holdout[:50] = holdout[50]                                     # 5% of the holdout tied: the model has atoms
+    target = _probs(300, seed=2)[np.r_[0:300, 0:100]]
+    r = R.find_repeats(target, holdout)
+    assert r.repeated_rows == 100 and not r.handled and not r.adjusts and r.effective_rows == 400
+    assert "counted as independent" in r.summary()
+    fresh = R.find_repeats(target, _probs(1000, seed=3))
+    assert fresh.handled and fresh.adjusts
+    assert fresh.effective_rows == pytest.approx(400 ** 2 / (200 + 100 * 4))          # Kish: m^2 / sum c^2
+
+
+# ------------------------------------------------------------------------------------------ clustered covariances
+def test_clustered_covariance_without_repeats_is_the_plain_covariance():
+    S = _probs(500)
+    center = S.mean(axis=0)
+    plain = (S - center).T @ (S - center) / 500
+    # the same sums in another order: equal to rounding (1e-12 relative to the entries' scale)
+    ones = np.ones(500)
+    assert np.allclose(R.clustered_covariance(S, ones, center), plain, rtol=0, atol=1e-12 * np.abs(plain).max())
+    post = _probs(500, seed=4)
+    assert np.allclose(R.clustered_covariance(S, ones, center, post), plain, rtol=0, atol=1e-12 * np.abs(plain).max())
+
+
+def test_clustered_covariance_multiplies_each_distinct_row_by_its_copies():
+    S, c = _probs(50), np.random.default_rng(5).integers(1, 6, 50).astype(float)
+    want = sum(np.outer(ci * s, ci * s) for ci, s in zip(c, S)) / c.sum()
+    assert np.allclose(R.clustered_covariance(S, c), want, rtol=1e-12, atol=0)
+
+
+def test_copies_multiply_only_the_part_within_a_class():
+    """A perfect classifier: every row's score is its class mean and its posterior one-hot. Copies then add nothing
+    within a class, so the posterior form is the rows-independent covariance; the plain clustered form multiplies
+    the between-class part by the copies."""
+    k, d = 4, 40
+    y = np.arange(d) % k
+    means = np.eye(k) * 2.0 + 0.1
+    S, post = means[y], np.eye(k)[y]
+    c = np.random.default_rng(6).integers(1, 8, d).astype(float)
+    center = (S * c[:, None]).sum(axis=0) / c.sum()
+    D = S - center
+    independent = (D * c[:, None]).T @ D / c.sum()
+    got = R.clustered_covariance(S, c, center, post, class_means=means)
+    assert np.allclose(got, independent, rtol=0, atol=1e-12 * np.abs(independent).max())
+    assert np.trace(R.clustered_covariance(S, c, center)) > 2 * np.trace(independent)
+
+
+# ------------------------------------------------------------------------------------------------- in the report
+@functools.lru_cache(maxsize=1)
+def _gaussian_setting():
+    problem = WellSpecifiedGaussians.make(5, sep=3.0, scale=1.8, seed=0)
+    rng = np.random.default_rng(10)
+    zh, yh = problem.draw(problem.source_prior, 3000, rng)
+    from labelshift.calibration import BCTS
+
+    cal = BCTS().fit(zh, yh)
+    hp = cal.predict_proba(zh)
+    zt, _ = problem.draw(np.array([0.4, 0.3, 0.1, 0.1, 0.1]), 1500, rng)
+    return cal, zh, yh, hp, zt[rng.permutation(len(zt))]          # draw() returns the rows class by class
+
+
+def _assess(zt, interval="source-aware"):
+    cal, zh, yh, hp, _ = _gaussian_setting()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return assess_shift(hp, yh, cal.predict_proba(zt), source_prior=hp.mean(axis=0), interval=interval,
+                            source_outputs=zh, target_outputs=zt, calibrator=cal)
+
+
+def test_a_target_of_doubled_rows_is_tested_on_its_distinct_rows_and_its_interval_widens():
+    zt = _gaussian_setting()[4]
+    once, twice = _assess(zt[:750]), _assess(np.concatenate([zt[:750], zt[:750]]))
+    assert once.repeats.repeated_rows == 0 and once.repeats_summary is None and "repeats" not in once.to_dict()
+    assert twice.repeats.n_distinct == 750 and twice.repeats.effective_rows == pytest.approx(750)
+    assert twice.label_shift.n_target == 750                        # the test saw each row once
+    # the same distinct rows: the same estimate, and the same test statistic (p-values from the same draws)
+    assert np.allclose(twice.target_prior, once.target_prior, atol=1e-6)
+    assert twice.label_shift.statistic == pytest.approx(once.label_shift.statistic, rel=1e-6, abs=1e-8)
+    # the doubled target is 1,500 rows whose labels count as independent draws (Section 6's sampling) but whose
+    # examples within a class count once: the between-class part of the variance halves, the within-class part
+    # stays, so the target part's standard errors shrink by a factor in [1/sqrt(2), 1] against the 750 rows
+    # (docs/intervals.md, "Rows that repeat"); counted as 1,500 independent rows they would shrink by 1/sqrt(2)
+    se1 = np.sqrt(np.diag(once.interval.covariance_target))
+    se2 = np.sqrt(np.diag(twice.interval.covariance_target))
+    ratio = se2 / se1
+    assert np.all(ratio >= (1 - 1e-9) / math.sqrt(2)) and np.all(ratio <= 1 + 1e-9), ratio
+    assert np.mean(ratio) > 1.01 / math.sqrt(2), ratio               # the within-class part is not halved
+    assert "1 of" not in twice.repeats_summary and "750 of 1,500 target rows repeat" in twice.repeats_summary
+
+
+def test_fisher_interval_and_no_shift_test_count_copies():
+    cal, _, _, hp, zt = _gaussian_setting()
+    P1 = cal.predict_proba(zt[:600])
+    P2 = np.concatenate([P1, P1, P1])
+    reps = R.find_repeats(P2, hp)
+    p = hp.mean(axis=0)
+    a = fisher_interval(P2, None, p)
+    b = fisher_interval(P2, None, p, repeats=reps)
+    assert np.all(b.std_error > a.std_error) and np.all(b.std_error <= a.std_error * math.sqrt(3) * (1 + 1e-9))
+    plain = no_shift_test(P2, None, p, source_probs=hp)
+    counted = no_shift_test(P2, None, p, source_probs=hp, repeats=reps)
+    assert counted.statistic < plain.statistic and counted.p_value > plain.p_value
+
+
+def test_one_row_repeated_gets_a_verdict_with_its_reason_not_an_error():
+    zt = _gaussian_setting()[4]
+    rep = _assess(np.repeat(zt[:1], 500, axis=0))
+    assert rep.verdict == "Untrustworthy"
+    assert "1 distinct" in rep.label_shift_error and any("distinct" in f for f in rep.failures)
+    every_row_twice = _assess(np.repeat(zt[:30], 20, axis=0))     # 30 items, each scored 20 times
+    assert every_row_twice.verdict == "Untrustworthy" and every_row_twice.repeats.n_distinct == 30
+
+
+def test_the_report_round_trips_with_its_repeats():
+    zt = _gaussian_setting()[4]
+    rep = _assess(np.concatenate([zt[:600], zt[:300]]), interval="fisher")
+    d = rep.to_dict()
+    assert d["repeats"]["repeated_rows"] == 300 and d["repeats_summary"].startswith("300 of 900 target rows")
+    assert ShiftReport.from_dict(d).to_dict() == d
+
+
+# -------------------------------------------------------------------------- the verdict on targets that repeat
+def _independent(monkeypatch):
+    """Count every row as independent: the code before repeats were handled."""
+    original = R.find_repeats
+
+    def independent(target, holdout=None):
+        return dataclasses.replace(original(target, holdout), handled=False, effective_rows=float(len(target)))
+
+    monkeypatch.setattr(report_module, "find_repeats", independent)
+
+
+def _not_label_shift(case, seeds) -> int:
+    sys.path.insert(0, str(REPO / "tests"))
+    from zoo_support import run_case
+
+    runs = [run_case(case, s) for s in seeds]
+    assert all(r.error is None for r in runs), [r.error for r in runs]
+    return sum(r.not_label_shift for r in runs)
+
+
+@pytest.mark.parametrize("handled", [False, True])
+def test_section_6_targets_of_a_real_network_are_label_shift(monkeypatch, handled):
+    """ResNet-18 on Fashion-MNIST (trained on a lent GPU; its logits ship in benchmarks/): holdout one random half of
+    the test images, the target 10,000 rows drawn with replacement from 500 images of the other half (95% of the
+    rows repeat). Counted as independent rows, nearly every target is called Not label shift; on its distinct rows,
+    at most two of eight (at the test's level of 5%, P(3 or more of 8) = 0.006)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import real_networks
+
+    if not handled:
+        _independent(monkeypatch)
+    pools = functools.partial(real_networks.load_pools, str(RESNET), "test", "test")
+    case = OutputsCase("resnet18-repeated-test", "", 10, "logits", 10_000, dirichlet_target(1.0), pools=pools,
+                       n=5000, replace=True, pool_rows=500, split=True)
+    called = _not_label_shift(case, range(206, 214))
+    if handled:
+        assert called <= 2
+    else:
+        assert called >= 6
+
+
+def test_real_network_power_against_a_changed_class_look_is_kept():
+    """The same network, the target's T-shirts turned upside down (fresh rows): still called Not label shift."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import real_networks
+
+    pools = functools.partial(real_networks.load_pools, str(RESNET), "test", "class-look")
+    case = OutputsCase("resnet18-class-look-test", "", 10, "logits", 2000, dirichlet_target(1.0), pools=pools,
+                       n=5000, split=True)
+    assert _not_label_shift(case, range(200, 203)) >= 2
