@@ -50,48 +50,85 @@ def _row_words(P: np.ndarray) -> np.ndarray:
 
 
 def _row_hash(words: np.ndarray) -> np.ndarray:
-    """(m,) uint64 hash of each row's words (multiply-add with fixed odd constants, then a finalising mix)."""
+    """(m,) uint64 hash of each row's words (multiply-xor with fixed odd constants and a finalising mix), made in
+    place: two (m,) arrays at a time, whatever the row width."""
     mult = np.random.default_rng(_HASH_SEED).integers(1, 2 ** 63, size=words.shape[1], dtype=np.uint64) * 2 + 1
     h = np.zeros(words.shape[0], np.uint64)
+    tmp = np.empty_like(h)
+    golden, shift = np.uint64(0x9E3779B97F4A7C15), np.uint64(29)
     with np.errstate(over="ignore"):
         for j in range(words.shape[1]):
-            h = (h ^ (words[:, j] * mult[j])) * np.uint64(0x9E3779B97F4A7C15)
-            h ^= h >> np.uint64(29)
+            np.multiply(words[:, j], mult[j], out=tmp)
+            h ^= tmp
+            h *= golden
+            np.right_shift(h, shift, out=tmp)
+            h ^= tmp
     return h
 
 
-def _groups_equal(words: np.ndarray, rep: np.ndarray, block: int = 1 << 20) -> bool:
-    """Every row's words equal those of its group's representative row ``rep[i]`` (checked a block at a time)."""
-    for start in range(0, words.shape[0], block):
-        sl = slice(start, start + block)
-        if not np.array_equal(words[sl], words[rep[sl]]):
+def _groups_equal(words: np.ndarray, order: np.ndarray, starts: np.ndarray, block: int = 1 << 18) -> bool:
+    """Every row ``order[i]`` has the words of its group's first row ``order[starts[g]]`` (groups of adjacent
+    positions beginning at ``starts``), checked a block of positions at a time."""
+    for start in range(0, order.size, block):
+        positions = np.arange(start, min(start + block, order.size))
+        group = np.searchsorted(starts, positions, side="right") - 1
+        if not np.array_equal(words[order[positions]], words[order[starts[group]]]):
             return False
     return True
 
 
-def distinct_rows(P: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _sorted_groups(P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order, starts): the rows in an order where equal rows are adjacent, earliest first within a group (a
+    stable sort of a 64-bit hash of each row's bytes, checked exactly; a collision falls back to sorting the
+    bytes), and where each group starts in it. Lean: a few (m,) integer arrays, never a copy of ``P``."""
+    words = _row_words(P)
+    h = _row_hash(words)
+    order = np.argsort(h, kind="stable")
+    h = h[order]                                                 # the hashes sorted (the unsorted ones freed)
+    new = np.empty(h.size, bool)
+    new[0] = True
+    np.not_equal(h[1:], h[:-1], out=new[1:])
+    del h
+    starts = np.flatnonzero(new)
+    del new
+    if not _groups_equal(words, order, starts):                     # a hash collision (never seen): exact grouping
+        _, first_idx, inverse = np.unique(words, axis=0, return_index=True, return_inverse=True)
+        order = np.argsort(inverse.reshape(-1), kind="stable")
+        keys = inverse.reshape(-1)[order]
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    return order, starts
+
+
+def distinct_rows(P: np.ndarray, *, with_inverse: bool = True) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """The rows of ``P`` that are bit for bit equal, grouped.
 
     Returns:
         (first, inverse, counts): ``first`` (d,) the index of each distinct row's first occurrence, in increasing
-        order; ``inverse`` (m,) the group of each row (``P[first[inverse]]`` equals ``P``); ``counts`` (d,) each
-        group's size.
+        order; ``inverse`` (m,) the group of each row (``P[first[inverse]]`` equals ``P``), None with
+        ``with_inverse=False`` (one (m,) array less); ``counts`` (d,) each group's size.
     """
     P = np.asarray(P)
     m = P.shape[0]
     if m == 0:
         empty = np.zeros(0, np.int64)
-        return empty, empty, empty
-    words = _row_words(P)
-    _, index, inverse = np.unique(_row_hash(words), return_index=True, return_inverse=True)
-    if not _groups_equal(words, index[inverse.reshape(-1)]):      # a hash collision (never seen): exact grouping
-        _, index, inverse = np.unique(words, axis=0, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    order = np.argsort(index, kind="stable")                      # groups in order of first occurrence
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    inverse = rank[inverse]
-    return index[order].astype(np.int64), inverse.astype(np.int64), np.bincount(inverse, minlength=order.size)
+        return empty, (empty if with_inverse else None), empty
+    order, starts = _sorted_groups(P)
+    firsts = order[starts]
+    if not with_inverse:
+        del order                                                # (m,) arrays freed as soon as they are used
+    sizes = np.diff(starts, append=m)
+    del starts
+    by_first = np.argsort(firsts, kind="stable")                 # groups in order of first occurrence
+    first = firsts[by_first]
+    del firsts
+    counts = sizes[by_first]
+    inverse = None
+    if with_inverse:
+        rank = np.empty(by_first.size, np.int64)
+        rank[by_first] = np.arange(by_first.size)
+        inverse = np.empty(m, np.int64)
+        inverse[order] = np.repeat(rank, sizes)
+    return first.astype(np.int64, copy=False), inverse, counts.astype(np.int64, copy=False)
 
 
 def _tied_share(P: np.ndarray) -> float:
@@ -115,7 +152,8 @@ class Repeats:
         effective_rows: Kish's effective sample size m^2 / sum_g c_g^2 when repeats are counted as such, else m.
         largest_count: the most copies of one row.
         counts, first: (d,) the multiplicity and the first index of each distinct row, in order of first
-            occurrence; None in a report read back from JSON (only the numbers above are stored).
+            occurrence; None when no row repeats, and in a report read back from JSON (only the numbers above are
+            stored).
     """
 
     n_rows: int
@@ -169,15 +207,17 @@ def find_repeats(target_probs: np.ndarray, holdout_probs: np.ndarray | None = No
     """The :class:`Repeats` of a target's calibrated outputs (m, k), judged against the holdout's (n, k) at the
     target's precision (a float32 target is compared with the holdout rounded to float32)."""
     target = np.asarray(target_probs)
-    first, _, counts = distinct_rows(target)
+    first, _, counts = distinct_rows(target, with_inverse=False)
     tied = 0.0 if holdout_probs is None else _tied_share(np.asarray(holdout_probs).astype(target.dtype))
-    m = int(target.shape[0])
+    m, d = int(target.shape[0]), int(first.size)
     handled = tied <= ATOM_SHARE
-    repeated = m > first.size
+    repeated = m > d
     effective = float(m) ** 2 / float(np.sum(counts.astype(np.float64) ** 2)) if handled and repeated else float(m)
-    return Repeats(n_rows=m, n_distinct=int(first.size), holdout_tied=tied, handled=handled,
-                   effective_rows=effective, largest_count=int(counts.max()) if counts.size else 0, counts=counts,
-                   first=first)
+    largest = int(counts.max()) if counts.size else 0
+    if not repeated:                      # nothing to count: the (m,) groups are not kept
+        first = counts = None
+    return Repeats(n_rows=m, n_distinct=d, holdout_tied=tied, handled=handled, effective_rows=effective,
+                   largest_count=largest, counts=counts, first=first)
 
 
 def clustered_covariance(scores: np.ndarray, counts: np.ndarray, center: np.ndarray | None = None,
