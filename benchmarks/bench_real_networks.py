@@ -202,7 +202,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=str(HERE / "out" / "real_networks.json"))
     ap.add_argument("--write-readme", action="store_true")
     ap.add_argument("--from-json", nargs="*", default=None,
-                    help="rebuild the table from saved runs (later files replace earlier ones' cells)")
+                    help="rebuild the table from saved runs (a later file's cell, before or now, replaces an earlier "
+                         "one's)")
     args = ap.parse_args(argv)
     if args.from_json:
         return _from_json(args)
@@ -227,12 +228,12 @@ def main(argv=None) -> int:
 
 
 def _from_json(args) -> int:
-    """The table of saved runs; a cell in a later file replaces the same cell of earlier ones."""
+    """The table of saved runs; a (cell, before) in a later file replaces the same of earlier ones."""
     by_cell: dict = {}
     for path in args.from_json:
         runs = json.loads(Path(path).read_text())
-        for cell in {r["cell"] for r in runs}:
-            by_cell[cell] = [r for r in runs if r["cell"] == cell]
+        for key in {(r["cell"], r["before"]) for r in runs}:
+            by_cell[key] = [r for r in runs if (r["cell"], r["before"]) == key]
     _publish([r for rs in by_cell.values() for r in rs], args, "from " + ", ".join(Path(p).name
                                                                                  for p in args.from_json))
     return 0

@@ -10,10 +10,11 @@ must count what the repeats take away:
   class y are a uniformly chosen subset of that class's pool, itself i.i.d. from p_s(x | y); so the distinct rows
   are a label-shifted sample again (of another prior, which the test estimates), and the test's null holds for them
   exactly. The repeated copies add no evidence about p(x | y).
-* **the no-shift test and the intervals** keep every row in the estimate (the target prior is that of the rows as
+* **the intervals and the no-shift test** keep every row in the estimate (the target prior is that of the rows as
   drawn) and take the variance of a mean over rows as that of a sum of independent *clusters* -- each distinct row
   with its multiplicity c_g: Var((1/m) sum_i s_i) = (1/m^2) sum_g c_g^2 (s_g - s_bar)(s_g - s_bar)^T (the
-  cluster-robust "sandwich" meat). Without repeats it is the usual (1/m^2) sum_i (s_i - s_bar)(s_i - s_bar)^T.
+  cluster-robust "sandwich" meat; the no-shift test multiplies only the part within a class, see
+  :func:`clustered_covariance`). Without repeats it is the usual (1/m^2) sum_i (s_i - s_bar)(s_i - s_bar)^T.
   The effective sample size m^2 / sum_g c_g^2 (Kish's) is what the report shows.
 
 Rows are "the same" when the model's calibrated outputs are bit for bit equal. A model whose outputs take the same
@@ -227,18 +228,19 @@ def clustered_covariance(scores: np.ndarray, counts: np.ndarray, center: np.ndar
     d_g = s_g - ``center``.
 
     Without ``posterior``: V_c = (1/m) sum_g c_g^2 d_g d_g^T, the cluster-robust meat (each distinct row and its
-    copies one independent cluster). In Section 6's sampling only the example repeats, not the label: each row's
-    label is an independent draw, so V_c overstates the part between classes. With ``posterior`` (d, k), each
-    distinct row's class probabilities on the target, that part is taken out of the copies:
+    copies one independent cluster; what the intervals use). In Section 6's sampling only the example repeats, not
+    the label: each row's label is an independent draw, so V_c overstates the part between classes. With
+    ``posterior`` (d, k), each distinct row's class probabilities on the target, that part is taken out of the
+    copies (what the no-shift test uses):
 
         V = V_u + [(1/m) sum_g (c_g^2 - c_g) d_g d_g^T - (1/m) sum_y A_y (mu_y - center)(mu_y - center)^T]_+,
 
     V_u = (1/m) sum_g c_g d_g d_g^T the rows-independent covariance, A_y = sum_g (c_g^2 - c_g) posterior_gy the
-    expected copies of class y, mu_y the class-y mean of the scores (``class_means`` (k, k), e.g. from the labelled
-    holdout, since p(x | y) is shared under label shift; else the posterior-weighted means of the target's rows,
-    pulled towards the centre, so that less is taken out: the wider side), and [.]_+ the positive semidefinite part
-    (copies never make a mean less variable). With every c_g = 1 all forms are the usual (1/m) sum_i d_i d_i^T.
-    Derivation and measured coverage: ``docs/intervals.md`` ("Rows that repeat").
+    expected copies of class y, mu_y the class-y mean of the scores (``class_means`` (k, k); else the
+    posterior-weighted means of the rows, pulled towards the centre, so that less is taken out: the wider side),
+    and [.]_+ the positive semidefinite part (copies never make a mean less variable). With every c_g = 1 all forms
+    are the usual (1/m) sum_i d_i d_i^T. Why the intervals keep V_c (the second form under-covered on real
+    networks' outputs): ``docs/intervals.md`` ("Rows that repeat").
     """
     c = np.asarray(counts, dtype=np.float64)
     S = np.asarray(scores, dtype=np.float64)

@@ -720,19 +720,7 @@ def _clustered_target(inp: _Inputs, calibrator, tgt: _TargetFit, repeats) -> _Ta
                          "find_repeats of these rows' calibrated outputs, or repeats=None.")
     F = (tgt.Pt[repeats.first] if tgt.Pt is not None
          else _calibrated_rows(inp.Xt[repeats.first], calibrator, inp.scale, inp.bias)).astype(np.float64)
-    fw = (F @ tgt.w)[:, None]
-    return tgt._replace(meat=clustered_covariance(F / fw, repeats.counts, tgt.g, posterior=F * tgt.w / fw,
-                                                  class_means=_holdout_score_means(inp, tgt.w)))
-
-
-def _holdout_score_means(inp: _Inputs, w: np.ndarray) -> np.ndarray:
-    """(k, k) the class means of the MLLS scores f / f^T w over the labelled holdout rows (p(x | y) is the target's
-    under label shift): the between-class part that repeats do not multiply. A row block at a time."""
-    sums = np.zeros((inp.k, inp.k))
-    for sl in _rows.blocks(inp.n, width=inp.k):
-        P = np.exp(log_softmax(inp.Zh[sl].astype(np.float64) * inp.scale + inp.bias))
-        np.add.at(sums, inp.y[sl], P / (P @ w)[:, None])
-    return sums / np.maximum(inp.counts, 1)[:, None]
+    return tgt._replace(meat=clustered_covariance(F / (F @ tgt.w)[:, None], repeats.counts, tgt.g))
 
 
 def _free_set_covariance(G: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, m: int, n: int) -> _FreeSetCovariance:

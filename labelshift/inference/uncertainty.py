@@ -394,13 +394,13 @@ class PriorInterval:
 
 def _repeats_meat(P: np.ndarray, w: np.ndarray, repeats) -> np.ndarray | None:
     """(k, k) the clustered per-row second moment (1/m) sum_g c_g^2 s_g s_g^T of the MLLS scores s_g = f_g /
-    f_g^T w over the distinct target rows (:func:`labelshift.inference.repeats.clustered_covariance`), or None when
-    ``repeats`` changes nothing (no repeats, or ties taken as the model's own)."""
+    f_g^T w over the distinct target rows (:func:`labelshift.inference.repeats.clustered_covariance`: each
+    distinct row and its copies one cluster), or None when ``repeats`` changes nothing (no repeats, or ties taken
+    as the model's own)."""
     if repeats is None or not repeats.adjusts:
         return None
     F = np.asarray(P[repeats.first], dtype=np.float64)
-    fw = (F @ w)[:, None]
-    return clustered_covariance(F / fw, repeats.counts, posterior=F * w / fw)
+    return clustered_covariance(F / (F @ w)[:, None], repeats.counts)
 
 
 def fisher_interval(target_probs, weights, source_prior, *, level: float = 0.95, repeats=None) -> PriorInterval:
@@ -420,7 +420,8 @@ def fisher_interval(target_probs, weights, source_prior, *, level: float = 0.95,
         level: confidence level in (0, 1).
         repeats: optional :class:`~labelshift.inference.repeats.Repeats` of these rows: when rows repeat (and are
             counted as repeated items) the covariance is the sandwich T M T / m with the clustered meat M = (1/m)
-            sum_g c_g^2 s_g s_g^T over distinct rows (T the per-example covariance above, T H T = T), not T / m.
+            sum_g c_g^2 s_g s_g^T over distinct rows (T the per-example covariance above, T H T = T), not T / m
+            (``docs/intervals.md``, "Rows that repeat").
 
     Raises:
         InputError: shapes or classes that do not match, non-probabilities, weights that are not the MLLS estimate.
