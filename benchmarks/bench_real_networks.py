@@ -17,7 +17,7 @@ Designs per network. The 10,000 test images are cut per seed into two random hal
 * ``mostly-repeated``: 10,000 rows with replacement from the first 500 rows of the half: about 95% repeat;
 * ``no-shift``, ``no-shift-repeated``: p_t = p_s (balanced), fresh (2,000) or with replacement (5,000);
 * ``darker``, ``noisier``, ``rotated``, ``class-look``: 2,000 fresh rows of the other half's images, shifted,
-  Dirichlet(1) (power: the share called Not label shift);
+  Dirichlet(1) (power: the share called Not label shift); ``...-repeated``: 5,000 rows of them with replacement;
 * ``fresh, holdout from the training file``: the holdout 5,000 of the 10,000 validation images (held out of the
   training file), the target fresh from the test file: the two files differ slightly in look (every network is
   0.2-1.2 points less accurate on the test file), which the statistics may see.
@@ -67,9 +67,9 @@ CASES: dict[str, OutputsCase] = {}
 def _digits_pools():
     """The zoo's lr-digits outputs on the rows the model was not trained on, as both pools (cut per seed into the
     holdout's half and the target's, OutputsCase ``split``, as SklearnCase cuts them)."""
-    from labelshift.experiments.zoo import _sklearn_outputs
+    from labelshift.experiments.zoo import sklearn_outputs
 
-    z, y = _sklearn_outputs("digits", "logistic", 0.4)
+    z, y = sklearn_outputs("digits", "logistic", 0.4)
     return z, y, z, y
 
 
@@ -100,8 +100,9 @@ def cases(files: dict[str, Path]) -> dict[str, OutputsCase]:
                 "no-shift-repeated": (5000, True, None, flat, test, True),
                 "fresh, holdout from the training file": (2000, False, None, dir1, valid, False)}
         for shift in real_networks.SHIFTS:
-            spec[shift] = (2000, False, None, dir1,
-                           functools.partial(real_networks.load_pools, str(path), "test", shift), True)
+            shifted = functools.partial(real_networks.load_pools, str(path), "test", shift)
+            spec[shift] = (2000, False, None, dir1, shifted, True)
+            spec[f"{shift}-repeated"] = (5000, True, None, dir1, shifted, True)
         for design, (m, replace, pool_rows, rule, pools, split) in spec.items():
             out[f"{net}/{design}"] = OutputsCase(f"{net}-{design}", "", 10, "logits", m, rule, pools=pools, n=5000,
                                                  replace=replace, pool_rows=pool_rows, split=split)
@@ -121,7 +122,7 @@ def _without_repeats():
 
     def independent(target, holdout=None):
         r = original(target, holdout)
-        return dataclasses.replace(r, handled=False, effective_rows=float(r.n_rows))
+        return dataclasses.replace(r, handled=False, collapsed_rows=0, effective_rows=float(r.n_rows))
 
     report.find_repeats = independent
 

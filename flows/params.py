@@ -362,8 +362,9 @@ SegmentProcessesParam = Annotated[int, Field(
 SegmentCorrectionParam = Annotated[Literal[CORRECTIONS], Field(
     description="How the segments' tests are read over the run (with segment_column): their p-values adjusted "
                 "across the segments, and the adjusted values decide each segment's verdict. 'holm' (default): "
-                "the chance of any segment wrongly called Not label shift (or Shifted) in a run stays under the "
-                "level, whatever the segments' dependence; 'bh' (Benjamini-Hochberg): at most that share of the "
+                "aims to hold the chance of any segment wrongly called Not label shift (or Shifted) in a run to the "
+                "level, whatever the segments' dependence (measured with 100 segments: 10% of runs at 5%, as the "
+                "label-shift test's smallest p-values are too small); 'bh' (Benjamini-Hochberg): at most that share of the "
                 "flagged segments wrongly flagged, more of the failing ones found when many fail (assumes the "
                 "segments' tests positively dependent); 'none': each segment at the single-test level (about 5 "
                 "in 100 label-shifted segments called Not label shift by chance). See docs/reestimation.md.")]

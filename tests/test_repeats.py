@@ -18,6 +18,7 @@ from labelshift.experiments.zoo import OutputsCase, dirichlet_target
 from labelshift.inference import repeats as R
 from labelshift.inference import report as report_module
 from labelshift.inference.report import ShiftReport, assess_shift
+from labelshift.errors import InputError
 from labelshift.inference.uncertainty import fisher_interval, no_shift_test
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,39 +67,46 @@ def test_ties_in_the_holdout_are_taken_as_the_models_own_and_change_nothing():
     assert fresh.effective_rows == pytest.approx(400 ** 2 / (200 + 100 * 4))          # Kish: m^2 / sum c^2
 
 
+def test_a_repeated_output_that_also_occurs_in_the_holdout_is_the_models_own_tie():
+    """0.3% of the holdout share one output (a saturated row, say): under the 1% rule, yet that value's copies in
+    the target are the model's own ties, not repeats of one item, and count as independent rows."""
+    holdout = _probs(1000)
+    atom = holdout[7].copy()
+    holdout[[100, 200]] = atom
+    fresh = _probs(400, seed=8)
+    target = np.vstack([fresh, np.repeat(atom[None], 300, axis=0)])
+    r = R.find_repeats(target, holdout)
+    assert r.handled and not r.adjusts and r.collapsed_rows == 0 and r.shared_rows == 300
+    assert r.effective_rows == 700 and "count as independent" in r.summary()
+    both = R.find_repeats(np.vstack([target, fresh[:50]]), holdout)      # plus 50 repeats of fresh rows
+    assert both.adjusts and both.collapsed_rows == 50 and both.kept_rows == 700
+    assert np.sum(np.all(target[both.test_rows] == atom, axis=1)) == 300  # the atom's rows all go to the test
+
+
 # ------------------------------------------------------------------------------------------ clustered covariances
-def test_clustered_covariance_without_repeats_is_the_plain_covariance():
-    S = _probs(500)
-    center = S.mean(axis=0)
-    plain = (S - center).T @ (S - center) / 500
+def _repeats_of(P, holdout=None):
+    return R.find_repeats(P, holdout if holdout is not None else _probs(500, seed=99))
+
+
+def test_clustered_covariance_weights_each_distinct_row_by_its_copies_squared():
+    base = _probs(60)
+    c = np.random.default_rng(5).integers(1, 6, 60)
+    P = np.repeat(base, c, axis=0)[np.random.default_rng(6).permutation(c.sum())]
+    reps = _repeats_of(P)
+    center = P.mean(axis=0)
+    got = R.clustered_covariance(lambda rows: P[rows], reps, 5, center)
+    want = sum(ci ** 2 * np.outer(s - center, s - center) for ci, s in zip(c, base)) / c.sum()
     # the same sums in another order: equal to rounding (1e-12 relative to the entries' scale)
-    ones = np.ones(500)
-    assert np.allclose(R.clustered_covariance(S, ones, center), plain, rtol=0, atol=1e-12 * np.abs(plain).max())
-    post = _probs(500, seed=4)
-    assert np.allclose(R.clustered_covariance(S, ones, center, post), plain, rtol=0, atol=1e-12 * np.abs(plain).max())
+    assert np.allclose(got, want, rtol=0, atol=1e-12 * np.abs(want).max())
 
 
-def test_clustered_covariance_multiplies_each_distinct_row_by_its_copies():
-    S, c = _probs(50), np.random.default_rng(5).integers(1, 6, 50).astype(float)
-    want = sum(np.outer(ci * s, ci * s) for ci, s in zip(c, S)) / c.sum()
-    assert np.allclose(R.clustered_covariance(S, c), want, rtol=1e-12, atol=0)
-
-
-def test_copies_multiply_only_the_part_within_a_class():
-    """A perfect classifier: every row's score is its class mean and its posterior one-hot. Copies then add nothing
-    within a class, so the posterior form is the rows-independent covariance; the plain clustered form multiplies
-    the between-class part by the copies."""
-    k, d = 4, 40
-    y = np.arange(d) % k
-    means = np.eye(k) * 2.0 + 0.1
-    S, post = means[y], np.eye(k)[y]
-    c = np.random.default_rng(6).integers(1, 8, d).astype(float)
-    center = (S * c[:, None]).sum(axis=0) / c.sum()
-    D = S - center
-    independent = (D * c[:, None]).T @ D / c.sum()
-    got = R.clustered_covariance(S, c, center, post, class_means=means)
-    assert np.allclose(got, independent, rtol=0, atol=1e-12 * np.abs(independent).max())
-    assert np.trace(R.clustered_covariance(S, c, center)) > 2 * np.trace(independent)
+def test_clustered_covariance_of_doubled_rows_is_twice_the_rows_covariance():
+    base = _probs(300)
+    reps = _repeats_of(np.vstack([base, base]))
+    center = base.mean(axis=0)
+    plain = (base - center).T @ (base - center) / 300
+    got = R.clustered_covariance(lambda rows: np.vstack([base, base])[rows], reps, 5, center)
+    assert np.allclose(got, 2 * plain, rtol=0, atol=1e-12 * np.abs(plain).max())
 
 
 # ------------------------------------------------------------------------------------------------- in the report
@@ -137,7 +145,8 @@ def test_a_target_of_doubled_rows_is_tested_on_its_distinct_rows_and_its_interva
     se1 = np.sqrt(np.diag(once.interval.covariance_target))
     se2 = np.sqrt(np.diag(twice.interval.covariance_target))
     assert np.allclose(se2, se1, rtol=1e-6, atol=0), se2 / se1
-    assert "1 of" not in twice.repeats_summary and "750 of 1,500 target rows repeat" in twice.repeats_summary
+    assert "750 of 1,500 target rows repeat" in twice.repeats_summary
+    assert "label-shift test used each repeated row once" in twice.repeats_summary
 
 
 def test_fisher_interval_and_no_shift_test_count_copies():
@@ -158,7 +167,7 @@ def test_one_row_repeated_gets_a_verdict_with_its_reason_not_an_error():
     zt = _gaussian_setting()[4]
     rep = _assess(np.repeat(zt[:1], 500, axis=0))
     assert rep.verdict == "Untrustworthy"
-    assert "1 distinct" in rep.label_shift_error and any("distinct" in f for f in rep.failures)
+    assert "only 1 rows" in rep.label_shift_error and any("distinct" in f for f in rep.failures)
     every_row_twice = _assess(np.repeat(zt[:30], 20, axis=0))     # 30 items, each scored 20 times
     assert every_row_twice.verdict == "Untrustworthy" and every_row_twice.repeats.n_distinct == 30
 
@@ -168,7 +177,26 @@ def test_the_report_round_trips_with_its_repeats():
     rep = _assess(np.concatenate([zt[:600], zt[:300]]), interval="fisher")
     d = rep.to_dict()
     assert d["repeats"]["repeated_rows"] == 300 and d["repeats_summary"].startswith("300 of 900 target rows")
-    assert ShiftReport.from_dict(d).to_dict() == d
+    back = ShiftReport.from_dict(d)
+    assert back.to_dict() == d
+    with pytest.raises(InputError, match="without its groups"):       # a stored report's repeats hold no groups
+        fisher_interval(_gaussian_setting()[0].predict_proba(zt[:900]), None, back.source_prior,
+                        repeats=back.repeats)
+
+
+def test_a_float32_target_is_judged_against_the_holdout_at_float32():
+    """Holdout rows saturated beyond float32's range are distinct in float64 and tie in float32: the target (stored
+    as float32) is compared at its precision, so the ties are the model's own, not repeats."""
+    rng = np.random.default_rng(12)
+    holdout = _probs(2000, k=2, seed=13)
+    holdout[:100] = np.c_[rng.uniform(1e-60, 1e-50, 100), np.ones(100)]      # 5%: equal once rounded to float32
+    labels = (holdout[:, 1] > 0.5).astype(int)
+    target = np.vstack([_probs(1500, k=2, seed=14), holdout[:100], holdout[:100]]).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rep = assess_shift(holdout, labels, target, source_prior=holdout.mean(axis=0), interval="fisher")
+    assert rep.repeats.holdout_tied == pytest.approx(0.05) and not rep.repeats.handled
+    assert not rep.repeats.adjusts and rep.label_shift.n_target == 1700
 
 
 # -------------------------------------------------------------------------- the verdict on targets that repeat
@@ -177,7 +205,8 @@ def _independent(monkeypatch):
     original = R.find_repeats
 
     def independent(target, holdout=None):
-        return dataclasses.replace(original(target, holdout), handled=False, effective_rows=float(len(target)))
+        return dataclasses.replace(original(target, holdout), handled=False, collapsed_rows=0,
+                                   effective_rows=float(len(target)))
 
     monkeypatch.setattr(report_module, "find_repeats", independent)
 

@@ -235,6 +235,27 @@ def test_source_aware_assess_shift_on_large_float32_sets_makes_no_float64_copy_o
     assert peak < 2 * P32.nbytes, (peak, P32.nbytes)
 
 
+def test_source_aware_assess_shift_on_a_large_float32_set_that_repeats_rows_makes_no_float64_copy_of_it():
+    """Target rows that repeat (one in fifty copies its neighbour): the clustered covariances are made a block of
+    distinct rows at a time and no float64 copy of the target is made; the label-shift test runs on the rows it
+    keeps, one float32 copy of them (here still more than LARGE_ROWS: fewer would be tested as a set of their size
+    is, in float64), so the bound is the no-copy test's plus that copy."""
+    rng = np.random.default_rng(8)
+    Xh, yh, cal, Xt, P32, S, prior = _raw_case(rng, rows.LARGE_ROWS + 50_000, False)
+    Xt[::50], P32[::50] = Xt[1::50], P32[1::50]
+    assert len(P32) - len(P32[::50]) > rows.LARGE_ROWS
+    tracemalloc.start()
+    try:
+        report = assess_shift(S, yh, P32, source_prior=prior, interval="source-aware", source_outputs=Xh,
+                              target_outputs=Xt, calibrator=cal)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert report.repeats.adjusts and report.repeats.collapsed_rows == len(P32[::50])
+    assert report.label_shift is not None and report.accuracy is not None
+    assert peak < 3 * P32.nbytes, (peak, P32.nbytes)
+
+
 def test_joined_views_are_pooled_without_a_copy():
     base = np.arange(40, dtype=np.float32).reshape(10, 4)
     parts = [base[0:3], base[3:7], base[7:10]]

@@ -34,7 +34,7 @@ from ..errors import InputError
 from .well_specified import WellSpecifiedGaussians
 
 __all__ = ["LabelledOutputs", "TargetSet", "ZooCase", "GaussianCase", "SklearnCase", "CASES", "case", "fast_cases",
-           "dirichlet_target", "fixed_target"]
+           "dirichlet_target", "fixed_target", "draw_with_replacement", "OutputsCase", "sklearn_outputs"]
 
 #: a rule for the target prior of one seed: (rng, source prior) -> p_t
 PriorRule = Callable[[np.random.Generator, np.ndarray], np.ndarray]
@@ -254,6 +254,12 @@ def _fitting_prior(draw: Callable[[], np.ndarray], m: int, available: np.ndarray
             return prior
     raise InputError(f"zoo case {name!r}: no target prior drawn fits m = {m} rows into a pool with class counts "
                      f"{available.tolist()}; use a smaller m.")
+
+
+def sklearn_outputs(dataset: str, model: str, train_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """The outputs of scikit-learn's ``model`` (``"logistic"`` or ``"forest"``) on ``dataset``'s rows it was not
+    trained on, and their labels (the :class:`SklearnCase` pools; trained once per process, fixed seed)."""
+    return _sklearn_outputs(dataset, model, train_fraction)
 
 
 @lru_cache(maxsize=16)

@@ -13,22 +13,26 @@ must count what the repeats take away:
 * **the intervals and the no-shift test** keep every row in the estimate (the target prior is that of the rows as
   drawn) and take the variance of a mean over rows as that of a sum of independent *clusters* -- each distinct row
   with its multiplicity c_g: Var((1/m) sum_i s_i) = (1/m^2) sum_g c_g^2 (s_g - s_bar)(s_g - s_bar)^T (the
-  cluster-robust "sandwich" meat; the no-shift test multiplies only the part within a class, see
-  :func:`clustered_covariance`). Without repeats it is the usual (1/m^2) sum_i (s_i - s_bar)(s_i - s_bar)^T.
-  The effective sample size m^2 / sum_g c_g^2 (Kish's) is what the report shows.
+  cluster-robust "sandwich" meat, :func:`clustered_covariance`). Without repeats it is the usual (1/m^2) sum_i
+  (s_i - s_bar)(s_i - s_bar)^T. The effective sample size m^2 / sum_g c_g^2 (Kish's) is what the report shows.
 
 Rows are "the same" when the model's calibrated outputs are bit for bit equal. A model whose outputs take the same
 value for different inputs (a random forest's vote shares, outputs rounded to float16, probabilities saturated at
-0 and 1) ties rows that are different items; repeats and such ties cannot be told apart from the outputs. The
-holdout says which case holds: when more than :data:`ATOM_SHARE` of its rows share their output with another
-holdout row, ties are taken as the model's own and every row counts as independent (today's behaviour; the report
-says so). Derivation and measured effect: ``docs/label_shift_test.md`` ("Rows that repeat").
+0 and 1) ties rows that are different items; repeats and such ties cannot be told apart from the outputs alone. The
+holdout says which case holds, value by value: a group of equal target rows whose output also occurs in the
+holdout is the model's own tie, and its rows count as independent; and when more than :data:`ATOM_SHARE` of the
+holdout's rows share their output with another holdout row, every tie is taken as the model's own (the behaviour
+before repeats were counted; the report says so). Derivation and measured effect: ``docs/label_shift_test.md`` ("Rows that repeat").
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from .. import rows as _rows
+from ..errors import InputError
 
 __all__ = ["ATOM_SHARE", "Repeats", "distinct_rows", "find_repeats", "clustered_covariance"]
 
@@ -67,9 +71,11 @@ def _row_hash(words: np.ndarray) -> np.ndarray:
     return h
 
 
-def _groups_equal(words: np.ndarray, order: np.ndarray, starts: np.ndarray, block: int = 1 << 18) -> bool:
+def _groups_equal(words: np.ndarray, order: np.ndarray, starts: np.ndarray) -> bool:
     """Every row ``order[i]`` has the words of its group's first row ``order[starts[g]]`` (groups of adjacent
-    positions beginning at ``starts``), checked a block of positions at a time."""
+    positions beginning at ``starts``), checked a block of positions at a time: about 2^19 words of temporaries a
+    block (two rows of words and five index vectors a position), a few MiB whatever the row width."""
+    block = max(1, (1 << 19) // (5 + 2 * words.shape[1]))
     for start in range(0, order.size, block):
         positions = np.arange(start, min(start + block, order.size))
         group = np.searchsorted(starts, positions, side="right") - 1
@@ -140,21 +146,45 @@ def _tied_share(P: np.ndarray) -> float:
     return float(np.sum(counts[inverse] > 1)) / len(P)
 
 
+def _in_holdout(target: np.ndarray, rows: np.ndarray, holdout: np.ndarray) -> np.ndarray:
+    """(len(rows),) bool: target row ``rows[i]`` equals some holdout row bit for bit (both at the target's dtype)."""
+    if rows.size == 0 or holdout.shape[0] == 0:
+        return np.zeros(rows.size, bool)
+    hw = _row_words(holdout)
+    hh = _row_hash(hw)
+    order = np.argsort(hh)
+    hh = hh[order]
+    tw = _row_words(target[rows])
+    th = _row_hash(tw)
+    pos = np.clip(np.searchsorted(hh, th), 0, hh.size - 1)
+    hit = hh[pos] == th
+    hit[hit] = np.all(tw[hit] == hw[order[pos[hit]]], axis=1)        # a hash match checked bytewise
+    return hit
+
+
 @dataclass(frozen=True)
 class Repeats:
-    """How the rows of one target repeat, and whether the tests and intervals count repeats as one item.
+    """How the rows of one target repeat, and which copies the tests and intervals count as one draw.
+
+    A group of equal target rows is *collapsed* (its copies are one draw of one item) unless its output also occurs
+    in the holdout (then the model gives that output to different inputs: an atom, such as a saturated row, whose
+    copies count as independent rows) or the holdout ties more than :data:`ATOM_SHARE` of its rows (then every tie
+    is taken as the model's own).
 
     Attributes:
         n_rows: m, the target's rows.
         n_distinct: d, its distinct rows (bit for bit equal calibrated outputs count once).
         holdout_tied: share of the holdout's rows whose outputs equal another holdout row's.
-        handled: True when repeats are counted as repeated items (the holdout shows at most :data:`ATOM_SHARE`
-            tied rows); False when ties are taken as the model's own and every row counts as independent.
-        effective_rows: Kish's effective sample size m^2 / sum_g c_g^2 when repeats are counted as such, else m.
+        handled: False when the holdout ties more than :data:`ATOM_SHARE` of its rows: every row counts as
+            independent.
+        collapsed_rows: rows counted as copies of an earlier one (0 when nothing changes).
+        shared_rows: rows in groups of equal rows whose output also occurs in the holdout (counted as independent).
+        effective_rows: Kish's effective sample size m^2 / sum_g w_g (w_g = c_g^2 for a collapsed group of c_g
+            rows, c_g otherwise), m when nothing is collapsed.
         largest_count: the most copies of one row.
-        counts, first: (d,) the multiplicity and the first index of each distinct row, in order of first
-            occurrence; None when no row repeats, and in a report read back from JSON (only the numbers above are
-            stored).
+        counts, first, collapsed: (d,) each distinct row's multiplicity, first index (in order of first
+            occurrence) and whether its group is collapsed; None when nothing is collapsed, and in a report read
+            back from JSON (only the numbers above are stored).
     """
 
     n_rows: int
@@ -163,8 +193,11 @@ class Repeats:
     handled: bool
     effective_rows: float
     largest_count: int
+    collapsed_rows: int = 0
+    shared_rows: int = 0
     counts: np.ndarray | None = None
     first: np.ndarray | None = None
+    collapsed: np.ndarray | None = None
 
     @property
     def repeated_rows(self) -> int:
@@ -173,26 +206,58 @@ class Repeats:
 
     @property
     def adjusts(self) -> bool:
-        """Some rows repeat and they are counted as repeated items (the statistics change)."""
-        return self.handled and self.repeated_rows > 0
+        """Some rows are counted as copies of an earlier one (the statistics change)."""
+        return self.collapsed_rows > 0
 
-    def summary(self) -> str | None:
-        """One sentence for the operator: how many rows repeat and what that changed (None without repeats)."""
+    @property
+    def kept_rows(self) -> int:
+        """Rows the label-shift test sees: m less the collapsed copies."""
+        return self.n_rows - self.collapsed_rows
+
+    @property
+    def weights(self) -> np.ndarray:
+        """(d,) each distinct row's weight in a clustered covariance: c_g^2 (one draw with its copies) or c_g."""
+        c = self.counts.astype(np.float64)
+        return np.where(self.collapsed, c * c, c)
+
+    @property
+    def test_rows(self) -> np.ndarray:
+        """The target rows the label-shift test sees: one of each collapsed group, every row of the others."""
+        return np.repeat(self.first, np.where(self.collapsed, 1, self.counts))
+
+    def check(self, m: int, argument: str = "repeats") -> None:
+        """InputError unless these are the repeats of m target rows with their groups (not a stored report's)."""
+        if self.n_rows != m or (self.adjusts and self.first is None):
+            raise InputError(f"{argument} describes {self.n_rows} target rows"
+                             f"{' without its groups (read back from a report)' if self.first is None else ''}, "
+                             f"not these {m}; pass find_repeats of these rows' calibrated outputs, or None.")
+
+    def summary(self, test: bool = True, interval: bool = True) -> str | None:
+        """One sentence for the operator: how many rows repeat and what that changed (None without repeats).
+        ``test`` / ``interval``: whether the label-shift test ran and the interval counted the copies."""
         if self.repeated_rows == 0:
             return None
         head = (f"{self.repeated_rows:,} of {self.n_rows:,} target rows repeat an earlier row "
                 f"({self.n_distinct:,} distinct)")
-        if self.handled:
-            return (f"{head}: the label-shift test used the distinct rows, the no-shift test and the interval an "
-                    f"effective sample of {self.effective_rows:,.0f} rows")
-        return (f"{head}, but {100 * self.holdout_tied:.1f}% of the holdout's rows share their outputs with another "
-                "holdout row, so ties may be different inputs the model scores alike: every row was counted as "
-                "independent (if the target repeats items, its tests and interval are too confident)")
+        if not self.handled:
+            return (f"{head}, but {100 * self.holdout_tied:.1f}% of the holdout's rows share their outputs with "
+                    "another holdout row, so ties may be different inputs the model scores alike: every row was "
+                    "counted as independent (if the target repeats items, its tests and interval are too confident)")
+        shared = (f"; {self.shared_rows:,} rows have outputs that also occur in the holdout (the model's own ties) "
+                  "and count as independent" if self.shared_rows else "")
+        if not self.adjusts:
+            return head + shared
+        parts = (["the label-shift test used each repeated row once"] if test else []) + \
+            [f"the no-shift test{' and the interval' if interval else ''} an effective sample of "
+             f"{self.effective_rows:,.0f} rows"]
+        return f"{head}: {', '.join(parts)}{shared}" + ("" if interval else "; the bootstrap interval resampled "
+                                                        "the rows as they are")
 
     def to_dict(self) -> dict:
         """The numbers the report stores (not the per-row groups)."""
         return {"n_rows": int(self.n_rows), "n_distinct": int(self.n_distinct),
-                "repeated_rows": int(self.repeated_rows), "effective_rows": float(self.effective_rows),
+                "repeated_rows": int(self.repeated_rows), "collapsed_rows": int(self.collapsed_rows),
+                "shared_rows": int(self.shared_rows), "effective_rows": float(self.effective_rows),
                 "largest_count": int(self.largest_count), "holdout_tied": float(self.holdout_tied),
                 "handled": bool(self.handled)}
 
@@ -201,62 +266,52 @@ class Repeats:
         """The :class:`Repeats` that :meth:`to_dict` wrote (without the per-row groups)."""
         return cls(n_rows=int(d["n_rows"]), n_distinct=int(d["n_distinct"]), holdout_tied=float(d["holdout_tied"]),
                    handled=bool(d["handled"]), effective_rows=float(d["effective_rows"]),
-                   largest_count=int(d["largest_count"]))
+                   largest_count=int(d["largest_count"]), collapsed_rows=int(d.get("collapsed_rows", 0)),
+                   shared_rows=int(d.get("shared_rows", 0)))
 
 
 def find_repeats(target_probs: np.ndarray, holdout_probs: np.ndarray | None = None) -> Repeats:
     """The :class:`Repeats` of a target's calibrated outputs (m, k), judged against the holdout's (n, k) at the
-    target's precision (a float32 target is compared with the holdout rounded to float32)."""
+    target's dtype (pass the holdout at the precision the target was given in: a float32 target against the
+    holdout rounded to float32)."""
     target = np.asarray(target_probs)
     first, _, counts = distinct_rows(target, with_inverse=False)
-    tied = 0.0 if holdout_probs is None else _tied_share(np.asarray(holdout_probs).astype(target.dtype))
     m, d = int(target.shape[0]), int(first.size)
+    holdout = None if holdout_probs is None else np.asarray(holdout_probs).astype(target.dtype)
+    tied = 0.0 if holdout is None else _tied_share(holdout)
     handled = tied <= ATOM_SHARE
-    repeated = m > d
-    effective = float(m) ** 2 / float(np.sum(counts.astype(np.float64) ** 2)) if handled and repeated else float(m)
-    largest = int(counts.max()) if counts.size else 0
-    if not repeated:                      # nothing to count: the (m,) groups are not kept
-        first = counts = None
+    collapsed = np.full(d, handled)
+    groups = np.flatnonzero(counts > 1)
+    if holdout is not None and handled:
+        collapsed[groups[_in_holdout(target, first[groups], holdout)]] = False
+    shared = int(counts[groups][~collapsed[groups]].sum()) if handled else 0
+    collapsed_rows = int((counts[collapsed] - 1).sum()) if handled else 0
+    effective = float(m)
+    if collapsed_rows:
+        c = counts.astype(np.float64)
+        effective = float(m) ** 2 / float(np.where(collapsed, c * c, c).sum())
+    keep = collapsed_rows > 0                     # the (d,) groups are kept only when the statistics use them
     return Repeats(n_rows=m, n_distinct=d, holdout_tied=tied, handled=handled, effective_rows=effective,
-                   largest_count=largest, counts=counts, first=first)
+                   largest_count=int(counts.max()) if counts.size else 0, collapsed_rows=collapsed_rows,
+                   shared_rows=shared, counts=counts if keep else None, first=first if keep else None,
+                   collapsed=collapsed if keep else None)
 
 
-def clustered_covariance(scores: np.ndarray, counts: np.ndarray, center: np.ndarray | None = None,
-                         posterior: np.ndarray | None = None, class_means: np.ndarray | None = None) -> np.ndarray:
-    """(k, k) the per-row covariance of scores over target rows that repeat: the variance of a mean over the m rows
-    is this / m. ``scores`` (d, k) of the distinct rows, ``counts`` (d,) their multiplicities c_g, m = sum_g c_g,
-    d_g = s_g - ``center``.
-
-    Without ``posterior``: V_c = (1/m) sum_g c_g^2 d_g d_g^T, the cluster-robust meat (each distinct row and its
-    copies one independent cluster; what the intervals use). In Section 6's sampling only the example repeats, not
-    the label: each row's label is an independent draw, so V_c overstates the part between classes. With
-    ``posterior`` (d, k), each distinct row's class probabilities on the target, that part is taken out of the
-    copies (what the no-shift test uses):
-
-        V = V_u + [(1/m) sum_g (c_g^2 - c_g) d_g d_g^T - (1/m) sum_y A_y (mu_y - center)(mu_y - center)^T]_+,
-
-    V_u = (1/m) sum_g c_g d_g d_g^T the rows-independent covariance, A_y = sum_g (c_g^2 - c_g) posterior_gy the
-    expected copies of class y, mu_y the class-y mean of the scores (``class_means`` (k, k); else the
-    posterior-weighted means of the rows, pulled towards the centre, so that less is taken out: the wider side),
-    and [.]_+ the positive semidefinite part (copies never make a mean less variable). With every c_g = 1 all forms
-    are the usual (1/m) sum_i d_i d_i^T. Why the intervals keep V_c (the second form under-covered on real
-    networks' outputs): ``docs/intervals.md`` ("Rows that repeat").
+def clustered_covariance(scores_of: Callable[[np.ndarray], np.ndarray], repeats: Repeats, k: int,
+                         center: np.ndarray | None = None) -> np.ndarray:
+    """(k, k) the per-row covariance of scores over target rows that repeat, so that the variance of their mean
+    over the m rows is this / m: V = (1/m) sum_g w_g (s_g - center)(s_g - center)^T over the distinct rows, w_g =
+    c_g^2 for a collapsed group (its c_g copies are one draw: the cluster-robust "sandwich" meat) and c_g for the
+    others (:attr:`Repeats.weights`). With every c_g = 1 it is the usual (1/m) sum_i (s_i - center)(s_i -
+    center)^T. ``scores_of(rows)`` gives the (len(rows), k) float64 scores of target rows ``rows``; they are asked
+    for a block of distinct rows at a time (never a (d, k) array). Why the whole row is one cluster, not only its
+    part within a class: ``docs/intervals.md`` ("Rows that repeat").
     """
-    c = np.asarray(counts, dtype=np.float64)
-    S = np.asarray(scores, dtype=np.float64)
-    m = float(c.sum())
-    D = S if center is None else S - center
-    if posterior is None:
-        Sc = D * c[:, None]
-        return Sc.T @ Sc / m
-    Q = np.asarray(posterior, dtype=np.float64)
-    if class_means is None:
-        mass = (Q * c[:, None]).sum(axis=0)
-        class_means = ((Q * c[:, None]).T @ S) / np.where(mass > 0, mass, 1.0)[:, None]
-    M = np.asarray(class_means, dtype=np.float64) - (0.0 if center is None else center)
-    extra = c * (c - 1.0)
-    A = Q.T @ extra                                                         # (k,) expected copies per class
-    excess = ((D * extra[:, None]).T @ D - (M * A[:, None]).T @ M) / m
-    lam, V = np.linalg.eigh(0.5 * (excess + excess.T))
-    Dc = D * np.sqrt(c)[:, None]
-    return Dc.T @ Dc / m + (V * np.maximum(lam, 0.0)) @ V.T
+    total = np.zeros((k, k))
+    first, weights = repeats.first, repeats.weights
+    for sl in _rows.blocks(first.size, width=k):
+        S = np.asarray(scores_of(first[sl]), dtype=np.float64)
+        if center is not None:
+            S = S - center
+        total += (S * weights[sl, None]).T @ S
+    return total / float(repeats.n_rows)

@@ -325,7 +325,10 @@ class ShiftReport:
     @property
     def repeats_summary(self) -> str | None:
         """One sentence on the target rows that repeat and what that changed; None when no row repeats."""
-        return None if self.repeats is None else self.repeats.summary()
+        if self.repeats is None:
+            return None
+        return self.repeats.summary(test=self.label_shift is not None,
+                                    interval=getattr(self.interval, "method", "") != "bootstrap")
 
     @property
     def accuracy_summary(self) -> str | None:
@@ -562,11 +565,11 @@ def _label_shift_part(holdout_probs, labels, given, pooled, mlls_weights, prior,
         prepared = None
     weights = np.maximum(np.asarray(mlls_weights), 0.0)
     if repeats is not None and repeats.adjusts:
-        if repeats.n_distinct < MIN_TARGET:
-            return None, (f"the target's {repeats.n_rows:,} rows hold only {repeats.n_distinct:,} distinct rows "
-                          f"(the rest repeat them), fewer than the {MIN_TARGET} the test needs; collect more "
-                          "distinct target rows (a longer window, or several batches together)")
-        pooled, weights = pooled[repeats.first], None
+        if repeats.kept_rows < MIN_TARGET:
+            return None, (f"the target's {repeats.n_rows:,} rows hold only {repeats.kept_rows:,} rows once each "
+                          f"copy of a repeated row is counted once, fewer than the {MIN_TARGET} the test needs; "
+                          "collect more distinct target rows (a longer window, or several batches together)")
+        pooled, weights = pooled[repeats.test_rows], None
     try:
         return label_shift_test(holdout, labels, pooled, weights=weights, source_prior=prior,
                                 class_names=class_names, prepared=prepared), None
@@ -577,11 +580,11 @@ def _label_shift_part(holdout_probs, labels, given, pooled, mlls_weights, prior,
 
 
 def _few_distinct_rows(repeats: Repeats) -> list[str]:
-    """A sentence when the target's rows, counted as the repeated items they are, are too few to estimate from
-    (fewer distinct rows than the label-shift test's MIN_TARGET); none otherwise."""
-    if not repeats.adjusts or repeats.n_distinct >= MIN_TARGET:
+    """A sentence when the target's rows, each repeated row counted once, are too few to estimate from (fewer than
+    the label-shift test's MIN_TARGET); none otherwise."""
+    if not repeats.adjusts or repeats.kept_rows >= MIN_TARGET:
         return []
-    return [f"the target's {repeats.n_rows:,} rows repeat only {repeats.n_distinct:,} distinct rows (an effective "
+    return [f"the target's {repeats.n_rows:,} rows repeat only {repeats.kept_rows:,} distinct rows (an effective "
             f"sample of {repeats.effective_rows:,.1f} rows): too few to estimate the target prior; collect more "
             "distinct target rows"]
 
@@ -671,7 +674,7 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
     raw_target = _raw_target(interval, source_outputs, target_outputs, pooled.shape[0])
 
     est = _estimate(holdout_probs, labels, prior, pooled, estimator, cross_check)
-    repeats = find_repeats(pooled, holdout_probs)
+    repeats = find_repeats(pooled, _at_precision(holdout_probs, given))
     ci, accuracy, failures = _interval(interval, est, pooled, prior, level=level, n_bootstrap=n_bootstrap, seed=seed,
                                        source_outputs=source_outputs, labels=labels, raw_target=raw_target,
                                        calibrator=calibrator, repeats=repeats)

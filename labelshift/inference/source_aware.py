@@ -712,15 +712,17 @@ def _target_fit(inp: _Inputs, calibrator, ps: np.ndarray, weights) -> _TargetFit
 
 def _clustered_target(inp: _Inputs, calibrator, tgt: _TargetFit, repeats) -> _TargetFit:
     """``tgt`` with the clustered score covariance of target rows that repeat (``repeats`` from
-    :func:`labelshift.inference.repeats.find_repeats`, counted as repeated items); as it is otherwise."""
+    :func:`labelshift.inference.repeats.find_repeats`, some copies counted as one draw); as it is otherwise."""
     if repeats is None or not repeats.adjusts:
         return tgt
-    if repeats.n_rows != inp.m:
-        raise InputError(f"repeats describes {repeats.n_rows} target rows but target_outputs has {inp.m}; pass "
-                         "find_repeats of these rows' calibrated outputs, or repeats=None.")
-    F = (tgt.Pt[repeats.first] if tgt.Pt is not None
-         else _calibrated_rows(inp.Xt[repeats.first], calibrator, inp.scale, inp.bias)).astype(np.float64)
-    return tgt._replace(meat=clustered_covariance(F / (F @ tgt.w)[:, None], repeats.counts, tgt.g))
+    repeats.check(inp.m)
+
+    def scores(rows: np.ndarray) -> np.ndarray:
+        F = (tgt.Pt[rows] if tgt.Pt is not None
+             else _calibrated_rows(inp.Xt[rows], calibrator, inp.scale, inp.bias)).astype(np.float64)
+        return F / (F @ tgt.w)[:, None]
+
+    return tgt._replace(meat=clustered_covariance(scores, repeats, inp.k, tgt.g))
 
 
 def _free_set_covariance(G: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, m: int, n: int) -> _FreeSetCovariance:

@@ -393,14 +393,18 @@ class PriorInterval:
 
 
 def _repeats_meat(P: np.ndarray, w: np.ndarray, repeats) -> np.ndarray | None:
-    """(k, k) the clustered per-row second moment (1/m) sum_g c_g^2 s_g s_g^T of the MLLS scores s_g = f_g /
-    f_g^T w over the distinct target rows (:func:`labelshift.inference.repeats.clustered_covariance`: each
-    distinct row and its copies one cluster), or None when ``repeats`` changes nothing (no repeats, or ties taken
-    as the model's own)."""
+    """(k, k) the clustered per-row second moment (1/m) sum_g w_g s_g s_g^T of the MLLS scores s_g = f_g / f_g^T w
+    over the distinct target rows (:func:`labelshift.inference.repeats.clustered_covariance`: each distinct row and
+    its copies one cluster), or None when ``repeats`` changes nothing."""
     if repeats is None or not repeats.adjusts:
         return None
-    F = np.asarray(P[repeats.first], dtype=np.float64)
-    return clustered_covariance(F / (F @ w)[:, None], repeats.counts)
+    repeats.check(P.shape[0])
+
+    def scores(rows: np.ndarray) -> np.ndarray:
+        F = np.asarray(P[rows], dtype=np.float64)
+        return F / (F @ w)[:, None]
+
+    return clustered_covariance(scores, repeats, P.shape[1])
 
 
 def fisher_interval(target_probs, weights, source_prior, *, level: float = 0.95, repeats=None) -> PriorInterval:
@@ -592,11 +596,12 @@ def no_shift_test(target_probs, weights, source_prior, *, source_probs=None, rep
     shift with an invertible soft confusion matrix moves the mean, so the test is consistent. Derivation, why the
     pooled covariance, measured size and power: ``docs/uncertainty.md`` ("No-shift test").
 
-    Rows that repeat (``repeats``, :class:`~labelshift.inference.repeats.Repeats`, counted as repeated items): the
-    two-sample form takes the target mean's covariance as that of a sum of independent clusters, (1/m^2) sum_g
-    c_g^2 (f_g - mu_hat_t)(f_g - mu_hat_t)^T over the distinct rows, beside Sigma_pool / n for the source mean,
-    and Hotelling's law with the effective target size m_eff = m^2 / sum_g c_g^2 in place of m; the
-    likelihood-ratio form scales Lambda by m_eff / m.
+    Rows that repeat (``repeats``, :class:`~labelshift.inference.repeats.Repeats`, some copies counted as one draw):
+    the two-sample form takes the target mean's covariance from its clusters, (1/m^2) sum_g w_g (f_g - mu_hat_t)
+    (f_g - mu_hat_t)^T over the distinct rows (w_g = c_g^2 for a collapsed group, :func:`~labelshift.inference.
+    repeats.clustered_covariance`), beside Sigma_pool / n for the source mean, and Hotelling's law with the
+    effective target size m_eff = m^2 / sum_g w_g in place of m; the likelihood-ratio form scales Lambda by
+    m_eff / m.
 
     Args: as :func:`fisher_interval` (``weights`` = the MLLS estimate, or None to solve it here; used by the
     likelihood-ratio form); ``source_probs``: (n, k) calibrated source outputs.
@@ -629,10 +634,8 @@ def no_shift_test(target_probs, weights, source_prior, *, source_probs=None, rep
     if repeats is None:
         cov = U.T @ pooled @ U * (1.0 / m + 1.0 / n)
     else:                                   # the target mean's variance from its clusters of repeated rows
-        F = np.asarray(P[repeats.first], dtype=np.float64)
-        w = np.ones(k) if weights is None else np.maximum(np.asarray(weights, dtype=np.float64), 0.0)
-        posterior = F * w / np.maximum(F @ w, 1e-300)[:, None]
-        cov = U.T @ (pooled / n + clustered_covariance(F, repeats.counts, mean_t, posterior) / m) @ U
+        repeats.check(m)
+        cov = U.T @ (pooled / n + clustered_covariance(lambda rows: P[rows], repeats, k, mean_t) / m) @ U
         total = n + max(int(round(repeats.effective_rows)), 2)
     lam, V = np.linalg.eigh(0.5 * (cov + cov.T))
     keep = lam > max(float(lam.max()), 0.0) * 1e-12
