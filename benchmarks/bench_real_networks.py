@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import subprocess
 import sys
 import time
 import warnings
@@ -248,8 +249,11 @@ def _publish(runs: list[dict], args, took: str) -> None:
         return
     files = {"mlp": CACHE / "fashion_mlp.npz", "lenet": CACHE / "fashion_lenet.npz", "resnet18": RESNET}
     accuracy = ", ".join(f"{n} {float(np.load(p)['test_accuracy']):.3f}" for n, p in files.items() if p.exists())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
+                            text=True).stdout.strip() or "?"
     head = [SECTION, "", f"`python benchmarks/bench_real_networks.py --seeds {args.seeds} --workers {args.workers}"
-            f"{' --before' if args.before else ''}` on {cpu_model()}, {time.strftime('%Y-%m-%d')} ({took}). "
+            f"{' --before' if args.before else ''}` on {cpu_model()}, {time.strftime('%Y-%m-%d')}, commit {commit} "
+            f"({took}). "
             f"Networks' test accuracy on Fashion-MNIST: {accuracy}. Goals (issue 29): Not label shift at most 7% under "
             "true label shift, prior interval coverage 0.93-0.97. \"code: before\" counts every row as independent "
             "(the code before repeats were handled), \"now\" the distinct rows and clusters. Coverage is over the "

@@ -393,15 +393,16 @@ def test_block_statistic_in_chunks_of_draws_and_skipped_for_many_classes(monkeyp
     whole = label_shift_test(S, ys, P, seed=4)
     monkeypatch.setattr(lot, "_BLOCK_CHUNK", 1)                # one draw per chunk
     chunked = label_shift_test(S, ys, P, seed=4)
-    for key in ("log_odds_block_statistic", "p_value_log_odds_block", "p_value_log_odds"):
+    # the same sums over draws in other chunks and orders: equal to rounding (BLAS kernels, and so the last digits,
+    # differ between processors), 1e-9 relative; the p-values count draws, equal unless a draw ties the statistic
+    for key in ("log_odds_block_statistic", "p_value_log_odds_block", "p_value_log_odds", "log_odds_sum_statistic"):
         assert chunked.extra[key] == pytest.approx(whole.extra[key], rel=1e-9)
-    assert chunked.extra["log_odds_sum_statistic"] == whole.extra["log_odds_sum_statistic"]
     monkeypatch.setattr(lot, "BLOCK_MAX_CLASSES", K - 1)       # more classes than that: no block statistic
     diagonal = label_shift_test(S, ys, P, seed=4)
     x = diagonal.extra
     assert np.isnan(x["p_value_log_odds_block"]) and np.isnan(x["log_odds_block_statistic"])
     for key in ("p_value_log_odds_diagonal", "p_value_log_odds_sum", "log_odds_sum_statistic"):
-        assert x[key] == whole.extra[key]
+        assert x[key] == pytest.approx(whole.extra[key], rel=1e-9)        # to rounding, as above
     _bounds_hold(x, {"diagonal": lot.STATISTIC_WEIGHTS["diagonal"], "sum": lot.STATISTIC_WEIGHTS["sum"]})
     d = json.loads(json.dumps(diagonal.to_dict()))
     assert d["p_value_log_odds_block"] is None and LabelShiftTest.from_dict(d).to_dict() == d
