@@ -72,25 +72,30 @@ def _row_hash(words: np.ndarray) -> np.ndarray:
 
 
 def _groups_equal(words: np.ndarray, order: np.ndarray, starts: np.ndarray) -> bool:
-    """Every row ``order[i]`` has the words of its group's first row ``order[starts[g]]`` (groups of adjacent
-    positions beginning at ``starts``), checked a block of positions at a time: about 2^19 words of temporaries a
-    block (two rows of words and five index vectors a position), a few MiB whatever the row width."""
+    """Every row of a group of two or more (adjacent positions of ``order`` beginning at ``starts``) has the words
+    of the group's row at its start -- a single row is its own group -- checked a block of such positions at a
+    time: about 2^19 words of temporaries a block, a few MiB whatever the row width."""
+    sizes = np.diff(starts, append=order.size)
+    multi = np.flatnonzero(sizes > 1)
+    if multi.size == 0:
+        return True
     block = max(1, (1 << 19) // (5 + 2 * words.shape[1]))
-    for start in range(0, order.size, block):
-        positions = np.arange(start, min(start + block, order.size))
-        group = np.searchsorted(starts, positions, side="right") - 1
-        if not np.array_equal(words[order[positions]], words[order[starts[group]]]):
+    for lo in range(0, multi.size, max(1, block // 2)):
+        g = multi[lo:lo + max(1, block // 2)]
+        own = np.repeat(starts[g], sizes[g])                      # each position's group start
+        positions = own + (np.arange(own.size) - np.repeat(np.cumsum(sizes[g]) - sizes[g], sizes[g]))
+        if not np.array_equal(words[order[positions]], words[order[own]]):
             return False
     return True
 
 
 def _sorted_groups(P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(order, starts): the rows in an order where equal rows are adjacent, earliest first within a group (a
-    stable sort of a 64-bit hash of each row's bytes, checked exactly; a collision falls back to sorting the
-    bytes), and where each group starts in it. Lean: a few (m,) integer arrays, never a copy of ``P``."""
+    """(order, starts): the rows in an order where equal rows are adjacent (a sort of a 64-bit hash of each row's
+    bytes, checked exactly; a collision falls back to sorting the bytes), and where each group starts in it. Lean:
+    a few (m,) integer arrays, never a copy of ``P``."""
     words = _row_words(P)
     h = _row_hash(words)
-    order = np.argsort(h, kind="stable")
+    order = np.argsort(h)
     h = h[order]                                                 # the hashes sorted (the unsorted ones freed)
     new = np.empty(h.size, bool)
     new[0] = True
@@ -99,8 +104,8 @@ def _sorted_groups(P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     starts = np.flatnonzero(new)
     del new
     if not _groups_equal(words, order, starts):                     # a hash collision (never seen): exact grouping
-        _, first_idx, inverse = np.unique(words, axis=0, return_index=True, return_inverse=True)
-        order = np.argsort(inverse.reshape(-1), kind="stable")
+        _, inverse = np.unique(words, axis=0, return_inverse=True)
+        order = np.argsort(inverse.reshape(-1))
         keys = inverse.reshape(-1)[order]
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     return order, starts
@@ -120,7 +125,7 @@ def distinct_rows(P: np.ndarray, *, with_inverse: bool = True) -> tuple[np.ndarr
         empty = np.zeros(0, np.int64)
         return empty, (empty if with_inverse else None), empty
     order, starts = _sorted_groups(P)
-    firsts = order[starts]
+    firsts = np.minimum.reduceat(order, starts)                  # each group's earliest row
     if not with_inverse:
         del order                                                # (m,) arrays freed as soon as they are used
     sizes = np.diff(starts, append=m)
