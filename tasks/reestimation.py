@@ -474,6 +474,9 @@ def prior_metrics(report: ShiftReport, class_names=None) -> dict[str, float]:
                     "accuracy_source": acc.source, "accuracy_change": acc.change,
                     "accuracy_corrected": acc.corrected, "accuracy_corrected_lower": acc.corrected_lower,
                     "accuracy_corrected_upper": acc.corrected_upper})
+    if report.repeats is not None and report.repeats.repeated_rows:     # rows that repeat: how many, what they weigh
+        out.update({"target_distinct_rows": report.repeats.n_distinct,
+                    "target_effective_rows": report.repeats.effective_rows})
     if finite(ident.confusion_condition):       # a singular matrix (condition inf) logs neither number
         out["confusion_condition"] = ident.confusion_condition
         out["confusion_sigma_min"] = ident.confusion_sigma_min

@@ -179,6 +179,12 @@ def test_the_report_round_trips_with_its_repeats():
     assert d["repeats"]["repeated_rows"] == 300 and d["repeats_summary"].startswith("300 of 900 target rows")
     back = ShiftReport.from_dict(d)
     assert back.to_dict() == d
+    from tasks.reestimation import prior_metrics
+
+    metrics = prior_metrics(rep)
+    assert metrics["target_distinct_rows"] == 600 and metrics["target_effective_rows"] == pytest.approx(
+        900 ** 2 / (300 * 4 + 300))
+    assert "target_distinct_rows" not in prior_metrics(_assess(zt[:600], interval="fisher"))
     with pytest.raises(InputError, match="without its groups"):       # a stored report's repeats hold no groups
         fisher_interval(_gaussian_setting()[0].predict_proba(zt[:900]), None, back.source_prior,
                         repeats=back.repeats)
