@@ -48,6 +48,29 @@ def test_distinct_rows_are_exact_when_the_hash_collides(monkeypatch):
     assert len(first) == 30 and np.array_equal(P[first][inverse], P) and counts.max() == 2
 
 
+def test_finding_repeats_takes_little_memory_however_the_rows_repeat():
+    """At most 40 bytes a row besides the rows themselves (an (m,) hash, sort order and group starts), whether every
+    row is distinct, all are one row, or the rows fall into ten large groups."""
+    import tracemalloc
+
+    base = _probs(10, k=10).astype(np.float32)
+    cases = {"distinct": _probs(300_000, k=10).astype(np.float32),
+             "one row": np.repeat(base[:1], 300_000, axis=0),
+             "ten groups": base[np.random.default_rng(3).integers(0, 10, 300_000)]}
+    for name, P in cases.items():
+        tracemalloc.start()
+        R.find_repeats(P)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 40 * len(P), (name, peak / len(P))
+
+
+def test_a_holdout_match_is_found_among_rows_whose_hashes_collide(monkeypatch):
+    monkeypatch.setattr(R, "_row_hash", lambda words: np.zeros(words.shape[0], np.uint64))
+    holdout = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert R._in_holdout(np.array([[0.0, 1.0], [0.5, 0.5]]), np.array([0, 1]), holdout).tolist() == [True, False]
+
+
 def test_rows_that_differ_in_one_bit_are_distinct():
     P = _probs(2).astype(np.float32)
     Q = P.copy()
@@ -146,7 +169,7 @@ def test_a_target_of_doubled_rows_is_tested_on_its_distinct_rows_and_its_interva
     se2 = np.sqrt(np.diag(twice.interval.covariance_target))
     assert np.allclose(se2, se1, rtol=1e-6, atol=0), se2 / se1
     assert "750 of 1,500 target rows repeat" in twice.repeats_summary
-    assert "label-shift test used each repeated row once" in twice.repeats_summary
+    assert "the label-shift test used 750 of them, each copied row once" in twice.repeats_summary
 
 
 def test_fisher_interval_and_no_shift_test_count_copies():

@@ -74,16 +74,18 @@ def _row_hash(words: np.ndarray) -> np.ndarray:
 def _groups_equal(words: np.ndarray, order: np.ndarray, starts: np.ndarray) -> bool:
     """Every row of a group of two or more (adjacent positions of ``order`` beginning at ``starts``) has the words
     of the group's row at its start -- a single row is its own group -- checked a block of such positions at a
-    time: about 2^19 words of temporaries a block, a few MiB whatever the row width."""
+    time, however large the groups: about 2^19 words of temporaries a block, a few MiB whatever the row width."""
     sizes = np.diff(starts, append=order.size)
     multi = np.flatnonzero(sizes > 1)
     if multi.size == 0:
         return True
+    ends = np.cumsum(sizes[multi])                                  # positions of the multi-row groups, numbered
     block = max(1, (1 << 19) // (5 + 2 * words.shape[1]))
-    for lo in range(0, multi.size, max(1, block // 2)):
-        g = multi[lo:lo + max(1, block // 2)]
-        own = np.repeat(starts[g], sizes[g])                      # each position's group start
-        positions = own + (np.arange(own.size) - np.repeat(np.cumsum(sizes[g]) - sizes[g], sizes[g]))
+    for lo in range(0, int(ends[-1]), block):
+        offset = np.arange(lo, min(lo + block, int(ends[-1])))
+        g = np.searchsorted(ends, offset, side="right")             # which multi-row group each one is in
+        own = starts[multi[g]]
+        positions = own + offset - (ends[g] - sizes[multi[g]])
         if not np.array_equal(words[order[positions]], words[order[own]]):
             return False
     return True
@@ -161,9 +163,10 @@ def _in_holdout(target: np.ndarray, rows: np.ndarray, holdout: np.ndarray) -> np
     hh = hh[order]
     tw = _row_words(target[rows])
     th = _row_hash(tw)
-    pos = np.clip(np.searchsorted(hh, th), 0, hh.size - 1)
-    hit = hh[pos] == th
-    hit[hit] = np.all(tw[hit] == hw[order[pos[hit]]], axis=1)        # a hash match checked bytewise
+    lo, hi = np.searchsorted(hh, th, side="left"), np.searchsorted(hh, th, side="right")
+    hit = np.zeros(rows.size, bool)
+    for i in np.flatnonzero(hi > lo):                              # hash matches, checked bytewise (all of them)
+        hit[i] = bool(np.any(np.all(hw[order[lo[i]:hi[i]]] == tw[i], axis=1)))
     return hit
 
 
@@ -232,10 +235,12 @@ class Repeats:
 
     def check(self, m: int, argument: str = "repeats") -> None:
         """InputError unless these are the repeats of m target rows with their groups (not a stored report's)."""
-        if self.n_rows != m or (self.adjusts and self.first is None):
-            raise InputError(f"{argument} describes {self.n_rows} target rows"
-                             f"{' without its groups (read back from a report)' if self.first is None else ''}, "
-                             f"not these {m}; pass find_repeats of these rows' calibrated outputs, or None.")
+        if self.n_rows != m:
+            raise InputError(f"{argument} describes {self.n_rows} target rows, not these {m}; pass find_repeats of "
+                             "these rows' calibrated outputs, or None.")
+        if self.adjusts and self.first is None:
+            raise InputError(f"{argument} holds the counts of {m} target rows without its groups (read back from a "
+                             "report); pass find_repeats of these rows' calibrated outputs, or None.")
 
     def summary(self, test: bool = True, interval: bool = True) -> str | None:
         """One sentence for the operator: how many rows repeat and what that changed (None without repeats).
@@ -252,8 +257,10 @@ class Repeats:
                   "and count as independent" if self.shared_rows else "")
         if not self.adjusts:
             return head + shared
-        parts = (["the label-shift test used each repeated row once"] if test else []) + \
+        parts = ([f"the label-shift test used {self.kept_rows:,} of them, each copied row once"] if test else []) + \
             [f"the no-shift test{' and the interval' if interval else ''} an effective sample of "
+             f"{self.effective_rows:,.1f} rows" if self.effective_rows < 10 else
+             f"the no-shift test{' and the interval' if interval else ''} an effective sample of "
              f"{self.effective_rows:,.0f} rows"]
         return f"{head}: {', '.join(parts)}{shared}" + ("" if interval else "; the bootstrap interval resampled "
                                                         "the rows as they are")
