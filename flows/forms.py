@@ -42,7 +42,7 @@ FAMILIES: dict[str, list[str]] = {
     "images": ["dataset", "experiments", "methods", "n_seeds",
                "alpha_values", "target_sizes",
                "target_size", "size_alpha",
-               "model_seeds", "epochs", "train_limit", "calibrators", "good_accuracy", *_COMMON_TAIL],
+               "model_seeds", "network", "epochs", "train_limit", "calibrators", "good_accuracy", *_COMMON_TAIL],
 }
 
 #: labels of the form fields (the parameter name stays the key)
@@ -56,7 +56,7 @@ TITLES = {
     "size_shift": "p_t(y=1) of the size and bins experiments",
     "size_alpha": "Dirichlet alpha of the size experiment",
     "mu": "Class mean distance mu", "n_source": "Labelled source examples",
-    "model_seeds": "Networks trained", "epochs": "Training epochs",
+    "model_seeds": "Networks trained", "network": "Network", "epochs": "Training epochs",
     "train_limit": "Training subset size", "calibrators": "Calibrators",
     "good_accuracy": "Accuracy for the 'latest-good' alias",
     "base_seed": "Base seed", "seeds_per_task": "Seeds per Prefect task",

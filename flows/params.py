@@ -131,6 +131,9 @@ SizeAlphaParam = Annotated[float, Field(
 ModelSeedsParam = Annotated[int, Field(
     ge=1, le=100, description="Networks trained per image dataset (model seeds 0..n-1); seed s of a sweep uses "
                               "model s mod n (Alexandari et al.: 10 models x 10 draws).")]
+NetworkParam = Annotated[Literal["lenet", "resnet18"] | None, Field(
+    description="Network trained on an image dataset: 'lenet' (Lipton et al.'s MNIST network) or 'resnet18' (the "
+                "CIFAR form; use a GPU); empty = the dataset's own (labelshift.experiments.datasets.DATASETS).")]
 EpochsParam = Annotated[int | None, Field(
     ge=1, le=1000, description="Training epochs; empty = the dataset's default (labelshift.experiments.training).")]
 TrainLimitParam = Annotated[int | None, Field(
@@ -188,6 +191,7 @@ class ReproduceParameters(BaseModel):
     alpha_values: AlphaValuesParam = list(images.DEFAULT_ALPHAS)
     size_alpha: SizeAlphaParam = 0.1
     model_seeds: ModelSeedsParam = 1
+    network: NetworkParam = None
     epochs: EpochsParam = None
     train_limit: TrainLimitParam = None
     calibrators: CalibratorsParam = ["BCTS"]

@@ -40,7 +40,7 @@ from flows.links import flow_run_info, mlflow_links, prefect_flow_run_url
 from flows.plan import plan as plan_tasks
 from flows.params import (AlphaValuesParam, BaseSeedParam, BinsValuesParam, CalibratorsParam, DatasetParam,
                           EpochsParam, ExperimentsParam, GoodAccuracyParam, MethodsParam, MlflowExperimentParam,
-                          ModelSeedsParam, MuParam, NSeedsParam, NSourceParam, ReproduceParameters,
+                          ModelSeedsParam, MuParam, NetworkParam, NSeedsParam, NSourceParam, ReproduceParameters,
                           SeedsPerTaskParam, ShiftValuesParam, SizeAlphaParam, SizeShiftParam, StoreParam,
                           TargetSizeParam, TargetSizesParam, TrackingUriParam, TrainLimitParam, documented)
 from labelshift.errors import InputError, LabelShiftError
@@ -269,6 +269,7 @@ def reproduce(
     alpha_values: AlphaValuesParam = DEFAULTS.alpha_values,
     size_alpha: SizeAlphaParam = DEFAULTS.size_alpha,
     model_seeds: ModelSeedsParam = DEFAULTS.model_seeds,
+    network: NetworkParam = DEFAULTS.network,
     epochs: EpochsParam = DEFAULTS.epochs,
     train_limit: TrainLimitParam = DEFAULTS.train_limit,
     calibrators: CalibratorsParam = DEFAULTS.calibrators,
@@ -344,7 +345,8 @@ def _prepare_models(p: ReproduceParameters, env, runs: dict) -> tuple[list, list
         train = train_model.with_options(tags=["gpu"])
     futures = [train.submit(env.store_uri, p.dataset, seed, tracking_uri=env.tracking_uri,
                             experiment_id=runs["experiment_id"], parent_run_id=runs["parent_run_id"],
-                            epochs=p.epochs, train_limit=p.train_limit, good_accuracy=p.good_accuracy)
+                            network=p.network, epochs=p.epochs, train_limit=p.train_limit,
+                            good_accuracy=p.good_accuracy)
                for seed in range(p.model_seeds)]
     pools, metas = [], []
     for future in futures:

@@ -81,16 +81,16 @@ def registered_model_name(dataset: str) -> str:
     return f"labelshift-{dataset}"
 
 
-def training_config(dataset: str, epochs: int | None = None) -> dict:
+def training_config(dataset: str, epochs: int | None = None, network: str | None = None) -> dict:
     """Architecture and training settings of ``dataset`` (from :data:`labelshift.experiments.training.TRAINING_DEFAULTS`),
-    with an optional epochs override."""
+    with optional epochs and network (``lenet``, ``resnet18``) overrides."""
     from labelshift.experiments.training import training_defaults
 
     cfg = training_defaults(dataset)
     if epochs is not None:
         cfg["epochs"] = int(epochs)
     spec = DATASETS.get(dataset)
-    return {"model": spec.model if spec else "lenet", "train": cfg}
+    return {"model": network or (spec.model if spec else "lenet"), "train": cfg}
 
 
 def model_key(fingerprint: str, config: dict, model_seed: int, train_limit: int | None) -> str:
@@ -222,8 +222,8 @@ def _register(client: MlflowClient, run_id: str, tracking_uri: str, model, ds, d
       persist_result=False)
 def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: str, experiment_id: str,
                 parent_run_id: str | None = None, epochs: int | None = None, train_limit: int | None = None,
-                good_accuracy: float = 0.9, register: bool = True) -> dict:
-    """Train (or find in the store) the network of ``dataset`` with ``model_seed``; returns its meta.
+                good_accuracy: float = 0.9, register: bool = True, network: str | None = None) -> dict:
+    """Train (or find in the store) the network of ``dataset`` (or ``network``) with ``model_seed``; returns its meta.
 
     The meta dict: ``key``, ``store_prefix``, ``dataset``, ``model_seed``, ``config``, ``test_accuracy``,
     ``valid_accuracy``, ``device``, ``train_seconds``, ``registered_model`` / ``version`` (when registered),
@@ -234,7 +234,7 @@ def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: 
     store = open_store(store_uri)
     prefix = dataset_prefix(dataset)
     manifest = read_manifest(store, prefix, expected_name=dataset)
-    config = training_config(dataset, epochs)
+    config = training_config(dataset, epochs, network)
     key = model_key(dataset_fingerprint(manifest), config, model_seed, train_limit)
     mprefix = f"models/{key}"
     client = MlflowClient(tracking_uri=tracking_uri)

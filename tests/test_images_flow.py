@@ -234,3 +234,23 @@ def test_fashion_mnist_end_to_end_on_small_idx_files(prefect_server, mlflow_sqli
     assert "## fashion-mnist" in page and "### Claims of Section 6" in page
     assert "### MSE by calibration and estimator at m = 100" in page
     assert "| calibration | BBSE-hard | BBSE-soft | RLLS | MLLS | MLLS-CM |" in page
+
+
+def test_the_network_setting_travels_to_training(prefect_server, mlflow_sqlite, tmp_path, monkeypatch):
+    """``network="resnet18"`` (CLI --network) trains ResNet-18 instead of the dataset's LeNet: its meta, its MLflow
+    config and the cache key say so."""
+    from labelshift.experiments.datasets import sources
+    from tasks.images import training_config
+    from tests.test_datasets import write_mnist_folder
+
+    assert training_config("fashion-mnist")["model"] == "lenet"
+    assert training_config("fashion-mnist", network="resnet18")["model"] == "resnet18"
+    write_mnist_folder(tmp_path / "pkg", n_train=120, n_test=60, gz=True)
+    monkeypatch.setattr(sources, "FASHION_MNIST_DIR", tmp_path / "pkg")
+    tracking, store = mlflow_sqlite(tmp_path), str(tmp_path / "store")
+    state = reproduce(dataset="fashion-mnist", network="resnet18", methods=["MLLS"], calibrators=["BCTS"],
+                      alpha_values=[1.0], target_sizes=[50], target_size=50, n_seeds=2, epochs=1, good_accuracy=0.0,
+                      store=store, tracking_uri=tracking, mlflow_experiment="test-resnet", return_state=True)
+    assert state.is_completed(), state.message
+    meta = state.result()["models"][0]
+    assert meta["config"]["model"] == "resnet18"

@@ -31,6 +31,7 @@ OPTIONS: dict[str, Opt] = {
     "alpha_values": Opt(option="--alphas"),
     "size_alpha": Opt(metavar="A"),
     "model_seeds": Opt(metavar="N"),
+    "network": Opt(metavar="NAME"),
     "epochs": Opt(metavar="N"),
     "train_limit": Opt(metavar="N"),
     "good_accuracy": Opt(metavar="A"),
@@ -42,7 +43,7 @@ OPTIONS: dict[str, Opt] = {
 #: the parameters in the help's three groups
 WHAT_TO_RUN = ("dataset", "experiments", "shift_values", "target_sizes", "bins_values", "target_size", "size_shift",
                "n_seeds", "methods", "base_seed", "mu", "n_source")
-IMAGE_DATASETS = ("alpha_values", "size_alpha", "model_seeds", "epochs", "train_limit", "calibrators",
+IMAGE_DATASETS = ("alpha_values", "size_alpha", "model_seeds", "network", "epochs", "train_limit", "calibrators",
                   "good_accuracy")
 WHERE_TO = ("seeds_per_task", "store", "tracking_uri", "mlflow_experiment")
 
