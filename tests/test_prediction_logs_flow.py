@@ -122,6 +122,9 @@ def test_prediction_logs_as_parquet_are_reestimated_with_class_names(prefect_ser
     prior = np.array(summary["result"]["target_prior"])
     assert np.abs(prior - SHIFTED).sum() / 2 < 0.08, prior
     assert "digit-0" in summary["headline"] or "digit-5" in summary["headline"] or "digit-9" in summary["headline"]
+    # this holdout was drawn with replacement (its rows tie): ties cannot be told from repeats, and the report says so
+    assert not summary["result"]["repeats"]["handled"]
+    assert "counted as independent" in summary["result"]["repeats_summary"]
 
     keys = _keys(seaweed, s3_bucket, "logs/")
     assert "logs/2026/11/21/part-0.corrected.parquet" in keys and "logs/_labelshift/watermark.json" in keys
@@ -354,3 +357,37 @@ def test_bad_segment_input_fails_before_anything_is_written(prefect_server, refe
     assert {k: _get(seaweed, s3_bucket, k) for k in _keys(seaweed, s3_bucket, prefix)} == before    # no watermark
     runs = _experiment_runs(reference["tracking_uri"])
     assert len(runs) == runs_before and not [r for r in runs if r.info.status == "RUNNING"]
+
+
+def test_logs_that_score_images_again_are_label_shift_and_say_how_many_rows_repeat(prefect_server, mlflow_s3_server,
+                                                                                  digits, seaweed, s3_bucket):
+    """The walk-through of docs/operations.md through the flow: a holdout of 900 distinct images, logs scoring 397
+    other images again and again (2,000 rows of about 300 images). The run is Shifted, its label-shift test ran on
+    the distinct rows, and the summary, the stored report and MLflow say how many rows repeat."""
+    from flows.reestimate import summary_markdown
+    from sklearn.datasets import load_digits
+    from tasks.references import register_reference
+
+    x, y = load_digits(return_X_y=True)
+    order = np.random.default_rng(0).permutation(len(y))
+    x, y = x[order] / 16.0, y[order]
+    model = digits["model"]
+    info = register_reference(model.decision_function(x[500:1400]), [NAMES[v] for v in y[500:1400]],
+                              name="digits-fresh", class_names=NAMES, output_kind="logits",
+                              tracking_uri=mlflow_s3_server.url)
+    new_x, new_y = x[1400:], y[1400:]
+    rng = np.random.default_rng(5)
+    for day in (1, 2):
+        idx = np.array([rng.choice(np.flatnonzero(new_y == c)) for c in rng.choice(10, size=1000, p=SHIFTED)])
+        logits = model.decision_function(new_x[idx]).astype(np.float32)
+        _put(seaweed, s3_bucket, f"again/2026/11/2{day}/part-0.parquet",
+             _parquet({"id": [f"d{day}-{i}" for i in range(len(idx))], **{c: logits[:, j] for j, c in enumerate(NAMES)}}))
+    state = _run(info["model_uri"], mlflow_s3_server.url, f"s3://{s3_bucket}/again/")
+    assert state.is_completed() and state.name == "Shifted", state.message
+    summary = state.result()
+    repeats = summary["result"]["repeats"]
+    assert repeats["n_rows"] == 2000 and repeats["handled"] and repeats["collapsed_rows"] > 1000
+    assert summary["result"]["label_shift_test"]["n_target"] == 2000 - repeats["collapsed_rows"]
+    assert "rows that repeat:" in summary_markdown(summary) and "effective sample" in summary["result"]["repeats_summary"]
+    run = MlflowClient(mlflow_s3_server.url).get_run(summary["mlflow"]["run_id"])
+    assert run.data.metrics["target_distinct_rows"] == repeats["n_distinct"]
