@@ -216,19 +216,24 @@ def test_assess_shift_on_a_large_float32_set_makes_no_float64_copy_of_it():
     assert peak < 2 * T32.nbytes, (peak, T32.nbytes)
 
 
+def _source_aware_peak(Xh, yh, cal, Xt, P32, S, prior):
+    """(report, peak bytes traced) of the default re-estimation (source-aware interval) on a float32 target."""
+    tracemalloc.start()
+    try:
+        report = assess_shift(S, yh, P32, source_prior=prior, interval="source-aware", source_outputs=Xh,
+                              target_outputs=Xt, calibrator=cal)
+        return report, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 @pytest.mark.parametrize("pinned", [False, True])
 def test_source_aware_assess_shift_on_large_float32_sets_makes_no_float64_copy_of_them(pinned):
     """The default re-estimation: source-aware interval (raw float32 outputs, BCTS fit on the holdout), the
     label-shift test and the expected accuracy, on float32 target arrays of more than LARGE_ROWS rows."""
     rng = np.random.default_rng(9 if pinned else 8)          # seed 9: MLLS pins the absent class at w = 0
     Xh, yh, cal, Xt, P32, S, prior = _raw_case(rng, rows.LARGE_ROWS + 50_000, pinned)
-    tracemalloc.start()
-    try:
-        report = assess_shift(S, yh, P32, source_prior=prior, interval="source-aware", source_outputs=Xh,
-                              target_outputs=Xt, calibrator=cal)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    report, peak = _source_aware_peak(Xh, yh, cal, Xt, P32, S, prior)
     assert report.interval.method == "source-aware" and report.label_shift is not None
     assert report.accuracy is not None
     assert bool(report.interval.pinned.any()) == pinned
@@ -244,13 +249,7 @@ def test_source_aware_assess_shift_on_a_large_float32_set_that_repeats_rows_make
     Xh, yh, cal, Xt, P32, S, prior = _raw_case(rng, rows.LARGE_ROWS + 50_000, False)
     Xt[::50], P32[::50] = Xt[1::50], P32[1::50]
     assert len(P32) - len(P32[::50]) > rows.LARGE_ROWS
-    tracemalloc.start()
-    try:
-        report = assess_shift(S, yh, P32, source_prior=prior, interval="source-aware", source_outputs=Xh,
-                              target_outputs=Xt, calibrator=cal)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    report, peak = _source_aware_peak(Xh, yh, cal, Xt, P32, S, prior)
     assert report.repeats.adjusts and report.repeats.collapsed_rows == len(P32[::50])
     assert report.label_shift is not None and report.accuracy is not None
     assert peak < 3 * P32.nbytes, (peak, P32.nbytes)

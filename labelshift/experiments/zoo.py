@@ -234,15 +234,22 @@ class SklearnCase(ZooCase):
         _, yh, pool, labels = self._pools(seed)
         rng = _streams(self.name, seed)[1]
         source = np.bincount(yh, minlength=self.n_classes) / len(yh)
-        available = np.bincount(labels, minlength=self.n_classes)
-        prior = _fitting_prior(lambda: self.target_prior(rng, source), self.m, available, self.name)
-        counts = rng.multinomial(self.m, prior)
-        while np.any(counts > available):
-            counts = rng.multinomial(self.m, prior)
-        idx = np.concatenate([rng.choice(np.flatnonzero(labels == c), counts[c], replace=False)
-                              for c in range(self.n_classes)])
-        idx = rng.permutation(idx)
-        return TargetSet(pool[idx], labels[idx], prior)
+        return _draw_without_replacement(self, pool, labels, lambda: self.target_prior(rng, source), rng)
+
+
+def _draw_without_replacement(case: ZooCase, pool: np.ndarray, labels: np.ndarray,
+                              draw_prior: Callable[[], np.ndarray], rng: np.random.Generator) -> TargetSet:
+    """``case.m`` rows of the pool drawn per class without replacement, under a prior from ``draw_prior`` that fits
+    the pool (:func:`_fitting_prior`), the class counts redrawn until they fit; the rows in random order."""
+    available = np.bincount(labels, minlength=case.n_classes)
+    prior = _fitting_prior(draw_prior, case.m, available, case.name)
+    counts = rng.multinomial(case.m, prior)
+    while np.any(counts > available):
+        counts = rng.multinomial(case.m, prior)
+    idx = np.concatenate([rng.choice(np.flatnonzero(labels == c), counts[c], replace=False)
+                          for c in range(case.n_classes)])
+    idx = rng.permutation(idx)
+    return TargetSet(pool[idx], labels[idx], prior)
 
 
 def _fitting_prior(draw: Callable[[], np.ndarray], m: int, available: np.ndarray, name: str) -> np.ndarray:
@@ -395,12 +402,4 @@ class OutputsCase(ZooCase):
         source = np.bincount(yh, minlength=self.n_classes) / len(yh)
         if self.replace:
             return draw_with_replacement(pool, labels, self.target_prior(rng, source), self.m, rng)
-        available = np.bincount(labels, minlength=self.n_classes)
-        prior = _fitting_prior(lambda: self.target_prior(rng, source), self.m, available, self.name)
-        counts = rng.multinomial(self.m, prior)
-        while np.any(counts > available):
-            counts = rng.multinomial(self.m, prior)
-        idx = np.concatenate([rng.choice(np.flatnonzero(labels == c), counts[c], replace=False)
-                              for c in range(self.n_classes)])
-        idx = rng.permutation(idx)
-        return TargetSet(pool[idx], labels[idx], prior)
+        return _draw_without_replacement(self, pool, labels, lambda: self.target_prior(rng, source), rng)

@@ -61,33 +61,30 @@ def _checked(p_values) -> tuple[np.ndarray, np.ndarray]:
     return p, finite
 
 
-def holm(p_values: Sequence[float]) -> np.ndarray:
-    """Holm's step-down adjusted p-values: with the S finite p-values sorted, p_(1) <= ... <= p_(S),
-    adj_(i) = min(1, max_{j <= i} (S - j + 1) p_(j)). Valid under any dependence."""
+def _stepwise(p_values: Sequence[float], adjust) -> np.ndarray:
+    """The finite p-values sorted, ``adjust(sorted, S)`` applied, capped at 1 and put back in place; NaN where
+    the p-value was not finite."""
     p, finite = _checked(p_values)
     out = np.full(p.shape, np.nan)
     q = p[finite]
     order = np.argsort(q, kind="stable")
-    scaled = (len(q) - np.arange(len(q))) * q[order]
     adjusted = np.empty_like(q)
-    adjusted[order] = np.minimum(1.0, np.maximum.accumulate(scaled))
+    adjusted[order] = np.minimum(1.0, adjust(q[order], len(q)))
     out[finite] = adjusted
     return out
+
+
+def holm(p_values: Sequence[float]) -> np.ndarray:
+    """Holm's step-down adjusted p-values: with the S finite p-values sorted, p_(1) <= ... <= p_(S),
+    adj_(i) = min(1, max_{j <= i} (S - j + 1) p_(j)). Valid under any dependence."""
+    return _stepwise(p_values, lambda q, s: np.maximum.accumulate((s - np.arange(s)) * q))
 
 
 def benjamini_hochberg(p_values: Sequence[float]) -> np.ndarray:
     """Benjamini-Hochberg step-up adjusted p-values: with the S finite p-values sorted,
     adj_(i) = min(1, min_{j >= i} S p_(j) / j). Controls the false discovery rate for independent or positively
     dependent (PRDS) tests."""
-    p, finite = _checked(p_values)
-    out = np.full(p.shape, np.nan)
-    q = p[finite]
-    order = np.argsort(q, kind="stable")
-    scaled = len(q) / np.arange(1, len(q) + 1) * q[order]
-    adjusted = np.empty_like(q)
-    adjusted[order] = np.minimum(1.0, np.minimum.accumulate(scaled[::-1])[::-1])
-    out[finite] = adjusted
-    return out
+    return _stepwise(p_values, lambda q, s: np.minimum.accumulate((s / np.arange(1, s + 1) * q)[::-1])[::-1])
 
 
 def adjust_p_values(p_values: Sequence[float], method: str) -> np.ndarray:

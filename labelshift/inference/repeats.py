@@ -257,11 +257,9 @@ class Repeats:
                   "and count as independent" if self.shared_rows else "")
         if not self.adjusts:
             return head + shared
+        size = f"{self.effective_rows:,.{1 if self.effective_rows < 10 else 0}f}"
         parts = ([f"the label-shift test used {self.kept_rows:,} of them, each copied row once"] if test else []) + \
-            [f"the no-shift test{' and the interval' if interval else ''} an effective sample of "
-             f"{self.effective_rows:,.1f} rows" if self.effective_rows < 10 else
-             f"the no-shift test{' and the interval' if interval else ''} an effective sample of "
-             f"{self.effective_rows:,.0f} rows"]
+            [f"the no-shift test{' and the interval' if interval else ''} an effective sample of {size} rows"]
         return f"{head}: {', '.join(parts)}{shared}" + ("" if interval else "; the bootstrap interval resampled "
                                                         "the rows as they are")
 

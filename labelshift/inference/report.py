@@ -31,7 +31,7 @@ from .uncertainty import (Identifiability, NoShiftTest, PriorInterval, bootstrap
                           identifiability, no_shift_test)
 
 __all__ = ["CrossCheck", "LargestChange", "ShiftReport", "assess_shift", "label_shift_holdout", "check_holdout",
-           "joint_confusion", "finite", "Verdict", "VERDICTS", "NOT_LABEL_SHIFT"]
+           "joint_confusion", "finite", "Verdict", "VERDICTS", "NOT_LABEL_SHIFT", "verdict_of"]
 
 
 class Verdict(StrEnum):
@@ -61,6 +61,16 @@ VERDICTS = (Verdict.NOT_LABEL_SHIFT, Verdict.UNTRUSTWORTHY, Verdict.SHIFTED, Ver
 
 #: the estimator whose likelihood the test's companion diagnostics (the identifiability report) are computed on
 _LIKELIHOOD = "MLLS"
+
+
+def verdict_of(not_label_shift: bool, trustworthy: bool, shifted: bool) -> Verdict:
+    """The verdict of a report's readings, in the precedence of :data:`VERDICTS`: "Not label shift" wins over
+    everything, then "Untrustworthy" over the no-shift test."""
+    if not_label_shift:
+        return Verdict.NOT_LABEL_SHIFT
+    if not trustworthy:
+        return Verdict.UNTRUSTWORTHY
+    return Verdict.SHIFTED if shifted else Verdict.NO_SHIFT
 
 
 @dataclass(frozen=True)
@@ -212,13 +222,8 @@ class ShiftReport:
 
     @property
     def verdict(self) -> Verdict:
-        """One word for the operator, one of :data:`VERDICTS`: "Not label shift" wins over everything, then
-        "Untrustworthy" over the no-shift test."""
-        if self.label_shift_ok is False:
-            return Verdict.NOT_LABEL_SHIFT
-        if not self.trustworthy:
-            return Verdict.UNTRUSTWORTHY
-        return Verdict.SHIFTED if self.shifted else Verdict.NO_SHIFT
+        """One word for the operator, one of :data:`VERDICTS` (:func:`verdict_of` its tests and trust)."""
+        return verdict_of(self.label_shift_ok is False, self.trustworthy, self.shifted)
 
     @property
     def label_shift_summary(self) -> str | None:
@@ -552,15 +557,15 @@ def _interval(interval: str, est: _Estimates, pooled, prior, *, level, n_bootstr
     return fisher_interval(pooled, est.main.weights, prior, level=level, repeats=repeats), None, []
 
 
-def _label_shift_part(holdout_probs, labels, given, pooled, mlls_weights, prior, class_names,
+def _label_shift_part(holdout, labels, pooled, mlls_weights, prior, class_names,
                       prepared: PreparedHoldout | None = None,
                       repeats: Repeats | None = None) -> tuple[LabelShiftTest | None, str | None]:
     """The label-shift test with the MLLS weights, or why it was not run: a holdout it cannot use (an InputError,
     e.g. too small for its regions) or a numerical failure on valid input is recorded as "not run", never raised.
-    ``prepared`` (:func:`label_shift_holdout`) is used when it was made from this holdout at this precision. When
-    target rows repeat (``repeats.adjusts``) the test runs on the distinct rows (their null fit starts at w = 1:
-    their prior is not the target's), a label-shifted sample again (``labelshift.inference.repeats``)."""
-    holdout = _at_precision(holdout_probs, given)
+    ``holdout``: the calibrated holdout at the target's precision (:func:`_at_precision`); ``prepared``
+    (:func:`label_shift_holdout`) is used when it was made from this holdout at this precision. When target rows
+    repeat (``repeats.adjusts``) the test runs on the distinct rows (their null fit starts at w = 1: their prior is
+    not the target's), a label-shifted sample again (``labelshift.inference.repeats``)."""
     if prepared is not None and not prepared.matches(holdout, labels, MIN_REGION_ROWS, MAX_CONFIDENCE_BINS):
         prepared = None
     weights = np.maximum(np.asarray(mlls_weights), 0.0)
@@ -577,6 +582,23 @@ def _label_shift_part(holdout_probs, labels, given, pooled, mlls_weights, prior,
         return None, str(exc)
     except _NUMERICAL_FAILURES as exc:
         return None, f"it could not be computed on this input ({type(exc).__name__}: {exc})"
+
+
+def _checks(holdout_probs, labels, rounded, pooled, prior, est: _Estimates, ci, repeats: Repeats, *,
+            estimator: str, class_names, label_shift_check: bool, prepared_holdout, max_interval_width):
+    """The no-shift test, the label-shift test (or why not; None, None when not asked for) and the identifiability
+    report of :func:`assess_shift`, with k x k decompositions on one BLAS thread above 100 classes. ``rounded``:
+    the holdout at the target's precision."""
+    k = holdout_probs.shape[1]
+    with _rows.decomposition_threads(k):
+        test = no_shift_test(pooled, est.mlls.weights, prior, source_probs=holdout_probs, repeats=repeats)
+        lst, lst_error = (_label_shift_part(rounded, labels, pooled, est.mlls.weights, prior, class_names,
+                                            prepared_holdout, repeats) if label_shift_check else (None, None))
+        ident = identifiability(pooled, est.mlls.weights, prior, confusion=joint_confusion(holdout_probs, labels),
+                                n_source=len(labels), interval=ci if estimator == _LIKELIHOOD else None,
+                                max_relative_width=max_interval_width, estimator=estimator,
+                                hessian=est.mlls.extra.get("hessian"))
+    return test, lst, lst_error, ident
 
 
 def _few_distinct_rows(repeats: Repeats) -> list[str]:
@@ -674,20 +696,16 @@ def assess_shift(source_probs, source_labels, target_probs, *, source_prior, est
     raw_target = _raw_target(interval, source_outputs, target_outputs, pooled.shape[0])
 
     est = _estimate(holdout_probs, labels, prior, pooled, estimator, cross_check)
-    repeats = find_repeats(pooled, _at_precision(holdout_probs, given))
+    rounded = _at_precision(holdout_probs, given)          # the holdout at the target's precision
+    repeats = find_repeats(pooled, rounded)
     ci, accuracy, failures = _interval(interval, est, pooled, prior, level=level, n_bootstrap=n_bootstrap, seed=seed,
                                        source_outputs=source_outputs, labels=labels, raw_target=raw_target,
                                        calibrator=calibrator, repeats=repeats)
     failures += _few_distinct_rows(repeats)
-    with _rows.decomposition_threads(k):       # above 100 classes: their k x k decompositions on one BLAS thread
-        test = no_shift_test(pooled, est.mlls.weights, prior, source_probs=holdout_probs, repeats=repeats)
-        lst, lst_error = (_label_shift_part(holdout_probs, labels, given, pooled, est.mlls.weights, prior,
-                                            class_names, prepared_holdout, repeats)
-                          if label_shift_check else (None, None))
-        ident = identifiability(pooled, est.mlls.weights, prior, confusion=joint_confusion(holdout_probs, labels),
-                                n_source=len(labels), interval=ci if estimator == _LIKELIHOOD else None,
-                                max_relative_width=max_interval_width, estimator=estimator,
-                                hessian=est.mlls.extra.get("hessian"))
+    test, lst, lst_error, ident = _checks(holdout_probs, labels, rounded, pooled, prior, est, ci, repeats,
+                                          estimator=estimator, class_names=class_names,
+                                          label_shift_check=label_shift_check, prepared_holdout=prepared_holdout,
+                                          max_interval_width=max_interval_width)
     test.rejects(significance)                   # checks significance
     return ShiftReport(method=estimator, source_prior=prior, target_prior=np.asarray(est.main.target_prior),
                        weights=np.asarray(est.main.weights), interval=ci, no_shift_test=test, identifiability=ident,

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import InputError
 from .multiplicity import SEGMENT_CORRECTION, AdjustedPValue, adjust_p_values, check_correction
-from .report import ShiftReport, Verdict, assess_shift
+from .report import ShiftReport, Verdict, assess_shift, verdict_of
 
 __all__ = ["MIN_SEGMENT_SIZE", "PROCESS_ROWS", "SEGMENT_CORRECTION", "SEGMENT_PROCESSES", "SegmentEstimate",
            "SegmentPool", "adjust_segments", "check_segment_values", "correction_record", "segment_processes",
@@ -114,11 +114,7 @@ class SegmentEstimate:
         own ``verdict`` is the one the segment alone would get."""
         if self.report is None:
             return None
-        if self.not_label_shift:
-            return Verdict.NOT_LABEL_SHIFT
-        if not self.report.trustworthy:
-            return Verdict.UNTRUSTWORTHY
-        return Verdict.SHIFTED if self.shifted else Verdict.NO_SHIFT
+        return verdict_of(bool(self.not_label_shift), self.report.trustworthy, bool(self.shifted))
 
     def to_dict(self) -> dict:
         """A compact, JSON-ready record: name, rows, and either ``too_small`` or the verdict, the prior with its
