@@ -47,6 +47,7 @@ from labelshift.experiments.well_specified import WellSpecifiedGaussians
 from labelshift.inference.source_aware import source_aware_interval
 from labelshift.inference.report import assess_shift
 from labelshift.estimation.solvers import PIN_TOL
+from labelshift import Holdout, Target, AssessmentSettings
 
 KINDS = (TS, BCTS, VS, NBVS)
 
@@ -163,8 +164,9 @@ def separable_problem(k: int, sep: float, n: int, m: int, seed: int):
 
 def default_path(Xh, yh, Xt, cal):
     sp, tp = cal.predict_proba(Xh), cal.predict_proba(Xt)
-    return assess_shift(sp, yh, tp, source_prior=sp.mean(axis=0), cross_check=["BBSE-soft"],
-                        interval="source-aware", source_outputs=Xh, target_outputs=Xt, calibrator=cal)
+    return assess_shift(Holdout(sp, yh, sp.mean(axis=0), outputs=Xh, calibrator=cal),
+                        Target(tp, Xt),
+                        AssessmentSettings(cross_check=["BBSE-soft"], interval="source-aware"))
 
 
 def separable_row(k, sep, n, m, seed, cls) -> str:

@@ -29,6 +29,7 @@ after come from the same script; a case that does not finish in ``--timeout`` se
 from __future__ import annotations
 
 import argparse
+from labelshift import Holdout, Target, AssessmentSettings
 import functools
 import json
 import os
@@ -114,9 +115,9 @@ def run_case(k: int, n: int, m: int, accuracy: float, label_shift_check: bool = 
     t = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rep = report.assess_shift(S, ys, P, source_prior=prior, estimator="MLLS", cross_check=["BBSE-soft"],
-                                  interval="source-aware", source_outputs=zs, target_outputs=zt, calibrator=cal,
-                                  label_shift_check=label_shift_check)
+        rep = report.assess_shift(Holdout(S, ys, prior, outputs=zs, calibrator=cal),
+                                  Target(P, zt),
+                                  AssessmentSettings(estimator="MLLS", cross_check=["BBSE-soft"], interval="source-aware", label_shift_check=label_shift_check))
     total = time.perf_counter() - t
     lst = rep.label_shift
     return {"k": k, "n": n, "m": m, "holdout_accuracy": float((S.argmax(axis=1) == ys).mean()),

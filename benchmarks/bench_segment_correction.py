@@ -48,9 +48,12 @@ import numpy as np  # noqa: E402
 from labelshift.calibration.scaling import BCTS  # noqa: E402
 from labelshift.experiments.well_specified import WellSpecifiedGaussians  # noqa: E402
 from labelshift.inference.multiplicity import CORRECTIONS, correction_label  # noqa: E402
-from labelshift.inference.report import label_shift_holdout  # noqa: E402
+from labelshift import AssessmentSettings, Holdout, Target  # noqa: E402
 from labelshift.inference.segments import SegmentEstimate, SegmentPool, adjust_segments  # noqa: E402
 from report_utils import cpu_model, publish  # noqa: E402
+
+#: the flow's default settings, as each segment of a run is assessed
+SETTINGS = AssessmentSettings()
 
 HEADING = "## Many segments, one verdict each: corrections across segments (issue 29)"
 OUT = Path(__file__).resolve().parent / "out" / "segment_correction.json"
@@ -68,7 +71,7 @@ def segments_of_seed(seed: int, k: int, n: int, m: int, mild: float, strong: flo
         warnings.simplefilter("ignore")
         cal = BCTS().fit(xh, yh)
     ph = cal.predict_proba(xh)
-    holdout = dict(source_probs=ph, source_labels=yh, source_prior=ph.mean(axis=0), source_outputs=xh, calibrator=cal)
+    holdout = Holdout(ph, yh, ph.mean(axis=0), outputs=xh, calibrator=cal)
     kinds = ["unshifted"] * unshifted + ["shifted"] * shifted + ["mild"] * n_mild + ["strong"] * n_strong
     segs = []
     for kind in kinds:
@@ -86,12 +89,12 @@ def segments_of_seed(seed: int, k: int, n: int, m: int, mild: float, strong: flo
 def assess_seed(seed: int, args) -> list[tuple[str, object]]:
     """Every segment's report of one run (kind, ShiftReport), on ``args.workers`` worker processes."""
     holdout, segs = segments_of_seed(seed, args.k, args.n, args.rows, args.mild, args.strong, args.counts)
-    prepared = label_shift_holdout(holdout["source_probs"], holdout["source_labels"], segs[0][1])
+    holdout = holdout.prepared_for(segs[0][1])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with SegmentPool(args.workers, **holdout, prepared_holdout=prepared) as pool, \
+        with SegmentPool(args.workers, holdout, SETTINGS) as pool, \
                 ThreadPoolExecutor(max(1, args.workers)) as threads:
-            reports = list(threads.map(lambda s: pool.assess(s[1], s[2]), segs))
+            reports = list(threads.map(lambda s: pool.assess(Target(s[1], s[2])), segs))
     return [(kind, r) for (kind, _, _), r in zip(segs, reports)]
 
 

@@ -9,7 +9,7 @@ it (the ``reestimate`` flow's default settings, :data:`labelshift.inference.sett
 * ``pooled``: :func:`labelshift.assess_shift` on all S * m rows (what the flow computes without segments too);
 * ``segments``: ``assess_shift`` on each segment's rows, one after another (the ``assess-segment`` tasks' work; the
   flow runs them as concurrent Prefect tasks, which only overlaps where numpy releases the GIL), with the label-shift
-  test's work on the holdout made once (:func:`labelshift.inference.report.label_shift_holdout`, as the flow does;
+  test's work on the holdout made once (:meth:`labelshift.Holdout.prepared_for`, as the flow does;
   its cost counted) where this labelshift has it;
 * ``threads``: the same on a thread pool of ``--workers`` threads, as the flow's ``assess-segment`` tasks run
   (Prefect's default task runner is a thread pool);
@@ -48,15 +48,11 @@ import numpy as np  # noqa: E402
 
 import labelshift  # noqa: E402
 
-from labelshift import assess_shift  # noqa: E402
+from labelshift import AssessmentSettings, Holdout, Target, assess_shift  # noqa: E402
 from labelshift.calibration.scaling import BCTS  # noqa: E402
 from labelshift.experiments.well_specified import WellSpecifiedGaussians  # noqa: E402
 from labelshift.inference.segments import SegmentPool, split_segments  # noqa: E402
 
-try:                                                      # session 11 on; the code before it has no such step
-    from labelshift.inference.report import label_shift_holdout  # noqa: E402
-except ImportError:
-    label_shift_holdout = None
 from report_utils import cpu_model, publish  # noqa: E402
 
 HEADING = "## Estimates per segment: segments of 10,000 rows (issue 22)"
@@ -82,43 +78,37 @@ def problem(k: int, n: int, segments: int, m: int) -> dict:
             "probs": cal.predict_proba(raw_all.astype(np.float64)), "values": np.concatenate(values)[order]}
 
 
-def prepared(pb: dict) -> dict:
-    """``assess`` options that reuse the label-shift test's work on the holdout across segments (as the flow's
-    ``assess-segment`` tasks do); none for a labelshift without it (before session 11)."""
-    if label_shift_holdout is None:
-        return {}
-    return {"prepared_holdout": label_shift_holdout(pb["hold"][0], pb["hold"][1], pb["probs"])}
-
-
-def holdout(pb: dict) -> dict:
-    """The ``assess_shift`` arguments of the holdout side."""
+def holdout(pb: dict, prepared: bool = False) -> Holdout:
+    """The holdout side; ``prepared``: with the label-shift test's work on it made once for the segments (as the
+    flow's ``assess-segment`` tasks use it)."""
     probs_h, yh, xh = pb["hold"]
-    return dict(source_probs=probs_h, source_labels=yh, source_prior=probs_h.mean(axis=0), source_outputs=xh,
-                calibrator=pb["cal"])
+    h = Holdout(probs_h, yh, probs_h.mean(axis=0), outputs=xh, calibrator=pb["cal"])
+    return h.prepared_for(pb["probs"]) if prepared else h
 
 
-def assess(pb: dict, rows=None, **options):
+def assess(pb: dict, rows=None, shared: Holdout | None = None, **options):
     probs, raw = (pb["probs"], pb["raw"]) if rows is None else (pb["probs"][rows], pb["raw"][rows])
-    return assess_shift(target_probs=probs, target_outputs=raw, **holdout(pb), **options)
+    return assess_shift(shared or holdout(pb), Target(probs, raw), AssessmentSettings(**options))
 
 
 def segments(pb: dict, parts: list, **options) -> list:
     """Every segment's report, one after another, the holdout's part of the label-shift test made once."""
-    shared = prepared(pb)
-    return [assess(pb, rows, **shared, **options) for rows in parts]
+    shared = holdout(pb, prepared=True)
+    return [assess(pb, rows, shared, **options) for rows in parts]
 
 
 def on_processes(pb: dict, parts: list, workers: int) -> list:
     """The segments' reports as the flow computes them: a :class:`~labelshift.inference.segments.SegmentPool` of
     ``workers`` processes (started here, forked on Linux), called from ``workers`` threads (the ``assess-segment``
     tasks)."""
-    with SegmentPool(workers, **holdout(pb), **prepared(pb)) as pool, ThreadPoolExecutor(workers) as threads:
-        return list(threads.map(lambda rows: pool.assess(pb["probs"][rows], pb["raw"][rows]), parts))
+    with SegmentPool(workers, holdout(pb, prepared=True), AssessmentSettings()) as pool, \
+            ThreadPoolExecutor(workers) as threads:
+        return list(threads.map(lambda rows: pool.assess(Target(pb["probs"][rows], pb["raw"][rows])), parts))
 
 
 def on_threads(pool: ThreadPoolExecutor, pb: dict, parts: list) -> list:
-    shared = prepared(pb)
-    return list(pool.map(lambda rows: assess(pb, rows, **shared), parts))
+    shared = holdout(pb, prepared=True)
+    return list(pool.map(lambda rows: assess(pb, rows, shared), parts))
 
 
 def best(fn, repeat: int) -> float:

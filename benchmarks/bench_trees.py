@@ -36,8 +36,12 @@ cal = BCTS().fit(Xs, ys)
 S, P = cal.predict_proba(Xs), cal.predict_proba(Xt)
 ps = S.mean(0) / S.mean(0).sum()
 t0 = time.perf_counter()
-rep = assess_shift(S, ys, P, source_prior=ps, estimator="MLLS", cross_check=["BBSE-soft"], interval="source-aware",
-                   source_outputs=Xs, target_outputs=Xt, calibrator=cal)
+try:                                    # the API since issue 30: holdout, target and settings as objects
+    from labelshift import AssessmentSettings, Holdout, Target
+    rep = assess_shift(Holdout(S, ys, ps, outputs=Xs, calibrator=cal), Target(P, Xt), AssessmentSettings())
+except ImportError:                     # a tree before it
+    rep = assess_shift(S, ys, P, source_prior=ps, estimator="MLLS", cross_check=["BBSE-soft"],
+                       interval="source-aware", source_outputs=Xs, target_outputs=Xt, calibrator=cal)
 dt = time.perf_counter() - t0
 digest = hashlib.sha256(json.dumps(rep.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
 print(json.dumps({"seconds": dt, "verdict": str(rep.verdict), "digest": digest}))

@@ -9,7 +9,7 @@ The public API::
     res = est.estimate(cal.predict_proba(target_logits))     # res.weights, res.target_prior
 
 The assessment of a target set for monitoring -- estimate, interval, no-shift test, identifiability -- is
-``labelshift.assess_shift`` (a :class:`ShiftReport`). Estimators (``labelshift.estimation.estimators``; by name,
+``labelshift.assess_shift(Holdout(...), Target(...), AssessmentSettings(...))`` (a :class:`ShiftReport`). Estimators (``labelshift.estimation.estimators``; by name,
 ``labelshift.estimation.registry``), calibrators (``labelshift.calibration``), shift simulation
 (``labelshift.experiments.shift``), diagnostics (``labelshift.estimation.diagnostics``) and the paper's two-Gaussian
 experiments (``labelshift.experiments.gaussian``). Errors a user can cause raise :class:`LabelShiftError` subclasses.
@@ -20,13 +20,15 @@ from .calibration import (BCTS, NBVS, TS, VS, BinningCalibrator, ConfusionMatrix
 from .errors import (CredentialsError, FormatError, IllConditionedError, IllConditionedWarning, InputError,
                      LabelShiftError, NotFittedError, ObjectNotFoundError, ServiceUnavailableError, StorageError)
 from .estimation.estimators import BBSE, MLLS, MLLSCM, PCC, RLLS, MLLSBinned
+from .inference.holdout import Holdout, Target
 from .inference.report import ShiftReport, assess_shift
+from .inference.settings import AssessmentSettings
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BBSE", "RLLS", "MLLS", "MLLSCM", "MLLSBinned", "PCC", "Estimate", "LabelShiftEstimator",
-    "ShiftReport", "assess_shift",
+    "ShiftReport", "assess_shift", "Holdout", "Target", "AssessmentSettings",
     "TS", "TemperatureScaling", "BCTS", "VS", "VectorScaling", "NBVS", "ConfusionMatrixCalibrator",
     "BinningCalibrator", "load_calibrator", "nll", "expected_calibration_error",
     "LabelShiftError", "InputError", "NotFittedError", "IllConditionedError", "IllConditionedWarning",

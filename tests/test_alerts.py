@@ -12,6 +12,7 @@ import pytest
 from flows.alerts import AlertPlan, automation_specs, check_alerts, parse_threshold
 from flows.cli import main
 from labelshift.errors import InputError
+from labelshift import Holdout, Target, AssessmentSettings
 from tasks.alerts import (LABEL_ACCURACY_DROP_PERCENT, LABEL_MODEL, LABEL_TV_PERCENT, emit_verdict, percent_label,
                           verdict_event)
 
@@ -24,8 +25,9 @@ def _summary(**case) -> dict:
     from tests.test_report import _gaussian_case
 
     Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(**case)
-    report = assess_shift(sp, yh, pt, source_prior=prior, interval="source-aware", source_outputs=Xh,
-                          target_outputs=Xt, calibrator=cal)
+    report = assess_shift(Holdout(sp, yh, prior, outputs=Xh, calibrator=cal),
+                          Target(pt, Xt),
+                          AssessmentSettings(interval="source-aware"))
     return {"verdict": report.verdict, "headline": f"headline of {report.verdict}", "sequence": 4,
             "classes": ["a", "b", "c"], "model": MODEL, "target": "s3://bucket/target", "batches": ["d1.npy"],
             "result": report.to_dict(), "prefect_flow_run_id": "fr-1",

@@ -9,6 +9,7 @@ from labelshift.inference import _log_odds as lot
 from labelshift.inference._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit, support
 from labelshift.inference.source_aware import _Design
 from labelshift.inference.shift_detection import DENSE_MAX_CLASSES, _null_fit, label_shift_test
+from labelshift import Holdout, Target, AssessmentSettings
 
 
 def _dense_design(blocks, Z):
@@ -217,8 +218,9 @@ def test_default_path_at_150_classes_completes_with_the_many_class_forms(monkeyp
     prior = S.mean(axis=0) / S.mean(axis=0).sum()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rep = assess_shift(S, ys, P, source_prior=prior, estimator="MLLS", cross_check=["BBSE-soft"],
-                           interval="source-aware", source_outputs=zs, target_outputs=zt, calibrator=cal)
+        rep = assess_shift(Holdout(S, ys, prior, outputs=zs, calibrator=cal),
+                           Target(P, zt),
+                           AssessmentSettings(estimator="MLLS", cross_check=["BBSE-soft"], interval="source-aware"))
     assert rep.verdict in VERDICTS and rep.failures == [] and rep.accuracy is not None
     iv = rep.interval
     assert np.all(iv.lower <= iv.target_prior + 1e-12) and np.all(iv.target_prior <= iv.upper + 1e-12)

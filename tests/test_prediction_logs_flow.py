@@ -261,7 +261,7 @@ def _experiment_runs(tracking_uri: str) -> list:
 
 def test_estimates_per_segment_equal_assess_shift_on_each_segments_rows(prefect_server, reference, digits, seaweed,
                                                                          s3_bucket, monkeypatch):
-    from labelshift import assess_shift
+    from labelshift import AssessmentSettings, Holdout, Target, assess_shift
     from labelshift.inference import segments as segments_mod
     from labelshift.inference.multiplicity import holm
     from tasks.references import load_reference
@@ -292,13 +292,12 @@ def test_estimates_per_segment_equal_assess_shift_on_each_segments_rows(prefect_
 
     bundle = load_reference(reference["model_uri"], tracking_uri=reference["tracking_uri"])
     probs = bundle.calibrator.predict_proba(logits.astype(np.float64)).astype(np.float32)   # as the flow keeps them
-    settings = dict(significance=0.01, label_shift_significance=0.001, class_names=NAMES,
-                    source_prior=bundle.source_prior, source_outputs=bundle.source_outputs,
-                    calibrator=bundle.calibrator)
+    settings = AssessmentSettings(significance=0.01, label_shift_significance=0.001)
+    holdout = Holdout(bundle.source_probs, bundle.source_labels, bundle.source_prior, outputs=bundle.source_outputs,
+                      calibrator=bundle.calibrator, class_names=NAMES)
     for name in ("north", "south"):
         rows = np.flatnonzero(regions == name)
-        want = assess_shift(bundle.source_probs, bundle.source_labels, probs[rows], target_outputs=logits[rows],
-                            **settings)
+        want = assess_shift(holdout, Target(probs[rows], logits[rows]), settings)
         got = items[name]
         assert got["rows"] == SEGMENTS[name] and got["verdict_alone"] == want.verdict     # the segment alone
         assert got["target_prior"] == want.target_prior.tolist()

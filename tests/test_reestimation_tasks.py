@@ -5,6 +5,7 @@ import pytest
 
 from labelshift.errors import InputError
 from labelshift.inference.report import ShiftReport
+from labelshift import Holdout, Target, AssessmentSettings
 from tasks.reestimation import history_record, parse_model_uri, prior_metrics
 
 
@@ -65,8 +66,9 @@ def test_not_label_shift_record_and_metrics_hold_the_test_and_no_estimate():
     from tests.test_report import _gaussian_case
 
     Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(drift=2.0)
-    report = assess_shift(sp, yh, pt, source_prior=prior, interval="source-aware", source_outputs=Xh,
-                          target_outputs=Xt, calibrator=cal)
+    report = assess_shift(Holdout(sp, yh, prior, outputs=Xh, calibrator=cal),
+                          Target(pt, Xt),
+                          AssessmentSettings(interval="source-aware"))
     assert report.verdict == "Not label shift"
     rec = history_record(report, "run-2", "clf")
     assert rec["verdict"] == "Not label shift" and rec["label_shift_ok"] is False

@@ -20,6 +20,7 @@ from labelshift.inference import report as report_module
 from labelshift.inference.report import ShiftReport, assess_shift
 from labelshift.errors import InputError
 from labelshift.inference.uncertainty import fisher_interval, no_shift_test
+from labelshift import Holdout, Target, AssessmentSettings
 
 REPO = Path(__file__).resolve().parents[1]
 RESNET = REPO / "benchmarks" / "fashion_resnet18_outputs_h200.npz"
@@ -150,8 +151,9 @@ def _assess(zt, interval="source-aware"):
     cal, zh, yh, hp, _ = _gaussian_setting()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return assess_shift(hp, yh, cal.predict_proba(zt), source_prior=hp.mean(axis=0), interval=interval,
-                            source_outputs=zh, target_outputs=zt, calibrator=cal)
+        return assess_shift(Holdout(hp, yh, hp.mean(axis=0), outputs=zh, calibrator=cal),
+                            Target(cal.predict_proba(zt), zt),
+                            AssessmentSettings(interval=interval))
 
 
 def test_a_target_of_doubled_rows_is_tested_on_its_distinct_rows_and_its_interval_widens():
@@ -223,7 +225,9 @@ def test_a_float32_target_is_judged_against_the_holdout_at_float32():
     target = np.vstack([_probs(1500, k=2, seed=14), holdout[:100], holdout[:100]]).astype(np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rep = assess_shift(holdout, labels, target, source_prior=holdout.mean(axis=0), interval="fisher")
+        rep = assess_shift(Holdout(holdout, labels, holdout.mean(axis=0)),
+                           target,
+                           AssessmentSettings(interval="fisher"))
     assert rep.repeats.holdout_tied == pytest.approx(0.05) and not rep.repeats.handled
     assert not rep.repeats.adjusts and rep.label_shift.n_target == 1700
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from labelshift import ShiftReport, assess_shift
+from labelshift import ShiftReport, assess_shift, Holdout, Target, AssessmentSettings
 from labelshift.errors import FormatError, InputError
 from labelshift.estimation.estimators import BBSE
 from labelshift.inference.report import NOT_LABEL_SHIFT, VERDICTS, CrossCheck, check_holdout, joint_confusion
@@ -81,10 +81,10 @@ def _assert_same(a, b, path="result"):
 @pytest.mark.parametrize("name", list(CASES))
 def test_assess_shift_gives_what_the_task_gave(name):
     sp, ys, probs, prior = _case(name)
-    report = assess_shift(sp, ys, probs, source_prior=prior, label_shift_check=False, **CASES[name])
+    report = assess_shift(Holdout(sp, ys, prior), probs, AssessmentSettings(label_shift_check=False, **CASES[name]))
     _assert_same(report.to_dict(), GOLDEN[name])
     # the label-shift test adds its entries after the old ones and changes none of them
-    with_test = assess_shift(sp, ys, probs, source_prior=prior, **CASES[name]).to_dict()
+    with_test = assess_shift(Holdout(sp, ys, prior), probs, AssessmentSettings(**CASES[name])).to_dict()
     assert list(with_test)[-3:] == ["label_shift_test", "label_shift_ok", "label_shift_summary"]
     _assert_same({k: v for k, v in with_test.items() if k in GOLDEN[name]}, GOLDEN[name])
 
@@ -100,7 +100,7 @@ def test_dict_round_trip_is_exact(name):
 
 def test_report_attributes_are_typed():
     sp, ys, probs, prior = _case("mlls-fisher-width")
-    r = assess_shift(sp, ys, np.concatenate(probs), source_prior=prior, **CASES["mlls-fisher-width"])
+    r = assess_shift(Holdout(sp, ys, prior), np.concatenate(probs), AssessmentSettings(**CASES["mlls-fisher-width"]))
     assert r.n_target == 500 and r.n_classes == K and r.method == "MLLS"
     assert r.target_prior.shape == (K,) and r.interval.lower.shape == (K,) and r.interval.method == "fisher"
     assert r.shifted and not r.trustworthy and r.verdict == "Untrustworthy"       # untrustworthy wins over the test
@@ -111,7 +111,7 @@ def test_report_attributes_are_typed():
     assert r.total_variation == pytest.approx(0.5 * np.abs(r.target_prior - r.source_prior).sum())
     # a failed cross-check is reported, not raised
     sp, ys, probs, prior = _case("singular")
-    r = assess_shift(sp, ys, probs, source_prior=prior, **CASES["singular"])
+    r = assess_shift(Holdout(sp, ys, prior), probs, AssessmentSettings(**CASES["singular"]))
     assert not r.cross_check["BBSE-hard"].ok and "singular" in r.cross_check["BBSE-hard"].error
     # the singular hard confusion matrix is the BBSE-hard cross-check's, not the reported MLLS estimate's: a note
     assert r.identifiability.confusion_condition == math.inf and r.trustworthy
@@ -121,16 +121,17 @@ def test_report_attributes_are_typed():
 def test_bad_arguments_name_the_fix():
     sp, ys, probs, prior = _case("mlls-fisher")
     with pytest.raises(InputError, match="interval 'bootstrap'"):
-        assess_shift(sp, ys, probs, source_prior=prior, estimator="BBSE-soft", interval="fisher")
+        assess_shift(Holdout(sp, ys, prior), probs, AssessmentSettings(estimator="BBSE-soft", interval="fisher"))
     with pytest.raises(InputError, match="estimator"):
-        assess_shift(sp, ys, probs, source_prior=prior, estimator="RLLS", interval="bootstrap")
+        assess_shift(Holdout(sp, ys, prior), probs, AssessmentSettings(estimator="RLLS", interval="bootstrap"))
     with pytest.raises(InputError, match="cross_check"):
-        assess_shift(sp, ys, probs, source_prior=prior, cross_check=["PCC"])
+        assess_shift(Holdout(sp, ys, prior), probs, AssessmentSettings(cross_check=["PCC"]))
     with pytest.raises(InputError, match="class columns"):
-        assess_shift(sp, ys, [p[:, :2] / p[:, :2].sum(axis=1, keepdims=True) for p in probs], source_prior=prior,
-                     interval="fisher")
+        assess_shift(Holdout(sp, ys, prior),
+                     [p[:, :2] / p[:, :2].sum(axis=1, keepdims=True) for p in probs],
+                     AssessmentSettings(interval="fisher"))
     with pytest.raises(InputError, match="significance"):
-        assess_shift(sp, ys, probs, source_prior=prior, significance=1.5, interval="fisher")
+        assess_shift(Holdout(sp, ys, prior), probs, AssessmentSettings(significance=1.5, interval="fisher"))
     with pytest.raises(FormatError, match="lacks"):
         ShiftReport.from_dict({"method": "MLLS"})
 
@@ -174,11 +175,11 @@ def _gaussian_case(k=3, n=1500, m=4000, seed=0, prior=None, drift=0.0, new_class
 
 def test_source_aware_interval_and_label_shift_test_under_label_shift():
     Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(prior=[0.6, 0.3, 0.1])
-    r = assess_shift(sp, yh, [pt[:1500], pt[1500:]], source_prior=prior, interval="source-aware",
-                     source_outputs=Xh, target_outputs=[Xt[:1500], Xt[1500:]], calibrator=cal,
-                     class_names=["a", "b", "c"])
+    r = assess_shift(Holdout(sp, yh, prior, outputs=Xh, calibrator=cal, class_names=["a", "b", "c"]),
+                     Target([pt[:1500], pt[1500:]], [Xt[:1500], Xt[1500:]]),
+                     AssessmentSettings(interval="source-aware"))
     assert r.interval.method == "source-aware" and r.interval.n_source == len(yh)
-    fisher = assess_shift(sp, yh, pt, source_prior=prior, interval="fisher")
+    fisher = assess_shift(Holdout(sp, yh, prior), pt, AssessmentSettings(interval="fisher"))
     np.testing.assert_allclose(r.target_prior, fisher.target_prior)
     assert np.all(r.interval.width >= fisher.interval.width - 1e-12)        # the holdout's error is added
     assert np.all(r.interval.covers([0.6, 0.3, 0.1]))
@@ -201,8 +202,9 @@ def test_source_aware_interval_and_label_shift_test_under_label_shift():
 def test_not_label_shift_wins_over_every_other_verdict(kind):
     kw = {"new_class": 0.15} if kind == "new class" else {"drift": 2.0}
     Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(**kw)
-    r = assess_shift(sp, yh, pt, source_prior=prior, interval="source-aware", source_outputs=Xh,
-                     target_outputs=Xt, calibrator=cal)
+    r = assess_shift(Holdout(sp, yh, prior, outputs=Xh, calibrator=cal),
+                     Target(pt, Xt),
+                     AssessmentSettings(interval="source-aware"))
     assert r.label_shift_ok is False and r.verdict == NOT_LABEL_SHIFT == VERDICTS[0]
     assert r.label_shift.p_value < 1e-6 and r.label_shift.disagreeing()
     d = json.loads(json.dumps(r.to_dict()))
@@ -215,7 +217,7 @@ def test_not_label_shift_wins_over_every_other_verdict(kind):
 def test_label_shift_test_that_cannot_run_is_recorded_not_raised():
     sp, ys, probs, prior = _case("mlls-fisher")
     keep = np.r_[np.flatnonzero(ys == 0)[:3], np.flatnonzero(ys != 0)]          # class 0: 3 holdout rows (< 5)
-    r = assess_shift(sp[keep], ys[keep], probs, source_prior=prior, interval="fisher")
+    r = assess_shift(Holdout(sp[keep], ys[keep], prior), probs, AssessmentSettings(interval="fisher"))
     assert r.label_shift is None and "MIN_CLASS_ROWS" in r.label_shift_error and r.label_shift_ok is None
     assert r.verdict in ("Shifted", "No shift", "Untrustworthy")
     d = json.loads(json.dumps(r.to_dict()))
@@ -235,8 +237,9 @@ def test_untrustworthy_source_aware_interval_makes_the_report_untrustworthy():
     from labelshift.inference.source_aware import SourceAwareInterval
 
     Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(prior=[0.6, 0.3, 0.1])
-    r = assess_shift(sp, yh, pt, source_prior=prior, interval="source-aware", source_outputs=Xh,
-                     target_outputs=Xt, calibrator=cal)
+    r = assess_shift(Holdout(sp, yh, prior, outputs=Xh, calibrator=cal),
+                     Target(pt, Xt),
+                     AssessmentSettings(interval="source-aware"))
     flagged = SourceAwareInterval.from_dict({**r.interval.to_dict(), "trustworthy": False,
                                              "reasons": ["the calibrator's temperature sits at its bound"]})
     bad = dataclasses.replace(r, interval=flagged)
@@ -254,13 +257,15 @@ def test_bad_holdouts_and_source_aware_arguments_name_the_fix():
     with pytest.raises(InputError, match="scaling calibrator.*interval 'bootstrap' or 'fisher'"):
         check_holdout(yh, 3, interval="source-aware", calibrator=object())
     with pytest.raises(InputError, match="raw outputs"):
-        assess_shift(sp, yh, pt, source_prior=prior, interval="source-aware", calibrator=cal)
+        assess_shift(Holdout(sp, yh, prior, calibrator=cal), pt, AssessmentSettings(interval="source-aware"))
     with pytest.raises(InputError, match="interval 'source-aware' comes from the MLLS likelihood.*'bootstrap'"):
-        assess_shift(sp, yh, pt, source_prior=prior, estimator="BBSE-soft", interval="source-aware",
-                     source_outputs=Xh, target_outputs=Xt, calibrator=cal)
+        assess_shift(Holdout(sp, yh, prior, outputs=Xh, calibrator=cal),
+                     Target(pt, Xt),
+                     AssessmentSettings(estimator="BBSE-soft", interval="source-aware"))
     with pytest.raises(InputError, match="level"):
-        assess_shift(sp, yh, pt, source_prior=prior, interval="source-aware", source_outputs=Xh,
-                     target_outputs=Xt, calibrator=cal, level=1.0)
+        assess_shift(Holdout(sp, yh, prior, outputs=Xh, calibrator=cal),
+                     Target(pt, Xt),
+                     AssessmentSettings(interval="source-aware", level=1.0))
 
 
 # -- a level of its own for the label-shift test -----------------------------------------------------------------------
@@ -274,17 +279,20 @@ def _borderline_case():
 
 def test_the_label_shift_verdict_follows_its_own_level():
     sp, yh, pt, prior = _borderline_case()
-    default = assess_shift(sp, yh, pt, source_prior=prior, interval="fisher")
+    default = assess_shift(Holdout(sp, yh, prior), pt, AssessmentSettings(interval="fisher"))
     assert 0.01 < default.label_shift.p_value < 0.05 and not default.shifted
     assert default.label_shift_significance is None and default.label_shift_level == 0.05
     assert default.label_shift_ok is False and default.verdict == NOT_LABEL_SHIFT
     # not given and given as None are the same report, written as before (no new key, the old summary line)
     d = default.to_dict()
     assert "label_shift_significance" not in d and "level" not in d["label_shift_summary"]
-    assert assess_shift(sp, yh, pt, source_prior=prior, interval="fisher",
-                        label_shift_significance=None).to_dict() == d
+    assert assess_shift(Holdout(sp, yh, prior),
+                        pt,
+                        AssessmentSettings(interval="fisher", label_shift_significance=None)).to_dict() == d
 
-    strict = assess_shift(sp, yh, pt, source_prior=prior, interval="fisher", label_shift_significance=0.01)
+    strict = assess_shift(Holdout(sp, yh, prior),
+                          pt,
+                          AssessmentSettings(interval="fisher", label_shift_significance=0.01))
     assert strict.label_shift.p_value == default.label_shift.p_value
     assert strict.label_shift_level == 0.01 and strict.label_shift_ok is True and strict.verdict == "No shift"
     assert strict.significance == 0.05 and strict.shifted == default.shifted        # the no-shift test unchanged
@@ -300,8 +308,9 @@ def test_the_label_shift_verdict_follows_its_own_level():
     assert back.to_dict() == s and back.label_shift_significance == 0.01 and back.verdict == "No shift"
 
     # a looser level than significance is allowed too: the label-shift test alone moves
-    loose = assess_shift(sp, yh, pt, source_prior=prior, interval="fisher", significance=0.01,
-                         label_shift_significance=0.05)
+    loose = assess_shift(Holdout(sp, yh, prior),
+                         pt,
+                         AssessmentSettings(interval="fisher", significance=0.01, label_shift_significance=0.05))
     assert loose.verdict == NOT_LABEL_SHIFT and "Not label shift" in loose.label_shift_summary
     assert "(test level 0.05)" in loose.label_shift_summary
 
@@ -310,7 +319,7 @@ def test_a_stored_report_keeps_its_label_shift_level():
     """Replacing the level on a stored report re-decides only the label-shift verdict; old dicts (no key) read
     back at ``significance``."""
     sp, yh, pt, prior = _borderline_case()
-    d = json.loads(json.dumps(assess_shift(sp, yh, pt, source_prior=prior, interval="fisher").to_dict()))
+    d = json.loads(json.dumps(assess_shift(Holdout(sp, yh, prior), pt, AssessmentSettings(interval="fisher")).to_dict()))
     old = ShiftReport.from_dict(d)
     assert old.label_shift_significance is None and old.verdict == NOT_LABEL_SHIFT and old.to_dict() == d
     relaxed = dataclasses.replace(old, label_shift_significance=0.01)
@@ -322,6 +331,6 @@ def test_a_stored_report_keeps_its_label_shift_level():
 @pytest.mark.parametrize("bad", [0, 1, -0.1, 2, 0.0, 1.0, float("nan"), True, "0.01"])
 def test_bad_label_shift_significance_names_the_argument(bad):
     sp, yh, pt, prior = _borderline_case()
-    with pytest.raises(InputError, match=r"label_shift_significance must be a probability strictly between 0 and 1 "
-                                         r"\(e.g. 0.01\), or None"):
-        assess_shift(sp, yh, pt, source_prior=prior, interval="fisher", label_shift_significance=bad)
+    with pytest.raises(InputError, match=r"label_shift_significance must be a number strictly between 0 and 1 "
+                                         r"\(or None\)"):
+        assess_shift(Holdout(sp, yh, prior), pt, AssessmentSettings(interval="fisher", label_shift_significance=bad))

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from labelshift import rows
+from labelshift import rows, Holdout, Target, AssessmentSettings
 from labelshift.estimation import solvers
 from labelshift._validation import check_probabilities
 from labelshift.inference.accuracy import expected_accuracy
@@ -104,11 +104,11 @@ def test_assess_shift_on_a_large_float32_set_equals_the_in_memory_float64_path(s
     T32 = T.astype(np.float32)
     assert check_probabilities(T32, "t") is T32          # large and float32: kept, not copied to float64
     fisher = dict(cross_check=["BBSE-soft", "BBSE-hard"], max_interval_width=5.0, interval="fisher")
-    old = assess_shift(S, ys, T32.astype(np.float64), source_prior=prior, **fisher)
+    old = assess_shift(Holdout(S, ys, prior), T32.astype(np.float64), AssessmentSettings(**fisher))
     rows.LARGE_ROWS = 10**9                               # the same float32 rows through the whole-array code
-    ref = assess_shift(S, ys, T32, source_prior=prior, **fisher)
+    ref = assess_shift(Holdout(S, ys, prior), T32, AssessmentSettings(**fisher))
     rows.LARGE_ROWS = 2000
-    new = assess_shift(S, ys, T32, source_prior=prior, **fisher)
+    new = assess_shift(Holdout(S, ys, prior), T32, AssessmentSettings(**fisher))
     for a in (old, ref):
         np.testing.assert_allclose(new.weights, a.weights, rtol=0, atol=1e-8)
         for key in ("lower", "upper", "weights_lower", "weights_upper"):
@@ -206,7 +206,9 @@ def test_assess_shift_on_a_large_float32_set_makes_no_float64_copy_of_it():
     del T
     tracemalloc.start()
     try:
-        report = assess_shift(S, ys, T32, source_prior=prior, cross_check=["BBSE-soft"], interval="fisher")
+        report = assess_shift(Holdout(S, ys, prior),
+                              T32,
+                              AssessmentSettings(cross_check=["BBSE-soft"], interval="fisher"))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -220,8 +222,9 @@ def _source_aware_peak(Xh, yh, cal, Xt, P32, S, prior):
     """(report, peak bytes traced) of the default re-estimation (source-aware interval) on a float32 target."""
     tracemalloc.start()
     try:
-        report = assess_shift(S, yh, P32, source_prior=prior, interval="source-aware", source_outputs=Xh,
-                              target_outputs=Xt, calibrator=cal)
+        report = assess_shift(Holdout(S, yh, prior, outputs=Xh, calibrator=cal),
+                              Target(P32, Xt),
+                              AssessmentSettings(interval="source-aware"))
         return report, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

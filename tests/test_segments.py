@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from labelshift import AssessmentSettings, Holdout, Target
 from labelshift.errors import InputError
 from labelshift.inference.segments import SegmentEstimate, check_segment_values, split_segments
 from labelshift.monitoring.batches import read_segments
@@ -89,8 +90,8 @@ def segments():
     out = []
     for name, prior in (("eu west", [0.6, 0.3, 0.1]), ("us", pb.source_prior)):
         xt, _ = pb.draw(prior, 800, rng)
-        rep = assess_shift(ph, yh, cal.predict_proba(xt), source_prior=ph.mean(0), source_outputs=xh,
-                           target_outputs=xt, calibrator=cal, class_names=["a", "b/c", "d"])
+        rep = assess_shift(Holdout(ph, yh, ph.mean(0), outputs=xh, calibrator=cal, class_names=["a", "b/c", "d"]),
+                           Target(cal.predict_proba(xt), xt))
         out.append(SegmentEstimate(name, 800, 200, rep))
     out.append(SegmentEstimate("x", 12, 200))
     return out, ph.mean(0)
@@ -157,16 +158,16 @@ def test_a_segment_with_the_prepared_holdout_is_the_segment_alone():
     pb, rng, xh, yh, cal, ph = _calibrated_holdout(4, 1200, 2)
     xt, _ = pb.draw([0.5, 0.2, 0.2, 0.1], 1500, rng)
     for probs in (cal.predict_proba(xt), cal.predict_proba(xt).astype(np.float32)):
-        prepared = label_shift_holdout(ph, yh, probs)
+        holdout = Holdout(ph, yh, ph.mean(0))
+        prepared = holdout.prepared_for(probs)
         # made at the target's precision, as assess_shift tests (so that it is the one used)
-        assert prepared.matches(ph.astype(probs.dtype).astype(np.float64), yh, 25, 4)
+        assert prepared.label_shift_part.matches(ph.astype(probs.dtype).astype(np.float64), yh, 25, 4)
         for rows in (np.arange(0, 1500, 2), np.arange(1, 700)):
-            alone = assess_shift(ph, yh, probs[rows], source_prior=ph.mean(0), interval="fisher")
-            shared = assess_shift(ph, yh, probs[rows], source_prior=ph.mean(0), interval="fisher",
-                                  prepared_holdout=prepared)
+            alone = assess_shift(holdout, probs[rows], AssessmentSettings(interval="fisher"))
+            shared = assess_shift(prepared, probs[rows], AssessmentSettings(interval="fisher"))
             assert shared.to_dict() == alone.to_dict() and shared.label_shift is not None
     # a holdout the test cannot use: nothing prepared, each report says why the test was not run
-    assert label_shift_holdout(ph[:150], yh[:150], probs) is None
+    assert label_shift_holdout(Holdout(ph[:150], yh[:150], ph[:150].mean(0)), probs) is None
 
 
 def _small_problem(k=3, n=600, segments=3, m=400):
@@ -179,9 +180,8 @@ def _small_problem(k=3, n=600, segments=3, m=400):
     cal = BCTS().fit(xh, yh)
     targets = [pb.draw(np.random.default_rng([1, s]).dirichlet(np.ones(k)), m, rng)[0] for s in range(segments)]
     probs_h = cal.predict_proba(xh)
-    common = dict(source_probs=probs_h, source_labels=yh, source_prior=probs_h.mean(axis=0), source_outputs=xh,
-                  calibrator=cal, significance=0.01)
-    return common, [(cal.predict_proba(x), x) for x in targets]
+    holdout = Holdout(probs_h, yh, probs_h.mean(axis=0), outputs=xh, calibrator=cal, class_names=["a", "b", "c"])
+    return holdout, AssessmentSettings(significance=0.01), [Target(cal.predict_proba(x), x) for x in targets]
 
 
 def test_segments_on_worker_processes_equal_the_same_assessments_in_this_process():
@@ -189,18 +189,16 @@ def test_segments_on_worker_processes_equal_the_same_assessments_in_this_process
 
     import psutil
 
-    from labelshift.inference.report import label_shift_holdout
     from labelshift.inference.segments import SegmentPool
 
-    common, targets = _small_problem()
-    common["prepared_holdout"] = label_shift_holdout(common["source_probs"], common["source_labels"],
-                                                     targets[0][0])
-    inline = [SegmentPool(1, **common).assess(p, x, class_names=["a", "b", "c"]) for p, x in targets]
-    with SegmentPool(2, **common) as pool, ThreadPoolExecutor(3) as threads:    # as the flow's tasks call it
-        on_workers = list(threads.map(lambda t: pool.assess(*t, class_names=["a", "b", "c"]), targets))
+    holdout, settings, targets = _small_problem()
+    holdout = holdout.prepared_for(targets[0])
+    inline = [SegmentPool(1, holdout, settings).assess(t) for t in targets]
+    with SegmentPool(2, holdout, settings) as pool, ThreadPoolExecutor(3) as threads:    # as the flow's tasks call it
+        on_workers = list(threads.map(pool.assess, targets))
         # a segment whose assessment raises raises the same error here (the flow reports it as failed)
         with pytest.raises(InputError, match="target_probs"):
-            pool.assess(np.hstack([targets[0][0], targets[0][0][:, :1]]), None)
+            pool.assess(Target(np.hstack([targets[0].probs, targets[0].probs[:, :1]])))
         workers = list(pool._executor._processes)
     assert 1 <= len(workers) <= 2
     assert [r.to_dict() for r in on_workers] == [r.to_dict() for r in inline]     # bit for bit (one BLAS thread)
@@ -241,9 +239,9 @@ sys.path.insert(0, {root!r})
 warnings.simplefilter("ignore")
 from tests.test_segments import _small_problem
 from labelshift.inference.segments import SegmentPool
-common, targets = _small_problem(segments=1, m=300)
-pool = SegmentPool(2, **common)
-pool.assess(*targets[0])
+holdout, settings, targets = _small_problem(segments=1, m=300)
+pool = SegmentPool(2, holdout, settings)
+pool.assess(targets[0])
 print(" ".join(str(pid) for pid in pool._executor._processes), flush=True)
 time.sleep(600)
 """

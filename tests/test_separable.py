@@ -20,6 +20,7 @@ from labelshift.errors import InputError
 from labelshift.experiments.well_specified import WellSpecifiedGaussians
 from labelshift.inference.source_aware import source_aware_interval
 from labelshift.inference.report import VERDICTS, ShiftReport, assess_shift
+from labelshift import Holdout, Target, AssessmentSettings
 
 SEPARABLE = [(5, 6.0, seed) for seed in range(4)] + [(10, 4.3, 0)]
 N, M = 2000, 5000
@@ -47,8 +48,9 @@ def default_path(Xh, yh, Xt, cal):
     """assess_shift as the reestimate flow calls it by default (flows/params.py): MLLS, the source-aware interval,
     BBSE-soft as the cross-check, the label-shift test and the accuracy."""
     sp, tp = cal.predict_proba(Xh), cal.predict_proba(Xt)
-    return assess_shift(sp, yh, tp, source_prior=sp.mean(axis=0), cross_check=["BBSE-soft"],
-                        interval="source-aware", source_outputs=Xh, target_outputs=Xt, calibrator=cal)
+    return assess_shift(Holdout(sp, yh, sp.mean(axis=0), outputs=Xh, calibrator=cal),
+                        Target(tp, Xt),
+                        AssessmentSettings(cross_check=["BBSE-soft"], interval="source-aware"))
 
 
 def theta(cal) -> np.ndarray:
@@ -179,12 +181,14 @@ def test_the_users_errors_still_raise():
     with pytest.raises(InputError, match="not fit on these holdout rows"):
         X2, y2, _, _ = draw(5, 2.5, 3)
         other = fit(BCTS, X2, y2)
-        assess_shift(other.predict_proba(Xh), yh, other.predict_proba(Xt), source_prior=sp.mean(axis=0),
-                     interval="source-aware", source_outputs=Xh, target_outputs=Xt, calibrator=other)
+        assess_shift(Holdout(other.predict_proba(Xh), yh, sp.mean(axis=0), outputs=Xh, calibrator=other),
+                     Target(other.predict_proba(Xt), Xt),
+                     AssessmentSettings(interval="source-aware"))
     with pytest.raises(InputError, match="no example of class"):
         keep = yh != 4
-        assess_shift(sp[keep], yh[keep], tp, source_prior=sp[keep].mean(axis=0), interval="source-aware",
-                     source_outputs=Xh[keep], target_outputs=Xt, calibrator=cal)
+        assess_shift(Holdout(sp[keep], yh[keep], sp[keep].mean(axis=0), outputs=Xh[keep], calibrator=cal),
+                     Target(tp, Xt),
+                     AssessmentSettings(interval="source-aware"))
 
 
 # -- ordinary fits -----------------------------------------------------------------------------------------------

@@ -10,22 +10,23 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
 
 from .. import rows as _rows
-from .._validation import check_labels, check_prior, check_probabilities
+from .._validation import check_probabilities
 from ..errors import FormatError, InputError
 from .accuracy import AccuracyEstimate, expected_accuracy
 from .source_aware import SUPPORTED_CALIBRATORS, SourceAwareInterval, min_holdout_rows, source_aware_interval
 from .repeats import Repeats, find_repeats
-from .settings import DEFAULTS
+from .holdout import Holdout, Target
+from .holdout import pooled as pooled_rows
+from .settings import DEFAULTS, AssessmentSettings, check_setting
 from .shift_detection import (MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, MIN_TARGET, LabelShiftTest, PreparedHoldout,
                               label_shift_test, prepare_holdout)
-from ..estimation.registry import REESTIMATION_ESTIMATORS, check_interval, check_methods, make_estimator
+from ..estimation.registry import make_estimator
 from ..estimation.solvers import confusion_matrix
 from .uncertainty import (Identifiability, NoShiftTest, PriorInterval, bootstrap_interval, fisher_interval,
                           identifiability, no_shift_test)
@@ -351,7 +352,7 @@ def _stored_level(value) -> float | None:
     if value is None:
         return None
     try:
-        return _check_label_shift_level(value)
+        return check_setting("label_shift_significance", value)
     except InputError:
         raise FormatError(f"label_shift_significance must be a level strictly between 0 and 1 as "
                           f"ShiftReport.to_dict() writes, or absent; got {value!r}.") from None
@@ -368,16 +369,6 @@ def joint_confusion(probs, labels) -> np.ndarray:
     it even when BBSE refuses a singular one."""
     probs = np.asarray(probs)
     return confusion_matrix(probs, labels, probs.shape[1], soft=False)
-
-
-def _pool(target_probs) -> np.ndarray:
-    """One (m, k) array from an array or a list of batches."""
-    if isinstance(target_probs, np.ndarray):
-        return target_probs
-    if isinstance(target_probs, Sequence) and not isinstance(target_probs, (str, bytes)) and len(target_probs) \
-            and all(np.ndim(b) == 2 for b in target_probs):
-        return np.concatenate([np.asarray(b) for b in target_probs])
-    return np.asarray(target_probs)
 
 
 def check_holdout(source_labels, n_classes: int, *, interval: str = DEFAULTS.interval, calibrator=None) -> None:
@@ -411,14 +402,6 @@ def check_holdout(source_labels, n_classes: int, *, interval: str = DEFAULTS.int
                          "holdout rows and register the model again, or use interval 'fisher' (which treats the "
                          "calibrator and p_s as known, and is too short when the target is not small next to the "
                          "holdout).")
-
-
-def _check_label_shift_level(value) -> float:
-    """``label_shift_significance`` as a float in (0, 1); InputError naming the fix otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0.0 < value < 1.0:
-        raise InputError(f"label_shift_significance must be a probability strictly between 0 and 1 (e.g. 0.01), or "
-                         f"None to judge the label-shift test at significance; got {value!r}.")
-    return float(value)
 
 
 #: how a part of the assessment fails numerically on valid input (an InputError, also a ValueError, is the user's)
@@ -476,7 +459,7 @@ def _at_precision(holdout: np.ndarray, target) -> np.ndarray:
 
 def _checked_target(target_probs, n_classes: int) -> tuple[object, np.ndarray]:
     """``target_probs`` as given (pooled when a list of batches) and as a checked (m, k) float array."""
-    given = _pool(target_probs)
+    given = pooled_rows(target_probs)
     pooled = check_probabilities(given, "target_probs", 2)
     if pooled.shape[1] != n_classes:
         raise InputError(f"target_probs has {pooled.shape[1]} class columns but source_probs has {n_classes}; pass "
@@ -493,7 +476,7 @@ def _raw_target(interval: str, source_outputs, target_outputs, n_target: int):
         raise InputError("interval 'source-aware' needs the classifier's raw outputs on the holdout and the target "
                          "(source_outputs, target_outputs) and the calibrator; pass them, or use interval "
                          "'fisher'.")
-    raw_target = _pool(target_outputs)
+    raw_target = pooled_rows(target_outputs)
     if np.shape(raw_target)[0] != n_target:
         raise InputError(f"target_outputs has {np.shape(raw_target)[0]} rows but target_probs has "
                          f"{n_target}; pass the raw outputs of the same target rows, in the same order.")
@@ -584,21 +567,34 @@ def _label_shift_part(holdout, labels, pooled, mlls_weights, prior, class_names,
         return None, f"it could not be computed on this input ({type(exc).__name__}: {exc})"
 
 
-def _checks(holdout_probs, labels, rounded, pooled, prior, est: _Estimates, ci, repeats: Repeats, *,
-            estimator: str, class_names, label_shift_check: bool, prepared_holdout, max_interval_width):
+def _checks(holdout: Holdout, rounded, pooled, est: _Estimates, ci, repeats: Repeats,
+            settings: AssessmentSettings):
     """The no-shift test, the label-shift test (or why not; None, None when not asked for) and the identifiability
     report of :func:`assess_shift`, with k x k decompositions on one BLAS thread above 100 classes. ``rounded``:
     the holdout at the target's precision."""
-    k = holdout_probs.shape[1]
-    with _rows.decomposition_threads(k):
-        test = no_shift_test(pooled, est.mlls.weights, prior, source_probs=holdout_probs, repeats=repeats)
-        lst, lst_error = (_label_shift_part(rounded, labels, pooled, est.mlls.weights, prior, class_names,
-                                            prepared_holdout, repeats) if label_shift_check else (None, None))
-        ident = identifiability(pooled, est.mlls.weights, prior, confusion=joint_confusion(holdout_probs, labels),
-                                n_source=len(labels), interval=ci if estimator == _LIKELIHOOD else None,
-                                max_relative_width=max_interval_width, estimator=estimator,
+    probs, labels, prior = holdout.probs, holdout.labels, holdout.prior
+    with _rows.decomposition_threads(holdout.n_classes):
+        test = no_shift_test(pooled, est.mlls.weights, prior, source_probs=probs, repeats=repeats)
+        lst, lst_error = (_label_shift_part(rounded, labels, pooled, est.mlls.weights, prior, holdout.class_names,
+                                            holdout.label_shift_part, repeats)
+                          if settings.label_shift_check else (None, None))
+        ident = identifiability(pooled, est.mlls.weights, prior, confusion=joint_confusion(probs, labels),
+                                n_source=len(labels), interval=ci if settings.estimator == _LIKELIHOOD else None,
+                                max_relative_width=settings.max_interval_width, estimator=settings.estimator,
                                 hessian=est.mlls.extra.get("hessian"))
     return test, lst, lst_error, ident
+
+
+def _checked_arguments(holdout, target, settings) -> tuple[Holdout, Target, AssessmentSettings]:
+    """The arguments of :func:`assess_shift` as their types (a bare target array becomes a :class:`Target`);
+    InputError naming the one of another type."""
+    if not isinstance(holdout, Holdout):
+        raise InputError(f"holdout must be a labelshift.inference.holdout.Holdout(probs, labels, prior, ...), got "
+                         f"{type(holdout).__name__}; build it once from the labelled source holdout.")
+    if not isinstance(settings, AssessmentSettings):
+        raise InputError(f"settings must be a labelshift.inference.settings.AssessmentSettings, got "
+                         f"{type(settings).__name__}; e.g. AssessmentSettings(interval='fisher').")
+    return holdout, target if isinstance(target, Target) else Target(target), settings
 
 
 def _few_distinct_rows(repeats: Repeats) -> list[str]:
@@ -611,105 +607,68 @@ def _few_distinct_rows(repeats: Repeats) -> list[str]:
             "distinct target rows"]
 
 
-def label_shift_holdout(source_probs, source_labels, target_probs) -> PreparedHoldout | None:
-    """The label-shift test's work on the holdout (:func:`~labelshift.inference.shift_detection.prepare_holdout`),
-    made once for many :func:`assess_shift` calls against it (``prepared_holdout=``), e.g. the segments of a target:
-    at the precision of ``target_probs`` (as :func:`assess_shift` tests), with the test's default region rule. None
-    when the holdout cannot carry the test (each assessment then says why it was not run)."""
+def label_shift_holdout(holdout: Holdout, target_probs) -> PreparedHoldout | None:
+    """The label-shift test's work on ``holdout`` (:func:`~labelshift.inference.shift_detection.prepare_holdout`),
+    made once for many :func:`assess_shift` calls against it (:meth:`Holdout.prepared_for`), e.g. the segments of a
+    target: at the precision of ``target_probs`` (as :func:`assess_shift` tests), with the test's default region
+    rule. None when the holdout cannot carry the test (each assessment then says why it was not run)."""
     try:
-        holdout = check_probabilities(source_probs, "source_probs", 2)
-        labels = check_labels(source_labels, "source_labels", holdout.shape[1], n_rows=holdout.shape[0])
-        return prepare_holdout(_at_precision(holdout, _pool(target_probs)), labels)
+        return prepare_holdout(_at_precision(holdout.probs, pooled_rows(target_probs)), holdout.labels)
     except InputError:
         return None
 
 
-def _checked_settings(estimator: str, interval: str, cross_check, label_shift_significance):
-    """(cross_check as a list, label_shift_significance) after checking them with the estimator and interval;
-    raises InputError naming the argument."""
-    check_interval(estimator, interval)
-    if label_shift_significance is not None:
-        label_shift_significance = _check_label_shift_level(label_shift_significance)
-    cross_check = list(cross_check or ())
-    if cross_check:
-        check_methods(list(dict.fromkeys(cross_check)), allowed=REESTIMATION_ESTIMATORS, argument="cross_check")
-    return cross_check, label_shift_significance
+def assess_shift(holdout: Holdout, target, settings: AssessmentSettings = DEFAULTS) -> ShiftReport:
+    """Estimate the target prior on ``target`` and say whether it shifted and whether to trust it.
 
-
-def assess_shift(source_probs, source_labels, target_probs, *, source_prior, estimator: str = DEFAULTS.estimator,
-                 cross_check: Sequence[str] = DEFAULTS.cross_check, interval: str = DEFAULTS.interval,
-                 level: float = DEFAULTS.level, significance: float = DEFAULTS.significance,
-                 n_bootstrap: int = DEFAULTS.n_bootstrap, seed: int = DEFAULTS.seed,
-                 max_interval_width: float | None = DEFAULTS.max_interval_width, source_outputs=None,
-                 target_outputs=None, calibrator=None, label_shift_check: bool = True, class_names=None,
-                 label_shift_significance: float | None = DEFAULTS.label_shift_significance,
-                 prepared_holdout: PreparedHoldout | None = None) -> ShiftReport:
-    """Estimate the target prior on ``target_probs`` and say whether it shifted and whether to trust it.
-
-    The estimators are fit on the labelled source outputs with ``source_prior``. The interval is
+    The estimators are fit on the labelled holdout with its prior p_s. The interval is
     :func:`~labelshift.inference.source_aware.source_aware_interval` (MLLS; includes the holdout's error),
     :func:`~labelshift.inference.uncertainty.fisher_interval` (MLLS, eq. (mlls-sample); target only) or
     :func:`~labelshift.inference.uncertainty.bootstrap_interval`; the label-shift test is
     :func:`~labelshift.inference.shift_detection.label_shift_test` with the MLLS weights (recorded as "not run",
     with the reason, when the holdout cannot carry it); the no-shift test is
     :func:`~labelshift.inference.uncertainty.no_shift_test`; the identifiability report is the MLLS estimate's
-    (Section 5, eq. (bound-main)). MLLS is fit whatever ``estimator`` is and shown beside another as a cross-check;
-    a cross-check that fails is reported with its error. The defaults are :data:`labelshift.inference.settings.
-    DEFAULTS` (those of the ``reestimate`` flow); ``docs/reestimation.md`` explains the numbers.
+    (Section 5, eq. (bound-main)). MLLS is fit whatever the estimator is and shown beside another as a cross-check;
+    a cross-check that fails is reported with its error. ``docs/reestimation.md`` explains the numbers.
 
     Args:
-        source_probs: (n, k) calibrated outputs on labelled source data; source_labels: (n,) their labels 0..k-1.
-        target_probs: (m, k) calibrated outputs on the target set, or a list of (m_b, k) batches (pooled).
-        source_prior: (k,) p_s the estimators use (the flow uses the mean calibrated prediction on the holdout).
-        estimator: a name of :data:`labelshift.estimation.registry.REESTIMATION_ESTIMATORS`.
-        cross_check: names of the same set, run alongside (duplicates and ``estimator`` itself are skipped).
-        interval: ``"source-aware"`` (default) or ``"fisher"`` (both need MLLS) or ``"bootstrap"``.
-        level: confidence level of the interval, in (0, 1).
-        significance: level of the no-shift test, in (0, 1); also that of the label-shift test unless
-            ``label_shift_significance`` (in (0, 1)) is given.
-        n_bootstrap, seed: the bootstrap's resamples and seed (``interval="bootstrap"``).
-        max_interval_width: optional: the estimate is also untrustworthy when the interval on some w_y is wider.
-        source_outputs, target_outputs, calibrator: ``interval="source-aware"`` only: the raw outputs the
-            calibrator takes on the holdout, (n, k), and on the target (as ``target_probs``); the fitted calibrator.
-        label_shift_check: run the label-shift test (default); class_names: k names for its evidence.
-        prepared_holdout: optional, :func:`label_shift_holdout` of this holdout, for many assessments against it
-            (the segments of a target): the label-shift test reuses its work on the holdout (the same report).
+        holdout: the labelled source holdout (:class:`~labelshift.inference.holdout.Holdout`: calibrated outputs,
+            labels, p_s; the raw outputs and the calibrator for ``interval="source-aware"``; class names).
+        target: a :class:`~labelshift.inference.holdout.Target` (calibrated outputs, and the raw ones for the
+            source-aware interval), or its (m, k) calibrated outputs (or a list of batches) alone.
+        settings: the :class:`~labelshift.inference.settings.AssessmentSettings` (default: the ``reestimate``
+            flow's defaults).
 
     Returns:
         The :class:`ShiftReport`.
 
     Raises:
-        InputError: an unknown estimator or interval, ``"fisher"`` or ``"source-aware"`` with a BBSE estimator, a
-            holdout without an example of some class (or, for ``"source-aware"``, too small, an unsupported
-            calibrator, no raw outputs), shapes or values that do not fit together; whatever the main estimator
-            raises (e.g. IllConditionedError).
+        InputError: a holdout without an example of some class (or, for ``"source-aware"``, too small, an
+            unsupported calibrator, no raw outputs), a target that does not fit the holdout; whatever the main
+            estimator raises (e.g. IllConditionedError).
     """
-    cross_check, label_shift_significance = _checked_settings(estimator, interval, cross_check,
-                                                              label_shift_significance)
-    holdout_probs = check_probabilities(source_probs, "source_probs", 2)
-    k = holdout_probs.shape[1]
-    labels = check_labels(source_labels, "source_labels", k, n_rows=holdout_probs.shape[0])
-    check_prior(source_prior, "source_prior", k)
-    check_holdout(labels, k, interval=interval, calibrator=calibrator)
-    prior = np.asarray(source_prior, dtype=np.float64)    # as given: the report holds the caller's p_s
-    given, pooled = _checked_target(target_probs, k)
-    raw_target = _raw_target(interval, source_outputs, target_outputs, pooled.shape[0])
+    holdout, target, settings = _checked_arguments(holdout, target, settings)
+    check_holdout(holdout.labels, holdout.n_classes, interval=settings.interval, calibrator=holdout.calibrator)
+    given, pooled = _checked_target(target.probs, holdout.n_classes)
+    raw_target = _raw_target(settings.interval, holdout.outputs, target.outputs, pooled.shape[0])
+    prior = holdout.prior
+    estimator = settings.estimator
 
-    est = _estimate(holdout_probs, labels, prior, pooled, estimator, cross_check)
-    rounded = _at_precision(holdout_probs, given)          # the holdout at the target's precision
+    est = _estimate(holdout.probs, holdout.labels, prior, pooled, estimator, settings.cross_check)
+    rounded = _at_precision(holdout.probs, given)          # the holdout at the target's precision
     repeats = find_repeats(pooled, rounded)
-    ci, accuracy, failures = _interval(interval, est, pooled, prior, level=level, n_bootstrap=n_bootstrap, seed=seed,
-                                       source_outputs=source_outputs, labels=labels, raw_target=raw_target,
-                                       calibrator=calibrator, repeats=repeats)
+    ci, accuracy, failures = _interval(settings.interval, est, pooled, prior, level=settings.level,
+                                       n_bootstrap=settings.n_bootstrap, seed=settings.seed,
+                                       source_outputs=holdout.outputs, labels=holdout.labels, raw_target=raw_target,
+                                       calibrator=holdout.calibrator, repeats=repeats)
     failures += _few_distinct_rows(repeats)
-    test, lst, lst_error, ident = _checks(holdout_probs, labels, rounded, pooled, prior, est, ci, repeats,
-                                          estimator=estimator, class_names=class_names,
-                                          label_shift_check=label_shift_check, prepared_holdout=prepared_holdout,
-                                          max_interval_width=max_interval_width)
-    test.rejects(significance)                   # checks significance
+    test, lst, lst_error, ident = _checks(holdout, rounded, pooled, est, ci, repeats, settings)
+    significance = settings.significance
+    test.rejects(significance)
     return ShiftReport(method=estimator, source_prior=prior, target_prior=np.asarray(est.main.target_prior),
                        weights=np.asarray(est.main.weights), interval=ci, no_shift_test=test, identifiability=ident,
                        significance=significance, n_target=int(len(pooled)),
                        converged=bool(np.all(est.main.converged)), cross_check=est.checks, label_shift=lst,
                        label_shift_error=lst_error, accuracy=accuracy,
-                       label_shift_significance=label_shift_significance, failures=failures, repeats=repeats)
+                       label_shift_significance=settings.label_shift_significance, failures=failures,
+                       repeats=repeats)

@@ -28,7 +28,9 @@ import numpy as np
 
 from ..errors import InputError
 from .multiplicity import SEGMENT_CORRECTION, AdjustedPValue, adjust_p_values, check_correction
+from .holdout import Holdout, Target
 from .report import ShiftReport, Verdict, assess_shift, verdict_of
+from .settings import AssessmentSettings
 
 __all__ = ["MIN_SEGMENT_SIZE", "PROCESS_ROWS", "SEGMENT_CORRECTION", "SEGMENT_PROCESSES", "SegmentEstimate",
            "SegmentPool", "adjust_segments", "check_segment_values", "correction_record", "segment_processes",
@@ -233,23 +235,22 @@ def _exit_with_parent(parent: int, every_s: float = 0.5) -> None:
     os._exit(1)
 
 
-def _assess(common: dict, target_probs, target_outputs, class_names) -> ShiftReport:
-    return assess_shift(**common, target_probs=target_probs, target_outputs=target_outputs, class_names=class_names)
+def _assess(common: dict, target: Target) -> ShiftReport:
+    return assess_shift(common["holdout"], target, common["settings"])
 
 
-def _assess_in_worker(target_probs, target_outputs, class_names) -> ShiftReport:
-    return _assess(_WORKER_COMMON, target_probs, target_outputs, class_names)
+def _assess_in_worker(target: Target) -> ShiftReport:
+    return _assess(_WORKER_COMMON, target)
 
 
 class SegmentPool:
     """:func:`~labelshift.inference.report.assess_shift` on many targets (a target's segments) against one
     holdout, on ``processes`` worker processes; with ``processes <= 1`` in the calling thread.
 
-    ``common``: the keyword arguments of ``assess_shift`` that every segment shares -- the holdout side
-    (``source_probs``, ``source_labels``, ``source_prior``, ``source_outputs``, ``calibrator``), the settings, and
-    ``prepared_holdout`` (the label-shift test's holdout part, made once). They go to each worker once, when it
-    starts; :meth:`assess` then sends one segment's rows and returns its report, the same report
-    ``assess_shift(**common, target_probs=..., ...)`` gives in this process (up to 100 classes the default path
+    Every segment shares the ``holdout`` (best with the label-shift test's part made once:
+    :meth:`~labelshift.inference.holdout.Holdout.prepared_for`) and the ``settings``. They go to each worker once,
+    when it starts; :meth:`assess` then sends one segment's rows and returns its report, the same report
+    ``assess_shift(holdout, target, settings)`` gives in this process (up to 100 classes the default path
     runs its products on one BLAS thread in both; tested). On Linux the workers are forked from this process, with
     labelshift imported and the holdout in memory; a worker runs only numpy and scipy code (OpenBLAS is fork-safe;
     the modules it imports are loaded already), ends with ``os._exit``, and ends too when this process ends
@@ -261,23 +262,23 @@ class SegmentPool:
     a context manager, which stops the workers on exit.
     """
 
-    def __init__(self, processes: int, **common):
+    def __init__(self, processes: int, holdout: Holdout, settings: AssessmentSettings):
         self.processes = int(processes)
-        self.common = common
+        common = self.common = {"holdout": holdout, "settings": settings}
         self._executor = None
         if self.processes > 1:
             context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
             self._executor = ProcessPoolExecutor(self.processes, mp_context=context, initializer=_start_worker,
                                                  initargs=(common,))
 
-    def assess(self, target_probs, target_outputs=None, class_names=None) -> ShiftReport:
+    def assess(self, target: Target) -> ShiftReport:
         """One segment's :class:`~labelshift.inference.report.ShiftReport` (its errors raised here)."""
         if self._executor is not None:
             try:
-                return self._executor.submit(_assess_in_worker, target_probs, target_outputs, class_names).result()
+                return self._executor.submit(_assess_in_worker, target).result()
             except BrokenProcessPool:   # a worker died (killed for memory?): this segment in the calling thread
                 pass
-        return _assess(self.common, target_probs, target_outputs, class_names)
+        return _assess(self.common, target)
 
     def close(self, cancel: bool = False) -> None:
         """Stop the workers once they are done (with ``cancel``, after the segments already started)."""

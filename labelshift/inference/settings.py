@@ -1,34 +1,92 @@
-"""The statistical settings of one assessment of a target set, and their defaults, defined once.
+"""The statistical settings of one assessment of a target set: their defaults and bounds, declared once.
 
-:func:`labelshift.inference.report.assess_shift` takes its defaults from :data:`DEFAULTS`; so do the ``reestimate``
-flow, its command-line options, its form in the Prefect UI (all three through
-:class:`flows.params.ReestimateParameters`, which adds the bounds and descriptions) and the ``estimate-shift`` task.
-``tests/test_parameter_drift.py`` fails when any of them drifts from here.
+:class:`AssessmentSettings` is what :func:`labelshift.inference.report.assess_shift` takes, whole; it checks itself
+when made (an :class:`~labelshift.errors.InputError` naming the setting and its range). Its bounds
+(:data:`BOUNDS`) and defaults (:data:`DEFAULTS`) are also those of the ``reestimate`` flow's parameters, of
+``labelshift estimate``'s options and of the deployment's form in the Prefect UI: :mod:`flows.params` builds its
+fields from them, and the flow makes one :class:`AssessmentSettings` from its parameters, which travels whole to
+the pooled target's assessment and every segment's.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
-__all__ = ["AssessmentSettings", "DEFAULTS"]
+import numpy as np
+
+from ..errors import InputError
+from ..estimation.registry import REESTIMATION_ESTIMATORS, check_interval, check_methods
+
+__all__ = ["AssessmentSettings", "Bound", "BOUNDS", "DEFAULTS", "check_setting"]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The range of a numeric setting, in the names JSON Schema and pydantic use (``gt``, ``ge``, ``lt``, ``le``;
+    None: no bound on that side)."""
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+
+    def contains(self, value: float) -> bool:
+        return ((self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)
+                and (self.lt is None or value < self.lt) and (self.le is None or value <= self.le))
+
+    def constraints(self) -> dict[str, float]:
+        """The bounds that are set, as keyword arguments (``Field(**bound.constraints())``)."""
+        return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
+
+    def describe(self) -> str:
+        """The range in words, e.g. "strictly between 0 and 1", "from 20 to 10000", "at least 0"."""
+        low, high = (self.gt if self.gt is not None else self.ge), (self.lt if self.lt is not None else self.le)
+        if low is not None and high is not None:
+            return (f"strictly between {low:g} and {high:g}" if self.gt is not None and self.lt is not None
+                    else f"from {low:g} to {high:g}" + (" (both included)" if self.ge is not None and
+                                                         self.le is not None else ""))
+        if low is not None:
+            return f"greater than {low:g}" if self.gt is not None else f"at least {low:g}"
+        return f"less than {high:g}" if self.lt is not None else f"at most {high:g}"
+
+
+#: the range of each numeric setting (a setting that may be None is checked only when given)
+BOUNDS: dict[str, Bound] = {
+    "level": Bound(gt=0.0, lt=1.0),
+    "significance": Bound(gt=0.0, lt=0.5),
+    "label_shift_significance": Bound(gt=0.0, lt=1.0),
+    "n_bootstrap": Bound(ge=20, le=10_000),
+    "seed": Bound(ge=0),
+    "max_interval_width": Bound(gt=0.0),
+}
+_INTEGERS = ("n_bootstrap", "seed")
 
 
 @dataclass(frozen=True)
 class AssessmentSettings:
-    """How a target set is assessed (the keyword arguments of :func:`~labelshift.inference.report.assess_shift`
-    of the same names, which documents each).
+    """How a target set is assessed (:func:`~labelshift.inference.report.assess_shift`).
 
     Attributes:
-        estimator: the estimator of the target prior (MLLS, the paper's recommendation).
-        cross_check: estimators run alongside for comparison.
-        interval: ``"source-aware"`` (includes the error of the calibrator and p_s fit on the holdout,
-            ``docs/intervals.md``), ``"fisher"`` or ``"bootstrap"``.
+        estimator: the estimator of the target prior, a name of
+            :data:`~labelshift.estimation.registry.REESTIMATION_ESTIMATORS` (MLLS, the paper's recommendation).
+        cross_check: estimators of the same set run alongside for comparison (duplicates and ``estimator`` itself
+            are skipped).
+        interval: one of :data:`~labelshift.estimation.registry.INTERVALS`: ``"source-aware"`` (includes the error
+            of the calibrator and p_s fit on the holdout, ``docs/intervals.md``), ``"fisher"`` (both need a
+            likelihood estimator) or ``"bootstrap"``.
         level: confidence level of the intervals.
-        significance: level of the no-shift test, and of the label-shift test unless
-            ``label_shift_significance`` is set.
+        significance: level of the no-shift test, and of the label-shift test unless ``label_shift_significance``
+            is set.
         label_shift_significance: a level of its own for the label-shift test; None: ``significance``.
         n_bootstrap, seed: the bootstrap's resamples and seed (``interval="bootstrap"``).
         max_interval_width: the estimate is also untrustworthy when the interval on some w_y is wider; None: no
             width check.
+        label_shift_check: run the label-shift test (the flow always does; benchmarks time the rest without it).
+
+    Raises:
+        InputError: a setting out of its range (:data:`BOUNDS`), an unknown estimator or interval, or an interval
+            the estimator cannot give.
     """
 
     estimator: str = "MLLS"
@@ -40,6 +98,45 @@ class AssessmentSettings:
     n_bootstrap: int = 200
     seed: int = 0
     max_interval_width: float | None = None
+    label_shift_check: bool = True
+
+    def __post_init__(self):
+        check_interval(self.estimator, self.interval)
+        cross_check = (self.cross_check,) if isinstance(self.cross_check, str) else tuple(self.cross_check or ())
+        if cross_check:
+            check_methods(list(dict.fromkeys(cross_check)), allowed=REESTIMATION_ESTIMATORS, argument="cross_check")
+        object.__setattr__(self, "cross_check", cross_check)
+        for name, bound in BOUNDS.items():
+            value = getattr(self, name)
+            if value is None and name in ("label_shift_significance", "max_interval_width"):
+                continue
+            object.__setattr__(self, name, _checked_number(name, value, bound))
+
+    @property
+    def label_shift_level(self) -> float:
+        """The level the label-shift test is judged at."""
+        return self.significance if self.label_shift_significance is None else self.label_shift_significance
+
+    def replace(self, **changes) -> "AssessmentSettings":
+        """A copy with ``changes`` (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def check_setting(name: str, value):
+    """``value`` of the numeric setting ``name`` as an int or float inside its bound (:data:`BOUNDS`); InputError
+    naming the setting and its range otherwise."""
+    return _checked_number(name, value, BOUNDS[name])
+
+
+def _checked_number(name: str, value, bound: Bound):
+    integer = name in _INTEGERS
+    kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(float(value)) \
+            or not bound.contains(value):
+        optional = " (or None)" if name in ("label_shift_significance", "max_interval_width") else ""
+        raise InputError(f"{name} must be {'an integer' if integer else 'a number'} {bound.describe()}{optional}; "
+                         f"got {value!r}.")
+    return int(value) if integer else float(value)
 
 
 #: the defaults of every setting
