@@ -9,9 +9,8 @@ after the other):
    imbalanced source prior -- calibrated on the source, as the calibrator is meant to make them -- fit on n = 10000
    labelled source rows; the target rows are drawn from a Dirichlet(1) target prior (all seeds fixed). For m in
    {1000, 10000, 100000} target rows: the baseline ``MLLS().fit(source).estimate(P)``, then ``fisher_interval``,
-   ``no_shift_test``, ``identifiability`` (with the hard confusion matrix and the Fisher interval, as the flow
-   calls it) and ``bootstrap_interval(n_bootstrap=200)``, each as seconds per call and as a ratio to the baseline at
-   the same m. Short calls are repeated until a timing lasts ``--min-time`` seconds. A second, smaller table does
+   ``no_shift_test``, ``identifiability`` (with the hard confusion matrix and the Fisher interval) and
+   ``bootstrap_interval(n_bootstrap=200)``, each as seconds per call and as a ratio to the baseline at the same m. Short calls are repeated until a timing lasts ``--min-time`` seconds. A second, smaller table does
    the same with one class absent from the target, so that its weight is pinned at w = 0 and the profile-likelihood
    bounds of the pinned class (bisection on the exact log-likelihood) are computed.
 
@@ -20,10 +19,13 @@ after the other):
    in a SQLite MLflow store; ``--batches`` new batches of ``--rows`` rows in a fresh local target folder per run
    (two sizes by default, 5000 and 50000 rows per batch, to see what grows with the data).
    *flow*: ``reestimate(...)`` in this process against Prefect's temporary server (``prefect_test_harness``;
-   flow-run heartbeats off, as ``labelshift estimate`` runs it there), the default parameters (MLLS, Fisher
-   interval, BBSE-soft cross-check). *plain*: the flow's body with the Prefect layer removed -- find_new_batches,
-   load_bundle, start the MLflow run, load_batch + forward + calibrate, ``estimate_shift.fn`` (the undecorated task
-   function), the figure, MLflow logging, ``write_outputs.fn``, commit_watermark, the monitor point, end of the run.
+   flow-run heartbeats off, as ``labelshift estimate`` runs it there), the default parameters. *plain*: the flow's
+   body with the Prefect layer removed -- find_new_batches, load_bundle, start the MLflow run, load_batch + forward
+   (the raw outputs kept as float32, as the flow keeps them) + calibrate, ``estimate_shift.fn`` (the undecorated task
+   function) with the raw outputs, the figure, MLflow logging, ``write_outputs.fn``, commit_watermark, the monitor
+   point, end of the run. Both sides assess with the flow's defaults,
+   :data:`labelshift.inference.settings.DEFAULTS` (MLLS, the source-aware interval, BBSE-soft cross-check, the
+   label-shift test): like with like.
    Both sides get identical batches (written twice, to two folders), and their estimates are checked to agree. The
    model bundle is cached in the process after the first load, so the first (cold) flow run is reported on its own
    line and the repeats are warm; the server's startup is reported separately too. Each repeat also times an empty
@@ -61,6 +63,7 @@ quiet_services()
 
 from labelshift import BBSE, MLLS  # noqa: E402
 from labelshift.errors import IllConditionedWarning  # noqa: E402
+from labelshift.inference.settings import DEFAULTS  # noqa: E402
 from labelshift.inference.uncertainty import (bootstrap_interval, fisher_interval, identifiability, no_shift_test)  # noqa: E402
 
 from report_utils import cpu_model, write_section  # noqa: E402
@@ -269,8 +272,10 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
         steps[name] = steps.get(name, 0.0) + now - clock[0]
         clock[0] = now
 
-    calibrator, estimator, cross_check, interval = "BCTS", "MLLS", ["BBSE-soft"], "fisher"
-    level, significance, n_bootstrap, seed = 0.95, 0.05, 200, 0
+    calibrator = "BCTS"
+    # the flow's defaults, as the flow side runs them (not a setting of the plain side's own)
+    estimator, cross_check, interval = DEFAULTS.estimator, list(DEFAULTS.cross_check), DEFAULTS.interval
+    level, significance, n_bootstrap, seed = DEFAULTS.level, DEFAULTS.significance, DEFAULTS.n_bootstrap, DEFAULTS.seed
     env = settings_mod.resolve(tracking_uri=tracking_uri, experiment_name=experiment)
     target_uri = str(target)
     store = open_store(target_uri)
@@ -283,7 +288,7 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     params = dict(model=model_uri, model_version=bundle.version, target=store.uri, calibrator=calibrator,
                   estimator=estimator, cross_check=",".join(cross_check), interval=interval, level=level,
                   significance=significance, n_bootstrap=n_bootstrap, seed=seed, n_batches=len(batches),
-                  max_interval_width=None)
+                  max_interval_width=DEFAULTS.max_interval_width)
     tags = {"prefect.flow_run_id": "", "prefect.flow_run_name": "", "labelshift.sequence": str(sequence)}
     commit = git_commit()
     if commit:
@@ -294,12 +299,14 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     lap("MLflow: start run (+ monitor run)")
     arrays = [load_batch(store, b, input_shape=bundle.input_shape) for b in batches]
     lap("read + check batches")
-    probs = [bundle.calibrator.predict_proba(_forward(bundle.model, x, 1024)) for x in arrays]
+    outputs = [_forward(bundle.model, x, 1024).astype(np.float32) for x in arrays]   # kept as the flow keeps them
+    probs = [bundle.calibrator.predict_proba(o.astype(np.float64)) for o in outputs]
     lap("forward + calibrate")
     report = estimate_shift.fn(bundle, probs, estimator=estimator, cross_check=list(cross_check), interval=interval,
                                level=level, significance=significance, n_bootstrap=n_bootstrap, seed=seed,
-                               max_interval_width=None)
-    lap("estimate_shift (MLLS + BBSE fits, interval, test, identifiability)")
+                               max_interval_width=DEFAULTS.max_interval_width, outputs=outputs,
+                               label_shift_significance=DEFAULTS.label_shift_significance)
+    lap("estimate_shift (MLLS + BBSE fits, interval, tests, identifiability)")
     word = report.verdict
     ui = run_url(env.tracking_uri, runs["experiment_id"], runs["run_id"])
     summary = {
@@ -487,7 +494,8 @@ def build_report(args, stats, pinned_stats, flow, command: str, elapsed: float) 
         lines += ["", "### The reestimate flow against the plain sequence", "",
                   f"Per run: {args.batches} new batches of the 3-class 2-D Gaussian model of "
                   "`tests/reestimation_support.py` in a fresh local target folder, SQLite MLflow, default parameters "
-                  "(MLLS, Fisher interval, BBSE-soft cross-check); verdicts: " + ", ".join(verdicts) + ". The two "
+                  f"({DEFAULTS.estimator}, {DEFAULTS.interval} interval, {', '.join(DEFAULTS.cross_check)} cross-check, "
+                  "label-shift test; both sides alike); verdicts: " + ", ".join(verdicts) + ". The two "
                   f"sides' target priors agree to {max_dp:.1e}. Seconds per run, median / best of "
                   f"{args.flow_repeats} (other jobs' bursts of load show up in single repeats; the best is the "
                   "cost without them):", "",
@@ -548,8 +556,9 @@ def interpretation(stats, pinned_stats, flow) -> list[str]:
                 "writes 200 x m x k doubles in all), which removes the per-call overhead that dominates small m; "
                 "at large m a replicate costs about a full estimate plus its share of the gather. At m = "
                 f"{ms[-1]} one bootstrap "
-                f"interval takes {fmt_s(big['t']['boot'])} s, so the Fisher interval is the sensible default of a "
-                "scheduled run and the bootstrap the option for BBSE (which has no likelihood) or a check.")
+                f"interval takes {fmt_s(big['t']['boot'])} s, so the bootstrap is the option for BBSE (which has no "
+                "likelihood) or a check, not for a scheduled run (whose default, the source-aware interval, "
+                "`benchmarks/bench_intervals.py` times).")
         if pinned_stats:
             pm = list(pinned_stats)
             fr = ", ".join(f"{pinned_stats[m]['ratio']['fisher']:.2g}x" for m in pm)
@@ -566,11 +575,11 @@ def interpretation(stats, pinned_stats, flow) -> list[str]:
         steps = z["steps"]
         top = sorted(steps.items(), key=lambda kv: -kv[1])[:3]
         total = sum(steps.values())
-        est = steps.get("estimate_shift (MLLS + BBSE fits, interval, test, identifiability)", 0.0)
+        est = steps.get("estimate_shift (MLLS + BBSE fits, interval, tests, identifiability)", 0.0)
         mlflow_t = sum(t for n, t in steps.items() if n.startswith("MLflow"))
         out.append(
             f"* The plain sequence takes {z['plain']:.2f} s per run on {z['n_target']} rows, and the numbers are a "
-            f"small part of it: `estimate_shift` (three estimator fits, MLLS, the BBSE cross-check, interval, test, "
+            f"small part of it: `estimate_shift` (three estimator fits, MLLS, the BBSE cross-check, interval, tests, "
             f"identifiability) is {est:.3f} s ({100 * est / total:.0f}%), while MLflow's SQLite calls take "
             f"{mlflow_t:.2f} s ({100 * mlflow_t / total:.0f}%). The three largest steps: "
             + "; ".join(f"{n} {t:.3f} s" for n, t in top) + ".")
