@@ -11,6 +11,7 @@ whole sweep takes well under a minute of computation on a 2-core laptop.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Annotated, Literal
 
@@ -19,7 +20,9 @@ from pydantic_core import PydanticCustomError
 
 from labelshift.estimation import registry
 from labelshift.inference.multiplicity import CORRECTIONS, SEGMENT_CORRECTION
-from labelshift.inference.segments import MIN_SEGMENT_SIZE, PROCESS_ROWS, SEGMENT_PROCESSES
+from labelshift.inference.segments import (MIN_SEGMENT_SIZE, PROCESS_ROWS, SEGMENT_BOUNDS, SEGMENT_PROCESSES,
+                                          SegmentSettings)
+from labelshift.inference.settings import BOUNDS, AssessmentSettings
 from labelshift.inference.settings import DEFAULTS as ASSESSMENT
 from labelshift.errors import InputError
 from labelshift.experiments import gaussian, images
@@ -292,8 +295,10 @@ ModelParam = Annotated[str, Field(
                 "calibrator (calibration/<calibrator>.json) and the labelled source holdout "
                 "(calibration/source_holdout.npz), as models registered by `labelshift reproduce` do.")]
 TargetParam = Annotated[str | None, Field(
-    description="Where the new unlabelled data arrives: s3://bucket/prefix/ or a local folder. Every *.npy under it "
-                "is a batch of model inputs, shape (n, *input shape), float. Default: <LABELSHIFT_STORE>/target.")]
+    description="Where the new unlabelled data arrives: s3://bucket/prefix/ or a local folder. Every *.npy or "
+                "*.parquet under it is a batch: model inputs (.npy: shape (n, *input shape), float; .parquet: the "
+                "model's feature columns) or, for a registered reference, the model's logged outputs (prediction "
+                "logs, docs/reestimation.md). Default: <LABELSHIFT_STORE>/target.")]
 CalibratorParam = Annotated[str, Field(
     description="Which calibrator logged beside the model to apply (BCTS, TS, VS, NBVS).")]
 EstimatorParam = Annotated[Estimator, Field(
@@ -307,25 +312,25 @@ IntervalParam = Annotated[Interval, Field(
                 "'fisher' (Fisher information of the MLLS likelihood, target sampling error only: too short when "
                 "the holdout is small next to the target) or 'bootstrap' (percentiles from resampling the target "
                 "rows, target only; needed for the BBSE estimators). See docs/intervals.md.")]
-LevelParam = Annotated[float, Field(gt=0.0, lt=1.0, description="Confidence level of the intervals, strictly between "
+LevelParam = Annotated[float, Field(**BOUNDS["level"].constraints(), description="Confidence level of the intervals, strictly between "
                                                                 "0 and 1 (e.g. 0.95 for 95% intervals).")]
 SignificanceParam = Annotated[float, Field(
-    gt=0.0, lt=0.5, description="Level of the test of 'no shift' (w = 1; a two-sample test of the mean calibrated "
+    **BOUNDS["significance"].constraints(), description="Level of the test of 'no shift' (w = 1; a two-sample test of the mean calibrated "
                                 "prediction, target against the source holdout): shifted when p < this. Also the "
                                 "level of the label-shift test unless label_shift_significance is set.")]
 LabelShiftSignificanceParam = Annotated[float | None, Field(
-    gt=0.0, lt=1.0, description="Level of the label-shift test alone, strictly between 0 and 1: 'Not label shift' "
+    **BOUNDS["label_shift_significance"].constraints(), description="Level of the label-shift test alone, strictly between 0 and 1: 'Not label shift' "
                                 "(no corrected outputs written) when its p-value is below this. Smaller (e.g. 0.01) "
                                 "withholds the outputs of truly label-shifted data less often (on about this "
                                 "fraction of such runs) and catches fewer violations (a new class, input drift). "
                                 "When not set: the value of significance.")]
-NBootstrapParam = Annotated[int, Field(ge=20, le=10000, description="Bootstrap resamples (interval='bootstrap').")]
-SeedParam = Annotated[int, Field(ge=0, description="Seed of the bootstrap.")]
+NBootstrapParam = Annotated[int, Field(**BOUNDS["n_bootstrap"].constraints(), description="Bootstrap resamples (interval='bootstrap').")]
+SeedParam = Annotated[int, Field(**BOUNDS["seed"].constraints(), description="Seed of the bootstrap.")]
 TrackingParam = Annotated[str | None, Field(
     description="MLflow tracking URI; default MLFLOW_TRACKING_URI, else the local SQLite store.")]
 ExperimentParam = Annotated[str, Field(min_length=1, description="MLflow experiment of the re-estimation runs.")]
 MaxWidthParam = Annotated[float | None, Field(
-    gt=0.0, description="Threshold: the estimate is also untrustworthy when the interval on some weight w_y is wider "
+    **BOUNDS["max_interval_width"].constraints(), description="Threshold: the estimate is also untrustworthy when the interval on some weight w_y is wider "
                         "than this (1.0 = as wide as the whole no-shift weight). None: no width check.")]
 OnChangedParam = Annotated[Literal["error", "reprocess"], Field(
     description="A batch already counted whose content changed under the same key: 'error' (default) fails the run "
@@ -355,10 +360,10 @@ SegmentColumnParam = Annotated[str | None, Field(
                 "table and a figure. Every row needs a value; not for .npy batches. The pooled verdict alone drives "
                 "the outputs, the watermark, the alerts and the corrected model. See docs/reestimation.md.")]
 MinSegmentSizeParam = Annotated[int, Field(
-    ge=20, description="Segments with fewer rows are reported as too small (with their size) instead of assessed "
+    **SEGMENT_BOUNDS["min_size"].constraints(), description="Segments with fewer rows are reported as too small (with their size) instead of assessed "
                        "(with segment_column). See docs/reestimation.md for why 200.")]
 SegmentProcessesParam = Annotated[int, Field(
-    ge=0, le=1024,
+    **SEGMENT_BOUNDS["processes"].constraints(),
     description=f"Worker processes that assess the segments (with segment_column): 0 = automatic -- one per CPU "
                 f"the run may use (at most one per segment) once the assessed segments hold {PROCESS_ROWS:,} rows "
                 "in all, else none; 1 = none (each segment in its task's thread); N = N. The results are the same "
@@ -405,6 +410,19 @@ class ReestimateParameters(BaseModel):
     min_segment_size: MinSegmentSizeParam = MIN_SEGMENT_SIZE
     segment_processes: SegmentProcessesParam = SEGMENT_PROCESSES
     segment_correction: SegmentCorrectionParam = SEGMENT_CORRECTION
+
+    def assessment(self) -> AssessmentSettings:
+        """The statistical settings, whole, as the domain takes them (the pooled target's assessment and every
+        segment's)."""
+        return AssessmentSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AssessmentSettings)
+                                     if f.name in type(self).model_fields})
+
+    def segments(self) -> SegmentSettings | None:
+        """The segment settings, whole; None without a segment column."""
+        if not self.segment_column:
+            return None
+        return SegmentSettings(self.segment_column, self.min_segment_size, self.segment_processes,
+                               self.segment_correction)
 
     @model_validator(mode="after")
     def _interval_fits_estimator(self) -> "ReestimateParameters":

@@ -254,7 +254,10 @@ class _PlainText:
         return f"No new data under {summary['target']} (run sequence {summary.get('sequence')})."
 
     def no_estimate(self, summary: dict, held) -> list[str]:
-        return [f"{summary['verdict']}: {summary.get('headline', '')}", *self._held_lines(held)]
+        line = summary.get("headline", "")          # "No valid data: ..." says the verdict itself
+        if not line.startswith(summary["verdict"]):
+            line = f"{summary['verdict']}: {line}"
+        return [line, *self._held_lines(held)]
 
     @staticmethod
     def head(summary: dict, res: ShiftReport) -> list[str]:
@@ -333,9 +336,14 @@ class _PlainText:
         ml, cm = summary.get("mlflow", {}), summary.get("corrected_model")
         return [*([f"  corrected model: {cm['model_uri']} (version {cm['version']}; docs/serving.md)"] if cm else []),
                 "", f"  MLflow run: {ml.get('ui') or ml.get('run_id')}",
-                f"  outputs:    {len(summary.get('outputs', []))} corrected arrays beside the batches under "
+                f"  outputs:    {_corrected_files(len(summary.get('outputs', [])))} beside the batches under "
                 f"{summary['target']}" + (f" -- none written: {summary['outputs_withheld']}"
                                           if summary.get("outputs_withheld") else "")]
+
+
+def _corrected_files(n: int) -> str:
+    """"1 corrected file", "2 corrected files" (a corrected .npy array or Parquet table per batch)."""
+    return f"{n} corrected file{'' if n == 1 else 's'}"
 
 
 #: the fronts

@@ -42,7 +42,7 @@ WIDE_HESSIAN_CLASSES = 64
 #: classes above which the k x k decompositions of the default path (eigh, pinv, svd: O(k^3) LAPACK calls) run on one
 #: BLAS thread (:func:`decomposition_threads`): at k = 1,000 on the shared 2-core machine (load about 12) one eigh
 #: took 17.6 s on OpenBLAS's two threads and 1.1 s on one, while a (20,000 x 1,000) product took 2.2 s and 3.8 s
-#: (benchmarks/README.md, "k = 1,000: session 11"); at k <= 100 nothing changes
+#: (benchmarks/HISTORY.md, "k = 1,000: session 11"); at k <= 100 nothing changes
 DECOMPOSITION_ONE_THREAD_CLASSES = 100
 #: classes above which the row-block passes below (:func:`mlls_pass`, :func:`mean_cov`, ...) keep BLAS's threads
 THREADED_PASS_CLASSES = 100
@@ -91,7 +91,7 @@ def pass_threads(k: int):
     products are small; see :func:`one_blas_thread`), the process's own number above -- also inside a
     :func:`decomposition_threads` or :func:`one_blas_thread` context -- because wide blocks' products are large: at
     k = 1,000 two threads made a pass 1.3-1.6x faster on the idle 2-core machine, with the same numbers
-    (benchmarks/README.md, "k = 1,000: session 11")."""
+    (benchmarks/HISTORY.md, "k = 1,000: session 11")."""
     ctl = _controller()
     if ctl is None:           # pragma: no cover - threadpoolctl comes with scikit-learn
         return contextlib.nullcontext()

@@ -67,7 +67,8 @@ def register(sub) -> None:
     p = sub.add_parser(
         "estimate", help="re-estimate the target label distribution of new data once (the reestimate flow)",
         description=textwrap.fill(
-            "Run the 'reestimate' flow once: take the batches (*.npy arrays of model inputs) under --target that "
+            "Run the 'reestimate' flow once: take the batches (*.npy or *.parquet: model inputs, or a reference's "
+            "prediction logs) under --target that "
             "no earlier run processed, apply the registered model and its calibrator, test that the new data are "
             "label-shifted source data at all, estimate the target prior with MLLS (BBSE as a cross-check) with "
             "confidence intervals (source-aware by default: they include the labelled holdout's error), test for "
@@ -147,9 +148,11 @@ def run(args) -> int:
     with prefect_api(env):
         state = reestimate(**call, return_state=True)
     if not state.is_completed():
-        print(f"{PROG} estimate: failed after {time.perf_counter() - t0:.0f} s: {state.message}\n"
-              "  The watermark did not move: fix the cause and rerun, and the same batches are taken again (any "
-              "outputs\n  this run wrote beside them are rewritten then).", file=sys.stderr)
+        message = state.message or ""
+        print(f"{PROG} estimate: failed after {time.perf_counter() - t0:.0f} s: {message}", file=sys.stderr)
+        if "did not move" not in message:           # an error that says it already is not told twice
+            print("  The watermark did not move: fix the cause and rerun, and the same batches are taken again (any "
+                  "outputs\n  this run wrote beside them are rewritten then).", file=sys.stderr)
         return 1
     summary = state.result()
     print(json.dumps(summary, indent=2, default=str) if args.json else format_summary(summary))

@@ -30,10 +30,10 @@ from ..errors import InputError
 from .multiplicity import SEGMENT_CORRECTION, AdjustedPValue, adjust_p_values, check_correction
 from .holdout import Holdout, Target
 from .report import ShiftReport, Verdict, assess_shift, verdict_of
-from .settings import AssessmentSettings
+from .settings import AssessmentSettings, Bound
 
-__all__ = ["MIN_SEGMENT_SIZE", "PROCESS_ROWS", "SEGMENT_CORRECTION", "SEGMENT_PROCESSES", "SegmentEstimate",
-           "SegmentPool", "adjust_segments", "check_segment_values", "correction_record", "segment_processes",
+__all__ = ["MIN_SEGMENT_SIZE", "PROCESS_ROWS", "SEGMENT_BOUNDS", "SEGMENT_CORRECTION", "SEGMENT_PROCESSES",
+           "SegmentEstimate", "SegmentPool", "SegmentSettings", "too_small_warning", "adjust_segments", "check_segment_values", "correction_record", "segment_processes",
            "split_segments", "usable_cpus"]
 
 #: the fewest rows a segment is assessed on; smaller segments are reported as too small, with their size
@@ -46,6 +46,52 @@ SEGMENT_PROCESSES = 0
 #: work at k = 10 (0.2-0.4 s a segment), against the workers' start -- forked, 16 of them took 48 segments (13.4 s
 #: of work) in 1.24 s on the lent 16-core machine (benchmarks/README.md, "Estimates per segment")
 PROCESS_ROWS = 50_000
+#: the ranges of the numeric segment settings (the ``reestimate`` flow's parameters take theirs from here)
+SEGMENT_BOUNDS: dict[str, Bound] = {"min_size": Bound(ge=20), "processes": Bound(ge=0, le=1024)}
+
+
+@dataclass(frozen=True)
+class SegmentSettings:
+    """How a target's segments are assessed besides the pooled estimate.
+
+    Attributes:
+        column: the column whose value names each row's segment.
+        min_size: segments with fewer rows are reported as too small (with their size) instead of assessed.
+        processes: worker processes (:func:`segment_processes`: 0 automatic, 1 none, N).
+        correction: how the segments' tests are read over the run (:data:`~labelshift.inference.multiplicity.
+            CORRECTIONS`).
+
+    Raises:
+        InputError: an empty column name, a number out of its range (:data:`SEGMENT_BOUNDS`), an unknown
+            correction.
+    """
+
+    column: str
+    min_size: int = MIN_SEGMENT_SIZE
+    processes: int = SEGMENT_PROCESSES
+    correction: str = SEGMENT_CORRECTION
+
+    def __post_init__(self):
+        if not isinstance(self.column, str) or not self.column.strip():
+            raise InputError(f"segment column must be a column name, got {self.column!r}.")
+        for name, bound in SEGMENT_BOUNDS.items():
+            object.__setattr__(self, name, bound.checked(f"segment {name}", getattr(self, name), integer=True))
+        check_correction(self.correction)
+
+
+def too_small_warning(split: dict[str, np.ndarray], settings: SegmentSettings) -> str | None:
+    """A sentence when most of the rows lie in segments too small to assess (a column with about one value per
+    row, an id, gives thousands of one-row segments), else None."""
+    sizes = np.array([len(rows) for rows in split.values()], dtype=np.int64)
+    small = sizes < settings.min_size
+    rows, small_rows = int(sizes.sum()), int(sizes[small].sum())
+    if not rows or 2 * small_rows <= rows:
+        return None
+    return (f"segment column {settings.column!r} has {len(sizes):,} values over {rows:,} rows: {int(small.sum()):,} "
+            f"segments, holding {small_rows:,} rows ({100 * small_rows / rows:.0f}%), have fewer than "
+            f"{settings.min_size} rows and are not assessed. A column with about one value per row (an id) makes "
+            "every segment too small: choose a column that groups rows (a region, a channel), or lower "
+            "min_segment_size (CLI: --min-segment-size).")
 
 
 def check_segment_values(values: Sequence, *, column: str, batch: str) -> np.ndarray:

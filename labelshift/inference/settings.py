@@ -35,6 +35,18 @@ class Bound:
         return ((self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)
                 and (self.lt is None or value < self.lt) and (self.le is None or value <= self.le))
 
+    def checked(self, name: str, value, *, integer: bool = False, optional: bool = False):
+        """``value`` of the setting ``name`` as an int (``integer``) or float inside this range (None stays None
+        when ``optional``); InputError naming the setting and its range otherwise."""
+        if value is None and optional:
+            return None
+        kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(float(value)) \
+                or not self.contains(value):
+            raise InputError(f"{name} must be {'an integer' if integer else 'a number'} {self.describe()}"
+                             f"{' (or None)' if optional else ''}; got {value!r}.")
+        return int(value) if integer else float(value)
+
     def constraints(self) -> dict[str, float]:
         """The bounds that are set, as keyword arguments (``Field(**bound.constraints())``)."""
         return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
@@ -61,6 +73,7 @@ BOUNDS: dict[str, Bound] = {
     "max_interval_width": Bound(gt=0.0),
 }
 _INTEGERS = ("n_bootstrap", "seed")
+_OPTIONAL = ("label_shift_significance", "max_interval_width")
 
 
 @dataclass(frozen=True)
@@ -106,11 +119,8 @@ class AssessmentSettings:
         if cross_check:
             check_methods(list(dict.fromkeys(cross_check)), allowed=REESTIMATION_ESTIMATORS, argument="cross_check")
         object.__setattr__(self, "cross_check", cross_check)
-        for name, bound in BOUNDS.items():
-            value = getattr(self, name)
-            if value is None and name in ("label_shift_significance", "max_interval_width"):
-                continue
-            object.__setattr__(self, name, _checked_number(name, value, bound))
+        for name in BOUNDS:
+            object.__setattr__(self, name, check_setting(name, getattr(self, name)))
 
     @property
     def label_shift_level(self) -> float:
@@ -123,20 +133,8 @@ class AssessmentSettings:
 
 
 def check_setting(name: str, value):
-    """``value`` of the numeric setting ``name`` as an int or float inside its bound (:data:`BOUNDS`); InputError
-    naming the setting and its range otherwise."""
-    return _checked_number(name, value, BOUNDS[name])
-
-
-def _checked_number(name: str, value, bound: Bound):
-    integer = name in _INTEGERS
-    kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(float(value)) \
-            or not bound.contains(value):
-        optional = " (or None)" if name in ("label_shift_significance", "max_interval_width") else ""
-        raise InputError(f"{name} must be {'an integer' if integer else 'a number'} {bound.describe()}{optional}; "
-                         f"got {value!r}.")
-    return int(value) if integer else float(value)
+    """``value`` of the numeric setting ``name`` checked against its bound (:data:`BOUNDS`)."""
+    return BOUNDS[name].checked(name, value, integer=name in _INTEGERS, optional=name in _OPTIONAL)
 
 
 #: the defaults of every setting
