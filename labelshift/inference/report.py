@@ -27,8 +27,9 @@ from .shift_detection import (MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, MIN_TARGET, 
                               label_shift_test, prepare_holdout)
 from ..estimation.registry import REESTIMATION_ESTIMATORS, check_interval, check_methods, make_estimator
 from ..estimation.solvers import confusion_matrix
-from .uncertainty import (Identifiability, NoShiftTest, PriorInterval, bootstrap_interval, fisher_interval,
-                          identifiability, no_shift_test)
+from .identifiability import Identifiability, identifiability
+from .intervals import PriorInterval, bootstrap_interval, fisher_interval
+from .no_shift_test import NoShiftTest, no_shift_test
 
 __all__ = ["CrossCheck", "LargestChange", "ShiftReport", "assess_shift", "label_shift_holdout", "check_holdout",
            "joint_confusion", "finite", "Verdict", "VERDICTS", "NOT_LABEL_SHIFT", "verdict_of"]
