@@ -24,7 +24,7 @@ from labelshift.monitoring.batches import corrected_parquet, iter_ids, read_ids,
 from labelshift.calibration.scaling import BCTS
 from labelshift.estimation.diagnostics import correct_predictions
 from labelshift.inference.source_aware import source_aware_interval
-from labelshift.inference.shift_detection import label_shift_test
+from labelshift.inference.label_shift_test import label_shift_test
 from labelshift.inference.report import assess_shift
 
 K = 6

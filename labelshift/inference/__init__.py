@@ -5,8 +5,9 @@
 * :mod:`.identifiability` -- whether the estimate can be trusted (Section 5);
 * :mod:`.mlls_inputs` -- the inputs those three share (target rows, source prior, the MLLS weights checked);
 * :mod:`.source_aware` -- the interval that also counts the holdout's error (calibrator and source prior);
-* :mod:`.shift_detection` -- the label-shift test (is the target the source reweighted by class?), with its
-  log-odds part (:mod:`._log_odds`) and the restricted-support fit used above 20 classes (:mod:`._sparse_null`);
+* :mod:`.label_shift_test` -- the label-shift test (is the target the source reweighted by class?), with its
+  log-odds part (:mod:`.label_shift_test.log_odds`) and the restricted-support fit used above 20 classes
+  (:mod:`.label_shift_test.sparse_null`);
 * :mod:`.accuracy` -- the model's expected accuracy on the target, with an interval;
 * :mod:`.report` -- :func:`~labelshift.inference.report.assess_shift`, all of the above as one verdict.
 """

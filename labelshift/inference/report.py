@@ -23,8 +23,8 @@ from .accuracy import AccuracyEstimate, expected_accuracy
 from .source_aware import SUPPORTED_CALIBRATORS, SourceAwareInterval, min_holdout_rows, source_aware_interval
 from .repeats import Repeats, find_repeats
 from .settings import DEFAULTS
-from .shift_detection import (MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, MIN_TARGET, LabelShiftTest, PreparedHoldout,
-                              label_shift_test, prepare_holdout)
+from .label_shift_test import (MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, MIN_TARGET, LabelShiftTest, PreparedHoldout,
+                               label_shift_test, prepare_holdout)
 from ..estimation.registry import REESTIMATION_ESTIMATORS, check_interval, check_methods, make_estimator
 from ..estimation.solvers import confusion_matrix
 from .identifiability import Identifiability, identifiability
