@@ -1,7 +1,7 @@
 """Stopping the label-shift test's bootstrap early: the same decisions as all 200 draws, at a fraction of the draws.
 
 Both parts of the test stop drawing once enough draws reach their statistics (Besag & Clifford's sequential p-value,
-:mod:`labelshift.inference._sequential`). This script runs every replicate twice on the same inputs -- as shipped,
+:mod:`labelshift.inference.label_shift_test.sequential`). This script runs every replicate twice on the same inputs -- as shipped,
 and with the stopping rule switched off (all ``bootstrap_draws`` = 200 draws: the fixed-B test, whose p-values are
 bit for bit those of the code before the rule) -- and reports, per cell:
 
@@ -40,19 +40,20 @@ one_blas_thread()
 import bench_label_shift_test as blst  # noqa: E402
 from report_utils import cpu_model, publish  # noqa: E402
 
-import labelshift.inference._log_odds as _log_odds  # noqa: E402
-import labelshift.inference.shift_detection as _shift  # noqa: E402
+import labelshift.inference.label_shift_test.log_odds as _log_odds  # noqa: E402
+import labelshift.inference.label_shift_test.regions_fit as _regions_fit  # noqa: E402
+from labelshift.inference.label_shift_test import label_shift_test  # noqa: E402
 from labelshift import BCTS  # noqa: E402
 from labelshift.errors import InputError  # noqa: E402
 
 HEADING = "## Label-shift test: stopping the bootstrap early"
-_SEQUENTIAL = _shift.sequential_p_value
+_SEQUENTIAL = _regions_fit.sequential_p_value
 _STOPPING = _log_odds.stopping_draw
 
 
 def early_stop(on: bool) -> None:
     """Switch the stopping rule of both parts on (as shipped) or off (all the draws)."""
-    _shift.sequential_p_value = _SEQUENTIAL if on else (lambda s, b, d: _SEQUENTIAL(s, b, d, exceedances=10 ** 9))
+    _regions_fit.sequential_p_value = _SEQUENTIAL if on else (lambda s, b, d: _SEQUENTIAL(s, b, d, exceedances=10 ** 9))
     _log_odds.stopping_draw = _STOPPING if on else (lambda *args: None)
 
 
@@ -63,7 +64,7 @@ def both(S, ys, P) -> dict | None:
         early_stop(on)
         t0 = time.perf_counter()
         try:
-            res = _shift.label_shift_test(S, ys, P)
+            res = label_shift_test(S, ys, P)
         except InputError:
             return None
         finally:

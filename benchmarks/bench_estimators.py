@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from labelshift import BBSE, BCTS, MLLS
 from labelshift.estimation import solvers
+from labelshift.estimation.solvers import newton as solvers_newton  # noqa: E402
 from labelshift._validation import check_target_batch  # noqa: E402
 from labelshift.calibration import nll, softmax  # noqa: E402
 from labelshift.experiments.shift import dirichlet_prior  # noqa: E402
@@ -241,17 +242,17 @@ def run_shift(name, P, src_probs, y_src, repeats, keep=MAIN):
                  "hessian": lambda: solvers.mlls_hessian(P, weights["mlls"], np.ones((S, m)))}
         for i, fn in parts.items():
             times[i] = [timed(fn)[1] / S for _ in range(max(3, repeats))]
-        polish, failed = solvers._polish_chunk, []          # untimed: how often the polish hands a set to the IPM
+        polish, failed = solvers_newton._polish_chunk, []          # untimed: how often the polish hands a set to the IPM
 
         def counting(*a, **kw):
             out = polish(*a, **kw)
             failed.append(int(np.sum(out[4])))
             return out
-        solvers._polish_chunk = counting
+        solvers_newton._polish_chunk = counting
         try:
             solvers.mlls_newton(P, ps, np.ones((S, m)))
         finally:
-            solvers._polish_chunk = polish
+            solvers_newton._polish_chunk = polish
         extra["fallbacks"] = sum(failed)
     rows = {}
     for i in ("check", "solver", "hessian"):
@@ -361,7 +362,7 @@ def analysis(args, results, sensitivity) -> list[str]:
     need = 20.0 * t_ours / per_iter
     out = [
         "", "### Notes", "",
-        "* **How the batched MLLS is fast** (all in numpy, `labelshift/solvers.py`): the batch is solved in "
+        "* **How the batched MLLS is fast** (all in numpy, `labelshift/estimation/solvers/`): the batch is solved in "
         "cache-sized chunks of sets, each chunk to convergence (a 100-set batch of float64 data is 40 MB, far "
         "beyond the caches; one EM step over all of it costs ~3x more per set than on cached data); each set is "
         "copied once into a (k, m) layout, on which the two passes of an EM step are long contiguous BLAS "

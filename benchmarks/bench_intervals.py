@@ -1,5 +1,5 @@
 """Coverage, width and speed of the source-aware interval (:mod:`labelshift.inference.source_aware`) against the present
-target-only Fisher interval (:func:`labelshift.inference.uncertainty.fisher_interval`).
+target-only Fisher interval (:func:`labelshift.inference.intervals.fisher_interval`).
 
 The problem (:class:`labelshift.experiments.well_specified.WellSpecifiedGaussians`, ``make(k)``, seed 0): k Gaussian
 classes N(3 e_y, I_k) under a mildly imbalanced source prior; the model's logits are the exact posterior logits
@@ -22,7 +22,7 @@ Per cell (k, alpha, n, m), over the seeds:
 The timing table runs on one problem at m = 100,000, k = 10 (median over repeats; the machine is shared).
 
 ``--null-seeds N`` also measures the false-alarm rate of the ``reestimate`` flow's no-shift test (the two-sample
-test of :func:`labelshift.inference.uncertainty.no_shift_test` with the calibrated holdout as its source side) on null
+test of :func:`labelshift.inference.no_shift_test.no_shift_test` with the calibrated holdout as its source side) on null
 draws: the same per-seed procedure with the target drawn from the source prior itself, N seeds per (k, n, m) of
 ``--null-n`` x ``--null-m`` (default n in {500, 1,000, 5,000}, m in {1,000, 20,000}; goal <= 7% at the nominal 5%). On
 the same draws it also reports the earlier form of the test (each side's own covariance, chi^2 reference) for
@@ -64,7 +64,8 @@ from labelshift.calibration.scaling import BCTS, NBVS, TemperatureScaling, Vecto
 from labelshift.experiments.well_specified import WellSpecifiedGaussians  # noqa: E402
 from labelshift.inference.source_aware import source_aware_interval  # noqa: E402
 from labelshift.estimation.solvers import mlls_newton  # noqa: E402
-from labelshift.inference.uncertainty import fisher_interval, no_shift_test  # noqa: E402
+from labelshift.inference.intervals import fisher_interval  # noqa: E402
+from labelshift.inference.no_shift_test import no_shift_test  # noqa: E402
 
 from report_utils import cpu_model, run_chunks, write_section  # noqa: E402
 

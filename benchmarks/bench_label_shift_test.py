@@ -1,4 +1,4 @@
-"""The label-shift test (:mod:`labelshift.inference.shift_detection`): its size under true label shift and its power
+"""The label-shift test (:mod:`labelshift.inference.label_shift_test`): its size under true label shift and its power
 against a new class, covariate shift and a broken input feature.
 
 Every replicate draws a fresh labelled holdout of n rows, fits BCTS on the holdout's logits (as the flow does),
@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from labelshift import BCTS  # noqa: E402
 from labelshift.errors import InputError  # noqa: E402
-from labelshift.inference.shift_detection import REGIONS_SHARE, combine_p_values, label_shift_test  # noqa: E402
+from labelshift.inference.label_shift_test import REGIONS_SHARE, combine_p_values, label_shift_test  # noqa: E402
 
 from report_utils import cpu_model, publish  # noqa: E402
 

@@ -144,7 +144,7 @@ def size_power_replicate(args) -> tuple:
     import numpy as np
     from bench_label_shift_test import PRIOR_FAMILIES, Gauss, _softmax_cal, target_prior
     from labelshift.errors import InputError
-    from labelshift.inference.shift_detection import label_shift_test
+    from labelshift.inference.label_shift_test import label_shift_test
     prob = Gauss(k=100, d=16, sep=1.5)
     rng = np.random.default_rng([20, n, m, seed, SIZE_POWER_CASES.index((kind, amount))])
     zs, ys = prob.draw(prob.source_prior, n, rng)

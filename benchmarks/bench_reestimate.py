@@ -4,7 +4,8 @@ Two measurements, each with its baseline timed in the same run (the machine is s
 median over ``--repeats`` and a ratio is the median of the per-repeat ratios, the two sides measured one right
 after the other):
 
-1. **The statistics** (:mod:`labelshift.inference.uncertainty`) on k = 10 classes. The probabilities are the exact Bayes
+1. **The statistics** (:mod:`labelshift.inference.intervals`, :mod:`labelshift.inference.no_shift_test`,
+   :mod:`labelshift.inference.identifiability`) on k = 10 classes. The probabilities are the exact Bayes
    posteriors of a mixture of Gaussian classes N(mu_y, I_d) (d = 10, random means, ~90% accurate) under a mildly
    imbalanced source prior -- calibrated on the source, as the calibrator is meant to make them -- fit on n = 10000
    labelled source rows; the target rows are drawn from a Dirichlet(1) target prior (all seeds fixed). For m in
@@ -64,7 +65,9 @@ quiet_services()
 from labelshift import BBSE, MLLS  # noqa: E402
 from labelshift.errors import IllConditionedWarning  # noqa: E402
 from labelshift.inference.settings import DEFAULTS  # noqa: E402
-from labelshift.inference.uncertainty import (bootstrap_interval, fisher_interval, identifiability, no_shift_test)  # noqa: E402
+from labelshift.inference.identifiability import identifiability  # noqa: E402
+from labelshift.inference.intervals import bootstrap_interval, fisher_interval  # noqa: E402
+from labelshift.inference.no_shift_test import no_shift_test  # noqa: E402
 
 from report_utils import cpu_model, write_section  # noqa: E402
 
@@ -463,7 +466,8 @@ def build_report(args, stats, pinned_stats, flow, command: str, elapsed: float) 
     today = _dt.date.today().isoformat()
     lines = [SECTION, "",
              "`benchmarks/bench_reestimate.py` times what one re-estimation costs: (1) the statistics of "
-             "`labelshift.inference.uncertainty` against the MLLS estimate they accompany, and (2) the whole `reestimate` flow "
+             "`labelshift.inference` (intervals, no-shift test, identifiability) against the MLLS estimate they accompany, "
+             "and (2) the whole `reestimate` flow "
              "against the same steps called as plain Python. See the script's docstring for the details.", "",
              f"Produced by `{command}` on {today}; machine: {machine()}. Wall time {elapsed / 60:.1f} min. Times are "
              f"medians over {args.repeats} repeats (statistics) and {args.flow_repeats} repeats (flow); ratios are "

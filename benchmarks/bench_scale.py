@@ -152,7 +152,9 @@ def profile_steps(model_uri: str, tracking_uri: str, target: str) -> dict:
     from labelshift.inference.report import joint_confusion
     from labelshift.rows import joined
     from labelshift.storage import open_store
-    from labelshift.inference.uncertainty import fisher_interval, identifiability, no_shift_test
+    from labelshift.inference.identifiability import identifiability
+    from labelshift.inference.intervals import fisher_interval
+    from labelshift.inference.no_shift_test import no_shift_test
     from tasks.references import load_reference, score_for_reestimation, write_for_reestimation
 
     times = {}

@@ -20,7 +20,7 @@ from labelshift.errors import InputError
 from labelshift.experiments.well_specified import WellSpecifiedGaussians
 from labelshift.inference.source_aware import (METHOD, MIN_ROWS_PER_PARAMETER, SourceAwareInterval, min_holdout_rows,
                                                source_aware_interval)
-from labelshift.inference.uncertainty import PriorInterval, fisher_interval
+from labelshift.inference.intervals import PriorInterval, fisher_interval
 
 PRIOR3 = np.array([0.2, 0.3, 0.5])
 
@@ -64,7 +64,7 @@ def test_result_is_a_prior_interval_with_the_holdout_terms(problem3):
 
 def test_target_part_is_the_fisher_interval(problem3):
     """The target-only part of the sandwich is exactly the constrained Fisher covariance of fisher_interval (the
-    two coincide at the MLLS optimum; module docstring of labelshift.inference.uncertainty)."""
+    two coincide at the MLLS optimum; module docstring of labelshift.inference.intervals)."""
     r, (Xh, yh, Xt, cal) = fit_and_interval(problem3, PRIOR3, 1000, 5000, np.random.default_rng(1))
     f = fisher_interval(cal.predict_proba(Xt), r.weights, r.source_prior)
     np.testing.assert_allclose(r.target_only.std_error, f.std_error, rtol=1e-6)

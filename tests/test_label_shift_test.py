@@ -1,4 +1,4 @@
-"""The label-shift test (labelshift.inference.shift_detection): size under label shift, power against a new class and
+"""The label-shift test (labelshift.inference.label_shift_test): size under label shift, power against a new class and
 covariate shift, the evidence it names, and the errors it raises."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from scipy.stats import binom
 
 from labelshift import MLLS
 from labelshift.errors import InputError
-from labelshift.inference.shift_detection import (MIN_HOLDOUT, REGIONS_SHARE, STOP_EXCEEDANCES, LabelShiftTest,
-                                                  _bootstrap_null, _null_fit, _null_fit_batch, label_shift_test,
-                                                  sequential_p_value)
+from labelshift.inference.label_shift_test import (MIN_HOLDOUT, REGIONS_SHARE, STOP_EXCEEDANCES, LabelShiftTest,
+                                                   label_shift_test, sequential_p_value)
+from labelshift.inference.label_shift_test.null_fit import _bootstrap_null, _null_fit, _null_fit_batch
 
 K, D = 4, 4
 MEANS = np.array([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 2.0, 0], [0, 0, 0, 2.0]])
@@ -331,7 +331,7 @@ def _bounds_hold(x: dict, weights: dict) -> None:
     """The part's p-value is the smallest of its statistics' p-values divided by their weights, calibrated by the
     same draws: never below the smallest p-value (the draws beyond that statistic count) and never above the
     smallest p / weight by more than one draw's step 1/(B+1) (weighted Bonferroni bounds the law of the minimum)."""
-    from labelshift.inference.shift_detection import BOOTSTRAP_DRAWS
+    from labelshift.inference.label_shift_test import BOOTSTRAP_DRAWS
     w = {name: v / sum(weights.values()) for name, v in weights.items()}
     ps = {name: x[f"p_value_log_odds_{name}"] for name in w}
     step = 1.0 / (BOOTSTRAP_DRAWS + 1)
@@ -340,7 +340,7 @@ def _bounds_hold(x: dict, weights: dict) -> None:
 
 def test_log_odds_part_takes_the_smallest_weighted_p_of_its_three_statistics():
     # checked on null targets and on targets with leaning rows
-    from labelshift.inference._log_odds import STATISTIC_WEIGHTS
+    from labelshift.inference.label_shift_test.log_odds import STATISTIC_WEIGHTS
     rng = np.random.default_rng(9)
     for seed in range(4):
         S, ys = holdout(800, rng)
@@ -355,7 +355,7 @@ def test_log_odds_evidence_follows_the_statistic_furthest_beyond_its_draws():
     # weight makes its p / weight the smaller; their matched chi^2 tails do not tie: the diagonal statistic at 60 is
     # far further out than the block one at 25, so the p-value is the diagonal's tail over its weight and the
     # evidence is its class shares
-    from labelshift.inference._log_odds import STATISTIC_WEIGHTS, _combined
+    from labelshift.inference.label_shift_test.log_odds import STATISTIC_WEIGHTS, _combined
     boot = np.random.default_rng(0).chisquare(3, size=199)
     assert boot.max() < 25.0
     shares = {"diagonal": np.array([1.0, 0.0]), "block": np.array([0.0, 1.0])}
@@ -387,7 +387,7 @@ def test_log_odds_part_names_the_class_the_leaning_rows_are_predicted():
 
 
 def test_block_statistic_in_chunks_of_draws_and_skipped_for_many_classes(monkeypatch):
-    from labelshift.inference import _log_odds as lot
+    from labelshift.inference.label_shift_test import log_odds as lot
     monkeypatch.setattr(lot, "stopping_draw", lambda *args: None)   # all the draws: the fixed-B p-values compared
     S, ys, P = _leaning_rows(2, n=600, m=1200)
     whole = label_shift_test(S, ys, P, seed=4)
@@ -458,7 +458,8 @@ def test_world_shares_split_each_region_as_the_null_fit_says():
     # the log-odds part's bootstrap world: every target row's class shares sum to 1, and within each region the
     # rows' shares add up to the region's row count times the fit's class shares q_y pi_y[r] / sum q pi[r]
     # (iterative proportional fitting, converged to 1e-8); rows inside a region keep the order the outputs give
-    from labelshift.inference.shift_detection import _make_regions, _world_shares
+    from labelshift.inference.label_shift_test.goodness_of_fit import _world_shares
+    from labelshift.inference.label_shift_test.regions import _make_regions
     rng = np.random.default_rng(8)
     S, ys = holdout(1000, rng)
     P = posterior(draw(np.array([0.1, 0.2, 0.3, 0.4]), 3000, rng)[0])
@@ -533,7 +534,7 @@ def test_the_regions_bootstrap_stops_early_under_label_shift():
 
 
 def test_the_log_odds_bootstrap_stops_early_under_label_shift():
-    from labelshift.inference import _log_odds as lot
+    from labelshift.inference.label_shift_test import log_odds as lot
     rng = np.random.default_rng(12)
     S, ys = holdout(1000, rng)
     xt, _ = draw(np.array([0.4, 0.3, 0.2, 0.1]), 2000, rng)
@@ -555,7 +556,7 @@ def test_the_log_odds_bootstrap_stops_early_under_label_shift():
 def test_log_odds_draws_made_batch_by_batch_are_those_made_up_front():
     # the rows of each draw come from the same streams whether drawn all at once (as before the early stop) or
     # batch after batch: the holdout rows by jumping ahead in their stream, the target's by drawing in order
-    from labelshift.inference import _log_odds as lot
+    from labelshift.inference.label_shift_test import log_odds as lot
     rng = np.random.default_rng(3)
     S, ys = holdout(600, rng)
     xt, _ = draw(np.array([0.4, 0.3, 0.2, 0.1]), 800, rng)
@@ -574,7 +575,7 @@ def test_log_odds_draws_made_batch_by_batch_are_those_made_up_front():
 def test_a_prepared_holdout_gives_the_same_result_and_must_be_that_holdouts():
     # the holdout's part (regions, their class counts, the log-odds part's holdout moments) made once for many
     # targets (the segments of a target): each test gives exactly what it gives without it
-    from labelshift.inference.shift_detection import prepare_holdout
+    from labelshift.inference.label_shift_test import prepare_holdout
     S, ys, P = _leaning_rows(6, n=800, m=1500)
     prepared = prepare_holdout(S, ys)
     rng = np.random.default_rng(6)

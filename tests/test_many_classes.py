@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from labelshift.inference import _log_odds as lot
-from labelshift.inference._sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit, support
+from labelshift.inference.label_shift_test import DENSE_MAX_CLASSES, label_shift_test
+from labelshift.inference.label_shift_test import log_odds as lot
+from labelshift.inference.label_shift_test.null_fit import _null_fit
+from labelshift.inference.label_shift_test.sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit, support
 from labelshift.inference.source_aware import _Design
-from labelshift.inference.shift_detection import DENSE_MAX_CLASSES, _null_fit, label_shift_test
 from labelshift import Holdout, Target, AssessmentSettings
 
 
@@ -189,7 +190,7 @@ def test_holdout_terms_in_row_blocks_equal_the_whole_array_section(monkeypatch, 
 
 
 def test_holdout_cov_above_the_dense_limit_is_the_per_class_sum(monkeypatch):
-    from labelshift.inference import shift_detection as sd
+    from labelshift.inference.label_shift_test import regions_fit as sd
     rng = np.random.default_rng(5)
     k, J = 40, 150
     N = rng.integers(0, 20, size=(k, J)).astype(float)

@@ -17,13 +17,14 @@ import pytest
 
 from labelshift import rows, Holdout, Target, AssessmentSettings
 from labelshift.estimation import solvers
+from labelshift.estimation.solvers.mlls_objective import _objective
 from labelshift._validation import check_probabilities
 from labelshift.inference.accuracy import expected_accuracy
 from labelshift.monitoring.batches import corrected_parquet, iter_ids, read_ids, write_corrected_parquet
 from labelshift.calibration.scaling import BCTS
 from labelshift.estimation.diagnostics import correct_predictions
 from labelshift.inference.source_aware import source_aware_interval
-from labelshift.inference.shift_detection import label_shift_test
+from labelshift.inference.label_shift_test import label_shift_test
 from labelshift.inference.report import assess_shift
 
 K = 6
@@ -57,7 +58,7 @@ def test_row_passes_equal_the_whole_array_formulas(small_blocks):
     obj, grad, H, dead = rows.mlls_pass(P, w, hessian=True)
     assert not dead
     Pb, wb = P[None], w[None]
-    np.testing.assert_allclose(obj, solvers._objective(Pb, np.full((1, len(P)), 1 / len(P)), wb)[0], rtol=1e-12)
+    np.testing.assert_allclose(obj, _objective(Pb, np.full((1, len(P)), 1 / len(P)), wb)[0], rtol=1e-12)
     fw = P @ w
     np.testing.assert_allclose(grad, (P / fw[:, None]).mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(H, (P / fw[:, None] ** 2).T @ P / len(P), rtol=1e-12)

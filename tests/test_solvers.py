@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 
 from labelshift.estimation import solvers as sv
+from labelshift.estimation.solvers import layout, newton
 
 
 def gaussian_posteriors(rng, k, m, target_prior, source_prior=None, sep=2.0):
@@ -292,9 +293,9 @@ def test_newton_polish_repairs_a_wrong_face(case):
                 "far start": (0, 3.0)}[case]
     start[j] = value
     start /= start @ ps
-    Pb, cn, psb, _, _ = sv._prepare(P, ps, None, None)
-    PT = sv._transposed(Pb, np.float64)
-    w, conv, _, gap, failed = sv._polish_chunk(PT, cn, psb, PT.astype(np.float32), start[None], 1e-12, 30)
+    Pb, cn, psb, _, _ = layout._prepare(P, ps, None, None)
+    PT = layout._transposed(Pb, np.float64)
+    w, conv, _, gap, failed = newton._polish_chunk(PT, cn, psb, PT.astype(np.float32), start[None], 1e-12, 30)
     assert conv[0] and not failed[0] and gap[0] <= 1e-12
     np.testing.assert_allclose(w[0], best, rtol=0, atol=1e-9)
 
@@ -302,7 +303,7 @@ def test_newton_polish_repairs_a_wrong_face(case):
 def test_newton_falls_back_to_the_interior_point_method(monkeypatch):
     P, ps = _shifted_batch(4, S=3)
     ipm = sv.mlls_newton(P, ps, method="ipm")
-    monkeypatch.setattr(sv, "_POLISH_ITER", 1)          # no polish can certify in one iteration
+    monkeypatch.setattr(newton, "_POLISH_ITER", 1)          # no polish can certify in one iteration
     res = sv.mlls_newton(P, ps)
     assert res.converged.all()
     np.testing.assert_allclose(res.weights, ipm.weights, rtol=0, atol=1e-9)

@@ -1,4 +1,5 @@
-"""Intervals, the no-shift test and the identifiability report of labelshift.inference.uncertainty.
+"""Intervals, the no-shift test and the identifiability report (labelshift.inference.intervals, .no_shift_test and
+.identifiability).
 
 Every statistical test uses a problem with *exact* posteriors, so f is perfectly calibrated and the only error is the
 finite target sample: k one-dimensional Gaussian classes N(mu_y, 1) with source prior p_s, and
@@ -20,9 +21,10 @@ from scipy.stats import t as student_t
 
 from labelshift.errors import IllConditionedWarning, InputError
 from labelshift.estimation.estimators import BBSE, MLLS
-from labelshift.inference.uncertainty import (MAX_RELATIVE_ERROR, MAX_STANDARD_ERROR, Identifiability, NoShiftTest,
-                                              PriorInterval, bootstrap_interval, fisher_interval, identifiability,
-                                              no_shift_test)
+from labelshift.inference.identifiability import (MAX_RELATIVE_ERROR, MAX_STANDARD_ERROR, Identifiability,
+                                                  identifiability)
+from labelshift.inference.intervals import PriorInterval, bootstrap_interval, fisher_interval
+from labelshift.inference.no_shift_test import NoShiftTest, no_shift_test
 
 MU3 = np.array([-2.0, 0.0, 2.0])
 PS3 = np.array([0.5, 0.3, 0.2])
@@ -316,7 +318,7 @@ def test_bootstrap_is_reproducible():
 
 def test_bootstrap_chunks_give_the_same_answer(monkeypatch):
     """Replicates solved in many small estimate calls equal one big call (the resampling stream is the same)."""
-    import labelshift.inference.uncertainty as U
+    import labelshift.inference.intervals as U
 
     F = draw_targets(607, 1, 200, Q3)[0]
     whole = bootstrap_interval(F, PS3, n_bootstrap=40, seed=1)

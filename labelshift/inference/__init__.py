@@ -1,9 +1,13 @@
 """Inference on an estimate of the target prior: how sure it is, and whether label shift explains the target.
 
-* :mod:`.uncertainty` -- the Fisher and bootstrap intervals, the no-shift test, identifiability (Sections 4.2, 5);
+* :mod:`.intervals` -- the Fisher and bootstrap intervals (Section 4.2);
+* :mod:`.no_shift_test` -- the test of "no shift", w = 1 (Section 4.2);
+* :mod:`.identifiability` -- whether the estimate can be trusted (Section 5);
+* :mod:`.mlls_inputs` -- the inputs those three share (target rows, source prior, the MLLS weights checked);
 * :mod:`.source_aware` -- the interval that also counts the holdout's error (calibrator and source prior);
-* :mod:`.shift_detection` -- the label-shift test (is the target the source reweighted by class?), with its
-  log-odds part (:mod:`._log_odds`) and the restricted-support fit used above 20 classes (:mod:`._sparse_null`);
+* :mod:`.label_shift_test` -- the label-shift test (is the target the source reweighted by class?), with its
+  log-odds part (:mod:`.label_shift_test.log_odds`) and the restricted-support fit used above 20 classes
+  (:mod:`.label_shift_test.sparse_null`);
 * :mod:`.accuracy` -- the model's expected accuracy on the target, with an interval;
 * :mod:`.report` -- :func:`~labelshift.inference.report.assess_shift`, all of the above as one verdict.
 """

@@ -24,12 +24,13 @@ from .repeats import Repeats, find_repeats
 from .holdout import Holdout, Target
 from .holdout import pooled as pooled_rows
 from .settings import DEFAULTS, AssessmentSettings, check_setting
-from .shift_detection import (MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, MIN_TARGET, LabelShiftTest, PreparedHoldout,
-                              label_shift_test, prepare_holdout)
+from .label_shift_test import (MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, MIN_TARGET, LabelShiftTest, PreparedHoldout,
+                               label_shift_test, prepare_holdout)
 from ..estimation.registry import make_estimator
 from ..estimation.solvers import confusion_matrix
-from .uncertainty import (Identifiability, NoShiftTest, PriorInterval, bootstrap_interval, fisher_interval,
-                          identifiability, no_shift_test)
+from .identifiability import Identifiability, identifiability
+from .intervals import PriorInterval, bootstrap_interval, fisher_interval
+from .no_shift_test import NoShiftTest, no_shift_test
 
 __all__ = ["CrossCheck", "LargestChange", "ShiftReport", "assess_shift", "label_shift_holdout", "check_holdout",
            "joint_confusion", "finite", "Verdict", "VERDICTS", "NOT_LABEL_SHIFT", "verdict_of"]

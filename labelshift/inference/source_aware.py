@@ -32,7 +32,9 @@ from ..calibration.scaling import CONVERGED_GRADIENT
 from ..errors import IllConditionedWarning, InputError
 from ..estimation.solvers import PIN_TOL, mlls_newton, mlls_optimality
 from .repeats import clustered_covariance
-from .uncertainty import MAX_STANDARD_ERROR, PriorInterval, _pinned_bounds, fisher_interval
+from .identifiability import MAX_STANDARD_ERROR
+from .intervals import PriorInterval, fisher_interval
+from .intervals import pinned_bounds as _pinned_bounds
 
 __all__ = ["SourceAwareInterval", "source_aware_interval", "MIN_ROWS_PER_PARAMETER", "METHOD",
            "SUPPORTED_CALIBRATORS"]

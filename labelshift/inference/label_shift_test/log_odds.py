@@ -2,7 +2,7 @@
 class?
 
 Under label shift every fixed function h of the output has E_t[h(f)] = sum_y p_t(y) E_s[h(f) | y] (Garg et al. 2020,
-Section 2). The region test of :mod:`labelshift.inference.shift_detection` takes h = region indicators (predicted class
+Section 2). The region test of :mod:`labelshift.inference.label_shift_test` takes h = region indicators (predicted class
 x confidence bin). This part takes, for the row's predicted class c = argmax f, the indicator of c and the k - 1
 log-odds log f_j - log f_c (clipped to [-30, 0]) placed in c's block: d <= k + k (k - 1) moments that see *where inside*
 a predicted class the outputs lie -- which other classes a row leans towards and by how much. A class mean that moves,
@@ -17,7 +17,7 @@ STATISTIC_WEIGHTS share, calibrated by the draws (:func:`_combined`) -- or, when
 each statistic has 10 draws reaching it, their sequential p-values' weighted Bonferroni (:func:`_stopped_early`;
 ``docs/label_shift_test.md``, "Stopping the bootstrap early"). The draws come from a studentised bootstrap in
 the completed data of the null fit (holdout rows and WORLD_TARGET_ROWS target rows in the classes' fitted shares,
-:func:`labelshift.inference.shift_detection._world_shares`), so the law does not assume calibrated outputs.
+:func:`.goodness_of_fit._world_shares`), so the law does not assume calibrated outputs.
 Derivation, how the weights were chosen, measured size and power: ``docs/label_shift_test.md`` ("The second look:
 log-odds profiles").
 """
@@ -30,8 +30,8 @@ import numpy as np
 from scipy import sparse
 from scipy.stats import chi2
 
-from .. import rows as _rows
-from ._sequential import DRAW_BATCH, STOP_EXCEEDANCES, stopping_draw
+from ... import rows as _rows
+from .sequential import DRAW_BATCH, STOP_EXCEEDANCES, stopping_draw
 
 LOG_ODDS_FLOOR = -30.0
 _W_FLOOR = 1e-6          # variances below this fraction of the largest are raised to it (near-constant moments)
@@ -617,7 +617,7 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     statistic (the absolute sum of S's log-odds z-scores) and, for k <= BLOCK_MAX_CLASSES, the block statistic.
     The draws are computed DRAW_BATCH at a time; once each statistic has STOP_EXCEEDANCES draws reaching it, the
     bootstrap stops and the part's p-value is the weighted Bonferroni min_j (p_j / share_j) of their sequential
-    p-values (:mod:`labelshift.inference._sequential`; at least 0.05 / the largest share: 0.1 with the block
+    p-values (:mod:`.sequential`; at least 0.05 / the largest share: 0.1 with the block
     statistic, 0.083 without; ``draws_used`` the draws computed); otherwise, after all the draws, each gets
     p = (1 + #{draws >= it}) / (draws + 1) and the part's p-value is their smallest p / STATISTIC_WEIGHTS share,
     calibrated by the same draws (:func:`_combined`). ``side``: :func:`holdout_side` of (S, y), when already

@@ -1,6 +1,6 @@
 """The regions part of the label-shift test on a restricted support, for many classes.
 
-:func:`labelshift.inference.shift_detection._null_fit` maximises the null likelihood of the region counts over every
+:func:`.null_fit._null_fit` maximises the null likelihood of the region counts over every
 class histogram pi_y on all J regions, and its bootstrap refits B draws on the dense (B, k, J) table: with J about 4 k
 regions that is k^2 numbers a pass per draw (8e6 a pass for B = 200 at k = 100, 8e8 at k = 1,000), and the EM crawls
 where most entries head for 0 (measured: ``docs/label_shift_test.md``, "Many classes").
@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
-from .. import rows as _rows
-from ._squarem import squarem_batch
+from ... import rows as _rows
+from .squarem import squarem_batch
 
 
 class _Support:

@@ -1,0 +1,232 @@
+"""The regions part of the label-shift test: the region counts, the likelihood-ratio form (null fit, p-value from the
+parametric bootstrap or chi^2) and the Wald form (D^T Sigma^+ D at the MLLS weights, with the delta-method
+covariance), and the evidence per region and per predicted class (``docs/label_shift_test.md``, "The statistic
+and its null distribution")."""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from scipy.linalg import null_space
+from scipy.stats import chi2
+
+from ... import rows as _rows
+from ...errors import InputError
+from ...estimation.solvers import PIN_TOL, mlls_newton
+from .holdout import PreparedHoldout
+from .inputs import _TestInputs
+from .null_fit import DENSE_MAX_CLASSES, _bootstrap_null, _null_fit
+from .regions import _assign_rows, _make_regions, _region_name, _Regions
+from .result import Region
+from .sequential import DRAW_BATCH, sequential_p_value
+from .sparse_null import CLASS_Z_BLOCK_CLASSES, class_block_z, own_regions, sparse_bootstrap_null, sparse_null_fit
+# eigenvalues of the (sum-zero) covariance below this fraction of the largest are treated as zero
+_EIG_REL = 1e-10
+# q_y at or below this counts as pinned at 0 in the null fit (one more degree of freedom)
+_Q_TOL = 1e-6
+
+# pseudo-count (spread over the regions by their pooled holdout frequency) in the holdout variance of each class
+_SMOOTH = 1.0
+
+
+def _tangent_inverse(H: np.ndarray, p: np.ndarray, free: np.ndarray) -> np.ndarray:
+    """K = Z (Z^T H_FF Z)^{-1} Z^T on the free coordinates F (0 elsewhere), Z an orthonormal basis of
+    {d_F : p_F^T d_F = 0}: the linearisation of the MLLS estimating equations (see docs/label_shift_test.md)."""
+    k = H.shape[0]
+    K = np.zeros((k, k))
+    idx = np.flatnonzero(free)
+    if idx.size < 2:
+        return K
+    Z = null_space(p[idx][None, :])
+    A = Z.T @ H[np.ix_(idx, idx)] @ Z
+    lam, V = np.linalg.eigh(0.5 * (A + A.T))
+    lam = np.maximum(lam, max(1e-14 * float(lam.max()), 1e-300))
+    B = Z @ V
+    K[np.ix_(idx, idx)] = (B / lam) @ B.T
+    return K
+
+
+def _holdout_cov(N: np.ndarray, pi, q: np.ndarray) -> np.ndarray:
+    """Covariance of sum_y q_y pi_hat_y from the holdout's class-conditional region frequencies: sum_y q_y^2
+    (diag(pi_y) - pi_y pi_y^T) / n_y, with pi the given (null-fitted) frequencies, or when None the holdout's own
+    with a pseudo-count _SMOOTH spread by the pooled frequencies (a region where class y was never seen still gets
+    a variance)."""
+    k, J = N.shape
+    n_y = N.sum(axis=1)
+    if pi is None:
+        pooled = N.sum(axis=0) / n_y.sum()
+        pi = (N + _SMOOTH * pooled[None, :]) / (n_y[:, None] + _SMOOTH)
+    if k > DENSE_MAX_CLASSES:            # the same sum as one product: k J^2 work instead of k passes over J x J
+        a = q ** 2 / n_y
+        return np.diag(a @ pi) - (pi.T * a) @ pi
+    out = np.zeros((J, J))
+    for c in range(k):
+        out += (q[c] ** 2 / n_y[c]) * (np.diag(pi[c]) - np.outer(pi[c], pi[c]))
+    return out
+
+
+def _wald_target_cov(P, w, p, bt, pi, observed, J) -> np.ndarray:
+    """Per-row covariance of the target part of D for the Wald form: IF_i = e_{r_i} - A K psi_i, A = G diag(p_s),
+    psi_i = f_i / f_i^T w, K the tangent inverse of the MLLS information (docs/label_shift_test.md)."""
+    m, k = P.shape
+    if _rows.is_large(P):                    # in row blocks, float64 sums
+        H, psi_bar, R = np.zeros((k, k)), np.zeros(k), np.zeros((J, k))
+        with _rows.pass_threads(k):
+            for sl in _rows.blocks(m, width=k):
+                B = P[sl].astype(np.float64)
+                psi = B / (B @ w)[:, None]
+                H += psi.T @ psi
+                psi_bar += psi.sum(axis=0)
+                for c in range(k):
+                    R[:, c] += np.bincount(bt[sl], weights=psi[:, c], minlength=J)
+        H, psi_bar = H / m, psi_bar / m
+    else:
+        psi = P / (P @ w)[:, None]
+        H = psi.T @ psi / m
+        psi_bar = psi.mean(axis=0)
+        R = np.zeros((J, k))
+        for c in range(k):
+            R[:, c] = np.bincount(bt, weights=psi[:, c], minlength=J)
+    K = _tangent_inverse(H, p, w > PIN_TOL)
+    R /= m
+    cov_e = np.diag(observed) - np.outer(observed, observed)
+    cross = (R - np.outer(observed, psi_bar)) @ ((pi.T * p[None, :]) @ K).T
+    AK = (pi.T * p[None, :]) @ K
+    return cov_e - cross - cross.T + AK @ (H - np.outer(psi_bar, psi_bar)) @ AK.T
+
+
+def _wald(D: np.ndarray, sigma: np.ndarray) -> tuple[float, int]:
+    """D^T Sigma^+ D in the sum-zero subspace (the regions partition the simplex) and the rank."""
+    J = D.shape[0]
+    U = null_space(np.ones((1, J)))
+    C = U.T @ sigma @ U
+    lam, V = np.linalg.eigh(0.5 * (C + C.T))
+    keep = lam > max(float(lam.max()), 0.0) * _EIG_REL
+    proj = V[:, keep].T @ (U.T @ D)
+    return float(np.sum(proj ** 2 / lam[keep])), int(keep.sum())
+
+
+class _RegionCounts(NamedTuple):
+    """The regions of the output simplex and the rows in each: holdout N (k, J) by class, target T (J,)."""
+    regions: _Regions
+    N: np.ndarray
+    T: np.ndarray
+    observed: np.ndarray        # (J,) target fraction per region
+    target_regions: np.ndarray  # (m,) each target row's region
+
+
+class _RegionsFit(NamedTuple):
+    """The regions part of the test: statistic, dof, p-value, the weights and prior q under H0, the histograms pi,
+    the expected fractions, observed - expected (D) and its covariance."""
+    stat: float
+    dof: int
+    p_value: float
+    w: np.ndarray
+    q: np.ndarray
+    pi: np.ndarray
+    expected: np.ndarray
+    D: np.ndarray
+    sigma: np.ndarray
+    extra: dict
+
+
+def _region_counts(inp: _TestInputs, prepared: PreparedHoldout | None = None) -> _RegionCounts:
+    """The regions made from the holdout (or ``prepared``'s) and the holdout (by class) and target rows in each;
+    InputError when they leave the test no degrees of freedom."""
+    n, k = inp.Ph.shape
+    regions = (_make_regions(inp.Ph, inp.min_region_rows, inp.max_confidence_bins) if prepared is None
+               else prepared.regions)
+    J = regions.n_regions
+    if J < k + 2:
+        raise InputError(f"the holdout gives only {J} regions of the output simplex (at least {inp.min_region_rows} "
+                         f"holdout rows per region), fewer than k + 2 = {k + 2}: the test has no degrees of freedom "
+                         f"left after estimating the {k} class weights. Collect a larger labelled holdout (n = {n} "
+                         "now; the size is measured from n = 500 at k = 10), or lower min_region_rows.")
+    target_regions = _assign_rows(regions, inp.Pt)
+    if prepared is None:
+        N = np.zeros((k, J))
+        np.add.at(N, (inp.y, regions.assign(inp.Ph)), 1.0)
+    else:
+        N = prepared.N.copy()
+    T = np.bincount(target_regions, minlength=J).astype(np.float64)
+    return _RegionCounts(regions=regions, N=N, T=T, observed=T / inp.Pt.shape[0], target_regions=target_regions)
+
+
+def _likelihood_ratio_fit(inp: _TestInputs, rc: _RegionCounts, calibration: str) -> _RegionsFit:
+    """The likelihood-ratio form: the null fit by EM (dense, or on a restricted support above DENSE_MAX_CLASSES),
+    its p-value from the parametric bootstrap or chi^2, and the evidence per region."""
+    k, J = rc.N.shape
+    m, p, n_y, N = inp.Pt.shape[0], inp.p, inp.n_y, rc.N
+    q0 = p if inp.w_given is None else p * inp.w_given
+    dense = k <= DENSE_MAX_CLASSES
+    region_group = np.array([b[0] for b in rc.regions.bounds])
+    own = None if dense else own_regions(rc.regions.group, region_group)
+    pi, q, stat, iters = _null_fit(N, rc.T, q0) if dense else sparse_null_fit(N, rc.T, q0, own, region_group)
+    free = q > _Q_TOL
+    dof = J - int(free.sum())
+    # evidence: the holdout's own histograms reweighted by the null fit's q (what "the holdout reweighted by
+    # w" predicts), against the target; sd from both samples' multinomial variances
+    expected = q @ (N / n_y[:, None])
+    sigma = (np.diag(expected) - np.outer(expected, expected)) / m + _holdout_cov(N, None, q)
+    p_chi2 = float(chi2.sf(stat, dof))
+    extra = {"em_iterations": iters, "calibration": calibration, "p_value_chi2": p_chi2}
+    if calibration == "bootstrap":
+        draws, seed = inp.bootstrap_draws, inp.seed
+        batches = (_bootstrap_null(pi, q, n_y, m, draws, seed, DRAW_BATCH) if dense
+                   else sparse_bootstrap_null(pi, q, n_y, m, draws, seed, own, region_group, DRAW_BATCH))
+        p_value, exceed, used = sequential_p_value(stat, batches, draws)
+        if exceed == 0:
+            # beyond every draw: the bootstrap resolves no p-value below 1/(B+1), so a level below that could
+            # never reject; there the chi^2 tail (conservative under the null, as measured) says how far out
+            p_value = min(p_value, p_chi2)
+        extra.update(bootstrap_draws=draws, seed=seed, bootstrap_draws_used=used)
+    else:
+        p_value = p_chi2
+    return _RegionsFit(stat=stat, dof=dof, p_value=p_value, w=q / p, q=q, pi=pi, expected=expected,
+                       D=rc.observed - expected, sigma=sigma, extra=extra)
+
+
+def _wald_fit(inp: _TestInputs, rc: _RegionCounts) -> _RegionsFit:
+    """The Wald form: D = observed - expected at the MLLS weights, D^T Sigma^+ D against chi^2."""
+    Pt, p, J, m = inp.Pt, inp.p, rc.regions.n_regions, inp.Pt.shape[0]
+    w = inp.w_given if inp.w_given is not None else np.maximum(mlls_newton(Pt, p).weights, 0.0)
+    q = p * w
+    pi = rc.N / inp.n_y[:, None]
+    expected = q @ pi
+    D = rc.observed - expected
+    sigma = _wald_target_cov(Pt, w, p, rc.target_regions, pi, rc.observed, J) / m + _holdout_cov(rc.N, None, q)
+    stat, dof = _wald(D, sigma)
+    p_value = float(chi2.sf(stat, dof)) if dof > 0 else 1.0
+    return _RegionsFit(stat=stat, dof=dof, p_value=p_value, w=w, q=q, pi=pi, expected=expected, D=D, sigma=sigma,
+                       extra={})
+
+
+def _region_evidence(rc: _RegionCounts, fit: _RegionsFit, class_names) -> tuple:
+    """The regions as :class:`Region` items with their z_R = D_R / sd_R, largest |z| first."""
+    z = fit.D / np.sqrt(np.maximum(np.diag(fit.sigma), 1e-300))
+    holdout_rows = rc.N.sum(axis=0).astype(int)
+    items = []
+    for r, (g, lo, hi) in enumerate(rc.regions.bounds):
+        mem = tuple(rc.regions.members[g])
+        items.append(Region(name=_region_name(mem, lo, hi, class_names), predicted_classes=mem,
+                            confidence_low=lo, confidence_high=hi, observed=float(rc.observed[r]),
+                            expected=float(fit.expected[r]), z=float(z[r]), holdout_rows=int(holdout_rows[r])))
+    items.sort(key=lambda it: -abs(it.z))
+    return tuple(items)
+
+
+def _class_z(regions: _Regions, fit: _RegionsFit, k: int) -> np.ndarray:
+    """(k,) z of each predicted class's regions together (nan for a pooled class)."""
+    if k > CLASS_Z_BLOCK_CLASSES:        # from sigma's diagonal blocks (sparse_null.class_block_z)
+        owner = np.array([b[0] for b in regions.bounds])
+        return class_block_z(owner, regions.members, fit.D, fit.sigma, k)
+    class_z = np.full(k, np.nan)
+    for g, mem in enumerate(regions.members):
+        if len(mem) != 1:
+            continue
+        a = np.zeros(regions.n_regions)
+        a[[r for r, b in enumerate(regions.bounds) if b[0] == g]] = 1.0
+        v = float(a @ fit.sigma @ a)
+        class_z[mem[0]] = float(a @ fit.D) / math.sqrt(v) if v > 0 else np.nan
+    return class_z
