@@ -13,9 +13,9 @@ meets new unlabelled data in object storage; on a schedule this flow
    (Garg et al., NeurIPS 2020, eq. (mlls-sample)) -- BBSE alongside as a cross-check -- with a confidence
    interval per class (by default source-aware: it includes the error of the calibrator and p_s fit on the labelled
    holdout; the target-only Fisher interval or a bootstrap by name), a test of the label-shift assumption itself
-   (:mod:`labelshift.inference.shift_detection`), a two-sample test of "no shift" (w = 1: the mean calibrated prediction
+   (:mod:`labelshift.inference.label_shift_test`), a two-sample test of "no shift" (w = 1: the mean calibrated prediction
    on the new data against the source holdout's) and the identifiability report (Hessian minimum eigenvalue,
-   confusion-matrix conditioning; :mod:`labelshift.inference.uncertainty`); with ``segment_column``, the same on
+   confusion-matrix conditioning; :mod:`labelshift.inference.identifiability`); with ``segment_column``, the same on
    each segment's rows besides (``assess-segment`` tasks, :mod:`tasks.segments`; the column is read and checked
    before the MLflow run starts) -- the pooled estimate and its verdict alone drive the steps below;
 4. logs to MLflow (experiment ``reestimation``): a child run per re-estimation with the prior, the interval, the

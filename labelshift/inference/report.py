@@ -140,7 +140,7 @@ class ShiftReport:
         interval: the confidence interval per class on p_t and w (source-aware, Fisher or bootstrap).
         no_shift_test: the test of H0: w = 1.
         label_shift: the test of the label-shift assumption
-            (:func:`labelshift.inference.shift_detection.label_shift_test`); None when it was not run (see
+            (:func:`labelshift.inference.label_shift_test.label_shift_test`); None when it was not run (see
             ``label_shift_error``).
         label_shift_error: why the label-shift test could not run (e.g. too small a holdout); None when it ran or
             was not asked for.
@@ -609,7 +609,7 @@ def _few_distinct_rows(repeats: Repeats) -> list[str]:
 
 
 def label_shift_holdout(holdout: Holdout, target_probs) -> PreparedHoldout | None:
-    """The label-shift test's work on ``holdout`` (:func:`~labelshift.inference.shift_detection.prepare_holdout`),
+    """The label-shift test's work on ``holdout`` (:func:`~labelshift.inference.label_shift_test.prepare_holdout`),
     made once for many :func:`assess_shift` calls against it (:meth:`Holdout.prepared_for`), e.g. the segments of a
     target: at the precision of ``target_probs`` (as :func:`assess_shift` tests), with the test's default region
     rule. None when the holdout cannot carry the test (each assessment then says why it was not run)."""
@@ -624,11 +624,11 @@ def assess_shift(holdout: Holdout, target, settings: AssessmentSettings = DEFAUL
 
     The estimators are fit on the labelled holdout with its prior p_s. The interval is
     :func:`~labelshift.inference.source_aware.source_aware_interval` (MLLS; includes the holdout's error),
-    :func:`~labelshift.inference.uncertainty.fisher_interval` (MLLS, eq. (mlls-sample); target only) or
-    :func:`~labelshift.inference.uncertainty.bootstrap_interval`; the label-shift test is
-    :func:`~labelshift.inference.shift_detection.label_shift_test` with the MLLS weights (recorded as "not run",
+    :func:`~labelshift.inference.intervals.fisher_interval` (MLLS, eq. (mlls-sample); target only) or
+    :func:`~labelshift.inference.intervals.bootstrap_interval`; the label-shift test is
+    :func:`~labelshift.inference.label_shift_test.label_shift_test` with the MLLS weights (recorded as "not run",
     with the reason, when the holdout cannot carry it); the no-shift test is
-    :func:`~labelshift.inference.uncertainty.no_shift_test`; the identifiability report is the MLLS estimate's
+    :func:`~labelshift.inference.no_shift_test.no_shift_test`; the identifiability report is the MLLS estimate's
     (Section 5, eq. (bound-main)). MLLS is fit whatever the estimator is and shown beside another as a cross-check;
     a cross-check that fails is reported with its error. ``docs/reestimation.md`` explains the numbers.
 

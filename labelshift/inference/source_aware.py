@@ -1,6 +1,6 @@
 """Confidence intervals on the target prior that include the error of the labelled source holdout.
 
-:func:`labelshift.inference.uncertainty.fisher_interval` treats the calibrated predictor f and the source prior p_s as
+:func:`labelshift.inference.intervals.fisher_interval` treats the calibrated predictor f and the source prior p_s as
 known. In practice both are estimated from the same n labelled holdout rows: the calibrator's parameters theta by
 minimising the NLL, and p_s = the mean calibrated prediction on the holdout (how the ``reestimate`` flow defines it,
 ``ModelBundle.source_prior``). Their O(n^{-1/2}) error moves the MLLS estimate (eq. (mlls-sample) of Garg et al.,
@@ -67,7 +67,7 @@ STORED_COVARIANCE_MAX_CLASSES = 100
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SourceAwareInterval(PriorInterval):
-    """A :class:`~labelshift.inference.uncertainty.PriorInterval` (``method="source-aware"``) whose covariance includes
+    """A :class:`~labelshift.inference.intervals.PriorInterval` (``method="source-aware"``) whose covariance includes
     the holdout's error. Every field of PriorInterval keeps its meaning; ``std_error`` is the total standard error of
     p_t(y). Added:
 
@@ -84,7 +84,7 @@ class SourceAwareInterval(PriorInterval):
             returned, but should be reported as Untrustworthy.
         reasons: one sentence per failed check, naming the number and its threshold.
         target_only: the present target-only interval (``method="fisher"``, as
-            :func:`~labelshift.inference.uncertainty.fisher_interval` computes it) for the same estimate, for
+            :func:`~labelshift.inference.intervals.fisher_interval` computes it) for the same estimate, for
             comparison.
         holdout_influence: (n, k) the influence of each holdout row on the estimate of p_t (centred, in holdout row
             order): p_t_hat - p_t ~ (target part) + (1/n) sum_j holdout_influence[j], and
@@ -789,7 +789,7 @@ def _poorly_identified(F: np.ndarray, w: np.ndarray, cov_w: np.ndarray) -> str |
     error above MAX_STANDARD_ERROR; None otherwise."""
     # (an absolute bound of 1/2 on w, as for the target-only check, would flag every class with a large weight --
     # w_y = 6 known to +-10% -- while the point is whether the data pin w down: so the error is measured relative
-    # to max(w_y, 1), which is the absolute 1/2 of labelshift.inference.uncertainty for weights up to 1)
+    # to max(w_y, 1), which is the absolute 1/2 of labelshift.inference.identifiability for weights up to 1)
     if not F.size:
         return None
     scale_w = np.maximum(w[F], 1.0)
@@ -870,7 +870,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
 
     The covariance is the M-estimation sandwich of the stacked estimating equations (on the holdout rows the
     calibrator's NLL score and f_theta(x_j) - p_s; on the target rows the MLLS optimality conditions on the free
-    classes): the target-only Fisher covariance of :func:`~labelshift.inference.uncertainty.fisher_interval` plus
+    classes): the target-only Fisher covariance of :func:`~labelshift.inference.intervals.fisher_interval` plus
     the holdout rows' influence on p_t. Interval per class: p_t_hat(y) +- z se(y), z = Phi^{-1}((1 + level) / 2),
     clipped to [0, 1] (w: to [0, 1 / p_s(y)]). Classes pinned at w_y = 0 (w_y <= PIN_TOL) get the one-sided
     interval [0, U_y]: the target-only profile likelihood bound of fisher_interval, widened by the holdout's share.
