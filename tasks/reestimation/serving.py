@@ -4,8 +4,9 @@ p_t(y|x) proportional to w_y f_y(x), registered beside the deployed model.
 The pyfunc (:func:`corrected_model_class`, an ``mlflow.pyfunc.PythonModel``) holds a copy of the deployed model
 version (input mode), its calibrator and the estimated weights w; in prediction-log mode it holds no model and
 takes the deployed model's outputs as its input. Its ``predict`` computes what the ``reestimate`` flow writes beside
-each batch (``NAME.corrected.npy`` / ``.corrected.parquet``): the same scoring (:func:`tasks.reestimation._forward`,
-:func:`tasks.references._model_scores`), the same float32 rounding of the raw outputs before the calibrator, and
+each batch (``NAME.corrected.npy`` / ``.corrected.parquet``): the same scoring
+(:func:`tasks.reestimation.scoring.forward`, :func:`tasks.reestimation.scoring.model_scores`), the same float32
+rounding of the raw outputs before the calibrator, and
 :func:`labelshift.estimation.diagnostics.correct_predictions` (Saerens et al. 2002; Garg et al., NeurIPS 2020,
 Section 2) -- so the two agree to float precision -- and adds the corrected class (the arg max).
 
@@ -36,7 +37,8 @@ from labelshift.errors import InputError
 from labelshift.estimation.diagnostics import correct_predictions
 from labelshift.inference.report import ShiftReport
 from labelshift.monitoring.batches import OutputSpec, read_outputs
-from tasks.reestimation import _forward, parse_model_uri
+from tasks.reestimation.model import parse_model_uri
+from tasks.reestimation.scoring import forward, model_scores
 
 __all__ = ["KIND", "KIND_TAG", "ALIAS", "CLASS_COLUMN", "corrected_model_class", "load_state", "corrected_frame",
            "calibrated", "corrected_name", "check_corrected_name", "register_if_shifted", "register_corrected_model"]
@@ -160,22 +162,20 @@ def corrected_frame(state: SimpleNamespace, model_input):
 
 def calibrated(state: SimpleNamespace, model_input) -> np.ndarray:
     """f(x), the calibrated source posterior of each row, computed as the flow computes it: the deployed model's
-    scores (as :mod:`tasks.references` scores a batch) rounded to float32, then the calibrator; prediction logs'
-    probabilities kept in float32, as the flow keeps them."""
+    scores (as :mod:`tasks.reestimation.scoring` scores a batch) rounded to float32, then the calibrator; prediction
+    logs' probabilities kept in float32, as the flow keeps them."""
     doc = state.doc
     if doc["mode"] == "outputs":
         raw = _outputs(model_input, OutputSpec(tuple(state.class_names), doc["output_kind"]))
         return state.calibrator.predict_proba(raw.astype(np.float64)).astype(np.float32)
     x = _inputs(model_input, doc)
     if doc["mode"] == "pytorch":
-        scores = _forward(state.model, x, BATCH_SIZE)
+        scores = forward(state.model, x, BATCH_SIZE)
     else:
-        from tasks.references import _model_scores
-
         scorer = SimpleNamespace(mode=doc["mode"], model=state.model, output_method=doc.get("output_method"),
                                  input_columns=doc.get("input_columns"), uri=doc["source_model"]["uri"],
                                  n_classes=len(state.class_names))
-        scores = _model_scores(scorer, x)
+        scores = model_scores(scorer, x)
     return state.calibrator.predict_proba(np.asarray(scores).astype(np.float32).astype(np.float64))
 
 
@@ -241,7 +241,7 @@ def _mode(bundle) -> str:
 def correction_doc(bundle, report: ShiftReport, *, run_id: str, target: str, sequence: int) -> dict:
     """What the pyfunc loads and what the version records: the weights and their interval, the calibrator, the
     classes, the mode, the deployed model version and the run that estimated the weights."""
-    from tasks.references import class_names_of
+    from tasks.reestimation.references import class_names_of
 
     ci = report.interval.to_dict()
     return {"format": CORRECTION_FORMAT, "version": 1, "mode": _mode(bundle), "class_names": class_names_of(bundle),
