@@ -41,7 +41,7 @@ from labelshift.errors import FormatError, InputError, ObjectNotFoundError
 from tasks.reference_artifacts import REFERENCE_ARTIFACT, calibrator_artifact, log_reestimation_reference
 from tasks.reestimation.model import ModelBundle, load_bundle, resolve_version
 
-__all__ = ["REFERENCE_JSON", "ReferenceBundle", "reference_model_class", "register_reference", "register_reference_file",
+__all__ = ["REFERENCE_JSON", "ReferenceBundle", "ReferenceModel", "register_reference", "register_reference_file",
            "register_sklearn_model", "load_reference", "load_for_reestimation", "class_names_of"]
 
 REFERENCE_JSON = "reference/reference.json"
@@ -55,19 +55,14 @@ def class_names_of(bundle) -> list[str]:
 
 
 # -- the pyfunc form of a reference ------------------------------------------------------------------------------------
-def reference_model_class():
-    """The pyfunc form of a reference: ``predict`` takes model outputs (one column per class, or an (n, k) array)
-    and returns the calibrated probabilities, one column per class name. (Made on demand: MLflow inspects a
-    PythonModel subclass when it is defined, which needs to happen only where a reference is registered; its note
-    on the untyped ``predict`` is recorded and dropped, since MLflow sets its own warning filter around it.)"""
-    with warnings.catch_warnings(record=True):
-        return _define_reference_model()
+# MLflow inspects a PythonModel subclass when it is defined; its note on the untyped ``predict`` is recorded and
+# dropped, since MLflow sets its own warning filter around it
+with warnings.catch_warnings(record=True):
 
-
-def _define_reference_model():
     class ReferenceModel(mlflow.pyfunc.PythonModel):
-        """A reference as an MLflow pyfunc: ``predict`` takes model outputs (one column per class, or an (n, k) array)
-        and returns the calibrated probabilities, one column per class name."""
+        """The pyfunc form of a reference: ``predict`` takes model outputs (one column per class, or an (n, k) array)
+        and returns the calibrated probabilities, one column per class name. MLflow pickles the instance by
+        reference to this module, so the model loads where labelshift is installed."""
 
         def load_context(self, context):
             doc = json.loads(Path(context.artifacts["reference"]).read_text())
@@ -83,8 +78,6 @@ def _define_reference_model():
             else:
                 x = np.asarray(model_input)
             return pd.DataFrame(self.calibrator.predict_proba(np.asarray(x, dtype=np.float64)), columns=self.class_names)
-
-    return ReferenceModel
 
 
 def _calibrator(name: str, output_kind: str):
@@ -163,7 +156,7 @@ def register_reference(holdout_outputs, holdout_labels, *, name: str, class_name
             level, quiet.level = quiet.level, logging.ERROR     # its note on pickled python_model objects
             try:
                 with mlflow.start_run(run_id=run_id):
-                    info = mlflow.pyfunc.log_model(name="reference", python_model=reference_model_class()(),
+                    info = mlflow.pyfunc.log_model(name="reference", python_model=ReferenceModel(),
                                                    artifacts={"reference": str(ref_path),
                                                               "calibrator": str(cal_path)},
                                                    pip_requirements=["mlflow", "numpy", "pandas"],
