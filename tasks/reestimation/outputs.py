@@ -23,11 +23,11 @@ from tasks.reestimation.scoring import download_batch
 __all__ = ["write_outputs", "write_for_reestimation"]
 
 
-@task(name="write-outputs", cache_policy=NO_CACHE, persist_result=False)
 def write_outputs(target_uri: str, batches: list[TargetBatch], probs: list[np.ndarray], weights: list[float],
                   summary: dict) -> list[str]:
     """Corrected predictions p_t(y|x) proportional to w_y f_y(x) (Saerens et al. 2002) beside each batch, then its
-    summary JSON; each write atomic. Returns the URIs of the corrected arrays."""
+    summary JSON; each write atomic. Returns the URIs of the corrected arrays. (A plain function: the ``.npy`` case
+    of the task :func:`write_for_reestimation`.)"""
     store = open_store(target_uri)
     urls = []
     for b, p in zip(batches, probs):
@@ -72,7 +72,7 @@ def write_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], 
     row group by row group to a temporary file (the batch's id column streamed from a downloaded copy), then
     uploaded."""
     if all(b.key.endswith(".npy") for b in batches):
-        return write_outputs.fn(target_uri, batches, probs, weights, summary)
+        return write_outputs(target_uri, batches, probs, weights, summary)
     store = open_store(target_uri)
     names = class_names_of(bundle)
     id_column = getattr(bundle, "id_column", None)
