@@ -253,7 +253,7 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     """The flow's body without Prefect: the same calls in the same order, each step timed. Returns
     ({step: seconds}, summary)."""
     from stack import settings as settings_mod
-    from flows.reestimate import _headline
+    from flows.summary import headline as _headline
     from labelshift.monitoring.watermark import commit_watermark, find_new_batches, load_batch
     from labelshift.storage import open_store
     from tasks.reestimation.assessment import estimate_shift
