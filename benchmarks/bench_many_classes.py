@@ -3,7 +3,7 @@
 The default path is ``labelshift.inference.report.assess_shift`` with the ``reestimate`` flow's defaults (MLLS estimate,
 BBSE-soft cross-check, source-aware interval with a BCTS calibrator, the accuracy estimate, the no-shift test, the
 label-shift test, the identifiability report), on a BCTS calibrator fit on the holdout's raw logits and p_s = the
-mean calibrated holdout prediction, as ``tasks.reestimation.estimate_shift`` calls it. Its baseline, timed in the
+mean calibrated holdout prediction, as ``tasks.reestimation.assessment.estimate_shift`` calls it. Its baseline, timed in the
 same process right before it, is the MLLS estimate alone (``MLLS().fit(S, y, p_s).estimate(P)``, median of 3): the
 issue's goal is the whole path in at most 20 times that (issue 20). The BCTS fit on the holdout, before both, is
 timed apart ("BCTS fit"; not part of the path, which takes a fitted calibrator).

@@ -259,12 +259,15 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     """The flow's body without Prefect: the same calls in the same order, each step timed. Returns
     ({step: seconds}, summary)."""
     from stack import settings as settings_mod
-    from flows.reestimate import _headline
+    from flows.summary import headline as _headline
     from labelshift.monitoring.watermark import commit_watermark, find_new_batches, load_batch
     from labelshift.storage import open_store
-    from tasks.reestimation import (_forward, end_run, estimate_shift, history_record, load_bundle,
-                                    log_reestimation, render_figure, start_reestimation_run, sync_monitor,
-                                    write_outputs)
+    from tasks.reestimation.assessment import estimate_shift
+    from tasks.reestimation.model import load_bundle
+    from tasks.reestimation.outputs import write_outputs
+    from tasks.reestimation.runs import (end_run, history_record, log_reestimation, render_figure,
+                                         start_reestimation_run, sync_monitor)
+    from tasks.reestimation.scoring import forward
     from tasks.tracking import check_tracking_server, git_commit, run_url
 
     steps: dict[str, float] = {}
@@ -302,7 +305,7 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     lap("MLflow: start run (+ monitor run)")
     arrays = [load_batch(store, b, input_shape=bundle.input_shape) for b in batches]
     lap("read + check batches")
-    outputs = [_forward(bundle.model, x, 1024).astype(np.float32) for x in arrays]   # kept as the flow keeps them
+    outputs = [forward(bundle.model, x, 1024).astype(np.float32) for x in arrays]   # kept as the flow keeps them
     probs = [bundle.calibrator.predict_proba(o.astype(np.float64)) for o in outputs]
     lap("forward + calibrate")
     report = estimate_shift.fn(bundle, probs, estimator=estimator, cross_check=list(cross_check), interval=interval,
@@ -325,7 +328,7 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     lap("figure (matplotlib PNG)")
     log_reestimation(env.tracking_uri, runs, report, summary, figure, step=sequence)
     lap("MLflow: metrics + summary + figure")
-    summary["outputs"] = write_outputs.fn(target_uri, batches, probs, report.weights.tolist(), summary)
+    summary["outputs"] = write_outputs(target_uri, batches, probs, report.weights.tolist(), summary)
     lap("write corrected predictions + summaries")
     committed = commit_watermark(store, watermark, batches, record)
     lap("commit watermark")
@@ -405,7 +408,7 @@ def run_flow_benchmark(args) -> dict:
         with prefect_test_harness(server_startup_timeout=180):
             startup = time.perf_counter() - t0
             print(f"  Prefect temporary server up in {startup:.1f} s", file=sys.stderr)
-            from tasks import reestimation as tasks_mod
+            from tasks.reestimation import model as tasks_mod
 
             tasks_mod._BUNDLES.clear()
             target = tmp / "first-flow"

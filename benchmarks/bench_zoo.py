@@ -201,7 +201,8 @@ def main(argv=None) -> int:
         return 2
     work = [(n, s, args.timeout, args.memory_gib) for n in names
              for s in range(args.seeds if case(n).fast else args.slow_seeds)]
-    import tasks.reestimation  # noqa: F401  (imported once here, before the workers fork)
+    import tasks.reestimation.assessment  # noqa: F401  (imported once here, before the workers fork)
+    import tasks.reestimation.references  # noqa: F401
 
     commit = _commit()                            # the code the runs use (read before they start)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from labelshift.errors import InputError, ServiceUnavailableError
-from tasks.alerts import EVENT_NAMES, LABEL_ACCURACY_DROP_PERCENT, LABEL_MODEL, LABEL_TV_PERCENT, RESOURCE_PREFIX
+from tasks.reestimation.alerts import EVENT_NAMES, LABEL_ACCURACY_DROP_PERCENT, LABEL_MODEL, LABEL_TV_PERCENT, RESOURCE_PREFIX
 
 __all__ = ["TAG", "BLOCK_NAME", "AlertPlan", "AutomationSpec", "check_alerts", "check_url", "parse_threshold",
            "automation_specs", "apply_alerts", "MESSAGE_SUBJECT", "MESSAGE_BODY"]

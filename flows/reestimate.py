@@ -4,10 +4,10 @@ The operator's side of the system. A deployed classifier, registered in MLflow w
 meets new unlabelled data in object storage; on a schedule this flow
 
 1. lists the target batches (``*.npy`` or ``*.parquet`` under ``target``: model inputs, or, for a registered
-   reference, the model's logged outputs; :mod:`labelshift.monitoring.batches`, :mod:`tasks.references`) that are not
+   reference, the model's logged outputs; :mod:`labelshift.monitoring.batches`, :mod:`tasks.reestimation.references`) that are not
    yet in the watermark (``<target>/_labelshift/watermark.json``, :mod:`labelshift.monitoring.watermark`);
 2. loads the model version and its calibrator and source holdout from the registry
-   (:func:`tasks.reestimation.load_bundle`), checks every new batch against the model's input signature, and
+   (:func:`tasks.reestimation.model.load_bundle`), checks every new batch against the model's input signature, and
    computes calibrated probabilities f(x);
 3. estimates the importance weights w and the target prior p_t(y) = w(y) p_s(y) on the pooled new rows with MLLS
    (Garg et al., NeurIPS 2020, eq. (mlls-sample)) -- BBSE alongside as a cross-check -- with a confidence
@@ -16,7 +16,7 @@ meets new unlabelled data in object storage; on a schedule this flow
    (:mod:`labelshift.inference.label_shift_test`), a two-sample test of "no shift" (w = 1: the mean calibrated prediction
    on the new data against the source holdout's) and the identifiability report (Hessian minimum eigenvalue,
    confusion-matrix conditioning; :mod:`labelshift.inference.identifiability`); with ``segment_column``, the same on
-   each segment's rows besides (``assess-segment`` tasks, :mod:`tasks.segments`; the column is read and checked
+   each segment's rows besides (``assess-segment`` tasks, :mod:`tasks.reestimation.segments`; the column is read and checked
    before the MLflow run starts) -- the pooled estimate and its verdict alone drive the steps below;
 4. logs to MLflow (experiment ``reestimation``): a child run per re-estimation with the prior, the interval, the
    p-value, the identifiability numbers and a figure;
@@ -61,13 +61,17 @@ from labelshift.rows import joined
 from labelshift.monitoring.watermark import commit_watermark, find_new_batches, read_watermark
 from labelshift.storage import open_store
 from stack import settings as settings_mod
-from tasks.reestimation import (catch_up_monitor, end_run, estimate_shift, history_record, log_reestimation,
-                                log_rejections, parse_model_uri, render_figure, start_reestimation_run,
-                                sync_monitor)
-from tasks.alerts import emit_verdict
-from tasks.references import class_names_of, load_for_reestimation, score_for_reestimation, write_for_reestimation
-from tasks.segments import assess_segments, check_segmentable, log_segments, read_segment_values, segment_values_of
-from tasks.serving import check_corrected_name, register_if_shifted
+from tasks.reestimation.alerts import emit_verdict
+from tasks.reestimation.assessment import estimate_shift
+from tasks.reestimation.model import parse_model_uri
+from tasks.reestimation.outputs import write_for_reestimation
+from tasks.reestimation.references import class_names_of, load_for_reestimation
+from tasks.reestimation.runs import (catch_up_monitor, end_run, history_record, log_reestimation, log_rejections,
+                                     render_figure, start_reestimation_run, sync_monitor)
+from tasks.reestimation.scoring import score_for_reestimation
+from tasks.reestimation.segments import (assess_segments, check_segmentable, log_segments, read_segment_values,
+                                         segment_values_of)
+from tasks.reestimation.serving import check_corrected_name, register_if_shifted
 from tasks.tracking import check_tracking_server, git_commit, run_url
 
 _log_user_errors_once()
@@ -235,7 +239,7 @@ def _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger, bu
 
 # -- 4. the estimate, logged -------------------------------------------------------------------------------------------
 def _settings(p: ReestimateParameters) -> dict:
-    """The statistical settings of one assessment, as :func:`tasks.reestimation.estimate_shift` takes them (the
+    """The statistical settings of one assessment, as :func:`tasks.reestimation.assessment.estimate_shift` takes them (the
     pooled rows and every segment's are assessed with the same)."""
     return dict(estimator=p.estimator, cross_check=list(p.cross_check), interval=p.interval, level=p.level,
                 significance=p.significance, n_bootstrap=p.n_bootstrap, seed=p.seed,

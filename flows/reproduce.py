@@ -44,11 +44,11 @@ from flows.params import (AlphaValuesParam, BaseSeedParam, BinsValuesParam, Cali
                           SeedsPerTaskParam, ShiftValuesParam, SizeAlphaParam, SizeShiftParam, StoreParam,
                           TargetSizeParam, TargetSizesParam, TrackingUriParam, TrainLimitParam, documented)
 from labelshift.errors import InputError, LabelShiftError
-from tasks.estimation import aggregate_sweep, estimate_settings
-from tasks.images import calibrate, ensure_dataset, ensure_gpu_limit, estimate_image_settings, predict_pools, \
+from tasks.sweep.estimation import aggregate_sweep, estimate_settings
+from tasks.sweep.images import calibrate, ensure_dataset, ensure_gpu_limit, estimate_image_settings, predict_pools, \
     train_model
-from tasks.outputs import records_csv, render_outputs
-from tasks.report import publish_summary, summary_markdown
+from tasks.sweep.outputs import records_csv, render_outputs
+from tasks.sweep.report import publish_summary, summary_markdown
 from tasks.storage import check_store_uri, results_url, save_experiment, save_summary
 from tasks.tracking import fail_sweep_runs, finish_sweep_runs, git_commit, log_experiment, run_url, \
     start_sweep_runs

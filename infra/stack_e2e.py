@@ -137,7 +137,7 @@ def deploy(env: dict[str, str]) -> None:
 
 
 def estimation_task_runs(flow_run_id, timeout: float = 30) -> int:
-    """How many runs of the estimation task (tasks.estimation.estimate_settings) the flow run made; the server
+    """How many runs of the estimation task (tasks.sweep.estimation.estimate_settings) the flow run made; the server
     records task runs from their events, so a few seconds after the flow run ends they may still be coming."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
@@ -214,7 +214,7 @@ def register_reference_and_batches(env: dict[str, str]) -> tuple[str, list[str]]
     from sklearn.datasets import load_digits
     from sklearn.linear_model import LogisticRegression
 
-    from tasks.references import register_reference
+    from tasks.reestimation.references import register_reference
 
     x, y = load_digits(return_X_y=True)
     rng = np.random.default_rng(0)

@@ -37,7 +37,7 @@ def results_url(store_uri: str, run_id: str) -> str:
 
 @task(name="save-experiment", task_run_name="save-{kind}", cache_policy=NO_CACHE, persist_result=False)
 def save_experiment(store_uri: str, run_id: str, kind: str, outputs: dict[str, bytes]) -> dict[str, dict[str, str]]:
-    """Write one experiment's per-seed table and figure (from :func:`tasks.outputs.render_outputs`); returns
+    """Write one experiment's per-seed table and figure (from :func:`tasks.sweep.outputs.render_outputs`); returns
     ``{key: {"url", "sha256"}}``."""
     store = open_store(store_uri)
     prefix = results_prefix(run_id)

@@ -41,7 +41,7 @@ from prefect.cache_policies import NO_CACHE
 from labelshift.errors import InputError, ServiceUnavailableError
 
 __all__ = ["X_NAMES", "check_tracking_server", "start_sweep_runs", "log_experiment", "finish_sweep_runs",
-           "fail_sweep_runs", "run_url", "experiment_url", "artifact_url", "git_commit", "metric_steps",
+           "fail_sweep_runs", "run_url", "experiment_url", "artifact_url", "git_commit", "metric_steps", "log_bytes",
            "EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "mark_model_training", "experiment_id"]
 
 #: the experiment tag MLflow 3 reads to choose an experiment's view, and its value for model training
@@ -260,7 +260,7 @@ def method_figure_path(kind: str, method: str) -> str:
     return f"figures/{method}_mse_vs_{kind}.png"
 
 
-def _log_bytes(client: MlflowClient, run_id: str, data: bytes, artifact_file: str) -> None:
+def log_bytes(client: MlflowClient, run_id: str, data: bytes, artifact_file: str) -> None:
     """Log ``data`` as the artifact ``artifact_file`` (``folder/name``) of a run."""
     folder, _, name = artifact_file.rpartition("/")
     with tempfile.TemporaryDirectory(prefix="labelshift-mlflow-") as tmp:
@@ -272,7 +272,7 @@ def _log_bytes(client: MlflowClient, run_id: str, data: bytes, artifact_file: st
 @task(name="log-experiment", task_run_name="log-{sweep.kind}", cache_policy=NO_CACHE, persist_result=False)
 def log_experiment(tracking_uri: str, runs: dict, sweep, outputs: dict[str, bytes]) -> dict[str, str]:
     """Log one experiment: each method's curve and its own figure on its child run; the figure and the per-seed
-    table (from :func:`tasks.outputs.render_outputs`) on the parent. Returns the artifact paths written on the
+    table (from :func:`tasks.sweep.outputs.render_outputs`) on the parent. Returns the artifact paths written on the
     parent."""
     client = MlflowClient(tracking_uri=tracking_uri)
     _, step_means = metric_steps(sweep.values)
@@ -285,11 +285,11 @@ def log_experiment(tracking_uri: str, runs: dict, sweep, outputs: dict[str, byte
                        f"step = {X_NAMES.get(sweep.kind, 'x')} ({step_means})")
         figure = (outputs.get("method_figures") or {}).get(method)
         if figure is not None:
-            _log_bytes(client, child, figure, method_figure_path(sweep.kind, method))
+            log_bytes(client, child, figure, method_figure_path(sweep.kind, method))
     parent = runs["parent_run_id"]
     paths = {"figure": f"figures/mse_vs_{sweep.kind}.png", "table": f"tables/per_seed_{sweep.kind}.csv"}
-    _log_bytes(client, parent, outputs["figure"], paths["figure"])
-    _log_bytes(client, parent, outputs["per_seed_csv"], paths["table"])
+    log_bytes(client, parent, outputs["figure"], paths["figure"])
+    log_bytes(client, parent, outputs["per_seed_csv"], paths["table"])
     return paths
 
 
@@ -298,7 +298,7 @@ def finish_sweep_runs(tracking_uri: str, runs: dict, summary_csv: bytes, tags: d
     """Log the summary table (CSV) and closing tags on the parent, then mark every run FINISHED."""
     client = MlflowClient(tracking_uri=tracking_uri)
     parent = runs["parent_run_id"]
-    _log_bytes(client, parent, summary_csv, "tables/summary.csv")
+    log_bytes(client, parent, summary_csv, "tables/summary.csv")
     client.log_batch(parent, tags=[RunTag(k, str(v)) for k, v in tags.items()])
     for run_id in runs["child_run_ids"].values():
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))

@@ -6,7 +6,7 @@ log p_s(y|x) = mu_y . x - |mu_y|^2 / 2 + log p_s(y) + const), so its softmax is 
 calibrated, MLLS is consistent, and the intervals' coverage can be checked against the true target prior.
 It is registered in MLflow like a deployed model (``mlflow.pytorch.log_model``, pt2 with a tensor signature), with
 a BCTS calibrator fit on a labelled source holdout and that holdout logged beside it
-(:func:`tasks.reestimation.log_reestimation_reference`).
+(:func:`tasks.reference_artifacts.log_reestimation_reference`).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def register_model(tracking_uri: str, name: str, *, alias: str = "production", n
     from mlflow import MlflowClient
 
     from labelshift.calibration import BCTS
-    from tasks.reestimation import log_reestimation_reference
+    from tasks.reference_artifacts import log_reestimation_reference
 
     rng = np.random.default_rng(seed)
     net = torch.nn.Linear(2, K)

@@ -1,4 +1,4 @@
-"""Alerts on re-estimation verdicts: the event of a verdict (``tasks.alerts``), the automations and the
+"""Alerts on re-estimation verdicts: the event of a verdict (``tasks.reestimation.alerts``), the automations and the
 ``labelshift alerts`` command's checks (``flows.alerts``, ``flows.cli.alerts``). The end-to-end test against a real
 Prefect server is ``tests/test_alerts_e2e.py``."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from flows.alerts import AlertPlan, automation_specs, check_alerts, parse_thresh
 from flows.cli import main
 from labelshift.errors import InputError
 from labelshift import Holdout, Target, AssessmentSettings
-from tasks.alerts import (LABEL_ACCURACY_DROP_PERCENT, LABEL_MODEL, LABEL_TV_PERCENT, emit_verdict, percent_label,
+from tasks.reestimation.alerts import (LABEL_ACCURACY_DROP_PERCENT, LABEL_MODEL, LABEL_TV_PERCENT, emit_verdict, percent_label,
                           verdict_event)
 
 MODEL = {"name": "fraud-model", "version": "7", "uri": "models:/fraud-model@production"}

@@ -120,7 +120,7 @@ def test_a_not_label_shift_run_notifies_the_webhook_once(prefect_server, sqlite_
     from prefect.events import emit_event
 
     from flows.reestimate import reestimate
-    from tasks.alerts import LABEL_TV_PERCENT, percent_label, verdict_event
+    from tasks.reestimation.alerts import LABEL_TV_PERCENT, percent_label, verdict_event
 
     monkeypatch.setenv("PREFECT_API_URL", prefect_server)
     home = str(sqlite_model["home"])

@@ -7,7 +7,7 @@ import pytest
 from labelshift.calibration import softmax
 from labelshift.errors import InputError
 from labelshift.experiments import images
-from tasks.results_page import claims
+from tasks.sweep.results_page import claims
 
 K = 5
 
@@ -137,7 +137,7 @@ def test_calibrated_method_names_and_their_errors():
 
 
 def test_report_tables_mse_by_calibration_and_estimator():
-    from tasks.results_page import calibration_table
+    from tasks.sweep.results_page import calibration_table
 
     rows = [dict(experiment="size", value=v, method=m, mse_mean=mse, mse_se=0.01)
             for v in (100.0, 1000.0)

@@ -240,7 +240,7 @@ def test_the_network_setting_travels_to_training(prefect_server, mlflow_sqlite, 
     """``network="resnet18"`` (CLI --network) trains ResNet-18 instead of the dataset's LeNet: its meta, its MLflow
     config and the cache key say so."""
     from labelshift.experiments.datasets import sources
-    from tasks.images import training_config
+    from tasks.sweep.images import training_config
     from tests.test_datasets import write_mnist_folder
 
     assert training_config("fashion-mnist")["model"] == "lenet"

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from flows.links import mlflow_links
-from tasks.report import summary_markdown
+from tasks.sweep.report import summary_markdown
 from tasks.tracking import artifact_url, experiment_url, metric_steps, run_url
 
 

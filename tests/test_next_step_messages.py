@@ -18,7 +18,7 @@ def test_no_batch_says_how_to_simulate_batches_at_that_target(tmp_path):
 def test_no_registered_model_says_how_to_register_one_on_that_tracking_server(mlflow_sqlite, tmp_path):
     from mlflow import MlflowClient
 
-    from tasks.reestimation import _registry_error
+    from tasks.reestimation.model import _registry_error
 
     tracking = mlflow_sqlite(tmp_path)
     error = _registry_error(MlflowClient(tracking), "labelshift-mnist-5k", "latest-good", None,

@@ -20,7 +20,7 @@ from flows.reestimate import DEFAULTS as FLOW_DEFAULTS
 from flows.reestimate import reestimate
 from labelshift import assess_shift
 from labelshift.inference.settings import DEFAULTS, AssessmentSettings
-from tasks.reestimation import estimate_shift
+from tasks.reestimation.assessment import estimate_shift
 
 SETTINGS = [f.name for f in dataclasses.fields(AssessmentSettings)]
 FIELDS = list(ReestimateParameters.model_fields)

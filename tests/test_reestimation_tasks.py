@@ -1,4 +1,4 @@
-"""Unit tests of the pure helpers of :mod:`tasks.reestimation` (no servers)."""
+"""Unit tests of the pure helpers of :mod:`tasks.reestimation.model` and :mod:`tasks.reestimation.runs` (no servers)."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,8 @@ import pytest
 from labelshift.errors import InputError
 from labelshift.inference.report import ShiftReport
 from labelshift import Holdout, Target, AssessmentSettings
-from tasks.reestimation import history_record, parse_model_uri, prior_metrics
+from tasks.reestimation.model import parse_model_uri
+from tasks.reestimation.runs import history_record, prior_metrics
 
 
 @pytest.mark.parametrize("uri, parsed", [
@@ -89,7 +90,7 @@ def test_sync_monitor_logs_each_run_of_its_model_once_and_survives_a_watermark_r
     after the watermark was deleted (sequences restart at 1) the new runs still get their points."""
     from mlflow import MlflowClient
 
-    from tasks.reestimation import SYNCED_TAG, sync_monitor
+    from tasks.reestimation.runs import SYNCED_TAG, sync_monitor
 
     uri = mlflow_sqlite(tmp_path)
     client = MlflowClient(uri)
@@ -125,7 +126,7 @@ def test_a_child_run_whose_process_is_gone_is_ended_killed_by_the_next_run(tmp_p
 
     from mlflow import MlflowClient
 
-    from tasks.reestimation import OWNER_TAG, _owner, end_orphaned_runs
+    from tasks.reestimation.runs import OWNER_TAG, _owner, end_orphaned_runs
 
     uri = mlflow_sqlite(tmp_path)
     client = MlflowClient(uri)
@@ -157,7 +158,7 @@ def test_a_run_with_no_new_data_catches_up_the_bookkeeping_of_a_run_cut_off_afte
     or monitor run it creates nothing."""
     from mlflow import MlflowClient
 
-    from tasks.reestimation import catch_up_monitor, start_reestimation_run
+    from tasks.reestimation.runs import catch_up_monitor, start_reestimation_run
 
     uri = mlflow_sqlite(tmp_path)
     catch_up_monitor(uri, "reestimation-catch-up", "m", "file:///t", [{"sequence": 1}])       # nothing to do

@@ -205,7 +205,7 @@ def test_the_report_round_trips_with_its_repeats():
     assert d["repeats"]["repeated_rows"] == 300 and d["repeats_summary"].startswith("300 of 900 target rows")
     back = ShiftReport.from_dict(d)
     assert back.to_dict() == d
-    from tasks.reestimation import prior_metrics
+    from tasks.reestimation.runs import prior_metrics
 
     metrics = prior_metrics(rep)
     assert metrics["target_distinct_rows"] == 600 and metrics["target_effective_rows"] == pytest.approx(

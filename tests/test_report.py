@@ -1,7 +1,7 @@
 """The typed shift report (:mod:`labelshift.inference.report`): its dict is the stored ``result`` of a re-estimation,
 and :func:`assess_shift` computes what the ``estimate-shift`` task computed before it moved into the domain.
 
-``fixtures/shift_report_golden.json`` holds that task's output (``tasks.reestimation.estimate_shift`` before the
+``fixtures/shift_report_golden.json`` holds that task's output (``tasks.reestimation.assessment.estimate_shift`` before the
 report existed) on the inputs of :func:`_case` below, except its ``no_shift_test`` entries: those were rewritten
 when the two-sample test moved to the pooled covariance and Hotelling's F law (``docs/uncertainty.md``); every
 verdict stayed the same.

@@ -272,7 +272,7 @@ def test_joined_views_are_pooled_without_a_copy():
 
 @pytest.mark.parametrize("with_ids", [True, False])
 def test_streamed_corrected_parquet_holds_what_the_in_memory_writer_wrote(tmp_path, with_ids):
-    from tasks.references import _corrected_chunks
+    from tasks.reestimation.outputs import _corrected_chunks
 
     rng = np.random.default_rng(5)
     P, _ = _draw(rng, 2500, np.full(K, 1 / K))

@@ -56,7 +56,7 @@ def test_read_segments_from_parquet_checks_the_column():
 
 def test_npy_batches_cannot_be_segmented():
     from labelshift.monitoring.watermark import TargetBatch
-    from tasks.segments import check_segmentable
+    from tasks.reestimation.segments import check_segmentable
 
     batches = [TargetBatch(key="day1.npy", checksum="0" * 64)]
     with pytest.raises(InputError, match=r"needs Parquet batches.*day1.npy.*without --segment-column"):
@@ -102,7 +102,7 @@ def test_records_metrics_table_and_figure(segments):
 
     from flows.summary import MARKDOWN, PLAIN_TEXT
     from labelshift.experiments.plots import figure_png, plot_segment_priors
-    from tasks.segments import segment_metrics
+    from tasks.reestimation.segments import segment_metrics
 
     segs, ps = segments
     records = [s.to_dict() for s in segs]
@@ -291,7 +291,7 @@ def test_adjusted_p_values_decide_the_segments_verdicts(segments):
     # alone; over the three, Holm adjusts them to 0.06 (accepted), Benjamini-Hochberg to 0.045 and 0.04 (rejected)
     from flows.summary import MARKDOWN, PLAIN_TEXT
     from labelshift.inference.segments import adjust_segments, correction_record
-    from tasks.segments import segment_metrics
+    from tasks.reestimation.segments import segment_metrics
 
     base = segments[0][0].report
     assert base.trustworthy and base.label_shift is not None and base.significance == 0.05
@@ -336,7 +336,7 @@ def test_a_runs_segments_are_read_through_the_adjusted_p_values(monkeypatch):
     # assess_segments as the flow calls it (its assess-segment tasks run inline here, without a Prefect server)
     from types import SimpleNamespace
 
-    import tasks.segments as tasks_segments
+    import tasks.reestimation.segments as tasks_segments
     from labelshift.inference.multiplicity import holm
 
     assess = tasks_segments.assess_segment.fn

@@ -173,7 +173,7 @@ def test_a_registry_name_of_another_kind_of_model_fails_before_anything_is_writt
 def test_prediction_log_mode_takes_the_deployed_models_outputs(prefect_server, mlflow_server, tmp_path):
     import pandas as pd
 
-    from tasks.references import register_reference
+    from tasks.reestimation.references import register_reference
 
     rng = np.random.default_rng(7)
     hx, hy = draw(SOURCE_PRIOR, 4000, rng)
@@ -207,7 +207,7 @@ def test_a_scikit_learn_model_on_parquet_batches(prefect_server, mlflow_server, 
     import pandas as pd
     from sklearn.linear_model import LogisticRegression
 
-    from tasks.references import register_sklearn_model
+    from tasks.reestimation.references import register_sklearn_model
 
     rng = np.random.default_rng(3)
     tx, ty = draw(SOURCE_PRIOR, 2000, rng)
@@ -231,7 +231,7 @@ def test_a_scikit_learn_model_on_parquet_batches(prefect_server, mlflow_server, 
 
 @pytest.mark.parametrize("verdict", ["Not label shift", "Untrustworthy", "No shift"])
 def test_nothing_is_registered_under_any_other_verdict(verdict):
-    from tasks.serving import register_if_shifted
+    from tasks.reestimation.serving import register_if_shifted
 
     assert register_if_shifted.fn(None, SimpleNamespace(verdict=verdict), tracking_uri="http://127.0.0.1:9",
                                   name="x", run_id="r", target="t", sequence=1) is None
@@ -251,7 +251,7 @@ def test_the_registry_name_is_validated_with_the_other_parameters():
 
 def test_the_registry_name_check_names_the_fix(mlflow_sqlite, tmp_path):
     from labelshift.errors import InputError
-    from tasks.serving import KIND, KIND_TAG, SOURCE_TAG, check_corrected_name
+    from tasks.reestimation.serving import KIND, KIND_TAG, SOURCE_TAG, check_corrected_name
 
     uri = mlflow_sqlite(tmp_path)
     client = MlflowClient(uri)

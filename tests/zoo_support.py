@@ -4,17 +4,17 @@ path of prediction-log mode, and what came out (shared by ``tests/test_zoo.py`` 
 What :func:`run_case` does is what the flow does, step by step, with the flow's own code and without MLflow,
 Prefect or a store:
 
-1. **register the reference** (:func:`tasks.references.register_reference`): the holdout checked by
-   :func:`labelshift.monitoring.batches.check_reference`, the calibrator made by ``tasks.references._calibrator`` (BCTS,
+1. **register the reference** (:func:`tasks.reestimation.references.register_reference`): the holdout checked by
+   :func:`labelshift.monitoring.batches.check_reference`, the calibrator made by ``tasks.reestimation.references._calibrator`` (BCTS,
    input kind from the declared output kind) and fit on the checked outputs, saved as JSON (``to_dict``) and the holdout
-   stored as float32 (:func:`tasks.reestimation.log_source_holdout`);
-2. **load it** (:func:`tasks.references.load_reference`): the calibrator read back (:func:`load_calibrator`), the
+   stored as float32 (:func:`tasks.reference_artifacts.log_source_holdout`);
+2. **load it** (:func:`tasks.reestimation.references.load_reference`): the calibrator read back (:func:`load_calibrator`), the
    holdout as float64, ``source_probs`` the calibrated holdout and p_s their mean
-   (:attr:`tasks.references.ReferenceBundle.source_prior`);
-3. **score the target** (``tasks.references._score_logs``): the target outputs written as one .npy batch and read
+   (:attr:`tasks.reestimation.references.ReferenceBundle.source_prior`);
+3. **score the target** (``tasks.reestimation.scoring._score_logs``): the target outputs written as one .npy batch and read
    back through :func:`labelshift.monitoring.batches.iter_output_chunks` (float32 chunks, checked), calibrated chunk by
    chunk into float32 probabilities, the float32 raw outputs kept for the source-aware interval;
-4. **assess** (:func:`tasks.reestimation.estimate_shift`, the task's function) with the defaults of
+4. **assess** (:func:`tasks.reestimation.assessment.estimate_shift`, the task's function) with the defaults of
    :class:`flows.params.ReestimateParameters` (MLLS, BBSE-soft cross-check, source-aware interval at 0.95,
    significance 0.05, the label-shift test at that level; the accuracy comes with the source-aware interval).
 
@@ -83,7 +83,7 @@ class ZooRun:
 
 def _reference(case: ZooCase, seed: int):
     """Steps 1-2: the reference registered from this seed's holdout and loaded back, as a ReferenceBundle."""
-    from tasks.references import ReferenceBundle, _calibrator
+    from tasks.reestimation.references import ReferenceBundle, _calibrator
 
     h = case.holdout(seed)
     names = tuple(default_class_names(case.n_classes))
@@ -111,7 +111,7 @@ def _scored(bundle, outputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def default_report(case: ZooCase, seed: int):
     """Steps 1-4 for one seed: (the ShiftReport of the default path, the target set). Raises what the path raises."""
     from flows.params import ReestimateParameters
-    from tasks.reestimation import estimate_shift
+    from tasks.reestimation.assessment import estimate_shift
 
     p = ReestimateParameters()
     bundle = _reference(case, seed)

@@ -4,7 +4,7 @@
 
 The reference (calibrator fit on the holdout's outputs, the holdout, class names, output kind) becomes a model
 version in the MLflow registry, addressed as ``models:/NAME@ALIAS`` by ``labelshift estimate``
-(:func:`tasks.references.register_reference_file`).
+(:func:`tasks.reestimation.references.register_reference_file`).
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def run_register(args) -> int:
     if not os.path.isfile(os.path.expanduser(args.holdout)):
         raise UsageError(f"--holdout {args.holdout}: no such file")
     env = setup(args, tracking_uri=args.tracking_uri)
-    from tasks.references import register_reference_file
+    from tasks.reestimation.references import register_reference_file
 
     names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
     info = register_reference_file(os.path.expanduser(args.holdout), label_column=args.label_column,

@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     env = setup(args, tracking_uri=args.tracking_uri, experiment_name=args.experiment_name)
-    from tasks.results_page import write_report
+    from tasks.sweep.results_page import write_report
 
     out = args.out or str(env.home / "report")
     page = write_report(env.tracking_uri, env.experiment_name, out)

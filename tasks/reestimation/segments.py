@@ -5,8 +5,8 @@ re-estimation's MLflow run (metrics ``segment.<segment>.<name>``, the figure ``f
 ``reestimation/segments.json``).
 
 Each segment is :func:`labelshift.inference.report.assess_shift` on that segment's rows with the shared holdout and
-the run's settings -- exactly what :func:`tasks.reestimation.estimate_shift` does with the pooled rows -- so a
-segment's result is the one a run on that segment alone would give. The segments share only the label-shift test's
+the run's settings -- exactly what :func:`tasks.reestimation.assessment.estimate_shift` does with the pooled rows --
+so a segment's result is the one a run on that segment alone would give. The segments share only the label-shift test's
 work on the holdout (:func:`labelshift.inference.report.label_shift_holdout`, made once; the same results), nothing
 of the targets (``docs/reestimation.md``, "Estimates per segment"; the cost: ``benchmarks/README.md``).
 """
@@ -30,7 +30,8 @@ from labelshift.inference.segments import (SEGMENT_CORRECTION, SEGMENT_PROCESSES
 from labelshift.monitoring.batches import batch_format, metric_names, read_segments
 from labelshift.monitoring.watermark import TargetBatch
 from labelshift.storage import open_store
-from tasks.reestimation import _log_bytes, holdout_arguments
+from tasks import tracking
+from tasks.reestimation.assessment import holdout_arguments
 
 __all__ = ["check_segmentable", "read_segment_values", "segment_values_of", "assess_segment", "assess_segments",
            "segment_metrics", "log_segments"]
@@ -175,4 +176,4 @@ def log_segments(tracking_uri: str, run_id: str, segments: list[SegmentEstimate]
     client.log_text(run_id, json.dumps(records, indent=1), "reestimation/segments.json")
     figure = plot_segment_priors(source_prior, [r for r in records if "target_prior" in r],
                                  class_names=class_names, level=level, title=title)
-    _log_bytes(client, run_id, figure_png(figure), "figures", "segment_priors.png")
+    tracking.log_bytes(client, run_id, figure_png(figure), "figures/segment_priors.png")

@@ -1,322 +1,31 @@
-"""Prefect tasks of scheduled re-estimation: load the registered model with its calibrator and labelled source
-holdout, score the target batches, assess the shift (:func:`labelshift.inference.report.assess_shift`), log to MLflow
-and write the outputs.
-
-A registered model can be re-estimated when its source run holds ``calibration/<CALIBRATOR>.json`` and
-:data:`REFERENCE_ARTIFACT` (``logits`` and ``labels`` of the labelled source holdout), as
-:func:`log_reestimation_reference` writes them. MLflow: one monitor run per (model, target) whose series is the
-prior over time, and under it one child run per re-estimation (:func:`prior_metrics`, the figure, the summary
-JSON). Both layouts are described in ``docs/reestimation.md``.
+"""The MLflow bookkeeping of scheduled re-estimation: one monitor run per (model, target) whose series is the prior
+over time, and under it one child run per re-estimation (:func:`start_reestimation_run`; its metrics
+:func:`prior_metrics`, the figure :func:`render_figure`, the summary JSON: :func:`log_reestimation`); the monitor's
+points caught up from the watermark's history (:func:`sync_monitor`, :func:`history_record`), the child runs of
+killed commands ended (:func:`end_orphaned_runs`). Both layouts are described in ``docs/reestimation.md``.
 """
 from __future__ import annotations
 
-import io
-import logging
 import json
+import logging
 import math
-import re
-import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
-import numpy as np
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from labelshift.monitoring.batches import metric_names
-from labelshift.calibration import load_calibrator
-from labelshift.estimation.diagnostics import correct_predictions
-from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
-from labelshift.monitoring.watermark import RejectedBatch, TargetBatch, write_batch_outputs
 from labelshift.experiments.plots import figure_png, plot_prior_estimate
-from labelshift.inference.report import ShiftReport, Verdict, assess_shift, finite
-from labelshift.inference.settings import DEFAULTS
-from labelshift.rows import joined
-from labelshift.storage import open_store
+from labelshift.inference.report import ShiftReport, Verdict, finite
 from tasks import tracking
 
-__all__ = ["REFERENCE_ARTIFACT", "ModelBundle", "parse_model_uri", "log_reestimation_reference", "load_bundle",
-           "holdout_arguments",
-           "ScoredBatches", "log_rejections", "log_source_holdout", "estimate_shift", "write_outputs",
-           "start_reestimation_run", "log_reestimation", "sync_monitor", "end_run", "prior_metrics", "history_record",
-           "render_figure"]
+__all__ = ["MONITOR_KIND", "OWNER_TAG", "SYNCED_TAG", "start_reestimation_run", "end_orphaned_runs",
+           "catch_up_monitor", "prior_metrics", "log_reestimation", "log_rejections", "sync_monitor", "end_run",
+           "render_figure", "history_record"]
 
-REFERENCE_ARTIFACT = "calibration/source_holdout.npz"
 MONITOR_KIND = "monitor"
-_MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
 
 
-def calibrator_artifact(name: str) -> str:
-    return f"calibration/{name}.json"
-
-
-def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
-    """``models:/NAME@ALIAS`` -> (NAME, ALIAS, None); ``models:/NAME/VERSION`` -> (NAME, None, VERSION)."""
-    match = _MODEL_URI.match(uri.strip()) if isinstance(uri, str) else None
-    if not match:
-        raise InputError(f"model must be a registered-model URI 'models:/NAME@ALIAS' or 'models:/NAME/VERSION', got "
-                         f"{uri!r} (e.g. models:/labelshift-mnist-5k@latest-good).")
-    return match["name"], match["alias"], match["version"]
-
-
-def log_source_holdout(client: MlflowClient, run_id: str, holdout_logits, holdout_labels) -> None:
-    """Log the labelled source holdout (``logits``, ``labels``) as :data:`REFERENCE_ARTIFACT` of a model's run."""
-    buf = io.BytesIO()
-    np.savez_compressed(buf, logits=np.asarray(holdout_logits, np.float32),
-                        labels=np.asarray(holdout_labels, np.int64))
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / Path(REFERENCE_ARTIFACT).name
-        path.write_bytes(buf.getvalue())
-        client.log_artifact(run_id, str(path), str(Path(REFERENCE_ARTIFACT).parent))
-
-
-def log_reestimation_reference(client: MlflowClient, run_id: str, calibrator, holdout_logits, holdout_labels, *,
-                               name: str = "BCTS", metrics: dict | None = None, model_key: str | None = None) \
-        -> None:
-    """Log what re-estimation needs beside a model into its run: the calibrator JSON (fit on the holdout's
-    logits) and the source holdout itself."""
-    doc = {"calibrator": calibrator.to_dict(), "metrics": metrics or {}, "model_key": model_key}
-    client.log_text(run_id, json.dumps(doc, indent=1, allow_nan=False), calibrator_artifact(name))
-    log_source_holdout(client, run_id, holdout_logits, holdout_labels)
-
-
-@dataclass
-class ModelBundle:
-    """A registered model resolved to one version, with what re-estimation needs from its run."""
-
-    uri: str
-    name: str
-    version: str
-    alias: str | None
-    run_id: str
-    input_shape: tuple[int, ...]
-    n_classes: int
-    calibrator_name: str
-    calibrator: object
-    source_probs: np.ndarray       # calibrated outputs on the labelled source holdout
-    source_labels: np.ndarray
-    model: object = field(repr=False)
-    load_seconds: float = 0.0
-    source_outputs: np.ndarray | None = field(default=None, repr=False)   # raw holdout logits, float64
-
-    @property
-    def source_prior(self) -> np.ndarray:
-        """p_s(y): the mean calibrated prediction on the source holdout, the prior the calibrated predictor is
-        consistent with (so that W and the EM step of MLLS agree with f). It equals the holdout's label
-        frequencies for BCTS and VS, not always for TS and NBVS; ``docs/reestimation.md``."""
-        prior = self.source_probs.mean(axis=0)
-        return prior / prior.sum()
-
-    def describe(self) -> dict:
-        return {"uri": self.uri, "name": self.name, "version": self.version, "alias": self.alias,
-                "run_id": self.run_id, "input_shape": list(self.input_shape), "n_classes": self.n_classes,
-                "calibrator": self.calibrator_name, "n_source": int(len(self.source_labels))}
-
-
-_BUNDLES: dict[tuple, ModelBundle] = {}
-_BUNDLES_LOCK = threading.Lock()
-
-
-def _registry_error(client: MlflowClient, name: str, alias: str | None, version: str | None, exc) -> Exception:
-    try:
-        registered = client.get_registered_model(name)
-    except Exception:
-        try:
-            names = sorted(m.name for m in client.search_registered_models(max_results=50))
-        except Exception:
-            names = []
-        return ObjectNotFoundError(
-            f"no registered model {name!r} in the MLflow registry ({client.tracking_uri}); registered: "
-            f"{', '.join(names) or 'none'}. Train one with `labelshift reproduce --dataset mnist-5k --tracking-uri "
-            f"{client.tracking_uri}` (registers labelshift-mnist-5k; or run the reproduce-images deployment) or "
-            "register yours with mlflow.pytorch.log_model(..., registered_model_name=...).")
-    if alias is not None:
-        aliases = sorted(getattr(registered, "aliases", {}) or {})
-        return ObjectNotFoundError(
-            f"registered model {name!r} has no alias {alias!r} (its aliases: {', '.join(aliases) or 'none'}). Use "
-            f"one of them, models:/{name}/VERSION, or set it: MlflowClient().set_registered_model_alias({name!r}, "
-            f"{alias!r}, VERSION).")
-    return ObjectNotFoundError(f"registered model {name!r} has no version {version} ({exc}).")
-
-
-def _input_shape(model_uri: str) -> tuple[int, ...]:
-    import mlflow
-
-    info = mlflow.models.get_model_info(model_uri)
-    sig = info.signature
-    if sig is None or sig.inputs is None or not sig.inputs.inputs:
-        raise FormatError(f"{model_uri} has no input signature; log it with an input_example (mlflow.pytorch."
-                          "log_model(model, name=..., input_example=x)) so batches can be checked against it.")
-    spec = sig.inputs.inputs[0]
-    shape = getattr(spec, "shape", None)
-    if not shape or len(shape) < 2:
-        raise FormatError(f"{model_uri}'s signature is not a tensor of shape (-1, ...): {sig.inputs}.")
-    return tuple(int(d) for d in shape[1:])
-
-
-def resolve_version(client: MlflowClient, model_uri: str, tracking_uri: str):
-    """``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` -> (NAME, ALIAS, the model version). Raises
-    ObjectNotFoundError naming what is registered, ServiceUnavailableError when MLflow does not answer."""
-    name, alias, version = parse_model_uri(model_uri)
-    try:
-        mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
-    except Exception as exc:
-        if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower() or "INVALID_PARAMETER" in str(exc):
-            raise _registry_error(client, name, alias, version, exc) from None
-        raise ServiceUnavailableError(f"could not read {model_uri} from MLflow at {tracking_uri}: "
-                                      f"{type(exc).__name__}: {exc}") from None
-    return name, alias, mv
-
-
-def load_bundle(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS") -> ModelBundle:
-    """Resolve ``model_uri`` in the registry and load the model, its calibrator and the source holdout.
-
-    Bundles are cached in this process by (tracking URI, name, version, calibrator): a served deployment loads a
-    model version once. Raises ObjectNotFoundError (no such model / alias / artifact), InputError (a calibrator or
-    holdout for a different number of classes than the model's), ServiceUnavailableError (MLflow unreachable).
-    """
-    import mlflow
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    name, alias, mv = resolve_version(client, model_uri, tracking_uri)
-    key = (tracking_uri, name, str(mv.version), calibrator)
-    with _BUNDLES_LOCK:
-        if key in _BUNDLES:
-            bundle = _BUNDLES[key]
-            return ModelBundle(**{**bundle.__dict__, "uri": model_uri, "alias": alias})
-    t0 = time.perf_counter()
-    if not mv.run_id:
-        raise FormatError(f"{model_uri} (version {mv.version}) has no source run, so no calibrator beside it; "
-                          "log the model from a run that also logs calibration/<NAME>.json and "
-                          f"{REFERENCE_ARTIFACT} (tasks.reestimation.log_reestimation_reference).")
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            cal_path = client.download_artifacts(mv.run_id, calibrator_artifact(calibrator), tmp)
-        except Exception:
-            try:
-                present = [a.path for a in client.list_artifacts(mv.run_id, "calibration")]
-            except Exception:
-                present = []
-            raise ObjectNotFoundError(
-                f"{model_uri} (version {mv.version}, run {mv.run_id}) has no calibrator "
-                f"{calibrator_artifact(calibrator)}; found: {', '.join(present) or 'nothing under calibration/'}. "
-                "Pick one that exists (--calibrator) or log it with tasks.reestimation.log_reestimation_reference."
-            ) from None
-        try:
-            ref_path = client.download_artifacts(mv.run_id, REFERENCE_ARTIFACT, tmp)
-        except Exception:
-            raise ObjectNotFoundError(
-                f"{model_uri} (version {mv.version}, run {mv.run_id}) has no {REFERENCE_ARTIFACT} (the labelled "
-                "source holdout MLLS and BBSE are fit on). Models trained by this version of `labelshift "
-                "reproduce` carry it: rerun `labelshift reproduce --dataset DATASET` (a cached model is not retrained; the "
-                "holdout is added to its run); for other models log it with "
-                "tasks.reestimation.log_reestimation_reference.") \
-                from None
-        doc = json.loads(Path(cal_path).read_text())
-        with np.load(ref_path, allow_pickle=False) as ref:
-            holdout_logits, holdout_labels = ref["logits"], ref["labels"]
-    cal = load_calibrator(doc["calibrator"] if "calibrator" in doc else doc)
-    version_uri = f"models:/{name}/{mv.version}"
-    input_shape = _input_shape(version_uri)
-    model = mlflow.pytorch.load_model(version_uri, map_location="cpu")
-    import torch
-
-    with torch.no_grad():
-        probe = model(torch.zeros((2, *input_shape), dtype=torch.float32))
-    n_classes = int(probe.shape[-1])
-    cal_k = getattr(cal, "n_classes_", None)
-    if cal_k is not None and int(cal_k) != n_classes:
-        raise InputError(f"calibrator {calibrator_artifact(calibrator)} of {model_uri} is for {cal_k} classes but the "
-                         f"model outputs {n_classes}; log the calibrator fit on this model's outputs.")
-    if holdout_logits.ndim != 2 or holdout_logits.shape[1] != n_classes or len(holdout_labels) != len(holdout_logits):
-        raise InputError(f"{REFERENCE_ARTIFACT} of {model_uri} holds logits of shape {holdout_logits.shape} and "
-                         f"{len(holdout_labels)} labels, but the model outputs {n_classes} classes; log the holdout "
-                         "of this model.")
-    source_probs = cal.predict_proba(holdout_logits.astype(np.float64))
-    bundle = ModelBundle(uri=model_uri, name=name, version=str(mv.version), alias=alias, run_id=mv.run_id,
-                         input_shape=input_shape, n_classes=n_classes, calibrator_name=calibrator, calibrator=cal,
-                         source_probs=source_probs, source_labels=holdout_labels.astype(np.int64), model=model,
-                         load_seconds=time.perf_counter() - t0, source_outputs=holdout_logits.astype(np.float64))
-    with _BUNDLES_LOCK:
-        _BUNDLES[key] = bundle
-    return bundle
-
-
-def _forward(model, x: np.ndarray, batch_size: int) -> np.ndarray:
-    import torch
-
-    out = []
-    with torch.no_grad():
-        for i in range(0, len(x), batch_size):
-            out.append(model(torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size]))).float().numpy())
-    return np.concatenate(out).astype(np.float64)
-
-
-@dataclass
-class ScoredBatches:
-    """What scoring made of the new batches: the good ones with their probabilities (and the raw outputs those came
-    from, float32, batch by batch like ``probs``), those that failed their checks (rejected, with the reason) and
-    those gone or replaced since the listing (skipped: the next run lists them afresh)."""
-
-    batches: list[TargetBatch]
-    probs: list[np.ndarray]
-    rejected: list[RejectedBatch] = field(default_factory=list)
-    skipped: list[dict] = field(default_factory=list)
-    outputs: list[np.ndarray] = field(default_factory=list)
-
-
-@task(name="estimate-shift", cache_policy=NO_CACHE, persist_result=False)
-def estimate_shift(bundle: ModelBundle, probs: list[np.ndarray], *, estimator: str = DEFAULTS.estimator,
-                   cross_check: list[str] = DEFAULTS.cross_check, interval: str = DEFAULTS.interval,
-                   level: float = DEFAULTS.level, significance: float = DEFAULTS.significance,
-                   n_bootstrap: int = DEFAULTS.n_bootstrap, seed: int = DEFAULTS.seed,
-                   max_interval_width: float | None = DEFAULTS.max_interval_width,
-                   outputs: list[np.ndarray] | None = None, class_names=None,
-                   label_shift_significance: float | None = DEFAULTS.label_shift_significance,
-                   prepared_holdout=None) -> ShiftReport:
-    """:func:`labelshift.inference.report.assess_shift` on the pooled batches, with the bundle's source holdout and
-    prior (and, for the source-aware interval, the raw holdout outputs, the calibrator and the raw target
-    ``outputs``); the batches are pooled without a copy when they are views of one array
-    (:func:`labelshift.rows.joined`). The defaults are :data:`labelshift.inference.settings.DEFAULTS`;
-    ``prepared_holdout``: the label-shift test's work on the holdout, made once for many calls (the segments)."""
-    return assess_shift(target_probs=joined(probs), **holdout_arguments(bundle),
-                        estimator=estimator, cross_check=cross_check, interval=interval, level=level,
-                        significance=significance, n_bootstrap=n_bootstrap, seed=seed,
-                        max_interval_width=max_interval_width,
-                        target_outputs=None if outputs is None else joined(outputs),
-                        class_names=class_names, label_shift_significance=label_shift_significance,
-                        prepared_holdout=prepared_holdout)
-
-
-def holdout_arguments(bundle: ModelBundle) -> dict:
-    """The keyword arguments of :func:`~labelshift.inference.report.assess_shift` that the bundle gives: its source
-    holdout (calibrated and raw outputs, labels), prior and calibrator."""
-    return {"source_probs": bundle.source_probs, "source_labels": bundle.source_labels,
-            "source_prior": bundle.source_prior, "source_outputs": bundle.source_outputs,
-            "calibrator": bundle.calibrator}
-
-
-@task(name="write-outputs", cache_policy=NO_CACHE, persist_result=False)
-def write_outputs(target_uri: str, batches: list[TargetBatch], probs: list[np.ndarray], weights: list[float],
-                  summary: dict) -> list[str]:
-    """Corrected predictions p_t(y|x) proportional to w_y f_y(x) (Saerens et al. 2002) beside each batch, then its
-    summary JSON; each write atomic. Returns the URIs of the corrected arrays."""
-    store = open_store(target_uri)
-    urls = []
-    for b, p in zip(batches, probs):
-        corrected = correct_predictions(p, np.asarray(weights)).astype(np.float32)
-        batch_summary = dict(summary, batch={"key": b.key, "checksum": b.checksum, "rows": int(len(p)),
-                                             "corrected": store.url(b.corrected_key)})
-        write_batch_outputs(store, b, corrected, batch_summary)
-        urls.append(store.url(b.corrected_key))
-    return urls
-
-
-# -- MLflow ----------------------------------------------------------------------------------------------------------
 def _monitor_run(client: MlflowClient, experiment_id: str, model_name: str, target_url: str) -> str:
     """The monitor run of (model, target): found by its tags, else created (and ended at once: it only collects
     the series; logging to an ended run is allowed)."""
@@ -507,7 +216,7 @@ def log_reestimation(tracking_uri: str, runs: dict, report: ShiftReport, summary
                **(report.label_shift.to_dict() if report.label_shift is not None
                   else {"error": report.label_shift_error})}
         client.log_text(runs["run_id"], json.dumps(doc, indent=1, default=str), "reestimation/label_shift_test.json")
-    _log_bytes(client, runs["run_id"], figure, "figures", "target_prior.png")
+    tracking.log_bytes(client, runs["run_id"], figure, "figures/target_prior.png")
 
 
 def log_rejections(tracking_uri: str, run_id: str, rejected: list[dict], summary: dict | None = None) -> None:
@@ -520,12 +229,6 @@ def log_rejections(tracking_uri: str, run_id: str, rejected: list[dict], summary
     if summary is not None:
         client.log_text(run_id, json.dumps(summary, indent=1, default=str), "reestimation/summary.json")
 
-
-def _log_bytes(client: MlflowClient, run_id: str, data: bytes, folder: str, name: str) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / name
-        path.write_bytes(data)
-        client.log_artifact(run_id, str(path), folder)
 
 
 #: tag set on a re-estimation's child run once its point is in the monitor run's series

@@ -1,11 +1,12 @@
 """A corrected model to serve: on a trusted "Shifted" verdict, a new version of an MLflow pyfunc that returns
 p_t(y|x) proportional to w_y f_y(x), registered beside the deployed model.
 
-The pyfunc (:func:`corrected_model_class`, an ``mlflow.pyfunc.PythonModel``) holds a copy of the deployed model
+The pyfunc (:class:`ShiftCorrectedModel`, an ``mlflow.pyfunc.PythonModel``) holds a copy of the deployed model
 version (input mode), its calibrator and the estimated weights w; in prediction-log mode it holds no model and
 takes the deployed model's outputs as its input. Its ``predict`` computes what the ``reestimate`` flow writes beside
-each batch (``NAME.corrected.npy`` / ``.corrected.parquet``): the same scoring (:func:`tasks.reestimation._forward`,
-:func:`tasks.references._model_scores`), the same float32 rounding of the raw outputs before the calibrator, and
+each batch (``NAME.corrected.npy`` / ``.corrected.parquet``): the same scoring
+(:func:`tasks.reestimation.scoring.forward`, :func:`tasks.reestimation.scoring.model_scores`), the same float32
+rounding of the raw outputs before the calibrator, and
 :func:`labelshift.estimation.diagnostics.correct_predictions` (Saerens et al. 2002; Garg et al., NeurIPS 2020,
 Section 2) -- so the two agree to float precision -- and adds the corrected class (the arg max).
 
@@ -16,7 +17,6 @@ on each version, and how to serve it, is in ``docs/serving.md``.
 """
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import tempfile
@@ -36,9 +36,10 @@ from labelshift.errors import InputError
 from labelshift.estimation.diagnostics import correct_predictions
 from labelshift.inference.report import ShiftReport
 from labelshift.monitoring.batches import OutputSpec, read_outputs
-from tasks.reestimation import _forward, parse_model_uri
+from tasks.reestimation.model import parse_model_uri
+from tasks.reestimation.scoring import forward, model_scores
 
-__all__ = ["KIND", "KIND_TAG", "ALIAS", "CLASS_COLUMN", "corrected_model_class", "load_state", "corrected_frame",
+__all__ = ["KIND", "KIND_TAG", "ALIAS", "CLASS_COLUMN", "ShiftCorrectedModel", "load_state", "corrected_frame",
            "calibrated", "corrected_name", "check_corrected_name", "register_if_shifted", "register_corrected_model"]
 
 #: value of the tag :data:`KIND_TAG` on a registered model (and its versions) made here; a registered model without
@@ -113,29 +114,27 @@ def _registered_model(client: MlflowClient, name: str):
 
 
 # -- the pyfunc --------------------------------------------------------------------------------------------------------
-@functools.cache
-def corrected_model_class() -> type:
-    """The pyfunc class of a corrected model, made on first use and once (MLflow inspects a ``PythonModel`` subclass
-    when it is defined, and warns about its untyped ``predict``: that needs to happen only where one is registered).
+# MLflow inspects a PythonModel subclass when it is defined and warns about its untyped ``predict``: recorded and
+# dropped (MLflow sets its own filter, "once", inside, which an "ignore" outside would not override)
+with warnings.catch_warnings(record=True):
 
-    Its ``predict`` takes what the deployed model takes (input mode: an array of shape (n, *input shape), or a
-    DataFrame with the signature's columns) or, in prediction-log mode, the deployed model's outputs (a DataFrame with
-    one column per class name or one list column, or an (n, k) array), and returns a DataFrame with one column per
-    class name -- p_t(y|x) proportional to w_y f_y(x), f the calibrated source posterior -- and :data:`CLASS_COLUMN`,
-    the name of the most probable class (:func:`corrected_frame`). Its artifacts: ``correction`` (the JSON of
-    :func:`correction_doc`) and, in input mode, ``deployed`` (a copy of the deployed model version)."""
-    with warnings.catch_warnings(record=True):      # recorded and dropped: MLflow sets its own filter ("once")
+    class ShiftCorrectedModel(mlflow.pyfunc.PythonModel):
+        """The pyfunc of a corrected model: the deployed model corrected to its target's label distribution.
 
-        class ShiftCorrectedModel(mlflow.pyfunc.PythonModel):
-            """The deployed model corrected to its target's label distribution (:func:`corrected_model_class`)."""
+        Its ``predict`` takes what the deployed model takes (input mode: an array of shape (n, *input shape), or a
+        DataFrame with the signature's columns) or, in prediction-log mode, the deployed model's outputs (a DataFrame
+        with one column per class name or one list column, or an (n, k) array), and returns a DataFrame with one
+        column per class name -- p_t(y|x) proportional to w_y f_y(x), f the calibrated source posterior -- and
+        :data:`CLASS_COLUMN`, the name of the most probable class (:func:`corrected_frame`). Its artifacts:
+        ``correction`` (the JSON of :func:`correction_doc`) and, in input mode, ``deployed`` (a copy of the deployed
+        model version). MLflow pickles the instance by reference to this module, so the model loads where labelshift
+        is installed."""
 
-            def load_context(self, context):
-                self.state = load_state(context.artifacts)
+        def load_context(self, context):
+            self.state = load_state(context.artifacts)
 
-            def predict(self, context, model_input, params=None):
-                return corrected_frame(self.state, model_input)
-
-    return ShiftCorrectedModel
+        def predict(self, context, model_input, params=None):
+            return corrected_frame(self.state, model_input)
 
 
 def load_state(artifacts: dict) -> SimpleNamespace:
@@ -160,22 +159,20 @@ def corrected_frame(state: SimpleNamespace, model_input):
 
 def calibrated(state: SimpleNamespace, model_input) -> np.ndarray:
     """f(x), the calibrated source posterior of each row, computed as the flow computes it: the deployed model's
-    scores (as :mod:`tasks.references` scores a batch) rounded to float32, then the calibrator; prediction logs'
-    probabilities kept in float32, as the flow keeps them."""
+    scores (as :mod:`tasks.reestimation.scoring` scores a batch) rounded to float32, then the calibrator; prediction
+    logs' probabilities kept in float32, as the flow keeps them."""
     doc = state.doc
     if doc["mode"] == "outputs":
         raw = _outputs(model_input, OutputSpec(tuple(state.class_names), doc["output_kind"]))
         return state.calibrator.predict_proba(raw.astype(np.float64)).astype(np.float32)
     x = _inputs(model_input, doc)
     if doc["mode"] == "pytorch":
-        scores = _forward(state.model, x, BATCH_SIZE)
+        scores = forward(state.model, x, BATCH_SIZE)
     else:
-        from tasks.references import _model_scores
-
         scorer = SimpleNamespace(mode=doc["mode"], model=state.model, output_method=doc.get("output_method"),
                                  input_columns=doc.get("input_columns"), uri=doc["source_model"]["uri"],
                                  n_classes=len(state.class_names))
-        scores = _model_scores(scorer, x)
+        scores = model_scores(scorer, x)
     return state.calibrator.predict_proba(np.asarray(scores).astype(np.float32).astype(np.float64))
 
 
@@ -241,7 +238,7 @@ def _mode(bundle) -> str:
 def correction_doc(bundle, report: ShiftReport, *, run_id: str, target: str, sequence: int) -> dict:
     """What the pyfunc loads and what the version records: the weights and their interval, the calibrator, the
     classes, the mode, the deployed model version and the run that estimated the weights."""
-    from tasks.references import class_names_of
+    from tasks.reestimation.references import class_names_of
 
     ci = report.interval.to_dict()
     return {"format": CORRECTION_FORMAT, "version": 1, "mode": _mode(bundle), "class_names": class_names_of(bundle),
@@ -273,7 +270,7 @@ def register_if_shifted(bundle, report: ShiftReport, *, tracking_uri: str, name:
 
 def register_corrected_model(bundle, report: ShiftReport, *, tracking_uri: str, name: str, run_id: str,
                              target: str, sequence: int, alias: str = ALIAS) -> dict:
-    """A new version of ``name``: the corrected pyfunc (:func:`corrected_model_class`) of ``bundle`` with
+    """A new version of ``name``: the corrected pyfunc (:class:`ShiftCorrectedModel`) of ``bundle`` with
     ``report``'s weights, logged as a model of the estimating run ``run_id``, tagged and described (docs/serving.md),
     with ``alias`` moved to it. Returns {"name", "version", "alias", "model_uri", "version_uri"}."""
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -289,7 +286,7 @@ def register_corrected_model(bundle, report: ShiftReport, *, tracking_uri: str, 
         artifacts = {"correction": str(path)}
         if doc["mode"] != "outputs":
             artifacts["deployed"] = doc["source_model"]["uri"]       # copied into the new model
-        _log_quietly(logged.model_id, corrected_model_class()(), artifacts, _signature(bundle),
+        _log_quietly(logged.model_id, ShiftCorrectedModel(), artifacts, _signature(bundle),
                      _requirements(doc["mode"]))
     mv = client.create_model_version(name, source=f"models:/{logged.model_id}", run_id=run_id,
                                      tags=version_tags(doc), description=version_description(doc),

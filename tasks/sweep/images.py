@@ -360,7 +360,7 @@ def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str],
         if first is None:
             first = (name, pv, pt)
     # the labelled source holdout the calibrators were fit on, for re-estimation with the registered model
-    from .reestimation import log_source_holdout
+    from tasks.reference_artifacts import log_source_holdout
 
     for target_run in runs:
         log_source_holdout(client, target_run, outputs["logits_valid"], yv)

@@ -1,0 +1,196 @@
+"""A registered PyTorch model resolved to one version and loaded with what re-estimation needs from its run: the
+calibrator and the labelled source holdout (:mod:`tasks.reference_artifacts`), as a :class:`ModelBundle`.
+Registered-model URIs (``models:/NAME@ALIAS``, ``models:/NAME/VERSION``) are parsed and resolved here for every kind
+of model (:mod:`tasks.reestimation.references` loads the others).
+"""
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from mlflow import MlflowClient
+
+from labelshift.calibration import load_calibrator
+from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
+from tasks.reference_artifacts import REFERENCE_ARTIFACT, calibrator_artifact
+
+__all__ = ["ModelBundle", "parse_model_uri", "resolve_version", "load_bundle"]
+
+_MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
+
+
+def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
+    """``models:/NAME@ALIAS`` -> (NAME, ALIAS, None); ``models:/NAME/VERSION`` -> (NAME, None, VERSION)."""
+    match = _MODEL_URI.match(uri.strip()) if isinstance(uri, str) else None
+    if not match:
+        raise InputError(f"model must be a registered-model URI 'models:/NAME@ALIAS' or 'models:/NAME/VERSION', got "
+                         f"{uri!r} (e.g. models:/labelshift-mnist-5k@latest-good).")
+    return match["name"], match["alias"], match["version"]
+
+
+@dataclass
+class ModelBundle:
+    """A registered model resolved to one version, with what re-estimation needs from its run."""
+
+    uri: str
+    name: str
+    version: str
+    alias: str | None
+    run_id: str
+    input_shape: tuple[int, ...]
+    n_classes: int
+    calibrator_name: str
+    calibrator: object
+    source_probs: np.ndarray       # calibrated outputs on the labelled source holdout
+    source_labels: np.ndarray
+    model: object = field(repr=False)
+    load_seconds: float = 0.0
+    source_outputs: np.ndarray | None = field(default=None, repr=False)   # raw holdout logits, float64
+
+    @property
+    def source_prior(self) -> np.ndarray:
+        """p_s(y): the mean calibrated prediction on the source holdout, the prior the calibrated predictor is
+        consistent with (so that W and the EM step of MLLS agree with f). It equals the holdout's label
+        frequencies for BCTS and VS, not always for TS and NBVS; ``docs/reestimation.md``."""
+        prior = self.source_probs.mean(axis=0)
+        return prior / prior.sum()
+
+    def describe(self) -> dict:
+        return {"uri": self.uri, "name": self.name, "version": self.version, "alias": self.alias,
+                "run_id": self.run_id, "input_shape": list(self.input_shape), "n_classes": self.n_classes,
+                "calibrator": self.calibrator_name, "n_source": int(len(self.source_labels))}
+
+
+_BUNDLES: dict[tuple, ModelBundle] = {}
+_BUNDLES_LOCK = threading.Lock()
+
+
+def _registry_error(client: MlflowClient, name: str, alias: str | None, version: str | None, exc) -> Exception:
+    try:
+        registered = client.get_registered_model(name)
+    except Exception:
+        try:
+            names = sorted(m.name for m in client.search_registered_models(max_results=50))
+        except Exception:
+            names = []
+        return ObjectNotFoundError(
+            f"no registered model {name!r} in the MLflow registry ({client.tracking_uri}); registered: "
+            f"{', '.join(names) or 'none'}. Train one with `labelshift reproduce --dataset mnist-5k --tracking-uri "
+            f"{client.tracking_uri}` (registers labelshift-mnist-5k; or run the reproduce-images deployment) or "
+            "register yours with mlflow.pytorch.log_model(..., registered_model_name=...).")
+    if alias is not None:
+        aliases = sorted(getattr(registered, "aliases", {}) or {})
+        return ObjectNotFoundError(
+            f"registered model {name!r} has no alias {alias!r} (its aliases: {', '.join(aliases) or 'none'}). Use "
+            f"one of them, models:/{name}/VERSION, or set it: MlflowClient().set_registered_model_alias({name!r}, "
+            f"{alias!r}, VERSION).")
+    return ObjectNotFoundError(f"registered model {name!r} has no version {version} ({exc}).")
+
+
+def _input_shape(model_uri: str) -> tuple[int, ...]:
+    import mlflow
+
+    info = mlflow.models.get_model_info(model_uri)
+    sig = info.signature
+    if sig is None or sig.inputs is None or not sig.inputs.inputs:
+        raise FormatError(f"{model_uri} has no input signature; log it with an input_example (mlflow.pytorch."
+                          "log_model(model, name=..., input_example=x)) so batches can be checked against it.")
+    spec = sig.inputs.inputs[0]
+    shape = getattr(spec, "shape", None)
+    if not shape or len(shape) < 2:
+        raise FormatError(f"{model_uri}'s signature is not a tensor of shape (-1, ...): {sig.inputs}.")
+    return tuple(int(d) for d in shape[1:])
+
+
+def resolve_version(client: MlflowClient, model_uri: str, tracking_uri: str):
+    """``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` -> (NAME, ALIAS, the model version). Raises
+    ObjectNotFoundError naming what is registered, ServiceUnavailableError when MLflow does not answer."""
+    name, alias, version = parse_model_uri(model_uri)
+    try:
+        mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+    except Exception as exc:
+        if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower() or "INVALID_PARAMETER" in str(exc):
+            raise _registry_error(client, name, alias, version, exc) from None
+        raise ServiceUnavailableError(f"could not read {model_uri} from MLflow at {tracking_uri}: "
+                                      f"{type(exc).__name__}: {exc}") from None
+    return name, alias, mv
+
+
+def load_bundle(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS") -> ModelBundle:
+    """Resolve ``model_uri`` in the registry and load the model, its calibrator and the source holdout.
+
+    Bundles are cached in this process by (tracking URI, name, version, calibrator): a served deployment loads a
+    model version once. Raises ObjectNotFoundError (no such model / alias / artifact), InputError (a calibrator or
+    holdout for a different number of classes than the model's), ServiceUnavailableError (MLflow unreachable).
+    """
+    import mlflow
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    name, alias, mv = resolve_version(client, model_uri, tracking_uri)
+    key = (tracking_uri, name, str(mv.version), calibrator)
+    with _BUNDLES_LOCK:
+        if key in _BUNDLES:
+            bundle = _BUNDLES[key]
+            return ModelBundle(**{**bundle.__dict__, "uri": model_uri, "alias": alias})
+    t0 = time.perf_counter()
+    if not mv.run_id:
+        raise FormatError(f"{model_uri} (version {mv.version}) has no source run, so no calibrator beside it; "
+                          "log the model from a run that also logs calibration/<NAME>.json and "
+                          f"{REFERENCE_ARTIFACT} (tasks.reference_artifacts.log_reestimation_reference).")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            cal_path = client.download_artifacts(mv.run_id, calibrator_artifact(calibrator), tmp)
+        except Exception:
+            try:
+                present = [a.path for a in client.list_artifacts(mv.run_id, "calibration")]
+            except Exception:
+                present = []
+            raise ObjectNotFoundError(
+                f"{model_uri} (version {mv.version}, run {mv.run_id}) has no calibrator "
+                f"{calibrator_artifact(calibrator)}; found: {', '.join(present) or 'nothing under calibration/'}. "
+                "Pick one that exists (--calibrator) or log it with tasks.reference_artifacts.log_reestimation_reference."
+            ) from None
+        try:
+            ref_path = client.download_artifacts(mv.run_id, REFERENCE_ARTIFACT, tmp)
+        except Exception:
+            raise ObjectNotFoundError(
+                f"{model_uri} (version {mv.version}, run {mv.run_id}) has no {REFERENCE_ARTIFACT} (the labelled "
+                "source holdout MLLS and BBSE are fit on). Models trained by this version of `labelshift "
+                "reproduce` carry it: rerun `labelshift reproduce --dataset DATASET` (a cached model is not retrained; the "
+                "holdout is added to its run); for other models log it with "
+                "tasks.reference_artifacts.log_reestimation_reference.") \
+                from None
+        doc = json.loads(Path(cal_path).read_text())
+        with np.load(ref_path, allow_pickle=False) as ref:
+            holdout_logits, holdout_labels = ref["logits"], ref["labels"]
+    cal = load_calibrator(doc["calibrator"] if "calibrator" in doc else doc)
+    version_uri = f"models:/{name}/{mv.version}"
+    input_shape = _input_shape(version_uri)
+    model = mlflow.pytorch.load_model(version_uri, map_location="cpu")
+    import torch
+
+    with torch.no_grad():
+        probe = model(torch.zeros((2, *input_shape), dtype=torch.float32))
+    n_classes = int(probe.shape[-1])
+    cal_k = getattr(cal, "n_classes_", None)
+    if cal_k is not None and int(cal_k) != n_classes:
+        raise InputError(f"calibrator {calibrator_artifact(calibrator)} of {model_uri} is for {cal_k} classes but the "
+                         f"model outputs {n_classes}; log the calibrator fit on this model's outputs.")
+    if holdout_logits.ndim != 2 or holdout_logits.shape[1] != n_classes or len(holdout_labels) != len(holdout_logits):
+        raise InputError(f"{REFERENCE_ARTIFACT} of {model_uri} holds logits of shape {holdout_logits.shape} and "
+                         f"{len(holdout_labels)} labels, but the model outputs {n_classes} classes; log the holdout "
+                         "of this model.")
+    source_probs = cal.predict_proba(holdout_logits.astype(np.float64))
+    bundle = ModelBundle(uri=model_uri, name=name, version=str(mv.version), alias=alias, run_id=mv.run_id,
+                         input_shape=input_shape, n_classes=n_classes, calibrator_name=calibrator, calibrator=cal,
+                         source_probs=source_probs, source_labels=holdout_labels.astype(np.int64), model=model,
+                         load_seconds=time.perf_counter() - t0, source_outputs=holdout_logits.astype(np.float64))
+    with _BUNDLES_LOCK:
+        _BUNDLES[key] = bundle
+    return bundle

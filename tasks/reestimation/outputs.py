@@ -1,0 +1,97 @@
+"""Writing a re-estimation's outputs: corrected predictions p_t(y|x) proportional to w_y f_y(x) (Saerens et al.
+2002) beside each target batch, with its summary JSON (:func:`write_for_reestimation`; .npy batches through
+:func:`write_outputs`).
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from labelshift import rows as rows_mod
+from labelshift.monitoring.batches import iter_ids, write_corrected_file, write_corrected_parquet
+from labelshift.estimation.diagnostics import correct_predictions
+from labelshift.errors import FormatError
+from labelshift.monitoring.watermark import TargetBatch, write_batch_outputs
+from labelshift.storage import open_store
+from tasks.reestimation.references import class_names_of
+from tasks.reestimation.scoring import download_batch
+
+__all__ = ["write_outputs", "write_for_reestimation"]
+
+
+def write_outputs(target_uri: str, batches: list[TargetBatch], probs: list[np.ndarray], weights: list[float],
+                  summary: dict) -> list[str]:
+    """Corrected predictions p_t(y|x) proportional to w_y f_y(x) (Saerens et al. 2002) beside each batch, then its
+    summary JSON; each write atomic. Returns the URIs of the corrected arrays. (A plain function: the ``.npy`` case
+    of the task :func:`write_for_reestimation`.)"""
+    store = open_store(target_uri)
+    urls = []
+    for b, p in zip(batches, probs):
+        corrected = correct_predictions(p, np.asarray(weights)).astype(np.float32)
+        batch_summary = dict(summary, batch={"key": b.key, "checksum": b.checksum, "rows": int(len(p)),
+                                             "corrected": store.url(b.corrected_key)})
+        write_batch_outputs(store, b, corrected, batch_summary)
+        urls.append(store.url(b.corrected_key))
+    return urls
+
+
+def _take(ids, pending: list, n: int):
+    """The next ``n`` ids from the chunk iterator ``ids`` (whose chunks need not be n long); None without ids."""
+    import pyarrow as pa
+
+    have = sum(len(a) for a in pending)
+    while have < n:
+        chunk = next(ids, None)
+        if chunk is None:
+            if not pending:
+                return None
+            raise FormatError(f"the id column holds {have} rows fewer than the outputs; write the batch again.")
+        pending.append(chunk)
+        have += len(chunk)
+    joined = pa.concat_arrays(pending) if len(pending) > 1 else pending[0]
+    pending[:] = [joined.slice(n)] if len(joined) > n else []
+    return joined.slice(0, n)
+
+
+def _corrected_chunks(probs: np.ndarray, weights: np.ndarray, ids, chunk_rows: int):
+    pending: list = []
+    for sl in rows_mod.blocks(len(probs), chunk_rows):
+        block = probs[sl]
+        yield correct_predictions(block, weights).astype(np.float32), _take(ids, pending, len(block))
+
+
+@task(name="write-outputs", cache_policy=NO_CACHE, persist_result=False)
+def write_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], probs: list[np.ndarray],
+                           weights: list[float], summary: dict) -> list[str]:
+    """Corrected predictions beside each batch: ``.corrected.npy`` for .npy batches (as for PyTorch models),
+    ``.corrected.parquet`` with one column per class name (and the batch's id column) for Parquet batches, written
+    row group by row group to a temporary file (the batch's id column streamed from a downloaded copy), then
+    uploaded."""
+    if all(b.key.endswith(".npy") for b in batches):
+        return write_outputs(target_uri, batches, probs, weights, summary)
+    store = open_store(target_uri)
+    names = class_names_of(bundle)
+    id_column = getattr(bundle, "id_column", None)
+    w = np.asarray(weights, dtype=np.float64)
+    chunk_rows = rows_mod.ROW_BLOCK
+    urls = []
+    with rows_mod.one_blas_thread():
+        for b, p in zip(batches, probs):
+            with tempfile.TemporaryDirectory(prefix="labelshift-corrected-") as tmp:
+                folder = Path(tmp)
+                if id_column:
+                    source = download_batch(store, b, folder, "batch")
+                    ids = iter_ids(source, store.url(b.key), id_column, chunk_rows=chunk_rows)
+                else:
+                    ids = iter_ids(None, store.url(b.key), None)
+                out = folder / "corrected.parquet"
+                write_corrected_parquet(out, _corrected_chunks(p, w, ids, chunk_rows), names, id_column)
+                batch_summary = dict(summary, batch={"key": b.key, "checksum": b.checksum, "rows": int(len(p)),
+                                                     "corrected": store.url(b.corrected_key)})
+                write_corrected_file(store, b, out, b.corrected_key, batch_summary, rows=len(p), classes=len(names))
+            urls.append(store.url(b.corrected_key))
+    return urls

@@ -1,0 +1,246 @@
+"""Scoring the target's new batches for re-estimation: calibrated probabilities (and the raw outputs they came from)
+of every row of every batch, in every mode (a PyTorch model, a scikit-learn or pyfunc model, prediction logs) and
+format (.npy, Parquet), in one pass that sets bad batches aside (:func:`score_for_reestimation`). The model's raw
+scores of a batch (:func:`forward`, :func:`model_scores`) are computed the same way by the served corrected model
+(:mod:`tasks.reestimation.serving`).
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from labelshift import rows as rows_mod
+from labelshift.monitoring.batches import batch_format, batch_rows, check_one_format, iter_feature_chunks, \
+    iter_output_chunks
+from labelshift.errors import FormatError, InputError, ObjectNotFoundError
+from labelshift.monitoring.watermark import ChangedBatchError, RejectedBatch, TargetBatch, load_batch
+from labelshift.storage import open_store
+from tasks.reestimation.model import ModelBundle
+from tasks.reestimation.references import ReferenceBundle
+
+__all__ = ["ScoredBatches", "forward", "model_scores", "download_batch", "score_for_reestimation"]
+
+
+def forward(model, x: np.ndarray, batch_size: int) -> np.ndarray:
+    """A PyTorch model's raw outputs (logits) on the rows of ``x``, ``batch_size`` rows per forward pass without
+    gradients, as one float64 (n, k) array."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(x), batch_size):
+            out.append(model(torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size]))).float().numpy())
+    return np.concatenate(out).astype(np.float64)
+
+
+@dataclass
+class ScoredBatches:
+    """What scoring made of the new batches: the good ones with their probabilities (and the raw outputs those came
+    from, float32, batch by batch like ``probs``), those that failed their checks (rejected, with the reason) and
+    those gone or replaced since the listing (skipped: the next run lists them afresh)."""
+
+    batches: list[TargetBatch]
+    probs: list[np.ndarray]
+    rejected: list[RejectedBatch] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+    outputs: list[np.ndarray] = field(default_factory=list)
+
+
+def _check_formats(bundle, store, batches: list[TargetBatch]) -> str:
+    fmt = check_one_format([b.key for b in batches], store.uri)
+    if isinstance(bundle, ModelBundle) and fmt != "npy":
+        raise InputError(f"{bundle.uri} is a PyTorch model, which takes .npy batches of its inputs, but the new batches "
+                         f"under {store.uri} are {fmt} ({batches[0].key}); save them as NAME.npy, or register a "
+                         "reference (labelshift reference register) if they are the model's logged outputs.")
+    if isinstance(bundle, ReferenceBundle) and bundle.mode != "outputs":
+        if fmt == "parquet" and not bundle.input_columns:
+            raise InputError(f"{bundle.uri}'s signature has no column names, so Parquet batch {batches[0].key} cannot "
+                             "be matched to its inputs; save the batches as .npy arrays, or log the model with a "
+                             "DataFrame input example.")
+        if fmt == "npy" and not bundle.input_shape:
+            raise InputError(f"{bundle.uri} has no input signature to check .npy batches against; log it with an "
+                             "input example.")
+    return fmt
+
+
+def _bytes(store, b: TargetBatch) -> bytes:
+    import hashlib
+
+    from labelshift.monitoring.watermark import ChangedBatchError
+
+    data = store.get_bytes(b.key)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != b.checksum:
+        raise ChangedBatchError(f"batch {store.url(b.key)} changed after this run listed it (listed sha256 "
+                                f"{b.checksum[:12]}..., read {digest[:12]}...); run again.", {b.key: (b.checksum, digest)})
+    return data
+
+
+def model_scores(bundle: ReferenceBundle, x: np.ndarray) -> np.ndarray:
+    """The raw scores, one per class, of a scikit-learn or pyfunc model on the rows of ``x``: ``bundle`` gives the
+    ``mode`` ("sklearn" or "pyfunc"), the ``model``, its ``output_method`` (scikit-learn), its ``input_columns`` (rows
+    passed as a DataFrame when set), its ``uri`` and ``n_classes``. Returns a float64 (n, k) array; raises
+    InputError when the model does not return one score per class."""
+    if bundle.mode == "sklearn":
+        if bundle.input_columns:
+            import pandas as pd
+
+            x = pd.DataFrame(x, columns=list(bundle.input_columns))
+        out = getattr(bundle.model, bundle.output_method)(x)
+    else:
+        import pandas as pd
+
+        out = bundle.model.predict(pd.DataFrame(x, columns=list(bundle.input_columns)) if bundle.input_columns
+                                   else x)
+    out = np.asarray(out, dtype=np.float64)
+    if out.ndim != 2 or out.shape[1] != bundle.n_classes:
+        raise InputError(f"{bundle.uri} returned outputs of shape {out.shape}, not one score per class "
+                         f"({bundle.n_classes}); a pyfunc model must return an (n, k) array of scores.")
+    return out
+
+
+def download_batch(store, b: TargetBatch, folder: Path, name: str) -> Path:
+    """The batch as the local file ``folder/name``, streamed from the store (verified against its recorded checksum on
+    the way) and hashed again against the checksum this run listed."""
+    from labelshift.monitoring.watermark import ChangedBatchError
+    from labelshift.storage.base import file_sha256
+
+    path = folder / f"{name}{Path(b.key).suffix}"
+    store.get_file(b.key, path)
+    digest = file_sha256(path)
+    if digest != b.checksum:
+        raise ChangedBatchError(f"batch {store.url(b.key)} changed after this run listed it (listed sha256 "
+                                f"{b.checksum[:12]}..., read {digest[:12]}...); run again.", {b.key: (b.checksum, digest)})
+    return path
+
+
+def _skip(out: ScoredBatches, b: TargetBatch, exc: Exception, logger) -> None:
+    out.skipped.append({"key": b.key, "reason": str(exc)})
+    logger.warning("skipped %s: %s", b.key, exc)
+
+
+def _reject(out: ScoredBatches, b: TargetBatch, exc: Exception, logger) -> None:
+    out.rejected.append(RejectedBatch(b, str(exc)))
+    if logger is not None:              # in strict mode the flow reports every rejection at once, in its error
+        logger.warning("rejected %s: %s", b.key, exc)
+
+
+def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out: ScoredBatches, logger,
+                reject_logger) -> None:
+    """Prediction logs: every batch streamed to a temporary file, then read in row chunks, calibrated chunk by chunk
+    into one pooled float32 (m, k) array; the good batches get consecutive views of it (so pooling them is free:
+    :func:`labelshift.rows.joined`), and so do their raw outputs (float32, for the source-aware interval; the
+    probabilities are computed from the kept values). A batch that fails its checks part-way gives its rows back to
+    the next one."""
+    with tempfile.TemporaryDirectory(prefix="labelshift-batches-") as tmp, rows_mod.one_blas_thread():
+        files = []
+        for i, b in enumerate(batches):
+            uri, fmt = store.url(b.key), batch_format(b.key)
+            try:
+                path = download_batch(store, b, Path(tmp), f"batch-{i}")
+                files.append((b, uri, fmt, path, batch_rows(path, fmt, uri)))
+            except (ObjectNotFoundError, ChangedBatchError) as exc:
+                _skip(out, b, exc, logger)
+            except (FormatError, InputError) as exc:
+                _reject(out, b, exc, reject_logger)
+        total = sum(f[4] for f in files)
+        pooled = np.empty((total, bundle.n_classes), dtype=np.float32)
+        pooled_raw = np.empty((total, bundle.n_classes), dtype=np.float32)     # for the source-aware interval
+        at = 0
+        for b, uri, fmt, path, n in files:
+            row = at
+            try:
+                for chunk in iter_output_chunks(path, fmt, bundle.spec, uri):
+                    if row + len(chunk) > at + n:
+                        raise FormatError(f"batch {uri} holds more rows than its metadata says ({n}); write it "
+                                          "again.")
+                    kept = pooled_raw[row:row + len(chunk)]
+                    kept[:] = chunk
+                    pooled[row:row + len(chunk)] = bundle.calibrator.predict_proba(kept.astype(np.float64))
+                    row += len(chunk)
+                if row != at + n:
+                    raise FormatError(f"batch {uri} holds {row - at} rows but its metadata says {n}; write it again.")
+            except (FormatError, InputError) as exc:
+                _reject(out, b, exc, reject_logger)
+                continue
+            finally:
+                path.unlink(missing_ok=True)
+            out.batches.append(b)
+            out.probs.append(pooled[at:row])
+            out.outputs.append(pooled_raw[at:row])
+            at = row
+
+
+def _calibrated(bundle, scores, raw: list) -> np.ndarray:
+    """The calibrated probabilities of raw model outputs, kept (float32) in ``raw`` for the source-aware interval;
+    the probabilities are computed from the kept values, so that both describe the same rows exactly."""
+    kept = np.asarray(scores).astype(np.float32)
+    raw.append(kept)
+    return bundle.calibrator.predict_proba(kept.astype(np.float64))
+
+
+def _score_batch(bundle, store, b: TargetBatch, batch_size: int, raw: list | None = None) -> np.ndarray:
+    """Calibrated probabilities of every row of one batch (its rows stream through in chunks; only the (n, k)
+    probabilities stay, and the raw outputs as float32 in ``raw`` when given). Raises FormatError/InputError for a
+    batch that fails its checks."""
+    raw = [] if raw is None else raw
+    if isinstance(bundle, ModelBundle):
+        x = load_batch(store, b, input_shape=bundle.input_shape)
+        return _calibrated(bundle, forward(bundle.model, x, batch_size), raw)
+    uri, fmt = store.url(b.key), batch_format(b.key)
+    parts = []
+    if fmt == "parquet":
+        for chunk in iter_feature_chunks(_bytes(store, b), uri, bundle.input_columns,
+                                         chunk_rows=max(batch_size, 1024)):
+            parts.append(_calibrated(bundle, model_scores(bundle, chunk), raw))
+    else:
+        x = load_batch(store, b, input_shape=bundle.input_shape)
+        for i in range(0, len(x), max(batch_size, 1)):
+            parts.append(_calibrated(bundle, model_scores(bundle, x[i:i + batch_size]), raw))
+    return np.concatenate(parts)
+
+
+@task(name="score-batches", task_run_name="score-{target_uri}", cache_policy=NO_CACHE, persist_result=False)
+def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], *, batch_size: int = 1024,
+                           log_rejections: bool = True) -> ScoredBatches:
+    """Calibrated probabilities (and the raw outputs they came from, float32) of every row of every batch, in any mode
+    and format, in one pass that goes on past a bad batch: a batch whose content fails its checks (FormatError,
+    InputError) is set aside as rejected with its
+    message, one deleted or replaced since the listing as skipped. Nothing is written here. Different formats under
+    one target, or trouble with the store itself (unreachable, credentials), still fail. Rows stream through in
+    chunks; only the (n, k) probabilities stay: float32 views of one pooled array for prediction logs, float64 per
+    batch for models scored here."""
+    from prefect.logging import get_run_logger
+
+    logger = get_run_logger()
+    store = open_store(target_uri)
+    _check_formats(bundle, store, batches)
+    out, t0 = ScoredBatches([], []), time.perf_counter()
+    reject_logger = logger if log_rejections else None
+    if isinstance(bundle, ReferenceBundle) and bundle.mode == "outputs":
+        _score_logs(bundle, store, batches, out, logger, reject_logger)
+    else:
+        for i, b in enumerate(batches):
+            raw: list = []
+            try:
+                probs = _score_batch(bundle, store, b, batch_size, raw)
+            except (ObjectNotFoundError, ChangedBatchError) as exc:
+                _skip(out, b, exc, logger)
+                continue
+            except (FormatError, InputError) as exc:
+                _reject(out, b, exc, reject_logger)
+                continue
+            out.probs.append(probs)
+            out.outputs.append(np.concatenate(raw))
+            out.batches.append(b)
+            logger.info("scored %s (%d of %d): %d rows, %.1f s so far", b.key, i + 1, len(batches), len(probs),
+                        time.perf_counter() - t0)
+    logger.info("%d batch(es) scored, %d rejected, %d skipped in %.1f s", len(out.batches), len(out.rejected),
+                len(out.skipped), time.perf_counter() - t0)
+    return out
