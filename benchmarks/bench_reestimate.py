@@ -268,7 +268,9 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     from tasks.reestimation.runs import (end_run, history_record, log_reestimation, render_figure,
                                          start_reestimation_run, sync_monitor)
     from tasks.reestimation.scoring import forward
-    from tasks.tracking import check_tracking_server, git_commit, run_url
+    from labelshift.inference.holdout import Target
+    from labelshift.rows import joined
+    from tasks.tracking import check_tracking_server, git_commit
 
     steps: dict[str, float] = {}
     clock = [time.perf_counter()]
@@ -279,9 +281,7 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
         clock[0] = now
 
     calibrator = "BCTS"
-    # the flow's defaults, as the flow side runs them (not a setting of the plain side's own)
-    estimator, cross_check, interval = DEFAULTS.estimator, list(DEFAULTS.cross_check), DEFAULTS.interval
-    level, significance, n_bootstrap, seed = DEFAULTS.level, DEFAULTS.significance, DEFAULTS.n_bootstrap, DEFAULTS.seed
+    settings = DEFAULTS          # the flow's defaults, as the flow side runs them (not a setting of its own)
     env = settings_mod.resolve(tracking_uri=tracking_uri, experiment_name=experiment)
     target_uri = str(target)
     store = open_store(target_uri)
@@ -292,48 +292,44 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     lap("load model bundle (cached)")
     sequence = watermark.sequence + 1
     params = dict(model=model_uri, model_version=bundle.version, target=store.uri, calibrator=calibrator,
-                  estimator=estimator, cross_check=",".join(cross_check), interval=interval, level=level,
-                  significance=significance, n_bootstrap=n_bootstrap, seed=seed, n_batches=len(batches),
-                  max_interval_width=DEFAULTS.max_interval_width)
+                  estimator=settings.estimator, cross_check=",".join(settings.cross_check), interval=settings.interval,
+                  level=settings.level, significance=settings.significance, n_bootstrap=settings.n_bootstrap,
+                  seed=settings.seed, n_batches=len(batches), max_interval_width=settings.max_interval_width)
     tags = {"prefect.flow_run_id": "", "prefect.flow_run_name": "", "labelshift.sequence": str(sequence)}
     commit = git_commit()
     if commit:
         tags["mlflow.source.git.commit"] = commit
     lap("git commit")
     runs = start_reestimation_run(env.tracking_uri, env.experiment_name, env.artifact_root, model_name=bundle.name,
-                                  target_url=store.uri, run_name=f"reestimate-{sequence}", params=params, tags=tags)
+                                  target_url=store.uri, run_name=f"reestimate-{sequence}", params=params, tags=tags,
+                                  sequence=sequence)
     lap("MLflow: start run (+ monitor run)")
     arrays = [load_batch(store, b, input_shape=bundle.input_shape) for b in batches]
     lap("read + check batches")
     outputs = [forward(bundle.model, x, 1024).astype(np.float32) for x in arrays]   # kept as the flow keeps them
     probs = [bundle.calibrator.predict_proba(o.astype(np.float64)) for o in outputs]
     lap("forward + calibrate")
-    report = estimate_shift.fn(bundle, probs, estimator=estimator, cross_check=list(cross_check), interval=interval,
-                               level=level, significance=significance, n_bootstrap=n_bootstrap, seed=seed,
-                               max_interval_width=DEFAULTS.max_interval_width, outputs=outputs,
-                               label_shift_significance=DEFAULTS.label_shift_significance)
+    report = estimate_shift.fn(bundle.holdout, Target(joined(probs), joined(outputs)), settings)
     lap("estimate_shift (MLLS + BBSE fits, interval, tests, identifiability)")
     word = report.verdict
-    ui = run_url(env.tracking_uri, runs["experiment_id"], runs["run_id"])
     summary = {
         "verdict": word, "headline": _headline(report), "sequence": sequence, "model": bundle.describe(),
         "target": store.uri, "batches": [b.key for b in batches], "result": report.to_dict(),
-        "mlflow": {"tracking_uri": env.tracking_uri, "experiment_id": runs["experiment_id"],
-                   "run_id": runs["run_id"], "monitor_run_id": runs["monitor_run_id"], "ui": ui},
+        "mlflow": runs.summary(env.tracking_uri),
         "prefect_flow_run_id": None, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    record = history_record(report, runs["run_id"], bundle.name)
+    record = history_record(report, runs.run_id, bundle.name)
     figure = render_figure(report, [*watermark.history, dict(record, sequence=sequence)], report.interval.level,
                            f"{bundle.name} v{bundle.version}: target prior, run {sequence}")
     lap("figure (matplotlib PNG)")
-    log_reestimation(env.tracking_uri, runs, report, summary, figure, step=sequence)
+    log_reestimation(env.tracking_uri, runs, report, summary, figure)
     lap("MLflow: metrics + summary + figure")
     summary["outputs"] = write_outputs(target_uri, batches, probs, report.weights.tolist(), summary)
     lap("write corrected predictions + summaries")
     committed = commit_watermark(store, watermark, batches, record)
     lap("commit watermark")
-    sync_monitor(env.tracking_uri, runs["monitor_run_id"], committed.history, bundle.name)
-    end_run(env.tracking_uri, runs["run_id"], "FINISHED")
+    sync_monitor(env.tracking_uri, runs.monitor_run_id, committed.history, bundle.name)
+    end_run(env.tracking_uri, runs.run_id, "FINISHED")
     lap("MLflow: monitor point + end run")
     return steps, summary
 

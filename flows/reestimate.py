@@ -37,6 +37,7 @@ with ``labelshift serve --cron "0 6 * * *"`` or the ``reestimate`` deployment of
 # annotations of a module it loads by file path, where string annotations naming this module's aliases would not
 # resolve
 import time
+from dataclasses import dataclass
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -50,13 +51,14 @@ from flows.params import (BatchSizeParam, CalibratorParam, CrossCheckParam, Esti
                           CorrectedModelNameParam, SegmentColumnParam, MinSegmentSizeParam, SegmentProcessesParam,
                           SegmentCorrectionParam, documented)
 from flows.params import DEFAULT_MODEL  # noqa: F401 - re-exported
-from flows.summary import headline as _headline
-from flows.summary import summary_markdown
+from flows.summary import RunSummary, headline, summary_markdown
 from flows.user_errors import install as _log_user_errors_once
 from labelshift.errors import InputError
 from labelshift.estimation.registry import check_interval
+from labelshift.inference.holdout import Target
 from labelshift.inference.report import ShiftReport, Verdict, check_holdout
 from labelshift.inference.segments import correction_record
+from labelshift.inference.settings import AssessmentSettings
 from labelshift.rows import joined
 from labelshift.monitoring.watermark import commit_watermark, find_new_batches, read_watermark
 from labelshift.storage import open_store
@@ -65,14 +67,14 @@ from tasks.reestimation.alerts import emit_verdict
 from tasks.reestimation.assessment import estimate_shift
 from tasks.reestimation.model import parse_model_uri
 from tasks.reestimation.outputs import write_for_reestimation
-from tasks.reestimation.references import class_names_of, load_for_reestimation
-from tasks.reestimation.runs import (catch_up_monitor, end_run, history_record, log_reestimation, log_rejections,
-                                     render_figure, start_reestimation_run, sync_monitor)
+from tasks.reestimation.references import load_for_reestimation
+from tasks.reestimation.runs import (ReestimationRun, catch_up_monitor, end_run, history_record, log_reestimation,
+                                     log_rejections, render_figure, start_reestimation_run, sync_monitor)
 from tasks.reestimation.scoring import score_for_reestimation
 from tasks.reestimation.segments import (assess_segments, check_segmentable, log_segments, read_segment_values,
                                          segment_values_of)
 from tasks.reestimation.serving import check_corrected_name, register_if_shifted
-from tasks.tracking import check_tracking_server, git_commit, run_url
+from tasks.tracking import check_tracking_server, git_commit
 
 _log_user_errors_once()
 
@@ -87,6 +89,30 @@ def target_uri_for(target: str | None, store_uri: str) -> str:
     if target:
         return target
     return f"{store_uri.rstrip('/')}/target"
+
+
+@dataclass
+class RunContext:
+    """One re-estimation run as its steps share it: the parameters and the settings made from them once, the
+    resolved services, the target and its watermark as read; the model and the MLflow run once loaded/started."""
+
+    params: ReestimateParameters
+    settings: AssessmentSettings
+    env: object                 # the resolved services (stack.settings.Settings)
+    store: object
+    target_uri: str
+    watermark: object
+    logger: object
+    started: float
+    bundle: object = None
+    mlflow: ReestimationRun | None = None
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.env.tracking_uri
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
 
 
 def _commit(store, watermark, batches, record, mlflow_run_id, rejected=()):
@@ -106,21 +132,23 @@ def _commit(store, watermark, batches, record, mlflow_run_id, rejected=()):
         raise
 
 
-def _publish(summary: dict, description: str, logger) -> None:
+def _publish(summary: RunSummary, description: str, logger) -> None:
     """The run's markdown artifact; a failure to create it is a warning, never the run's failure."""
     try:
-        create_markdown_artifact(markdown=summary_markdown(summary), key="reestimate", description=description)
+        create_markdown_artifact(markdown=summary_markdown(summary.to_dict()), key="reestimate",
+                                 description=description)
     except Exception as exc:
         warning = f"the Prefect artifact was not created ({type(exc).__name__}: {exc})"
-        if "warnings" in summary:
-            summary["warnings"].append(warning)
+        if summary.warnings is not None:
+            summary.warnings.append(warning)
         logger.warning(warning)
 
 
 # -- 1. what is new -------------------------------------------------------------------------------------------------
-def _no_new_data(store, watermark, p: ReestimateParameters, env, logger) -> Completed:
+def _no_new_data(run: RunContext) -> Completed:
     """Nothing new under the target: catch up on the MLflow bookkeeping an earlier run still owes (best effort)
     and complete as "No new data"."""
+    store, watermark, logger = run.store, run.watermark, run.logger
     message = (f"No new data: all {len(watermark.processed)} batch(es) under {store.uri} were processed "
                f"(last run {watermark.sequence} at {watermark.updated_at}).")
     if watermark.rejected:
@@ -131,9 +159,9 @@ def _no_new_data(store, watermark, p: ReestimateParameters, env, logger) -> Comp
     logger.info(message)
     if watermark.history:       # best effort: bookkeeping a killed or cut-off earlier run still owes
         try:
-            check_tracking_server(env.tracking_uri, timeout_s=2.0)     # never MLflow's minutes of retries
-            catch_up_monitor(env.tracking_uri, env.experiment_name, parse_model_uri(p.model)[0], store.uri,
-                             watermark.history)
+            check_tracking_server(run.tracking_uri, timeout_s=2.0)     # never MLflow's minutes of retries
+            catch_up_monitor(run.tracking_uri, run.env.experiment_name, parse_model_uri(run.params.model)[0],
+                             store.uri, watermark.history)
         except Exception as exc:
             logger.warning("MLflow bookkeeping of earlier runs skipped (%s: %s); the next run tries again",
                            type(exc).__name__, exc)
@@ -144,24 +172,26 @@ def _no_new_data(store, watermark, p: ReestimateParameters, env, logger) -> Comp
 
 
 # -- 2. the model and the MLflow run -----------------------------------------------------------------------------------
-def _load_model(p: ReestimateParameters, env, logger):
-    """The model, its calibrator and source holdout from the registry, with its class names; a holdout that cannot
-    carry this re-estimation fails here, before anything is written."""
-    bundle = load_for_reestimation(p.model, tracking_uri=env.tracking_uri, calibrator=p.calibrator)
-    classes = class_names_of(bundle)
-    check_holdout(bundle.source_labels, bundle.n_classes, interval=p.interval, calibrator=bundle.calibrator)
-    logger.info("model %s -> version %s (run %s, %s), input %s, classes %s, calibrator %s", p.model, bundle.version,
-                bundle.run_id, getattr(bundle, "mode", "pytorch"), bundle.input_shape, ", ".join(classes),
-                p.calibrator)
-    return bundle, classes
+def _load_model(run: RunContext):
+    """The model, its calibrator and source holdout from the registry; a holdout that cannot carry this
+    re-estimation fails here, before anything is written."""
+    p = run.params
+    bundle = load_for_reestimation(p.model, tracking_uri=run.tracking_uri, calibrator=p.calibrator)
+    holdout = bundle.holdout
+    check_holdout(holdout.labels, holdout.n_classes, interval=run.settings.interval, calibrator=holdout.calibrator)
+    run.logger.info("model %s -> version %s (run %s, %s), input %s, classes %s, calibrator %s", p.model,
+                    bundle.version, bundle.run_id, getattr(bundle, "mode", "pytorch"), bundle.input_shape,
+                    ", ".join(holdout.names), p.calibrator)
+    return bundle
 
 
-def _start_run(p: ReestimateParameters, env, store, bundle, watermark, n_batches: int) -> dict:
+def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
     """The MLflow child run of this re-estimation, with the run's parameters and tags (its ids, and the run's
     ``sequence`` and ``flow_run_id``)."""
-    sequence = watermark.sequence + 1
+    p, bundle = run.params, run.bundle
+    sequence = run.watermark.sequence + 1
     flow_run_id, flow_run_name = flow_run_info()
-    params = dict(model=p.model, model_version=bundle.version, target=store.uri, calibrator=p.calibrator,
+    params = dict(model=p.model, model_version=bundle.version, target=run.store.uri, calibrator=p.calibrator,
                   estimator=p.estimator, cross_check=",".join(p.cross_check), interval=p.interval, level=p.level,
                   significance=p.significance, n_bootstrap=p.n_bootstrap, seed=p.seed, n_batches=n_batches,
                   max_interval_width=p.max_interval_width, on_invalid=p.on_invalid,
@@ -175,42 +205,48 @@ def _start_run(p: ReestimateParameters, env, store, bundle, watermark, n_batches
     commit = git_commit()
     if commit:
         tags["mlflow.source.git.commit"] = commit
-    runs = start_reestimation_run(env.tracking_uri, env.experiment_name, env.artifact_root, model_name=bundle.name,
-                                  target_url=store.uri, run_name=f"reestimate-{sequence}",
-                                  params=params, tags=tags, history=watermark.history)
-    return dict(runs, sequence=sequence, flow_run_id=flow_run_id)
+    return start_reestimation_run(run.tracking_uri, run.env.experiment_name, run.env.artifact_root,
+                                  model_name=bundle.name, target_url=run.store.uri, run_name=f"reestimate-{sequence}",
+                                  params=params, tags=tags, history=run.watermark.history, sequence=sequence,
+                                  flow_run_id=flow_run_id)
 
 
-def _end_failed_run(exc: BaseException, env, runs: dict, logger) -> None:
+def _end_failed_run(exc: BaseException, run: RunContext) -> None:
     """Cancelled (Prefect's termination signal, Ctrl-C) or failed: the MLflow run ends KILLED or FAILED with the
     cause (the watermark did not move)."""
     status = "FAILED" if isinstance(exc, Exception) else "KILLED"
     try:
-        end_run(env.tracking_uri, runs["run_id"], status, f"{type(exc).__name__}: {exc}")
+        end_run(run.tracking_uri, run.mlflow.run_id, status, f"{type(exc).__name__}: {exc}")
     except Exception as close_exc:
-        logger.error("could not mark MLflow run %s %s: %s", runs["run_id"], status, close_exc)
+        run.logger.error("could not mark MLflow run %s %s: %s", run.mlflow.run_id, status, close_exc)
 
 
 # -- 3. scoring -------------------------------------------------------------------------------------------------------
-def _score(p: ReestimateParameters, bundle, target_uri: str, batches):
+def _score(run: RunContext, batches):
     """Calibrated probabilities of every new row, batch by batch (nothing is written until all are read; every bad
     batch is found in this one pass), and the rejected batches; with ``on_invalid="error"`` a bad batch fails the
     run, naming every one."""
-    scored = score_for_reestimation(bundle, target_uri, batches, batch_size=p.batch_size,
+    p = run.params
+    scored = score_for_reestimation(run.bundle, run.target_uri, batches, batch_size=p.batch_size,
                                     log_rejections=p.on_invalid != "error")
-    rejected = [{"key": r.key, "reason": r.reason} for r in scored.rejected]
-    if rejected and p.on_invalid == "error":
+    if scored.rejected and p.on_invalid == "error":
         raise InputError(
-            f"{len(rejected)} of {len(batches)} new batch(es) failed their checks: "
-            + " ".join(f"[{r['key']}] {r['reason']}" for r in rejected)
+            f"{len(scored.rejected)} of {len(batches)} new batch(es) failed their checks: "
+            + " ".join(f"[{r.key}] {r.reason}" for r in scored.rejected)
             + " Nothing was counted. Fix or delete these batches and run again, or run with "
               "on_invalid='quarantine' (CLI: without --fail-on-invalid) to go on with the good ones.")
-    return scored, rejected
+    return scored
 
 
-def _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger, bundle):
+def _rejected(scored) -> list[dict]:
+    """The rejected batches as the summary lists them (key and reason)."""
+    return [{"key": r.key, "reason": r.reason} for r in scored.rejected]
+
+
+def _no_valid_data(run: RunContext, scored) -> Completed:
     """No new batch passed its checks: record the rejected ones (if any) in the watermark, list them in MLflow and
     the artifact, end the MLflow run, emit the verdict's event, and complete as "No valid data"."""
+    rejected, store, ml = _rejected(scored), run.store, run.mlflow
     names = ", ".join(r["key"] for r in [*rejected, *scored.skipped])
     headline = (f"No valid data: none of the {len(rejected) + len(scored.skipped)} new batch(es) under {store.uri} "
                 f"could be used ({names}). " + ("Rejected batches are recorded in the watermark and not tried again "
@@ -218,140 +254,156 @@ def _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger, bu
                                                 if rejected else "")
                 + ("Skipped batches were deleted or replaced while the run read them; the next run lists them "
                    "again." if scored.skipped else ""))
-    summary = {"verdict": Verdict.NO_VALID_DATA, "headline": headline.strip(), "target": store.uri, "batches": [],
-               "sequence": watermark.sequence + bool(rejected), "rejected": rejected, "skipped": scored.skipped,
-               "mlflow": {"tracking_uri": env.tracking_uri, "experiment_id": runs["experiment_id"],
-                          "run_id": runs["run_id"], "monitor_run_id": runs["monitor_run_id"]},
-               "seconds": time.perf_counter() - t0}
-    log_rejections(env.tracking_uri, runs["run_id"], rejected, summary)
+    summary = RunSummary(Verdict.NO_VALID_DATA, headline.strip(), run.watermark.sequence + bool(rejected),
+                         store.uri, [], ml.summary(run.tracking_uri), rejected=rejected, skipped=scored.skipped,
+                         seconds=run.seconds())
+    log_rejections(run.tracking_uri, ml.run_id, rejected, summary.to_dict())
     if scored.rejected:
-        record = {"model": None, "mlflow_run_id": runs["run_id"]}
-        summary["sequence"] = _commit(store, watermark, [], record, runs["run_id"], rejected=scored.rejected).sequence
+        record = {"model": None, "mlflow_run_id": ml.run_id}
+        summary.sequence = _commit(store, run.watermark, [], record, ml.run_id, rejected=scored.rejected).sequence
     try:  # the rejections are recorded now: closing the MLflow run may not fail the run any more
-        end_run(env.tracking_uri, runs["run_id"], "FINISHED")
+        end_run(run.tracking_uri, ml.run_id, "FINISHED")
     except Exception as exc:
-        logger.warning("MLflow run %s could not be marked FINISHED (%s: %s)", runs["run_id"], type(exc).__name__, exc)
-    logger.warning(summary["headline"])
-    _publish(summary, f"re-estimation verdict: {Verdict.NO_VALID_DATA}", logger)
-    emit_verdict(summary, model=bundle.describe(), prefect_run_url=prefect_flow_run_url(runs["flow_run_id"]))
-    return Completed(name=Verdict.NO_VALID_DATA, message=summary["headline"], data=summary)
+        run.logger.warning("MLflow run %s could not be marked FINISHED (%s: %s)", ml.run_id, type(exc).__name__,
+                           exc)
+    run.logger.warning(summary.headline)
+    _publish(summary, f"re-estimation verdict: {Verdict.NO_VALID_DATA}", run.logger)
+    data = summary.to_dict()
+    emit_verdict(data, model=run.bundle.describe(), prefect_run_url=prefect_flow_run_url(ml.flow_run_id))
+    return Completed(name=Verdict.NO_VALID_DATA, message=summary.headline, data=data)
 
 
 # -- 4. the estimate, logged -------------------------------------------------------------------------------------------
-def _settings(p: ReestimateParameters) -> dict:
-    """The statistical settings of one assessment, as :func:`tasks.reestimation.assessment.estimate_shift` takes them (the
-    pooled rows and every segment's are assessed with the same)."""
-    return dict(estimator=p.estimator, cross_check=list(p.cross_check), interval=p.interval, level=p.level,
-                significance=p.significance, n_bootstrap=p.n_bootstrap, seed=p.seed,
-                max_interval_width=p.max_interval_width, label_shift_significance=p.label_shift_significance)
-
-
-def _assess(p: ReestimateParameters, bundle, classes, scored, rejected, store, env, runs) -> tuple[ShiftReport, dict]:
+def _assess(run: RunContext, scored, target: Target) -> tuple[ShiftReport, RunSummary]:
     """The estimate, its uncertainty and identifiability, and the test of label shift itself; and the summary of
     the run (its state's data and the artifact's source)."""
-    report = estimate_shift(bundle, scored.probs, outputs=scored.outputs, class_names=classes, **_settings(p))
-    summary = {
-        "verdict": report.verdict, "headline": _headline(report, classes), "sequence": runs["sequence"],
-        "classes": classes, "model": bundle.describe(), "target": store.uri,
-        "batches": [b.key for b in scored.batches], "result": report.to_dict(),
-        "mlflow": {"tracking_uri": env.tracking_uri, "experiment_id": runs["experiment_id"],
-                   "run_id": runs["run_id"], "monitor_run_id": runs["monitor_run_id"],
-                   "ui": run_url(env.tracking_uri, runs["experiment_id"], runs["run_id"])},
-        "prefect_flow_run_id": runs["flow_run_id"], "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "rejected": rejected, "skipped": scored.skipped,
-    }
+    bundle, ml = run.bundle, run.mlflow
+    report = estimate_shift(bundle.holdout, target, run.settings)
+    classes = bundle.holdout.names
+    summary = RunSummary(report.verdict, headline(report, classes), ml.sequence, run.store.uri,
+                         [b.key for b in scored.batches], ml.summary(run.tracking_uri), rejected=_rejected(scored),
+                         skipped=scored.skipped, classes=classes, model=bundle.describe(), result=report.to_dict(),
+                         prefect_flow_run_id=ml.flow_run_id,
+                         time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     return report, summary
 
 
-def _read_segments(p: ReestimateParameters, store, target_uri: str, batches) -> dict | None:
+def _read_segments(run: RunContext, batches) -> dict | None:
     """With a segment column: every new batch's segment values, read and checked (the column exists, every row has
     a value; Parquet batches only) before the MLflow run starts -- bad input fails here with nothing written."""
-    if not p.segment_column:
+    column = run.params.segment_column
+    if not column:
         return None
-    check_segmentable(batches, p.segment_column, store.uri)
-    return read_segment_values(target_uri, batches, p.segment_column)
+    check_segmentable(batches, column, run.store.uri)
+    return read_segment_values(run.target_uri, batches, column)
 
 
-def _per_segment(p: ReestimateParameters, bundle, classes, scored, values, summary: dict, env, runs) -> None:
+def _per_segment(run: RunContext, scored, target: Target, values, summary: RunSummary) -> None:
     """One estimate per segment besides the pooled one (``assess-segment`` tasks), into the summary
-    (``summary["segments"]``) and the MLflow run (metrics, figure). The pooled estimate and its verdict are untouched:
-    they alone drive the outputs, the watermark, the alerts and the corrected model."""
-    if values is None:
+    (``segments``) and the MLflow run (metrics, figure). The pooled estimate and its verdict are untouched: they
+    alone drive the outputs, the watermark, the alerts and the corrected model."""
+    settings = run.params.segments()
+    if values is None or settings is None:
         return
-    outputs = joined(scored.outputs) if scored.outputs else None
-    segments = assess_segments(bundle, segment_values_of(values, scored), joined(scored.probs), outputs,
-                               _settings(p), classes, p.min_segment_size, p.segment_processes,
-                               p.segment_correction)
+    bundle, ml = run.bundle, run.mlflow
+    segments, warning = assess_segments(bundle.holdout, target, segment_values_of(values, scored), run.settings,
+                                        settings)
     correction = correction_record(segments)        # how the segments' tests were read over the run
-    summary["segments"] = {"column": p.segment_column, "min_size": p.min_segment_size,
-                           **({"correction": correction} if correction else {}),
-                           "items": [s.to_dict() for s in segments]}
-    named = None if classes == [str(c) for c in range(len(classes))] else classes
-    log_segments(env.tracking_uri, runs["run_id"], segments, bundle.source_prior.tolist(), named, p.level,
-                 runs["sequence"], f"{bundle.name} v{bundle.version}: target prior per {p.segment_column}, "
-                                   f"run {runs['sequence']}")
+    summary.segments = {"column": settings.column, "min_size": settings.min_size,
+                        **({"correction": correction} if correction else {}),
+                        **({"warning": warning} if warning else {}),
+                        "items": [s.to_dict() for s in segments]}
+    if warning:
+        run.logger.warning(warning)
+    log_segments(run.tracking_uri, ml.run_id, segments, bundle.source_prior.tolist(), bundle.holdout.class_names,
+                 run.settings.level, ml.sequence,
+                 f"{bundle.name} v{bundle.version}: target prior per {settings.column}, run {ml.sequence}")
 
 
-def _log(report: ShiftReport, summary: dict, bundle, classes, watermark, env, runs, rejected) -> dict:
+def _log(run: RunContext, report: ShiftReport, summary: RunSummary) -> dict:
     """The child run's metrics, tags, figure and summary; returns the watermark's record of this run."""
-    named = None if classes == [str(c) for c in range(len(classes))] else classes
-    record = history_record(report, runs["run_id"], bundle.name, named)
-    sequence = runs["sequence"]
-    figure = render_figure(report, [*watermark.history, dict(record, sequence=sequence)], report.interval.level,
-                           f"{bundle.name} v{bundle.version}: target prior, run {sequence}", named)
-    log_reestimation(env.tracking_uri, runs, report, summary, figure, step=sequence, class_names=named)
-    log_rejections(env.tracking_uri, runs["run_id"], rejected)
+    bundle, ml = run.bundle, run.mlflow
+    named = bundle.holdout.class_names
+    record = history_record(report, ml.run_id, bundle.name, named)
+    figure = render_figure(report, [*run.watermark.history, dict(record, sequence=ml.sequence)],
+                           report.interval.level, f"{bundle.name} v{bundle.version}: target prior, run {ml.sequence}",
+                           named)
+    log_reestimation(run.tracking_uri, ml, report, summary.to_dict(), figure, class_names=named)
+    log_rejections(run.tracking_uri, ml.run_id, summary.rejected)
     return record
 
 
 # -- 5. outputs -------------------------------------------------------------------------------------------------------
-def _write_outputs(report: ShiftReport, summary: dict, bundle, target_uri: str, scored) -> None:
+def _write_outputs(run: RunContext, report: ShiftReport, summary: RunSummary, scored) -> None:
     """Corrected predictions beside each batch, atomically -- none when the data are not label-shifted (the weights
     mean nothing), and the summary says why."""
     if report.verdict == Verdict.NOT_LABEL_SHIFT:
-        summary["outputs"] = []
-        summary["outputs_withheld"] = (
+        summary.outputs = []
+        summary.outputs_withheld = (
             "the label-shift test rejected the assumption the correction rests on. The batches are counted in "
             "the watermark (they were examined); after fixing the cause, write the fixed batches under new "
             "names, or rewrite them and run with on_changed='reprocess' (CLI: --reprocess-changed).")
     else:
-        summary["outputs"] = write_for_reestimation(bundle, target_uri, scored.batches, scored.probs,
-                                                    report.weights.tolist(), summary)
+        summary.outputs = write_for_reestimation(run.bundle, run.target_uri, scored.batches, scored.probs,
+                                                 report.weights.tolist(), summary.to_dict())
 
 
 # -- 7. bookkeeping after the commit -----------------------------------------------------------------------------------
-def _after_commit(summary: dict, committed, bundle, env, runs, logger) -> None:
+def _after_commit(run: RunContext, summary: RunSummary, committed) -> None:
     """The batches are counted now: what follows is bookkeeping, and a failure in it must not fail the run (its
     retry would find no new data and the run would look lost). The monitor run's series is synchronised from the
     watermark's history, so a point missed here is added by the next run. Failures become the summary's warnings."""
-    summary["warnings"] = []
+    summary.warnings = []
+    ml = run.mlflow
     try:
-        sync_monitor(env.tracking_uri, runs["monitor_run_id"], committed.history, bundle.name)
+        sync_monitor(run.tracking_uri, ml.monitor_run_id, committed.history, run.bundle.name)
     except Exception as exc:
-        summary["warnings"].append(f"the monitor run's series was not updated ({type(exc).__name__}: {exc}); the "
-                                   "next run with new data adds the missing point")
+        summary.warnings.append(f"the monitor run's series was not updated ({type(exc).__name__}: {exc}); the "
+                                "next run with new data adds the missing point")
     try:
-        end_run(env.tracking_uri, runs["run_id"], "FINISHED")
+        end_run(run.tracking_uri, ml.run_id, "FINISHED")
     except Exception as exc:
-        summary["warnings"].append(f"MLflow run {runs['run_id']} could not be marked FINISHED "
-                                   f"({type(exc).__name__}: {exc})")
-    for warning in summary["warnings"]:
-        logger.warning(warning)
+        summary.warnings.append(f"MLflow run {ml.run_id} could not be marked FINISHED ({type(exc).__name__}: {exc})")
+    for warning in summary.warnings:
+        run.logger.warning(warning)
 
 
-def _complete(summary: dict, store, env, runs, t0: float, logger) -> Completed:
+def _complete(run: RunContext, summary: RunSummary) -> Completed:
     """The final state, named for the verdict, with the summary as its data and the markdown artifact."""
-    summary["seconds"] = time.perf_counter() - t0
-    summary["links"] = {"MLflow run": summary["mlflow"]["ui"] or f"run {runs['run_id']} in experiment "
-                                                                  f"'{env.experiment_name}'",
-                        "watermark": store.url("_labelshift/watermark.json"),
-                        **({"corrected model": summary["corrected_model"]["version_uri"]}
-                           if summary.get("corrected_model") else {})}
-    word = summary["verdict"]
-    _publish(summary, f"re-estimation verdict: {word}", logger)
-    emit_verdict(summary, prefect_run_url=prefect_flow_run_url(runs["flow_run_id"]))   # alerts: never fails the run
-    logger.info("%s -- %s", word, summary["headline"])
-    return Completed(name=word, message=summary["headline"], data=summary)
+    ml = run.mlflow
+    summary.seconds = run.seconds()
+    summary.links = {"MLflow run": summary.mlflow["ui"] or f"run {ml.run_id} in experiment "
+                                                           f"'{run.env.experiment_name}'",
+                     "watermark": run.store.url("_labelshift/watermark.json"),
+                     **({"corrected model": summary.corrected_model["version_uri"]}
+                        if summary.corrected_model else {})}
+    word = summary.verdict
+    _publish(summary, f"re-estimation verdict: {word}", run.logger)
+    data = summary.to_dict()
+    emit_verdict(data, prefect_run_url=prefect_flow_run_url(ml.flow_run_id))   # alerts: never fails the run
+    run.logger.info("%s -- %s", word, summary.headline)
+    return Completed(name=word, message=summary.headline, data=data)
+
+
+def _assess_and_commit(run: RunContext, batches, segment_values, corrected_as):
+    """Steps 3 to 6 inside the MLflow run: score, assess (pooled and per segment), log, write the outputs, register
+    the corrected model, commit the watermark; returns the summary and the committed watermark, or "No valid data"
+    as its final state when no batch could be used."""
+    scored = _score(run, batches)
+    if not scored.batches:
+        return _no_valid_data(run, scored)
+    target = Target(joined(scored.probs), joined(scored.outputs) if scored.outputs else None)   # pooled once
+    report, summary = _assess(run, scored, target)
+    _per_segment(run, scored, target, segment_values, summary)      # never the pooled verdict
+    record = _log(run, report, summary)
+    _write_outputs(run, report, summary, scored)
+    ml = run.mlflow
+    if corrected_as:    # before the commit: a failed registration fails the run and the watermark stays
+        summary.corrected_model = register_if_shifted(run.bundle, report, tracking_uri=run.tracking_uri,
+                                                      name=corrected_as, run_id=ml.run_id, target=run.store.uri,
+                                                      sequence=ml.sequence)
+    committed = _commit(run.store, run.watermark, scored.batches, record, ml.run_id, rejected=scored.rejected)
+    return summary, committed
 
 
 @flow(name="reestimate", log_prints=False)
@@ -383,51 +435,41 @@ def reestimate(
 ):
     """Re-estimate the target label distribution from the target batches that arrived since the last success.
 
-    Returns (as the data of its final state) the summary dict: verdict, model, target, batches, sequence, the
-    estimate with intervals, test and identifiability, the MLflow ids and the output locations.
+    Returns (as the data of its final state) the summary dict (:class:`flows.summary.RunSummary`): verdict, model,
+    target, batches, sequence, the estimate with intervals, test and identifiability, the MLflow ids and the output
+    locations.
     """
     check_interval(estimator, interval)
     p = ReestimateParameters(**{k: v for k, v in locals().items() if k in ReestimateParameters.model_fields})
-    logger, t0 = get_run_logger(), time.perf_counter()
     env = settings_mod.resolve(tracking_uri=p.tracking_uri, experiment_name=p.mlflow_experiment)
     target_uri = target_uri_for(p.target, env.store_uri)
 
     # 1. what is new (fails on an empty or missing target; reads only)
     store = open_store(target_uri)
     batches, watermark = find_new_batches(store, on_changed=p.on_changed)
+    run = RunContext(p, p.assessment(), env, store, target_uri, watermark, get_run_logger(), time.perf_counter())
     if not batches:
-        return _no_new_data(store, watermark, p, env, logger)
-    logger.info("%d new batch(es) under %s: %s", len(batches), store.uri,
-                ", ".join(b.key for b in batches[:10]) + (" ..." if len(batches) > 10 else ""))
+        return _no_new_data(run)
+    run.logger.info("%d new batch(es) under %s: %s", len(batches), store.uri,
+                    ", ".join(b.key for b in batches[:10]) + (" ..." if len(batches) > 10 else ""))
 
     # 2. MLflow reachable before any work; model, calibrator and source holdout from the registry; the child run
     check_tracking_server(env.tracking_uri)
-    bundle, classes = _load_model(p, env, logger)
+    run.bundle = _load_model(run)
     # the corrected model's registry name, checked before anything is written (docs/serving.md)
     corrected_as = (check_corrected_name(env.tracking_uri, p.model, p.corrected_model_name)
                     if p.register_corrected else None)
-    segment_values = _read_segments(p, store, target_uri, batches)     # checked before anything is written
-    runs = _start_run(p, env, store, bundle, watermark, len(batches))
+    segment_values = _read_segments(run, batches)     # checked before anything is written
+    run.mlflow = _start_run(run, len(batches))
     try:
-        # 3. calibrated probabilities of every new row
-        scored, rejected = _score(p, bundle, target_uri, batches)
-        if not scored.batches:
-            return _no_valid_data(store, watermark, scored, rejected, env, runs, t0, logger, bundle)
-        # 4. the estimate and its tests, logged to MLflow
-        report, summary = _assess(p, bundle, classes, scored, rejected, store, env, runs)
-        _per_segment(p, bundle, classes, scored, segment_values, summary, env, runs)    # never the pooled verdict
-        record = _log(report, summary, bundle, classes, watermark, env, runs, rejected)
-        # 5. outputs beside each batch; then -- only then -- 6. the watermark, which counts the batches either way
-        _write_outputs(report, summary, bundle, target_uri, scored)
-        if corrected_as:    # before the commit: a failed registration fails the run and the watermark stays
-            summary["corrected_model"] = register_if_shifted(bundle, report, tracking_uri=env.tracking_uri,
-                                                             name=corrected_as, run_id=runs["run_id"],
-                                                             target=store.uri, sequence=runs["sequence"])
-        committed = _commit(store, watermark, scored.batches, record, runs["run_id"], rejected=scored.rejected)
+        # 3.-6. score, assess and log, write the outputs, then -- only then -- move the watermark
+        outcome = _assess_and_commit(run, batches, segment_values, corrected_as)
     except BaseException as exc:
-        _end_failed_run(exc, env, runs, logger)
+        _end_failed_run(exc, run)
         raise
-
+    if isinstance(outcome, Completed):
+        return outcome
     # 7. bookkeeping that cannot fail the run any more, then the verdict
-    _after_commit(summary, committed, bundle, env, runs, logger)
-    return _complete(summary, store, env, runs, t0, logger)
+    summary, committed = outcome
+    _after_commit(run, summary, committed)
+    return _complete(run, summary)

@@ -5,13 +5,68 @@ where it disagrees, the table per class, the cross-checks, what the shift costs 
 rejected and skipped batches) and when each is shown -- and hands each part to a front that lays it out:
 :data:`MARKDOWN`, the Prefect artifact of the run (:func:`summary_markdown`), or :data:`PLAIN_TEXT`, the table
 ``labelshift estimate`` prints (:func:`format_summary`). :func:`headline` is the one sentence of a verdict.
+:class:`RunSummary` is the summary itself, as the flow builds it; its dict (:meth:`RunSummary.to_dict`) is the
+data of the run's final state, the artifact's source and the summary JSON stored beside each batch and in MLflow.
 """
 from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
 
 from labelshift.inference.multiplicity import correction_label
 from labelshift.inference.report import ShiftReport, Verdict, finite
 
-__all__ = ["render", "summary_markdown", "format_summary", "headline", "format_p", "MARKDOWN", "PLAIN_TEXT"]
+__all__ = ["RunSummary", "render", "summary_markdown", "format_summary", "headline", "format_p", "MARKDOWN", "PLAIN_TEXT"]
+
+
+@dataclass
+class RunSummary:
+    """What one ``reestimate`` run did, for people and programs (``docs/operations.md`` reads it field by field).
+
+    Attributes:
+        verdict, headline: the run's verdict (:class:`~labelshift.inference.report.Verdict`) and its sentence.
+        sequence: the run's number in the watermark's history.
+        target: the target location; batches: the keys of the batches assessed.
+        classes, model: the model's class names and its description (when a model was loaded).
+        result: the :class:`~labelshift.inference.report.ShiftReport` as a dict (when there was an estimate).
+        mlflow: the MLflow ids and the child run's UI address.
+        prefect_flow_run_id, time: the Prefect flow run and when the estimate was made.
+        rejected, skipped: the batches rejected (key and reason) and skipped (gone or replaced while read).
+        segments: the estimates per segment (with a segment column).
+        outputs, outputs_withheld: the corrected files written, or why none were.
+        corrected_model: the registered corrected model (with register_corrected, on Shifted).
+        warnings: bookkeeping that failed after the commit; seconds: the run's time; links: where to look.
+    """
+
+    verdict: str
+    headline: str
+    sequence: int
+    target: str
+    batches: list[str]
+    mlflow: dict
+    rejected: list[dict] = dataclasses.field(default_factory=list)
+    skipped: list[dict] = dataclasses.field(default_factory=list)
+    classes: list[str] | None = None
+    model: dict | None = None
+    result: dict | None = None
+    prefect_flow_run_id: str | None = None
+    time: str | None = None
+    segments: dict | None = None
+    outputs: list[str] | None = None
+    outputs_withheld: str | None = None
+    corrected_model: dict | None = None
+    warnings: list[str] | None = None
+    seconds: float | None = None
+    links: dict | None = None
+
+    #: the order of the keys of :meth:`to_dict` (the stored summaries' order)
+    ORDER = ("verdict", "headline", "sequence", "classes", "model", "target", "batches", "result", "mlflow",
+             "prefect_flow_run_id", "time", "rejected", "skipped", "segments", "outputs", "outputs_withheld",
+             "corrected_model", "warnings", "seconds", "links")
+
+    def to_dict(self) -> dict:
+        """The summary as a JSON-ready dict: the fields that are set (not None), in :attr:`ORDER`."""
+        return {name: getattr(self, name) for name in self.ORDER if getattr(self, name) is not None}
 
 
 def format_p(p: float) -> str:

@@ -311,8 +311,7 @@ def test_estimates_per_segment_equal_assess_shift_on_each_segments_rows(prefect_
         p = [items[name][f"{test}_p_value"] for name in ("north", "south")]
         assert [items[name][f"{test}_p_adjusted"] for name in ("north", "south")] == pytest.approx(holm(p).tolist())
     # the pooled estimate is what it is without segments
-    pooled = estimate_shift.fn(bundle, [probs], outputs=[logits], class_names=NAMES, significance=0.01,
-                               label_shift_significance=0.001)
+    pooled = estimate_shift.fn(bundle.holdout, Target(probs, logits), settings)
     assert summary["result"]["target_prior"] == pooled.target_prior.tolist() and summary["verdict"] == pooled.verdict
 
     client = MlflowClient(reference["tracking_uri"])

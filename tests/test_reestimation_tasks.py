@@ -166,8 +166,8 @@ def test_a_run_with_no_new_data_catches_up_the_bookkeeping_of_a_run_cut_off_afte
     assert client.get_experiment_by_name("reestimation-catch-up") is None
     runs = start_reestimation_run(uri, "reestimation-catch-up", str(tmp_path / "artifacts"), model_name="m",
                                   target_url="file:///t", run_name="reestimate-1", params={}, tags={})
-    history = [{"sequence": 1, "time": "2026-11-26T08:00:00Z", "model": "m", "mlflow_run_id": runs["run_id"],
+    history = [{"sequence": 1, "time": "2026-11-26T08:00:00Z", "model": "m", "mlflow_run_id": runs.run_id,
                 "target_prior": [0.25, 0.75], "lower": [0.2, 0.7], "upper": [0.3, 0.8], "p_value": 0.001}]
     catch_up_monitor(uri, "reestimation-catch-up", "m", "file:///t", history)
-    assert client.get_run(runs["run_id"]).info.status == "FINISHED"
-    assert client.get_run(runs["monitor_run_id"]).data.metrics["prior/1"] == 0.75
+    assert client.get_run(runs.run_id).info.status == "FINISHED"
+    assert client.get_run(runs.monitor_run_id).data.metrics["prior/1"] == 0.75

@@ -12,7 +12,7 @@ import pytest
 
 from labelshift import AssessmentSettings, Holdout, Target
 from labelshift.errors import InputError
-from labelshift.inference.segments import SegmentEstimate, check_segment_values, split_segments
+from labelshift.inference.segments import SegmentEstimate, SegmentSettings, check_segment_values, split_segments
 from labelshift.monitoring.batches import read_segments
 
 
@@ -348,14 +348,13 @@ def test_a_runs_segments_are_read_through_the_adjusted_p_values(monkeypatch):
             return SimpleNamespace(result=lambda: value)
 
     monkeypatch.setattr(tasks_segments, "assess_segment", Inline)
-    common, targets = _small_problem(segments=3, m=300)
-    bundle = SimpleNamespace(**{k: common[k] for k in ("source_probs", "source_labels", "source_prior",
-                                                        "source_outputs", "calibrator")})
-    probs = np.concatenate([p for p, _ in targets] + [targets[0][0][:50]])
-    outputs = np.concatenate([x for _, x in targets] + [targets[0][1][:50]])
+    holdout, settings, targets = _small_problem(segments=3, m=300)
+    probs = np.concatenate([t.probs for t in targets] + [targets[0].probs[:50]])
+    outputs = np.concatenate([t.outputs for t in targets] + [targets[0].outputs[:50]])
     values = np.repeat(["s0", "s1", "s2", "small"], [300, 300, 300, 50]).astype(object)
-    segs = tasks_segments.assess_segments(bundle, values, probs, outputs, {"significance": 0.01}, ["a", "b", "c"],
-                                          200, processes=1)
+    segs, warning = tasks_segments.assess_segments(holdout, Target(probs, outputs), values, settings,
+                                                   SegmentSettings("region", 200, processes=1))
+    assert warning is None                          # 50 of 950 rows in a segment too small: no warning
     assert [s.name for s in segs] == ["s0", "s1", "s2", "small"] and segs[3].too_small
     ls = [s.report.label_shift.p_value for s in segs[:3]]
     ns = [s.report.no_shift_test.p_value for s in segs[:3]]

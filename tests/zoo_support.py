@@ -111,17 +111,14 @@ def _scored(bundle, outputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def default_report(case: ZooCase, seed: int):
     """Steps 1-4 for one seed: (the ShiftReport of the default path, the target set). Raises what the path raises."""
     from flows.params import ReestimateParameters
+    from labelshift.inference.holdout import Target
     from tasks.reestimation.assessment import estimate_shift
 
     p = ReestimateParameters()
     bundle = _reference(case, seed)
     target = case.target(seed)
     probs, raw = _scored(bundle, target.outputs)
-    report = estimate_shift.fn(bundle, [probs], estimator=p.estimator, cross_check=list(p.cross_check),
-                               interval=p.interval, level=p.level, significance=p.significance,
-                               n_bootstrap=p.n_bootstrap, seed=p.seed, max_interval_width=p.max_interval_width,
-                               outputs=[raw], class_names=list(bundle.class_names),
-                               label_shift_significance=p.label_shift_significance)
+    report = estimate_shift.fn(bundle.holdout, Target(probs, raw), p.assessment())
     return report, target
 
 

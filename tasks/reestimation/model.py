@@ -5,6 +5,8 @@ of model (:mod:`tasks.reestimation.references` loads the others).
 """
 from __future__ import annotations
 
+import functools
+
 import json
 import re
 import tempfile
@@ -16,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from mlflow import MlflowClient
 
+from labelshift.inference.holdout import Holdout
 from labelshift.calibration import load_calibrator
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
 from tasks.reference_artifacts import REFERENCE_ARTIFACT, calibrator_artifact
@@ -60,6 +63,13 @@ class ModelBundle:
         frequencies for BCTS and VS, not always for TS and NBVS; ``docs/reestimation.md``."""
         prior = self.source_probs.mean(axis=0)
         return prior / prior.sum()
+
+    @functools.cached_property
+    def holdout(self) -> Holdout:
+        """The labelled source holdout every target of this model is assessed against, checked once: calibrated
+        and raw outputs, labels, p_s (:attr:`source_prior`), the calibrator."""
+        return Holdout(self.source_probs, self.source_labels, self.source_prior, outputs=self.source_outputs,
+                       calibrator=self.calibrator, class_names=None)
 
     def describe(self) -> dict:
         return {"uri": self.uri, "name": self.name, "version": self.version, "alias": self.alias,

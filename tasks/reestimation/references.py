@@ -17,6 +17,8 @@ read and write batches of every format.
 """
 from __future__ import annotations
 
+import functools
+
 import json
 import logging
 import tempfile
@@ -33,6 +35,7 @@ from mlflow import MlflowClient
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from labelshift.inference.holdout import Holdout
 from labelshift import calibration as calibration_mod
 from labelshift.monitoring.batches import (OUTPUT_KINDS, OutputSpec, check_reference, default_class_names,
                                            read_holdout)
@@ -246,6 +249,13 @@ class ReferenceBundle:
     def source_prior(self) -> np.ndarray:
         prior = self.source_probs.mean(axis=0)
         return prior / prior.sum()
+
+    @functools.cached_property
+    def holdout(self) -> Holdout:
+        """The labelled source holdout every target of this model is assessed against, checked once: calibrated
+        and raw outputs, labels, p_s (:attr:`source_prior`), the calibrator and the class names."""
+        return Holdout(self.source_probs, self.source_labels, self.source_prior, outputs=self.source_outputs,
+                       calibrator=self.calibrator, class_names=self.class_names)
 
     @property
     def spec(self) -> OutputSpec:

@@ -7,6 +7,7 @@ killed commands ended (:func:`end_orphaned_runs`). Both layouts are described in
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 import logging
 import math
 import time
@@ -19,7 +20,7 @@ from labelshift.experiments.plots import figure_png, plot_prior_estimate
 from labelshift.inference.report import ShiftReport, Verdict, finite
 from tasks import tracking
 
-__all__ = ["MONITOR_KIND", "OWNER_TAG", "SYNCED_TAG", "start_reestimation_run", "end_orphaned_runs",
+__all__ = ["MONITOR_KIND", "OWNER_TAG", "SYNCED_TAG", "ReestimationRun", "start_reestimation_run", "end_orphaned_runs",
            "catch_up_monitor", "prior_metrics", "log_reestimation", "log_rejections", "sync_monitor", "end_run",
            "render_figure", "history_record"]
 
@@ -129,9 +130,29 @@ def _committed(history: list[dict]) -> set:
     return {e["mlflow_run_id"] for e in history if e.get("mlflow_run_id")}
 
 
+@dataclass(frozen=True)
+class ReestimationRun:
+    """The MLflow side of one re-estimation: its experiment, its child run, the monitor run of (model, target);
+    and the run's ``sequence`` (the watermark's next) and Prefect ``flow_run_id`` (None outside a flow run)."""
+
+    experiment_id: str
+    run_id: str
+    monitor_run_id: str
+    sequence: int = 0
+    flow_run_id: str | None = None
+
+    def summary(self, tracking_uri: str) -> dict:
+        """The run's ``mlflow`` entry in the flow's summary (with the child run's UI address, None without a
+        server)."""
+        return {"tracking_uri": tracking_uri, "experiment_id": self.experiment_id, "run_id": self.run_id,
+                "monitor_run_id": self.monitor_run_id,
+                "ui": tracking.run_url(tracking_uri, self.experiment_id, self.run_id)}
+
+
 def start_reestimation_run(tracking_uri: str, experiment: str, artifact_root: str | None, *, model_name: str,
                            target_url: str, run_name: str, params: dict, tags: dict,
-                           history: list[dict] | None = None) -> dict:
+                           history: list[dict] | None = None, sequence: int = 0,
+                           flow_run_id: str | None = None) -> ReestimationRun:
     """Create the child run of this re-estimation (under the monitor run of model and target); child runs of killed
     commands are ended first (:func:`end_orphaned_runs`, FINISHED for those ``history`` counts)."""
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -142,7 +163,7 @@ def start_reestimation_run(tracking_uri: str, experiment: str, artifact_root: st
         **tags, "mlflow.parentRunId": monitor, "labelshift.kind": "reestimation", "labelshift.model": model_name,
         "labelshift.target": target_url, OWNER_TAG: _owner()})
     client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
-    return {"experiment_id": experiment_id, "run_id": run.info.run_id, "monitor_run_id": monitor}
+    return ReestimationRun(experiment_id, run.info.run_id, monitor, sequence, flow_run_id)
 
 
 def _class_keys(k: int, class_names=None) -> list[str]:
@@ -199,24 +220,25 @@ def prior_metrics(report: ShiftReport, class_names=None) -> dict[str, float]:
     return {k: float(v) for k, v in out.items() if finite(v)}
 
 
-def log_reestimation(tracking_uri: str, runs: dict, report: ShiftReport, summary: dict, figure: bytes,
-                     step: int, class_names=None) -> None:
-    """The child run's metrics (:func:`prior_metrics`, at ``step``), the verdict as the tag ``labelshift.verdict``,
+def log_reestimation(tracking_uri: str, run: ReestimationRun, report: ShiftReport, summary: dict, figure: bytes,
+                     class_names=None) -> None:
+    """The child run's metrics (:func:`prior_metrics`, at step = the run's sequence), the verdict as the tag ``labelshift.verdict``,
     the figure, the summary JSON and the label-shift test's result (``reestimation/label_shift_test.json``)."""
     client = MlflowClient(tracking_uri=tracking_uri)
     now = int(time.time() * 1000)
-    metrics = [Metric(k, v, now, step) for k, v in prior_metrics(report, class_names).items()]
+    metrics = [Metric(k, v, now, run.sequence) for k, v in prior_metrics(report, class_names).items()]
+    run_id = run.run_id
     for i in range(0, len(metrics), 1000):
-        client.log_batch(runs["run_id"], metrics=metrics[i:i + 1000])
-    client.set_tag(runs["run_id"], "labelshift.verdict", report.verdict)
-    client.log_text(runs["run_id"], json.dumps(summary, indent=1, default=str), "reestimation/summary.json")
+        client.log_batch(run_id, metrics=metrics[i:i + 1000])
+    client.set_tag(run_id, "labelshift.verdict", report.verdict)
+    client.log_text(run_id, json.dumps(summary, indent=1, default=str), "reestimation/summary.json")
     if report.label_shift_tested:
         doc = {"ok": report.label_shift_ok, "significance": report.label_shift_level,
                "summary": report.label_shift_summary,
                **(report.label_shift.to_dict() if report.label_shift is not None
                   else {"error": report.label_shift_error})}
-        client.log_text(runs["run_id"], json.dumps(doc, indent=1, default=str), "reestimation/label_shift_test.json")
-    tracking.log_bytes(client, runs["run_id"], figure, "figures/target_prior.png")
+        client.log_text(run_id, json.dumps(doc, indent=1, default=str), "reestimation/label_shift_test.json")
+    tracking.log_bytes(client, run_id, figure, "figures/target_prior.png")
 
 
 def log_rejections(tracking_uri: str, run_id: str, rejected: list[dict], summary: dict | None = None) -> None:

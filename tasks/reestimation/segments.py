@@ -7,7 +7,7 @@ re-estimation's MLflow run (metrics ``segment.<segment>.<name>``, the figure ``f
 Each segment is :func:`labelshift.inference.report.assess_shift` on that segment's rows with the shared holdout and
 the run's settings -- exactly what :func:`tasks.reestimation.assessment.estimate_shift` does with the pooled rows --
 so a segment's result is the one a run on that segment alone would give. The segments share only the label-shift test's
-work on the holdout (:func:`labelshift.inference.report.label_shift_holdout`, made once; the same results), nothing
+work on the holdout (:meth:`labelshift.inference.holdout.Holdout.prepared_for`, made once; the same results), nothing
 of the targets (``docs/reestimation.md``, "Estimates per segment"; the cost: ``benchmarks/README.md``).
 """
 from __future__ import annotations
@@ -24,14 +24,14 @@ from prefect.cache_policies import NO_CACHE
 
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
 from labelshift.experiments.plots import figure_png, plot_segment_priors
-from labelshift.inference.report import label_shift_holdout
-from labelshift.inference.segments import (SEGMENT_CORRECTION, SEGMENT_PROCESSES, SegmentEstimate, SegmentPool,
-                                          adjust_segments, segment_processes, split_segments)
+from labelshift.inference.holdout import Holdout, Target
+from labelshift.inference.segments import (SegmentEstimate, SegmentPool, SegmentSettings, adjust_segments,
+                                          segment_processes, split_segments, too_small_warning)
+from labelshift.inference.settings import AssessmentSettings
 from labelshift.monitoring.batches import batch_format, metric_names, read_segments
 from labelshift.monitoring.watermark import TargetBatch
 from labelshift.storage import open_store
 from tasks import tracking
-from tasks.reestimation.assessment import holdout_arguments
 
 __all__ = ["check_segmentable", "read_segment_values", "segment_values_of", "assess_segment", "assess_segments",
            "segment_metrics", "log_segments"]
@@ -85,44 +85,42 @@ def segment_values_of(values: dict[str, np.ndarray], scored) -> np.ndarray:
 
 
 @task(name="assess-segment", task_run_name="assess-segment-{name}", cache_policy=NO_CACHE, persist_result=False)
-def assess_segment(pool: SegmentPool, name: str, probs: np.ndarray, outputs: np.ndarray | None, class_names,
-                   min_size: int) -> SegmentEstimate:
+def assess_segment(pool: SegmentPool, name: str, target: Target, min_size: int) -> SegmentEstimate:
     """One segment: ``assess_shift`` on its rows with the shared holdout and the run's settings, on one of the
     pool's worker processes (or in this task's thread when the pool has none)."""
-    return SegmentEstimate(name, len(probs), min_size, pool.assess(probs, outputs, class_names))
+    return SegmentEstimate(name, len(target), min_size, pool.assess(target))
 
 
-def assess_segments(bundle, values: np.ndarray, probs: np.ndarray, outputs: np.ndarray | None, settings: dict,
-                    class_names, min_size: int, processes: int = SEGMENT_PROCESSES,
-                    correction: str = SEGMENT_CORRECTION) -> list[SegmentEstimate]:
-    """Every segment, in the order of their names: those with at least ``min_size`` rows assessed as concurrent
-    ``assess-segment`` tasks on a :class:`~labelshift.inference.segments.SegmentPool` of ``processes`` worker
-    processes (0: automatic; :func:`~labelshift.inference.segments.segment_processes`), the others reported as
-    too small (with their size). A segment whose assessment raises is reported as failed, with the error: it never
-    fails the run, whose pooled estimate stands. The assessed segments' tests are then read over the run
-    (:func:`~labelshift.inference.segments.adjust_segments` with ``correction``): their adjusted p-values decide
-    each segment's verdict."""
-    futures, results = {}, {}
+def assess_segments(holdout: Holdout, target: Target, values: np.ndarray, settings: AssessmentSettings,
+                    segments: SegmentSettings) -> tuple[list[SegmentEstimate], str | None]:
+    """Every segment of ``target`` (its rows split by ``values``), in the order of their names: those with at least
+    ``segments.min_size`` rows assessed as concurrent ``assess-segment`` tasks on a
+    :class:`~labelshift.inference.segments.SegmentPool` of ``segments.processes`` worker processes (0: automatic;
+    :func:`~labelshift.inference.segments.segment_processes`), the others reported as too small (with their size).
+    A segment whose assessment raises is reported as failed, with the error: it never fails the run, whose pooled
+    estimate stands. The assessed segments' tests are then read over the run
+    (:func:`~labelshift.inference.segments.adjust_segments` with ``segments.correction``): their adjusted p-values
+    decide each segment's verdict. Returns the segments and, when most rows lie in segments too small to assess,
+    a warning that says so (:func:`~labelshift.inference.segments.too_small_warning`)."""
+    futures, results, min_size = {}, {}, segments.min_size
     split = split_segments(values)
     assessed = [name for name, rows in split.items() if len(rows) >= min_size]
     for name in split.keys() - set(assessed):
         results[name] = SegmentEstimate(name, len(split[name]), min_size)
     if assessed:
-        prepared = label_shift_holdout(bundle.source_probs, bundle.source_labels, probs)
-        workers = segment_processes(processes, len(assessed), sum(len(split[name]) for name in assessed))
-        with SegmentPool(workers, **holdout_arguments(bundle), **settings, prepared_holdout=prepared) as pool:
+        shared = holdout.prepared_for(target)           # the label-shift test's holdout part, made once
+        workers = segment_processes(segments.processes, len(assessed), sum(len(split[name]) for name in assessed))
+        with SegmentPool(workers, shared, settings) as pool:
             for name in assessed:
-                rows = split[name]
-                futures[name] = assess_segment.submit(pool, name, probs[rows],
-                                                      None if outputs is None else outputs[rows], class_names,
-                                                      min_size)
+                futures[name] = assess_segment.submit(pool, name, target.rows(split[name]), min_size)
             for name, future in futures.items():
                 try:
                     results[name] = future.result()
                 except Exception as exc:        # one segment's failure is reported, never the pooled run's
                     results[name] = SegmentEstimate(name, len(split[name]), min_size,
                                                     error=f"{type(exc).__name__}: {exc}")
-    return adjust_segments([results[name] for name in sorted(results)], correction)
+    return (adjust_segments([results[name] for name in sorted(results)], segments.correction),
+            too_small_warning(split, segments))
 
 
 def segment_metrics(segments: list[SegmentEstimate], class_names) -> dict[str, float]:
