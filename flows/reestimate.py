@@ -467,7 +467,7 @@ def reestimate(
     except BaseException as exc:
         _end_failed_run(exc, run)
         raise
-    if isinstance(outcome, Completed):
+    if not isinstance(outcome, tuple):             # "No valid data": the run's final state
         return outcome
     # 7. bookkeeping that cannot fail the run any more, then the verdict
     summary, committed = outcome

@@ -5,6 +5,7 @@ of model (:mod:`tasks.reestimation.references` loads the others).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import json
@@ -77,6 +78,15 @@ class ModelBundle:
                 "calibrator": self.calibrator_name, "n_source": int(len(self.source_labels))}
 
 
+def renamed_bundle(bundle, uri: str, alias: str | None):
+    """The cached bundle as asked for by ``uri`` (another alias of the same version), its checked holdout kept (a
+    ``functools.cached_property``, made once per loaded version)."""
+    fresh = dataclasses.replace(bundle, uri=uri, alias=alias)
+    if "holdout" in bundle.__dict__:
+        fresh.__dict__["holdout"] = bundle.__dict__["holdout"]
+    return fresh
+
+
 _BUNDLES: dict[tuple, ModelBundle] = {}
 _BUNDLES_LOCK = threading.Lock()
 
@@ -147,7 +157,7 @@ def load_bundle(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS") 
     with _BUNDLES_LOCK:
         if key in _BUNDLES:
             bundle = _BUNDLES[key]
-            return ModelBundle(**{**bundle.__dict__, "uri": model_uri, "alias": alias})
+            return renamed_bundle(bundle, model_uri, alias)
     t0 = time.perf_counter()
     if not mv.run_id:
         raise FormatError(f"{model_uri} (version {mv.version}) has no source run, so no calibrator beside it; "

@@ -42,7 +42,7 @@ from labelshift.monitoring.batches import (OUTPUT_KINDS, OutputSpec, check_refer
 from labelshift.calibration import load_calibrator
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
 from tasks.reference_artifacts import REFERENCE_ARTIFACT, calibrator_artifact, log_reestimation_reference
-from tasks.reestimation.model import ModelBundle, load_bundle, resolve_version
+from tasks.reestimation.model import ModelBundle, load_bundle, renamed_bundle, resolve_version
 
 __all__ = ["REFERENCE_JSON", "ReferenceBundle", "ReferenceModel", "register_reference", "register_reference_file",
            "register_sklearn_model", "load_reference", "load_for_reestimation", "class_names_of"]
@@ -319,7 +319,7 @@ def load_reference(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS
     key = (tracking_uri, name, str(mv.version), calibrator)
     with _LOCK:
         if key in _CACHE:
-            return ReferenceBundle(**{**_CACHE[key].__dict__, "uri": model_uri, "alias": alias})
+            return renamed_bundle(_CACHE[key], model_uri, alias)
     t0 = time.perf_counter()
     if not mv.run_id:
         raise FormatError(f"{model_uri} (version {mv.version}) has no source run, so no calibrator or holdout beside "
