@@ -23,7 +23,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
-from labelshift.experiments.plots import figure_png, plot_segment_priors
+from labelshift.figures import figure_png, plot_segment_priors
 from labelshift.inference.report import label_shift_holdout
 from labelshift.inference.segments import (SEGMENT_CORRECTION, SEGMENT_PROCESSES, SegmentEstimate, SegmentPool,
                                           adjust_segments, segment_processes, split_segments)

@@ -100,7 +100,7 @@ def test_records_metrics_table_and_figure(segments):
     from mlflow.utils.validation import _validate_metric_name
 
     from flows.summary import MARKDOWN, PLAIN_TEXT
-    from labelshift.experiments.plots import figure_png, plot_segment_priors
+    from labelshift.figures import figure_png, plot_segment_priors
     from tasks.segments import segment_metrics
 
     segs, ps = segments
