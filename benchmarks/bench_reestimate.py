@@ -254,7 +254,9 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     ({step: seconds}, summary)."""
     from stack import settings as settings_mod
     from flows.reestimate import _headline
-    from labelshift.monitoring.watermark import commit_watermark, find_new_batches, load_batch
+    from labelshift.monitoring.inputs import load_batch
+    from labelshift.monitoring.listing import find_new_batches
+    from labelshift.monitoring.watermark import commit_watermark
     from labelshift.storage import open_store
     from tasks.reestimation import (_forward, end_run, estimate_shift, history_record, load_bundle,
                                     log_reestimation, render_figure, start_reestimation_run, sync_monitor,

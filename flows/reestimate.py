@@ -58,7 +58,8 @@ from labelshift.estimation.registry import check_interval
 from labelshift.inference.report import ShiftReport, Verdict, check_holdout
 from labelshift.inference.segments import correction_record
 from labelshift.rows import joined
-from labelshift.monitoring.watermark import commit_watermark, find_new_batches, read_watermark
+from labelshift.monitoring.listing import find_new_batches
+from labelshift.monitoring.watermark import commit_watermark, read_watermark
 from labelshift.storage import open_store
 from stack import settings as settings_mod
 from tasks.reestimation import (catch_up_monitor, end_run, estimate_shift, history_record, log_reestimation,

@@ -31,7 +31,8 @@ from labelshift.monitoring.batches import metric_names
 from labelshift.calibration import load_calibrator
 from labelshift.estimation.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
-from labelshift.monitoring.watermark import RejectedBatch, TargetBatch, write_batch_outputs
+from labelshift.monitoring.layout import RejectedBatch, TargetBatch
+from labelshift.monitoring.outputs import write_batch_outputs
 from labelshift.figures import figure_png, plot_prior_estimate
 from labelshift.inference.report import ShiftReport, Verdict, assess_shift, finite
 from labelshift.inference.settings import DEFAULTS

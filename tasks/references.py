@@ -35,12 +35,13 @@ from labelshift import calibration as calibration_mod
 from labelshift import rows as rows_mod
 from labelshift.monitoring.batches import (OUTPUT_KINDS, OutputSpec, batch_format, batch_rows,
                                                      check_one_format, check_reference, default_class_names,
-                                                     iter_feature_chunks, iter_ids, iter_output_chunks, read_holdout,
-                                                     write_corrected_parquet, write_corrected_file)
+                                                     iter_feature_chunks, iter_ids, iter_output_chunks, read_holdout)
+from labelshift.monitoring.outputs import write_corrected_parquet, write_corrected_file
 from labelshift.calibration import load_calibrator
 from labelshift.estimation.diagnostics import correct_predictions
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
-from labelshift.monitoring.watermark import ChangedBatchError, RejectedBatch, TargetBatch, load_batch
+from labelshift.monitoring.inputs import load_batch
+from labelshift.monitoring.layout import ChangedBatchError, RejectedBatch, TargetBatch
 from labelshift.storage import open_store
 from tasks.reestimation import (REFERENCE_ARTIFACT, ModelBundle, ScoredBatches, _forward, resolve_version,
                                 calibrator_artifact, load_bundle, log_reestimation_reference, write_outputs)
@@ -408,7 +409,7 @@ def _check_formats(bundle, store, batches: list[TargetBatch]) -> str:
 def _bytes(store, b: TargetBatch) -> bytes:
     import hashlib
 
-    from labelshift.monitoring.watermark import ChangedBatchError
+    from labelshift.monitoring.layout import ChangedBatchError
 
     data = store.get_bytes(b.key)
     digest = hashlib.sha256(data).hexdigest()
@@ -440,7 +441,7 @@ def _model_scores(bundle: ReferenceBundle, x: np.ndarray) -> np.ndarray:
 def _download(store, b: TargetBatch, folder: Path, name: str) -> Path:
     """The batch as the local file ``folder/name``, streamed from the store (verified against its recorded checksum on
     the way) and hashed again against the checksum this run listed."""
-    from labelshift.monitoring.watermark import ChangedBatchError
+    from labelshift.monitoring.layout import ChangedBatchError
     from labelshift.storage.base import file_sha256
 
     path = folder / f"{name}{Path(b.key).suffix}"

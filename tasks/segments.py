@@ -28,7 +28,7 @@ from labelshift.inference.report import label_shift_holdout
 from labelshift.inference.segments import (SEGMENT_CORRECTION, SEGMENT_PROCESSES, SegmentEstimate, SegmentPool,
                                           adjust_segments, segment_processes, split_segments)
 from labelshift.monitoring.batches import batch_format, metric_names, read_segments
-from labelshift.monitoring.watermark import TargetBatch
+from labelshift.monitoring.layout import TargetBatch
 from labelshift.storage import open_store
 from tasks.reestimation import _log_bytes, holdout_arguments
 

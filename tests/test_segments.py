@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from labelshift.errors import InputError
-from labelshift.inference.segments import SegmentEstimate, check_segment_values, split_segments
-from labelshift.monitoring.batches import read_segments
+from labelshift.inference.segments import SegmentEstimate, split_segments
+from labelshift.monitoring.batches import check_segment_values, read_segments
 
 
 def _parquet(table: dict) -> bytes:
@@ -54,7 +54,7 @@ def test_read_segments_from_parquet_checks_the_column():
 
 
 def test_npy_batches_cannot_be_segmented():
-    from labelshift.monitoring.watermark import TargetBatch
+    from labelshift.monitoring.layout import TargetBatch
     from tasks.segments import check_segmentable
 
     batches = [TargetBatch(key="day1.npy", checksum="0" * 64)]

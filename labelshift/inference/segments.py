@@ -1,10 +1,11 @@
 """Estimates per segment: the rows of a target split by the value of a segment column (a region, a channel, a customer
 group), each segment assessed on its own rows against the one shared labelled holdout.
 
-:func:`split_segments` groups row indices by segment value; :func:`check_segment_values` refuses rows without a
-value; :class:`SegmentEstimate` is one segment's result -- the :class:`~labelshift.inference.report.ShiftReport` of
-:func:`~labelshift.inference.report.assess_shift` on that segment's rows, or "too small" with its size when it has
-fewer rows than the minimum (:data:`MIN_SEGMENT_SIZE`; why 200: ``docs/reestimation.md``, "Estimates per segment").
+:func:`split_segments` groups row indices by segment value (read and checked by
+:func:`labelshift.monitoring.batches.read_segments`); :class:`SegmentEstimate` is one segment's result -- the
+:class:`~labelshift.inference.report.ShiftReport` of :func:`~labelshift.inference.report.assess_shift` on that
+segment's rows, or "too small" with its size when it has fewer rows than the minimum (:data:`MIN_SEGMENT_SIZE`; why
+200: ``docs/reestimation.md``, "Estimates per segment").
 What sharing the holdout means for the segments' intervals is said there too. :func:`adjust_segments` reads the
 segments' tests over the run's family of segments (Holm by default, :mod:`labelshift.inference.multiplicity`), and
 the adjusted p-values decide each segment's :attr:`SegmentEstimate.verdict`. :class:`SegmentPool` assesses many
@@ -31,7 +32,7 @@ from .multiplicity import SEGMENT_CORRECTION, AdjustedPValue, adjust_p_values, c
 from .report import ShiftReport, Verdict, assess_shift, verdict_of
 
 __all__ = ["MIN_SEGMENT_SIZE", "PROCESS_ROWS", "SEGMENT_CORRECTION", "SEGMENT_PROCESSES", "SegmentEstimate",
-           "SegmentPool", "adjust_segments", "check_segment_values", "correction_record", "segment_processes",
+           "SegmentPool", "adjust_segments", "correction_record", "segment_processes",
            "split_segments", "usable_cpus"]
 
 #: the fewest rows a segment is assessed on; smaller segments are reported as too small, with their size
@@ -44,23 +45,6 @@ SEGMENT_PROCESSES = 0
 #: work at k = 10 (0.2-0.4 s a segment), against the workers' start -- forked, 16 of them took 48 segments (13.4 s
 #: of work) in 1.24 s on the lent 16-core machine (benchmarks/README.md, "Estimates per segment")
 PROCESS_ROWS = 50_000
-
-
-def check_segment_values(values: Sequence, *, column: str, batch: str) -> np.ndarray:
-    """The segment values of one batch as an array of str; a value that is missing (None, NaN) or empty (blank
-    after stripping) is refused.
-
-    Raises:
-        InputError: naming the batch, the column, how many rows lack a value and the first such row.
-    """
-    out = np.array(["" if v is None or (isinstance(v, float) and v != v) else str(v).strip() for v in values],
-                   dtype=object)
-    empty = np.flatnonzero(out == "")
-    if empty.size:
-        raise InputError(f"batch {batch}: segment column {column!r} is empty or missing in {empty.size} of {len(out)} "
-                         f"row(s) (first row {int(empty[0])}); give every row a segment value (e.g. 'unknown') and "
-                         "write the batch again, or run without segment_column (CLI: without --segment-column).")
-    return out
 
 
 def split_segments(values: np.ndarray) -> dict[str, np.ndarray]:
