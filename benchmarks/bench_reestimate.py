@@ -252,7 +252,7 @@ def run_skeleton(skeleton) -> float:
 def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) -> tuple[dict, dict]:
     """The flow's body without Prefect: the same calls in the same order, each step timed. Returns
     ({step: seconds}, summary)."""
-    from stack import settings as settings_mod
+    from runtime import environment as settings_mod
     from flows.reestimate import _headline
     from labelshift.monitoring.inputs import load_batch
     from labelshift.monitoring.listing import find_new_batches

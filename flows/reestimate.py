@@ -61,7 +61,7 @@ from labelshift.rows import joined
 from labelshift.monitoring.listing import find_new_batches
 from labelshift.monitoring.watermark import commit_watermark, read_watermark
 from labelshift.storage import open_store
-from stack import settings as settings_mod
+from runtime import environment as settings_mod
 from tasks.reestimation import (catch_up_monitor, end_run, estimate_shift, history_record, log_reestimation,
                                 log_rejections, parse_model_uri, render_figure, start_reestimation_run,
                                 sync_monitor)

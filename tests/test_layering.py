@@ -2,8 +2,8 @@
 
 * ``labelshift`` (the domain) never imports prefect, mlflow, ``tasks`` or ``flows``;
 * ``tasks`` never imports ``flows``;
-* ``stack`` (the local stack's settings and process supervision) never imports prefect, mlflow, ``tasks`` or
-  ``flows``: the flows and the CLI use it;
+* ``runtime`` (the environment every command resolves, and the processes of the local stack) never imports
+  prefect, mlflow, ``tasks`` or ``flows``: the flows and the CLI use it;
 * the store side (``labelshift.monitoring``, ``labelshift.storage``) never imports the statistics
   (``labelshift.inference``, ``labelshift.estimation``): it keeps the books of a target and knows nothing about
   estimators.
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
     "labelshift": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
     "tasks": {"flows"},
-    "stack": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
+    "runtime": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
 }
 
 #: subpackage -> subpackages (dotted) its modules must not import

@@ -201,7 +201,7 @@ def _start_worker(common: dict) -> None:
     """A worker's start: keep the holdout side and the settings; BLAS on one thread (the processes are the
     parallelism); Ctrl-C left to the parent (which stops the workers); and end when the parent ends, however it
     ends -- a forked worker would otherwise outlive a killed parent, holding the pipes it inherited (among them
-    the one :mod:`stack.lifetime`'s watchdog waits on)."""
+    the one :mod:`runtime.lifetime`'s watchdog waits on)."""
     from ..rows import one_blas_thread_for_life
 
     _WORKER_COMMON.clear()
