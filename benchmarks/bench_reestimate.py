@@ -258,9 +258,11 @@ def run_skeleton(skeleton) -> float:
 def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) -> tuple[dict, dict]:
     """The flow's body without Prefect: the same calls in the same order, each step timed. Returns
     ({step: seconds}, summary)."""
-    from stack import settings as settings_mod
+    from runtime import environment as settings_mod
     from flows.summary import headline as _headline
-    from labelshift.monitoring.watermark import commit_watermark, find_new_batches, load_batch
+    from labelshift.monitoring.inputs import load_batch
+    from labelshift.monitoring.listing import find_new_batches
+    from labelshift.monitoring.watermark import commit_watermark
     from labelshift.storage import open_store
     from tasks.reestimation.assessment import estimate_shift
     from tasks.reestimation.model import load_bundle

@@ -148,7 +148,7 @@ def profile_steps(model_uri: str, tracking_uri: str, target: str) -> dict:
     import warnings
 
     from labelshift.estimation.registry import make_estimator
-    from labelshift.monitoring.watermark import find_new_batches
+    from labelshift.monitoring.listing import find_new_batches
     from labelshift.inference.report import joint_confusion
     from labelshift.rows import joined
     from labelshift.storage import open_store

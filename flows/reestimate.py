@@ -60,9 +60,10 @@ from labelshift.inference.report import ShiftReport, Verdict, check_holdout
 from labelshift.inference.segments import correction_record
 from labelshift.inference.settings import AssessmentSettings
 from labelshift.rows import joined
-from labelshift.monitoring.watermark import commit_watermark, find_new_batches, read_watermark
+from labelshift.monitoring.listing import find_new_batches
+from labelshift.monitoring.watermark import commit_watermark, read_watermark
 from labelshift.storage import open_store
-from stack import settings as settings_mod
+from runtime import environment as settings_mod
 from tasks.reestimation.alerts import emit_verdict
 from tasks.reestimation.assessment import estimate_shift
 from tasks.reestimation.model import parse_model_uri
@@ -98,7 +99,7 @@ class RunContext:
 
     params: ReestimateParameters
     settings: AssessmentSettings
-    env: object                 # the resolved services (stack.settings.Settings)
+    env: object                 # the resolved services (runtime.environment.Settings)
     store: object
     target_uri: str
     watermark: object

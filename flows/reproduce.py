@@ -6,7 +6,7 @@ them; then aggregate over seeds and log. The estimation tasks (groups of setting
 :mod:`flows.plan`) of all experiments are submitted at once, so the workers stay busy while finished
 experiments are aggregated and logged.
 
-Where the results go (see :mod:`stack.settings` for the defaults):
+Where the results go (see :mod:`runtime.environment` for the defaults):
 
 * MLflow: a parent run per call with the parameters, figures and per-seed tables; a child run per method with
   the MSE curves as metrics (``step`` = the swept value) and its own figures, see :mod:`tasks.tracking`; the
@@ -35,7 +35,7 @@ from contextlib import nullcontext
 from prefect import flow, get_run_logger, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from stack import settings as settings_mod
+from runtime import environment as settings_mod
 from flows.links import flow_run_info, mlflow_links, prefect_flow_run_url
 from flows.plan import plan as plan_tasks
 from flows.params import (AlphaValuesParam, BaseSeedParam, BinsValuesParam, CalibratorsParam, DatasetParam,

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from stack.processes import ServiceProcess, http_ok
-from stack.supervisor import prefect_server_command
-from stack import settings as settings_mod
-from stack.settings import DEFAULT_TIMEZONE, ENV_CRON, ENV_MODEL, ENV_TARGET, ENV_TIMEZONE, Settings
+from runtime.processes import ServiceProcess, http_ok
+from runtime.supervisor import prefect_server_command
+from runtime import environment as settings_mod
+from runtime.environment import DEFAULT_TIMEZONE, ENV_CRON, ENV_MODEL, ENV_TARGET, ENV_TIMEZONE, Settings
 from labelshift.errors import InputError, ServiceUnavailableError
 
 __all__ = ["serve_deployments", "build_deployments", "reestimate_options", "check_schedule", "next_runs",
@@ -181,7 +181,7 @@ def start_prefect_server(prefect_home: Path, port: int, *, timeout_s: float = 12
     api_url = f"http://127.0.0.1:{port}/api"
     # a session of its own: a terminal's Ctrl-C reaches only this process, which first lets Prefect pause the
     # served schedules on the server, then stops the server (see serve_deployments)
-    # it ends with this process even when this one is killed outright (stack.lifetime)
+    # it ends with this process even when this one is killed outright (runtime.lifetime)
     server = ServiceProcess(prefect_server_command(port, "127.0.0.1"), log=log_path, env=env,
                             name="the Prefect server", die_with_parent=True).start()
     try:

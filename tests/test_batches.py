@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from labelshift.monitoring.batches import (OutputSpec, check_one_format, check_reference,
-                                                     corrected_parquet, iter_output_chunks, metric_names,
+                                                     iter_output_chunks, metric_names,
                                                      read_features, read_holdout, read_ids, read_outputs)
+from labelshift.monitoring.outputs import corrected_parquet
 from labelshift.errors import InputError
 
 NAMES = ("cat", "dog", "bird")

@@ -119,7 +119,7 @@ def test_reproduce_on_embedded_defaults(tmp_path):
 
 def test_settings_precedence(tmp_path):
     """Flags win over environment variables, which win over the home folder's defaults."""
-    from stack.settings import resolve
+    from runtime.environment import resolve
 
     env = {"LABELSHIFT_HOME": str(tmp_path / "envhome"), "MLFLOW_TRACKING_URI": "http://127.0.0.1:5999"}
     s = resolve(environ=env)

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from labelshift.errors import ConflictError, InputError
-from labelshift.monitoring.watermark import (WATERMARK_KEY, ConcurrentRunError, RejectedBatch,
-                                                       commit_watermark, find_new_batches, read_watermark)
+from labelshift.monitoring.layout import WATERMARK_KEY, RejectedBatch
+from labelshift.monitoring.listing import find_new_batches
+from labelshift.monitoring.watermark import ConcurrentRunError, commit_watermark, read_watermark
 from labelshift.storage import RetryPolicy, S3Store, open_store
 from labelshift.storage import s3 as s3_module
 from tests.reestimation_support import npy_bytes

@@ -144,7 +144,7 @@ def test_simulate_target_writes_shifted_batches_with_their_truth(tmp_path, capsy
     freq = np.array(truth["label_frequencies"])
     # 800 labels drawn from (0.5, 0.5): the share of class 0 has sd 0.018; 4 sd
     assert freq[2:].sum() == 0 and abs(freq[0] - 0.5) < 0.07
-    from labelshift.monitoring.watermark import list_batches
+    from labelshift.monitoring.listing import list_batches
     from labelshift.storage import open_store
 
     assert [b.key for b in list_batches(open_store(str(target)))] == ["sim-4-0.npy", "sim-4-1.npy"]

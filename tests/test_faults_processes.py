@@ -24,8 +24,8 @@ import numpy as np
 import psutil
 import pytest
 
-from stack.lifetime import MARKER_ENV
-from stack.processes import wait_until
+from runtime.lifetime import MARKER_ENV
+from runtime.processes import wait_until
 from tests.reestimation_support import SHIFTED_PRIOR, draw, register_model
 
 pytestmark = pytest.mark.integration
@@ -215,7 +215,7 @@ def test_sigkill_of_reproduce_leaves_no_process(setting, tmp_path):
 
 def _serve_ready(processes) -> bool:
     """``labelshift serve``'s own Prefect server (``prefect server start --port N``) answers its health check."""
-    from stack.processes import http_ok
+    from runtime.processes import http_ok
 
     for process in list(processes.values()):
         try:

@@ -12,7 +12,9 @@ import pytest
 from mlflow import MlflowClient
 
 from labelshift.errors import FormatError, StorageError
-from labelshift.monitoring.watermark import WATERMARK_KEY, commit_watermark, find_new_batches, read_watermark
+from labelshift.monitoring.layout import WATERMARK_KEY
+from labelshift.monitoring.listing import find_new_batches
+from labelshift.monitoring.watermark import commit_watermark, read_watermark
 from labelshift.storage import open_store
 from tests.fixtures.mlflow_server import MlflowServer
 from tests.fixtures.seaweed import SeaweedServer

@@ -221,13 +221,13 @@ def test_compose_builds_the_worker_image_from_the_repository(compose):
 
 
 def test_compose_bucket_init_calls_a_real_function(compose):
-    from stack.supervisor import ensure_bucket
+    from runtime.supervisor import ensure_bucket
 
     command = compose["services"]["s3-init"]["command"]
     assert command[:2] == ["python", "-c"]
     code = command[2]
     compile(code, "s3-init", "exec")  # valid Python
-    assert "from stack.supervisor import ensure_bucket" in code and callable(ensure_bucket)
+    assert "from runtime.supervisor import ensure_bucket" in code and callable(ensure_bucket)
 
 
 def test_compose_required_variables_are_in_the_env_template(compose):
@@ -263,7 +263,7 @@ def test_prefect_yaml_pull_step_uses_the_code_dir_the_image_and_stack_set(prefec
     env = dict(_dockerfile_env())
     code_dir = Path(env["LABELSHIFT_CODE_DIR"])
     assert any(k == "COPY" and args.split()[-1] == str(code_dir) for k, args in _dockerfile_instructions())
-    from stack.supervisor import code_dir as stack_code_dir
+    from runtime.supervisor import code_dir as stack_code_dir
 
     assert (stack_code_dir() / "flows" / "reproduce.py").is_file()
 
@@ -319,7 +319,7 @@ def test_prefect_yaml_reestimate_deployments(prefect_yaml):
     assert docker["schedules"][0]["active"] is False
     assert process["work_pool"]["name"] == "labelshift" and docker["work_pool"]["name"] == "labelshift-docker"
     # the target is the `target/` folder of the store the stack and compose.yaml give the workers
-    from stack.supervisor import DEFAULT_BUCKET
+    from runtime.supervisor import DEFAULT_BUCKET
 
     assert process["parameters"]["target"] == f"s3://{DEFAULT_BUCKET}/store/target"
 

@@ -2,8 +2,11 @@
 
 * ``labelshift`` (the domain) never imports prefect, mlflow, ``tasks`` or ``flows``;
 * ``tasks`` never imports ``flows``;
-* ``stack`` (the local stack's settings and process supervision) never imports prefect, mlflow, ``tasks`` or
-  ``flows``: the flows and the CLI use it.
+* ``runtime`` (the environment every command resolves, and the processes of the local stack) never imports
+  prefect, mlflow, ``tasks`` or ``flows``: the flows and the CLI use it;
+* the store side (``labelshift.monitoring``, ``labelshift.storage``) never imports the statistics
+  (``labelshift.inference``, ``labelshift.estimation``): it keeps the books of a target and knows nothing about
+  estimators.
 
 Every import statement counts, also one inside a function (a late import is still a dependency). A second test
 imports every domain module in a fresh interpreter and checks that neither Prefect nor MLflow was loaded on the way
@@ -25,30 +28,66 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
     "labelshift": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
     "tasks": {"flows"},
-    "stack": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
+    "runtime": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
 }
+
+#: subpackage -> subpackages (dotted) its modules must not import
+FORBIDDEN_SUBPACKAGES = {
+    "labelshift.monitoring": {"labelshift.inference", "labelshift.estimation"},
+    "labelshift.storage": {"labelshift.inference", "labelshift.estimation"},
+}
+
+
+def imported_modules(source: str, module: str) -> set[str]:
+    """Dotted names of the modules imported anywhere in ``source``, relative imports resolved inside ``module``
+    (``from .x import y`` in ``a.b.c`` gives ``a.b.x`` and ``a.b.x.y``; ``from .. import x`` gives ``a`` and ``a.x``):
+    a name imported from a package counts as a module of it, since it may be one."""
+    found = set()
+    package = module.split(".")[:-1]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package[:len(package) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            if node.module:
+                found.add(base)
+            # each name imported may be a module of that package (from labelshift import estimation)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
 
 
 def imported_roots(source: str, module: str) -> set[str]:
     """Top-level package names imported anywhere in ``source`` (relative imports resolve inside ``module``)."""
-    roots = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:                              # relative: stays inside the module's own package
-                roots.add(module.split(".")[0])
-            elif node.module:
-                roots.add(node.module.split(".")[0])
-    return roots
+    return {name.split(".")[0] for name in imported_modules(source, module)}
+
+
+def _modules(folder: Path):
+    for path in sorted(folder.rglob("*.py")):
+        yield path, ".".join(path.relative_to(ROOT).with_suffix("").parts)
 
 
 def violations(package: str) -> list[str]:
     found = []
-    for path in sorted((ROOT / package).rglob("*.py")):
-        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    for path, module in _modules(ROOT / package):
         bad = imported_roots(path.read_text(encoding="utf-8"), module) & FORBIDDEN[package]
         found += [f"{path.relative_to(ROOT)} imports {name}" for name in sorted(bad)]
+    return found
+
+
+def reaches_into(imported: set[str], forbidden: set[str]) -> set[str]:
+    """The forbidden subpackages that one of ``imported`` (dotted names) is, or lies inside."""
+    return {f for f in forbidden for name in imported if name == f or name.startswith(f + ".")}
+
+
+def subpackage_violations(subpackage: str) -> list[str]:
+    found = []
+    for path, module in _modules(ROOT / subpackage.replace(".", "/")):
+        imported = imported_modules(path.read_text(encoding="utf-8"), module)
+        found += [f"{path.relative_to(ROOT)} imports {name}"
+                  for name in sorted(reaches_into(imported, FORBIDDEN_SUBPACKAGES[subpackage]))]
     return found
 
 
@@ -63,11 +102,35 @@ def test_the_checker_sees_imports_anywhere_in_a_module():
     assert imported_roots(source, "labelshift.x") == {"numpy", "labelshift", "mlflow", "prefect"}
 
 
+def test_the_checker_sees_a_subpackage_reaching_into_another():
+    source = textwrap.dedent("""
+        from ..errors import InputError
+        from . import layout
+        def late():
+            from ..inference.segments import split_segments
+            from labelshift import estimation
+            import labelshift.estimation.solvers
+    """)
+    imported = imported_modules(source, "labelshift.monitoring.batches")
+    assert imported >= {"labelshift.errors", "labelshift.monitoring.layout", "labelshift.inference.segments",
+                        "labelshift.estimation", "labelshift.estimation.solvers"}
+    forbidden = FORBIDDEN_SUBPACKAGES["labelshift.monitoring"]
+    assert reaches_into(imported, forbidden) == {"labelshift.inference", "labelshift.estimation"}
+    assert reaches_into({"labelshift.inference_notes", "labelshift.storage"}, forbidden) == set()
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_imports_point_one_way(package):
     assert violations(package) == [], (
         f"{package} must not import {sorted(FORBIDDEN[package])}: move the code to the layer that owns it "
         "(flows -> tasks -> labelshift)")
+
+
+@pytest.mark.parametrize("subpackage", sorted(FORBIDDEN_SUBPACKAGES))
+def test_the_store_side_does_not_reach_into_the_statistics(subpackage):
+    assert subpackage_violations(subpackage) == [], (
+        f"{subpackage} must not import {sorted(FORBIDDEN_SUBPACKAGES[subpackage])}: the store side keeps the books "
+        "and knows nothing about estimators; move the code it needs down to the store side")
 
 
 def test_the_domain_loads_without_prefect_or_mlflow():

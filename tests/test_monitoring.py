@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, StorageError
-from labelshift.monitoring.watermark import (CORRECTED_SUFFIX, STATE_PREFIX, SUMMARY_SUFFIX, WATERMARK_KEY,
-                                                       ChangedBatchError, ConcurrentRunError, TargetBatch, Watermark,
-                                                       commit_watermark, find_new_batches, list_batches, load_batch,
-                                                       read_watermark, write_batch_outputs)
+from labelshift.monitoring.inputs import load_batch
+from labelshift.monitoring.layout import (CORRECTED_SUFFIX, STATE_PREFIX, SUMMARY_SUFFIX, WATERMARK_KEY,
+                                          ChangedBatchError, TargetBatch)
+from labelshift.monitoring.listing import find_new_batches, list_batches
+from labelshift.monitoring.outputs import write_batch_outputs
+from labelshift.monitoring.watermark import ConcurrentRunError, Watermark, commit_watermark, read_watermark
 from labelshift import storage
 from labelshift.storage import LocalStore, ObjectInfo, RetryPolicy, open_store
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from labelshift.errors import InputError, ObjectNotFoundError
-from labelshift.monitoring.watermark import find_new_batches
+from labelshift.monitoring.listing import find_new_batches
 from labelshift.storage import open_store
 
 

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from labelshift.experiments.plots import figure_png, plot_sweep
+from labelshift.experiments.plots import plot_sweep
+from labelshift.figures import figure_png
 
 
 def _sweep(kind, values, methods, eig=None):

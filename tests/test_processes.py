@@ -1,4 +1,4 @@
-"""The service-process helper (stack.processes): start, readiness, stopping a whole tree, pid identity."""
+"""The service-process helper (runtime.processes): start, readiness, stopping a whole tree, pid identity."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stack.processes import (ServiceProcess, ServiceStartError, free_ports, pid_alive, processes_with_env,
+from runtime.processes import (ServiceProcess, ServiceStartError, free_ports, pid_alive, processes_with_env,
                              start_time, wait_until)
 
 posix_only = pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
@@ -72,7 +72,7 @@ def test_pid_identity_by_start_time():
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="clock ticks of older run records are Linux's")
 def test_run_records_of_older_versions_with_start_ticks_are_still_read():
-    from stack.supervisor import _recorded_start
+    from runtime.supervisor import _recorded_start
 
     ticks = int(Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[-1].split()[19])
     assert pid_alive(os.getpid(), _recorded_start({"start_ticks": ticks}))

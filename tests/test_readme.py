@@ -30,7 +30,7 @@ def test_readme_python_example_runs_and_batches_match():
 def test_the_docs_that_the_readme_and_the_docstrings_name_exist():
     root = README.parent
     named = set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", README.read_text()))
-    for folder in ("labelshift", "tasks", "flows", "stack"):
+    for folder in ("labelshift", "tasks", "flows", "runtime"):
         for path in (root / folder).rglob("*.py"):
             named |= set(re.findall(r"``(docs/[\w.-]+\.md)``", path.read_text()))
     for doc in (root / "docs").glob("*.md"):
@@ -79,7 +79,7 @@ def _variables_table() -> list[list[str]]:
 
 def test_the_operations_manual_lists_every_environment_variable_as_the_settings_name_them():
     """The table is the settings' catalogue: the same variables in the same order, with the same defaults and flags."""
-    from stack.settings import VARIABLES
+    from runtime.environment import VARIABLES
 
     rows = _variables_table()
     assert [r[0] for r in rows] == [f"`{v.name}`" for v in VARIABLES]

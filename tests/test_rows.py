@@ -20,7 +20,8 @@ from labelshift.estimation import solvers
 from labelshift.estimation.solvers.mlls_objective import _objective
 from labelshift._validation import check_probabilities
 from labelshift.inference.accuracy import expected_accuracy
-from labelshift.monitoring.batches import corrected_parquet, iter_ids, read_ids, write_corrected_parquet
+from labelshift.monitoring.batches import iter_ids, read_ids
+from labelshift.monitoring.outputs import corrected_parquet, write_corrected_parquet
 from labelshift.calibration.scaling import BCTS
 from labelshift.estimation.diagnostics import correct_predictions
 from labelshift.inference.source_aware import source_aware_interval

@@ -12,8 +12,8 @@ import pytest
 
 from labelshift import AssessmentSettings, Holdout, Target
 from labelshift.errors import InputError
-from labelshift.inference.segments import SegmentEstimate, SegmentSettings, check_segment_values, split_segments
-from labelshift.monitoring.batches import read_segments
+from labelshift.inference.segments import SegmentEstimate, SegmentSettings, split_segments
+from labelshift.monitoring.batches import check_segment_values, read_segments
 
 
 def _parquet(table: dict) -> bytes:
@@ -55,7 +55,7 @@ def test_read_segments_from_parquet_checks_the_column():
 
 
 def test_npy_batches_cannot_be_segmented():
-    from labelshift.monitoring.watermark import TargetBatch
+    from labelshift.monitoring.layout import TargetBatch
     from tasks.reestimation.segments import check_segmentable
 
     batches = [TargetBatch(key="day1.npy", checksum="0" * 64)]
@@ -101,7 +101,7 @@ def test_records_metrics_table_and_figure(segments):
     from mlflow.utils.validation import _validate_metric_name
 
     from flows.summary import MARKDOWN, PLAIN_TEXT
-    from labelshift.experiments.plots import figure_png, plot_segment_priors
+    from labelshift.figures import figure_png, plot_segment_priors
     from tasks.reestimation.segments import segment_metrics
 
     segs, ps = segments

@@ -128,7 +128,7 @@ def _served_over_http(tracking_uri: str, model_uri: str, x: np.ndarray, referenc
     answers one record per row, the class columns and ``corrected_class``."""
     import requests
 
-    from stack.processes import ServiceProcess, free_ports, http_ok
+    from runtime.processes import ServiceProcess, free_ports, http_ok
 
     (port,) = free_ports(1)
     # the environment of these tests (--env-manager local), its scripts (uvicorn) first on the PATH

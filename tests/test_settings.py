@@ -1,4 +1,4 @@
-"""One settings object for every environment variable (stack.settings), and the CLI package that reads it."""
+"""One settings object for every environment variable (runtime.environment), and the CLI package that reads it."""
 from __future__ import annotations
 
 import ast
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stack import settings as settings_mod
+from runtime import environment as settings_mod
 from flows.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ def test_resolve_reads_every_variable_and_treats_blank_as_unset(tmp_path):
 
 def test_the_documented_defaults_are_the_ones_in_use():
     from flows.params import DEFAULT_MODEL
-    from stack.supervisor import DEFAULT_PORTS
+    from runtime.supervisor import DEFAULT_PORTS
     from labelshift.experiments.datasets.sources import default_cache_dir
 
     docs = {v.name: v.default for v in settings_mod.VARIABLES}

@@ -13,7 +13,7 @@
 
 One module per subcommand; each registers its parser and handler, and shares only :mod:`flows.cli._common`. The
 commands that run a flow (``reproduce``, ``estimate``) build their options from the flow's parameter model in
-:mod:`flows.params`. Prefect and MLflow are imported only after the environment is set up (:mod:`stack.settings`),
+:mod:`flows.params`. Prefect and MLflow are imported only after the environment is set up (:mod:`runtime.environment`),
 because Prefect reads its settings once, at import; ``--help`` and parameter errors therefore answer without
 importing them.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stack import settings as settings_mod
+from runtime import environment as settings_mod
 from flows.cli import alerts, data, estimate, reference, report, reproduce, serve, where
 from flows.cli._common import PROG, UsageError, add_common
 from flows.cli.reproduce import parameters_from_args
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     reference.register(sub)
     alerts.register(sub)
     try:
-        from stack import supervisor as stack  # written separately; the command is optional until it exists
+        from runtime import supervisor as stack  # written separately; the command is optional until it exists
     except ImportError:
         stack = None
     if stack is not None and hasattr(stack, "register"):

@@ -21,7 +21,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ValidationError
 
-from stack import settings as settings_mod
+from runtime import environment as settings_mod
 
 PROG = "labelshift"
 
@@ -71,12 +71,12 @@ def setup(args, *, prefect_server: bool = False, **overrides) -> settings_mod.Se
     """Resolve the settings (flags in ``overrides`` win), export them for Prefect and MLflow, and route the
     progress lines of the flows to stdout.
 
-    Every process started from here on ends with this one (:func:`stack.lifetime.watch_descendants`). With
+    Every process started from here on ends with this one (:func:`runtime.lifetime.watch_descendants`). With
     ``prefect_server`` and no PREFECT_API_URL, the temporary Prefect server is started now, so that it boots while
     the command imports the rest; :func:`prefect_api` then waits for it and points Prefect at it.
     """
     global _temporary_server
-    from stack.lifetime import TemporaryPrefectServer, watch_descendants
+    from runtime.lifetime import TemporaryPrefectServer, watch_descendants
 
     env = settings_mod.resolve(getattr(args, "home", None), **overrides)
     _temporary_server = None

@@ -12,7 +12,7 @@ import argparse
 import json
 import textwrap
 
-from stack import settings as settings_mod
+from runtime import environment as settings_mod
 from flows.cli._common import UsageError, add_common, setup
 
 __all__ = ["register", "LISTEN_PORT"]

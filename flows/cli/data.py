@@ -5,7 +5,7 @@ import argparse
 import os
 import time
 
-from stack import settings as settings_mod
+from runtime import environment as settings_mod
 from flows.cli import estimate
 from flows.cli._common import UsageError, add_common, local_path
 

@@ -18,7 +18,7 @@ import time
 
 from pydantic import ValidationError
 
-from stack import settings as settings_mod
+from runtime import environment as settings_mod
 from flows.cli._common import PROG, Opt, UsageError, add_common, add_field, bounds, csv, given, local_path, \
     option_name, prefect_api, problems, setup, validated
 from flows.params import DEFAULT_MODEL, INTERVAL_ERROR, ReestimateParameters

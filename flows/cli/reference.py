@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from stack import settings as settings_mod
+from runtime import environment as settings_mod
 from flows.cli._common import UsageError, add_common, setup
 
 __all__ = ["register"]

@@ -9,7 +9,7 @@ import sys
 import textwrap
 import time
 
-from stack import settings as settings_mod
+from runtime import environment as settings_mod
 from flows.cli._common import PROG, Opt, add_common, add_field, given, local_path, option_name, prefect_api, \
     problems, setup, validated
 from flows.params import BINS_METHODS, EXPERIMENTS, METHODS, ReproduceParameters

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from stack import settings as settings_mod
+from runtime import environment as settings_mod
 from flows.cli._common import UsageError, add_common, setup
 
 __all__ = ["register"]

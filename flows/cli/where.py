@@ -1,7 +1,7 @@
 """``labelshift where``: the resolved locations of state, results and tracking."""
 from __future__ import annotations
 
-from stack import settings as settings_mod
+from runtime import environment as settings_mod
 from flows.cli._common import add_common
 
 __all__ = ["register"]

@@ -1,10 +1,11 @@
 """Estimates per segment: the rows of a target split by the value of a segment column (a region, a channel, a customer
 group), each segment assessed on its own rows against the one shared labelled holdout.
 
-:func:`split_segments` groups row indices by segment value; :func:`check_segment_values` refuses rows without a
-value; :class:`SegmentEstimate` is one segment's result -- the :class:`~labelshift.inference.report.ShiftReport` of
-:func:`~labelshift.inference.report.assess_shift` on that segment's rows, or "too small" with its size when it has
-fewer rows than the minimum (:data:`MIN_SEGMENT_SIZE`; why 200: ``docs/reestimation.md``, "Estimates per segment").
+:func:`split_segments` groups row indices by segment value (read and checked by
+:func:`labelshift.monitoring.batches.read_segments`); :class:`SegmentEstimate` is one segment's result -- the
+:class:`~labelshift.inference.report.ShiftReport` of :func:`~labelshift.inference.report.assess_shift` on that
+segment's rows, or "too small" with its size when it has fewer rows than the minimum (:data:`MIN_SEGMENT_SIZE`; why
+200: ``docs/reestimation.md``, "Estimates per segment").
 What sharing the holdout means for the segments' intervals is said there too. :func:`adjust_segments` reads the
 segments' tests over the run's family of segments (Holm by default, :mod:`labelshift.inference.multiplicity`), and
 the adjusted p-values decide each segment's :attr:`SegmentEstimate.verdict`. :class:`SegmentPool` assesses many
@@ -33,7 +34,8 @@ from .report import ShiftReport, Verdict, assess_shift, verdict_of
 from .settings import AssessmentSettings, Bound
 
 __all__ = ["MIN_SEGMENT_SIZE", "PROCESS_ROWS", "SEGMENT_BOUNDS", "SEGMENT_CORRECTION", "SEGMENT_PROCESSES",
-           "SegmentEstimate", "SegmentPool", "SegmentSettings", "too_small_warning", "adjust_segments", "check_segment_values", "correction_record", "segment_processes",
+           "SegmentEstimate", "SegmentPool", "SegmentSettings", "too_small_warning", "adjust_segments",
+           "correction_record", "segment_processes",
            "split_segments", "usable_cpus"]
 
 #: the fewest rows a segment is assessed on; smaller segments are reported as too small, with their size
@@ -92,23 +94,6 @@ def too_small_warning(split: dict[str, np.ndarray], settings: SegmentSettings) -
             f"{settings.min_size} rows and are not assessed. A column with about one value per row (an id) makes "
             "every segment too small: choose a column that groups rows (a region, a channel), or lower "
             "min_segment_size (CLI: --min-segment-size).")
-
-
-def check_segment_values(values: Sequence, *, column: str, batch: str) -> np.ndarray:
-    """The segment values of one batch as an array of str; a value that is missing (None, NaN) or empty (blank
-    after stripping) is refused.
-
-    Raises:
-        InputError: naming the batch, the column, how many rows lack a value and the first such row.
-    """
-    out = np.array(["" if v is None or (isinstance(v, float) and v != v) else str(v).strip() for v in values],
-                   dtype=object)
-    empty = np.flatnonzero(out == "")
-    if empty.size:
-        raise InputError(f"batch {batch}: segment column {column!r} is empty or missing in {empty.size} of {len(out)} "
-                         f"row(s) (first row {int(empty[0])}); give every row a segment value (e.g. 'unknown') and "
-                         "write the batch again, or run without segment_column (CLI: without --segment-column).")
-    return out
 
 
 def split_segments(values: np.ndarray) -> dict[str, np.ndarray]:
@@ -265,7 +250,7 @@ def _start_worker(common: dict) -> None:
     """A worker's start: keep the holdout side and the settings; BLAS on one thread (the processes are the
     parallelism); Ctrl-C left to the parent (which stops the workers); and end when the parent ends, however it
     ends -- a forked worker would otherwise outlive a killed parent, holding the pipes it inherited (among them
-    the one :mod:`stack.lifetime`'s watchdog waits on)."""
+    the one :mod:`runtime.lifetime`'s watchdog waits on)."""
     from ..rows import one_blas_thread_for_life
 
     _WORKER_COMMON.clear()

@@ -1,8 +1,9 @@
-"""Batch formats of a target, read in streamed chunks and checked, and the corrected outputs written back.
+"""Batch formats of a target, read in streamed chunks and checked (the corrected outputs are written back by
+:mod:`labelshift.monitoring.outputs`).
 
 A target holds batches of one format:
 
-- ``NAME.npy``: a float array; in input mode the model's inputs (:func:`labelshift.monitoring.watermark.load_batch`), in
+- ``NAME.npy``: a float array; in input mode the model's inputs (:func:`labelshift.monitoring.inputs.load_batch`), in
   prediction-log mode the model's outputs, shape (n, k);
 - ``NAME.parquet``: in prediction-log mode the model's outputs, one float column per class (named as the classes)
   or one list column of k floats per row, optionally an id column carried into the corrected output (other columns,
@@ -10,7 +11,8 @@ A target holds batches of one format:
 
 Readers stream: a Parquet batch is read one record batch (``chunk_rows`` rows) at a time and each chunk is checked
 and converted to float32 before the next is read (:func:`iter_output_chunks`, :func:`iter_feature_chunks`), so
-callers can keep only what they derive from a chunk. Every check names the batch, the problem and the fix.
+callers can keep only what they derive from a chunk. Every check names the batch, the problem and the fix. A segment
+column's values are read by :func:`read_segments` and checked by :func:`check_segment_values`.
 
 A *reference* (prediction-log mode) is what re-estimation needs besides the new outputs: class names, the kind of
 output (``"logits"`` or ``"probabilities"``) and the labelled holdout's outputs; :func:`check_reference` checks it,
@@ -18,11 +20,9 @@ output (``"logits"`` or ``"probabilities"``) and the labelled holdout's outputs;
 """
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,10 +34,9 @@ import pyarrow.parquet as pq
 from ..errors import FormatError, InputError
 
 __all__ = ["FORMATS", "OUTPUT_KINDS", "OutputSpec", "batch_format", "check_one_format", "iter_output_chunks",
-           "read_outputs", "iter_feature_chunks", "read_features", "read_ids", "corrected_parquet",
-           "write_corrected", "batch_rows", "iter_ids", "write_corrected_parquet", "write_corrected_file",
+           "read_outputs", "iter_feature_chunks", "read_features", "read_ids", "batch_rows", "iter_ids",
            "metric_names", "default_class_names", "check_class_names", "check_reference",
-           "read_holdout", "Holdout", "PARQUET_CORRECTED_SUFFIX", "read_segments"]
+           "read_holdout", "Holdout", "PARQUET_CORRECTED_SUFFIX", "read_segments", "check_segment_values"]
 
 #: batch suffix -> format name
 FORMATS = {".npy": "npy", ".parquet": "parquet"}
@@ -351,18 +350,33 @@ def read_features(source, uri: str, columns: Sequence[str], *, chunk_rows: int =
     return np.concatenate(list(iter_feature_chunks(source, uri, columns, chunk_rows=chunk_rows)))
 
 
+def check_segment_values(values: Sequence, *, column: str, batch: str) -> np.ndarray:
+    """The segment values of one batch as an array of str; a value that is missing (None, NaN) or empty (blank
+    after stripping) is refused.
+
+    Raises:
+        InputError: naming the batch, the column, how many rows lack a value and the first such row.
+    """
+    out = np.array(["" if v is None or (isinstance(v, float) and v != v) else str(v).strip() for v in values],
+                   dtype=object)
+    empty = np.flatnonzero(out == "")
+    if empty.size:
+        raise InputError(f"batch {batch}: segment column {column!r} is empty or missing in {empty.size} of {len(out)} "
+                         f"row(s) (first row {int(empty[0])}); give every row a segment value (e.g. 'unknown') and "
+                         "write the batch again, or run without segment_column (CLI: without --segment-column).")
+    return out
+
+
 def read_segments(source, uri: str, column: str) -> np.ndarray:
     """The segment value of every row of a Parquet batch (an array of str, in row order), read from ``column``
     (any type: numbers become their text).
 
     Raises:
         InputError: the batch has no such column (the message lists the columns it has), or some rows have no value
-            (null or blank; :func:`labelshift.inference.segments.check_segment_values`).
+            (null or blank; :func:`check_segment_values`).
         FormatError: the batch is not a readable Parquet file.
     """
     import pyarrow.compute as pc
-
-    from ..inference.segments import check_segment_values
 
     pf = _parquet(source, uri)
     names = list(pf.schema_arrow.names)
@@ -375,87 +389,6 @@ def read_segments(source, uri: str, column: str) -> np.ndarray:
         col = pc.if_else(pc.is_nan(col), pa.scalar(None, col.type), col)
     text = pc.fill_null(pc.utf8_trim_whitespace(pc.cast(col, pa.string())), "")
     return check_segment_values(text.to_numpy(zero_copy_only=False), column=column, batch=uri)
-
-
-# -- writing -----------------------------------------------------------------------------------------------------------
-def corrected_parquet(corrected: np.ndarray, class_names: Sequence[str], ids: pa.Array | None = None,
-                      id_column: str | None = None) -> bytes:
-    """Parquet bytes of corrected probabilities: the id column first (when given), then one float32 column per
-    class, named as the class."""
-    buf = io.BytesIO()
-    pq.write_table(_corrected_table(corrected, class_names, ids, id_column), buf)
-    return buf.getvalue()
-
-
-def _corrected_table(corrected: np.ndarray, class_names: Sequence[str], ids, id_column: str | None) -> pa.Table:
-    arrays, names = [], []
-    if ids is not None:
-        if len(ids) != len(corrected):
-            raise InputError(f"the id column has {len(ids)} rows but the corrected outputs {len(corrected)}.")
-        arrays.append(ids)
-        names.append(id_column or "id")
-    for j, name in enumerate(class_names):
-        arrays.append(pa.array(np.asarray(corrected[:, j], dtype=np.float32)))
-        names.append(str(name))
-    return pa.Table.from_arrays(arrays, names=names)
-
-
-def write_corrected_parquet(path: str | Path, chunks, class_names: Sequence[str], id_column: str | None = None) -> int:
-    """Write corrected probabilities to the Parquet file ``path`` one row group per chunk, as
-    :func:`corrected_parquet` lays them out (the id column first when given, then one float32 column per class).
-    ``chunks``: an iterable of (corrected (rows, k), ids or None). Returns the number of rows written."""
-    writer, rows = None, 0
-    try:
-        for corrected, ids in chunks:
-            table = _corrected_table(corrected, class_names, ids, id_column)
-            if writer is None:      # no dictionary for the float columns: it never pays on probabilities, and
-                # trying it cost 0.7 s per million rows and made the file 40% larger (measured at k = 10)
-                writer = pq.ParquetWriter(str(path), table.schema,
-                                          use_dictionary=[id_column or "id"] if ids is not None else False)
-            writer.write_table(table)
-            rows += len(corrected)
-        if writer is None:
-            raise InputError(f"no corrected rows to write to {path}.")
-    finally:
-        if writer is not None:
-            writer.close()
-    return rows
-
-
-def write_corrected_file(store, batch, path: str | Path, corrected_key: str, summary: Mapping[str, Any], *,
-                         rows: int, classes: int) -> dict:
-    """:func:`write_corrected` for corrected outputs already in the local file ``path`` (uploaded with
-    ``store.put_file``: streamed, multipart when large), then the summary."""
-    digest = store.put_file(corrected_key, path)
-    record = dict(summary)
-    record["input"] = {"key": batch.key, "uri": store.url(batch.key), "sha256": batch.checksum, "rows": int(rows)}
-    record["output"] = {"key": corrected_key, "uri": store.url(corrected_key), "sha256": digest,
-                        "classes": int(classes)}
-    text = json.dumps(record, indent=2, default=_json_default).encode("utf-8")
-    store.put_bytes(batch.summary_key, text, content_type="application/json")
-    return json.loads(text)
-
-
-def write_corrected(store, batch, payload: bytes, corrected_key: str, summary: Mapping[str, Any], *,
-                    rows: int, classes: int, content_type: str = "application/vnd.apache.parquet") -> dict:
-    """Write a batch's corrected outputs (``payload`` under ``corrected_key``) and then its summary, each atomically,
-    with the ``input`` and ``output`` fields :func:`labelshift.monitoring.watermark.write_batch_outputs` adds."""
-    record = dict(summary)
-    record["input"] = {"key": batch.key, "uri": store.url(batch.key), "sha256": batch.checksum, "rows": int(rows)}
-    record["output"] = {"key": corrected_key, "uri": store.url(corrected_key),
-                        "sha256": hashlib.sha256(payload).hexdigest(), "classes": int(classes)}
-    text = json.dumps(record, indent=2, default=_json_default).encode("utf-8")
-    store.put_bytes(corrected_key, payload, content_type=content_type)
-    store.put_bytes(batch.summary_key, text, content_type="application/json")
-    return json.loads(text)
-
-
-def _json_default(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return str(value)
 
 
 # -- the reference -----------------------------------------------------------------------------------------------------

@@ -14,11 +14,12 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..errors import InputError
-from .base import ObjectInfo, Store, json_default, validate_key
+from .base import ObjectInfo, Store, encode_json, json_default, validate_key
 from .local import LocalStore
 from .s3 import RetryPolicy, S3Store
 
-__all__ = ["Store", "LocalStore", "S3Store", "ObjectInfo", "RetryPolicy", "open_store", "validate_key", "json_default"]
+__all__ = ["Store", "LocalStore", "S3Store", "ObjectInfo", "RetryPolicy", "open_store", "validate_key", "json_default",
+           "encode_json"]
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[^/]*)/?(?P<prefix>.*)$", re.IGNORECASE)
 

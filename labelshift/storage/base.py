@@ -132,6 +132,16 @@ def json_default(value: Any) -> Any:
     raise TypeError(f"object of type {type(value).__name__} is not JSON serialisable")
 
 
+def encode_json(obj: Any, what: str) -> bytes:
+    """``obj`` as indented UTF-8 JSON (numpy values as plain numbers and lists, :func:`json_default`); an
+    :class:`InputError` naming ``what`` when it cannot be encoded."""
+    try:
+        return json.dumps(obj, indent=2, default=json_default).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{what} cannot be written as JSON ({exc}); pass numbers, strings, lists and dicts.") \
+            from None
+
+
 # -- the interface -----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ObjectInfo:

@@ -12,10 +12,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from labelshift import rows as rows_mod
-from labelshift.monitoring.batches import iter_ids, write_corrected_file, write_corrected_parquet
 from labelshift.estimation.diagnostics import correct_predictions
 from labelshift.errors import FormatError
-from labelshift.monitoring.watermark import TargetBatch, write_batch_outputs
+from labelshift.monitoring.batches import iter_ids
+from labelshift.monitoring.layout import TargetBatch
+from labelshift.monitoring.outputs import write_batch_outputs, write_corrected_file, write_corrected_parquet
 from labelshift.storage import open_store
 from tasks.reestimation.references import class_names_of
 from tasks.reestimation.scoring import download_batch

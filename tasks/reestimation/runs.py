@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus
 
 from labelshift.monitoring.batches import metric_names
-from labelshift.experiments.plots import figure_png, plot_prior_estimate
+from labelshift.figures import figure_png, plot_prior_estimate
 from labelshift.inference.report import ShiftReport, Verdict, finite
 from tasks import tracking
 

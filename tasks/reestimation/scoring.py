@@ -19,7 +19,8 @@ from labelshift import rows as rows_mod
 from labelshift.monitoring.batches import batch_format, batch_rows, check_one_format, iter_feature_chunks, \
     iter_output_chunks
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
-from labelshift.monitoring.watermark import ChangedBatchError, RejectedBatch, TargetBatch, load_batch
+from labelshift.monitoring.inputs import load_batch
+from labelshift.monitoring.layout import ChangedBatchError, RejectedBatch, TargetBatch
 from labelshift.storage import open_store
 from tasks.reestimation.model import ModelBundle
 from tasks.reestimation.references import ReferenceBundle
@@ -72,7 +73,6 @@ def _check_formats(bundle, store, batches: list[TargetBatch]) -> str:
 def _bytes(store, b: TargetBatch) -> bytes:
     import hashlib
 
-    from labelshift.monitoring.watermark import ChangedBatchError
 
     data = store.get_bytes(b.key)
     digest = hashlib.sha256(data).hexdigest()
@@ -108,7 +108,6 @@ def model_scores(bundle: ReferenceBundle, x: np.ndarray) -> np.ndarray:
 def download_batch(store, b: TargetBatch, folder: Path, name: str) -> Path:
     """The batch as the local file ``folder/name``, streamed from the store (verified against its recorded checksum on
     the way) and hashed again against the checksum this run listed."""
-    from labelshift.monitoring.watermark import ChangedBatchError
     from labelshift.storage.base import file_sha256
 
     path = folder / f"{name}{Path(b.key).suffix}"

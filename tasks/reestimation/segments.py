@@ -23,13 +23,13 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
-from labelshift.experiments.plots import figure_png, plot_segment_priors
+from labelshift.figures import figure_png, plot_segment_priors
 from labelshift.inference.holdout import Holdout, Target
 from labelshift.inference.segments import (SegmentEstimate, SegmentPool, SegmentSettings, adjust_segments,
                                           segment_processes, split_segments, too_small_warning)
 from labelshift.inference.settings import AssessmentSettings
 from labelshift.monitoring.batches import batch_format, metric_names, read_segments
-from labelshift.monitoring.watermark import TargetBatch
+from labelshift.monitoring.layout import TargetBatch
 from labelshift.storage import open_store
 from tasks import tracking
 

@@ -10,7 +10,8 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from labelshift.experiments.plots import figure_png, plot_sweep
+from labelshift.experiments.plots import plot_sweep
+from labelshift.figures import figure_png
 
 __all__ = ["records_csv", "render_outputs"]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from stack.watchdog import marked
+from runtime.watchdog import marked
 
 __all__ = ["HOST", "ServiceProcess", "ServiceStartError", "free_ports", "port_in_use", "http_ok", "log_tail",
            "wait_until", "pid_alive", "start_time", "processes_with_env", "signal_processes"]
@@ -199,7 +199,7 @@ class ServiceProcess:
         notable: lines of the log worth showing in an error even before its tail (e.g. a bad flag's complaint).
         die_with_parent: Linux only: the process gets SIGTERM when the thread that started it ends (even on
             SIGKILL), so start it from the main thread; ignored elsewhere. Only the process itself gets the
-            signal, not what it starts in turn (:mod:`stack.lifetime` covers those).
+            signal, not what it starts in turn (:mod:`runtime.lifetime` covers those).
     """
 
     def __init__(self, command: Sequence[str], *, log: str | os.PathLike, env: Mapping[str, str] | None = None,

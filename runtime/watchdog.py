@@ -1,4 +1,4 @@
-"""The watchdog of one ``labelshift`` command (see :mod:`stack.lifetime`): ``python watchdog.py NAME VALUE``.
+"""The watchdog of one ``labelshift`` command (see :mod:`runtime.lifetime`): ``python watchdog.py NAME VALUE``.
 
 It reads its standard input, a pipe whose only writer is the command, until end-of-file -- which the kernel
 delivers when the command ends, however it ends -- then sends SIGTERM to every process whose environment has

@@ -5,7 +5,7 @@ Two mechanisms, each covering what the other cannot:
 1. **A watchdog on a pipe** (:func:`watch_descendants`, every command through ``flows.cli._common.setup``). The
    command exports ``LABELSHIFT_COMMAND=<pid>-<start time>``, which every process it starts inherits -- Prefect's
    servers and their children, the subprocesses ``serve`` runs flow runs in, Dask workers -- and starts a small
-   watchdog process (:mod:`stack.watchdog`, in a session of its own) that blocks reading a pipe whose only
+   watchdog process (:mod:`runtime.watchdog`, in a session of its own) that blocks reading a pipe whose only
    writer is the command. The kernel closes that pipe whenever the command ends, whatever ends it (SIGKILL, the
    OOM killer, a cron timeout); the watchdog then sends SIGTERM to every process that carries the marker, and
    SIGKILL after a few seconds to what is left. A pipe's end-of-file needs no polling and works on every POSIX
@@ -37,7 +37,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stack.processes import HOST, ServiceProcess, free_ports, http_ok, start_time
+from runtime.processes import HOST, ServiceProcess, free_ports, http_ok, start_time
 
 __all__ = ["MARKER_ENV", "watch_descendants", "TemporaryPrefectServer"]
 

@@ -1,6 +1,7 @@
-"""The local stack: the settings every command resolves, and the supervision of the server processes it starts.
+"""The runtime of every command: the environment it resolves, and the server processes it starts and supervises.
 
-* :mod:`.settings` -- every environment variable the project reads, resolved into one ``Settings``;
+* :mod:`.environment` -- every environment variable the project reads and the embedded defaults, resolved into one
+  ``Settings``;
 * :mod:`.supervisor` -- ``labelshift stack up|down|status``: SeaweedFS, MLflow and Prefect on loopback;
 * :mod:`.processes` -- starting a service process, waiting for it, stopping its whole tree;
 * :mod:`.lifetime` -- a temporary Prefect server for one command, and processes that end with their parent;

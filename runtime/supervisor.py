@@ -58,11 +58,11 @@ from pathlib import Path
 
 import psutil
 
-from stack.processes import (ServiceProcess, free_ports, http_ok, pid_alive, port_in_use, processes_with_env,
+from runtime.processes import (ServiceProcess, free_ports, http_ok, pid_alive, port_in_use, processes_with_env,
                              signal_processes, wait_until)
-from stack.processes import log_tail as log_tail  # kept importable from here
-from stack.lifetime import MARKER_ENV as COMMAND_MARKER_ENV
-from stack import settings as settings_mod
+from runtime.processes import log_tail as log_tail  # kept importable from here
+from runtime.lifetime import MARKER_ENV as COMMAND_MARKER_ENV
+from runtime import environment as settings_mod
 from labelshift.errors import LabelShiftError
 
 # -- defaults and names ------------------------------------------------------------------------------------------------
@@ -747,8 +747,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m stack.supervisor up|down|status|env`` (the same as ``labelshift stack ...``)."""
-    parser = argparse.ArgumentParser(prog="python -m stack.supervisor")
+    """``python -m runtime.supervisor up|down|status|env`` (the same as ``labelshift stack ...``)."""
+    parser = argparse.ArgumentParser(prog="python -m runtime.supervisor")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["stack", *(sys.argv[1:] if argv is None else argv)])
     return args.func(args)
