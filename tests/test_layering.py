@@ -15,6 +15,7 @@ imports every domain module in a fresh interpreter and checks that neither Prefe
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -143,3 +144,69 @@ def test_the_domain_loads_without_prefect_or_mlflow():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", f"importing labelshift loaded {out.stdout.strip()}"
+
+
+# -- the module map of docs/architecture.md ---------------------------------------------------------------------------
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+#: the folders whose every package and module the map names
+MAPPED = ("labelshift", "tasks", "flows", "runtime")
+#: a path under those folders in inline code: a module (``flows/reestimate.py``) or a package (``labelshift/inference/``)
+_PATH = re.compile(r"`((?:%s)/[\w./]*)`" % "|".join(MAPPED))
+
+
+def named_paths(markdown: str) -> list[str]:
+    """The module and package paths under :data:`MAPPED` that ``markdown`` names in inline code, in order."""
+    return [m for m in _PATH.findall(markdown) if m.endswith((".py", "/"))]
+
+
+def module_map(markdown: str) -> str:
+    """The section "## Module map" of the page, up to the next second-level heading."""
+    found = re.search(r"^## Module map\n(.*?)(?=^## |\Z)", markdown, re.M | re.S)
+    assert found, f"{ARCHITECTURE.relative_to(ROOT)} has no section '## Module map'"
+    return found.group(1)
+
+
+def mapped_paths() -> set[str]:
+    """What the map must name: every module file under :data:`MAPPED` but ``__init__.py`` (a package is named by
+    its folder, ``labelshift/inference/``), and every package."""
+    expected = set()
+    for top in MAPPED:
+        for path in (ROOT / top).rglob("*.py"):
+            relative = path.relative_to(ROOT).as_posix()
+            if path.name == "__init__.py":
+                expected.add(relative.removesuffix("__init__.py"))
+            else:
+                expected.add(relative)
+    return expected
+
+
+def test_the_map_reader_sees_modules_and_packages_in_inline_code():
+    markdown = textwrap.dedent("""
+        ## Module map
+        - `labelshift/inference/`: a package; `labelshift/inference/report.py`: a module
+        - `flows/reestimate.py` runs `labelshift.inference.report.assess_shift`; `labelshift estimate` is a command
+        ## One run
+        `tasks/reestimation/runs.py`
+    """)
+    assert named_paths(module_map(markdown)) == ["labelshift/inference/", "labelshift/inference/report.py",
+                                                 "flows/reestimate.py"]
+    assert named_paths(markdown)[-1] == "tasks/reestimation/runs.py"
+
+
+def test_the_architecture_page_maps_every_module_and_names_none_that_is_gone():
+    """A new, moved or deleted module fails here until docs/architecture.md's module map says so."""
+    page, name = ARCHITECTURE.read_text(encoding="utf-8"), ARCHITECTURE.relative_to(ROOT)
+    in_map = named_paths(module_map(page))
+    problems = []
+    missing = sorted(mapped_paths() - set(in_map))
+    if missing:
+        problems.append(f"its module map names no line for {', '.join(missing)}: add one line each (what it "
+                        "computes or does, from its module docstring)")
+    gone = sorted({p for p in named_paths(page) if not (ROOT / p).exists()})
+    if gone:
+        problems.append(f"it names {', '.join(gone)}, which do not exist: remove them, or rename them to where the "
+                        "code moved")
+    twice = sorted({p for p in in_map if in_map.count(p) > 1})
+    if twice:
+        problems.append(f"its module map has more than one line for {', '.join(twice)}")
+    assert not problems, f"{name}: " + "; ".join(problems)
