@@ -222,7 +222,7 @@ def _end_failed_run(exc: BaseException, run: RunContext) -> None:
         run.logger.error("could not mark MLflow run %s %s: %s", run.mlflow.run_id, status, close_exc)
 
 
-# -- 3. scoring -------------------------------------------------------------------------------------------------------
+# -- 2. scoring (the model's calibrated probabilities) ----------------------------------------------------------------
 def _score(run: RunContext, batches):
     """Calibrated probabilities of every new row, batch by batch (nothing is written until all are read; every bad
     batch is found in this one pass), and the rejected batches; with ``on_invalid="error"`` a bad batch fails the
@@ -274,7 +274,7 @@ def _no_valid_data(run: RunContext, scored) -> Completed:
     return Completed(name=Verdict.NO_VALID_DATA, message=summary.headline, data=data)
 
 
-# -- 4. the estimate, logged -------------------------------------------------------------------------------------------
+# -- 3.-4. the estimate, logged ---------------------------------------------------------------------------------------
 def _assess(run: RunContext, scored, target: Target) -> tuple[ShiftReport, RunSummary]:
     """The estimate, its uncertainty and identifiability, and the test of label shift itself; and the summary of
     the run (its state's data and the artifact's source)."""
@@ -387,7 +387,7 @@ def _complete(run: RunContext, summary: RunSummary) -> Completed:
 
 
 def _assess_and_commit(run: RunContext, batches, segment_values, corrected_as):
-    """Steps 3 to 6 inside the MLflow run: score, assess (pooled and per segment), log, write the outputs, register
+    """Steps 2 (scoring) to 6 inside the MLflow run: score, assess (pooled and per segment), log, write the outputs, register
     the corrected model, commit the watermark; returns the summary and the committed watermark, or "No valid data"
     as its final state when no batch could be used."""
     scored = _score(run, batches)
@@ -463,7 +463,7 @@ def reestimate(
     segment_values = _read_segments(run, batches)     # checked before anything is written
     run.mlflow = _start_run(run, len(batches))
     try:
-        # 3.-6. score, assess and log, write the outputs, then -- only then -- move the watermark
+        # 2.-6. score, assess and log, write the outputs, then -- only then -- move the watermark
         outcome = _assess_and_commit(run, batches, segment_values, corrected_as)
     except BaseException as exc:
         _end_failed_run(exc, run)

@@ -5,7 +5,7 @@
 * :mod:`.supervisor` -- ``labelshift stack up|down|status``: SeaweedFS, MLflow and Prefect on loopback;
 * :mod:`.processes` -- starting a service process, waiting for it, stopping its whole tree;
 * :mod:`.lifetime` -- a temporary Prefect server for one command, and processes that end with their parent;
-* :mod:`.watchdog` -- the marker that tells this project's processes from others.
+* :mod:`.watchdog` -- the process that ends a command's processes when the command ends, however it ends.
 
 It imports neither ``flows`` nor ``tasks``: the flows use it, not the other way round.
 """

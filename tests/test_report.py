@@ -247,6 +247,19 @@ def test_untrustworthy_source_aware_interval_makes_the_report_untrustworthy():
     assert bad.reasons[-1] == "the calibrator's temperature sits at its bound"
 
 
+def test_the_reasons_of_an_untrustworthy_estimate_name_the_classes_by_their_names():
+    Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(prior=[0.6, 0.3, 0.1])
+    settings = AssessmentSettings(interval="source-aware", max_interval_width=1e-3)     # every interval too wide
+    named = assess_shift(Holdout(sp, yh, prior, outputs=Xh, calibrator=cal, class_names=["cat", "dog", "owl"]),
+                         Target(pt, Xt), settings)
+    plain = assess_shift(Holdout(sp, yh, prior, outputs=Xh, calibrator=cal), Target(pt, Xt), settings)
+    wide = [r for r in named.reasons if r.startswith("interval too wide")]
+    assert named.verdict == "Untrustworthy" and len(wide) == 1
+    assert any(f"interval on w_{c} is" in wide[0] for c in ("cat", "dog", "owl")), wide[0]
+    assert any(f"interval on w_{c} is" in r for r in plain.reasons for c in range(3))     # unnamed: 0..k-1
+    assert named.target_prior.tolist() == plain.target_prior.tolist()        # names change words, not numbers
+
+
 def test_bad_holdouts_and_source_aware_arguments_name_the_fix():
     Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case()
     with pytest.raises(InputError, match="no example of class.*Add labelled holdout rows"):

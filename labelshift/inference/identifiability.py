@@ -128,13 +128,23 @@ def _weight_std_errors(H: np.ndarray, w: np.ndarray, p: np.ndarray, free: np.nda
     return np.where(free, np.asarray(se, dtype=np.float64), np.nan)
 
 
-def _poorly_estimated(relative: np.ndarray, w: np.ndarray, p: np.ndarray) -> str | None:
+def class_label(y: int, class_names=None) -> str:
+    """How a reason names class ``y``: "class 3", or "class 'cat'" when the classes have names."""
+    return f"class {class_names[y]!r}" if class_names is not None else f"class {y}"
+
+
+def weight_label(y: int, class_names=None) -> str:
+    """How a reason names the weight of class ``y``: "w_3", or "w_cat" when the classes have names."""
+    return f"w_{class_names[y]}" if class_names is not None else f"w_{y}"
+
+
+def _poorly_estimated(relative: np.ndarray, w: np.ndarray, p: np.ndarray, class_names=None) -> str | None:
     """The reason naming the free classes whose relative error exceeds MAX_RELATIVE_ERROR (worst first), or None."""
     bad = np.flatnonzero(np.nan_to_num(relative, nan=0.0) > MAX_RELATIVE_ERROR)
     if not bad.size:
         return None
     bad = bad[np.argsort(-relative[bad])]
-    named = ", ".join(f"class {y} (source share {p[y]:.2%}, target estimate {p[y] * w[y]:.2%}: relative error "
+    named = ", ".join(f"{class_label(y, class_names)} (source share {p[y]:.2%}, target estimate {p[y] * w[y]:.2%}: relative error "
                       f"{relative[y]:.2f})" for y in bad[:_NAMED_CLASSES])
     more = f" and {bad.size - _NAMED_CLASSES} more" if bad.size > _NAMED_CLASSES else ""
     return (f"{bad.size} of {len(w)} classes too poorly estimated to trust: {named}{more}. Relative error = the "
@@ -166,7 +176,7 @@ def _confusion_check(confusion, n_source, k: int) -> tuple[float, float, float, 
     return cond, sigma_c, snr, sentence
 
 
-def _width_check(P, w, p, interval, max_relative_width, level) -> tuple[float, str | None]:
+def _width_check(P, w, p, interval, max_relative_width, level, class_names=None) -> tuple[float, str | None]:
     """(the widest interval on w, the sentence when it exceeds ``max_relative_width``)."""
     if isinstance(max_relative_width, bool) or not isinstance(max_relative_width, (int, float, np.floating)) \
             or not max_relative_width > 0:
@@ -178,14 +188,15 @@ def _width_check(P, w, p, interval, max_relative_width, level) -> tuple[float, s
     max_width = float(widths[y])
     if max_width <= max_relative_width:
         return max_width, None
-    return max_width, (f"interval too wide: the {interval.level:.0%} {interval.method} interval on w_{y} is "
+    return max_width, (f"interval too wide: the {interval.level:.0%} {interval.method} interval on "
+                       f"{weight_label(y, class_names)} is "
                        f"[{interval.weights_lower[y]:.3g}, {interval.weights_upper[y]:.3g}], width {max_width:.3g} > "
                        f"max_relative_width = {max_relative_width:g}")
 
 
 def identifiability(target_probs, weights, source_prior, *, confusion=None, n_source: int | None = None,
                     max_relative_width: float | None = None, interval: PriorInterval | None = None,
-                    level: float = 0.95, estimator: str = "MLLS", hessian=None) -> Identifiability:
+                    level: float = 0.95, estimator: str = "MLLS", hessian=None, class_names=None) -> Identifiability:
     """Is the reported estimate identified by the data? Judged on the estimate that is reported, relative to each
     class's share (the reasons are in ``docs/uncertainty.md``):
 
@@ -206,6 +217,7 @@ def identifiability(target_probs, weights, source_prior, *, confusion=None, n_so
         level: level of that default interval.
         estimator: the estimator whose estimate is reported, a name of
             :data:`labelshift.estimation.registry.REESTIMATION_ESTIMATORS`.
+        class_names: optional k names the reasons call the classes by (else 0..k-1).
         hessian: optional (k, k) :func:`~labelshift.estimation.solvers.mlls_hessian` at ``weights`` on these rows,
             already computed (the MLLS estimate's ``extra["hessian"]`` above 100 classes); None computes it.
 
@@ -228,15 +240,15 @@ def identifiability(target_probs, weights, source_prior, *, confusion=None, n_so
     relative = _weight_std_errors(H, w, p, free, m, interval) / np.maximum(w, 1.0)
     bounds = [None] * k
     if likelihood:
-        reasons.append(_poorly_estimated(relative, w, p))
+        reasons.append(_poorly_estimated(relative, w, p, class_names))
         if not free.all():
             b1 = pinned_bounds(P, w, H, p, free, 1.0)
             for y in np.flatnonzero(~free):
                 bounds[y] = float(b1[y])
                 if not b1[y] <= MAX_STANDARD_ERROR:
                     reasons.append(
-                        f"class {y} is estimated at w = 0 but not identified: its one-standard-error upper bound on "
-                        f"w_{y} is {b1[y]:.3g} > {MAX_STANDARD_ERROR:g} (the likelihood is nearly flat when mass moves "
+                        f"{class_label(y, class_names)} is estimated at w = 0 but not identified: its "
+                        f"one-standard-error upper bound on {weight_label(y, class_names)} is {b1[y]:.3g} > {MAX_STANDARD_ERROR:g} (the likelihood is nearly flat when mass moves "
                         "into that class)")
     sigma_c = cond = snr = None
     if confusion is not None:
@@ -249,7 +261,7 @@ def identifiability(target_probs, weights, source_prior, *, confusion=None, n_so
         raise InputError("n_source was given without confusion; pass the joint confusion matrix it belongs to.")
     max_width = None
     if max_relative_width is not None:
-        max_width, sentence = _width_check(P, w, p, interval, max_relative_width, level)
+        max_width, sentence = _width_check(P, w, p, interval, max_relative_width, level, class_names)
         reasons.append(sentence)
     reasons = [r for r in reasons if r is not None]
     return Identifiability(min_hessian_eigenvalue=_min_eigenvalue(H),

@@ -410,7 +410,7 @@ _NUMERICAL_FAILURES = (ArithmeticError, ValueError, np.linalg.LinAlgError)
 
 
 def _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, prior, weights,
-                        level, repeats: Repeats | None = None
+                        level, repeats: Repeats | None = None, class_names=None
                         ) -> tuple[PriorInterval, AccuracyEstimate | None, list[str]]:
     """The source-aware interval and the expected accuracy of :func:`assess_shift`, and one plain sentence per part
     that could not be computed on this input.
@@ -425,7 +425,7 @@ def _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")      # its checks are reported as reasons, as data
             ci = source_aware_interval(source_outputs, labels, raw_target, calibrator, level=level, weights=weights,
-                                       repeats=repeats)
+                                       repeats=repeats, class_names=class_names)
     except InputError:
         raise
     except _NUMERICAL_FAILURES as exc:
@@ -527,7 +527,7 @@ def _estimate(holdout_probs, labels, prior, pooled, estimator: str, cross_check:
 
 
 def _interval(interval: str, est: _Estimates, pooled, prior, *, level, n_bootstrap, seed, source_outputs, labels,
-              raw_target, calibrator, repeats: Repeats | None = None
+              raw_target, calibrator, repeats: Repeats | None = None, class_names=None
               ) -> tuple[PriorInterval, AccuracyEstimate | None, list[str]]:
     """The interval asked for, the expected accuracy (source-aware only) and the parts that could not be
     computed (:func:`_source_aware_parts`). The source-aware and Fisher intervals count target rows that repeat as
@@ -537,7 +537,7 @@ def _interval(interval: str, est: _Estimates, pooled, prior, *, level, n_bootstr
                                   seed=seed), None, []
     if interval == "source-aware":
         return _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, prior, est.main.weights,
-                                   level, repeats)
+                                   level, repeats, class_names)
     return fisher_interval(pooled, est.main.weights, prior, level=level, repeats=repeats), None, []
 
 
@@ -582,7 +582,7 @@ def _checks(holdout: Holdout, rounded, pooled, est: _Estimates, ci, repeats: Rep
         ident = identifiability(pooled, est.mlls.weights, prior, confusion=joint_confusion(probs, labels),
                                 n_source=len(labels), interval=ci if settings.estimator == _LIKELIHOOD else None,
                                 max_relative_width=settings.max_interval_width, estimator=settings.estimator,
-                                hessian=est.mlls.extra.get("hessian"))
+                                hessian=est.mlls.extra.get("hessian"), class_names=holdout.class_names)
     return test, lst, lst_error, ident
 
 
@@ -661,7 +661,8 @@ def assess_shift(holdout: Holdout, target, settings: AssessmentSettings = DEFAUL
     ci, accuracy, failures = _interval(settings.interval, est, pooled, prior, level=settings.level,
                                        n_bootstrap=settings.n_bootstrap, seed=settings.seed,
                                        source_outputs=holdout.outputs, labels=holdout.labels, raw_target=raw_target,
-                                       calibrator=holdout.calibrator, repeats=repeats)
+                                       calibrator=holdout.calibrator, repeats=repeats,
+                                       class_names=holdout.class_names)
     failures += _few_distinct_rows(repeats)
     test, lst, lst_error, ident = _checks(holdout, rounded, pooled, est, ci, repeats, settings)
     significance = settings.significance

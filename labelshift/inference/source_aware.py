@@ -32,7 +32,7 @@ from ..calibration.scaling import CONVERGED_GRADIENT
 from ..errors import IllConditionedWarning, InputError
 from ..estimation.solvers import PIN_TOL, mlls_newton, mlls_optimality
 from .repeats import clustered_covariance
-from .identifiability import MAX_STANDARD_ERROR
+from .identifiability import MAX_STANDARD_ERROR, class_label, weight_label
 from .intervals import PriorInterval, fisher_interval
 from .intervals import pinned_bounds as _pinned_bounds
 
@@ -460,14 +460,14 @@ def _normal_bound(w_u: float, v: float, z: float) -> float:
     return w_u + math.sqrt(w_u * w_u + z * z * max(v, 0.0))
 
 
-def _few_holdout_rows(counts: np.ndarray) -> str | None:
+def _few_holdout_rows(counts: np.ndarray, class_names=None) -> str | None:
     """The reason when some class has fewer than MIN_CLASS_HOLDOUT_ROWS labelled holdout rows (the normal
     approximation of the calibrator's and p_s's error then undercovers: ``docs/intervals.md``); None otherwise."""
     few = np.flatnonzero(counts < MIN_CLASS_HOLDOUT_ROWS)
     if not few.size:
         return None
     few = few[np.argsort(counts[few], kind="stable")]
-    named = ", ".join(f"class {y} ({counts[y]} rows)" for y in few[:5]) + \
+    named = ", ".join(f"{class_label(y, class_names)} ({counts[y]} rows)" for y in few[:5]) + \
         (f" and {few.size - 5} more" if few.size > 5 else "")
     return (f"too few labelled holdout rows for an honest interval: {named}, below {MIN_CLASS_HOLDOUT_ROWS} "
             "(MIN_CLASS_HOLDOUT_ROWS); with so few rows of a class the error of its calibration is too far from "
@@ -784,7 +784,7 @@ def _normal_bounds(prior: np.ndarray, w: np.ndarray, ps: np.ndarray, cov: _Covar
                    se_pt_t=ps * se_w_t)
 
 
-def _poorly_identified(F: np.ndarray, w: np.ndarray, cov_w: np.ndarray) -> str | None:
+def _poorly_identified(F: np.ndarray, w: np.ndarray, cov_w: np.ndarray, class_names=None) -> str | None:
     """The reason when the worst direction of w's total covariance on F, relative to max(w_y, 1), has a standard
     error above MAX_STANDARD_ERROR; None otherwise."""
     # (an absolute bound of 1/2 on w, as for the target-only check, would flag every class with a large weight --
@@ -801,7 +801,7 @@ def _poorly_identified(F: np.ndarray, w: np.ndarray, cov_w: np.ndarray) -> str |
         return None
     top = int(F[np.argmax(np.abs(vec[:, -1]))])
     return (f"w is poorly identified: its standard error relative to max(w, 1) in the worst direction "
-            f"(mostly class {top}) is {worst:.3g} > {MAX_STANDARD_ERROR:g}, target and holdout error "
+            f"(mostly {class_label(top, class_names)}) is {worst:.3g} > {MAX_STANDARD_ERROR:g}, target and holdout error "
             "together; more labelled holdout rows (or target rows) would narrow it")
 
 
@@ -839,7 +839,8 @@ def _pinned_class_variances(yy: int, F: np.ndarray, tgt: _TargetFit, hold: _Hold
 
 
 def _pinned_class_bounds(inp: _Inputs, calibrator, tgt: _TargetFit, hold: _HoldoutFit, Hinv_F: np.ndarray,
-                         free: np.ndarray, z: float, level: float, bounds: _Bounds, reasons: list) -> _Bounds:
+                         free: np.ndarray, z: float, level: float, bounds: _Bounds, reasons: list,
+                         class_names=None) -> _Bounds:
     """The one-sided intervals [0, U_y] of the classes pinned at w_y = 0, written into ``bounds``' arrays (their
     standard errors become nan); appends to ``reasons`` each pinned class that is not identified."""
     ps, pinned, F = hold.ps, ~free, np.flatnonzero(free)
@@ -855,15 +856,16 @@ def _pinned_class_bounds(inp: _Inputs, calibrator, tgt: _TargetFit, hold: _Holdo
         bounds.lo[yy], bounds.hi[yy] = 0.0, min(ps[yy] * u, 1.0)
         one_se = _normal_bound(w_u, vt + vh, 1.0)
         if not one_se <= MAX_STANDARD_ERROR:
-            reasons.append(f"class {yy} is estimated at w = 0 but not identified: its one-standard-error bound on "
-                           f"w_{yy} (normal model, target and holdout error) is {one_se:.3g} > "
+            reasons.append(f"{class_label(yy, class_names)} is estimated at w = 0 but not identified: its "
+                           f"one-standard-error bound on {weight_label(yy, class_names)} (normal model, target and "
+                           f"holdout error) is {one_se:.3g} > "
                            f"{MAX_STANDARD_ERROR:g}")
     return bounds._replace(se_pt=np.where(pinned, np.nan, bounds.se_pt), se_w=np.where(pinned, np.nan, bounds.se_w),
                            se_pt_t=np.where(pinned, np.nan, bounds.se_pt_t))
 
 
 def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calibrator, *, level: float = 0.95,
-                          weights=None, repeats=None) -> SourceAwareInterval:
+                          weights=None, repeats=None, class_names=None) -> SourceAwareInterval:
     """Normal confidence intervals on the target prior p_t = p_s * w of MLLS (eq. (mlls-sample) of Garg et al.,
     NeurIPS 2020) whose covariance includes (a) the target sample, (b) the calibrator's parameters fit on the
     holdout and (c) p_s, the mean calibrated prediction on the holdout.
@@ -890,6 +892,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
             rows repeat, the target part of the covariance takes each distinct row with its multiplicity as one
             cluster (the clustered meat of :func:`~labelshift.inference.repeats.clustered_covariance`) instead of
             m independent rows (``docs/intervals.md``, "Rows that repeat").
+        class_names: optional k names the reasons call the classes by (else 0..k-1).
 
     Returns:
         :class:`SourceAwareInterval` (a PriorInterval with ``method="source-aware"``).
@@ -910,12 +913,14 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     prior = ps * w
     bounds = _normal_bounds(prior, w, ps, cov, z)
     reasons = hold.reasons
-    for reason in (_poorly_identified(np.flatnonzero(free), w, cov.w), _few_holdout_rows(inp.counts)):
+    for reason in (_poorly_identified(np.flatnonzero(free), w, cov.w, class_names),
+                   _few_holdout_rows(inp.counts, class_names)):
         if reason:
             reasons.append(reason)
     pinned = ~free
     if pinned.any():
-        bounds = _pinned_class_bounds(inp, calibrator, tgt, hold, cov.free_H_inv, free, z, level, bounds, reasons)
+        bounds = _pinned_class_bounds(inp, calibrator, tgt, hold, cov.free_H_inv, free, z, level, bounds, reasons,
+                                      class_names)
     fisher = PriorInterval(target_prior=prior, lower=np.clip(ps * bounds.t_w_lo, 0.0, 1.0),
                            upper=np.clip(ps * bounds.t_w_hi, 0.0, 1.0), weights=w, weights_lower=bounds.t_w_lo,
                            weights_upper=bounds.t_w_hi, std_error=bounds.se_pt_t, level=level, method="fisher",
