@@ -49,9 +49,9 @@ from tasks.sweep.images import calibrate, ensure_dataset, ensure_gpu_limit, esti
     train_model
 from tasks.sweep.outputs import records_csv, render_outputs
 from tasks.sweep.report import publish_summary, summary_markdown
-from tasks.storage import check_store_uri, results_url, save_experiment, save_summary
-from tasks.tracking import fail_sweep_runs, finish_sweep_runs, git_commit, log_experiment, run_url, \
-    start_sweep_runs
+from tasks.sweep.storage import check_store_uri, results_url, save_experiment, save_summary
+from tasks.sweep.runs import fail_sweep_runs, finish_sweep_runs, log_experiment, start_sweep_runs
+from tasks.tracking import git_commit, run_url
 from flows.user_errors import install as _log_user_errors_once
 
 _log_user_errors_once()

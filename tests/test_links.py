@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from flows.links import mlflow_links
 from tasks.sweep.report import summary_markdown
-from tasks.tracking import artifact_url, experiment_url, metric_steps, run_url
+from tasks.sweep.runs import metric_steps
+from tasks.tracking import artifact_url, experiment_url, run_url
 
 
 def test_swept_values_are_their_own_steps_or_thousandths():

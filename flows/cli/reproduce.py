@@ -156,7 +156,7 @@ def _interrupt_handler(signum, frame) -> None:
     print(f"\n{PROG} reproduce: interrupted; closing the sweep's MLflow runs as KILLED", file=sys.stderr)
     try:
         from flows.reproduce import active_sweeps
-        from tasks.tracking import fail_sweep_runs
+        from tasks.sweep.runs import fail_sweep_runs
 
         for tracking_uri, run_id in active_sweeps():
             fail_sweep_runs(tracking_uri, run_id, "KeyboardInterrupt: interrupted by the user", status="KILLED")
