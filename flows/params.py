@@ -15,7 +15,7 @@ import dataclasses
 import inspect
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from labelshift.estimation import registry
@@ -53,6 +53,16 @@ GAUSSIAN_TARGET_SIZE = 1000
 METHODS: tuple[str, ...] = tuple(gaussian.METHODS)
 #: the bins experiment compares MLLS on a predictor binned into n equal-width bins with MLLS-CM (Figure 2)
 BINS_METHODS: tuple[str, ...] = tuple(gaussian.BINS_METHODS)
+
+
+def parameters_of(model: type[BaseModel], values: dict):
+    """``model(**values)``, or an InputError saying what is wrong with each bad value (as a flow run started from the
+    Prefect UI or API gets it: the command line explains its options itself)."""
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        raise InputError("; ".join(f"{'.'.join(str(part) for part in err['loc']) or 'parameters'}: {err['msg']}"
+                                   for err in exc.errors())) from None
 
 
 def documented(model: type[BaseModel]):
@@ -298,7 +308,7 @@ TargetParam = Annotated[str | None, Field(
     description="Where the new unlabelled data arrives: s3://bucket/prefix/ or a local folder. Every *.npy or "
                 "*.parquet under it is a batch: model inputs (.npy: shape (n, *input shape), float; .parquet: the "
                 "model's feature columns) or, for a registered reference, the model's logged outputs (prediction "
-                "logs, docs/reestimation.md). Default: <LABELSHIFT_STORE>/target.")]
+                "logs, docs/reestimation.md).")]
 CalibratorParam = Annotated[str, Field(
     description="Which calibrator logged beside the model to apply (BCTS, TS, VS, NBVS).")]
 EstimatorParam = Annotated[Estimator, Field(
@@ -316,22 +326,24 @@ LevelParam = Annotated[float, Field(**BOUNDS["level"].constraints(), description
                                                                 "0 and 1 (e.g. 0.95 for 95% intervals).")]
 SignificanceParam = Annotated[float, Field(
     **BOUNDS["significance"].constraints(), description="Level of the test of 'no shift' (w = 1; a two-sample test of the mean calibrated "
-                                "prediction, target against the source holdout): shifted when p < this. Also the "
-                                "level of the label-shift test unless label_shift_significance is set.")]
+                                "prediction, target against the source holdout): shifted when p < this; "
+                                f"{BOUNDS['significance'].describe()}. Also the level of the label-shift test unless "
+                                "label_shift_significance is set.")]
 LabelShiftSignificanceParam = Annotated[float | None, Field(
     **BOUNDS["label_shift_significance"].constraints(), description="Level of the label-shift test alone, strictly between 0 and 1: 'Not label shift' "
                                 "(no corrected outputs written) when its p-value is below this. Smaller (e.g. 0.01) "
                                 "withholds the outputs of truly label-shifted data less often (on about this "
                                 "fraction of such runs) and catches fewer violations (a new class, input drift). "
                                 "When not set: the value of significance.")]
-NBootstrapParam = Annotated[int, Field(**BOUNDS["n_bootstrap"].constraints(), description="Bootstrap resamples (interval='bootstrap').")]
+NBootstrapParam = Annotated[int, Field(**BOUNDS["n_bootstrap"].constraints(), description=(
+    f"Bootstrap resamples (interval='bootstrap'), {BOUNDS['n_bootstrap'].describe()}."))]
 SeedParam = Annotated[int, Field(**BOUNDS["seed"].constraints(), description="Seed of the bootstrap.")]
 TrackingParam = Annotated[str | None, Field(
     description="MLflow tracking URI; default MLFLOW_TRACKING_URI, else the local SQLite store.")]
 ExperimentParam = Annotated[str, Field(min_length=1, description="MLflow experiment of the re-estimation runs.")]
 MaxWidthParam = Annotated[float | None, Field(
     **BOUNDS["max_interval_width"].constraints(), description="Threshold: the estimate is also untrustworthy when the interval on some weight w_y is wider "
-                        "than this (1.0 = as wide as the whole no-shift weight). None: no width check.")]
+                        "than this (1.0 = as wide as the whole no-shift weight). When not set: no width check.")]
 OnChangedParam = Annotated[Literal["error", "reprocess"], Field(
     description="A batch already counted whose content changed under the same key: 'error' (default) fails the run "
                 "naming it; 'reprocess' counts its new content in place of the old.")]
@@ -360,8 +372,9 @@ SegmentColumnParam = Annotated[str | None, Field(
                 "table and a figure. Every row needs a value; not for .npy batches. The pooled verdict alone drives "
                 "the outputs, the watermark, the alerts and the corrected model. See docs/reestimation.md.")]
 MinSegmentSizeParam = Annotated[int, Field(
-    **SEGMENT_BOUNDS["min_size"].constraints(), description="Segments with fewer rows are reported as too small (with their size) instead of assessed "
-                       "(with segment_column). See docs/reestimation.md for why 200.")]
+    **SEGMENT_BOUNDS["min_size"].constraints(),
+    description=f"Segments with fewer rows are reported as too small (with their size) instead of assessed (with "
+                f"segment_column); {SEGMENT_BOUNDS['min_size'].describe()}. See docs/reestimation.md for why 200.")]
 SegmentProcessesParam = Annotated[int, Field(
     **SEGMENT_BOUNDS["processes"].constraints(),
     description=f"Worker processes that assess the segments (with segment_column): 0 = automatic -- one per CPU "
@@ -425,9 +438,11 @@ class ReestimateParameters(BaseModel):
                                self.segment_correction)
 
     @model_validator(mode="after")
-    def _interval_fits_estimator(self) -> "ReestimateParameters":
+    def _settings_fit_together(self) -> "ReestimateParameters":
+        """The domain's settings made of these parameters, checked there (each field's range is checked already:
+        what is left is an interval the estimator cannot give)."""
         try:
-            registry.check_interval(self.estimator, self.interval)
+            self.assessment()
         except InputError as exc:
             raise PydanticCustomError(INTERVAL_ERROR, str(exc),
                                       {"estimator": self.estimator, "interval": self.interval}) from None

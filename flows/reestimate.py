@@ -20,8 +20,8 @@ meets new unlabelled data in object storage; on a schedule this flow
    before the MLflow run starts) -- the pooled estimate and its verdict alone drive the steps below;
 4. logs to MLflow (experiment ``reestimation``): a child run per re-estimation with the prior, the interval, the
    p-value, the identifiability numbers and a figure;
-5. writes corrected predictions p_t(y|x) proportional to w_y f_y(x) beside each batch (``NAME.corrected.npy``),
-   then a summary (``NAME.summary.json``), each atomically -- except under "Not label shift", when the weights mean
+5. writes corrected predictions p_t(y|x) proportional to w_y f_y(x) beside each batch (``NAME.corrected.npy``,
+   or ``NAME.corrected.parquet`` for a Parquet batch), then a summary (``NAME.summary.json``), each atomically -- except under "Not label shift", when the weights mean
    nothing and no outputs are written;
 6. moves the watermark -- only now, after all of the above succeeded: a run that fails anywhere before leaves it
    as it was and the next run takes the same batches again (their outputs are rewritten, never counted twice);
@@ -36,6 +36,7 @@ with ``labelshift serve --cron "0 6 * * *"`` or the ``reestimate`` deployment of
 # no `from __future__ import annotations`: Prefect builds the parameter model of a deployment's run from the
 # annotations of a module it loads by file path, where string annotations naming this module's aliases would not
 # resolve
+import logging
 import time
 from dataclasses import dataclass
 
@@ -49,26 +50,28 @@ from flows.params import (BatchSizeParam, CalibratorParam, CrossCheckParam, Esti
                           NBootstrapParam, OnChangedParam, OnInvalidParam, ReestimateParameters, SeedParam,
                           SignificanceParam, TargetParam, TrackingParam, RegisterCorrectedParam,
                           CorrectedModelNameParam, SegmentColumnParam, MinSegmentSizeParam, SegmentProcessesParam,
-                          SegmentCorrectionParam, documented)
+                          SegmentCorrectionParam, documented,
+                          parameters_of)
 from flows.params import DEFAULT_MODEL  # noqa: F401 - re-exported
 from flows.summary import RunSummary, headline, summary_markdown
 from flows.user_errors import install as _log_user_errors_once
 from labelshift.errors import InputError
-from labelshift.estimation.registry import check_interval
 from labelshift.inference.holdout import Target
 from labelshift.inference.report import ShiftReport, Verdict, check_holdout
-from labelshift.inference.segments import correction_record
+from labelshift.inference.segments import SegmentSettings, correction_record
 from labelshift.inference.settings import AssessmentSettings
 from labelshift.rows import joined
 from labelshift.monitoring.listing import find_new_batches
-from labelshift.monitoring.watermark import commit_watermark, read_watermark
+from labelshift.monitoring.watermark import Watermark, commit_watermark, read_watermark
 from labelshift.storage import open_store
+from labelshift.storage.base import Store
 from runtime import environment as settings_mod
+from runtime.environment import Settings
 from tasks.reestimation.alerts import emit_verdict
 from tasks.reestimation.assessment import estimate_shift
-from tasks.reestimation.model import parse_model_uri
+from tasks.reestimation.model import ModelBundle, parse_model_uri
 from tasks.reestimation.outputs import write_for_reestimation
-from tasks.reestimation.references import load_for_reestimation
+from tasks.reestimation.references import ReferenceBundle, load_for_reestimation
 from tasks.reestimation.runs import (ReestimationRun, catch_up_monitor, end_run, history_record, log_reestimation,
                                      log_rejections, render_figure, start_reestimation_run, sync_monitor)
 from tasks.reestimation.scoring import score_for_reestimation
@@ -99,13 +102,14 @@ class RunContext:
 
     params: ReestimateParameters
     settings: AssessmentSettings
-    env: object                 # the resolved services (runtime.environment.Settings)
-    store: object
+    segments: SegmentSettings | None
+    env: Settings               # the resolved services
+    store: Store
     target_uri: str
-    watermark: object
-    logger: object
+    watermark: Watermark
+    logger: logging.Logger | logging.LoggerAdapter
     started: float
-    bundle: object = None
+    bundle: ModelBundle | ReferenceBundle | None = None
     mlflow: ReestimationRun | None = None
 
     @property
@@ -244,9 +248,9 @@ def _rejected(scored) -> list[dict]:
     return [{"key": r.key, "reason": r.reason} for r in scored.rejected]
 
 
-def _no_valid_data(run: RunContext, scored) -> Completed:
-    """No new batch passed its checks: record the rejected ones (if any) in the watermark, list them in MLflow and
-    the artifact, end the MLflow run, emit the verdict's event, and complete as "No valid data"."""
+def _record_no_valid_data(run: RunContext, scored) -> RunSummary:
+    """No new batch passed its checks: list the rejected ones (if any) in MLflow and record them in the watermark
+    (the commit); the summary of the run."""
     rejected, store, ml = _rejected(scored), run.store, run.mlflow
     names = ", ".join(r["key"] for r in [*rejected, *scored.skipped])
     headline = (f"No valid data: none of the {len(rejected) + len(scored.skipped)} new batch(es) under {store.uri} "
@@ -262,6 +266,13 @@ def _no_valid_data(run: RunContext, scored) -> Completed:
     if scored.rejected:
         record = {"model": None, "mlflow_run_id": ml.run_id}
         summary.sequence = _commit(store, run.watermark, [], record, ml.run_id, rejected=scored.rejected).sequence
+    return summary
+
+
+def _no_valid_data(run: RunContext, summary: RunSummary) -> Completed:
+    """After :func:`_record_no_valid_data` (outside the part that ends the MLflow run KILLED or FAILED): end the
+    MLflow run, publish the artifact, emit the verdict's event, and complete as "No valid data"."""
+    ml = run.mlflow
     try:  # the rejections are recorded now: closing the MLflow run may not fail the run any more
         end_run(run.tracking_uri, ml.run_id, "FINISHED")
     except Exception as exc:
@@ -292,18 +303,17 @@ def _assess(run: RunContext, scored, target: Target) -> tuple[ShiftReport, RunSu
 def _read_segments(run: RunContext, batches) -> dict | None:
     """With a segment column: every new batch's segment values, read and checked (the column exists, every row has
     a value; Parquet batches only) before the MLflow run starts -- bad input fails here with nothing written."""
-    column = run.params.segment_column
-    if not column:
+    if run.segments is None:
         return None
-    check_segmentable(batches, column, run.store.uri)
-    return read_segment_values(run.target_uri, batches, column)
+    check_segmentable(batches, run.segments.column, run.store.uri)
+    return read_segment_values(run.target_uri, batches, run.segments.column)
 
 
 def _per_segment(run: RunContext, scored, target: Target, values, summary: RunSummary) -> None:
     """One estimate per segment besides the pooled one (``assess-segment`` tasks), into the summary
     (``segments``) and the MLflow run (metrics, figure). The pooled estimate and its verdict are untouched: they
     alone drive the outputs, the watermark, the alerts and the corrected model."""
-    settings = run.params.segments()
+    settings = run.segments
     if values is None or settings is None:
         return
     bundle, ml = run.bundle, run.mlflow
@@ -386,13 +396,21 @@ def _complete(run: RunContext, summary: RunSummary) -> Completed:
     return Completed(name=word, message=summary.headline, data=data)
 
 
-def _assess_and_commit(run: RunContext, batches, segment_values, corrected_as):
-    """Steps 2 (scoring) to 6 inside the MLflow run: score, assess (pooled and per segment), log, write the outputs, register
-    the corrected model, commit the watermark; returns the summary and the committed watermark, or "No valid data"
-    as its final state when no batch could be used."""
+@dataclass
+class _Outcome:
+    """What steps 2-6 left: the run's summary and the watermark as committed (None: no batch could be used, the
+    summary is "No valid data")."""
+
+    summary: RunSummary
+    committed: Watermark | None = None
+
+
+def _assess_and_commit(run: RunContext, batches, segment_values, corrected_as) -> _Outcome:
+    """Steps 2 (scoring) to 6 inside the MLflow run: score, assess (pooled and per segment), log, write the outputs,
+    register the corrected model, commit the watermark; "No valid data" when no batch could be used."""
     scored = _score(run, batches)
     if not scored.batches:
-        return _no_valid_data(run, scored)
+        return _Outcome(_record_no_valid_data(run, scored))
     target = Target(joined(scored.probs), joined(scored.outputs) if scored.outputs else None)   # pooled once
     report, summary = _assess(run, scored, target)
     _per_segment(run, scored, target, segment_values, summary)      # never the pooled verdict
@@ -403,8 +421,8 @@ def _assess_and_commit(run: RunContext, batches, segment_values, corrected_as):
         summary.corrected_model = register_if_shifted(run.bundle, report, tracking_uri=run.tracking_uri,
                                                       name=corrected_as, run_id=ml.run_id, target=run.store.uri,
                                                       sequence=ml.sequence)
-    committed = _commit(run.store, run.watermark, scored.batches, record, ml.run_id, rejected=scored.rejected)
-    return summary, committed
+    return _Outcome(summary, _commit(run.store, run.watermark, scored.batches, record, ml.run_id,
+                                     rejected=scored.rejected))
 
 
 @flow(name="reestimate", log_prints=False)
@@ -440,15 +458,15 @@ def reestimate(
     target, batches, sequence, the estimate with intervals, test and identifiability, the MLflow ids and the output
     locations.
     """
-    check_interval(estimator, interval)
-    p = ReestimateParameters(**{k: v for k, v in locals().items() if k in ReestimateParameters.model_fields})
+    p = parameters_of(ReestimateParameters, {k: v for k, v in locals().items() if k in ReestimateParameters.model_fields})
     env = settings_mod.resolve(tracking_uri=p.tracking_uri, experiment_name=p.mlflow_experiment)
     target_uri = target_uri_for(p.target, env.store_uri)
 
     # 1. what is new (fails on an empty or missing target; reads only)
     store = open_store(target_uri)
     batches, watermark = find_new_batches(store, on_changed=p.on_changed)
-    run = RunContext(p, p.assessment(), env, store, target_uri, watermark, get_run_logger(), time.perf_counter())
+    run = RunContext(p, p.assessment(), p.segments(), env, store, target_uri, watermark, get_run_logger(),
+                     time.perf_counter())
     if not batches:
         return _no_new_data(run)
     run.logger.info("%d new batch(es) under %s: %s", len(batches), store.uri,
@@ -468,9 +486,8 @@ def reestimate(
     except BaseException as exc:
         _end_failed_run(exc, run)
         raise
-    if not isinstance(outcome, tuple):             # "No valid data": the run's final state
-        return outcome
+    if outcome.committed is None:
+        return _no_valid_data(run, outcome.summary)
     # 7. bookkeeping that cannot fail the run any more, then the verdict
-    summary, committed = outcome
-    _after_commit(run, summary, committed)
-    return _complete(run, summary)
+    _after_commit(run, outcome.summary, outcome.committed)
+    return _complete(run, outcome.summary)

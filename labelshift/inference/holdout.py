@@ -39,7 +39,7 @@ class Holdout:
             them), or None.
         calibrator: the fitted calibrator (source-aware interval), or None.
         class_names: k names of the classes (the label-shift test's evidence and the reasons of a verdict name a
-            class by them), or None: the classes are called 0..k-1.
+            class by them), or None: the classes are called 0..k-1 (names "0".."k-1" are taken as None).
         label_shift_part: the label-shift test's work on this holdout, made once for many targets by
             :meth:`prepared_for` (the segments of a target); None: each assessment makes its own.
 
@@ -66,6 +66,8 @@ class Holdout:
             if len(names) != k:
                 raise InputError(f"class_names has {len(names)} names but the holdout has {k} classes; give one "
                                  "name per class, in the order of the model's outputs.")
+            if names == tuple(str(c) for c in range(k)):     # the default names are no names
+                names = None
         for name, value in (("probs", probs), ("labels", labels), ("class_names", names),
                             ("prior", np.asarray(self.prior, dtype=np.float64))):   # p_s as given
             object.__setattr__(self, name, value)

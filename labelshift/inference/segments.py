@@ -76,8 +76,10 @@ class SegmentSettings:
     def __post_init__(self):
         if not isinstance(self.column, str) or not self.column.strip():
             raise InputError(f"segment column must be a column name, got {self.column!r}.")
-        for name, bound in SEGMENT_BOUNDS.items():
-            object.__setattr__(self, name, bound.checked(f"segment {name}", getattr(self, name), integer=True))
+        for name, bound in SEGMENT_BOUNDS.items():      # named as the flow's parameters are
+            object.__setattr__(self, name, bound.checked({"min_size": "min_segment_size",
+                                                          "processes": "segment_processes"}[name],
+                                                         getattr(self, name), integer=True))
         check_correction(self.correction)
 
 
@@ -281,8 +283,8 @@ class SegmentPool:
     Every segment shares the ``holdout`` (best with the label-shift test's part made once:
     :meth:`~labelshift.inference.holdout.Holdout.prepared_for`) and the ``settings``. They go to each worker once,
     when it starts; :meth:`assess` then sends one segment's rows and returns its report, the same report
-    ``assess_shift(holdout, target, settings)`` gives in this process (up to 100 classes the default path
-    runs its products on one BLAS thread in both; tested). On Linux the workers are forked from this process, with
+    ``assess_shift(holdout, target, settings)`` gives in this process, to rounding (the worker's BLAS runs on one
+    thread; tested to a relative 1e-7). On Linux the workers are forked from this process, with
     labelshift imported and the holdout in memory; a worker runs only numpy and scipy code (OpenBLAS is fork-safe;
     the modules it imports are loaded already), ends with ``os._exit``, and ends too when this process ends
     (:func:`_start_worker`). ``spawn`` and ``forkserver`` import the caller's ``__main__`` -- the ``labelshift``

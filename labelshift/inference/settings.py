@@ -115,7 +115,8 @@ class AssessmentSettings:
 
     def __post_init__(self):
         check_interval(self.estimator, self.interval)
-        cross_check = (self.cross_check,) if isinstance(self.cross_check, str) else tuple(self.cross_check or ())
+        given = self.cross_check
+        cross_check = ((given,) if given else ()) if isinstance(given, str) else tuple(given or ())
         if cross_check:
             check_methods(list(dict.fromkeys(cross_check)), allowed=REESTIMATION_ESTIMATORS, argument="cross_check")
         object.__setattr__(self, "cross_check", cross_check)

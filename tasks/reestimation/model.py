@@ -24,7 +24,7 @@ from labelshift.calibration import load_calibrator
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
 from tasks.reference_artifacts import REFERENCE_ARTIFACT, calibrator_artifact
 
-__all__ = ["ModelBundle", "parse_model_uri", "resolve_version", "load_bundle"]
+__all__ = ["renamed_bundle", "ModelBundle", "parse_model_uri", "resolve_version", "load_bundle"]
 
 _MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
 

@@ -18,7 +18,6 @@ from labelshift.monitoring.batches import iter_ids
 from labelshift.monitoring.layout import TargetBatch
 from labelshift.monitoring.outputs import write_batch_outputs, write_corrected_file, write_corrected_parquet
 from labelshift.storage import open_store
-from tasks.reestimation.references import class_names_of
 from tasks.reestimation.scoring import download_batch
 
 __all__ = ["write_outputs", "write_for_reestimation"]
@@ -75,7 +74,7 @@ def write_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], 
     if all(b.key.endswith(".npy") for b in batches):
         return write_outputs(target_uri, batches, probs, weights, summary)
     store = open_store(target_uri)
-    names = class_names_of(bundle)
+    names = bundle.holdout.names
     id_column = getattr(bundle, "id_column", None)
     w = np.asarray(weights, dtype=np.float64)
     chunk_rows = rows_mod.ROW_BLOCK

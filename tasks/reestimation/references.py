@@ -45,16 +45,10 @@ from tasks.reference_artifacts import REFERENCE_ARTIFACT, calibrator_artifact, l
 from tasks.reestimation.model import ModelBundle, load_bundle, renamed_bundle, resolve_version
 
 __all__ = ["REFERENCE_JSON", "ReferenceBundle", "ReferenceModel", "register_reference", "register_reference_file",
-           "register_sklearn_model", "load_reference", "load_for_reestimation", "class_names_of"]
+           "register_sklearn_model", "load_reference", "load_for_reestimation"]
 
 REFERENCE_JSON = "reference/reference.json"
 REFERENCE_FORMAT = "labelshift-reference"
-
-
-def class_names_of(bundle) -> list[str]:
-    """The bundle's class names ("0".."k-1" when it has none)."""
-    names = getattr(bundle, "class_names", None)
-    return list(names) if names else list(default_class_names(bundle.n_classes))
 
 
 # -- the pyfunc form of a reference ------------------------------------------------------------------------------------

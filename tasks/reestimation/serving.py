@@ -238,10 +238,9 @@ def _mode(bundle) -> str:
 def correction_doc(bundle, report: ShiftReport, *, run_id: str, target: str, sequence: int) -> dict:
     """What the pyfunc loads and what the version records: the weights and their interval, the calibrator, the
     classes, the mode, the deployed model version and the run that estimated the weights."""
-    from tasks.reestimation.references import class_names_of
 
     ci = report.interval.to_dict()
-    return {"format": CORRECTION_FORMAT, "version": 1, "mode": _mode(bundle), "class_names": class_names_of(bundle),
+    return {"format": CORRECTION_FORMAT, "version": 1, "mode": _mode(bundle), "class_names": bundle.holdout.names,
             "output_kind": getattr(bundle, "output_kind", "logits"),
             "output_method": getattr(bundle, "output_method", None),
             "input_columns": list(bundle.input_columns) if getattr(bundle, "input_columns", None) else None,
