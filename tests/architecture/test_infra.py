@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "infra" / "compose.yaml"
 PREFECT_YAML = ROOT / "prefect.yaml"
 DOCKERFILE = ROOT / "Dockerfile"

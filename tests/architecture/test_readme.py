@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 #: the operator's manual: the commands, the table of environment variables, the verdicts, the faults
 OPERATIONS = README.parent / "docs" / "operations.md"
 

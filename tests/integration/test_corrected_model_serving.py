@@ -132,7 +132,7 @@ def _served_over_http(tracking_uri: str, model_uri: str, x: np.ndarray, referenc
 
     (port,) = free_ports(1)
     # the environment of these tests (--env-manager local), its scripts (uvicorn) first on the PATH
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local",
                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]

@@ -30,7 +30,7 @@ from tests.reestimation_support import SHIFTED_PRIOR, draw, register_model
 
 pytestmark = pytest.mark.integration
 
-ROOT = str(Path(__file__).resolve().parent.parent)
+ROOT = str(Path(__file__).resolve().parents[2])
 #: how long the processes of a killed command may outlive it
 ORPHAN_LIMIT_S = 10.0
 #: a bound for each command (a command that hangs fails the test instead of the session)

@@ -1,115 +1,18 @@
-"""Fault injection around the store, the watermark and MLflow, on loopback only: after each fault nothing is lost,
-nothing is counted twice, no MLflow run is left RUNNING, the message says what to do, and a rerun once the fault is
-gone counts every batch once. (SIGKILL of the processes is tested with the process handling.)"""
+"""Servers stopped or data removed in the middle of a re-estimation run, on loopback only: after each fault nothing
+is lost, nothing is counted twice, no MLflow run is left RUNNING, the message says what to do, and a rerun once the
+fault is gone counts every batch once. (Faults while committing the watermark on a local folder are tested with the
+watermark, tests/unit/monitoring/test_watermark.py; SIGKILL of the processes in test_faults_processes.py.)"""
 from __future__ import annotations
 
-import errno
 import json
-import os
 
 import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from labelshift.errors import FormatError, StorageError
-from labelshift.monitoring.layout import WATERMARK_KEY
-from labelshift.monitoring.listing import find_new_batches
-from labelshift.monitoring.watermark import commit_watermark, read_watermark
-from labelshift.storage import open_store
 from tests.fixtures.mlflow_server import MlflowServer
 from tests.fixtures.seaweed import SeaweedServer
 from tests.reestimation_support import SHIFTED_PRIOR, draw, npy_bytes, register_model
-
-
-def put_batch(store, key: str, seed: int) -> None:
-    store.put_bytes(key, npy_bytes(np.random.default_rng(seed).normal(size=(4, 3)).astype(np.float32)))
-
-
-def counted(store) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for entry in read_watermark(store).history:
-        for key in entry["batches"]:
-            out[key] = out.get(key, 0) + 1
-    return out
-
-
-@pytest.fixture
-def target(tmp_path):
-    store = open_store(str(tmp_path / "target"))
-    put_batch(store, "a.npy", 0)
-    new, watermark = find_new_batches(store)
-    commit_watermark(store, watermark, new, {})
-    put_batch(store, "b.npy", 1)
-    return store
-
-
-# -- the local store -----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("failing", [1, 2], ids=["data-file", "checksum-file"])
-def test_a_write_failing_half_way_leaves_a_readable_watermark(target, monkeypatch, failing):
-    """The commit's rename of the data file (1) or of its checksum file (2) fails: the watermark is the old or the
-    new one, never one reported corrupt; the rerun counts what is left, once."""
-    new, watermark = find_new_batches(target)
-    real, calls = os.replace, []
-
-    def replace(src, dst):
-        calls.append(dst)
-        if len(calls) == failing:
-            raise OSError(errno.EIO, "Input/output error (injected)")
-        return real(src, dst)
-
-    monkeypatch.setattr(os, "replace", replace)
-    with pytest.raises(StorageError, match=r"cannot write .*watermark.json"):
-        commit_watermark(target, watermark, new, {})
-    monkeypatch.undo()
-    now = read_watermark(target)  # readable: no checksum mismatch
-    assert now.sequence == (1 if failing == 1 else 2)
-    again, watermark = find_new_batches(target)
-    if again:
-        commit_watermark(target, watermark, again, {})
-    assert counted(target) == {"a.npy": 1, "b.npy": 1}
-    assert not [p for p in target.root.rglob(".labelshift-tmp-*") if "lock" not in p.name]
-
-
-def test_a_full_disk_fails_the_write_with_what_to_do_and_keeps_the_watermark(target, monkeypatch):
-    new, watermark = find_new_batches(target)
-    before = target.get_bytes(WATERMARK_KEY)
-
-    def full(fd):
-        raise OSError(errno.ENOSPC, "No space left on device (injected)")
-
-    monkeypatch.setattr(os, "fsync", full)
-    with pytest.raises(StorageError, match=r"disk holding .* is full .* free some space and run again"):
-        commit_watermark(target, watermark, new, {})
-    with pytest.raises(StorageError, match="is full"):
-        target.put_bytes("b.corrected.npy", b"x" * 100)
-    monkeypatch.undo()
-    assert target.get_bytes(WATERMARK_KEY) == before and not target.exists("b.corrected.npy")
-    assert not [p for p in target.root.rglob(".labelshift-tmp-*") if "lock" not in p.name]
-    again, watermark = find_new_batches(target)
-    commit_watermark(target, watermark, again, {})
-    assert counted(target) == {"a.npy": 1, "b.npy": 1}
-
-
-@pytest.mark.parametrize("how", ["truncated", "truncated-without-checksum", "garbage"])
-def test_a_corrupt_or_truncated_watermark_is_never_reset_silently(target, how):
-    path = target.root / "_labelshift" / "watermark.json"
-    content = path.read_bytes()
-    path.write_bytes(b"\x00\xff garbage" if how == "garbage" else content[: len(content) // 2])
-    if how == "truncated-without-checksum":
-        path.with_name("watermark.json.sha256").unlink()
-    before = {k: target.get_bytes(k) for k in target.list() if k != WATERMARK_KEY}
-    for attempt in (lambda: find_new_batches(target), lambda: read_watermark(target)):
-        with pytest.raises(FormatError) as error:
-            attempt()
-        message = str(error.value)
-        assert target.url(WATERMARK_KEY) in message and "restore the file from a backup" in message
-        assert "delete it" in message
-    assert {k: target.get_bytes(k) for k in target.list() if k != WATERMARK_KEY} == before
-    path.unlink()  # the documented way to start over: every batch is processed again, once
-    path.with_name("watermark.json.sha256").unlink(missing_ok=True)
-    again, watermark = find_new_batches(target)
-    commit_watermark(target, watermark, again, {})
-    assert counted(target) == {"a.npy": 1, "b.npy": 1}
 
 
 # -- servers stopped mid-run (the flow) ----------------------------------------------------------------------------------

@@ -208,7 +208,7 @@ def test_fashion_mnist_end_to_end_on_small_idx_files(prefect_server, mlflow_sqli
     pointed at small idx.gz files written here in the package's format; then the report's calibration table."""
     from flows.params import ReproduceParameters
     from labelshift.experiments.datasets import sources
-    from tests.test_datasets import write_mnist_folder
+    from tests.unit.experiments.test_datasets import write_mnist_folder
 
     write_mnist_folder(tmp_path / "pkg", n_train=240, n_test=60, gz=True)
     monkeypatch.setattr(sources, "FASHION_MNIST_DIR", tmp_path / "pkg")
@@ -241,7 +241,7 @@ def test_the_network_setting_travels_to_training(prefect_server, mlflow_sqlite, 
     config and the cache key say so."""
     from labelshift.experiments.datasets import sources
     from tasks.sweep.images import training_config
-    from tests.test_datasets import write_mnist_folder
+    from tests.unit.experiments.test_datasets import write_mnist_folder
 
     assert training_config("fashion-mnist")["model"] == "lenet"
     assert training_config("fashion-mnist", network="resnet18")["model"] == "resnet18"

@@ -25,7 +25,7 @@ from tests.reestimation_support import K, SHIFTED_PRIOR, SOURCE_PRIOR, draw, npy
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODEL_NAME = "reestimate-e2e"
 
 

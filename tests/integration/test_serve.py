@@ -21,7 +21,7 @@ from flows import serve as serve_mod
 from flows.cli import build_parser
 from flows.serve import ENV_CRON, ENV_MODEL, ENV_TARGET, ENV_TIMEZONE, ReestimateOptions, reestimate_options
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: variables of the caller that would send the served runs elsewhere
 _FOREIGN = ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "LABELSHIFT_STORE", "LABELSHIFT_HOME", ENV_CRON,

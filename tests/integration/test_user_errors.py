@@ -16,7 +16,7 @@ from labelshift.errors import InputError
 
 pytestmark = pytest.mark.integration
 
-ROOT = str(Path(__file__).resolve().parent.parent)
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def _logs(flow_run_id) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # -- Dask --------------------------------------------------------------------------------------------------------------
 #: two experiments of two settings each, 4 seeds split 2 per task: 4 estimation tasks per experiment

@@ -331,7 +331,7 @@ def test_one_blas_thread_for_life_holds_in_wide_passes_too():
             "rows.one_blas_thread_for_life()\n"
             "with rows.pass_threads(rows.THREADED_PASS_CLASSES + 1):\n"
             "    print(max(d['num_threads'] for d in threadpool_info() if d['user_api'] == 'blas'))\n")
-    out = subprocess.run([sys.executable, "-c", code.format(root=str(Path(__file__).resolve().parents[1]))],
+    out = subprocess.run([sys.executable, "-c", code.format(root=str(Path(__file__).resolve().parents[2]))],
                          capture_output=True, text=True, timeout=120, env={**__import__("os").environ,
                                                                            "OPENBLAS_NUM_THREADS": "2"})
     assert out.returncode == 0, out.stderr

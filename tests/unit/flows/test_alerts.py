@@ -1,6 +1,6 @@
 """Alerts on re-estimation verdicts: the event of a verdict (``tasks.reestimation.alerts``), the automations and the
 ``labelshift alerts`` command's checks (``flows.alerts``, ``flows.cli.alerts``). The end-to-end test against a real
-Prefect server is ``tests/test_alerts_e2e.py``."""
+Prefect server is ``tests/integration/test_alerts_e2e.py``."""
 from __future__ import annotations
 
 import copy
@@ -22,7 +22,7 @@ MODEL = {"name": "fraud-model", "version": "7", "uri": "models:/fraud-model@prod
 def _summary(**case) -> dict:
     """A reestimate summary around a real source-aware ShiftReport of a well-specified Gaussian problem."""
     from labelshift.inference.report import assess_shift
-    from tests.test_report import _gaussian_case
+    from tests.unit.inference.test_report import _gaussian_case
 
     Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(**case)
     report = assess_shift(Holdout(sp, yh, prior, outputs=Xh, calibrator=cal),
@@ -224,7 +224,7 @@ def _listener(*argv: str):
     import sys
     from pathlib import Path
 
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "alerts", "listen", "--port", "0", *argv],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     first = proc.stdout.readline()

@@ -130,7 +130,7 @@ def _gauss_case(k: int, n: int, m: int, seed: int, absent: int = 0):
     target of m rows from a Dirichlet(1) prior, without the target rows of the first ``absent`` classes."""
     import sys
     from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
     from bench_many_classes import synthetic
     zs, ys, zt, yt = synthetic(k, n, m, 0.9, seed=seed)
     return zs, ys, zt[yt >= absent], yt[yt >= absent]

@@ -23,7 +23,7 @@ from labelshift.inference.intervals import fisher_interval
 from labelshift.inference.no_shift_test import no_shift_test
 from labelshift import Holdout, Target, AssessmentSettings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 RESNET = REPO / "benchmarks" / "fashion_resnet18_outputs_h200.npz"
 
 

@@ -22,7 +22,7 @@ from labelshift.estimation.estimators import BBSE
 from labelshift.inference.report import NOT_LABEL_SHIFT, VERDICTS, CrossCheck, check_holdout, joint_confusion
 from tests.reestimation_support import K, SHIFTED_PRIOR, SOURCE_PRIOR, bayes_logits, draw
 
-GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "shift_report_golden.json").read_text())
+GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "fixtures" / "shift_report_golden.json").read_text())
 
 CASES = {
     "mlls-fisher": dict(estimator="MLLS", cross_check=["BBSE-soft"], interval="fisher"),

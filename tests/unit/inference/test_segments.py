@@ -1,6 +1,6 @@
 """Estimates per segment, the parts without services: the split by segment value, the checks of the segment column
 (errors that name the batch and the fix), the records, metrics, table and figure (issue 22, part 3). The flow end
-to end: tests/test_prediction_logs_flow.py."""
+to end: tests/integration/test_prediction_logs_flow.py."""
 from __future__ import annotations
 
 import io
@@ -237,7 +237,7 @@ _ORPHAN_SCRIPT = """
 import sys, time, warnings
 sys.path.insert(0, {root!r})
 warnings.simplefilter("ignore")
-from tests.test_segments import _small_problem
+from tests.unit.inference.test_segments import _small_problem
 from labelshift.inference.segments import SegmentPool
 holdout, settings, targets = _small_problem(segments=1, m=300)
 pool = SegmentPool(2, holdout, settings)
@@ -263,7 +263,7 @@ def test_workers_end_when_the_process_that_started_them_is_killed():
         except psutil.NoSuchProcess:
             return False
 
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[3])
     parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT.format(root=root)], stdout=subprocess.PIPE,
                               text=True)
     try:

@@ -1,5 +1,7 @@
-"""The store side of scheduled re-estimation: batch discovery, validation, outputs and the watermark,
-on a local folder and on a real SeaweedFS S3 server (the ``seaweed`` / ``s3_bucket`` fixtures)."""
+"""Finding, loading and answering new batches (:mod:`labelshift.monitoring.listing`, ``.inputs``, ``.outputs``): each
+batch counted once across runs and crashes, bad or changed batches refused by name, outputs checked before anything is
+written, and only new or changed data hashed; on a local folder and on a real SeaweedFS S3 server (the ``seaweed`` /
+``s3_bucket`` fixtures). The watermark itself: test_watermark.py."""
 from __future__ import annotations
 
 import hashlib
@@ -16,7 +18,7 @@ from labelshift.monitoring.layout import (CORRECTED_SUFFIX, STATE_PREFIX, SUMMAR
                                           ChangedBatchError, TargetBatch)
 from labelshift.monitoring.listing import find_new_batches, list_batches
 from labelshift.monitoring.outputs import write_batch_outputs
-from labelshift.monitoring.watermark import ConcurrentRunError, Watermark, commit_watermark, read_watermark
+from labelshift.monitoring.watermark import Watermark, commit_watermark, read_watermark
 from labelshift import storage
 from labelshift.storage import LocalStore, ObjectInfo, RetryPolicy, open_store
 
@@ -250,6 +252,13 @@ def test_missing_s3_prefix_and_bucket(s3_bucket, seaweed):
         find_new_batches(missing)
 
 
+def test_no_batch_says_how_to_simulate_batches_at_that_target(tmp_path):
+    target = open_store(f"file://{tmp_path}/target")
+    with pytest.raises(InputError) as info:
+        find_new_batches(target)
+    assert f"`labelshift data simulate-target mnist-5k --to file://{tmp_path}/target`" in str(info.value)
+
+
 def test_all_batches_deleted_after_a_run_is_no_new_data(store):
     """Retention removed every counted batch and nothing came: no new data, not an empty target (review M2)."""
     store.put_array("a.npy", features(0))
@@ -451,158 +460,6 @@ def test_deleted_counted_batch_is_not_an_error(store):
     store.delete("a.npy")
     assert find_new_batches(store) == ([], first)
     assert "a.npy" in read_watermark(store).processed
-
-
-# -- the watermark -----------------------------------------------------------------------------------------------------
-def _valid_watermark() -> dict:
-    return Watermark(sequence=1, processed={"a.npy": "0" * 64}, updated_at="2026-11-25T06:00:00.000+00:00",
-                     history=[{"sequence": 1, "time": "2026-11-25T06:00:00.000+00:00", "batches": ["a.npy"]}],
-                     run_id="r1").to_dict()
-
-
-def _edited(**changes) -> bytes:
-    data = _valid_watermark()
-    data.update(changes)
-    return json.dumps(data).encode()
-
-
-CORRUPT_WATERMARKS = {
-    "not-json": (b'{"sequence": 1, "processed": {', r"not valid UTF-8 JSON"),
-    "not-utf8": (b"\xff\xfe\x00", r"not valid UTF-8 JSON"),
-    "a-list": (b"[1, 2]", r"expected a JSON object, found list"),
-    "no-format": (b'{"sequence": 1}', r"field 'format' must be 'labelshift-watermark'"),
-    "sequence-text": (_edited(sequence="3"), r"field 'sequence' must be a non-negative integer, found '3'"),
-    "sequence-negative": (_edited(sequence=-1), r"field 'sequence' must be a non-negative integer"),
-    "processed-list": (_edited(processed=["a.npy"]), r"field 'processed' must be an object"),
-    "processed-bad-checksum": (_edited(processed={"a.npy": "xyz"}), r"gives 'a.npy' the checksum 'xyz'"),
-    "processed-output-key": (_edited(processed={"a.corrected.npy": "0" * 64}), r"not a batch key"),
-    "history-not-list": (_edited(history={}), r"field 'history' must be a list"),
-    "history-sequence": (_edited(history=[{"sequence": 7}]), r"history' entry has sequence 7, outside 1..1"),
-    "updated-at": (_edited(updated_at="yesterday"), r"field 'updated_at' must be an ISO 8601 time"),
-    "counted-without-run": (_edited(sequence=0, history=[]), r"'sequence' is 0 .* records processed batches"),
-    "fingerprints-list": (_edited(fingerprints=[]), r"field 'fingerprints' must be an object.*deleting the field"),
-    "fingerprint-uncounted": (_edited(fingerprints={"b.npy": {"size": 1, "version": "v"}}),
-                              r"'fingerprints' holds 'b.npy', which is not in 'processed'"),
-    "fingerprint-size": (_edited(fingerprints={"a.npy": {"size": -1, "version": "v"}}),
-                         r"gives 'a.npy' .*non-negative integer 'size'"),
-    "fingerprint-version": (_edited(fingerprints={"a.npy": {"size": 1, "version": None}}),
-                            r"non-empty string 'version'"),
-}
-
-
-@pytest.mark.parametrize("case", CORRUPT_WATERMARKS)
-def test_corrupt_watermark_names_the_key_and_the_recovery(store, case):
-    content, pattern = CORRUPT_WATERMARKS[case]
-    store.put_array("a.npy", features(0))
-    store.put_bytes(WATERMARK_KEY, content)
-    before = snapshot(store)
-    for attempt in (lambda: read_watermark(store), lambda: find_new_batches(store),
-                    lambda: commit(store, Watermark(), list_batches(store))):
-        with pytest.raises(FormatError, match=pattern) as error:
-            attempt()
-        message = str(error.value)
-        assert store.url(WATERMARK_KEY) in message and "restore the file from a backup" in message
-        assert "delete it" in message
-    assert snapshot(store) == before
-
-
-def test_watermark_from_a_newer_version(local_store):
-    local_store.put_bytes(WATERMARK_KEY, _edited(version=99))
-    with pytest.raises(FormatError, match=r"watermark version 99, newer than .* upgrade labelshift"):
-        read_watermark(local_store)
-
-
-def test_watermark_whose_content_no_longer_matches_its_checksum(store, request):
-    store.put_array("a.npy", features(0))
-    new, watermark = find_new_batches(store)
-    commit(store, watermark, new)
-    tampered = store.get_bytes(WATERMARK_KEY).replace(b'"sequence": 1', b'"sequence": 5', 1)
-    if isinstance(store, LocalStore):  # the data file changes, its sha256 sidecar does not
-        (store.root / "_labelshift" / "watermark.json").write_bytes(tampered)
-    else:  # replaced behind the store's back, keeping the recorded checksum
-        head = request.getfixturevalue("seaweed").client()
-        full_key = f"{store.prefix}/{WATERMARK_KEY}"
-        recorded = head.head_object(Bucket=store.bucket, Key=full_key)["Metadata"]["sha256"]
-        head.put_object(Bucket=store.bucket, Key=full_key, Body=tampered, Metadata={"sha256": recorded})
-    with pytest.raises(FormatError, match=r"watermark .*watermark.json is corrupt: checksum mismatch") as error:
-        find_new_batches(store)
-    assert "write the same content again" in str(error.value)
-
-
-def test_watermark_round_trip_and_history_limit(local_store):
-    data = _valid_watermark()
-    assert Watermark.from_dict(json.loads(json.dumps(data))).to_dict() == data
-    assert Watermark.from_dict(Watermark().to_dict()) == Watermark()
-
-    for i in range(4):
-        local_store.put_array(f"b{i}.npy", features(i))
-        new, watermark = find_new_batches(local_store)
-        latest = commit_watermark(local_store, watermark, new, {"run": i}, history_limit=2)
-    assert latest.sequence == 4 and len(latest.processed) == 4
-    assert [entry["run"] for entry in latest.history] == [2, 3]
-    assert read_watermark(local_store) == latest
-
-
-# -- committing --------------------------------------------------------------------------------------------------------
-def test_concurrent_commit_is_refused(store):
-    store.put_array("a.npy", features(0))
-    batches_a, seen_by_a = find_new_batches(store)
-    batches_b, seen_by_b = find_new_batches(store)  # a second run started before the first committed
-    won = commit(store, seen_by_a, batches_a, run="A")
-    with pytest.raises(ConcurrentRunError, match=r"moved to sequence 1 .* since this run read sequence 0") as error:
-        commit(store, seen_by_b, batches_b, run="B")
-    assert isinstance(error.value, StorageError)
-    assert read_watermark(store) == won and won.history[0]["run"] == "A"
-    # a stale watermark of the same sequence number is refused too (the run id differs)
-    store.put_array("b.npy", features(1))
-    new, current = find_new_batches(store)
-    commit(store, current, new)
-    with pytest.raises(ConcurrentRunError):
-        commit(store, current, new)
-
-
-def test_commit_overwritten_by_a_rival_right_after_its_write_is_reported(store, monkeypatch):
-    """On a store without conditional writes the commit is compare, write, read back: a rival's write landing just
-    after it is reported (with conditional writes the rival's own commit would be refused instead)."""
-    monkeypatch.setattr(store, "conditional_writes", lambda key=None: False)
-    monkeypatch.setattr(store, "compare_and_swap", storage.Store.compare_and_swap.__get__(store))
-    store.put_array("a.npy", features(0))
-    new, watermark = find_new_batches(store)
-    rival = Watermark(sequence=1, processed={"a.npy": new[0].checksum}, updated_at="2026-01-01T00:00:00+00:00",
-                      history=[{"sequence": 1, "batches": ["a.npy"]}], run_id="rival")
-    real_put = store.put_bytes
-
-    def put_then_rival_writes(key, data, **kwargs):
-        digest = real_put(key, data, **kwargs)
-        if key == WATERMARK_KEY:
-            real_put(key, json.dumps(rival.to_dict()).encode())
-        return digest
-
-    monkeypatch.setattr(store, "put_bytes", put_then_rival_writes)
-    with pytest.raises(ConcurrentRunError, match="overwritten by another run"):
-        commit(store, watermark, new)
-    monkeypatch.undo()
-    assert read_watermark(store) == rival
-    assert find_new_batches(store)[0] == []  # the rival counted the batch: it is not counted again
-
-
-def test_commit_refuses_what_would_double_count(store):
-    store.put_array("a.npy", features(0))
-    store.put_array("b.npy", features(1))
-    new, watermark = find_new_batches(store)
-    with pytest.raises(InputError, match=r"\['a.npy'\] are listed more than once"):
-        commit(store, watermark, [new[0], new[0]])
-    with pytest.raises(InputError, match=r"record fields \['sequence', 'batches'\] are set by commit_watermark"):
-        commit_watermark(store, watermark, new, {"sequence": 9, "batches": []})
-    with pytest.raises(InputError, match="cannot be written as JSON"):
-        commit(store, watermark, new, model=object())
-    assert not store.exists(WATERMARK_KEY)
-    first = commit(store, watermark, new[:1])
-    committed = store.get_bytes(WATERMARK_KEY)
-    with pytest.raises(InputError, match=r"\['a.npy'\] are already counted .* count them twice"):
-        commit(store, first, new)
-    assert store.get_bytes(WATERMARK_KEY) == committed
-    assert [b.key for b in find_new_batches(store)[0]] == ["b.npy"]
 
 
 def test_bad_outputs_are_refused_before_anything_is_written(store):

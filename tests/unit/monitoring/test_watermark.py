@@ -1,20 +1,26 @@
-"""The watermark's compare-and-swap (conditional writes on S3, a lock on a local folder), concurrent commits, and
-rejected (quarantined) batches; on a local folder and on a real SeaweedFS S3 server."""
+"""The watermark (:mod:`labelshift.monitoring.watermark`): the store's compare-and-swap (conditional writes on S3, a
+lock on a local folder), concurrent commits, rejected (quarantined) batches, corrupt or tampered watermarks named with
+their recovery, commits refused before they could count a batch twice, and writes failing half way or on a full disk;
+on a local folder and on a real SeaweedFS S3 server."""
 from __future__ import annotations
 
+import errno
+import json
 import logging
 import multiprocessing
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from labelshift.errors import ConflictError, InputError
+from labelshift import storage
+from labelshift.errors import ConflictError, FormatError, InputError, StorageError
 from labelshift.monitoring.layout import WATERMARK_KEY, RejectedBatch
-from labelshift.monitoring.listing import find_new_batches
-from labelshift.monitoring.watermark import ConcurrentRunError, commit_watermark, read_watermark
-from labelshift.storage import RetryPolicy, S3Store, open_store
+from labelshift.monitoring.listing import find_new_batches, list_batches
+from labelshift.monitoring.watermark import ConcurrentRunError, Watermark, commit_watermark, read_watermark
+from labelshift.storage import LocalStore, RetryPolicy, S3Store, open_store
 from labelshift.storage import s3 as s3_module
 from tests.reestimation_support import npy_bytes
 
@@ -47,6 +53,19 @@ def counted_per_key(store) -> dict[str, int]:
         for key in entry["batches"]:
             counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def features(seed: int, n: int = 5) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, 3)).astype(np.float32)
+
+
+def snapshot(store) -> dict[str, bytes]:
+    """Every object of the store with its content: compared before and after an operation that must write nothing."""
+    return {key: store.get_bytes(key) for key in store.list()}
+
+
+def commit(store, previous, batches, **record):
+    return commit_watermark(store, previous, batches, {"p_value": 0.5, **record})
 
 
 # -- the store's compare-and-swap --------------------------------------------------------------------------------------
@@ -233,3 +252,234 @@ def test_a_commit_of_rejections_only_and_a_deleted_rejected_batch(store):
     new, watermark = find_new_batches(store)
     assert [b.key for b in new] == ["good.npy"] and watermark.rejected == {}
     assert commit_watermark(store, watermark, new, {}).rejected == {}
+
+
+# -- the watermark -----------------------------------------------------------------------------------------------------
+def _valid_watermark() -> dict:
+    return Watermark(sequence=1, processed={"a.npy": "0" * 64}, updated_at="2026-11-25T06:00:00.000+00:00",
+                     history=[{"sequence": 1, "time": "2026-11-25T06:00:00.000+00:00", "batches": ["a.npy"]}],
+                     run_id="r1").to_dict()
+
+
+def _edited(**changes) -> bytes:
+    data = _valid_watermark()
+    data.update(changes)
+    return json.dumps(data).encode()
+
+
+CORRUPT_WATERMARKS = {
+    "not-json": (b'{"sequence": 1, "processed": {', r"not valid UTF-8 JSON"),
+    "not-utf8": (b"\xff\xfe\x00", r"not valid UTF-8 JSON"),
+    "a-list": (b"[1, 2]", r"expected a JSON object, found list"),
+    "no-format": (b'{"sequence": 1}', r"field 'format' must be 'labelshift-watermark'"),
+    "sequence-text": (_edited(sequence="3"), r"field 'sequence' must be a non-negative integer, found '3'"),
+    "sequence-negative": (_edited(sequence=-1), r"field 'sequence' must be a non-negative integer"),
+    "processed-list": (_edited(processed=["a.npy"]), r"field 'processed' must be an object"),
+    "processed-bad-checksum": (_edited(processed={"a.npy": "xyz"}), r"gives 'a.npy' the checksum 'xyz'"),
+    "processed-output-key": (_edited(processed={"a.corrected.npy": "0" * 64}), r"not a batch key"),
+    "history-not-list": (_edited(history={}), r"field 'history' must be a list"),
+    "history-sequence": (_edited(history=[{"sequence": 7}]), r"history' entry has sequence 7, outside 1..1"),
+    "updated-at": (_edited(updated_at="yesterday"), r"field 'updated_at' must be an ISO 8601 time"),
+    "counted-without-run": (_edited(sequence=0, history=[]), r"'sequence' is 0 .* records processed batches"),
+    "fingerprints-list": (_edited(fingerprints=[]), r"field 'fingerprints' must be an object.*deleting the field"),
+    "fingerprint-uncounted": (_edited(fingerprints={"b.npy": {"size": 1, "version": "v"}}),
+                              r"'fingerprints' holds 'b.npy', which is not in 'processed'"),
+    "fingerprint-size": (_edited(fingerprints={"a.npy": {"size": -1, "version": "v"}}),
+                         r"gives 'a.npy' .*non-negative integer 'size'"),
+    "fingerprint-version": (_edited(fingerprints={"a.npy": {"size": 1, "version": None}}),
+                            r"non-empty string 'version'"),
+}
+
+
+@pytest.mark.parametrize("case", CORRUPT_WATERMARKS)
+def test_corrupt_watermark_names_the_key_and_the_recovery(store, case):
+    content, pattern = CORRUPT_WATERMARKS[case]
+    store.put_array("a.npy", features(0))
+    store.put_bytes(WATERMARK_KEY, content)
+    before = snapshot(store)
+    for attempt in (lambda: read_watermark(store), lambda: find_new_batches(store),
+                    lambda: commit(store, Watermark(), list_batches(store))):
+        with pytest.raises(FormatError, match=pattern) as error:
+            attempt()
+        message = str(error.value)
+        assert store.url(WATERMARK_KEY) in message and "restore the file from a backup" in message
+        assert "delete it" in message
+    assert snapshot(store) == before
+
+
+def test_watermark_from_a_newer_version(local_store):
+    local_store.put_bytes(WATERMARK_KEY, _edited(version=99))
+    with pytest.raises(FormatError, match=r"watermark version 99, newer than .* upgrade labelshift"):
+        read_watermark(local_store)
+
+
+def test_watermark_whose_content_no_longer_matches_its_checksum(store, request):
+    store.put_array("a.npy", features(0))
+    new, watermark = find_new_batches(store)
+    commit(store, watermark, new)
+    tampered = store.get_bytes(WATERMARK_KEY).replace(b'"sequence": 1', b'"sequence": 5', 1)
+    if isinstance(store, LocalStore):  # the data file changes, its sha256 sidecar does not
+        (store.root / "_labelshift" / "watermark.json").write_bytes(tampered)
+    else:  # replaced behind the store's back, keeping the recorded checksum
+        head = request.getfixturevalue("seaweed").client()
+        full_key = f"{store.prefix}/{WATERMARK_KEY}"
+        recorded = head.head_object(Bucket=store.bucket, Key=full_key)["Metadata"]["sha256"]
+        head.put_object(Bucket=store.bucket, Key=full_key, Body=tampered, Metadata={"sha256": recorded})
+    with pytest.raises(FormatError, match=r"watermark .*watermark.json is corrupt: checksum mismatch") as error:
+        find_new_batches(store)
+    assert "write the same content again" in str(error.value)
+
+
+def test_watermark_round_trip_and_history_limit(local_store):
+    data = _valid_watermark()
+    assert Watermark.from_dict(json.loads(json.dumps(data))).to_dict() == data
+    assert Watermark.from_dict(Watermark().to_dict()) == Watermark()
+
+    for i in range(4):
+        local_store.put_array(f"b{i}.npy", features(i))
+        new, watermark = find_new_batches(local_store)
+        latest = commit_watermark(local_store, watermark, new, {"run": i}, history_limit=2)
+    assert latest.sequence == 4 and len(latest.processed) == 4
+    assert [entry["run"] for entry in latest.history] == [2, 3]
+    assert read_watermark(local_store) == latest
+
+
+# -- committing --------------------------------------------------------------------------------------------------------
+def test_concurrent_commit_is_refused(store):
+    store.put_array("a.npy", features(0))
+    batches_a, seen_by_a = find_new_batches(store)
+    batches_b, seen_by_b = find_new_batches(store)  # a second run started before the first committed
+    won = commit(store, seen_by_a, batches_a, run="A")
+    with pytest.raises(ConcurrentRunError, match=r"moved to sequence 1 .* since this run read sequence 0") as error:
+        commit(store, seen_by_b, batches_b, run="B")
+    assert isinstance(error.value, StorageError)
+    assert read_watermark(store) == won and won.history[0]["run"] == "A"
+    # a stale watermark of the same sequence number is refused too (the run id differs)
+    store.put_array("b.npy", features(1))
+    new, current = find_new_batches(store)
+    commit(store, current, new)
+    with pytest.raises(ConcurrentRunError):
+        commit(store, current, new)
+
+
+def test_commit_overwritten_by_a_rival_right_after_its_write_is_reported(store, monkeypatch):
+    """On a store without conditional writes the commit is compare, write, read back: a rival's write landing just
+    after it is reported (with conditional writes the rival's own commit would be refused instead)."""
+    monkeypatch.setattr(store, "conditional_writes", lambda key=None: False)
+    monkeypatch.setattr(store, "compare_and_swap", storage.Store.compare_and_swap.__get__(store))
+    store.put_array("a.npy", features(0))
+    new, watermark = find_new_batches(store)
+    rival = Watermark(sequence=1, processed={"a.npy": new[0].checksum}, updated_at="2026-01-01T00:00:00+00:00",
+                      history=[{"sequence": 1, "batches": ["a.npy"]}], run_id="rival")
+    real_put = store.put_bytes
+
+    def put_then_rival_writes(key, data, **kwargs):
+        digest = real_put(key, data, **kwargs)
+        if key == WATERMARK_KEY:
+            real_put(key, json.dumps(rival.to_dict()).encode())
+        return digest
+
+    monkeypatch.setattr(store, "put_bytes", put_then_rival_writes)
+    with pytest.raises(ConcurrentRunError, match="overwritten by another run"):
+        commit(store, watermark, new)
+    monkeypatch.undo()
+    assert read_watermark(store) == rival
+    assert find_new_batches(store)[0] == []  # the rival counted the batch: it is not counted again
+
+
+def test_commit_refuses_what_would_double_count(store):
+    store.put_array("a.npy", features(0))
+    store.put_array("b.npy", features(1))
+    new, watermark = find_new_batches(store)
+    with pytest.raises(InputError, match=r"\['a.npy'\] are listed more than once"):
+        commit(store, watermark, [new[0], new[0]])
+    with pytest.raises(InputError, match=r"record fields \['sequence', 'batches'\] are set by commit_watermark"):
+        commit_watermark(store, watermark, new, {"sequence": 9, "batches": []})
+    with pytest.raises(InputError, match="cannot be written as JSON"):
+        commit(store, watermark, new, model=object())
+    assert not store.exists(WATERMARK_KEY)
+    first = commit(store, watermark, new[:1])
+    committed = store.get_bytes(WATERMARK_KEY)
+    with pytest.raises(InputError, match=r"\['a.npy'\] are already counted .* count them twice"):
+        commit(store, first, new)
+    assert store.get_bytes(WATERMARK_KEY) == committed
+    assert [b.key for b in find_new_batches(store)[0]] == ["b.npy"]
+
+
+@pytest.fixture
+def target(tmp_path):
+    store = open_store(str(tmp_path / "target"))
+    put_batch(store, "a.npy", 0)
+    new, watermark = find_new_batches(store)
+    commit_watermark(store, watermark, new, {})
+    put_batch(store, "b.npy", 1)
+    return store
+
+
+# -- faults while committing on a local folder -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("failing", [1, 2], ids=["data-file", "checksum-file"])
+def test_a_write_failing_half_way_leaves_a_readable_watermark(target, monkeypatch, failing):
+    """The commit's rename of the data file (1) or of its checksum file (2) fails: the watermark is the old or the
+    new one, never one reported corrupt; the rerun counts what is left, once."""
+    new, watermark = find_new_batches(target)
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == failing:
+            raise OSError(errno.EIO, "Input/output error (injected)")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(StorageError, match=r"cannot write .*watermark.json"):
+        commit_watermark(target, watermark, new, {})
+    monkeypatch.undo()
+    now = read_watermark(target)  # readable: no checksum mismatch
+    assert now.sequence == (1 if failing == 1 else 2)
+    again, watermark = find_new_batches(target)
+    if again:
+        commit_watermark(target, watermark, again, {})
+    assert counted_per_key(target) == {"a.npy": 1, "b.npy": 1}
+    assert not [p for p in target.root.rglob(".labelshift-tmp-*") if "lock" not in p.name]
+
+
+def test_a_full_disk_fails_the_write_with_what_to_do_and_keeps_the_watermark(target, monkeypatch):
+    new, watermark = find_new_batches(target)
+    before = target.get_bytes(WATERMARK_KEY)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(StorageError, match=r"disk holding .* is full .* free some space and run again"):
+        commit_watermark(target, watermark, new, {})
+    with pytest.raises(StorageError, match="is full"):
+        target.put_bytes("b.corrected.npy", b"x" * 100)
+    monkeypatch.undo()
+    assert target.get_bytes(WATERMARK_KEY) == before and not target.exists("b.corrected.npy")
+    assert not [p for p in target.root.rglob(".labelshift-tmp-*") if "lock" not in p.name]
+    again, watermark = find_new_batches(target)
+    commit_watermark(target, watermark, again, {})
+    assert counted_per_key(target) == {"a.npy": 1, "b.npy": 1}
+
+
+@pytest.mark.parametrize("how", ["truncated", "truncated-without-checksum", "garbage"])
+def test_a_corrupt_or_truncated_watermark_is_never_reset_silently(target, how):
+    path = target.root / "_labelshift" / "watermark.json"
+    content = path.read_bytes()
+    path.write_bytes(b"\x00\xff garbage" if how == "garbage" else content[: len(content) // 2])
+    if how == "truncated-without-checksum":
+        path.with_name("watermark.json.sha256").unlink()
+    before = {k: target.get_bytes(k) for k in target.list() if k != WATERMARK_KEY}
+    for attempt in (lambda: find_new_batches(target), lambda: read_watermark(target)):
+        with pytest.raises(FormatError) as error:
+            attempt()
+        message = str(error.value)
+        assert target.url(WATERMARK_KEY) in message and "restore the file from a backup" in message
+        assert "delete it" in message
+    assert {k: target.get_bytes(k) for k in target.list() if k != WATERMARK_KEY} == before
+    path.unlink()  # the documented way to start over: every batch is processed again, once
+    path.with_name("watermark.json.sha256").unlink(missing_ok=True)
+    again, watermark = find_new_batches(target)
+    commit_watermark(target, watermark, again, {})
+    assert counted_per_key(target) == {"a.npy": 1, "b.npy": 1}

@@ -10,7 +10,7 @@ import pytest
 from runtime import environment as settings_mod
 from flows.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_resolve_reads_every_variable_and_treats_blank_as_unset(tmp_path):

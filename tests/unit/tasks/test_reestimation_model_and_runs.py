@@ -1,9 +1,10 @@
-"""Unit tests of the pure helpers of :mod:`tasks.reestimation.model` and :mod:`tasks.reestimation.runs` (no servers)."""
+"""The pure helpers of :mod:`tasks.reestimation.model` and :mod:`tasks.reestimation.runs` (no servers), and the
+message that says how to register a model when the tracking server has none."""
 from __future__ import annotations
 
 import pytest
 
-from labelshift.errors import InputError
+from labelshift.errors import InputError, ObjectNotFoundError
 from labelshift.inference.report import ShiftReport
 from labelshift import Holdout, Target, AssessmentSettings
 from tasks.reestimation.model import parse_model_uri
@@ -64,7 +65,7 @@ def test_history_record_is_small_and_rounded():
 
 def test_not_label_shift_record_and_metrics_hold_the_test_and_no_estimate():
     from labelshift.inference.report import assess_shift
-    from tests.test_report import _gaussian_case
+    from tests.unit.inference.test_report import _gaussian_case
 
     Xh, yh, Xt, cal, sp, pt, prior = _gaussian_case(drift=2.0)
     report = assess_shift(Holdout(sp, yh, prior, outputs=Xh, calibrator=cal),
@@ -171,3 +172,16 @@ def test_a_run_with_no_new_data_catches_up_the_bookkeeping_of_a_run_cut_off_afte
     catch_up_monitor(uri, "reestimation-catch-up", "m", "file:///t", history)
     assert client.get_run(runs.run_id).info.status == "FINISHED"
     assert client.get_run(runs.monitor_run_id).data.metrics["prior/1"] == 0.75
+
+
+def test_no_registered_model_says_how_to_register_one_on_that_tracking_server(mlflow_sqlite, tmp_path):
+    from mlflow import MlflowClient
+
+    from tasks.reestimation.model import _registry_error
+
+    tracking = mlflow_sqlite(tmp_path)
+    error = _registry_error(MlflowClient(tracking), "labelshift-mnist-5k", "latest-good", None,
+                            RuntimeError("not found"))
+    assert isinstance(error, ObjectNotFoundError)
+    assert f"`labelshift reproduce --dataset mnist-5k --tracking-uri {tracking}`" in str(error)
+    assert "registered: none" in str(error)
