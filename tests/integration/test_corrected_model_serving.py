@@ -1,4 +1,4 @@
-"""A corrected model to serve (issue 22, part 2): the ``reestimate`` flow with ``register_corrected`` against a real
+"""A corrected model to serve: the ``reestimate`` flow with ``register_corrected`` against a real
 MLflow server (artifacts in a local folder) and the Prefect test server, on local-folder targets.
 
 The classifier is the Bayes-optimal linear model of :mod:`tests.reestimation_support` (input mode, PyTorch) and a

@@ -234,7 +234,7 @@ def test_a_reference_without_class_names_or_with_an_empty_class_is_refused(mlflo
                            tracking_uri=mlflow_s3_server.url)
 
 
-# -- estimates per segment (issue 22, part 3) ---------------------------------------------------------------------------
+# -- estimates per segment -------------------------------------------------------------------------------------------
 #: three segments of the logs: two assessed, one under the minimum size (200)
 SEGMENTS = {"north": 500, "south": 400, "tiny": 60}
 
@@ -305,7 +305,7 @@ def test_estimates_per_segment_equal_assess_shift_on_each_segments_rows(prefect_
         assert got["no_shift_p_value"] == want.no_shift_test.p_value
         assert got["label_shift_p_value"] == want.label_shift.p_value
         assert got["accuracy"]["expected"] == want.accuracy.expected
-    # in the run, each segment's tests are read Holm-adjusted over the two segments assessed (issue 29)
+    # in the run, each segment's tests are read Holm-adjusted over the two segments assessed
     assert seg["correction"] == {"method": "holm", "label_shift_tests": 2, "no_shift_tests": 2}
     for test in ("label_shift", "no_shift"):
         p = [items[name][f"{test}_p_value"] for name in ("north", "south")]

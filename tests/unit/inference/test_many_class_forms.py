@@ -1,4 +1,4 @@
-"""The many-class forms (issue 20, part 3): exact reformulations checked against the forms they replace, and the
+"""Forms for many classes: exact reformulations checked against the forms they replace, and the
 label-shift test's paths above 20 classes (restricted-support regions fit, neighbour log-odds moments)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""p-values adjusted over a family of tests (issue 29): Holm and Benjamini-Hochberg against hand-computed values and
+"""p-values adjusted over a family of tests: Holm and Benjamini-Hochberg against hand-computed values and
 against their step-down / step-up procedures, and the one-line description the segments' table uses."""
 from __future__ import annotations
 

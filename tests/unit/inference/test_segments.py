@@ -1,5 +1,5 @@
 """Estimates per segment, the parts without services: the split by segment value, the checks of the segment column
-(errors that name the batch and the fix), the records, metrics, table and figure (issue 22, part 3). The flow end
+(errors that name the batch and the fix), the records, metrics, table and figure. The flow end
 to end: tests/integration/test_prediction_logs_flow.py."""
 from __future__ import annotations
 
@@ -287,7 +287,7 @@ def _with_p_values(report, label_shift_p: float, no_shift_p: float):
 
 
 def test_adjusted_p_values_decide_the_segments_verdicts(segments):
-    # three segments at the single-test level 0.05 (issue 29): A's label-shift p 0.03 and C's no-shift p 0.03 reject
+    # three segments at the single-test level 0.05: A's label-shift p 0.03 and C's no-shift p 0.03 reject
     # alone; over the three, Holm adjusts them to 0.06 (accepted), Benjamini-Hochberg to 0.045 and 0.04 (rejected)
     from flows.summary import MARKDOWN, PLAIN_TEXT
     from labelshift.inference.segments import adjust_segments, correction_record

@@ -1,4 +1,4 @@
-"""Holdouts the model separates (issue 20, part 1): the scaling calibrators' weak prior keeps their fits finite, the
+"""Holdouts the model separates: the scaling calibrators' weak prior keeps their fits finite, the
 source-aware interval accepts a calibrator fit on exactly those rows, and the default path of ``assess_shift``
 returns a report -- never an exception that blames the input -- while the user's own errors still raise.
 

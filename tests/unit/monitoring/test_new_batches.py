@@ -260,7 +260,7 @@ def test_no_batch_says_how_to_simulate_batches_at_that_target(tmp_path):
 
 
 def test_all_batches_deleted_after_a_run_is_no_new_data(store):
-    """Retention removed every counted batch and nothing came: no new data, not an empty target (review M2)."""
+    """Retention removed every counted batch and nothing came: no new data, not an empty target."""
     store.put_array("a.npy", features(0))
     store.put_array("b.npy", features(1))
     new, watermark = find_new_batches(store)
@@ -485,7 +485,7 @@ def test_bad_outputs_are_refused_before_anything_is_written(store):
     assert snapshot(store) == before
 
 
-# -- cost: only new or changed data is hashed (review H3) --------------------------------------------------------------
+# -- cost: only new or changed data is hashed ----------------------------------------------------------------------
 class HashSpy:
     """Counts, per key, what a run hashes (``store.checksum``) and which batches it reads whole to do so (S3:
     ``get_bytes`` of an object without recorded sha256; local: the file read of one without a sidecar)."""

@@ -637,7 +637,7 @@ def _nearly_full_disk(tmp_path, size_gib: int, free_mib: int):
 @pytest.mark.integration
 def test_seaweed_writes_on_a_large_nearly_full_disk(tmp_path):
     """A 60 GiB disk with 450 MiB free: under 1 % of its size (614 MiB), where ``weed mini`` had no writable
-    volume (the CI failure of session 11), and over the 256 MiB that ``weed server`` is told to keep free."""
+    volume (a CI machine's failure), and over the 256 MiB that ``weed server`` is told to keep free."""
     with _nearly_full_disk(tmp_path, 60, 450) as disk:
         server = SeaweedServer(disk / "sw")
         try:

@@ -1,9 +1,9 @@
-"""The zoo of classifiers (issue 20) through the default re-estimation path: the fast cases of
+"""The zoo of classifiers through the default re-estimation path: the fast cases of
 :mod:`labelshift.experiments.zoo`, each run by ``tests/zoo_support.py`` as the flow runs a prediction-log reference
 (BCTS fit on the holdout, MLLS with the BBSE-soft cross-check, the source-aware 95% interval, the label-shift test,
 the accuracy).
 
-What is asserted is what the issue asks of every classifier a user brings: no exception on valid input; a verdict,
+What is asserted is what every classifier a user brings must get: no exception on valid input; a verdict,
 with reasons in words when it is Untrustworthy; where a few seeds measure it, the interval's coverage of the true
 target prior over the runs that hand out an estimate; and truly label-shifted targets (all of the zoo's) seldom
 called "Not label shift". The statistical bounds come from the binomial distribution (see each test). The full
@@ -93,7 +93,7 @@ def test_the_same_seed_draws_the_same_sets_and_another_seed_others():
 # -- the default path on every fast case ---------------------------------------------------------------------------
 @pytest.mark.parametrize("name", TESTED)
 def test_no_exception_on_valid_input(name):
-    """Issue 20, build 1: the default path gives a verdict on every classifier, never an exception."""
+    """The default path gives a verdict on every classifier, never an exception."""
     runs = [run(name, s) for s in smoke_seeds(name)]
     failed = [_describe(r) for r in runs if r.error is not None]
     assert not failed, "\n".join(failed)
