@@ -45,13 +45,13 @@ COPY infra/with-build-ca /usr/local/bin/with-build-ca
 WORKDIR /opt/labelshift
 
 # Layers from the slowest-changing to the fastest, so that a code change reinstalls nothing but the package:
-# 1. torch, the pins of pyproject.toml (multi-gigabyte wheels; tests/test_infra.py checks the pins match);
+# 1. torch, the pins of pyproject.toml (multi-gigabyte wheels; tests/architecture/test_infra.py checks the pins match);
 RUN with-build-ca python -m pip install --upgrade pip \
  && with-build-ca python -m pip install torch==2.14.1 torchvision==0.29.1
 # 2. every other dependency, from pyproject.toml alone (no code yet: the editable install finds no packages);
 COPY pyproject.toml README.md /opt/labelshift/
 RUN with-build-ca python -m pip install -e '.[test]'
-# 3. the code, installed the same way as `make setup` (tests/test_infra.py checks that the two commands agree).
+# 3. the code, installed the same way as `make setup` (tests/architecture/test_infra.py checks that the two commands agree).
 COPY . /opt/labelshift
 RUN with-build-ca python -m pip install -e '.[test]' \
  && python -m compileall -q /opt/labelshift/labelshift /opt/labelshift/tasks /opt/labelshift/flows

@@ -45,7 +45,7 @@ TEST_WORKERS ?= 2
 test: setup lint
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-# ruff with the small rule set of pyproject.toml; the layering (flows -> tasks -> labelshift) is tests/test_layering.py
+# ruff with the small rule set of pyproject.toml; the layering (flows -> tasks -> labelshift) is tests/architecture/test_layering.py
 lint: setup
 	$(BIN)/ruff check .
 

@@ -1,5 +1,5 @@
 """The zoo's runner: one case of :mod:`labelshift.experiments.zoo` and one seed through the default re-estimation
-path of prediction-log mode, and what came out (shared by ``tests/test_zoo.py`` and ``benchmarks/bench_zoo.py``).
+path of prediction-log mode, and what came out (shared by ``tests/unit/tasks/test_classifier_zoo.py`` and ``benchmarks/bench_zoo.py``).
 
 What :func:`run_case` does is what the flow does, step by step, with the flow's own code and without MLflow,
 Prefect or a store:

@@ -1,0 +1,212 @@
+"""The layering of the house, checked: imports point one way, flows -> tasks -> labelshift.
+
+* ``labelshift`` (the domain) never imports prefect, mlflow, ``tasks`` or ``flows``;
+* ``tasks`` never imports ``flows``;
+* ``runtime`` (the environment every command resolves, and the processes of the local stack) never imports
+  prefect, mlflow, ``tasks`` or ``flows``: the flows and the CLI use it;
+* the store side (``labelshift.monitoring``, ``labelshift.storage``) never imports the statistics
+  (``labelshift.inference``, ``labelshift.estimation``): it keeps the books of a target and knows nothing about
+  estimators.
+
+Every import statement counts, also one inside a function (a late import is still a dependency). A second test
+imports every domain module in a fresh interpreter and checks that neither Prefect nor MLflow was loaded on the way
+(an indirect import through a third package would slip past the source check).
+"""
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: package -> top-level names its modules must not import
+FORBIDDEN = {
+    "labelshift": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
+    "tasks": {"flows"},
+    "runtime": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
+}
+
+#: subpackage -> subpackages (dotted) its modules must not import
+FORBIDDEN_SUBPACKAGES = {
+    "labelshift.monitoring": {"labelshift.inference", "labelshift.estimation"},
+    "labelshift.storage": {"labelshift.inference", "labelshift.estimation"},
+}
+
+
+def imported_modules(source: str, module: str) -> set[str]:
+    """Dotted names of the modules imported anywhere in ``source``, relative imports resolved inside ``module``
+    (``from .x import y`` in ``a.b.c`` gives ``a.b.x`` and ``a.b.x.y``; ``from .. import x`` gives ``a`` and ``a.x``):
+    a name imported from a package counts as a module of it, since it may be one."""
+    found = set()
+    package = module.split(".")[:-1]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package[:len(package) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            if node.module:
+                found.add(base)
+            # each name imported may be a module of that package (from labelshift import estimation)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def imported_roots(source: str, module: str) -> set[str]:
+    """Top-level package names imported anywhere in ``source`` (relative imports resolve inside ``module``)."""
+    return {name.split(".")[0] for name in imported_modules(source, module)}
+
+
+def _modules(folder: Path):
+    for path in sorted(folder.rglob("*.py")):
+        yield path, ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
+def violations(package: str) -> list[str]:
+    found = []
+    for path, module in _modules(ROOT / package):
+        bad = imported_roots(path.read_text(encoding="utf-8"), module) & FORBIDDEN[package]
+        found += [f"{path.relative_to(ROOT)} imports {name}" for name in sorted(bad)]
+    return found
+
+
+def reaches_into(imported: set[str], forbidden: set[str]) -> set[str]:
+    """The forbidden subpackages that one of ``imported`` (dotted names) is, or lies inside."""
+    return {f for f in forbidden for name in imported if name == f or name.startswith(f + ".")}
+
+
+def subpackage_violations(subpackage: str) -> list[str]:
+    found = []
+    for path, module in _modules(ROOT / subpackage.replace(".", "/")):
+        imported = imported_modules(path.read_text(encoding="utf-8"), module)
+        found += [f"{path.relative_to(ROOT)} imports {name}"
+                  for name in sorted(reaches_into(imported, FORBIDDEN_SUBPACKAGES[subpackage]))]
+    return found
+
+
+def test_the_checker_sees_imports_anywhere_in_a_module():
+    source = textwrap.dedent("""
+        import numpy as np
+        from . import estimators
+        def late():
+            import mlflow.pytorch
+            from prefect import task
+    """)
+    assert imported_roots(source, "labelshift.x") == {"numpy", "labelshift", "mlflow", "prefect"}
+
+
+def test_the_checker_sees_a_subpackage_reaching_into_another():
+    source = textwrap.dedent("""
+        from ..errors import InputError
+        from . import layout
+        def late():
+            from ..inference.segments import split_segments
+            from labelshift import estimation
+            import labelshift.estimation.solvers
+    """)
+    imported = imported_modules(source, "labelshift.monitoring.batches")
+    assert imported >= {"labelshift.errors", "labelshift.monitoring.layout", "labelshift.inference.segments",
+                        "labelshift.estimation", "labelshift.estimation.solvers"}
+    forbidden = FORBIDDEN_SUBPACKAGES["labelshift.monitoring"]
+    assert reaches_into(imported, forbidden) == {"labelshift.inference", "labelshift.estimation"}
+    assert reaches_into({"labelshift.inference_notes", "labelshift.storage"}, forbidden) == set()
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_imports_point_one_way(package):
+    assert violations(package) == [], (
+        f"{package} must not import {sorted(FORBIDDEN[package])}: move the code to the layer that owns it "
+        "(flows -> tasks -> labelshift)")
+
+
+@pytest.mark.parametrize("subpackage", sorted(FORBIDDEN_SUBPACKAGES))
+def test_the_store_side_does_not_reach_into_the_statistics(subpackage):
+    assert subpackage_violations(subpackage) == [], (
+        f"{subpackage} must not import {sorted(FORBIDDEN_SUBPACKAGES[subpackage])}: the store side keeps the books "
+        "and knows nothing about estimators; move the code it needs down to the store side")
+
+
+def test_the_domain_loads_without_prefect_or_mlflow():
+    modules = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                     for p in (ROOT / "labelshift").rglob("*.py"))
+    code = ("import importlib, sys\n"
+            f"for name in {modules!r}:\n"
+            "    importlib.import_module(name)\n"
+            "print(sorted(m for m in ('prefect', 'mlflow') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", f"importing labelshift loaded {out.stdout.strip()}"
+
+
+# -- the module map of docs/architecture.md ---------------------------------------------------------------------------
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+#: the folders whose every package and module the map names
+MAPPED = ("labelshift", "tasks", "flows", "runtime")
+#: a path under those folders in inline code: a module (``flows/reestimate.py``) or a package (``labelshift/inference/``)
+_PATH = re.compile(r"`((?:%s)/[\w./]*)`" % "|".join(MAPPED))
+
+
+def named_paths(markdown: str) -> list[str]:
+    """The module and package paths under :data:`MAPPED` that ``markdown`` names in inline code, in order."""
+    return [m for m in _PATH.findall(markdown) if m.endswith((".py", "/"))]
+
+
+def module_map(markdown: str) -> str:
+    """The section "## Module map" of the page, up to the next second-level heading."""
+    found = re.search(r"^## Module map\n(.*?)(?=^## |\Z)", markdown, re.M | re.S)
+    assert found, f"{ARCHITECTURE.relative_to(ROOT)} has no section '## Module map'"
+    return found.group(1)
+
+
+def mapped_paths() -> set[str]:
+    """What the map must name: every module file under :data:`MAPPED` but ``__init__.py`` (a package is named by
+    its folder, ``labelshift/inference/``), and every package."""
+    expected = set()
+    for top in MAPPED:
+        for path in (ROOT / top).rglob("*.py"):
+            relative = path.relative_to(ROOT).as_posix()
+            if path.name == "__init__.py":
+                expected.add(relative.removesuffix("__init__.py"))
+            else:
+                expected.add(relative)
+    return expected
+
+
+def test_the_map_reader_sees_modules_and_packages_in_inline_code():
+    markdown = textwrap.dedent("""
+        ## Module map
+        - `labelshift/inference/`: a package; `labelshift/inference/report.py`: a module
+        - `flows/reestimate.py` runs `labelshift.inference.report.assess_shift`; `labelshift estimate` is a command
+        ## One run
+        `tasks/reestimation/runs.py`
+    """)
+    assert named_paths(module_map(markdown)) == ["labelshift/inference/", "labelshift/inference/report.py",
+                                                 "flows/reestimate.py"]
+    assert named_paths(markdown)[-1] == "tasks/reestimation/runs.py"
+
+
+def test_the_architecture_page_maps_every_module_and_names_none_that_is_gone():
+    """A new, moved or deleted module fails here until docs/architecture.md's module map says so."""
+    page, name = ARCHITECTURE.read_text(encoding="utf-8"), ARCHITECTURE.relative_to(ROOT)
+    in_map = named_paths(module_map(page))
+    problems = []
+    missing = sorted(mapped_paths() - set(in_map))
+    if missing:
+        problems.append(f"its module map names no line for {', '.join(missing)}: add one line each (what it "
+                        "computes or does, from its module docstring)")
+    gone = sorted({p for p in named_paths(page) if not (ROOT / p).exists()})
+    if gone:
+        problems.append(f"it names {', '.join(gone)}, which do not exist: remove them, or rename them to where the "
+                        "code moved")
+    twice = sorted({p for p in in_map if in_map.count(p) > 1})
+    if twice:
+        problems.append(f"its module map has more than one line for {', '.join(twice)}")
+    assert not problems, f"{name}: " + "; ".join(problems)

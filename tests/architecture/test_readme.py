@@ -1,0 +1,103 @@
+"""The README's library example runs as documented, its claims about batches hold, the pages it and the docstrings
+name exist (anchors included), and the operations manual's table of settings is the settings' catalogue."""
+import argparse
+import re
+from pathlib import Path
+
+import numpy as np
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+#: the operator's manual: the commands, the table of environment variables, the verdicts, the faults
+OPERATIONS = README.parent / "docs" / "operations.md"
+
+
+def test_readme_python_example_runs_and_batches_match():
+    block = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[0]
+    ns: dict = {}
+    exec(compile(block, str(README), "exec"), ns)
+    res, many, est, cal = ns["res"], ns["many"], ns["est"], ns["cal"]
+    # the prior estimate is a distribution and close to the simulated target prior (0.7, 0.2, 0.1): with m = 2000
+    # target rows the MLE's standard error per class is about sqrt(p(1-p)/m) / (accuracy factor) < 0.02, so 0.05
+    # is a loose bound that a broken estimator would still fail.
+    assert np.isclose(res.target_prior.sum(), 1.0)
+    np.testing.assert_allclose(res.target_prior, [0.7, 0.2, 0.1], atol=0.05)
+    assert len(many) == 2 and many.weights.shape == (2, 3)
+    np.testing.assert_allclose(many[1].weights, res.weights, rtol=0, atol=1e-10)
+    one = est.estimate(cal.predict_proba(ns["target_logits"][:500]))
+    np.testing.assert_allclose(many[0].weights, one.weights, rtol=0, atol=1e-10)
+
+
+def test_the_docs_that_the_readme_and_the_docstrings_name_exist():
+    root = README.parent
+    named = set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", README.read_text()))
+    for folder in ("labelshift", "tasks", "flows", "runtime"):
+        for path in (root / folder).rglob("*.py"):
+            named |= set(re.findall(r"``(docs/[\w.-]+\.md)``", path.read_text()))
+    for doc in (root / "docs").glob("*.md"):
+        named |= {f"docs/{m}" for m in re.findall(r"\]\(([\w.-]+\.md)\)", doc.read_text())}
+    assert {"docs/uncertainty.md", "docs/reestimation.md", "docs/solvers.md", "docs/operations.md"} <= named
+    missing = sorted(n for n in named if not (root / n).is_file())
+    assert not missing, f"named but missing: {missing}"
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readme_links_to_sections_that_exist():
+    """The README is short because it links into docs/ (the verdicts, the faults, models of any kind): every
+    ``docs/PAGE.md#anchor`` it names must be a heading of that page, so a renamed section fails here."""
+    root = README.parent
+    links = re.findall(r"\]\((docs/[\w.-]+\.md)#([\w-]+)\)", README.read_text())
+    assert links
+    for page, anchor in links:
+        headings = re.findall(r"^#+ (.+)$", (root / page).read_text(), re.M)
+        assert anchor in {_slug(h) for h in headings}, f"{page}#{anchor} names no heading of {page}"
+
+
+def test_the_verdicts_are_defined_once():
+    """The order of the verdicts is explained in docs/operations.md alone; the README names them and links there."""
+    verdicts = ["Not label shift", "Untrustworthy", "Shifted", "No shift"]
+    section = OPERATIONS.read_text().split("## What each verdict means", 1)[1].split("\n## ", 1)[0]
+    positions = [section.index(f"**{v}**") for v in verdicts]
+    assert positions == sorted(positions)
+    assert "docs/operations.md#what-each-verdict-means" in README.read_text()
+
+
+def _variables_table() -> list[list[str]]:
+    """The rows of the table of environment variables in docs/operations.md, as cells."""
+    text = OPERATIONS.read_text()
+    start = text.index("| variable | what it sets | default | flag that wins over it |")
+    rows = []
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def test_the_operations_manual_lists_every_environment_variable_as_the_settings_name_them():
+    """The table is the settings' catalogue: the same variables in the same order, with the same defaults and flags."""
+    from runtime.environment import VARIABLES
+
+    rows = _variables_table()
+    assert [r[0] for r in rows] == [f"`{v.name}`" for v in VARIABLES]
+    for row, variable in zip(rows, VARIABLES):
+        assert row == [f"`{variable.name}`", variable.sets, variable.default, variable.flag or "-"]
+
+
+def test_every_flag_in_the_variables_table_exists():
+    from flows.cli import build_parser
+
+    parser = build_parser()
+    options = set()
+    pending = [parser]
+    while pending:
+        p = pending.pop()
+        for action in p._actions:
+            options.update(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                pending.extend(action.choices.values())
+    flags = {f for row in _variables_table() for f in re.findall(r"`(--[a-z0-9-]+)`", row[3])}
+    assert flags and flags <= options, flags - options

@@ -1,0 +1,364 @@
+"""SIGKILL of ``labelshift estimate``, ``reproduce``, ``serve`` and ``report`` at several moments: no process they
+started survives it by more than 10 s, and a run to completion afterwards counts every batch exactly once (``report``:
+writes the same page an uninterrupted run writes).
+
+Each command runs as a user runs it, a separate process with no PREFECT_API_URL (so it starts its temporary
+Prefect server), on a local folder target and a local SQLite MLflow store. The processes it started are found two
+ways: its descendants, recorded while it runs, and every process carrying its marker (``LABELSHIFT_COMMAND``),
+which also finds those that left its tree. The moments are found by watching, not by timing: the server process
+appears; the temporary server holds a running flow run; the first output file appears beside a batch (for
+``report``: the first figure under ``--out``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from runtime.lifetime import MARKER_ENV
+from runtime.processes import wait_until
+from tests.reestimation_support import SHIFTED_PRIOR, draw, register_model
+
+pytestmark = pytest.mark.integration
+
+ROOT = str(Path(__file__).resolve().parents[2])
+#: how long the processes of a killed command may outlive it
+ORPHAN_LIMIT_S = 10.0
+#: a bound for each command (a command that hangs fails the test instead of the session)
+COMMAND_LIMIT_S = 240.0
+BATCHES = ["day-1.npy", "day-2.npy", "day-3.npy"]
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory, mlflow_database_template):
+    folder = tmp_path_factory.mktemp("faults")
+    shutil.copyfile(mlflow_database_template, folder / "mlflow.db")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    model = register_model(uri, "faults-model", n_holdout=600)
+    target = folder / "target"
+    target.mkdir()
+    rng = np.random.default_rng(7)
+    for name in BATCHES:
+        np.save(target / name, draw(SHIFTED_PRIOR, 40_000, rng)[0])
+    return dict(folder=folder, uri=uri, model=model["model_uri"], target=target, env=_command_env())
+
+
+def _command_env() -> dict:
+    """The environment of a command as a user runs it: no Prefect settings, no marker of this process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != MARKER_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    return env
+
+
+def _estimate(setting) -> list[str]:
+    return [sys.executable, "-m", "flows.cli", "estimate", "--home", str(setting["folder"] / "home"), "--model",
+            setting["model"], "--target", str(setting["target"]), "--tracking-uri", setting["uri"]]
+
+
+def _marked(command: psutil.Process, create_time: float) -> set[int]:
+    """Processes carrying the marker of ``command``."""
+    value = f"{command.pid}-{int(create_time)}"
+    found = set()
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(MARKER_ENV) == value:
+                found.add(process.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _alive(pids: dict[int, psutil.Process]) -> list[str]:
+    left = []
+    for process in pids.values():
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{process.pid} {' '.join(process.cmdline())[:120]}")
+        except psutil.Error:
+            continue
+    return left
+
+
+def _server_port(processes: dict[int, psutil.Process]) -> int | None:
+    for process in processes.values():
+        try:
+            cmd = process.cmdline()
+        except psutil.Error:
+            continue
+        if "uvicorn" in cmd and "--port" in cmd:
+            return int(cmd[cmd.index("--port") + 1])
+    return None
+
+
+def _flow_running(port: int | None) -> bool:
+    if port is None:
+        return False
+    body = json.dumps({"flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/flow_runs/filter", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return bool(json.loads(response.read()))
+    except (OSError, ValueError):
+        return False
+
+
+def kill_at(argv: list[str], env: dict, moment) -> dict:
+    """Run ``argv``, SIGKILL it when ``moment(processes)`` holds, and return what happened: whether it was
+    killed before it ended, the processes it had started, and those still running 10 s after."""
+    command = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    me = psutil.Process(command.pid)
+    created = me.create_time()
+    seen: dict[int, psutil.Process] = {}
+
+    def record() -> dict[int, psutil.Process]:
+        try:
+            for child in me.children(recursive=True):
+                seen.setdefault(child.pid, child)
+        except psutil.Error:
+            pass
+        for pid in _marked(me, created):
+            try:
+                seen.setdefault(pid, psutil.Process(pid))
+            except psutil.Error:
+                pass
+        return seen
+
+    reached = wait_until(lambda: command.poll() is not None or moment(record()), COMMAND_LIMIT_S, step=0.05)
+    killed = command.poll() is None
+    record()
+    if killed:
+        command.send_signal(signal.SIGKILL)
+    stderr = command.communicate(timeout=30)[1]
+    orphans_gone = wait_until(lambda: not _alive(seen) and not _marked(me, created), ORPHAN_LIMIT_S)
+    left = _alive(seen)
+    # leave nothing behind even when the test fails
+    for process in seen.values():
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+    return dict(reached=reached, killed=killed, started=len(seen), gone=orphans_gone, left=left,
+                stderr=stderr, returncode=command.returncode)
+
+
+def _server_started(processes) -> bool:
+    return _server_port(processes) is not None
+
+
+def _flow_started(processes) -> bool:
+    return _flow_running(_server_port(processes))
+
+
+def _outputs_started(setting):
+    def moment(processes) -> bool:
+        return any(p.name.endswith(".corrected.npy") or ".tmp" in p.name or p.name.startswith(".")
+                   for p in setting["target"].iterdir() if p.name not in BATCHES)
+    return moment
+
+
+def test_sigkill_leaves_no_process_and_the_next_run_counts_every_batch_once(setting):
+    results = {}
+    for name, moment in (("server start", _server_started), ("flow running", _flow_started),
+                         ("writing outputs", _outputs_started(setting))):
+        result = kill_at(_estimate(setting), setting["env"], moment)
+        results[name] = result
+        assert result["gone"], f"killed during {name}: still running after {ORPHAN_LIMIT_S} s: {result['left']}"
+        assert result["started"] >= 2, result          # the watchdog and the server at least
+    # the first two moments are reached before the command ends on any machine: the kill happened there
+    assert results["server start"]["killed"] and results["flow running"]["killed"], results
+
+    watermark_file = setting["target"] / "_labelshift" / "watermark.json"
+    done = subprocess.run(_estimate(setting), env=setting["env"], capture_output=True, text=True,
+                          timeout=COMMAND_LIMIT_S)
+    watermark = json.loads(watermark_file.read_text())
+    counted = [b for entry in watermark["history"] for b in entry.get("batches", [])]
+    processed = sorted(watermark["processed"])
+    assert done.returncode == 0, done.stderr
+    assert processed == BATCHES, watermark
+    assert sorted(counted) == BATCHES, f"each batch in exactly one run: {watermark['history']}"
+    for name in BATCHES:
+        assert (setting["target"] / name.replace(".npy", ".corrected.npy")).exists()
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(setting["uri"])
+    experiment = client.get_experiment_by_name("reestimation")
+    runs = [r for r in client.search_runs([experiment.experiment_id]) if "labelshift.sequence" in r.data.tags]
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    running = [r for r in runs if r.info.status == "RUNNING"]
+    killed = [r for r in runs if r.info.status == "KILLED"]
+    assert len(finished) == len(watermark["history"])
+    # a run killed outright cannot close its MLflow run; the next run ends it KILLED, none is left RUNNING
+    assert not running, [r.info.run_id for r in running]
+    assert all(r.data.tags.get("labelshift.ended_by") for r in killed)
+    print(f"kills: {[(n, r['killed'], r['started']) for n, r in results.items()]}; MLflow re-estimation runs: "
+          f"{len(finished)} FINISHED, {len(killed)} KILLED by the next run")
+
+
+def test_sigkill_of_reproduce_leaves_no_process(setting, tmp_path):
+    argv = [sys.executable, "-m", "flows.cli", "reproduce", "--quick", "--home", str(tmp_path / "home")]
+    result = kill_at(argv, setting["env"], _flow_started)
+    assert result["killed"] and result["started"] >= 2, result
+    assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
+
+
+def _serve_ready(processes) -> bool:
+    """``labelshift serve``'s own Prefect server (``prefect server start --port N``) answers its health check."""
+    from runtime.processes import http_ok
+
+    for process in list(processes.values()):
+        try:
+            cmd = process.cmdline()
+        except psutil.Error:
+            continue
+        if "server" in cmd and "start" in cmd and "--port" in cmd:
+            return http_ok(f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}/api/health", timeout=1.0)
+    return False
+
+
+def test_sigkill_of_serve_leaves_no_process(setting, tmp_path):
+    """serve with no PREFECT_API_URL runs a Prefect server (with its UI) for as long as it runs: killed outright
+    once that server answers, neither the server nor anything else it started outlives it by 10 s."""
+    argv = [sys.executable, "-m", "flows.cli", "serve", "--home", str(tmp_path / "home"),
+            "--tracking-uri", setting["uri"]]
+    result = kill_at(argv, setting["env"], _serve_ready)
+    assert result["killed"] and result["started"] >= 2, result
+    assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
+
+
+# -- labelshift report -------------------------------------------------------------------------------------------------
+REPORT_DATASETS = [f"set-{i}" for i in range(8)]
+REPORT_FIGURES = ["mse_vs_shift.png", "mse_vs_size.png", "mse_vs_bins.png"]
+REPORT_METHODS = ["BBSE-hard", "RLLS", "MLLS-CM", "MLLS"]
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory, mlflow_database_template):
+    """A SQLite MLflow store holding one finished sweep per dataset, as ``reproduce`` leaves it for ``report``: a
+    parent run tagged ``dataset`` with ``tables/summary.csv`` and ``figures/*.png`` (1 MB each: eight datasets of
+    three figures keep ``report`` busy long enough to be killed while it writes them)."""
+    from mlflow import MlflowClient
+
+    folder = tmp_path_factory.mktemp("faults-report")
+    shutil.copyfile(mlflow_database_template, folder / "mlflow.db")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("report-faults", artifact_location=(folder / "mlartifacts").as_uri())
+    rng = np.random.default_rng(11)
+    files = folder / "files"
+    for dataset in REPORT_DATASETS:
+        run_id = client.create_run(experiment, tags={"dataset": dataset}).info.run_id
+        client.log_param(run_id, "n_seeds", "4")
+        client.log_param(run_id, "methods", ",".join(REPORT_METHODS))
+        lines = ["experiment,value,method,mse_mean,mse_se"]
+        for experiment_kind, values in (("shift", (0.1, 0.5)), ("size", (100, 300)), ("bins", (2, 4))):
+            for value in values:
+                for method in REPORT_METHODS:
+                    lines.append(f"{experiment_kind},{value},{method},{rng.uniform(0.01, 1):.6f},"
+                                 f"{rng.uniform(0.001, 0.01):.6f}")
+        (files / dataset / "tables").mkdir(parents=True)
+        (files / dataset / "tables" / "summary.csv").write_text("\n".join(lines) + "\n")
+        client.log_artifact(run_id, str(files / dataset / "tables" / "summary.csv"), artifact_path="tables")
+        (files / dataset / "figures").mkdir()
+        for name in REPORT_FIGURES:
+            png = files / dataset / "figures" / name
+            png.write_bytes(b"\x89PNG\r\n\x1a\n" + rng.bytes(1 << 20))
+            client.log_artifact(run_id, str(png), artifact_path="figures")
+        client.set_terminated(run_id, "FINISHED")
+    tmp = folder / "tmp"
+    tmp.mkdir()
+    env = {**_command_env(), "TMPDIR": str(tmp)}      # where report's download folder appears (and stays if killed)
+    return dict(folder=folder, uri=uri, env=env, tmp=tmp)
+
+
+def _report(sweeps, out: Path) -> list[str]:
+    return [sys.executable, "-m", "flows.cli", "report", "--home", str(sweeps["folder"] / "home"), "--out", str(out),
+            "--tracking-uri", sweeps["uri"], "--experiment-name", "report-faults"]
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    """relative path -> content of every file under ``folder`` (empty when it does not exist)."""
+    if not folder.exists():
+        return {}
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _not_whole(out: Path, reference: dict[str, bytes]) -> list[str]:
+    """The outputs under ``out`` that are neither absent nor the complete file of an uninterrupted run (temporary
+    files of an atomic write, hidden ``.NAME.tmp``, aside: the next run replaces them)."""
+    bad = []
+    for path, data in _tree(out).items():
+        name = path.rpartition("/")[2]
+        if name.startswith(".") and name.endswith(".tmp"):
+            continue
+        if reference.get(path) != data:
+            bad.append(f"{path}: {len(data)} bytes" + ("" if path in reference else " (not an output)"))
+    return bad
+
+
+def _watchdog_started(processes) -> bool:
+    return bool(processes)
+
+
+def _writing_figures(out: Path):
+    def moment(processes) -> bool:
+        return (out / "figures").exists() and any(p.is_file() for p in (out / "figures").rglob("*"))
+    return moment
+
+
+def _downloading(tmp: Path):
+    """A new ``labelshift-report-*`` download folder in ``tmp`` (those of killed runs stay)."""
+    before = set(tmp.iterdir())
+
+    def moment(processes) -> bool:
+        return any(p.name.startswith("labelshift-report-") for p in set(tmp.iterdir()) - before)
+    return moment
+
+
+def test_sigkill_of_report_leaves_no_process_and_no_partial_page(sweeps, tmp_path):
+    """``report`` starts no server and no flow: its only child is the watchdog (``setup`` without a Prefect
+    server; MLflow is read with the plain client, here from SQLite and local artifacts). What it writes is
+    ``results.md`` and ``figures/<dataset>/*.png`` under ``--out``. Killed outright once its watchdog runs (before
+    MLflow is read), once the first figure appears under ``--out``, and once its download folder appears over a
+    complete earlier report: the watchdog ends within 10 s, every file under ``--out`` is absent or exactly the
+    file of an uninterrupted run, and a rerun writes the same report as an uninterrupted run. (Before each file was
+    written atomically, a kill while the figures were written left a truncated PNG about one time in six.)"""
+    reference_out = tmp_path / "reference"
+    done = subprocess.run(_report(sweeps, reference_out), env=sweeps["env"], capture_output=True, text=True,
+                          timeout=COMMAND_LIMIT_S)
+    assert done.returncode == 0, done.stderr
+    reference = _tree(reference_out)
+    assert "results.md" in reference and len(reference) == 1 + len(REPORT_DATASETS) * len(REPORT_FIGURES)
+
+    out = tmp_path / "report"
+    results = {}
+    for name, moment in (("watchdog started", _watchdog_started), ("writing figures", _writing_figures(out))):
+        result = kill_at(_report(sweeps, out), sweeps["env"], moment)
+        results[name] = result
+        assert result["killed"] and result["started"] >= 1, (name, result)
+        assert result["gone"], f"killed once {name}: still running after {ORPHAN_LIMIT_S} s: {result['left']}"
+        assert not _not_whole(out, reference), (name, _not_whole(out, reference))
+
+    rerun = subprocess.run(_report(sweeps, out), env=sweeps["env"], capture_output=True, text=True,
+                           timeout=COMMAND_LIMIT_S)
+    assert rerun.returncode == 0, rerun.stderr
+    assert _tree(out) == reference, sorted(set(_tree(out)) ^ set(reference))
+
+    # killed while it rewrites a complete report: still every file whole
+    result = kill_at(_report(sweeps, out), sweeps["env"], _downloading(sweeps["tmp"]))
+    results["over a complete report"] = result
+    assert result["killed"] and result["gone"], result
+    assert not _not_whole(out, reference), _not_whole(out, reference)
+    assert set(reference) <= set(_tree(out))
+    print(f"kills: {[(n, r['killed'], r['started']) for n, r in results.items()]}")
