@@ -24,7 +24,7 @@ import sys
 
 from runtime import environment as settings_mod
 from flows.cli import alerts, data, estimate, reference, report, reproduce, serve, where
-from flows.cli._common import PROG, UsageError, add_common
+from flows.cli._common import EXIT_TERMINATED, PROG, Terminated, UsageError, add_common
 from flows.cli.reproduce import parameters_from_args
 
 __all__ = ["main", "build_parser", "PROG", "UsageError", "parameters_from_args"]
@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         sub = f"{PROG} {args.command}"
         print(f"{sub}: error: {exc}\nRun '{sub} --help' for the options.", file=sys.stderr)
         return 2
+    except Terminated:
+        print(f"\n{PROG} {args.command}: stopped by SIGTERM; nothing was committed (the watermark did not move) and a "
+              "started MLflow run is ended KILLED: the next run takes the same batches.", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)
         return 130

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import types
 import typing
@@ -24,6 +25,31 @@ from pydantic import BaseModel, ValidationError
 from runtime import environment as settings_mod
 
 PROG = "labelshift"
+
+
+#: the exit status of a command stopped by SIGTERM (128 + 15, as a shell reports it)
+EXIT_TERMINATED = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``systemctl stop``, ``kill``, Kubernetes, a Prefect worker cancelling): raised in the main thread by
+    :func:`sigterm_unwinds`, so that the command unwinds as on Ctrl-C -- the flow ends its MLflow run KILLED,
+    Prefect records the flow run as crashed, the temporary Prefect server is stopped -- and exits
+    :data:`EXIT_TERMINATED`."""
+
+
+@contextmanager
+def sigterm_unwinds():
+    """Within the block, SIGTERM raises :class:`Terminated` in the main thread instead of ending the process on the
+    spot (Python's default, which leaves the MLflow run RUNNING and prints nothing)."""
+    def terminate(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class UsageError(Exception):

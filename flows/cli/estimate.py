@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from runtime import environment as settings_mod
 from flows.cli._common import PROG, Opt, UsageError, add_common, add_field, bounds, csv, given, local_path, \
-    option_name, prefect_api, problems, setup, validated
+    option_name, prefect_api, problems, setup, sigterm_unwinds, validated
 from flows.params import DEFAULT_MODEL, INTERVAL_ERROR, ReestimateParameters
 from flows.summary import format_summary
 from labelshift.inference.report import Verdict
@@ -145,7 +145,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     call = params.model_dump() | dict(model=model, target=target, tracking_uri=env.tracking_uri,
                                       mlflow_experiment=env.experiment_name)
-    with prefect_api(env):
+    with sigterm_unwinds(), prefect_api(env):
         state = reestimate(**call, return_state=True)
     if not state.is_completed():
         message = state.message or ""

@@ -1,6 +1,7 @@
 """SIGKILL of ``labelshift estimate``, ``reproduce``, ``serve`` and ``report`` at several moments: no process they
 started survives it by more than 10 s, and a run to completion afterwards counts every batch exactly once (``report``:
-writes the same page an uninterrupted run writes).
+writes the same page an uninterrupted run writes). SIGTERM of ``labelshift estimate`` while its flow runs: exit 143
+within seconds, its MLflow run ended KILLED by itself, nothing committed.
 
 Each command runs as a user runs it, a separate process with no PREFECT_API_URL (so it starts its temporary
 Prefect server), on a local folder target and a local SQLite MLflow store. The processes it started are found two
@@ -17,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -113,9 +115,10 @@ def _flow_running(port: int | None) -> bool:
         return False
 
 
-def kill_at(argv: list[str], env: dict, moment) -> dict:
-    """Run ``argv``, SIGKILL it when ``moment(processes)`` holds, and return what happened: whether it was
-    killed before it ended, the processes it had started, and those still running 10 s after."""
+def kill_at(argv: list[str], env: dict, moment, sig: int = signal.SIGKILL) -> dict:
+    """Run ``argv``, send it ``sig`` (SIGKILL) when ``moment(processes)`` holds, and return what happened: whether
+    it was killed before it ended, the processes it had started, those still running 10 s after, and how long it
+    took to end after the signal."""
     command = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     me = psutil.Process(command.pid)
     created = me.create_time()
@@ -138,8 +141,10 @@ def kill_at(argv: list[str], env: dict, moment) -> dict:
     killed = command.poll() is None
     record()
     if killed:
-        command.send_signal(signal.SIGKILL)
-    stderr = command.communicate(timeout=30)[1]
+        command.send_signal(sig)
+    sent = time.monotonic()
+    stderr = command.communicate(timeout=60)[1]
+    ended_s = time.monotonic() - sent
     orphans_gone = wait_until(lambda: not _alive(seen) and not _marked(me, created), ORPHAN_LIMIT_S)
     left = _alive(seen)
     # leave nothing behind even when the test fails
@@ -149,7 +154,7 @@ def kill_at(argv: list[str], env: dict, moment) -> dict:
         except psutil.Error:
             pass
     return dict(reached=reached, killed=killed, started=len(seen), gone=orphans_gone, left=left,
-                stderr=stderr, returncode=command.returncode)
+                stderr=stderr, returncode=command.returncode, ended_s=ended_s)
 
 
 def _server_started(processes) -> bool:
@@ -204,6 +209,46 @@ def test_sigkill_leaves_no_process_and_the_next_run_counts_every_batch_once(sett
     assert all(r.data.tags.get("labelshift.ended_by") for r in killed)
     print(f"kills: {[(n, r['killed'], r['started']) for n, r in results.items()]}; MLflow re-estimation runs: "
           f"{len(finished)} FINISHED, {len(killed)} KILLED by the next run")
+
+
+def test_sigterm_while_the_flow_runs_ends_the_command_cleanly_and_the_next_run_takes_the_batches(setting, tmp_path):
+    """SIGTERM (systemctl stop, kill, a worker cancelling) while the flow runs: the command ends within seconds with
+    exit 143 and a sentence that says so, its MLflow run ended KILLED by itself (not left RUNNING), the watermark
+    as it was, no process left; the next run counts every batch once."""
+    target = tmp_path / "target"
+    target.mkdir()
+    for name in BATCHES:
+        shutil.copyfile(setting["target"] / name, target / name)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(setting["uri"])
+
+    def runs_here() -> list:
+        experiment = client.get_experiment_by_name("reestimation")
+        return [] if experiment is None else [
+            r for r in client.search_runs([experiment.experiment_id])
+            if r.data.tags.get("labelshift.kind") == "reestimation"
+            and r.data.tags.get("labelshift.target", "").endswith(str(target))]
+
+    def mlflow_run_started(processes) -> bool:                  # the flow is past loading the model, scoring
+        return any(r.info.status == "RUNNING" for r in runs_here())
+
+    argv = [*_estimate(setting)[:-4], "--target", str(target), "--tracking-uri", setting["uri"]]
+    result = kill_at(argv, setting["env"], mlflow_run_started, sig=signal.SIGTERM)
+    assert result["killed"], result                             # the run was under way when the signal came
+    assert result["returncode"] == 143 and result["ended_s"] < 30, result
+    assert "stopped by SIGTERM" in result["stderr"], result["stderr"][-2000:]
+    assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
+    assert not (target / "_labelshift" / "watermark.json").exists()
+    assert not any(p.name.endswith(".corrected.npy") for p in target.iterdir())
+    mine = runs_here()
+    assert [r.info.status for r in mine] == ["KILLED"], [(r.info.status, r.data.tags) for r in mine]
+    assert not mine[0].data.tags.get("labelshift.ended_by")     # ended by the run itself, not the next one
+
+    done = subprocess.run(argv, env=setting["env"], capture_output=True, text=True, timeout=COMMAND_LIMIT_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    watermark = json.loads((target / "_labelshift" / "watermark.json").read_text())
+    assert sorted(b for entry in watermark["history"] for b in entry.get("batches", [])) == BATCHES
 
 
 def test_sigkill_of_reproduce_leaves_no_process(setting, tmp_path):
