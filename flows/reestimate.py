@@ -259,8 +259,9 @@ def _record_no_valid_data(run: RunContext, scored) -> RunSummary:
                                                 if rejected else "")
                 + ("Skipped batches were deleted or replaced while the run read them; the next run lists them "
                    "again." if scored.skipped else ""))
-    summary = RunSummary(Verdict.NO_VALID_DATA, headline.strip(), run.watermark.sequence + bool(rejected),
-                         store.uri, [], ml.summary(run.tracking_uri), rejected=rejected, skipped=scored.skipped,
+    summary = RunSummary(verdict=Verdict.NO_VALID_DATA, headline=headline.strip(),
+                         sequence=run.watermark.sequence + bool(rejected), target=store.uri, batches=[],
+                         mlflow=ml.summary(run.tracking_uri), rejected=rejected, skipped=scored.skipped,
                          seconds=run.seconds())
     log_rejections(run.tracking_uri, ml.run_id, rejected, summary.to_dict())
     if scored.rejected:
@@ -292,8 +293,9 @@ def _assess(run: RunContext, scored, target: Target) -> tuple[ShiftReport, RunSu
     bundle, ml = run.bundle, run.mlflow
     report = estimate_shift(bundle.holdout, target, run.settings)
     classes = bundle.holdout.names
-    summary = RunSummary(report.verdict, headline(report, classes), ml.sequence, run.store.uri,
-                         [b.key for b in scored.batches], ml.summary(run.tracking_uri), rejected=_rejected(scored),
+    summary = RunSummary(verdict=report.verdict, headline=headline(report, classes), sequence=ml.sequence,
+                         target=run.store.uri, batches=[b.key for b in scored.batches],
+                         mlflow=ml.summary(run.tracking_uri), rejected=_rejected(scored),
                          skipped=scored.skipped, classes=classes, model=bundle.describe(), result=report.to_dict(),
                          prefect_flow_run_id=ml.flow_run_id,
                          time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

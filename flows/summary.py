@@ -19,7 +19,7 @@ from labelshift.inference.report import ShiftReport, Verdict, finite
 __all__ = ["RunSummary", "render", "summary_markdown", "format_summary", "headline", "format_p", "MARKDOWN", "PLAIN_TEXT"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunSummary:
     """What one ``reestimate`` run did, for people and programs (``docs/operations.md`` reads it field by field).
 
@@ -41,16 +41,16 @@ class RunSummary:
     verdict: str
     headline: str
     sequence: int
-    target: str
-    batches: list[str]
-    mlflow: dict
-    rejected: list[dict] = dataclasses.field(default_factory=list)
-    skipped: list[dict] = dataclasses.field(default_factory=list)
     classes: list[str] | None = None
     model: dict | None = None
+    target: str
+    batches: list[str]
     result: dict | None = None
+    mlflow: dict
     prefect_flow_run_id: str | None = None
     time: str | None = None
+    rejected: list[dict] = dataclasses.field(default_factory=list)
+    skipped: list[dict] = dataclasses.field(default_factory=list)
     segments: dict | None = None
     outputs: list[str] | None = None
     outputs_withheld: str | None = None
@@ -59,14 +59,10 @@ class RunSummary:
     seconds: float | None = None
     links: dict | None = None
 
-    #: the order of the keys of :meth:`to_dict` (the stored summaries' order)
-    ORDER = ("verdict", "headline", "sequence", "classes", "model", "target", "batches", "result", "mlflow",
-             "prefect_flow_run_id", "time", "rejected", "skipped", "segments", "outputs", "outputs_withheld",
-             "corrected_model", "warnings", "seconds", "links")
-
     def to_dict(self) -> dict:
-        """The summary as a JSON-ready dict: the fields that are set (not None), in :attr:`ORDER`."""
-        return {name: getattr(self, name) for name in self.ORDER if getattr(self, name) is not None}
+        """The summary as a JSON-ready dict: the fields that are set (not None), in the order declared above (the
+        stored summaries' order)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
 
 
 def format_p(p: float) -> str:

@@ -22,7 +22,6 @@ from .accuracy import AccuracyEstimate, expected_accuracy
 from .source_aware import SUPPORTED_CALIBRATORS, SourceAwareInterval, min_holdout_rows, source_aware_interval
 from .repeats import Repeats, find_repeats
 from .holdout import Holdout, Target
-from .holdout import pooled as pooled_rows
 from .settings import DEFAULTS, AssessmentSettings, check_setting
 from .label_shift_test import (MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, MIN_TARGET, LabelShiftTest, PreparedHoldout,
                                label_shift_test, prepare_holdout)
@@ -458,14 +457,13 @@ def _at_precision(holdout: np.ndarray, target) -> np.ndarray:
     return holdout.astype(dtype).astype(np.float64)
 
 
-def _checked_target(target_probs, n_classes: int) -> tuple[object, np.ndarray]:
-    """``target_probs`` as given (pooled when a list of batches) and as a checked (m, k) float array."""
-    given = pooled_rows(target_probs)
-    pooled = check_probabilities(given, "target_probs", 2)
+def _checked_target(target_probs, n_classes: int) -> np.ndarray:
+    """A target's (pooled) probabilities as a checked (m, k) float array."""
+    pooled = check_probabilities(target_probs, "target_probs", 2)
     if pooled.shape[1] != n_classes:
         raise InputError(f"target_probs has {pooled.shape[1]} class columns but source_probs has {n_classes}; pass "
                          "the calibrated outputs of the same classifier on both.")
-    return given, pooled
+    return pooled
 
 
 def _raw_target(interval: str, source_outputs, target_outputs, n_target: int):
@@ -477,7 +475,7 @@ def _raw_target(interval: str, source_outputs, target_outputs, n_target: int):
         raise InputError("interval 'source-aware' needs the classifier's raw outputs on the holdout and the target "
                          "(source_outputs, target_outputs) and the calibrator; pass them, or use interval "
                          "'fisher'.")
-    raw_target = pooled_rows(target_outputs)
+    raw_target = target_outputs
     if np.shape(raw_target)[0] != n_target:
         raise InputError(f"target_outputs has {np.shape(raw_target)[0]} rows but target_probs has "
                          f"{n_target}; pass the raw outputs of the same target rows, in the same order.")
@@ -614,7 +612,7 @@ def label_shift_holdout(holdout: Holdout, target_probs) -> PreparedHoldout | Non
     target: at the precision of ``target_probs`` (as :func:`assess_shift` tests), with the test's default region
     rule. None when the holdout cannot carry the test (each assessment then says why it was not run)."""
     try:
-        return prepare_holdout(_at_precision(holdout.probs, pooled_rows(target_probs)), holdout.labels)
+        return prepare_holdout(_at_precision(holdout.probs, np.asarray(target_probs)), holdout.labels)
     except InputError:
         return None
 
@@ -650,13 +648,13 @@ def assess_shift(holdout: Holdout, target, settings: AssessmentSettings = DEFAUL
     """
     holdout, target, settings = _checked_arguments(holdout, target, settings)
     check_holdout(holdout.labels, holdout.n_classes, interval=settings.interval, calibrator=holdout.calibrator)
-    given, pooled = _checked_target(target.probs, holdout.n_classes)
+    pooled = _checked_target(target.probs, holdout.n_classes)
     raw_target = _raw_target(settings.interval, holdout.outputs, target.outputs, pooled.shape[0])
     prior = holdout.prior
     estimator = settings.estimator
 
     est = _estimate(holdout.probs, holdout.labels, prior, pooled, estimator, settings.cross_check)
-    rounded = _at_precision(holdout.probs, given)          # the holdout at the target's precision
+    rounded = _at_precision(holdout.probs, target.probs)   # the holdout at the target's precision
     repeats = find_repeats(pooled, rounded)
     ci, accuracy, failures = _interval(settings.interval, est, pooled, prior, level=settings.level,
                                        n_bootstrap=settings.n_bootstrap, seed=settings.seed,

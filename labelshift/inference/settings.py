@@ -128,10 +128,6 @@ class AssessmentSettings:
         """The level the label-shift test is judged at."""
         return self.significance if self.label_shift_significance is None else self.label_shift_significance
 
-    def replace(self, **changes) -> "AssessmentSettings":
-        """A copy with ``changes`` (checked again)."""
-        return dataclasses.replace(self, **changes)
-
 
 def check_setting(name: str, value):
     """``value`` of the numeric setting ``name`` checked against its bound (:data:`BOUNDS`)."""
