@@ -60,7 +60,7 @@ def stack(tmp_path_factory):
         prepared = _Background(support.prepare_reestimation, env)
         ids = support.wait_for_deployments(env["PREFECT_API_URL"], DEPLOYMENTS, served, log_path)
         print(f"serving {time.monotonic() - started:.0f} s after start", file=sys.stderr)
-        yield {"env": env, "ids": ids, "ready": prepared, "serve_log": log_path}
+        yield {"env": env, "ids": ids, "ready": prepared, "serve_log": log_path, "root": root}
     finally:
         if served is not None:
             support.stop_group(served)

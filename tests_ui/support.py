@@ -113,3 +113,11 @@ def put_batches(env: dict[str, str], count: int = 2, rows: int = 1500) -> list[s
         keys.append(f"{prefix}/{stamp}-part-{i}.npy")
         s3.put_object(Bucket=bucket, Key=keys[-1], Body=npy_bytes(x))
     return keys
+
+
+def prefect_log_tail(stack: dict, lines: int = 60) -> str:
+    """The last lines of the stack's Prefect server log (tests_ui/conftest.py keeps the stack under ``root``)."""
+    log = Path(stack.get("root", ".")) / "stack" / "logs" / "prefect.log"
+    if not log.is_file():
+        return f"(no log at {log})"
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
