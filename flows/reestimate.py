@@ -82,7 +82,7 @@ from tasks.tracking import check_tracking_server, git_commit
 
 _log_user_errors_once()
 
-__all__ = ["reestimate", "DEFAULT_MODEL", "DEFAULTS", "target_uri_for", "summary_markdown"]
+__all__ = ["reestimate", "DEFAULT_MODEL", "DEFAULTS", "target_uri_for", "summary_markdown", "last_committed_sequence"]
 
 #: the defaults of every parameter (also those of ``labelshift estimate`` and of the deployment's form)
 DEFAULTS = ReestimateParameters()
@@ -120,12 +120,24 @@ class RunContext:
         return time.perf_counter() - self.started
 
 
+#: the sequence number of the last watermark a run in this process committed (``labelshift estimate`` says, when
+#: its Prefect server is lost, whether the run had committed first)
+_LAST_COMMITTED: dict[str, int] = {}
+
+
+def last_committed_sequence() -> int | None:
+    """The sequence number of the last commit of a run in this process, or None."""
+    return _LAST_COMMITTED.get("sequence")
+
+
 def _commit(store, watermark, batches, record, mlflow_run_id, rejected=()):
     """Move the watermark. If the commit raises after its write landed (e.g. the store failed while it read the
     watermark back), the batches are counted all the same: then the watermark's last entry is this run's, and the run
     goes on as committed instead of failing with its batches counted."""
     try:
-        return commit_watermark(store, watermark, batches, record, rejected=rejected)
+        committed = commit_watermark(store, watermark, batches, record, rejected=rejected)
+        _LAST_COMMITTED["sequence"] = committed.sequence
+        return committed
     except Exception:
         try:
             current = read_watermark(store)

@@ -31,6 +31,8 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runtime.timeouts import ENV_SERVER_LOST_S, SERVER_LOST_S, apply_timeouts
+
 # -- the environment variables, each named once ----------------------------------------------------------------------
 ENV_HOME = "LABELSHIFT_HOME"
 ENV_STORE = "LABELSHIFT_STORE"
@@ -104,6 +106,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(ENV_EXPERIMENT, "MLflow experiment of `reproduce` and `report`", f"`{DEFAULT_EXPERIMENT}`",
              "`--experiment-name`"),
     Variable(ENV_PREFECT_API_URL, "a running Prefect server's API", "a temporary local server per command", ""),
+    Variable(ENV_SERVER_LOST_S, "seconds the Prefect server may not answer during a run before the command stops "
+                                "it (exit 75)", f"`{SERVER_LOST_S:g}`", ""),
     Variable(ENV_DASK, "Dask cluster of the estimation tasks of `reproduce` (also of served and deployed runs): "
                        "`tcp://host:8786` or `local`", "threads in the flow's process", "`--dask`"),
     Variable(ENV_MODEL, "registered model of `estimate` and of the served `reestimate` deployment",
@@ -267,6 +271,7 @@ def apply(settings: Settings, *, verbose: bool = False,
     # no network calls home from an offline machine
     env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    apply_timeouts(env)
     if not verbose:
         env.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         # MLflow's "View run ... at: <url>" lines on every run's end (a tracking server only); the CLI prints its links

@@ -24,10 +24,13 @@ import sys
 
 from runtime import environment as settings_mod
 from flows.cli import alerts, data, estimate, reference, report, reproduce, serve, where
-from flows.cli._common import EXIT_TERMINATED, PROG, Terminated, UsageError, add_common
+from flows.cli._common import PROG, UsageError, add_common
 from flows.cli.reproduce import parameters_from_args
+from flows.cli.stopping import AFTER_STOP, EXIT_SERVER_LOST, EXIT_TERMINATED, ServerLost, Terminated, as_command, \
+    finish, tell
 
-__all__ = ["main", "build_parser", "PROG", "UsageError", "parameters_from_args"]
+__all__ = ["main", "command", "build_parser", "PROG", "UsageError", "parameters_from_args"]
+
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,9 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         sub = f"{PROG} {args.command}"
         print(f"{sub}: error: {exc}\nRun '{sub} --help' for the options.", file=sys.stderr)
         return 2
+    except ServerLost as exc:
+        tell(str(exc))
+        return EXIT_SERVER_LOST
     except Terminated:
-        print(f"\n{PROG} {args.command}: stopped by SIGTERM; nothing was committed (the watermark did not move) and a "
-              "started MLflow run is ended KILLED: the next run takes the same batches.", file=sys.stderr)
+        tell(f"\n{PROG} {args.command}: stopped by SIGTERM; {AFTER_STOP.get(args.command, '')}")
         return EXIT_TERMINATED
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)
@@ -87,3 +92,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
             return 1
         raise
+
+
+def command() -> None:
+    """The ``labelshift`` program: :func:`main` as the process itself, whose exit is bounded
+    (:func:`flows.cli.stopping.finish`)."""
+    as_command()
+    code = main()
+    sys.exit(finish(code, PROG))

@@ -1,6 +1,4 @@
 """``python -m flows.cli``: the ``labelshift`` command."""
-import sys
+from flows.cli import command
 
-from flows.cli import main
-
-sys.exit(main())
+command()

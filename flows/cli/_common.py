@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import types
 import typing
@@ -25,31 +24,6 @@ from pydantic import BaseModel, ValidationError
 from runtime import environment as settings_mod
 
 PROG = "labelshift"
-
-
-#: the exit status of a command stopped by SIGTERM (128 + 15, as a shell reports it)
-EXIT_TERMINATED = 143
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``systemctl stop``, ``kill``, Kubernetes, a Prefect worker cancelling): raised in the main thread by
-    :func:`sigterm_unwinds`, so that the command unwinds as on Ctrl-C -- the flow ends its MLflow run KILLED,
-    Prefect records the flow run as crashed, the temporary Prefect server is stopped -- and exits
-    :data:`EXIT_TERMINATED`."""
-
-
-@contextmanager
-def sigterm_unwinds():
-    """Within the block, SIGTERM raises :class:`Terminated` in the main thread instead of ending the process on the
-    spot (Python's default, which leaves the MLflow run RUNNING and prints nothing)."""
-    def terminate(signum, frame):
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class UsageError(Exception):
@@ -139,15 +113,16 @@ def _prefect_api_in_settings() -> bool:
 def prefect_api(env: settings_mod.Settings):
     """Where flows run: the configured Prefect API as it is, or the temporary server started by :func:`setup`
     (waited for, then set as Prefect's API, with flow-run heartbeats off: they let a lasting server mark a run
-    Crashed when its process disappears, which a temporary server cannot outlive to do)."""
+    Crashed when its process disappears, which a temporary server cannot outlive to do). Yields the API URL
+    (None when Prefect was configured in-process, e.g. by a test harness)."""
     if env.prefect_api_url is not None or _temporary_server is None:
-        yield
+        yield env.prefect_api_url
         return
     api_url = _temporary_server.wait_ready()
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        yield
+        yield api_url
 
 
 # -- options from a parameter model ------------------------------------------------------------------------------------

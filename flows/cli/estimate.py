@@ -20,7 +20,8 @@ from pydantic import ValidationError
 
 from runtime import environment as settings_mod
 from flows.cli._common import PROG, Opt, UsageError, add_common, add_field, bounds, csv, given, local_path, \
-    option_name, prefect_api, problems, setup, sigterm_unwinds, validated
+    option_name, prefect_api, problems, setup, validated
+from flows.cli.stopping import lost_sentence, sigterm_unwinds, watched
 from flows.params import DEFAULT_MODEL, INTERVAL_ERROR, ReestimateParameters
 from flows.summary import format_summary
 from labelshift.inference.report import Verdict
@@ -78,7 +79,8 @@ def register(sub) -> None:
                "  labelshift estimate --model models:/labelshift-mnist-5k@latest-good --target ./incoming\n"
                "  labelshift estimate --model models:/clf/3 --target s3://bucket/target/ --interval bootstrap\n"
                "  labelshift estimate ... --check     # exit 3 shifted, 4 untrustworthy, 5 not label shift\n"
-               "Exit status: 0 done, 1 the run failed (the watermark did not move), 2 bad options.",
+               "Exit status: 0 done, 1 the run failed (the watermark did not move), 2 bad options, 75 the Prefect "
+               "server stopped answering (LABELSHIFT_SERVER_LOST_S), 130 Ctrl-C, 143 SIGTERM.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(p, top=False)
     for field in ReestimateParameters.model_fields:
@@ -132,11 +134,22 @@ def parameters_from_args(args: argparse.Namespace) -> ReestimateParameters:
     return validated(ReestimateParameters, given(args, ReestimateParameters), _explain)
 
 
+def _lost(before: int | None):
+    """The sentence of a lost Prefect server, saying whether the run had committed first (``before``: the last
+    sequence committed in this process before the run)."""
+    def sentence(reason: str) -> str:
+        from flows.reestimate import last_committed_sequence
+
+        now = last_committed_sequence()
+        return lost_sentence("estimate", reason, now if now != before else None)
+    return sentence
+
+
 def run(args) -> int:
     params = parameters_from_args(args)
     env = setup(args, prefect_server=True, store_uri=args.store, tracking_uri=params.tracking_uri,
                 experiment_name=params.mlflow_experiment)
-    from flows.reestimate import reestimate, target_uri_for
+    from flows.reestimate import last_committed_sequence, reestimate, target_uri_for
 
     model = args.model or env.model or params.model
     target = target_uri_for(params.target or env.target, env.store_uri)
@@ -145,7 +158,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     call = params.model_dump() | dict(model=model, target=target, tracking_uri=env.tracking_uri,
                                       mlflow_experiment=env.experiment_name)
-    with sigterm_unwinds(), prefect_api(env):
+    with sigterm_unwinds(), prefect_api(env) as api_url, watched(api_url, _lost(last_committed_sequence())):
         state = reestimate(**call, return_state=True)
     if not state.is_completed():
         message = state.message or ""

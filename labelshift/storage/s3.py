@@ -104,10 +104,14 @@ class S3Store(Store):
         Objects larger than ``multipart_threshold`` bytes are uploaded by boto3's transfer manager in parts of
         ``part_size`` bytes (at least 5 MiB, S3's minimum).
     connect_timeout, read_timeout:
-        Socket timeouts of each request, in seconds.
+        Socket timeouts of each request, in seconds (default :attr:`CONNECT_TIMEOUT_S`, :attr:`READ_TIMEOUT_S`).
     client:
         A ready boto3 S3 client to use instead of building one (its own retry settings then apply).
     """
+
+    #: socket timeouts of each request, in seconds (runtime/timeouts.py lists them with every other limit)
+    CONNECT_TIMEOUT_S = 5.0
+    READ_TIMEOUT_S = 60.0
 
     def __init__(
         self,
@@ -118,8 +122,8 @@ class S3Store(Store):
         retry: RetryPolicy | None = None,
         multipart_threshold: int = 64 * 1024 * 1024,
         part_size: int = 16 * 1024 * 1024,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 60.0,
+        connect_timeout: float | None = None,
+        read_timeout: float | None = None,
         client: Any = None,
     ):
         if not isinstance(bucket, str) or not _BUCKET_NAME.match(bucket) or ".." in bucket:
@@ -137,7 +141,8 @@ class S3Store(Store):
         self.bucket, self.prefix, self.endpoint_url = bucket, prefix, endpoint_url
         self.retry = retry or RetryPolicy()
         self.multipart_threshold, self.part_size = multipart_threshold, part_size
-        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        self.connect_timeout = self.CONNECT_TIMEOUT_S if connect_timeout is None else connect_timeout
+        self.read_timeout = self.READ_TIMEOUT_S if read_timeout is None else read_timeout
         self.uri = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
         self._client, self._session, self._lock = client, None, threading.Lock()
         self._bucket_seen = False

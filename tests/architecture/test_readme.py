@@ -101,3 +101,18 @@ def test_every_flag_in_the_variables_table_exists():
                 pending.extend(action.choices.values())
     flags = {f for row in _variables_table() for f in re.findall(r"`(--[a-z0-9-]+)`", row[3])}
     assert flags and flags <= options, flags - options
+
+
+def test_the_operations_manual_lists_every_time_limit_as_runtime_sets_it():
+    """The table of time limits is runtime.timeouts.LIMITS: the same variables, values and words, in order."""
+    from runtime.timeouts import LIMITS
+
+    text = OPERATIONS.read_text()
+    start = text.index("| variable | value | what it bounds |")
+    rows = []
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    assert rows == [f"| {f'`{limit.variable}`' if limit.variable else '-'} | `{limit.value}` | {limit.bounds} |"
+                    for limit in LIMITS]

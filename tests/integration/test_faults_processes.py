@@ -115,10 +115,11 @@ def _flow_running(port: int | None) -> bool:
         return False
 
 
-def kill_at(argv: list[str], env: dict, moment, sig: int = signal.SIGKILL) -> dict:
-    """Run ``argv``, send it ``sig`` (SIGKILL) when ``moment(processes)`` holds, and return what happened: whether
-    it was killed before it ended, the processes it had started, those still running 10 s after, and how long it
-    took to end after the signal."""
+def kill_at(argv: list[str], env: dict, moment, sig: int = signal.SIGKILL, victims=None) -> dict:
+    """Run ``argv``, send ``sig`` (SIGKILL) when ``moment(processes)`` holds -- to the command, or to the processes
+    ``victims(processes)`` picks among those it started -- and return what happened: whether the signal came before
+    the command ended, the processes it had started, those still running 10 s after, and how long the command took
+    to end after the signal."""
     command = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     me = psutil.Process(command.pid)
     created = me.create_time()
@@ -141,9 +142,10 @@ def kill_at(argv: list[str], env: dict, moment, sig: int = signal.SIGKILL) -> di
     killed = command.poll() is None
     record()
     if killed:
-        command.send_signal(sig)
+        for process in (victims(seen) if victims else [me]):
+            process.send_signal(sig)
     sent = time.monotonic()
-    stderr = command.communicate(timeout=60)[1]
+    stderr = command.communicate(timeout=COMMAND_LIMIT_S)[1]
     ended_s = time.monotonic() - sent
     orphans_gone = wait_until(lambda: not _alive(seen) and not _marked(me, created), ORPHAN_LIMIT_S)
     left = _alive(seen)
@@ -211,44 +213,105 @@ def test_sigkill_leaves_no_process_and_the_next_run_counts_every_batch_once(sett
           f"{len(finished)} FINISHED, {len(killed)} KILLED by the next run")
 
 
+def _copy_target(setting, folder: Path) -> Path:
+    target = folder / "target"
+    target.mkdir()
+    for name in BATCHES:
+        shutil.copyfile(setting["target"] / name, target / name)
+    return target
+
+
+def _runs_of(setting, target: Path) -> list:
+    """The MLflow re-estimation runs on ``target``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(setting["uri"])
+    experiment = client.get_experiment_by_name("reestimation")
+    return [] if experiment is None else [
+        r for r in client.search_runs([experiment.experiment_id])
+        if r.data.tags.get("labelshift.kind") == "reestimation"
+        and r.data.tags.get("labelshift.target", "").endswith(str(target))]
+
+
+def _mlflow_run_started(setting, target: Path):
+    def moment(processes) -> bool:                  # the flow is past loading the model and scoring
+        return any(r.info.status == "RUNNING" for r in _runs_of(setting, target))
+    return moment
+
+
+def _next_run_counts_every_batch_once(argv, env, target: Path) -> None:
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=COMMAND_LIMIT_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    watermark = json.loads((target / "_labelshift" / "watermark.json").read_text())
+    assert sorted(b for entry in watermark["history"] for b in entry.get("batches", [])) == BATCHES
+
+
 def test_sigterm_while_the_flow_runs_ends_the_command_cleanly_and_the_next_run_takes_the_batches(setting, tmp_path):
     """SIGTERM (systemctl stop, kill, a worker cancelling) while the flow runs: the command ends within seconds with
     exit 143 and a sentence that says so, its MLflow run ended KILLED by itself (not left RUNNING), the watermark
     as it was, no process left; the next run counts every batch once."""
-    target = tmp_path / "target"
-    target.mkdir()
-    for name in BATCHES:
-        shutil.copyfile(setting["target"] / name, target / name)
-    from mlflow import MlflowClient
-
-    client = MlflowClient(setting["uri"])
-
-    def runs_here() -> list:
-        experiment = client.get_experiment_by_name("reestimation")
-        return [] if experiment is None else [
-            r for r in client.search_runs([experiment.experiment_id])
-            if r.data.tags.get("labelshift.kind") == "reestimation"
-            and r.data.tags.get("labelshift.target", "").endswith(str(target))]
-
-    def mlflow_run_started(processes) -> bool:                  # the flow is past loading the model, scoring
-        return any(r.info.status == "RUNNING" for r in runs_here())
-
+    target = _copy_target(setting, tmp_path)
     argv = [*_estimate(setting)[:-4], "--target", str(target), "--tracking-uri", setting["uri"]]
-    result = kill_at(argv, setting["env"], mlflow_run_started, sig=signal.SIGTERM)
+    result = kill_at(argv, setting["env"], _mlflow_run_started(setting, target), sig=signal.SIGTERM)
     assert result["killed"], result                             # the run was under way when the signal came
     assert result["returncode"] == 143 and result["ended_s"] < 30, result
     assert "stopped by SIGTERM" in result["stderr"], result["stderr"][-2000:]
     assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
     assert not (target / "_labelshift" / "watermark.json").exists()
     assert not any(p.name.endswith(".corrected.npy") for p in target.iterdir())
-    mine = runs_here()
+    mine = _runs_of(setting, target)
     assert [r.info.status for r in mine] == ["KILLED"], [(r.info.status, r.data.tags) for r in mine]
     assert not mine[0].data.tags.get("labelshift.ended_by")     # ended by the run itself, not the next one
+    _next_run_counts_every_batch_once(argv, setting["env"], target)
 
-    done = subprocess.run(argv, env=setting["env"], capture_output=True, text=True, timeout=COMMAND_LIMIT_S)
-    assert done.returncode == 0, done.stderr[-2000:]
-    watermark = json.loads((target / "_labelshift" / "watermark.json").read_text())
-    assert sorted(b for entry in watermark["history"] for b in entry.get("batches", [])) == BATCHES
+
+def _temporary_server(processes) -> list[psutil.Process]:
+    return [p for p in processes.values() if _server_port({p.pid: p}) is not None]
+
+
+#: how long the server may be silent before the command stops the run, here (the setting; 15 s by default)
+LOST_AFTER_S = 3
+
+
+#: a slow estimation (a 4,000-resample bootstrap: about 30 s here) so that the server is lost while it runs
+SLOW = ["--interval", "bootstrap", "--bootstrap", "4000"]
+
+
+@pytest.mark.parametrize("how,during", [(signal.SIGKILL, "estimation"), (signal.SIGSTOP, "estimation"),
+                                        (signal.SIGKILL, "the end")],
+                         ids=["killed-estimating", "frozen-estimating", "killed-near-the-end"])
+def test_a_prefect_server_lost_during_the_run_ends_the_command_within_the_bound(setting, tmp_path, how, during):
+    """The temporary Prefect server killed (a crash, the OOM killer) or frozen (SIGSTOP: it accepts connections
+    and never answers) while the flow runs: the command ends within LABELSHIFT_SERVER_LOST_S + UNWIND_S (+ the
+    health check's own seconds) with exit 75 and one sentence naming the server. Lost during the estimation, the
+    run stops before its commit (the watermark as it was, no output, its MLflow run ended KILLED by itself); lost
+    near the end (the flow needs no server to finish), the sentence says whether the run had committed, and it is
+    true. No process left (the frozen server too); the next run counts every batch once."""
+    from runtime.timeouts import UNWIND_S
+
+    target = _copy_target(setting, tmp_path)
+    argv = [*_estimate(setting)[:-4], "--target", str(target), "--tracking-uri", setting["uri"]]
+    env = {**setting["env"], "LABELSHIFT_SERVER_LOST_S": str(LOST_AFTER_S)}
+    result = kill_at(argv + (SLOW if during == "estimation" else []), env, _mlflow_run_started(setting, target),
+                     sig=how, victims=_temporary_server)
+    assert result["killed"], result
+    assert result["returncode"] == 75, result
+    assert result["ended_s"] < LOST_AFTER_S + UNWIND_S + 8, result
+    assert "stopped answering" in result["stderr"] and "Prefect server at http://127.0.0.1:" in result["stderr"], \
+        result["stderr"][-2000:]
+    assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
+    mine = _runs_of(setting, target)
+    assert not [r for r in mine if r.info.status == "RUNNING"], [(r.info.status, r.data.tags) for r in mine]
+    if "had committed" in result["stderr"]:
+        assert during == "the end" and (target / "_labelshift" / "watermark.json").exists()
+    else:
+        assert "nothing was committed" in result["stderr"], result["stderr"][-2000:]
+        assert not (target / "_labelshift" / "watermark.json").exists()
+        assert not any(p.name.endswith(".corrected.npy") for p in target.iterdir())
+        assert [r.info.status for r in mine] == ["KILLED"], [(r.info.status, r.data.tags) for r in mine]
+    print(f"server {signal.Signals(how).name}: exit {result['returncode']} {result['ended_s']:.1f} s after; "
+          f"{result['stderr'].strip().splitlines()[-1][:160]}")
+    _next_run_counts_every_batch_once(argv, setting["env"], target)
 
 
 def test_sigkill_of_reproduce_leaves_no_process(setting, tmp_path):

@@ -1,0 +1,142 @@
+"""How a command that runs a flow stops when it is asked to or when its Prefect server goes away, within a bounded
+time and saying why.
+
+- **SIGTERM** (``systemctl stop``, ``kill``, Kubernetes, a Prefect worker cancelling) raises :class:`Terminated` in
+  the main thread, so the command unwinds as on Ctrl-C: the flow ends its MLflow run(s) KILLED, the watermark does
+  not move, the temporary Prefect server is stopped; exit :data:`EXIT_TERMINATED`.
+- **A lost Prefect server** (killed, crashed, frozen): :class:`runtime.server_watch.ServerWatch` notices within
+  :data:`runtime.timeouts.ENV_SERVER_LOST_S` seconds and the command unwinds the same way with
+  :class:`ServerLost`, exit :data:`EXIT_SERVER_LOST`; if unwinding itself waits on the dead server (Prefect
+  reports the crash to it, with retries), the command prints its sentence and leaves after
+  :data:`runtime.timeouts.UNWIND_S` seconds regardless. Its processes end with it (``runtime.lifetime``).
+- **At exit**, :func:`finish` gives Prefect's log and event queues :data:`runtime.timeouts.EXIT_DRAIN_S` seconds to
+  reach the server, instead of Prefect's wait without end.
+
+The hard exits (``os._exit``) happen only in the ``labelshift`` process itself (:func:`as_command`), never when a
+test or a served flow run calls the command's functions in-process.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
+
+from runtime import timeouts
+from runtime.server_watch import ServerWatch, health_url
+
+__all__ = ["EXIT_TERMINATED", "EXIT_SERVER_LOST", "AFTER_STOP", "Terminated", "ServerLost", "sigterm_unwinds",
+           "watched", "as_command", "finish", "lost_sentence", "lost_reason", "tell"]
+
+#: the exit status of a command stopped by SIGTERM (128 + 15, as a shell reports it)
+EXIT_TERMINATED = 143
+#: the exit status of a command whose Prefect server stopped answering (sysexits' EX_TEMPFAIL: try again later)
+EXIT_SERVER_LOST = 75
+
+#: what a command stopped midway leaves behind, said after why it stopped
+AFTER_STOP = {
+    "estimate": "nothing was committed (the watermark did not move) and a started MLflow run is ended KILLED: the "
+                "next run takes the same batches.",
+    "reproduce": "the sweep's MLflow runs are ended KILLED; run it again to start over.",
+}
+
+_state: dict = {"command": False, "lost": None, "told": False, "message": None}
+
+
+def lost_sentence(command: str, reason: str, committed: int | None = None) -> str:
+    """What the command says when its Prefect server was lost: what stopped, what it left, what to do;
+    ``committed``: the sequence number the run had committed before (its results then stand)."""
+    if committed is not None:
+        return (f"\nlabelshift {command}: {reason} after the run had committed its verdict (sequence {committed}): "
+                "its outputs and the watermark stand; Prefect's record of the run is incomplete.")
+    return (f"\nlabelshift {command}: {reason}; the run was stopped: {AFTER_STOP.get(command, '')}\n"
+            "  Find out why the server stopped (out of memory? a crash?), or point PREFECT_API_URL at a server that "
+            "runs, then rerun.")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread by :func:`sigterm_unwinds`; the command exits :data:`EXIT_TERMINATED`."""
+
+
+class ServerLost(KeyboardInterrupt):
+    """The Prefect server stopped answering during the run; the command exits :data:`EXIT_SERVER_LOST`."""
+
+
+def as_command() -> None:
+    """Mark this process as the ``labelshift`` command itself: the one place a hard exit may end it."""
+    _state["command"] = True
+
+
+@contextmanager
+def sigterm_unwinds():
+    """Within the block, SIGTERM raises :class:`Terminated` (or :class:`ServerLost`, when the server watch sent
+    it) in the main thread instead of ending the process on the spot (Python's default, which leaves the MLflow
+    run RUNNING and prints nothing)."""
+    def terminate(signum, frame):
+        if _state["lost"]:
+            raise ServerLost(_state["message"](_state["lost"]))
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def watched(api_url: str | None, message: Callable[[str], str]):
+    """Within the block, watch the Prefect server at ``api_url`` (nothing when None or not :func:`as_command`);
+    when it is lost, stop the run: SIGTERM to this process (:func:`sigterm_unwinds` turns it into
+    :class:`ServerLost` whose text is ``message(reason)``, the command's last sentence), and after
+    :data:`runtime.timeouts.UNWIND_S` seconds print that sentence and exit regardless. Raises InputError for a bad :data:`runtime.timeouts.ENV_SERVER_LOST_S`."""
+    if api_url is None or not _state["command"]:
+        yield
+        return
+
+    def on_lost(reason: str) -> None:
+        _state["lost"], _state["message"] = reason, message
+        threading.Timer(timeouts.UNWIND_S, lambda: _leave(EXIT_SERVER_LOST, message(reason))).start()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    with ServerWatch(health_url(api_url), timeouts.server_lost_s(), on_lost):
+        yield
+
+
+def lost_reason() -> str | None:
+    """The sentence of the server watch, once the server was lost."""
+    return _state["lost"]
+
+
+def tell(text: str) -> None:
+    """Print the command's last sentence once (the main thread and a hard exit may both want to)."""
+    if not _state["told"]:
+        _state["told"] = True
+        print(text, file=sys.stderr, flush=True)
+
+
+def _leave(code: int, text: str) -> None:
+    tell(text)
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def finish(code: int, prog: str) -> int:
+    """At the command's end: let Prefect's queued logs and events reach the server for at most
+    :data:`runtime.timeouts.EXIT_DRAIN_S` seconds (a second when the server is known lost); if they cannot, say
+    so and exit ``code`` at once instead of waiting for ever. Returns ``code`` otherwise."""
+    if not _state["command"] or "prefect" not in sys.modules:
+        return code
+    from prefect.events.worker import EventsWorker
+
+    wait = 1.0 if _state["lost"] else timeouts.EXIT_DRAIN_S
+    _, pending = EventsWorker.drain_all(timeout=wait, at_exit=False)     # every Prefect queue, logs included
+    if not pending:
+        return code
+    if _state["lost"]:
+        _leave(code, f"{prog}: {_state['lost']}; the run's last logs and events were not sent.")
+    _leave(code, f"{prog}: the Prefect server did not take the run's last logs and events within {wait:.0f} s "
+                 "(is it overloaded or gone?); they were not sent. What the command printed above stands.")
+    return code

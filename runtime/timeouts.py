@@ -1,0 +1,85 @@
+"""Every network call's time limit, in one table: how long a command waits for Prefect, MLflow and S3 before it
+treats a server that does not answer like one that is gone.
+
+The libraries read most limits from environment variables at import; :func:`apply_timeouts` sets each one the user
+has not set (``labelshift`` calls it before importing Prefect and MLflow), so that a server that accepts
+connections and never answers (frozen, overloaded, a dead proxy) ends a call in tens of seconds instead of minutes:
+Prefect's own defaults wait 60 s per request and retry 5 times with a back-off of 2-32 s (about 6 minutes for one
+call), MLflow's 120 s per request and 7 retries (over 15 minutes). Set a variable to override it; the table below
+is what ``docs/operations.md`` shows (a test keeps them equal).
+
+Two limits are the command's own: how long the Prefect server may stop answering during a run before the run is
+stopped (:data:`ENV_SERVER_LOST_S`, watched by :mod:`runtime.server_watch`), and how long the command then gives
+itself to end its MLflow run and leave (:data:`UNWIND_S`).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+
+from labelshift.errors import InputError
+from labelshift.storage.s3 import S3Store
+
+__all__ = ["Limit", "LIMITS", "ENV_SERVER_LOST_S", "SERVER_LOST_S", "UNWIND_S", "EXIT_DRAIN_S", "apply_timeouts",
+           "server_lost_s"]
+
+#: how long (seconds) the Prefect server may not answer during a run before the command stops the run
+ENV_SERVER_LOST_S = "LABELSHIFT_SERVER_LOST_S"
+SERVER_LOST_S = 15.0
+#: seconds a command stopped for a lost server has to end its MLflow run before it exits regardless
+UNWIND_S = 10.0
+#: seconds the command waits at exit for Prefect's log and event queues to reach a server that still answers
+EXIT_DRAIN_S = 15.0
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One time limit: the variable that sets it (None: fixed in code), the value used when it is not set, and
+    what it bounds."""
+
+    variable: str | None
+    value: str
+    bounds: str
+
+
+LIMITS: tuple[Limit, ...] = (
+    Limit("PREFECT_API_REQUEST_TIMEOUT", "30", "one request to the Prefect API, in seconds (Prefect's default 60)"),
+    Limit("PREFECT_CLIENT_MAX_RETRIES", "3", "retries of a failed Prefect API request, 2, 4, 8 s apart "
+                                             "(Prefect's default 5, up to 32 s apart)"),
+    Limit("MLFLOW_HTTP_REQUEST_TIMEOUT", "30", "one request to an MLflow tracking server, in seconds "
+                                               "(MLflow's default 120)"),
+    Limit("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3", "retries of a failed MLflow request, 0, 4, 8 s apart "
+                                                  "(MLflow's default 7, up to 2 minutes apart)"),
+    Limit(None, f"{S3Store.CONNECT_TIMEOUT_S:g} / {S3Store.READ_TIMEOUT_S:g}",
+          "connecting to / reading from the S3 server, in seconds, with botocore's retries "
+          "(`labelshift.storage.s3.S3Store`)"),
+    Limit(ENV_SERVER_LOST_S, f"{SERVER_LOST_S:g}", "how long the Prefect server may not answer during a run (dead "
+                                                  "or frozen) before the command stops the run, in seconds"),
+    Limit(None, f"{UNWIND_S:g}", "then, the time the command has to end its MLflow run and leave, in seconds"),
+    Limit(None, f"{EXIT_DRAIN_S:g}", "at exit, the wait for Prefect's queued logs and events to reach the server, "
+                                     "in seconds (Prefect waits forever)"),
+)
+
+
+def apply_timeouts(environ: MutableMapping[str, str] | None = None) -> None:
+    """Set every limit of :data:`LIMITS` read from the environment that is not set already."""
+    env = os.environ if environ is None else environ
+    for limit in LIMITS:
+        if limit.variable is not None and limit.variable != ENV_SERVER_LOST_S:
+            env.setdefault(limit.variable, limit.value)
+
+
+def server_lost_s(environ: MutableMapping[str, str] | None = None) -> float:
+    """:data:`ENV_SERVER_LOST_S` as a number of seconds (at least 2); raises InputError naming the variable."""
+    env = os.environ if environ is None else environ
+    text = (env.get(ENV_SERVER_LOST_S) or "").strip()
+    if not text:
+        return SERVER_LOST_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 2:
+        raise InputError(f"{ENV_SERVER_LOST_S} must be a number of seconds, 2 or more; got {text!r}")
+    return value
