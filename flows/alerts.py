@@ -3,8 +3,9 @@
 :func:`check_alerts` turns the operator's choices into an :class:`AlertPlan`, or raises :class:`InputError` naming
 the fix -- before anything is created. :func:`apply_alerts` then, on a Prefect server:
 
-1. saves the notification blocks the plan names (a custom webhook, Slack, SendGrid email) under fixed names,
-   overwriting their previous version, and loads the existing blocks it refers to by ``<type slug>/<name>``;
+1. saves the notification blocks the plan names (a custom webhook, Slack, SendGrid email) under names of their
+   scope (:func:`block_name`: one block per kind and scope, never shared between scopes), overwriting that scope's
+   previous version, and loads the existing blocks it refers to by ``<type slug>/<name>``;
 2. creates or updates one automation per alert (:func:`automation_specs`), found again by its name, and deletes the
    shipped automations of the same scope the plan no longer asks for.
 
@@ -13,6 +14,7 @@ Running it twice leaves one automation per alert: the second run updates them. E
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -20,13 +22,13 @@ from urllib.parse import urlsplit
 from labelshift.errors import InputError, ServiceUnavailableError
 from tasks.reestimation.alerts import EVENT_NAMES, LABEL_ACCURACY_DROP_PERCENT, LABEL_MODEL, LABEL_TV_PERCENT, RESOURCE_PREFIX
 
-__all__ = ["TAG", "BLOCK_NAME", "AlertPlan", "AutomationSpec", "check_alerts", "check_url", "parse_threshold",
+__all__ = ["TAG", "BLOCK_PREFIX", "block_name", "AlertPlan", "AutomationSpec", "check_alerts", "check_url", "parse_threshold",
            "automation_specs", "apply_alerts", "MESSAGE_SUBJECT", "MESSAGE_BODY"]
 
 #: the tag of every automation this module manages
 TAG = "labelshift-alerts"
-#: the name of each notification block this module saves (per kind: custom-webhook, slack-webhook, sendgrid-email)
-BLOCK_NAME = "labelshift-alerts"
+#: the start of the name of each notification block this module saves (:func:`block_name`)
+BLOCK_PREFIX = "labelshift-alerts"
 _EMAIL = re.compile(r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$")
 
 #: what each notification says (Jinja, rendered by Prefect's actions service from the triggering event)
@@ -76,6 +78,17 @@ class AlertPlan:
     def scope(self) -> str:
         """The automations' scope in their names: the model, or ``all models``."""
         return self.model or "all models"
+
+
+def block_name(model: str | None) -> str:
+    """The name of the blocks a scope's automations send through (one per kind: custom-webhook, slack-webhook,
+    sendgrid-email): ``labelshift-alerts-all-models``, or for a model ``labelshift-alerts-model-<slug>-<hash>``
+    (the slug: the name in lowercase letters, digits and dashes, at most 40; the hash: 8 hex digits of the exact
+    name, so that two models whose slugs agree never share a block)."""
+    if model is None:
+        return f"{BLOCK_PREFIX}-all-models"
+    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")[:40].strip("-") or "model"
+    return f"{BLOCK_PREFIX}-model-{slug}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True)
@@ -219,20 +232,21 @@ def _notification_blocks() -> list[str]:
 
 
 def _save_blocks(plan: AlertPlan) -> list:
-    """Save the blocks the plan describes (overwriting this command's earlier ones); their document ids."""
+    """Save the blocks the plan describes under its scope's :func:`block_name` (overwriting this scope's earlier
+    ones, never another scope's); their document ids."""
     from prefect.blocks.notifications import CustomWebhookNotificationBlock, SendgridEmail, SlackWebhook
 
-    ids = []
+    name, ids = block_name(plan.model), []
     if plan.webhook_url:
         ids.append(CustomWebhookNotificationBlock(
-            name=BLOCK_NAME, url=plan.webhook_url,
+            name=name, url=plan.webhook_url,
             json_data={"subject": "{{subject}}", "body": "{{body}}", "text": "{{subject}}\n{{body}}"},
-        ).save(BLOCK_NAME, overwrite=True))
+        ).save(name, overwrite=True))
     if plan.slack_url:
-        ids.append(SlackWebhook(url=plan.slack_url).save(BLOCK_NAME, overwrite=True))
+        ids.append(SlackWebhook(url=plan.slack_url).save(name, overwrite=True))
     if plan.email_to:
         ids.append(SendgridEmail(api_key=plan.sendgrid_api_key, sender_email=plan.email_from,
-                                 to_emails=list(plan.email_to)).save(BLOCK_NAME, overwrite=True))
+                                 to_emails=list(plan.email_to)).save(name, overwrite=True))
     return ids
 
 
@@ -264,8 +278,9 @@ def _tagged(client, page: int = 100) -> list:
 def apply_alerts(plan: AlertPlan) -> dict:
     """Set up (or with ``plan.remove``, delete) the plan's automations on the Prefect server in use.
 
-    Checks the server and the referenced blocks first; only then saves blocks and writes automations. Returns
-    ``{"created": [names], "updated": [names], "deleted": [names], "blocks": [ids]}``.
+    Checks the server and the referenced blocks first; only then saves blocks and writes automations. With
+    ``plan.remove`` the scope's own blocks (:func:`block_name`) are deleted too. Returns ``{"created": [names],
+    "updated": [names], "deleted": [names], "blocks": [ids], "deleted_blocks": [<type slug>/<name>]}``.
 
     Raises:
         ServiceUnavailableError: the Prefect API does not answer.
@@ -278,26 +293,54 @@ def apply_alerts(plan: AlertPlan) -> dict:
     block_ids = [] if plan.remove else _existing_blocks(plan.blocks)     # checked before anything is written
     if not plan.remove:
         block_ids = _save_blocks(plan) + block_ids
-    done: dict = {"created": [], "updated": [], "deleted": [], "blocks": [str(b) for b in block_ids]}
+    done: dict = {"created": [], "updated": [], "deleted": [], "blocks": [str(b) for b in block_ids],
+                  "deleted_blocks": []}
     with get_client(sync_client=True) as client:
-        ours = [a for a in _tagged(client) if a.name.endswith(f" ({plan.scope})")]
-        by_name: dict = {}
-        for automation in ours:
-            by_name.setdefault(automation.name, []).append(automation)
-        for spec in wanted:
-            found = by_name.pop(spec.name, [])
-            automation = _automation(spec, block_ids)
-            if found:
-                client.update_automation(found[0].id, automation)
-                done["updated"].append(spec.name)
-                found = found[1:]
-            else:
-                client.create_automation(automation)
-                done["created"].append(spec.name)
-            for extra in found:                   # duplicates made by hand or by an interrupted earlier run
-                client.delete_automation(extra.id)
-        for name, stale in by_name.items():
-            for automation in stale:
-                client.delete_automation(automation.id)
-            done["deleted"].append(name)
+        _write_scope(client, plan, wanted, block_ids, done)
+        if plan.remove:
+            done["deleted_blocks"] = _delete_scope_blocks(client, plan.model)
     return done
+
+
+def _write_scope(client, plan: AlertPlan, wanted: list[AutomationSpec], block_ids: list, done: dict) -> None:
+    """Create or update the automations ``wanted`` of the plan's scope, and delete the scope's others (those the
+    plan no longer asks for, and duplicates); the names go to ``done``."""
+    ours = [a for a in _tagged(client) if a.name.endswith(f" ({plan.scope})")]
+    by_name: dict = {}
+    for automation in ours:
+        by_name.setdefault(automation.name, []).append(automation)
+    for spec in wanted:
+        found = by_name.pop(spec.name, [])
+        automation = _automation(spec, block_ids)
+        if found:
+            client.update_automation(found[0].id, automation)
+            done["updated"].append(spec.name)
+            found = found[1:]
+        else:
+            client.create_automation(automation)
+            done["created"].append(spec.name)
+        for extra in found:                   # duplicates made by hand or by an interrupted earlier run
+            client.delete_automation(extra.id)
+    for name, stale in by_name.items():
+        for automation in stale:
+            client.delete_automation(automation.id)
+        done["deleted"].append(name)
+
+
+#: the block types :func:`_save_blocks` writes
+_SAVED_KINDS = ("custom-webhook", "slack-webhook", "sendgrid-email")
+
+
+def _delete_scope_blocks(client, model: str | None) -> list[str]:
+    """Delete the blocks :func:`_save_blocks` saved for the scope of ``model``; their ``<type slug>/<name>``."""
+    from prefect.exceptions import ObjectNotFound
+
+    name, gone = block_name(model), []
+    for slug in _SAVED_KINDS:
+        try:
+            document = client.read_block_document_by_name(name, slug, include_secrets=False)
+        except ObjectNotFound:
+            continue
+        client.delete_block_document(document.id)
+        gone.append(f"{slug}/{name}")
+    return gone

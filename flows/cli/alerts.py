@@ -49,8 +49,9 @@ def register(sub) -> None:
     add_common(p, top=False)
     n = p.add_argument_group("where notifications go (at least one)")
     n.add_argument("--webhook-url", metavar="URL",
-                   help="POST a JSON message {subject, body, text} to this URL (a Custom Webhook block named "
-                        f"'labelshift-alerts') (default: ${s.ENV_ALERT_WEBHOOK_URL})")
+                   help="POST a JSON message {subject, body, text} to this URL (a Custom Webhook block of this "
+                        "scope: labelshift-alerts-all-models, or labelshift-alerts-model-<name>-<hash> with --model) "
+                        f"(default: ${s.ENV_ALERT_WEBHOOK_URL})")
     n.add_argument("--slack-webhook-url", metavar="URL",
                    help="post to Slack through this incoming-webhook URL (a Slack Webhook block) "
                         f"(default: ${s.ENV_ALERT_SLACK_URL})")
@@ -75,7 +76,8 @@ def register(sub) -> None:
     t.add_argument("--model", metavar="NAME",
                    help="only the re-estimations of this registered model (NAME or models:/NAME@ALIAS) (default: "
                         "every model); each scope has its own automations")
-    p.add_argument("--remove", action="store_true", help="delete the automations of this scope instead")
+    p.add_argument("--remove", action="store_true",
+                   help="delete the automations of this scope instead, and the blocks saved for it")
     p.set_defaults(handler=run)
     _register_listen(p)
 
@@ -151,6 +153,8 @@ def run(args) -> int:
     for word in ("created", "updated", "deleted"):
         for name in done[word]:
             print(f"{word} automation '{name}'")
+    for ref in done.get("deleted_blocks", []):
+        print(f"deleted block '{ref}'")
     if not plan.remove:
         print(f"notifications through {len(done['blocks'])} block(s); every re-estimation emits "
               "labelshift.verdict.<verdict> (docs/alerts.md)")

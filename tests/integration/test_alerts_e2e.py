@@ -119,6 +119,7 @@ def test_a_not_label_shift_run_notifies_the_webhook_once(prefect_server, sqlite_
 
     from prefect.events import emit_event
 
+    from flows.alerts import block_name
     from flows.reestimate import reestimate
     from tasks.reestimation.alerts import LABEL_TV_PERCENT, percent_label, verdict_event
 
@@ -131,7 +132,7 @@ def test_a_not_label_shift_run_notifies_the_webhook_once(prefect_server, sqlite_
         assert "--block custom-webhook/no-such-block: no such block" in capsys.readouterr().err
         assert _ours(MODEL_NAME) == []
         with pytest.raises(ValueError):
-            CustomWebhookNotificationBlock.load("labelshift-alerts")
+            CustomWebhookNotificationBlock.load(block_name(MODEL_NAME))
 
         # twice: the second run updates, never duplicates
         assert main(argv) == 0
@@ -143,7 +144,7 @@ def test_a_not_label_shift_run_notifies_the_webhook_once(prefect_server, sqlite_
                                      "labelshift: Untrustworthy (alerts-e2e)"]
         # an unknown block, once there are notification blocks: the error lists them
         assert main(["alerts", "--home", home, "--block", "slack-webhook/nope", "--model", "other-model"]) == 2
-        assert "pick one of: custom-webhook/labelshift-alerts" in capsys.readouterr().err
+        assert f"pick one of: custom-webhook/{block_name(MODEL_NAME)}" in capsys.readouterr().err
         assert _ours("other-model") == []
 
         # a real re-estimation that ends "Not label shift": source data plus a class the model never saw
@@ -190,3 +191,46 @@ def test_a_not_label_shift_run_notifies_the_webhook_once(prefect_server, sqlite_
     finally:
         main(["alerts", "--home", home, "--model", MODEL_NAME, "--remove"])
     assert _ours(MODEL_NAME) == []
+    assert f"deleted block 'custom-webhook/{block_name(MODEL_NAME)}'" in capsys.readouterr().out
+    with pytest.raises(ValueError):
+        CustomWebhookNotificationBlock.load(block_name(MODEL_NAME))
+
+
+def _emit(verdict: str, model: str, tag: str) -> None:
+    """A verdict event of ``model`` on one target, as a re-estimation emits it, with ``tag`` in its headline."""
+    from prefect.events import emit_event
+
+    from tasks.reestimation.alerts import verdict_event
+
+    summary = {"verdict": verdict, "headline": f"{tag}: synthetic {verdict}", "target": "file:///scopes/target",
+               "mlflow": {"run_id": f"run-{tag}"}, "prefect_flow_run_id": f"flow-run-{tag}"}
+    assert emit_event(**verdict_event(summary, model={"name": model, "version": "1"})) is not None
+
+
+def test_each_scope_notifies_through_its_own_block(prefect_server, tmp_path, monkeypatch, capsys):
+    """Found by the orchestration tests (issue 32): a --model scope set to URL2 re-pointed the all-models
+    automations to URL2 (one shared block). Each scope has its own block now: the all-models alerts still reach
+    URL1."""
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+
+    from flows.alerts import block_name
+
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server)
+    everyone, pets = Receiver(), Receiver()
+    base = ["alerts", "--home", str(tmp_path / "home")]
+    try:
+        assert main([*base, "--webhook-url", everyone.url]) == 0
+        assert main([*base, "--webhook-url", pets.url, "--model", "pets-logs"]) == 0
+        assert CustomWebhookNotificationBlock.load(block_name(None)).url == everyone.url
+        assert CustomWebhookNotificationBlock.load(block_name("pets-logs")).url == pets.url
+        _emit("Untrustworthy", "fraud-model", "other-model")
+        everyone.wait_for(lambda m: "other-model:" in m.get("body", ""), "of another model at URL1")
+        _emit("Untrustworthy", "pets-logs", "pets")
+        pets.wait_for(lambda m: "pets:" in m.get("body", ""), "of pets-logs at URL2")
+    finally:
+        main([*base, "--model", "pets-logs", "--remove"])
+        main([*base, "--remove"])
+        capsys.readouterr()
+        everyone.stop()
+        pets.stop()
+    assert _ours("all models") == [] and _ours("pets-logs") == []
