@@ -7,7 +7,9 @@ the fix -- before anything is created. :func:`apply_alerts` then, on a Prefect s
    scope (:func:`block_name`: one block per kind and scope, never shared between scopes), overwriting that scope's
    previous version, and loads the existing blocks it refers to by ``<type slug>/<name>``;
 2. creates or updates one automation per alert (:func:`automation_specs`), found again by its name, and deletes the
-   shipped automations of the same scope the plan no longer asks for.
+   shipped automations of the same scope the plan no longer asks for;
+3. keeps the all-models automations off the models that have a scope of their own (:func:`exclusions`), so that
+   one run notifies once, through its model's scope, however the scopes overlap.
 
 Running it twice leaves one automation per alert: the second run updates them. Every automation is tagged
 :data:`TAG`; its trigger is reactive, one event fires it once, and its actions send one notification per block.
@@ -22,7 +24,7 @@ from urllib.parse import urlsplit
 from labelshift.errors import InputError, ServiceUnavailableError
 from tasks.reestimation.alerts import EVENT_NAMES, LABEL_ACCURACY_DROP_PERCENT, LABEL_MODEL, LABEL_TV_PERCENT, RESOURCE_PREFIX
 
-__all__ = ["TAG", "BLOCK_PREFIX", "block_name", "AlertPlan", "AutomationSpec", "check_alerts", "check_url", "parse_threshold",
+__all__ = ["TAG", "BLOCK_PREFIX", "block_name", "exclusions", "AlertPlan", "AutomationSpec", "check_alerts", "check_url", "parse_threshold",
            "automation_specs", "apply_alerts", "MESSAGE_SUBJECT", "MESSAGE_BODY"]
 
 #: the tag of every automation this module manages
@@ -99,6 +101,7 @@ class AutomationSpec:
     description: str
     event: str
     match: dict
+    match_related: list = field(default_factory=list)
 
 
 def check_url(url: str, option: str) -> str:
@@ -153,6 +156,9 @@ def check_alerts(*, webhook_url=None, slack_url=None, email_to=(), email_from=No
                      tv_percent=parse_threshold(tv, tv_option),
                      accuracy_drop_percent=parse_threshold(accuracy_drop, drop_option),
                      model=(model or "").strip() or None, remove=remove)
+    if plan.model and (plan.model.startswith("!") or "*" in plan.model):
+        raise InputError(f"--model {plan.model!r}: a registered model's name, without '*' or a leading '!' (Prefect "
+                         "reads those as patterns); pass the name as MLflow shows it")
     if not remove and not (plan.webhook_url or plan.slack_url or plan.email_to or plan.blocks):
         raise InputError("no notification target: pass --webhook-url URL, --slack-webhook-url URL, --email-to "
                          "ADDRESS or --block TYPE/NAME (or their environment variables, see --help)")
@@ -164,12 +170,23 @@ def _at_least(percent: int) -> list[str]:
     return [str(p) for p in range(percent, 101)]
 
 
-def automation_specs(plan: AlertPlan) -> list[AutomationSpec]:
-    """The automations of ``plan``: Not label shift and Untrustworthy always, Shifted from each threshold set."""
+def exclusions(models) -> list[dict]:
+    """The ``match_related`` of an all-models automation that skips ``models`` (those with a scope of their own):
+    one specification per model, each met by the event's model resource (``labelshift.model.<name>``, role
+    ``model``) only when it is another model. Prefect requires every specification of the list to be met (a list
+    of negated values in one specification would be met by any model: it needs only one of them)."""
+    return [{"prefect.resource.role": "model", "prefect.resource.id": f"!labelshift.model.{m}"}
+            for m in sorted(models)]
+
+
+def automation_specs(plan: AlertPlan, scoped: tuple[str, ...] = ()) -> list[AutomationSpec]:
+    """The automations of ``plan``: Not label shift and Untrustworthy always, Shifted from each threshold set. The
+    all-models ones skip the models in ``scoped`` (:func:`exclusions`)."""
     base = {"prefect.resource.id": RESOURCE_PREFIX + "*"}
     if plan.model:
         base[LABEL_MODEL] = plan.model
     scope = f" ({plan.scope})"
+    related = [] if plan.model else exclusions(scoped)
     specs = [AutomationSpec(f"labelshift: Not label shift{scope}",
                             "The new data are not label-shifted source data: no corrected outputs were written.",
                             EVENT_NAMES["Not label shift"], dict(base)),
@@ -186,14 +203,15 @@ def automation_specs(plan: AlertPlan) -> list[AutomationSpec]:
             f"The label distribution shifted and the deployed model's expected accuracy dropped by "
             f"{plan.accuracy_drop_percent} points or more.",
             EVENT_NAMES["Shifted"], {**base, LABEL_ACCURACY_DROP_PERCENT: _at_least(plan.accuracy_drop_percent)}))
-    return specs
+    return [AutomationSpec(s.name, s.description, s.event, s.match, related) for s in specs]
 
 
 def _automation(spec: AutomationSpec, block_ids: list):
     from prefect.events.actions import SendNotification
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-    trigger = EventTrigger(expect={spec.event}, match=spec.match, posture=Posture.Reactive, threshold=1, within=0)
+    trigger = EventTrigger(expect={spec.event}, match=spec.match, match_related=spec.match_related or {},
+                           posture=Posture.Reactive, threshold=1, within=0)
     actions = [SendNotification(block_document_id=b, subject=MESSAGE_SUBJECT, body=MESSAGE_BODY) for b in block_ids]
     return AutomationCore(name=spec.name, description=spec.description + " (managed by `labelshift alerts`)",
                           enabled=True, tags=[TAG], trigger=trigger, actions=actions)
@@ -289,17 +307,53 @@ def apply_alerts(plan: AlertPlan) -> dict:
     from prefect.client.orchestration import get_client
 
     _check_server()
-    wanted = [] if plan.remove else automation_specs(plan)
     block_ids = [] if plan.remove else _existing_blocks(plan.blocks)     # checked before anything is written
     if not plan.remove:
         block_ids = _save_blocks(plan) + block_ids
     done: dict = {"created": [], "updated": [], "deleted": [], "blocks": [str(b) for b in block_ids],
                   "deleted_blocks": []}
     with get_client(sync_client=True) as client:
+        scoped = _scoped_models(_tagged(client)) - {plan.model}
+        if plan.model and not plan.remove:
+            scoped.add(plan.model)
+        wanted = [] if plan.remove else automation_specs(plan, tuple(sorted(scoped)))
         _write_scope(client, plan, wanted, block_ids, done)
+        if plan.model:
+            done["updated"] += _exclude_from_all_models(client, scoped)
         if plan.remove:
             done["deleted_blocks"] = _delete_scope_blocks(client, plan.model)
     return done
+
+
+def _scoped_models(automations) -> set[str]:
+    """The models that have automations of their own among ``automations`` (their trigger's model label)."""
+    models = set()
+    for automation in automations:
+        match = getattr(automation.trigger, "match", None)
+        value = match.root.get(LABEL_MODEL) if match is not None else None
+        if isinstance(value, str):
+            models.add(value)
+    return models
+
+
+def _exclude_from_all_models(client, scoped: set[str]) -> list[str]:
+    """Set the all-models automations' ``match_related`` to skip the ``scoped`` models; the names of those that
+    changed."""
+    from prefect.events.schemas.automations import AutomationCore
+
+    related, changed = exclusions(scoped), []
+    for automation in _tagged(client):
+        if not automation.name.endswith(f" ({AlertPlan().scope})"):
+            continue
+        trigger = automation.trigger.model_dump(mode="json")
+        current = trigger.get("match_related") or []
+        if (current if isinstance(current, list) else [current] if current else []) == related:
+            continue
+        kept = {k: v for k, v in automation.model_dump(mode="json").items() if v is not None}   # none is unset
+        core = AutomationCore.model_validate({**kept, "trigger": {**trigger, "match_related": related or {}}})
+        client.update_automation(automation.id, core)
+        changed.append(automation.name)
+    return changed
 
 
 def _write_scope(client, plan: AlertPlan, wanted: list[AutomationSpec], block_ids: list, done: dict) -> None:

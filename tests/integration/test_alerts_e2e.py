@@ -207,10 +207,15 @@ def _emit(verdict: str, model: str, tag: str) -> None:
     assert emit_event(**verdict_event(summary, model={"name": model, "version": "1"})) is not None
 
 
-def test_each_scope_notifies_through_its_own_block(prefect_server, tmp_path, monkeypatch, capsys):
+def test_each_scope_notifies_through_its_own_block_and_one_run_once(prefect_server, tmp_path, monkeypatch, capsys):
     """Found by the orchestration tests (issue 32): a --model scope set to URL2 re-pointed the all-models
-    automations to URL2 (one shared block). Each scope has its own block now: the all-models alerts still reach
-    URL1."""
+    automations to URL2 (one shared block), and a run of that model then sent two identical messages (one per
+    scope). Each scope has its own block now, and the all-models automations skip the models with a scope of their
+    own: the all-models alerts still reach URL1, a pets-logs run notifies once (URL2 only), and after
+    ``--model pets-logs --remove`` pets-logs runs reach URL1 again.
+
+    "Once" without a fixed wait: after the pets-logs event, an event of another model goes to URL1; events of one
+    sender are handled in order, so when it has arrived at URL1, a duplicate of the pets-logs one would have too."""
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
     from flows.alerts import block_name
@@ -221,12 +226,21 @@ def test_each_scope_notifies_through_its_own_block(prefect_server, tmp_path, mon
     try:
         assert main([*base, "--webhook-url", everyone.url]) == 0
         assert main([*base, "--webhook-url", pets.url, "--model", "pets-logs"]) == 0
+        out = capsys.readouterr().out
+        assert "updated automation 'labelshift: Untrustworthy (all models)'" in out, out
         assert CustomWebhookNotificationBlock.load(block_name(None)).url == everyone.url
         assert CustomWebhookNotificationBlock.load(block_name("pets-logs")).url == pets.url
-        _emit("Untrustworthy", "fraud-model", "other-model")
-        everyone.wait_for(lambda m: "other-model:" in m.get("body", ""), "of another model at URL1")
-        _emit("Untrustworthy", "pets-logs", "pets")
-        pets.wait_for(lambda m: "pets:" in m.get("body", ""), "of pets-logs at URL2")
+
+        _emit("Untrustworthy", "pets-logs", "pets-1")
+        pets.wait_for(lambda m: "pets-1:" in m.get("body", ""), "of pets-logs at URL2")
+        _emit("Untrustworthy", "fraud-model", "other")
+        everyone.wait_for(lambda m: "other:" in m.get("body", ""), "of another model at URL1")
+        sent = [m for r in (everyone, pets) for m in r.messages if "pets-1:" in m.get("body", "")]
+        assert len(sent) == 1 and sent[0] in pets.messages, sent
+
+        assert main([*base, "--model", "pets-logs", "--remove"]) == 0
+        _emit("Untrustworthy", "pets-logs", "pets-2")
+        everyone.wait_for(lambda m: "pets-2:" in m.get("body", ""), "of pets-logs at URL1 once its scope is gone")
     finally:
         main([*base, "--model", "pets-logs", "--remove"])
         main([*base, "--remove"])

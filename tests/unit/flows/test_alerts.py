@@ -262,3 +262,29 @@ def test_listen_on_a_taken_port_names_the_fix(capsys):
         taken.listen()
         assert main(["alerts", "listen", "--port", str(taken.getsockname()[1])]) == 2
     assert "pick another --port (0 for any free one)" in capsys.readouterr().err
+
+
+def test_the_all_models_automations_skip_the_models_with_a_scope_of_their_own():
+    """Prefect's own trigger (the server's, which decides) fires the all-models automation for a model without a
+    scope of its own only; a list of negated values in one specification would let every model through."""
+    from prefect.server.events.schemas.automations import EventTrigger
+    from prefect.server.events.schemas.events import RelatedResource, Resource
+
+    specs = automation_specs(AlertPlan(webhook_url="http://h/x"), scoped=("pets-logs", "fraud-model"))
+    assert all(s.match_related == [{"prefect.resource.role": "model", "prefect.resource.id": "!labelshift.model.fraud-model"},
+                                   {"prefect.resource.role": "model", "prefect.resource.id": "!labelshift.model.pets-logs"}]
+               for s in specs)
+    trigger = EventTrigger(expect={specs[0].event}, match=specs[0].match, match_related=specs[0].match_related,
+                           posture="Reactive", threshold=1)
+
+    def covers(model: str) -> bool:
+        resource = Resource({"prefect.resource.id": "labelshift.target.s3://b/t", LABEL_MODEL: model})
+        related = [RelatedResource({"prefect.resource.id": f"labelshift.model.{model}", "prefect.resource.role": "model"}),
+                   RelatedResource({"prefect.resource.id": "prefect.flow-run.1", "prefect.resource.role": "flow-run"})]
+        return trigger.covers_resources(resource, related)
+
+    assert covers("other-model") and not covers("pets-logs") and not covers("fraud-model")
+    scoped = automation_specs(AlertPlan(webhook_url="http://h/x", model="pets-logs"), scoped=("pets-logs",))
+    assert all(s.match_related == [] and s.match[LABEL_MODEL] == "pets-logs" for s in scoped)
+    with pytest.raises(InputError, match="without '\\*'"):
+        check_alerts(webhook_url="http://h/x", model="pets*")
