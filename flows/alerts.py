@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from labelshift.errors import InputError, ServiceUnavailableError
-from tasks.reestimation.alerts import EVENT_NAMES, LABEL_ACCURACY_DROP_PERCENT, LABEL_MODEL, LABEL_TV_PERCENT, RESOURCE_PREFIX
+from tasks.reestimation.alerts import (AUTOMATION_TAG, EVENT_NAMES, LABEL_ACCURACY_DROP_PERCENT, LABEL_MODEL,
+                                      LABEL_TV_PERCENT, RESOURCE_PREFIX)
 
 __all__ = ["TAG", "BLOCK_PREFIX", "block_name", "exclusions", "AlertPlan", "AutomationSpec", "check_alerts", "check_url", "parse_threshold",
            "automation_specs", "apply_alerts", "MESSAGE_SUBJECT", "MESSAGE_BODY"]
 
 #: the tag of every automation this module manages
-TAG = "labelshift-alerts"
+TAG = AUTOMATION_TAG
 #: the start of the name of each notification block this module saves (:func:`block_name`)
 BLOCK_PREFIX = "labelshift-alerts"
 _EMAIL = re.compile(r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$")

@@ -248,3 +248,37 @@ def test_each_scope_notifies_through_its_own_block_and_one_run_once(prefect_serv
         everyone.stop()
         pets.stop()
     assert _ours("all models") == [] and _ours("pets-logs") == []
+
+
+def test_a_run_that_no_automation_watches_says_that_no_alert_can_be_delivered(prefect_server, sqlite_model, tmp_path,
+                                                                             monkeypatch, capsys):
+    """Found by the orchestration tests (issue 32): a cron job without PREFECT_API_URL sent its Shifted event to a
+    temporary server and nobody was told. A run whose event goes to a server without automations of
+    `labelshift alerts` says so in its log and its warnings (which the CLI prints), naming the fix; with them set
+    up, it does not."""
+    from flows.reestimate import reestimate
+    from flows.summary import format_summary
+    from tasks.reestimation.alerts import delivery_warning
+
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server)
+    assert _ours("") == [], "the other tests leave no automation behind"
+    target = tmp_path / "target"
+    target.mkdir()
+    np.save(target / "bad.npy", np.zeros((10, 5), np.float32))
+    state = reestimate(model=sqlite_model["model_uri"], target=str(target), tracking_uri=sqlite_model["tracking_uri"],
+                       return_state=True)
+    assert state.name == "No valid data", state.message
+    summary = state.result()
+    warnings = [w for w in summary.get("warnings", []) if w.startswith("no alert can be delivered")]
+    assert len(warnings) == 1, summary.get("warnings")
+    assert (f"its event labelshift.verdict.no-valid-data went to the Prefect server at {prefect_server}, which holds "
+            "no automation of `labelshift alerts`. Point PREFECT_API_URL at the server where") in warnings[0]
+    assert warnings[0] in format_summary(summary)
+
+    home = str(tmp_path / "home")
+    assert main(["alerts", "--home", home, "--webhook-url", "http://127.0.0.1:9/unused"]) == 0
+    try:
+        assert delivery_warning("labelshift.verdict.shifted") is None
+    finally:
+        assert main(["alerts", "--home", home, "--remove"]) == 0
+        capsys.readouterr()

@@ -288,3 +288,20 @@ def test_the_all_models_automations_skip_the_models_with_a_scope_of_their_own():
     assert all(s.match_related == [] and s.match[LABEL_MODEL] == "pets-logs" for s in scoped)
     with pytest.raises(InputError, match="without '\\*'"):
         check_alerts(webhook_url="http://h/x", model="pets*")
+
+
+def test_the_temporary_server_of_a_command_is_recognised_by_its_prefect_home(tmp_path, monkeypatch):
+    """A command without PREFECT_API_URL sets PREFECT_HOME to <LABELSHIFT_HOME>/prefect for its temporary server
+    (runtime.environment.apply); the local stack's server and workers live under <home>/stack/."""
+    from runtime import environment
+    from tasks.reestimation.alerts import _on_temporary_server
+
+    env: dict = {}
+    environment.apply(environment.resolve(tmp_path / "home", environ={}), environ=env)
+    monkeypatch.setenv("LABELSHIFT_HOME", env["LABELSHIFT_HOME"])
+    monkeypatch.setenv("PREFECT_HOME", env["PREFECT_HOME"])
+    assert _on_temporary_server()
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home" / "stack" / "workers"))
+    assert not _on_temporary_server()
+    monkeypatch.delenv("LABELSHIFT_HOME")
+    assert not _on_temporary_server()
