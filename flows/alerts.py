@@ -46,6 +46,7 @@ label shift {{ num(p.p_values.label_shift, '%.3g', 'not run') }}
 {% endif %}{% if p.accuracy %}accuracy: {{ num(p.accuracy.source, '%.3f') }} on the source, expected \
 {{ num(p.accuracy.expected, '%.3f') }} [{{ num(p.accuracy.lower, '%.3f') }}, {{ num(p.accuracy.upper, '%.3f') }}] \
 on the target (drop {{ num(p.accuracy.drop, '%.3f') }})
+{% endif %}{% if p.rejected %}rejected batches: {{ p.rejected|join(', ') }}
 {% endif %}Prefect run: {{ p.links.prefect_run or p.prefect_flow_run_id }}
 MLflow run: {{ p.links.mlflow_run or p.mlflow_run_id }}"""
 
@@ -181,7 +182,8 @@ def exclusions(models) -> list[dict]:
 
 
 def automation_specs(plan: AlertPlan, scoped: tuple[str, ...] = ()) -> list[AutomationSpec]:
-    """The automations of ``plan``: Not label shift and Untrustworthy always, Shifted from each threshold set. The
+    """The automations of ``plan``: Not label shift, Untrustworthy and No valid data always, Shifted from each
+    threshold set. The
     all-models ones skip the models in ``scoped`` (:func:`exclusions`)."""
     base = {"prefect.resource.id": RESOURCE_PREFIX + "*"}
     if plan.model:
@@ -192,7 +194,10 @@ def automation_specs(plan: AlertPlan, scoped: tuple[str, ...] = ()) -> list[Auto
                             "The new data are not label-shifted source data: no corrected outputs were written.",
                             EVENT_NAMES["Not label shift"], dict(base)),
              AutomationSpec(f"labelshift: Untrustworthy{scope}", "The re-estimate cannot be trusted.",
-                            EVENT_NAMES["Untrustworthy"], dict(base))]
+                            EVENT_NAMES["Untrustworthy"], dict(base)),
+             AutomationSpec(f"labelshift: No valid data{scope}",
+                            "No new batch could be used: each was rejected by its checks (or replaced while read); "
+                            "nothing was estimated.", EVENT_NAMES["No valid data"], dict(base))]
     if plan.tv_percent is not None:
         specs.append(AutomationSpec(
             f"labelshift: Shifted, total variation >= {plan.tv_percent}%{scope}",

@@ -24,10 +24,12 @@ LISTEN_PORT = 8765
 def register(sub) -> None:
     s = settings_mod
     p = sub.add_parser(
-        "alerts", help="notify (webhook, Slack, e-mail) on Not label shift, Untrustworthy and large shifts",
+        "alerts", help="notify (webhook, Slack, e-mail) on Not label shift, Untrustworthy, No valid data and large "
+                       "shifts",
         description=textwrap.fill(
             "Create or update, on the Prefect server of PREFECT_API_URL, the automations that send a notification "
-            "when a re-estimation ends Not label shift, Untrustworthy, or Shifted by at least a total variation "
+            "when a re-estimation ends Not label shift, Untrustworthy, No valid data (every new batch rejected), or "
+            "Shifted by at least a total variation "
             "(--shifted-tv) or an accuracy drop (--shifted-accuracy-drop). Every re-estimation emits a Prefect event "
             "named for its verdict (labelshift.verdict.shifted, .not-label-shift, .untrustworthy, .no-shift, "
             ".no-valid-data) that carries the model, the target, the headline, the prior with its interval, the "
@@ -64,7 +66,7 @@ def register(sub) -> None:
                    help="also notify through this existing notification block, e.g. sendgrid-email/ops or "
                         "microsoft-teams-webhook/ml (repeatable; `prefect block ls` lists them) "
                         f"(default: ${s.ENV_ALERT_BLOCKS}, comma-separated)")
-    t = p.add_argument_group("when to notify (Not label shift and Untrustworthy always)")
+    t = p.add_argument_group("when to notify (Not label shift, Untrustworthy and No valid data always)")
     t.add_argument("--shifted-tv", metavar="T",
                    help="notify of a Shifted verdict whose total variation between source and target prior is at "
                         f"least T, in [0, 1] by 0.01; 'off': never (default: ${s.ENV_ALERT_TV} or "

@@ -125,7 +125,8 @@ def verdict_event(summary: dict, *, model: dict | None = None, prefect_run_url: 
     model = model or summary.get("model") or {}
     mlflow = summary.get("mlflow") or {}
     links = summary.get("links") or {}
-    mlflow_url = links.get("MLflow run") if str(links.get("MLflow run", "")).startswith("http") else None
+    mlflow_url = next((u for u in (links.get("MLflow run"), mlflow.get("ui")) if str(u or "").startswith("http")),
+                      None)                  # "No valid data" has no links yet: the MLflow entry's address then
     target = str(summary["target"])
     resource = {"prefect.resource.id": RESOURCE_PREFIX + target, "prefect.resource.name": target,
                 LABEL_MODEL: str(model.get("name") or ""), "labelshift.model.version": str(model.get("version") or ""),

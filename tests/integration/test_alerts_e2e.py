@@ -138,8 +138,9 @@ def test_a_not_label_shift_run_notifies_the_webhook_once(prefect_server, sqlite_
         assert main(argv) == 0
         assert main(argv) == 0
         out = capsys.readouterr().out
-        assert out.count("created automation") == 3 and out.count("updated automation") == 3, out
-        assert _ours(MODEL_NAME) == ["labelshift: Not label shift (alerts-e2e)",
+        assert out.count("created automation") == 4 and out.count("updated automation") == 4, out
+        assert _ours(MODEL_NAME) == ["labelshift: No valid data (alerts-e2e)",
+                                     "labelshift: Not label shift (alerts-e2e)",
                                      "labelshift: Shifted, total variation >= 20% (alerts-e2e)",
                                      "labelshift: Untrustworthy (alerts-e2e)"]
         # an unknown block, once there are notification blocks: the error lists them
@@ -179,7 +180,7 @@ def test_a_not_label_shift_run_notifies_the_webhook_once(prefect_server, sqlite_
         assert [m for m in receiver.messages if run_id in m.get("body", "")] == [message]
         assert not [m for m in receiver.messages if "total variation 0.05" in m.get("body", "")]
 
-        # a run whose every batch is rejected ends "No valid data" and emits its event too (no automation on it)
+        # a run whose every batch is rejected ends "No valid data": its event, complete, and one message
         np.save(target / "day-2.npy", np.zeros((10, 5), np.float32))
         state = reestimate(model=sqlite_model["model_uri"], target=str(target),
                            tracking_uri=sqlite_model["tracking_uri"], return_state=True)
@@ -188,6 +189,12 @@ def test_a_not_label_shift_run_notifies_the_webhook_once(prefect_server, sqlite_
         assert event["resource"]["labelshift.model"] == MODEL_NAME
         assert event["resource"]["prefect.resource.id"] == f"labelshift.target.{summary['target']}"
         assert event["payload"]["rejected"] == ["day-2.npy"]
+        bad_run = str(state.state_details.flow_run_id)
+        link = f"{prefect_server.removesuffix('/api')}/runs/flow-run/{bad_run}"
+        assert event["payload"]["links"]["prefect_run"] == link
+        message = receiver.wait_for(lambda m: bad_run in m.get("body", ""), "for the No valid data run")
+        assert message["subject"].startswith(f"labelshift: No valid data -- {MODEL_NAME} on ")
+        assert "rejected batches: day-2.npy" in message["body"] and f"Prefect run: {link}" in message["body"]
     finally:
         main(["alerts", "--home", home, "--model", MODEL_NAME, "--remove"])
     assert _ours(MODEL_NAME) == []

@@ -82,6 +82,14 @@ def test_no_valid_data_and_no_new_data():
     ev = verdict_event(summary, model=MODEL)
     assert ev["event"] == "labelshift.verdict.no-valid-data" and ev["resource"][LABEL_MODEL] == "fraud-model"
     assert ev["payload"]["rejected"] == ["bad.npy"] and LABEL_TV_PERCENT not in ev["resource"]
+    assert ev["payload"]["links"] == {"prefect_run": None, "mlflow_run": None}       # sqlite store, temporary server
+    served = {**summary, "mlflow": {"run_id": "r9", "ui": "http://mlflow:5000/#/experiments/3/runs/r9"}}
+    ev = verdict_event(served, model=MODEL, prefect_run_url="http://prefect:4200/runs/flow-run/fr-9")
+    assert ev["payload"]["links"] == {"prefect_run": "http://prefect:4200/runs/flow-run/fr-9",
+                                      "mlflow_run": "http://mlflow:5000/#/experiments/3/runs/r9"}
+    body = _message(served, model=MODEL, prefect_run_url="http://prefect:4200/runs/flow-run/fr-9")
+    assert body.splitlines()[2:] == ["rejected batches: bad.npy", "Prefect run: http://prefect:4200/runs/flow-run/fr-9",
+                                     "MLflow run: http://mlflow:5000/#/experiments/3/runs/r9"], body
     with pytest.raises(ValueError, match="has no event"):
         verdict_event({"verdict": "No new data", "target": "x"})
     assert emit_verdict.fn({"verdict": "No new data", "target": "x"}) is None
@@ -131,7 +139,7 @@ def test_the_message_gives_the_figures_rounded_and_names_what_is_missing(shifted
                      "batches": [], "rejected": [{"key": "bad.npy", "reason": "shape"}], "mlflow": {"run_id": "r9"},
                      "prefect_flow_run_id": "fr-2"}, model=MODEL)
     assert body.splitlines() == ["No valid data: model fraud-model v7 on file:///t", "No valid data: ...",
-                                 "Prefect run: fr-2", "MLflow run: r9"]
+                                 "rejected batches: bad.npy", "Prefect run: fr-2", "MLflow run: r9"]
 
 
 @pytest.mark.parametrize("fraction, label", [(0.29, "29"), (0.999, "99"), (1.0, "100"), (0.0, "0"), (-0.02, "-2"),
@@ -145,13 +153,15 @@ def test_the_shifted_alerts_match_the_labels_from_the_threshold_on():
                                        model="fraud-model"))
     assert [s.name for s in specs] == ["labelshift: Not label shift (fraud-model)",
                                        "labelshift: Untrustworthy (fraud-model)",
+                                       "labelshift: No valid data (fraud-model)",
                                        "labelshift: Shifted, total variation >= 15% (fraud-model)",
                                        "labelshift: Shifted, accuracy drop >= 5% (fraud-model)"]
-    tv = specs[2].match[LABEL_TV_PERCENT]
-    assert tv[0] == "15" and tv[-1] == "100" and "14" not in tv and specs[2].event == "labelshift.verdict.shifted"
-    assert specs[3].match[LABEL_ACCURACY_DROP_PERCENT][0] == "5" and specs[0].match[LABEL_MODEL] == "fraud-model"
+    tv = specs[3].match[LABEL_TV_PERCENT]
+    assert tv[0] == "15" and tv[-1] == "100" and "14" not in tv and specs[3].event == "labelshift.verdict.shifted"
+    assert specs[4].match[LABEL_ACCURACY_DROP_PERCENT][0] == "5" and specs[0].match[LABEL_MODEL] == "fraud-model"
+    assert specs[2].event == "labelshift.verdict.no-valid-data" and specs[2].match == specs[0].match
     every = automation_specs(AlertPlan(webhook_url="http://x", tv_percent=None))
-    assert len(every) == 2 and LABEL_MODEL not in every[0].match and every[0].name.endswith("(all models)")
+    assert len(every) == 3 and LABEL_MODEL not in every[0].match and every[0].name.endswith("(all models)")
 
 
 def test_thresholds():
