@@ -11,6 +11,9 @@ the fix -- before anything is created. :func:`apply_alerts` then, on a Prefect s
 3. keeps the all-models automations off the models that have a scope of their own (:func:`exclusions`), so that
    one run notifies once, through its model's scope, however the scopes overlap.
 
+:func:`delivery_failures` lists the notifications of these automations that did not arrive, from the events
+Prefect's actions service leaves behind (docs/alerts.md, "When a notification fails").
+
 Running it twice leaves one automation per alert: the second run updates them. Every automation is tagged
 :data:`TAG`; its trigger is reactive, one event fires it once, and its actions send one notification per block.
 """
@@ -25,7 +28,7 @@ from labelshift.errors import InputError, ServiceUnavailableError
 from tasks.reestimation.alerts import (AUTOMATION_TAG, EVENT_NAMES, LABEL_ACCURACY_DROP_PERCENT, LABEL_MODEL,
                                       LABEL_TV_PERCENT, RESOURCE_PREFIX)
 
-__all__ = ["TAG", "BLOCK_PREFIX", "block_name", "exclusions", "AlertPlan", "AutomationSpec", "check_alerts", "check_url", "parse_threshold",
+__all__ = ["TAG", "BLOCK_PREFIX", "block_name", "exclusions", "DeliveryFailure", "delivery_failures", "AlertPlan", "AutomationSpec", "check_alerts", "check_url", "parse_threshold",
            "automation_specs", "apply_alerts", "MESSAGE_SUBJECT", "MESSAGE_BODY"]
 
 #: the tag of every automation this module manages
@@ -404,3 +407,110 @@ def _delete_scope_blocks(client, model: str | None) -> list[str]:
         client.delete_block_document(document.id)
         gone.append(f"{slug}/{name}")
     return gone
+
+
+#: what Prefect's triggers and actions services record of an automation's firing and of each of its actions
+#: (prefect/server/events/schemas/automations.py, prefect/server/events/actions.py)
+FIRED, EXECUTED, FAILED = ("prefect.automation.triggered", "prefect.automation.action.executed",
+                           "prefect.automation.action.failed")
+#: why an action that left neither an executed nor a failed event did not arrive
+LOST = ("no delivery recorded: the notification raised an error that Prefect does not report as a failed action (a "
+        "webhook receiver down, refusing, or answering an error status); Prefect's actions service retried it and "
+        "dropped it, and the error is in the Prefect server's log")
+
+
+@dataclass(frozen=True)
+class DeliveryFailure:
+    """A notification of a ``labelshift alerts`` automation that did not arrive.
+
+    Attributes:
+        occurred: when the automation fired (ISO 8601, UTC).
+        automation: its name.
+        reason: Prefect's reason for a failed action (with the block's log when it gave one), or :data:`LOST`.
+        verdict: ``{verdict, model, target, prefect_flow_run_id}`` of the verdict event that fired it, when that
+            event is still stored; else ``{}``.
+    """
+
+    occurred: str
+    automation: str
+    reason: str
+    verdict: dict
+
+
+def _events(client, event_filter: dict) -> list[dict]:
+    """Every stored event that ``event_filter`` (Prefect's EventFilter, as JSON) selects, page after page."""
+    page = client.request("POST", "/events/filter", json={"filter": event_filter, "limit": 50})
+    page.raise_for_status()
+    body = page.json()
+    found = list(body["events"])
+    while body.get("next_page"):
+        token = body["next_page"].split("page-token=", 1)[1]
+        page = client.request("GET", "/events/filter/next", params={"page-token": token})
+        page.raise_for_status()
+        body = page.json()
+        found += body["events"]
+    return found
+
+
+def _related(event: dict, role: str) -> str | None:
+    """The id of the event that ``event`` names in ``role`` (``prefect.event.<id>`` -> ``<id>``), or None."""
+    for resource in event.get("related") or []:
+        if resource.get("prefect.resource.role") == role:
+            return resource["prefect.resource.id"].removeprefix("prefect.event.")
+    return None
+
+
+def delivery_failures(hours: float = 24.0, settle_s: float = 10.0) -> list[DeliveryFailure]:
+    """The notifications of this module's automations (:data:`TAG`) that did not arrive, among the firings of the
+    last ``hours``, oldest first.
+
+    An automation's firing (a :data:`FIRED` event) leaves one :data:`EXECUTED` or :data:`FAILED` event per action
+    once the actions service has handled it. A failed action is listed with Prefect's reason; an action that left
+    neither, ``settle_s`` after the firing (the service handles one within a second, retries included), is listed
+    as :data:`LOST`. Raises ServiceUnavailableError when the Prefect API does not answer.
+    """
+    from datetime import datetime, timedelta, timezone
+
+    from prefect.client.orchestration import get_client
+
+    _check_server()
+    now = datetime.now(timezone.utc)
+    with get_client(sync_client=True) as client:
+        ours = {f"prefect.automation.{a.id}": a for a in _tagged(client)}
+        if not ours:
+            return []
+        events = _events(client, {"event": {"name": [FIRED, EXECUTED, FAILED]}, "resource": {"id": sorted(ours)},
+                                  "occurred": {"since": (now - timedelta(hours=hours)).isoformat()}})
+        handled: dict = {}
+        for event in events:
+            if event["event"] != FIRED:
+                handled.setdefault(_related(event, "automation-triggered-event"), []).append(event)
+        failures = []
+        for fired in sorted((e for e in events if e["event"] == FIRED), key=lambda e: e["occurred"]):
+            done = handled.get(fired["id"], [])
+            reasons = [_reason(e) for e in done if e["event"] == FAILED]
+            age = (now - datetime.fromisoformat(fired["occurred"])).total_seconds()
+            missing = len(ours[fired["resource"]["prefect.resource.id"]].actions) - len(done)
+            if missing > 0 and age >= settle_s:
+                reasons += [LOST] * missing
+            failures += [(fired, reason) for reason in reasons]
+        verdicts = _verdicts(client, {_related(f, "triggering-event") for f, _ in failures} - {None})
+    return [DeliveryFailure(fired["occurred"], fired["resource"].get("prefect.resource.name", ""), reason,
+                            verdicts.get(_related(fired, "triggering-event"), {})) for fired, reason in failures]
+
+
+def _reason(failed: dict) -> str:
+    """Prefect's reason for a failed action, with the last line of the block's log when it kept one."""
+    payload = failed.get("payload") or {}
+    log = str(payload.get("notification_log") or "").strip().splitlines()
+    return str(payload.get("reason") or "failed") + (f" ({log[-1].strip()})" if log else "")
+
+
+def _verdicts(client, ids: set[str]) -> dict[str, dict]:
+    """``{event id: {verdict, model, target, prefect_flow_run_id}}`` of the verdict events ``ids`` still stored."""
+    if not ids:
+        return {}
+    found = _events(client, {"id": {"id": sorted(ids)}, "occurred": {"since": "1970-01-01T00:00:00+00:00"}})
+    return {e["id"]: {"verdict": e["payload"].get("verdict"), "model": (e["payload"].get("model") or {}).get("name"),
+                      "target": e["payload"].get("target"),
+                      "prefect_flow_run_id": e["payload"].get("prefect_flow_run_id")} for e in found}

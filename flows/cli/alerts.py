@@ -44,9 +44,10 @@ def register(sub) -> None:
                "--email-from labelshift@example.com\n"
                "  labelshift alerts --block mattermost-webhook/ops     # any notification block you created\n"
                "  labelshift alerts --remove                           # delete these automations\n"
+               "  labelshift alerts --failures                         # notifications that did not arrive (24 h)\n"
                "A flag wins over its environment variable. Thresholds are fractions in whole percents (0.1 = 10%).\n"
                "Exit status: 0 done, 1 the Prefect server is unreachable, 2 bad options or an unknown block "
-               "(nothing created).",
+               "(nothing created), 3 --failures found some.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(p, top=False)
     n = p.add_argument_group("where notifications go (at least one)")
@@ -80,6 +81,10 @@ def register(sub) -> None:
                         "every model); each scope has its own automations")
     p.add_argument("--remove", action="store_true",
                    help="delete the automations of this scope instead, and the blocks saved for it")
+    p.add_argument("--failures", nargs="?", type=float, const=24.0, metavar="HOURS",
+                   help="instead, list the notifications of these automations that did not arrive in the last HOURS "
+                        "(default 24), with why and for which run; exit 3 when there are some (Prefect retries a "
+                        "failed webhook within a second and then drops it: see docs/alerts.md)")
     p.set_defaults(handler=run)
     _register_listen(p)
 
@@ -138,13 +143,42 @@ def plan_from_args(args):
         raise UsageError(str(exc)) from None
 
 
-def run(args) -> int:
-    plan = plan_from_args(args)                       # every option checked before anything is contacted
+def _lasting_server(args) -> None:
+    """Resolve the settings; UsageError naming PREFECT_API_URL when there is no lasting Prefect server."""
     env = setup(args)
     if env.prefect_api_url is None:
         raise UsageError(f"alerts need a lasting Prefect server: the automations live on it and its triggers fire "
                          f"them. Set {settings_mod.ENV_PREFECT_API_URL} (e.g. http://127.0.0.1:4200/api of "
                          "`labelshift stack up` or `prefect server start`)")
+
+
+def failures(args) -> int:
+    """``labelshift alerts --failures [HOURS]``: print each notification that did not arrive
+    (:func:`flows.alerts.delivery_failures`); 3 when there is one, else 0."""
+    if not 0 < args.failures <= 24 * 366:
+        raise UsageError(f"--failures {args.failures:g}: pass a number of hours above 0 (at most a year), e.g. 24")
+    _lasting_server(args)
+    from flows.alerts import delivery_failures
+
+    found = delivery_failures(hours=args.failures)
+    for failure in found:
+        v = failure.verdict
+        run = (f"{v.get('verdict')} of {v.get('model')} on {v.get('target')}, flow run {v.get('prefect_flow_run_id')}"
+               if v else "its verdict event is no longer stored")
+        print(f"{failure.occurred}  '{failure.automation}' did not notify ({run}): {failure.reason}")
+    if not found:
+        print(f"no failed notification of `labelshift alerts` automations in the last {args.failures:g} h")
+        return 0
+    print(f"{len(found)} notification(s) did not arrive; the verdicts are in the runs' summaries and MLflow. Fix the "
+          "receiver (or the block), and see docs/alerts.md ('When a notification fails')")
+    return 3
+
+
+def run(args) -> int:
+    if args.failures is not None:
+        return failures(args)
+    plan = plan_from_args(args)                       # every option checked before anything is contacted
+    _lasting_server(args)
     from flows.alerts import apply_alerts
     from labelshift.errors import InputError
 

@@ -315,3 +315,19 @@ def test_the_temporary_server_of_a_command_is_recognised_by_its_prefect_home(tmp
     assert not _on_temporary_server()
     monkeypatch.delenv("LABELSHIFT_HOME")
     assert not _on_temporary_server()
+
+
+def test_a_failed_action_is_told_with_prefects_reason_and_the_blocks_last_log_line():
+    from flows.alerts import _reason
+
+    assert _reason({"payload": {"reason": "Notification failed",
+                                "notification_log": "Sending...\nSlack responded with 404: no_service\n"}}) == \
+        "Notification failed (Slack responded with 404: no_service)"
+    assert _reason({"payload": {"reason": "The referenced block was not a notification block"}}) == \
+        "The referenced block was not a notification block"
+    assert _reason({}) == "failed"
+
+
+def test_failures_takes_a_positive_number_of_hours_before_contacting_anything(capsys, tmp_path):
+    assert main(["alerts", "--home", str(tmp_path), "--failures", "0"]) == 2
+    assert "--failures 0: pass a number of hours above 0" in capsys.readouterr().err
