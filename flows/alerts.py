@@ -3,30 +3,38 @@
 :func:`check_alerts` turns the operator's choices into an :class:`AlertPlan`, or raises :class:`InputError` naming
 the fix -- before anything is created. :func:`apply_alerts` then, on a Prefect server:
 
-1. saves the notification blocks the plan names (a custom webhook, Slack, SendGrid email) under fixed names,
-   overwriting their previous version, and loads the existing blocks it refers to by ``<type slug>/<name>``;
+1. saves the notification blocks the plan names (a custom webhook, Slack, SendGrid email) under names of their
+   scope (:func:`block_name`: one block per kind and scope, never shared between scopes), overwriting that scope's
+   previous version, and loads the existing blocks it refers to by ``<type slug>/<name>``;
 2. creates or updates one automation per alert (:func:`automation_specs`), found again by its name, and deletes the
-   shipped automations of the same scope the plan no longer asks for.
+   shipped automations of the same scope the plan no longer asks for;
+3. keeps the all-models automations off the models that have a scope of their own (:func:`exclusions`), so that
+   one run notifies once, through its model's scope, however the scopes overlap.
+
+:func:`delivery_failures` lists the notifications of these automations that did not arrive, from the events
+Prefect's actions service leaves behind (docs/alerts.md, "When a notification fails").
 
 Running it twice leaves one automation per alert: the second run updates them. Every automation is tagged
 :data:`TAG`; its trigger is reactive, one event fires it once, and its actions send one notification per block.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from labelshift.errors import InputError, ServiceUnavailableError
-from tasks.reestimation.alerts import EVENT_NAMES, LABEL_ACCURACY_DROP_PERCENT, LABEL_MODEL, LABEL_TV_PERCENT, RESOURCE_PREFIX
+from tasks.reestimation.alerts import (AUTOMATION_TAG, EVENT_NAMES, LABEL_ACCURACY_DROP_PERCENT, LABEL_MODEL,
+                                      LABEL_TV_PERCENT, RESOURCE_PREFIX)
 
-__all__ = ["TAG", "BLOCK_NAME", "AlertPlan", "AutomationSpec", "check_alerts", "check_url", "parse_threshold",
+__all__ = ["TAG", "BLOCK_PREFIX", "block_name", "exclusions", "DeliveryFailure", "delivery_failures", "AlertPlan", "AutomationSpec", "check_alerts", "check_url", "parse_threshold",
            "automation_specs", "apply_alerts", "MESSAGE_SUBJECT", "MESSAGE_BODY"]
 
 #: the tag of every automation this module manages
-TAG = "labelshift-alerts"
-#: the name of each notification block this module saves (per kind: custom-webhook, slack-webhook, sendgrid-email)
-BLOCK_NAME = "labelshift-alerts"
+TAG = AUTOMATION_TAG
+#: the start of the name of each notification block this module saves (:func:`block_name`)
+BLOCK_PREFIX = "labelshift-alerts"
 _EMAIL = re.compile(r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$")
 
 #: what each notification says (Jinja, rendered by Prefect's actions service from the triggering event)
@@ -41,6 +49,7 @@ label shift {{ num(p.p_values.label_shift, '%.3g', 'not run') }}
 {% endif %}{% if p.accuracy %}accuracy: {{ num(p.accuracy.source, '%.3f') }} on the source, expected \
 {{ num(p.accuracy.expected, '%.3f') }} [{{ num(p.accuracy.lower, '%.3f') }}, {{ num(p.accuracy.upper, '%.3f') }}] \
 on the target (drop {{ num(p.accuracy.drop, '%.3f') }})
+{% endif %}{% if p.rejected %}rejected batches: {{ p.rejected|join(', ') }}
 {% endif %}Prefect run: {{ p.links.prefect_run or p.prefect_flow_run_id }}
 MLflow run: {{ p.links.mlflow_run or p.mlflow_run_id }}"""
 
@@ -78,6 +87,17 @@ class AlertPlan:
         return self.model or "all models"
 
 
+def block_name(model: str | None) -> str:
+    """The name of the blocks a scope's automations send through (one per kind: custom-webhook, slack-webhook,
+    sendgrid-email): ``labelshift-alerts-all-models``, or for a model ``labelshift-alerts-model-<slug>-<hash>``
+    (the slug: the name in lowercase letters, digits and dashes, at most 40; the hash: 8 hex digits of the exact
+    name, so that two models whose slugs agree never share a block)."""
+    if model is None:
+        return f"{BLOCK_PREFIX}-all-models"
+    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")[:40].strip("-") or "model"
+    return f"{BLOCK_PREFIX}-model-{slug}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
+
+
 @dataclass(frozen=True)
 class AutomationSpec:
     """One automation: its name, what it says, the event it expects and the labels its resource must carry."""
@@ -86,6 +106,7 @@ class AutomationSpec:
     description: str
     event: str
     match: dict
+    match_related: list = field(default_factory=list)
 
 
 def check_url(url: str, option: str) -> str:
@@ -140,6 +161,9 @@ def check_alerts(*, webhook_url=None, slack_url=None, email_to=(), email_from=No
                      tv_percent=parse_threshold(tv, tv_option),
                      accuracy_drop_percent=parse_threshold(accuracy_drop, drop_option),
                      model=(model or "").strip() or None, remove=remove)
+    if plan.model and (plan.model.startswith("!") or "*" in plan.model):
+        raise InputError(f"--model {plan.model!r}: a registered model's name, without '*' or a leading '!' (Prefect "
+                         "reads those as patterns); pass the name as MLflow shows it")
     if not remove and not (plan.webhook_url or plan.slack_url or plan.email_to or plan.blocks):
         raise InputError("no notification target: pass --webhook-url URL, --slack-webhook-url URL, --email-to "
                          "ADDRESS or --block TYPE/NAME (or their environment variables, see --help)")
@@ -151,17 +175,32 @@ def _at_least(percent: int) -> list[str]:
     return [str(p) for p in range(percent, 101)]
 
 
-def automation_specs(plan: AlertPlan) -> list[AutomationSpec]:
-    """The automations of ``plan``: Not label shift and Untrustworthy always, Shifted from each threshold set."""
+def exclusions(models) -> list[dict]:
+    """The ``match_related`` of an all-models automation that skips ``models`` (those with a scope of their own):
+    one specification per model, each met by the event's model resource (``labelshift.model.<name>``, role
+    ``model``) only when it is another model. Prefect requires every specification of the list to be met (a list
+    of negated values in one specification would be met by any model: it needs only one of them)."""
+    return [{"prefect.resource.role": "model", "prefect.resource.id": f"!labelshift.model.{m}"}
+            for m in sorted(models)]
+
+
+def automation_specs(plan: AlertPlan, scoped: tuple[str, ...] = ()) -> list[AutomationSpec]:
+    """The automations of ``plan``: Not label shift, Untrustworthy and No valid data always, Shifted from each
+    threshold set. The
+    all-models ones skip the models in ``scoped`` (:func:`exclusions`)."""
     base = {"prefect.resource.id": RESOURCE_PREFIX + "*"}
     if plan.model:
         base[LABEL_MODEL] = plan.model
     scope = f" ({plan.scope})"
+    related = [] if plan.model else exclusions(scoped)
     specs = [AutomationSpec(f"labelshift: Not label shift{scope}",
                             "The new data are not label-shifted source data: no corrected outputs were written.",
                             EVENT_NAMES["Not label shift"], dict(base)),
              AutomationSpec(f"labelshift: Untrustworthy{scope}", "The re-estimate cannot be trusted.",
-                            EVENT_NAMES["Untrustworthy"], dict(base))]
+                            EVENT_NAMES["Untrustworthy"], dict(base)),
+             AutomationSpec(f"labelshift: No valid data{scope}",
+                            "No new batch could be used: each was rejected by its checks (or replaced while read); "
+                            "nothing was estimated.", EVENT_NAMES["No valid data"], dict(base))]
     if plan.tv_percent is not None:
         specs.append(AutomationSpec(
             f"labelshift: Shifted, total variation >= {plan.tv_percent}%{scope}",
@@ -173,14 +212,15 @@ def automation_specs(plan: AlertPlan) -> list[AutomationSpec]:
             f"The label distribution shifted and the deployed model's expected accuracy dropped by "
             f"{plan.accuracy_drop_percent} points or more.",
             EVENT_NAMES["Shifted"], {**base, LABEL_ACCURACY_DROP_PERCENT: _at_least(plan.accuracy_drop_percent)}))
-    return specs
+    return [AutomationSpec(s.name, s.description, s.event, s.match, related) for s in specs]
 
 
 def _automation(spec: AutomationSpec, block_ids: list):
     from prefect.events.actions import SendNotification
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-    trigger = EventTrigger(expect={spec.event}, match=spec.match, posture=Posture.Reactive, threshold=1, within=0)
+    trigger = EventTrigger(expect={spec.event}, match=spec.match, match_related=spec.match_related or {},
+                           posture=Posture.Reactive, threshold=1, within=0)
     actions = [SendNotification(block_document_id=b, subject=MESSAGE_SUBJECT, body=MESSAGE_BODY) for b in block_ids]
     return AutomationCore(name=spec.name, description=spec.description + " (managed by `labelshift alerts`)",
                           enabled=True, tags=[TAG], trigger=trigger, actions=actions)
@@ -219,20 +259,21 @@ def _notification_blocks() -> list[str]:
 
 
 def _save_blocks(plan: AlertPlan) -> list:
-    """Save the blocks the plan describes (overwriting this command's earlier ones); their document ids."""
+    """Save the blocks the plan describes under its scope's :func:`block_name` (overwriting this scope's earlier
+    ones, never another scope's); their document ids."""
     from prefect.blocks.notifications import CustomWebhookNotificationBlock, SendgridEmail, SlackWebhook
 
-    ids = []
+    name, ids = block_name(plan.model), []
     if plan.webhook_url:
         ids.append(CustomWebhookNotificationBlock(
-            name=BLOCK_NAME, url=plan.webhook_url,
+            name=name, url=plan.webhook_url,
             json_data={"subject": "{{subject}}", "body": "{{body}}", "text": "{{subject}}\n{{body}}"},
-        ).save(BLOCK_NAME, overwrite=True))
+        ).save(name, overwrite=True))
     if plan.slack_url:
-        ids.append(SlackWebhook(url=plan.slack_url).save(BLOCK_NAME, overwrite=True))
+        ids.append(SlackWebhook(url=plan.slack_url).save(name, overwrite=True))
     if plan.email_to:
         ids.append(SendgridEmail(api_key=plan.sendgrid_api_key, sender_email=plan.email_from,
-                                 to_emails=list(plan.email_to)).save(BLOCK_NAME, overwrite=True))
+                                 to_emails=list(plan.email_to)).save(name, overwrite=True))
     return ids
 
 
@@ -264,8 +305,9 @@ def _tagged(client, page: int = 100) -> list:
 def apply_alerts(plan: AlertPlan) -> dict:
     """Set up (or with ``plan.remove``, delete) the plan's automations on the Prefect server in use.
 
-    Checks the server and the referenced blocks first; only then saves blocks and writes automations. Returns
-    ``{"created": [names], "updated": [names], "deleted": [names], "blocks": [ids]}``.
+    Checks the server and the referenced blocks first; only then saves blocks and writes automations. With
+    ``plan.remove`` the scope's own blocks (:func:`block_name`) are deleted too. Returns ``{"created": [names],
+    "updated": [names], "deleted": [names], "blocks": [ids], "deleted_blocks": [<type slug>/<name>]}``.
 
     Raises:
         ServiceUnavailableError: the Prefect API does not answer.
@@ -274,30 +316,201 @@ def apply_alerts(plan: AlertPlan) -> dict:
     from prefect.client.orchestration import get_client
 
     _check_server()
-    wanted = [] if plan.remove else automation_specs(plan)
     block_ids = [] if plan.remove else _existing_blocks(plan.blocks)     # checked before anything is written
     if not plan.remove:
         block_ids = _save_blocks(plan) + block_ids
-    done: dict = {"created": [], "updated": [], "deleted": [], "blocks": [str(b) for b in block_ids]}
+    done: dict = {"created": [], "updated": [], "deleted": [], "blocks": [str(b) for b in block_ids],
+                  "deleted_blocks": []}
     with get_client(sync_client=True) as client:
-        ours = [a for a in _tagged(client) if a.name.endswith(f" ({plan.scope})")]
-        by_name: dict = {}
-        for automation in ours:
-            by_name.setdefault(automation.name, []).append(automation)
-        for spec in wanted:
-            found = by_name.pop(spec.name, [])
-            automation = _automation(spec, block_ids)
-            if found:
-                client.update_automation(found[0].id, automation)
-                done["updated"].append(spec.name)
-                found = found[1:]
-            else:
-                client.create_automation(automation)
-                done["created"].append(spec.name)
-            for extra in found:                   # duplicates made by hand or by an interrupted earlier run
-                client.delete_automation(extra.id)
-        for name, stale in by_name.items():
-            for automation in stale:
-                client.delete_automation(automation.id)
-            done["deleted"].append(name)
+        scoped = _scoped_models(_tagged(client)) - {plan.model}
+        if plan.model and not plan.remove:
+            scoped.add(plan.model)
+        wanted = [] if plan.remove else automation_specs(plan, tuple(sorted(scoped)))
+        _write_scope(client, plan, wanted, block_ids, done)
+        if plan.model:
+            done["updated"] += _exclude_from_all_models(client, scoped)
+        if plan.remove:
+            done["deleted_blocks"] = _delete_scope_blocks(client, plan.model)
     return done
+
+
+def _scoped_models(automations) -> set[str]:
+    """The models that have automations of their own among ``automations`` (their trigger's model label)."""
+    models = set()
+    for automation in automations:
+        match = getattr(automation.trigger, "match", None)
+        value = match.root.get(LABEL_MODEL) if match is not None else None
+        if isinstance(value, str):
+            models.add(value)
+    return models
+
+
+def _exclude_from_all_models(client, scoped: set[str]) -> list[str]:
+    """Set the all-models automations' ``match_related`` to skip the ``scoped`` models; the names of those that
+    changed."""
+    from prefect.events.schemas.automations import AutomationCore
+
+    related, changed = exclusions(scoped), []
+    for automation in _tagged(client):
+        if not automation.name.endswith(f" ({AlertPlan().scope})"):
+            continue
+        trigger = automation.trigger.model_dump(mode="json")
+        current = trigger.get("match_related") or []
+        if (current if isinstance(current, list) else [current] if current else []) == related:
+            continue
+        kept = {k: v for k, v in automation.model_dump(mode="json").items() if v is not None}   # none is unset
+        core = AutomationCore.model_validate({**kept, "trigger": {**trigger, "match_related": related or {}}})
+        client.update_automation(automation.id, core)
+        changed.append(automation.name)
+    return changed
+
+
+def _write_scope(client, plan: AlertPlan, wanted: list[AutomationSpec], block_ids: list, done: dict) -> None:
+    """Create or update the automations ``wanted`` of the plan's scope, and delete the scope's others (those the
+    plan no longer asks for, and duplicates); the names go to ``done``."""
+    ours = [a for a in _tagged(client) if a.name.endswith(f" ({plan.scope})")]
+    by_name: dict = {}
+    for automation in ours:
+        by_name.setdefault(automation.name, []).append(automation)
+    for spec in wanted:
+        found = by_name.pop(spec.name, [])
+        automation = _automation(spec, block_ids)
+        if found:
+            client.update_automation(found[0].id, automation)
+            done["updated"].append(spec.name)
+            found = found[1:]
+        else:
+            client.create_automation(automation)
+            done["created"].append(spec.name)
+        for extra in found:                   # duplicates made by hand or by an interrupted earlier run
+            client.delete_automation(extra.id)
+    for name, stale in by_name.items():
+        for automation in stale:
+            client.delete_automation(automation.id)
+        done["deleted"].append(name)
+
+
+#: the block types :func:`_save_blocks` writes
+_SAVED_KINDS = ("custom-webhook", "slack-webhook", "sendgrid-email")
+
+
+def _delete_scope_blocks(client, model: str | None) -> list[str]:
+    """Delete the blocks :func:`_save_blocks` saved for the scope of ``model``; their ``<type slug>/<name>``."""
+    from prefect.exceptions import ObjectNotFound
+
+    name, gone = block_name(model), []
+    for slug in _SAVED_KINDS:
+        try:
+            document = client.read_block_document_by_name(name, slug, include_secrets=False)
+        except ObjectNotFound:
+            continue
+        client.delete_block_document(document.id)
+        gone.append(f"{slug}/{name}")
+    return gone
+
+
+#: what Prefect's triggers and actions services record of an automation's firing and of each of its actions
+#: (prefect/server/events/schemas/automations.py, prefect/server/events/actions.py)
+FIRED, EXECUTED, FAILED = ("prefect.automation.triggered", "prefect.automation.action.executed",
+                           "prefect.automation.action.failed")
+#: why an action that left neither an executed nor a failed event did not arrive
+LOST = ("no delivery recorded: the notification raised an error that Prefect does not report as a failed action (a "
+        "webhook receiver down, refusing, or answering an error status); Prefect's actions service retried it and "
+        "dropped it, and the error is in the Prefect server's log")
+
+
+@dataclass(frozen=True)
+class DeliveryFailure:
+    """A notification of a ``labelshift alerts`` automation that did not arrive.
+
+    Attributes:
+        occurred: when the automation fired (ISO 8601, UTC).
+        automation: its name.
+        reason: Prefect's reason for a failed action (with the block's log when it gave one), or :data:`LOST`.
+        verdict: ``{verdict, model, target, prefect_flow_run_id}`` of the verdict event that fired it, when that
+            event is still stored; else ``{}``.
+    """
+
+    occurred: str
+    automation: str
+    reason: str
+    verdict: dict
+
+
+def _events(client, event_filter: dict) -> list[dict]:
+    """Every stored event that ``event_filter`` (Prefect's EventFilter, as JSON) selects, page after page."""
+    page = client.request("POST", "/events/filter", json={"filter": event_filter, "limit": 50})
+    page.raise_for_status()
+    body = page.json()
+    found = list(body["events"])
+    while body.get("next_page"):
+        token = body["next_page"].split("page-token=", 1)[1]
+        page = client.request("GET", "/events/filter/next", params={"page-token": token})
+        page.raise_for_status()
+        body = page.json()
+        found += body["events"]
+    return found
+
+
+def _related(event: dict, role: str) -> str | None:
+    """The id of the event that ``event`` names in ``role`` (``prefect.event.<id>`` -> ``<id>``), or None."""
+    for resource in event.get("related") or []:
+        if resource.get("prefect.resource.role") == role:
+            return resource["prefect.resource.id"].removeprefix("prefect.event.")
+    return None
+
+
+def delivery_failures(hours: float = 24.0, settle_s: float = 10.0) -> list[DeliveryFailure]:
+    """The notifications of this module's automations (:data:`TAG`) that did not arrive, among the firings of the
+    last ``hours``, oldest first.
+
+    An automation's firing (a :data:`FIRED` event) leaves one :data:`EXECUTED` or :data:`FAILED` event per action
+    once the actions service has handled it. A failed action is listed with Prefect's reason; an action that left
+    neither, ``settle_s`` after the firing (the service handles one within a second, retries included), is listed
+    as :data:`LOST`. Raises ServiceUnavailableError when the Prefect API does not answer.
+    """
+    from datetime import datetime, timedelta, timezone
+
+    from prefect.client.orchestration import get_client
+
+    _check_server()
+    now = datetime.now(timezone.utc)
+    with get_client(sync_client=True) as client:
+        ours = {f"prefect.automation.{a.id}": a for a in _tagged(client)}
+        if not ours:
+            return []
+        events = _events(client, {"event": {"name": [FIRED, EXECUTED, FAILED]}, "resource": {"id": sorted(ours)},
+                                  "occurred": {"since": (now - timedelta(hours=hours)).isoformat()}})
+        handled: dict = {}
+        for event in events:
+            if event["event"] != FIRED:
+                handled.setdefault(_related(event, "automation-triggered-event"), []).append(event)
+        failures = []
+        for fired in sorted((e for e in events if e["event"] == FIRED), key=lambda e: e["occurred"]):
+            done = handled.get(fired["id"], [])
+            reasons = [_reason(e) for e in done if e["event"] == FAILED]
+            age = (now - datetime.fromisoformat(fired["occurred"])).total_seconds()
+            missing = len(ours[fired["resource"]["prefect.resource.id"]].actions) - len(done)
+            if missing > 0 and age >= settle_s:
+                reasons += [LOST] * missing
+            failures += [(fired, reason) for reason in reasons]
+        verdicts = _verdicts(client, {_related(f, "triggering-event") for f, _ in failures} - {None})
+    return [DeliveryFailure(fired["occurred"], fired["resource"].get("prefect.resource.name", ""), reason,
+                            verdicts.get(_related(fired, "triggering-event"), {})) for fired, reason in failures]
+
+
+def _reason(failed: dict) -> str:
+    """Prefect's reason for a failed action, with the last line of the block's log when it kept one."""
+    payload = failed.get("payload") or {}
+    log = str(payload.get("notification_log") or "").strip().splitlines()
+    return str(payload.get("reason") or "failed") + (f" ({log[-1].strip()})" if log else "")
+
+
+def _verdicts(client, ids: set[str]) -> dict[str, dict]:
+    """``{event id: {verdict, model, target, prefect_flow_run_id}}`` of the verdict events ``ids`` still stored."""
+    if not ids:
+        return {}
+    found = _events(client, {"id": {"id": sorted(ids)}, "occurred": {"since": "1970-01-01T00:00:00+00:00"}})
+    return {e["id"]: {"verdict": e["payload"].get("verdict"), "model": (e["payload"].get("model") or {}).get("name"),
+                      "target": e["payload"].get("target"),
+                      "prefect_flow_run_id": e["payload"].get("prefect_flow_run_id")} for e in found}

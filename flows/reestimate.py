@@ -294,7 +294,9 @@ def _no_valid_data(run: RunContext, summary: RunSummary) -> Completed:
     run.logger.warning(summary.headline)
     _publish(summary, f"re-estimation verdict: {Verdict.NO_VALID_DATA}", run.logger)
     data = summary.to_dict()
-    emit_verdict(data, model=run.bundle.describe(), prefect_run_url=prefect_flow_run_url(ml.flow_run_id))
+    warning = emit_verdict(data, model=run.bundle.describe(), prefect_run_url=prefect_flow_run_url(ml.flow_run_id))
+    if warning:                                       # no alert can be delivered: the CLI shows the run's warnings
+        data["warnings"] = [*data.get("warnings", []), warning]
     return Completed(name=Verdict.NO_VALID_DATA, message=summary.headline, data=data)
 
 
@@ -405,7 +407,9 @@ def _complete(run: RunContext, summary: RunSummary) -> Completed:
     word = summary.verdict
     _publish(summary, f"re-estimation verdict: {word}", run.logger)
     data = summary.to_dict()
-    emit_verdict(data, prefect_run_url=prefect_flow_run_url(ml.flow_run_id))   # alerts: never fails the run
+    warning = emit_verdict(data, prefect_run_url=prefect_flow_run_url(ml.flow_run_id))   # never fails the run
+    if warning:                                       # no alert can be delivered: the CLI shows the run's warnings
+        data["warnings"] = [*data.get("warnings", []), warning]
     run.logger.info("%s -- %s", word, summary.headline)
     return Completed(name=word, message=summary.headline, data=data)
 

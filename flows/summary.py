@@ -147,7 +147,7 @@ def render(summary: dict, front) -> str:
         return front.no_new_data(summary)
     held = _held(summary)
     if "result" not in summary:          # no estimate: every new batch was rejected or skipped
-        return front.join(front.no_estimate(summary, held))
+        return front.join([*front.no_estimate(summary, held), *front.warnings(summary.get("warnings", []))])
     res = ShiftReport.from_dict(summary["result"])
     names = summary.get("classes") or [str(c) for c in range(res.n_classes)]
     disagreeing = res.label_shift.disagreeing() if res.label_shift is not None and res.label_shift_ok is False \

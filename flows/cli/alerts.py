@@ -24,10 +24,12 @@ LISTEN_PORT = 8765
 def register(sub) -> None:
     s = settings_mod
     p = sub.add_parser(
-        "alerts", help="notify (webhook, Slack, e-mail) on Not label shift, Untrustworthy and large shifts",
+        "alerts", help="notify (webhook, Slack, e-mail) on Not label shift, Untrustworthy, No valid data and large "
+                       "shifts",
         description=textwrap.fill(
             "Create or update, on the Prefect server of PREFECT_API_URL, the automations that send a notification "
-            "when a re-estimation ends Not label shift, Untrustworthy, or Shifted by at least a total variation "
+            "when a re-estimation ends Not label shift, Untrustworthy, No valid data (every new batch rejected), or "
+            "Shifted by at least a total variation "
             "(--shifted-tv) or an accuracy drop (--shifted-accuracy-drop). Every re-estimation emits a Prefect event "
             "named for its verdict (labelshift.verdict.shifted, .not-label-shift, .untrustworthy, .no-shift, "
             ".no-valid-data) that carries the model, the target, the headline, the prior with its interval, the "
@@ -42,15 +44,17 @@ def register(sub) -> None:
                "--email-from labelshift@example.com\n"
                "  labelshift alerts --block mattermost-webhook/ops     # any notification block you created\n"
                "  labelshift alerts --remove                           # delete these automations\n"
+               "  labelshift alerts --failures                         # notifications that did not arrive (24 h)\n"
                "A flag wins over its environment variable. Thresholds are fractions in whole percents (0.1 = 10%).\n"
                "Exit status: 0 done, 1 the Prefect server is unreachable, 2 bad options or an unknown block "
-               "(nothing created).",
+               "(nothing created), 3 --failures found some.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(p, top=False)
     n = p.add_argument_group("where notifications go (at least one)")
     n.add_argument("--webhook-url", metavar="URL",
-                   help="POST a JSON message {subject, body, text} to this URL (a Custom Webhook block named "
-                        f"'labelshift-alerts') (default: ${s.ENV_ALERT_WEBHOOK_URL})")
+                   help="POST a JSON message {subject, body, text} to this URL (a Custom Webhook block of this "
+                        "scope: labelshift-alerts-all-models, or labelshift-alerts-model-<name>-<hash> with --model) "
+                        f"(default: ${s.ENV_ALERT_WEBHOOK_URL})")
     n.add_argument("--slack-webhook-url", metavar="URL",
                    help="post to Slack through this incoming-webhook URL (a Slack Webhook block) "
                         f"(default: ${s.ENV_ALERT_SLACK_URL})")
@@ -63,7 +67,7 @@ def register(sub) -> None:
                    help="also notify through this existing notification block, e.g. sendgrid-email/ops or "
                         "microsoft-teams-webhook/ml (repeatable; `prefect block ls` lists them) "
                         f"(default: ${s.ENV_ALERT_BLOCKS}, comma-separated)")
-    t = p.add_argument_group("when to notify (Not label shift and Untrustworthy always)")
+    t = p.add_argument_group("when to notify (Not label shift, Untrustworthy and No valid data always)")
     t.add_argument("--shifted-tv", metavar="T",
                    help="notify of a Shifted verdict whose total variation between source and target prior is at "
                         f"least T, in [0, 1] by 0.01; 'off': never (default: ${s.ENV_ALERT_TV} or "
@@ -75,7 +79,12 @@ def register(sub) -> None:
     t.add_argument("--model", metavar="NAME",
                    help="only the re-estimations of this registered model (NAME or models:/NAME@ALIAS) (default: "
                         "every model); each scope has its own automations")
-    p.add_argument("--remove", action="store_true", help="delete the automations of this scope instead")
+    p.add_argument("--remove", action="store_true",
+                   help="delete the automations of this scope instead, and the blocks saved for it")
+    p.add_argument("--failures", nargs="?", type=float, const=24.0, metavar="HOURS",
+                   help="instead, list the notifications of these automations that did not arrive in the last HOURS "
+                        "(default 24), with why and for which run; exit 3 when there are some (Prefect retries a "
+                        "failed webhook within a second and then drops it: see docs/alerts.md)")
     p.set_defaults(handler=run)
     _register_listen(p)
 
@@ -134,13 +143,42 @@ def plan_from_args(args):
         raise UsageError(str(exc)) from None
 
 
-def run(args) -> int:
-    plan = plan_from_args(args)                       # every option checked before anything is contacted
+def _lasting_server(args) -> None:
+    """Resolve the settings; UsageError naming PREFECT_API_URL when there is no lasting Prefect server."""
     env = setup(args)
     if env.prefect_api_url is None:
         raise UsageError(f"alerts need a lasting Prefect server: the automations live on it and its triggers fire "
                          f"them. Set {settings_mod.ENV_PREFECT_API_URL} (e.g. http://127.0.0.1:4200/api of "
                          "`labelshift stack up` or `prefect server start`)")
+
+
+def failures(args) -> int:
+    """``labelshift alerts --failures [HOURS]``: print each notification that did not arrive
+    (:func:`flows.alerts.delivery_failures`); 3 when there is one, else 0."""
+    if not 0 < args.failures <= 24 * 366:
+        raise UsageError(f"--failures {args.failures:g}: pass a number of hours above 0 (at most a year), e.g. 24")
+    _lasting_server(args)
+    from flows.alerts import delivery_failures
+
+    found = delivery_failures(hours=args.failures)
+    for failure in found:
+        v = failure.verdict
+        run = (f"{v.get('verdict')} of {v.get('model')} on {v.get('target')}, flow run {v.get('prefect_flow_run_id')}"
+               if v else "its verdict event is no longer stored")
+        print(f"{failure.occurred}  '{failure.automation}' did not notify ({run}): {failure.reason}")
+    if not found:
+        print(f"no failed notification of `labelshift alerts` automations in the last {args.failures:g} h")
+        return 0
+    print(f"{len(found)} notification(s) did not arrive; the verdicts are in the runs' summaries and MLflow. Fix the "
+          "receiver (or the block), and see docs/alerts.md ('When a notification fails')")
+    return 3
+
+
+def run(args) -> int:
+    if args.failures is not None:
+        return failures(args)
+    plan = plan_from_args(args)                       # every option checked before anything is contacted
+    _lasting_server(args)
     from flows.alerts import apply_alerts
     from labelshift.errors import InputError
 
@@ -151,6 +189,8 @@ def run(args) -> int:
     for word in ("created", "updated", "deleted"):
         for name in done[word]:
             print(f"{word} automation '{name}'")
+    for ref in done.get("deleted_blocks", []):
+        print(f"deleted block '{ref}'")
     if not plan.remove:
         print(f"notifications through {len(done['blocks'])} block(s); every re-estimation emits "
               "labelshift.verdict.<verdict> (docs/alerts.md)")

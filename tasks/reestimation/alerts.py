@@ -4,7 +4,8 @@ Each re-estimation that reaches a verdict emits one event named for it (:data:`E
 ``labelshift.verdict.not-label-shift``. Its resource is the target (``labelshift.target.<target url>``) with the
 model as labels; its payload carries the headline, the estimated prior with its interval, the p-values and the links
 to the Prefect and MLflow runs. :func:`verdict_event` builds it (pure); :func:`emit_verdict` sends it and never
-fails the run.
+fails the run, and says when no alert can come of it (:func:`delivery_warning`: the server it went to holds no
+automation of ``labelshift alerts``, e.g. the temporary server a command without ``PREFECT_API_URL`` starts).
 
 Prefect's triggers match an event's name and its resource's labels (exact values, lists, globs), not numbers in
 the payload. So the two numbers an operator sets a threshold on are also labels, in whole percents rounded down:
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import uuid
+from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -25,7 +28,8 @@ from prefect.cache_policies import NO_CACHE
 from labelshift.inference.report import NOT_LABEL_SHIFT, ShiftReport
 
 __all__ = ["EVENT_PREFIX", "EVENT_NAMES", "RESOURCE_PREFIX", "LABEL_MODEL", "LABEL_TV_PERCENT",
-           "LABEL_ACCURACY_DROP_PERCENT", "event_name", "percent_label", "verdict_event", "emit_verdict"]
+           "LABEL_ACCURACY_DROP_PERCENT", "AUTOMATION_TAG", "ALERTED", "event_name", "percent_label", "verdict_event",
+           "emit_verdict", "delivery_warning"]
 
 EVENT_PREFIX = "labelshift.verdict"
 #: the event of each verdict a re-estimation ends in ("No new data" emits none: nothing was estimated)
@@ -36,6 +40,10 @@ RESOURCE_PREFIX = "labelshift.target."
 LABEL_MODEL = "labelshift.model"
 LABEL_TV_PERCENT = "labelshift.total-variation.percent"
 LABEL_ACCURACY_DROP_PERCENT = "labelshift.accuracy-drop.percent"
+#: the tag of every automation ``labelshift alerts`` manages (flows.alerts.TAG)
+AUTOMATION_TAG = "labelshift-alerts"
+#: the verdicts the automations of ``labelshift alerts`` notify of ("No shift" is never sent)
+ALERTED = ("Shifted", NOT_LABEL_SHIFT, "Untrustworthy", "No valid data")
 
 _log = logging.getLogger(__name__)
 
@@ -117,7 +125,8 @@ def verdict_event(summary: dict, *, model: dict | None = None, prefect_run_url: 
     model = model or summary.get("model") or {}
     mlflow = summary.get("mlflow") or {}
     links = summary.get("links") or {}
-    mlflow_url = links.get("MLflow run") if str(links.get("MLflow run", "")).startswith("http") else None
+    mlflow_url = next((u for u in (links.get("MLflow run"), mlflow.get("ui")) if str(u or "").startswith("http")),
+                      None)                  # "No valid data" has no links yet: the MLflow entry's address then
     target = str(summary["target"])
     resource = {"prefect.resource.id": RESOURCE_PREFIX + target, "prefect.resource.name": target,
                 LABEL_MODEL: str(model.get("name") or ""), "labelshift.model.version": str(model.get("version") or ""),
@@ -146,8 +155,9 @@ def emit_verdict(summary: dict, *, model: dict | None = None, prefect_run_url: s
     """Emit the verdict's event (:func:`verdict_event`) with ``prefect.events.emit_event``.
 
     Never raises: a failure to build or send the event is logged as a warning and the run goes on (the verdict is
-    in the flow's state, the artifact and MLflow either way). Returns the event's name, or None when none was
-    sent (a verdict without an event, or a failure).
+    in the flow's state, the artifact and MLflow either way). Returns :func:`delivery_warning`'s sentence (also
+    logged as a warning) when the event was sent but no alert can come of it, for the caller to add to the run's
+    warnings; None otherwise (sent where automations are, a verdict without an event or not alerted, a failure).
     """
     try:
         from prefect.events import emit_event
@@ -160,11 +170,48 @@ def emit_verdict(summary: dict, *, model: dict | None = None, prefect_run_url: s
             summary = {**summary, "prefect_flow_run_id": flow_run.id}
         event = verdict_event(summary, model=model, prefect_run_url=prefect_run_url)
         emit_event(**event)
-        return event["event"]
     except Exception as exc:
         _warn(f"the verdict's Prefect event was not emitted ({type(exc).__name__}: {exc}); automations on it will "
               "not fire for this run")
         return None
+    warning = delivery_warning(event["event"]) if summary["verdict"] in ALERTED else None
+    if warning:
+        _warn(warning)
+    return warning
+
+
+def delivery_warning(event: str) -> str | None:
+    """The sentence that no alert can be delivered for a run whose ``event`` went to the Prefect server in use,
+    naming the fix; None when that server holds an automation tagged :data:`AUTOMATION_TAG` (whether one of them
+    matches this model and threshold is the operator's choice), or cannot be asked (one request, Prefect's client
+    timeout; the event's sending reports a server that is gone)."""
+    try:
+        from prefect.client.orchestration import get_client
+        from prefect.events.filters import AutomationFilter, AutomationFilterTags
+        from prefect.settings import PREFECT_API_URL
+
+        with get_client(sync_client=True) as client:
+            ours = AutomationFilter(tags=AutomationFilterTags(all_=[AUTOMATION_TAG]))
+            if client.read_automations(automations=ours, limit=1):
+                return None
+        url = PREFECT_API_URL.value()
+    except Exception:
+        return None
+    where = ("the temporary Prefect server this command started (PREFECT_API_URL is not set), which no automation "
+             "watches and which ends with the command" if _on_temporary_server()
+             else f"the Prefect server at {url}, which holds no automation of `labelshift alerts`")
+    return (f"no alert can be delivered for this run: its event {event} went to {where}. Point PREFECT_API_URL at "
+            "the server where `labelshift alerts` was set up (for the local stack: `source .labelshift/stack/env.sh`"
+            "), or run `labelshift alerts` against this one; the verdict is in the run's summary and MLflow either "
+            "way")
+
+
+def _on_temporary_server() -> bool:
+    """Whether this process uses the temporary Prefect server of a command run without PREFECT_API_URL: the
+    command then sets PREFECT_HOME to ``<LABELSHIFT_HOME>/prefect`` (``runtime.environment.apply``), which no
+    lasting server of the project uses (the local stack's is ``<home>/stack/prefect``)."""
+    home, prefect_home = os.environ.get("LABELSHIFT_HOME"), os.environ.get("PREFECT_HOME")
+    return bool(home and prefect_home) and Path(prefect_home) == Path(home) / "prefect"
 
 
 def _warn(message: str) -> None:

@@ -82,6 +82,14 @@ def test_no_valid_data_and_no_new_data():
     ev = verdict_event(summary, model=MODEL)
     assert ev["event"] == "labelshift.verdict.no-valid-data" and ev["resource"][LABEL_MODEL] == "fraud-model"
     assert ev["payload"]["rejected"] == ["bad.npy"] and LABEL_TV_PERCENT not in ev["resource"]
+    assert ev["payload"]["links"] == {"prefect_run": None, "mlflow_run": None}       # sqlite store, temporary server
+    served = {**summary, "mlflow": {"run_id": "r9", "ui": "http://mlflow:5000/#/experiments/3/runs/r9"}}
+    ev = verdict_event(served, model=MODEL, prefect_run_url="http://prefect:4200/runs/flow-run/fr-9")
+    assert ev["payload"]["links"] == {"prefect_run": "http://prefect:4200/runs/flow-run/fr-9",
+                                      "mlflow_run": "http://mlflow:5000/#/experiments/3/runs/r9"}
+    body = _message(served, model=MODEL, prefect_run_url="http://prefect:4200/runs/flow-run/fr-9")
+    assert body.splitlines()[2:] == ["rejected batches: bad.npy", "Prefect run: http://prefect:4200/runs/flow-run/fr-9",
+                                     "MLflow run: http://mlflow:5000/#/experiments/3/runs/r9"], body
     with pytest.raises(ValueError, match="has no event"):
         verdict_event({"verdict": "No new data", "target": "x"})
     assert emit_verdict.fn({"verdict": "No new data", "target": "x"}) is None
@@ -131,7 +139,7 @@ def test_the_message_gives_the_figures_rounded_and_names_what_is_missing(shifted
                      "batches": [], "rejected": [{"key": "bad.npy", "reason": "shape"}], "mlflow": {"run_id": "r9"},
                      "prefect_flow_run_id": "fr-2"}, model=MODEL)
     assert body.splitlines() == ["No valid data: model fraud-model v7 on file:///t", "No valid data: ...",
-                                 "Prefect run: fr-2", "MLflow run: r9"]
+                                 "rejected batches: bad.npy", "Prefect run: fr-2", "MLflow run: r9"]
 
 
 @pytest.mark.parametrize("fraction, label", [(0.29, "29"), (0.999, "99"), (1.0, "100"), (0.0, "0"), (-0.02, "-2"),
@@ -145,13 +153,15 @@ def test_the_shifted_alerts_match_the_labels_from_the_threshold_on():
                                        model="fraud-model"))
     assert [s.name for s in specs] == ["labelshift: Not label shift (fraud-model)",
                                        "labelshift: Untrustworthy (fraud-model)",
+                                       "labelshift: No valid data (fraud-model)",
                                        "labelshift: Shifted, total variation >= 15% (fraud-model)",
                                        "labelshift: Shifted, accuracy drop >= 5% (fraud-model)"]
-    tv = specs[2].match[LABEL_TV_PERCENT]
-    assert tv[0] == "15" and tv[-1] == "100" and "14" not in tv and specs[2].event == "labelshift.verdict.shifted"
-    assert specs[3].match[LABEL_ACCURACY_DROP_PERCENT][0] == "5" and specs[0].match[LABEL_MODEL] == "fraud-model"
+    tv = specs[3].match[LABEL_TV_PERCENT]
+    assert tv[0] == "15" and tv[-1] == "100" and "14" not in tv and specs[3].event == "labelshift.verdict.shifted"
+    assert specs[4].match[LABEL_ACCURACY_DROP_PERCENT][0] == "5" and specs[0].match[LABEL_MODEL] == "fraud-model"
+    assert specs[2].event == "labelshift.verdict.no-valid-data" and specs[2].match == specs[0].match
     every = automation_specs(AlertPlan(webhook_url="http://x", tv_percent=None))
-    assert len(every) == 2 and LABEL_MODEL not in every[0].match and every[0].name.endswith("(all models)")
+    assert len(every) == 3 and LABEL_MODEL not in every[0].match and every[0].name.endswith("(all models)")
 
 
 def test_thresholds():
@@ -262,3 +272,62 @@ def test_listen_on_a_taken_port_names_the_fix(capsys):
         taken.listen()
         assert main(["alerts", "listen", "--port", str(taken.getsockname()[1])]) == 2
     assert "pick another --port (0 for any free one)" in capsys.readouterr().err
+
+
+def test_the_all_models_automations_skip_the_models_with_a_scope_of_their_own():
+    """Prefect's own trigger (the server's, which decides) fires the all-models automation for a model without a
+    scope of its own only; a list of negated values in one specification would let every model through."""
+    from prefect.server.events.schemas.automations import EventTrigger
+    from prefect.server.events.schemas.events import RelatedResource, Resource
+
+    specs = automation_specs(AlertPlan(webhook_url="http://h/x"), scoped=("pets-logs", "fraud-model"))
+    assert all(s.match_related == [{"prefect.resource.role": "model", "prefect.resource.id": "!labelshift.model.fraud-model"},
+                                   {"prefect.resource.role": "model", "prefect.resource.id": "!labelshift.model.pets-logs"}]
+               for s in specs)
+    trigger = EventTrigger(expect={specs[0].event}, match=specs[0].match, match_related=specs[0].match_related,
+                           posture="Reactive", threshold=1)
+
+    def covers(model: str) -> bool:
+        resource = Resource({"prefect.resource.id": "labelshift.target.s3://b/t", LABEL_MODEL: model})
+        related = [RelatedResource({"prefect.resource.id": f"labelshift.model.{model}", "prefect.resource.role": "model"}),
+                   RelatedResource({"prefect.resource.id": "prefect.flow-run.1", "prefect.resource.role": "flow-run"})]
+        return trigger.covers_resources(resource, related)
+
+    assert covers("other-model") and not covers("pets-logs") and not covers("fraud-model")
+    scoped = automation_specs(AlertPlan(webhook_url="http://h/x", model="pets-logs"), scoped=("pets-logs",))
+    assert all(s.match_related == [] and s.match[LABEL_MODEL] == "pets-logs" for s in scoped)
+    with pytest.raises(InputError, match="without '\\*'"):
+        check_alerts(webhook_url="http://h/x", model="pets*")
+
+
+def test_the_temporary_server_of_a_command_is_recognised_by_its_prefect_home(tmp_path, monkeypatch):
+    """A command without PREFECT_API_URL sets PREFECT_HOME to <LABELSHIFT_HOME>/prefect for its temporary server
+    (runtime.environment.apply); the local stack's server and workers live under <home>/stack/."""
+    from runtime import environment
+    from tasks.reestimation.alerts import _on_temporary_server
+
+    env: dict = {}
+    environment.apply(environment.resolve(tmp_path / "home", environ={}), environ=env)
+    monkeypatch.setenv("LABELSHIFT_HOME", env["LABELSHIFT_HOME"])
+    monkeypatch.setenv("PREFECT_HOME", env["PREFECT_HOME"])
+    assert _on_temporary_server()
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home" / "stack" / "workers"))
+    assert not _on_temporary_server()
+    monkeypatch.delenv("LABELSHIFT_HOME")
+    assert not _on_temporary_server()
+
+
+def test_a_failed_action_is_told_with_prefects_reason_and_the_blocks_last_log_line():
+    from flows.alerts import _reason
+
+    assert _reason({"payload": {"reason": "Notification failed",
+                                "notification_log": "Sending...\nSlack responded with 404: no_service\n"}}) == \
+        "Notification failed (Slack responded with 404: no_service)"
+    assert _reason({"payload": {"reason": "The referenced block was not a notification block"}}) == \
+        "The referenced block was not a notification block"
+    assert _reason({}) == "failed"
+
+
+def test_failures_takes_a_positive_number_of_hours_before_contacting_anything(capsys, tmp_path):
+    assert main(["alerts", "--home", str(tmp_path), "--failures", "0"]) == 2
+    assert "--failures 0: pass a number of hours above 0" in capsys.readouterr().err
