@@ -181,29 +181,26 @@ def emit_verdict(summary: dict, *, model: dict | None = None, prefect_run_url: s
 
 
 def delivery_warning(event: str) -> str | None:
-    """The sentence that no alert can be delivered for a run whose ``event`` went to the Prefect server in use,
-    naming the fix; None when that server holds an automation tagged :data:`AUTOMATION_TAG` (whether one of them
-    matches this model and threshold is the operator's choice), or cannot be asked (one request, Prefect's client
-    timeout; the event's sending reports a server that is gone)."""
+    """The sentence that no alert can be delivered for a run whose ``event`` went to the temporary Prefect server
+    of a command run without ``PREFECT_API_URL`` (:func:`_on_temporary_server`) that holds no automation tagged
+    :data:`AUTOMATION_TAG`, naming the fix; None otherwise -- on a lasting server too: there, no automation means
+    that no one asked for alerts -- or when the server cannot be asked (one request, the client's time limit)."""
+    if not _on_temporary_server():
+        return None
     try:
         from prefect.client.orchestration import get_client
         from prefect.events.filters import AutomationFilter, AutomationFilterTags
-        from prefect.settings import PREFECT_API_URL
 
         with get_client(sync_client=True) as client:
             ours = AutomationFilter(tags=AutomationFilterTags(all_=[AUTOMATION_TAG]))
             if client.read_automations(automations=ours, limit=1):
                 return None
-        url = PREFECT_API_URL.value()
     except Exception:
         return None
-    where = ("the temporary Prefect server this command started (PREFECT_API_URL is not set), which no automation "
-             "watches and which ends with the command" if _on_temporary_server()
-             else f"the Prefect server at {url}, which holds no automation of `labelshift alerts`")
-    return (f"no alert can be delivered for this run: its event {event} went to {where}. Point PREFECT_API_URL at "
-            "the server where `labelshift alerts` was set up (for the local stack: `source .labelshift/stack/env.sh`"
-            "), or run `labelshift alerts` against this one; the verdict is in the run's summary and MLflow either "
-            "way")
+    return (f"no alert can be delivered for this run: its event {event} went to the temporary Prefect server this "
+            "command started (PREFECT_API_URL is not set), which no automation watches and which ends with the "
+            "command. Point PREFECT_API_URL at the server where `labelshift alerts` was set up (for the local "
+            "stack: `source .labelshift/stack/env.sh`); the verdict is in the run's summary and MLflow either way")
 
 
 def _on_temporary_server() -> bool:

@@ -266,12 +266,12 @@ def test_each_scope_notifies_through_its_own_block_and_one_run_once(prefect_serv
     assert _ours("all models") == [] and _ours("pets-logs") == []
 
 
-def test_a_run_that_no_automation_watches_says_that_no_alert_can_be_delivered(prefect_server, sqlite_model, tmp_path,
-                                                                             monkeypatch, capsys):
-    """Found by the orchestration tests (issue 32): a cron job without PREFECT_API_URL sent its Shifted event to a
-    temporary server and nobody was told. A run whose event goes to a server without automations of
-    `labelshift alerts` says so in its log and its warnings (which the CLI prints), naming the fix; with them set
-    up, it does not."""
+def test_a_run_on_a_temporary_server_says_that_no_alert_can_be_delivered(prefect_server, sqlite_model, tmp_path,
+                                                                         monkeypatch, capsys):
+    """A cron job without PREFECT_API_URL sent its Shifted event to a temporary server and nobody was told. A run
+    whose event goes to the temporary server of its command (PREFECT_HOME is <LABELSHIFT_HOME>/prefect), where no
+    automation of `labelshift alerts` is, says so in its log and its warnings (which the CLI prints), naming the
+    fix; with automations there, it does not; on a lasting server (no alerts asked for) it says nothing."""
     from flows.reestimate import reestimate
     from flows.summary import format_summary
     from tasks.reestimation.alerts import delivery_warning
@@ -281,22 +281,32 @@ def test_a_run_that_no_automation_watches_says_that_no_alert_can_be_delivered(pr
     target = tmp_path / "target"
     target.mkdir()
     np.save(target / "bad.npy", np.zeros((10, 5), np.float32))
-    state = reestimate(model=sqlite_model["model_uri"], target=str(target), tracking_uri=sqlite_model["tracking_uri"],
-                       return_state=True)
-    assert state.name == "No valid data", state.message
-    summary = state.result()
-    warnings = [w for w in summary.get("warnings", []) if w.startswith("no alert can be delivered")]
-    assert len(warnings) == 1, summary.get("warnings")
-    assert (f"its event labelshift.verdict.no-valid-data went to the Prefect server at {prefect_server}, which holds "
-            "no automation of `labelshift alerts`. Point PREFECT_API_URL at the server where") in warnings[0]
-    assert warnings[0] in format_summary(summary)
 
-    home = str(tmp_path / "home")
-    assert main(["alerts", "--home", home, "--webhook-url", "http://127.0.0.1:9/unused"]) == 0
+    def run() -> dict:
+        state = reestimate(model=sqlite_model["model_uri"], target=str(target), on_changed="reprocess",
+                           tracking_uri=sqlite_model["tracking_uri"], return_state=True)
+        assert state.name == "No valid data", state.message
+        return state.result()
+
+    def told(summary: dict) -> list[str]:
+        return [w for w in summary.get("warnings", []) if w.startswith("no alert can be delivered")]
+
+    assert told(run()) == []                                    # a lasting server: alerts were not asked for
+    home = tmp_path / "home"
+    monkeypatch.setenv("LABELSHIFT_HOME", str(home))            # as a command on its temporary server sets them
+    monkeypatch.setenv("PREFECT_HOME", str(home / "prefect"))
+    np.save(target / "bad-2.npy", np.zeros((10, 5), np.float32))
+    summary = run()
+    assert len(told(summary)) == 1, summary.get("warnings")
+    assert ("its event labelshift.verdict.no-valid-data went to the temporary Prefect server this command started "
+            "(PREFECT_API_URL is not set)") in told(summary)[0]
+    assert told(summary)[0] in format_summary(summary)
+
+    assert main(["alerts", "--home", str(home), "--webhook-url", "http://127.0.0.1:9/unused"]) == 0
     try:
         assert delivery_warning("labelshift.verdict.shifted") is None
     finally:
-        assert main(["alerts", "--home", home, "--remove"]) == 0
+        assert main(["alerts", "--home", str(home), "--remove"]) == 0
         capsys.readouterr()
 
 
