@@ -78,7 +78,7 @@ from tasks.reestimation.scoring import score_for_reestimation
 from tasks.reestimation.segments import (assess_segments, check_segmentable, log_segments, read_segment_values,
                                          segment_values_of)
 from tasks.reestimation.serving import check_corrected_name, register_if_shifted
-from tasks.tracking import check_tracking_server, git_commit
+from tasks.tracking import check_tracking_server, ended_status, git_commit
 
 _log_user_errors_once()
 
@@ -231,7 +231,7 @@ def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
 def _end_failed_run(exc: BaseException, run: RunContext) -> None:
     """Cancelled (Prefect's termination signal, Ctrl-C) or failed: the MLflow run ends KILLED or FAILED with the
     cause (the watermark did not move)."""
-    status = "FAILED" if isinstance(exc, Exception) else "KILLED"
+    status = ended_status(exc)
     try:
         end_run(run.tracking_uri, run.mlflow.run_id, status, f"{type(exc).__name__}: {exc}")
     except Exception as close_exc:

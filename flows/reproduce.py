@@ -51,7 +51,7 @@ from tasks.sweep.outputs import records_csv, render_outputs
 from tasks.sweep.report import publish_summary, summary_markdown
 from tasks.sweep.storage import check_store_uri, results_url, save_experiment, save_summary
 from tasks.sweep.runs import fail_sweep_runs, finish_sweep_runs, log_experiment, start_sweep_runs
-from tasks.tracking import git_commit, run_url
+from tasks.tracking import ended_status, git_commit, run_url
 from flows.user_errors import install as _log_user_errors_once
 
 _log_user_errors_once()
@@ -220,10 +220,11 @@ def _publish(p: ReproduceParameters, env, runs: dict, sweeps: list, files: dict,
 
 
 def _fail_runs(exc: BaseException, env, parent_id: str) -> None:
-    """Close the MLflow runs FAILED (KILLED when interrupted), never left RUNNING; a failure to do so is reported,
-    and the original error stays the run's."""
+    """Close the MLflow runs FAILED (KILLED when interrupted: Ctrl-C, SystemExit, Prefect's TerminationSignal on
+    SIGTERM -- any BaseException that is no Exception), never left RUNNING; a failure to do so is reported, and the
+    original error stays the run's."""
     cause = f"{type(exc).__name__}: {exc}"
-    status = "KILLED" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "FAILED"
+    status = ended_status(exc)
     try:
         fail_sweep_runs(env.tracking_uri, parent_id, cause, status=status)
     except Exception as close_exc:          # keep the original error; say that MLflow could not be updated

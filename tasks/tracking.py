@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 
 from labelshift.errors import InputError, ServiceUnavailableError
 
-__all__ = ["check_tracking_server", "run_url", "experiment_url", "artifact_url", "git_commit", "log_bytes",
+__all__ = ["check_tracking_server", "ended_status", "run_url", "experiment_url", "artifact_url", "git_commit", "log_bytes",
            "EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "MODEL_TRAINING_VIEW", "mark_model_training", "experiment_id"]
 
 #: the experiment tag MLflow 3 reads to choose an experiment's view, and its value for model training
@@ -132,3 +132,10 @@ def log_bytes(client: MlflowClient, run_id: str, data: bytes, artifact_file: str
         client.log_artifact(run_id, str(path), artifact_path=folder or None)
 
 
+
+
+def ended_status(exc: BaseException) -> str:
+    """The MLflow status of a run that ``exc`` ended: FAILED for an error, KILLED when it was stopped (Ctrl-C,
+    SystemExit, SIGTERM as Prefect's TerminationSignal or the command's own: any BaseException that is no
+    Exception)."""
+    return "FAILED" if isinstance(exc, Exception) else "KILLED"

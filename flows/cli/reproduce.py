@@ -8,10 +8,13 @@ import signal
 import sys
 import textwrap
 import time
+from contextlib import contextmanager
 
 from runtime import environment as settings_mod
 from flows.cli._common import PROG, Opt, add_common, add_field, given, local_path, option_name, prefect_api, \
     problems, setup, validated
+from flows.cli.stopping import AFTER_STOP, EXIT_SERVER_LOST, EXIT_TERMINATED, lost_reason, lost_sentence, \
+    sigterm_unwinds, tell, watched
 from flows.params import BINS_METHODS, EXPERIMENTS, METHODS, ReproduceParameters
 from labelshift.experiments.images import CALIBRATIONS
 
@@ -123,15 +126,11 @@ def run(args) -> int:
     from flows.reproduce import run_in_process     # imports Prefect and MLflow: after the environment is set
 
     temporary = env.prefect_api_url is None
-    # on a lasting Prefect server, Ctrl-C unwinds normally: the flow closes its MLflow runs as KILLED and Prefect
-    # records the run as crashed; on the temporary server, see _interrupt_handler
-    previous = signal.signal(signal.SIGINT, _interrupt_handler) if temporary else None
-    try:
-        with prefect_api(env):
-            state = run_in_process(params, temporary_server=temporary, dask=args.dask)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+    # on a lasting Prefect server, Ctrl-C and SIGTERM unwind normally: the flow closes its MLflow runs as KILLED and
+    # Prefect records the run as crashed; on the temporary server, see _stop_sweep
+    with _stopped_at_once(temporary), prefect_api(env) as api_url, \
+            watched(api_url, lambda reason: lost_sentence("reproduce", reason)):
+        state = run_in_process(params, temporary_server=temporary, dask=args.dask)
     elapsed = time.perf_counter() - t0
     if not state.is_completed():
         print(f"\n{PROG} reproduce: the sweep failed ({state.name}) after {elapsed:.0f} s: {state.message}",
@@ -146,20 +145,44 @@ def run(args) -> int:
     return 0
 
 
-def _interrupt_handler(signum, frame) -> None:
-    """Ctrl-C during a sweep: close its MLflow runs as KILLED, stop the temporary Prefect server, exit 130.
+@contextmanager
+def _stopped_at_once(temporary: bool):
+    """Within the block, Ctrl-C and SIGTERM stop the sweep with :func:`_stop_sweep` on the temporary server, and
+    SIGTERM unwinds as Ctrl-C does on a lasting one (:func:`flows.cli.stopping.sigterm_unwinds`)."""
+    if not temporary:
+        with sigterm_unwinds():
+            yield
+        return
+    previous = {sig: signal.signal(sig, _stop_sweep) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_sweep(signum, frame) -> None:
+    """Ctrl-C, SIGTERM or a lost Prefect server during a sweep on the temporary server: close its MLflow runs as
+    KILLED, stop the temporary Prefect server, exit 130, 143 or 75 with a sentence saying why.
 
     Done here rather than by letting KeyboardInterrupt unwind: a terminal's Ctrl-C also stops the temporary
     Prefect server (it is in the same process group), after which Prefect's client spends about a minute retrying
     to report the flow's state and events to it, and worker threads finish their tasks (measured with 3.9.1).
     """
-    print(f"\n{PROG} reproduce: interrupted; closing the sweep's MLflow runs as KILLED", file=sys.stderr)
+    lost = lost_reason()
+    if lost:
+        code, why = EXIT_SERVER_LOST, lost_sentence("reproduce", lost)
+    elif signum == signal.SIGTERM:
+        code, why = EXIT_TERMINATED, f"\n{PROG} reproduce: stopped by SIGTERM; {AFTER_STOP['reproduce']}"
+    else:
+        code, why = 130, f"\n{PROG} reproduce: interrupted; {AFTER_STOP['reproduce']}"
+    tell(why)
     try:
         from flows.reproduce import active_sweeps
         from tasks.sweep.runs import fail_sweep_runs
 
         for tracking_uri, run_id in active_sweeps():
-            fail_sweep_runs(tracking_uri, run_id, "KeyboardInterrupt: interrupted by the user", status="KILLED")
+            fail_sweep_runs(tracking_uri, run_id, f"{signal.Signals(signum).name}: {why.strip()}", status="KILLED")
             print(f"  MLflow run {run_id}: KILLED", file=sys.stderr)
     except Exception as exc:                        # still exit; say what could not be closed
         print(f"  could not close the MLflow runs: {exc}", file=sys.stderr)
@@ -171,7 +194,7 @@ def _interrupt_handler(signum, frame) -> None:
         pass
     sys.stderr.flush()
     sys.stdout.flush()
-    os._exit(130)
+    os._exit(code)
 
 
 def _print_failure_hints(env: settings_mod.Settings, state) -> None:

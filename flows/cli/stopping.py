@@ -39,7 +39,8 @@ EXIT_SERVER_LOST = 75
 AFTER_STOP = {
     "estimate": "nothing was committed (the watermark did not move) and a started MLflow run is ended KILLED: the "
                 "next run takes the same batches.",
-    "reproduce": "the sweep's MLflow runs are ended KILLED; run it again to start over.",
+    "reproduce": "the sweep's MLflow runs are closed (KILLED, or FAILED where a task failed first), none left "
+                 "RUNNING; run it again to start over.",
 }
 
 _state: dict = {"command": False, "lost": None, "told": False, "message": None}

@@ -35,7 +35,7 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.tracking import (EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, check_tracking_server, experiment_id, log_bytes,
+from tasks.tracking import (EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, check_tracking_server, ended_status, experiment_id, log_bytes,
                             mark_model_training)
 
 __all__ = ["X_NAMES", "start_sweep_runs", "log_experiment", "finish_sweep_runs", "fail_sweep_runs", "metric_steps",
@@ -131,7 +131,7 @@ def start_sweep_runs(tracking_uri: str, experiment_name: str, artifact_root: str
             client.log_batch(child.info.run_id, params=[Param("method", method),
                                                         Param("experiments", ",".join(experiments))])
     except BaseException as exc:
-        fail_sweep_runs(tracking_uri, parent_id, f"{type(exc).__name__}: {exc}")
+        fail_sweep_runs(tracking_uri, parent_id, f"{type(exc).__name__}: {exc}", status=ended_status(exc))
         raise
     return {"experiment_id": experiment_id, "parent_run_id": parent_id, "child_run_ids": children}
 
@@ -213,7 +213,21 @@ def fail_sweep_runs(tracking_uri: str, parent_run_id: str, message: str, *, stat
     closed = []
     for run in [*children, parent]:
         if run.info.status in ("RUNNING", "SCHEDULED"):
-            client.set_tag(run.info.run_id, "error", message[:5000])
-            client.set_terminated(run.info.run_id, status)
+            run_id = run.info.run_id
+            _while_locked(client.set_tag, run_id, "error", message[:5000])
+            _while_locked(client.set_terminated, run_id, status)
             closed.append(run.info.run_id)
     return closed
+
+
+def _while_locked(call, *args, attempts: int = 8, wait_s: float = 1.0):
+    """``call(*args)``, tried again while a local SQLite tracking store answers "database is locked": the sweep's
+    tasks may still be logging to it on their threads when its error path closes the runs (SQLite lets one writer
+    at a time, and waits 5 s for it)."""
+    for attempt in range(attempts):
+        try:
+            return call(*args)
+        except Exception as exc:
+            if "database is locked" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(wait_s)

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -312,6 +313,52 @@ def test_a_prefect_server_lost_during_the_run_ends_the_command_within_the_bound(
     print(f"server {signal.Signals(how).name}: exit {result['returncode']} {result['ended_s']:.1f} s after; "
           f"{result['stderr'].strip().splitlines()[-1][:160]}")
     _next_run_counts_every_batch_once(argv, setting["env"], target)
+
+
+def _sweep_runs(home: Path) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    return [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+
+
+def _sweep_run_started(home: Path):
+    """When the sweep's MLflow runs exist, RUNNING: read from the SQLite file read-only (an MLflow client would
+    create or migrate the database while the command does)."""
+    def moment(processes) -> bool:
+        try:
+            with sqlite3.connect(f"file:{home / 'mlflow.db'}?mode=ro", uri=True, timeout=1) as db:
+                return bool(db.execute("SELECT 1 FROM runs WHERE status = 'RUNNING' LIMIT 1").fetchall())
+        except sqlite3.Error:                       # not there yet, or its tables not yet made
+            return False
+    return moment
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "server lost"])
+def test_sigterm_or_a_lost_server_stops_reproduce_cleanly(setting, tmp_path, how):
+    """SIGTERM to ``labelshift reproduce`` during its sweep, or its temporary Prefect server killed: the command ends
+    within seconds with exit 143 (75) and a sentence saying why, every MLflow run of the sweep ended by itself
+    (KILLED on SIGTERM; KILLED or FAILED when the server went first; none left RUNNING), no process left."""
+    from runtime.timeouts import UNWIND_S
+
+    home = tmp_path / "home"
+    argv = [sys.executable, "-m", "flows.cli", "reproduce", "--quick", "--seeds", "5000", "--home", str(home),
+            "--tracking-uri", f"sqlite:///{home / 'mlflow.db'}"]
+    env = {**setting["env"], "LABELSHIFT_SERVER_LOST_S": str(LOST_AFTER_S)}
+    if how == "SIGTERM":
+        result = kill_at(argv, env, _sweep_run_started(home), sig=signal.SIGTERM)
+        code, words, bound = 143, "stopped by SIGTERM", 30
+    else:
+        result = kill_at(argv, env, _sweep_run_started(home), victims=_temporary_server)
+        code, words, bound = 75, "stopped answering", LOST_AFTER_S + UNWIND_S + 8
+    assert result["killed"], result["stderr"][-3000:]
+    assert result["returncode"] == code and result["ended_s"] < bound, result
+    assert words in result["stderr"] and "none left RUNNING" in result["stderr"], result["stderr"][-2000:]
+    assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
+    runs = _sweep_runs(home)
+    ended = {"KILLED"} if how == "SIGTERM" else {"KILLED", "FAILED"}   # tasks may fail first without their server
+    assert runs and all(r.info.status in ended for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+    print(f"reproduce, {how}: exit {result['returncode']} {result['ended_s']:.1f} s after, {len(runs)} runs KILLED")
 
 
 def test_sigkill_of_reproduce_leaves_no_process(setting, tmp_path):

@@ -191,3 +191,90 @@ def test_a_bad_schedule_exits_2_with_a_clear_message_and_registers_nothing(prefe
     assert "is not a valid schedule" in done.stderr
     assert _read_deployment(prefect_server, f"reestimate/reestimate-{tag}") is None
     assert _read_deployment(prefect_server, f"reproduce/reproduce-{tag}") is None
+
+
+@pytest.mark.integration
+def test_sigterm_to_serve_with_a_run_in_flight_stops_both_cleanly(prefect_server, tmp_path, mlflow_database_template):
+    """SIGTERM to ``labelshift serve`` (systemctl stop) while a served re-estimation runs: serve ends within seconds
+    (exit 0: Prefect's runner takes SIGTERM as a request to stop, cancels the runs it executes and returns); the
+    run ends Cancelled or Crashed in Prefect, its MLflow run KILLED (not left RUNNING), the watermark as it was;
+    no process of serve is left; the schedule is paused."""
+    import shutil
+
+    import numpy as np
+    import psutil
+    from mlflow import MlflowClient
+
+    from tests.reestimation_support import SHIFTED_PRIOR, draw, register_model
+
+    shutil.copyfile(mlflow_database_template, tmp_path / "mlflow.db")
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    model = register_model(tracking, "serve-sigterm", n_holdout=600)
+    target = tmp_path / "target"
+    target.mkdir()
+    np.save(target / "day-1.npy", draw(SHIFTED_PRIOR, 40_000, np.random.default_rng(3))[0])
+    tag = uuid.uuid4().hex[:8]
+    log = tmp_path / "serve.log"
+    command = [sys.executable, "-m", "flows.cli", "serve", "--home", str(tmp_path / "home"), "--name", f"r-{tag}",
+               "--reestimate-name", f"e-{tag}", "--model", model["model_uri"], "--target", str(target),
+               "--tracking-uri", tracking]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, cwd=ROOT, env=_serve_env(prefect_server, tmp_path), stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_terminal_sigint)
+    serve = psutil.Process(proc.pid)
+    started: dict[int, psutil.Process] = {}
+    client = MlflowClient(tracking)
+    try:
+        deadline = time.monotonic() + 120
+        while (deployment := _read_deployment(prefect_server, f"reestimate/e-{tag}")) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+        flow_run = _run_deployment(prefect_server, deployment.id, {"interval": "bootstrap", "bootstrap": 4000})
+        deadline = time.monotonic() + 180
+        while not _mlflow_running(client):            # the run is past loading the model and scoring
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            started.update({p.pid: p for p in serve.children(recursive=True)})
+            time.sleep(0.2)
+        started.update({p.pid: p for p in serve.children(recursive=True)})
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        code = proc.wait(timeout=60)
+        ended_s = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    left = [p for p in started.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    for process in left:
+        process.kill()
+    assert code == 0 and ended_s < 30, (code, ended_s, log.read_text()[-3000:])
+    assert not left, [" ".join(p.cmdline())[:120] for p in left]
+    state = _flow_run_state(prefect_server, flow_run)
+    assert state in ("CANCELLED", "CANCELLING", "CRASHED"), state
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])
+            if r.data.tags.get("labelshift.kind") == "reestimation"]
+    assert runs and all(r.info.status == "KILLED" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+    assert not (target / "_labelshift" / "watermark.json").exists()
+    assert _read_deployment(prefect_server, f"reestimate/e-{tag}").paused
+    print(f"serve: exit {code} {ended_s:.1f} s after SIGTERM; flow run {state}; MLflow run KILLED")
+
+
+def _mlflow_running(client) -> bool:
+    return any(r.info.status == "RUNNING" and r.data.tags.get("labelshift.kind") == "reestimation"
+               for e in client.search_experiments() for r in client.search_runs([e.experiment_id]))
+
+
+def _run_deployment(api_url: str, deployment_id, parameters: dict):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        return client.create_flow_run_from_deployment(deployment_id, parameters=parameters).id
+
+
+def _flow_run_state(api_url: str, flow_run_id) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).state.type.value
