@@ -229,10 +229,12 @@ def test_sigterm_to_serve_with_a_run_in_flight_stops_both_cleanly(prefect_server
         while (deployment := _read_deployment(prefect_server, f"reestimate/e-{tag}")) is None:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.5)
-        flow_run = _run_deployment(prefect_server, deployment.id, {"interval": "bootstrap", "bootstrap": 4000})
+        flow_run = _run_deployment(prefect_server, deployment.id, {"interval": "bootstrap", "n_bootstrap": 4000})
         deadline = time.monotonic() + 180
         while not _mlflow_running(client):            # the run is past loading the model and scoring
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            state = _flow_run_state(prefect_server, flow_run, message=True)
+            assert proc.poll() is None and time.monotonic() < deadline and not state.startswith(
+                ("COMPLETED", "FAILED", "CRASHED")), f"{state}\n{log.read_text()[-3000:]}"
             started.update({p.pid: p for p in serve.children(recursive=True)})
             time.sleep(0.2)
         started.update({p.pid: p for p in serve.children(recursive=True)})
@@ -272,9 +274,15 @@ def _run_deployment(api_url: str, deployment_id, parameters: dict):
         return client.create_flow_run_from_deployment(deployment_id, parameters=parameters).id
 
 
-def _flow_run_state(api_url: str, flow_run_id) -> str:
+def _flow_run_state(api_url: str, flow_run_id, message: bool = False) -> str:
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
-        return client.read_flow_run(flow_run_id).state.type.value
+        state = client.read_flow_run(flow_run_id).state
+        if not message:
+            return state.type.value
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        return f"{state.type.value}: {state.message}\n" + "\n".join(entry.message[:500] for entry in logs[-15:])
