@@ -78,7 +78,7 @@ from tasks.reestimation.scoring import score_for_reestimation
 from tasks.reestimation.segments import (assess_segments, check_segmentable, log_segments, read_segment_values,
                                          segment_values_of)
 from tasks.reestimation.serving import check_corrected_name, register_if_shifted
-from tasks.tracking import check_tracking_server, git_commit
+from tasks.tracking import check_tracking_server, git_commit, tracking_server_lost
 
 _log_user_errors_once()
 
@@ -503,6 +503,9 @@ def reestimate(
         outcome = _assess_and_commit(run, batches, segment_values, corrected_as)
     except BaseException as exc:
         _end_failed_run(exc, run)
+        lost = tracking_server_lost(exc, run.tracking_uri)
+        if lost is not None:
+            raise lost from exc
         raise
     if outcome.committed is None:
         return _no_valid_data(run, outcome.summary)

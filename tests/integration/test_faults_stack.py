@@ -43,7 +43,7 @@ HANG_LIMIT_S = 420.0
 SERVICES = ("prefect", "mlflow", "s3")
 #: what the command's last words must name, per server: the part that failed and the fix
 NAMES = {"prefect": ("Prefect server at http://127.0.0.1:", "PREFECT_API_URL"),
-         "mlflow": ("MLflow", "running"),
+         "mlflow": ("MLflow tracking server at http://127.0.0.1:", "labelshift stack up"),
          "s3": ("S3", "server is running")}
 
 
