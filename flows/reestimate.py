@@ -230,7 +230,13 @@ def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
 
 def _end_failed_run(exc: BaseException, run: RunContext) -> None:
     """Cancelled (Prefect's termination signal, Ctrl-C) or failed: the MLflow run ends KILLED or FAILED with the
-    cause (the watermark did not move)."""
+    cause (the watermark did not move). When the MLflow server itself stopped answering, it is not asked again (that
+    would cost another round of MLflow's retries): the run stays RUNNING until the next run ends it KILLED, its
+    owner process being gone (:func:`tasks.reestimation.runs.end_orphaned_runs`)."""
+    if tracking_server_lost(exc, run.tracking_uri) is not None:
+        run.logger.warning("MLflow run %s is left RUNNING (its server stopped answering); the next run ends it "
+                           "KILLED", run.mlflow.run_id)
+        return
     status = "FAILED" if isinstance(exc, Exception) else "KILLED"
     try:
         end_run(run.tracking_uri, run.mlflow.run_id, status, f"{type(exc).__name__}: {exc}")

@@ -107,7 +107,8 @@ def tracking_server_lost(exc: BaseException, tracking_uri: str) -> ServiceUnavai
     killed, stopped or frozen), the error that says so and what to do; else None."""
     if not tracking_uri.startswith(("http://", "https://")) or not _NO_ANSWER.match(str(exc)):
         return None
-    cause = "timed out" if "timeout exception" in str(exc) else "refused or dropped the connection"
+    cause = "timed out" if "timed out" in str(exc) or "timeout exception" in str(exc) else \
+        "refused or dropped the connection"
     return ServiceUnavailableError(
         f"the MLflow tracking server at {tracking_uri} stopped answering during the run (it {cause}, after "
         f"MLflow's retries: {str(exc)[:200]}). Check that it runs (`labelshift stack status`; `labelshift stack up` "
