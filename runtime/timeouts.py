@@ -8,7 +8,7 @@ Prefect's own defaults wait 60 s per request and retry 5 times with a back-off o
 call), MLflow's 120 s per request and 7 retries (over 15 minutes). Measured with the local stack's servers frozen
 under ``labelshift estimate`` (tests/integration/test_faults_stack.py): MLflow at 30 s per request kept the command
 272 s (two calls of 4 x 30 s + back-off), S3 at 60 s over 5 minutes; at 15 s each, a call to a frozen MLflow fails
-within 4 x 15 s + 12 s of back-off, one to a frozen S3 within 5 x 15 s + at most 15 s. A healthy server answers a
+within 4 x 15 s + 12 s of back-off, one to a frozen S3 within 5 x 15 s (botocore backs off under a second). A healthy server answers a
 request in well under a second, even on a loaded 2-core machine (these limits are the wait for an answer's next
 bytes, not for a whole transfer). The Prefect server is watched instead (``ENV_SERVER_LOST_S``). Set a variable to override it; the table below
 is what ``docs/operations.md`` shows (a test keeps them equal).

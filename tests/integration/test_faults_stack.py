@@ -47,9 +47,48 @@ NAMES = {"prefect": ("Prefect server at http://127.0.0.1:", "PREFECT_API_URL"),
          "s3": ("S3", "server is running")}
 
 
+# -- the bound on the command's end, from runtime/timeouts.py -----------------------------------------------------------
+def _limit(variable: str) -> float:
+    return float(next(limit.value for limit in timeouts.LIMITS if limit.variable == variable))
+
+
+def detection_s(name: str, how: int) -> float:
+    """The longest a call to the lost server can take before it fails, by runtime/timeouts.py.
+
+    - Prefect: the server watch stops the run after LABELSHIFT_SERVER_LOST_S of silence (+ 1 s between its
+      questions and 2 s for the last one), then the command has UNWIND_S to leave.
+    - MLflow: 1 + MLFLOW_HTTP_REQUEST_MAX_RETRIES requests, each failing at once when the server is gone or after
+      MLFLOW_HTTP_REQUEST_TIMEOUT when it is frozen, with MLflow's back-off between them (0, 4, 8 s, + up to 1 s of
+      jitter each: 3 retries, 15 s). The failed run does not ask the lost server again (flows/reestimate.py).
+    - S3: botocore's 5 attempts (labelshift.storage.s3.RetryPolicy), each failing at once or after
+      S3Store.READ_TIMEOUT_S, with a back-off under a second in all (0.05 s x 2^i, jittered).
+    """
+    from labelshift.storage.s3 import RetryPolicy, S3Store
+
+    if name == "prefect":
+        return LOST_AFTER_S + 3 + timeouts.UNWIND_S
+    if name == "mlflow":
+        retries = int(_limit("MLFLOW_HTTP_REQUEST_MAX_RETRIES"))
+        backoff = sum(2 * 2 ** (n - 1) + 1 for n in range(2, retries + 1)) + 1
+        per_request = _limit("MLFLOW_HTTP_REQUEST_TIMEOUT") if how == signal.SIGSTOP else 0.0
+        return (1 + retries) * per_request + backoff
+    attempts = RetryPolicy().max_attempts
+    return attempts * (S3Store.READ_TIMEOUT_S if how == signal.SIGSTOP else 0.0) + 1
+
+
+def bound_s(stack, name: str, how: int) -> float:
+    """How long after the fault the command may take to end: the work an undisturbed run does (measured here, at
+    the module's start: the work left before the flow next calls the server is part of it), the detection above,
+    and the command's way out (Prefect's queues drain for at most EXIT_DRAIN_S, + 5 s to report and exit). The
+    Prefect watch needs no work of the flow to fire."""
+    work = 0.0 if name == "prefect" else stack["undisturbed_s"]
+    return work + detection_s(name, how) + timeouts.EXIT_DRAIN_S + 5
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """A local stack on free ports with the test model registered on its MLflow; stopped at the end."""
+    """A local stack on free ports with the test model registered on its MLflow, and how long an undisturbed run
+    takes on it (``undisturbed_s``: it must succeed); stopped at the end."""
     from runtime.supervisor import LocalStack
 
     root = tmp_path_factory.mktemp("faults-stack")
@@ -59,7 +98,14 @@ def stack(tmp_path_factory):
         env = local.up()
         model = register_model(env["MLFLOW_TRACKING_URI"], "stack-faults-model", n_holdout=1500)["model_uri"]
         command_env = {**_command_env(), **env, "LABELSHIFT_SERVER_LOST_S": str(LOST_AFTER_S)}
-        yield dict(local=local, env=env, model=model, root=root, command_env=command_env)
+        setting = dict(local=local, env=env, model=model, root=root, command_env=command_env)
+        started = time.monotonic()
+        done = subprocess.run(_estimate(setting, _target(setting, "undisturbed"), root / "home"), env=command_env,
+                              capture_output=True, text=True, timeout=HANG_LIMIT_S)
+        setting["undisturbed_s"] = time.monotonic() - started
+        assert done.returncode == 0, done.stderr[-3000:]
+        print(f"\nan undisturbed run: {setting['undisturbed_s']:.1f} s")
+        yield setting
     finally:
         _continue_all(local)
         local.down()
@@ -164,17 +210,25 @@ def _restored(stack, name: str, how: int):
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
 @pytest.mark.parametrize("name", SERVICES)
 def test_a_stack_server_lost_during_the_run(stack, tmp_path, name, how):
+    """One of the stack's servers killed or frozen once the run's MLflow run is RUNNING: the command ends within
+    :func:`bound_s` with a non-zero exit (75 for the Prefect server) and last words naming the server and the fix;
+    the watermark did not move unless those words say the run had committed; no process of the command is left;
+    with the server back, the next run succeeds, every batch counted exactly once, no MLflow run left RUNNING."""
     case = f"{name}-{signal.Signals(how).name.lower()}"
     target = _target(stack, case)
     argv = _estimate(stack, target, tmp_path / "home")
     with _restored(stack, name, how):
         result = kill_at(argv, stack["command_env"], _run_under_way(stack, target), sig=how,
                          victims=lambda processes: _group(stack, name), limit_s=HANG_LIMIT_S)
-    last = result["stderr"].strip().splitlines()[-6:]
-    print(f"\n{case}: exit {result['returncode']} {result['ended_s']:.1f} s after the signal; " + " | ".join(last))
+    said = [line for line in result["stderr"].strip().splitlines() if " | " not in line][-3:]   # not Prefect's log
+    print(f"\n{case}: exit {result['returncode']} {result['ended_s']:.1f} s after the signal (bound "
+          f"{bound_s(stack, name, how):.0f} s): " + " ".join(said))
     assert result["killed"], result
     assert result["returncode"] != 0, result["stderr"][-3000:]
+    assert result["ended_s"] < bound_s(stack, name, how), result["stderr"][-3000:]
     assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
+    if name == "prefect":
+        assert result["returncode"] == 75, result["stderr"][-3000:]
     for words in NAMES[name]:
         assert words in result["stderr"], result["stderr"][-3000:]
     watermark = _watermark(stack, target)
