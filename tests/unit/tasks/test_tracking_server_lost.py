@@ -25,3 +25,12 @@ def test_other_errors_and_local_stores_are_left_alone():
     assert tracking_server_lost(ValueError("bad"), SERVER) is None
     assert tracking_server_lost(MlflowException("API request to http://x failed with exception boom"),
                                 "sqlite:///m.db") is None
+
+
+def test_a_server_answering_errors_points_at_its_store():
+    error = tracking_server_lost(MlflowException(
+        "API request to http://127.0.0.1:5000/api/2.0/mlflow-artifacts/artifacts/1/x/summary.json failed with "
+        "exception HTTPConnectionPool(host='127.0.0.1', port=5000): Max retries exceeded with url: ... (Caused by "
+        "ResponseError('too many 500 error responses'))"), SERVER)
+    assert "answered every try of a request with a server error" in str(error)
+    assert "artifact store (the S3 server" in str(error) and "labelshift stack status" in str(error)
