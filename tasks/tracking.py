@@ -107,17 +107,18 @@ def tracking_server_lost(exc: BaseException, tracking_uri: str) -> ServiceUnavai
     killed, stopped or frozen), the error that says so and what to do; else None."""
     if not tracking_uri.startswith(("http://", "https://")) or not _NO_ANSWER.match(str(exc)):
         return None
+    said = str(exc) if len(str(exc)) < 320 else f"{str(exc)[:140]} ... {str(exc)[-160:]}"   # the URL and the cause
     if "too many 5" in str(exc):            # urllib3's "too many 500 error responses": it answers, with errors
         return ServiceUnavailableError(
             f"the MLflow tracking server at {tracking_uri} answered every try of a request with a server error "
-            f"(after MLflow's retries: {str(exc)[:200]}): its database or its artifact store (the S3 server, "
+            f"(after MLflow's retries: {said}): its database or its artifact store (the S3 server, "
             "for proxied artifacts) has likely failed. Check that both run (`labelshift stack status`; `labelshift "
             "stack up` starts the local stack's again) and read the MLflow server's log, then rerun.")
     cause = "timed out" if "timed out" in str(exc) or "timeout exception" in str(exc) else \
         "refused or dropped the connection"
     return ServiceUnavailableError(
         f"the MLflow tracking server at {tracking_uri} stopped answering during the run (it {cause}, after "
-        f"MLflow's retries: {str(exc)[:200]}). Check that it runs (`labelshift stack status`; `labelshift stack up` "
+        f"MLflow's retries: {said}). Check that it runs (`labelshift stack status`; `labelshift stack up` "
         "starts the local stack's again) or fix MLFLOW_TRACKING_URI / --tracking-uri, then rerun.")
 
 

@@ -43,7 +43,8 @@ HANG_LIMIT_S = 420.0
 SERVICES = ("prefect", "mlflow", "s3")
 #: what the command's last words must name, per server: the part that failed and the fix (either of these; S3 lost
 #: while MLflow proxies an artifact to it fails MLflow's request first)
-NAMES = {"prefect": [("Prefect server at http://127.0.0.1:", "PREFECT_API_URL")],
+NAMES = {"prefect": [("Prefect server at http://127.0.0.1:", "PREFECT_API_URL"),
+                     ("Prefect server at http://127.0.0.1:", "after the run had committed its verdict")],
          "mlflow": [("MLflow tracking server at http://127.0.0.1:", "labelshift stack up")],
          "s3": [("S3 endpoint", "server is running"), ("artifact store (the S3 server", "labelshift stack status")]}
 
