@@ -78,7 +78,7 @@ from tasks.reestimation.scoring import score_for_reestimation
 from tasks.reestimation.segments import (assess_segments, check_segmentable, log_segments, read_segment_values,
                                          segment_values_of)
 from tasks.reestimation.serving import check_corrected_name, register_if_shifted
-from tasks.tracking import check_tracking_server, ended_status, git_commit
+from tasks.tracking import check_tracking_server, ended_status, git_commit, tracking_server_lost
 
 _log_user_errors_once()
 
@@ -230,7 +230,13 @@ def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
 
 def _end_failed_run(exc: BaseException, run: RunContext) -> None:
     """Cancelled (Prefect's termination signal, Ctrl-C) or failed: the MLflow run ends KILLED or FAILED with the
-    cause (the watermark did not move)."""
+    cause (the watermark did not move). When the MLflow server itself stopped answering, it is not asked again (that
+    would cost another round of MLflow's retries): the run stays RUNNING until the next run ends it KILLED, its
+    owner process being gone (:func:`tasks.reestimation.runs.end_orphaned_runs`)."""
+    if tracking_server_lost(exc, run.tracking_uri) is not None:
+        run.logger.warning("MLflow run %s is left RUNNING (its server stopped answering); the next run ends it "
+                           "KILLED", run.mlflow.run_id)
+        return
     status = ended_status(exc)
     try:
         end_run(run.tracking_uri, run.mlflow.run_id, status, f"{type(exc).__name__}: {exc}")
@@ -503,6 +509,9 @@ def reestimate(
         outcome = _assess_and_commit(run, batches, segment_values, corrected_as)
     except BaseException as exc:
         _end_failed_run(exc, run)
+        lost = tracking_server_lost(exc, run.tracking_uri)
+        if lost is not None:
+            raise lost from exc
         raise
     if outcome.committed is None:
         return _no_valid_data(run, outcome.summary)

@@ -5,7 +5,12 @@ The libraries read most limits from environment variables at import; :func:`appl
 has not set (``labelshift`` calls it before importing Prefect and MLflow), so that a server that accepts
 connections and never answers (frozen, overloaded, a dead proxy) ends a call in tens of seconds instead of minutes:
 Prefect's own defaults wait 60 s per request and retry 5 times with a back-off of 2-32 s (about 6 minutes for one
-call), MLflow's 120 s per request and 7 retries (over 15 minutes). Set a variable to override it; the table below
+call), MLflow's 120 s per request and 7 retries (over 15 minutes). Measured with the local stack's servers frozen
+under ``labelshift estimate`` (tests/integration/test_faults_stack.py): MLflow at 30 s per request kept the command
+272 s (two calls of 4 x 30 s + back-off), S3 at 60 s over 5 minutes; at 15 s each, a call to a frozen MLflow fails
+within 4 x 15 s + 12 s of back-off, one to a frozen S3 within 5 x 15 s (botocore backs off under a second). A healthy server answers a
+request in well under a second, even on a loaded 2-core machine (these limits are the wait for an answer's next
+bytes, not for a whole transfer). The Prefect server is watched instead (``ENV_SERVER_LOST_S``). Set a variable to override it; the table below
 is what ``docs/operations.md`` shows (a test keeps them equal).
 
 Two limits are the command's own: how long the Prefect server may stop answering during a run before the run is
@@ -47,7 +52,7 @@ LIMITS: tuple[Limit, ...] = (
     Limit("PREFECT_API_REQUEST_TIMEOUT", "30", "one request to the Prefect API, in seconds (Prefect's default 60)"),
     Limit("PREFECT_CLIENT_MAX_RETRIES", "3", "retries of a failed Prefect API request, 2, 4, 8 s apart "
                                              "(Prefect's default 5, up to 32 s apart)"),
-    Limit("MLFLOW_HTTP_REQUEST_TIMEOUT", "30", "one request to an MLflow tracking server, in seconds "
+    Limit("MLFLOW_HTTP_REQUEST_TIMEOUT", "15", "one request to an MLflow tracking server, in seconds "
                                                "(MLflow's default 120)"),
     Limit("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3", "retries of a failed MLflow request, 0, 4, 8 s apart "
                                                   "(MLflow's default 7, up to 2 minutes apart)"),

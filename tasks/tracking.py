@@ -10,6 +10,7 @@ MLflow's "active run" is thread-local and Prefect runs tasks on worker threads, 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -19,7 +20,8 @@ from mlflow import MlflowClient
 
 from labelshift.errors import InputError, ServiceUnavailableError
 
-__all__ = ["check_tracking_server", "ended_status", "run_url", "experiment_url", "artifact_url", "git_commit", "log_bytes",
+__all__ = ["check_tracking_server", "tracking_server_lost", "ended_status", "run_url", "experiment_url",
+           "artifact_url", "git_commit", "log_bytes",
            "EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "MODEL_TRAINING_VIEW", "mark_model_training", "experiment_id"]
 
 #: the experiment tag MLflow 3 reads to choose an experiment's view, and its value for model training
@@ -94,6 +96,31 @@ def check_tracking_server(tracking_uri: str, timeout_s: float = 10.0) -> None:
     if response.status_code >= 500:
         raise ServiceUnavailableError(f"the MLflow tracking server at {tracking_uri} answers /health with HTTP "
                                       f"{response.status_code}; check its log.")
+
+
+#: how MLflow's REST client words a request that got no answer once its retries were spent (refused, reset, timed
+#: out); an HTTP error status is worded "API request to endpoint ... failed with error code"
+_NO_ANSWER = re.compile(r"^API request to (?!endpoint )\S+ failed with (timeout )?exception")
+
+
+def tracking_server_lost(exc: BaseException, tracking_uri: str) -> ServiceUnavailableError | None:
+    """When ``exc`` is MLflow's client giving up on a tracking server that did not answer during a run (it was
+    killed, stopped or frozen), the error that says so and what to do; else None."""
+    if not tracking_uri.startswith(("http://", "https://")) or not _NO_ANSWER.match(str(exc)):
+        return None
+    said = str(exc) if len(str(exc)) < 320 else f"{str(exc)[:140]} ... {str(exc)[-160:]}"   # the URL and the cause
+    if "too many 5" in str(exc):            # urllib3's "too many 500 error responses": it answers, with errors
+        return ServiceUnavailableError(
+            f"the MLflow tracking server at {tracking_uri} answered every try of a request with a server error "
+            f"(after MLflow's retries: {said}): its database or its artifact store (the S3 server, "
+            "for proxied artifacts) has likely failed. Check that both run (`labelshift stack status`; `labelshift "
+            "stack up` starts the local stack's again) and read the MLflow server's log, then rerun.")
+    cause = "timed out" if "timed out" in str(exc) or "timeout exception" in str(exc) else \
+        "refused or dropped the connection"
+    return ServiceUnavailableError(
+        f"the MLflow tracking server at {tracking_uri} stopped answering during the run (it {cause}, after "
+        f"MLflow's retries: {said}). Check that it runs (`labelshift stack status`; `labelshift stack up` "
+        "starts the local stack's again) or fix MLFLOW_TRACKING_URI / --tracking-uri, then rerun.")
 
 
 def experiment_id(client: MlflowClient, name: str, *, artifact_location: str | None = None,

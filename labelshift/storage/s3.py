@@ -109,9 +109,13 @@ class S3Store(Store):
         A ready boto3 S3 client to use instead of building one (its own retry settings then apply).
     """
 
-    #: socket timeouts of each request, in seconds (runtime/timeouts.py lists them with every other limit)
+    #: socket timeouts of each request, in seconds (runtime/timeouts.py lists them with every other limit). The read
+    #: limit is the wait for the next bytes of an answer, not for a whole transfer: a healthy server (SeaweedFS on
+    #: a loaded 2-core machine, AWS) sends them within a second or two; a frozen one (SIGSTOP) never does, and with
+    #: botocore's 5 attempts a call then fails within 5 x 15 s + its back-off (under a second), where 60 s made it
+    #: over 5 minutes (tests/integration/test_faults_stack.py)
     CONNECT_TIMEOUT_S = 5.0
-    READ_TIMEOUT_S = 60.0
+    READ_TIMEOUT_S = 15.0
 
     def __init__(
         self,

@@ -116,11 +116,13 @@ def _flow_running(port: int | None) -> bool:
         return False
 
 
-def kill_at(argv: list[str], env: dict, moment, sig: int = signal.SIGKILL, victims=None) -> dict:
+def kill_at(argv: list[str], env: dict, moment, sig: int = signal.SIGKILL, victims=None,
+            limit_s: float = COMMAND_LIMIT_S) -> dict:
     """Run ``argv``, send ``sig`` (SIGKILL) when ``moment(processes)`` holds -- to the command, or to the processes
-    ``victims(processes)`` picks among those it started -- and return what happened: whether the signal came before
-    the command ended, the processes it had started, those still running 10 s after, and how long the command took
-    to end after the signal."""
+    ``victims(processes)`` picks among those it started (or any others) -- and return what happened: whether the
+    signal came before the command ended, the processes it had started, those still running 10 s after, and how
+    long the command took to end after the signal. A command still running ``limit_s`` after the signal is killed
+    (its ``ended_s`` then exceeds ``limit_s``)."""
     command = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     me = psutil.Process(command.pid)
     created = me.create_time()
@@ -146,7 +148,11 @@ def kill_at(argv: list[str], env: dict, moment, sig: int = signal.SIGKILL, victi
         for process in (victims(seen) if victims else [me]):
             process.send_signal(sig)
     sent = time.monotonic()
-    stderr = command.communicate(timeout=COMMAND_LIMIT_S)[1]
+    try:
+        stderr = command.communicate(timeout=limit_s)[1]
+    except subprocess.TimeoutExpired:               # a hung command fails its test, and is not left running
+        command.kill()
+        stderr = command.communicate()[1] + f"\n(test: still running {limit_s:.0f} s after the signal; killed)"
     ended_s = time.monotonic() - sent
     orphans_gone = wait_until(lambda: not _alive(seen) and not _marked(me, created), ORPHAN_LIMIT_S)
     left = _alive(seen)

@@ -1,0 +1,245 @@
+"""The servers of the local stack lost under a running ``labelshift estimate``: its Prefect server, its MLflow server
+and its SeaweedFS, each killed (SIGKILL: a crash, the OOM killer) and, separately, frozen (SIGSTOP: it accepts
+connections and never answers; SIGCONT once the command ended) while the run is under way.
+
+For each: the command ends within a bound derived from ``runtime/timeouts.py``, with a non-zero exit and a message
+naming the part that failed and the fix; nothing is committed unless the message says so; no process of the command
+is left; once the server is back (the killed one started again by ``LocalStack.up``, the frozen one continued) the
+next run counts every batch exactly once and no MLflow run of the target is left RUNNING.
+
+One stack for the module (on free loopback ports, stopped at the end whatever happens), one model registered on its
+MLflow, and one S3 prefix per case. The command runs as a user runs it (``python -m flows.cli estimate``, a separate
+process with the stack's variables); the moment of the fault is watched for, not timed: the run's MLflow run is
+RUNNING (the model is loaded, the batches are being scored).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import psutil
+import pytest
+
+from runtime import timeouts
+from runtime.processes import free_ports
+from tests.integration.test_faults_processes import ORPHAN_LIMIT_S, _command_env, kill_at
+from tests.reestimation_support import SHIFTED_PRIOR, draw, npy_bytes, register_model
+
+pytestmark = pytest.mark.integration
+
+#: how long the Prefect server may be silent before the command stops the run, here (the setting; 15 s by default)
+LOST_AFTER_S = 3
+#: batches of each case: big enough that scoring them from S3 takes a few seconds, so the fault lands mid-run
+BATCHES = [f"day-{i}.npy" for i in range(1, 5)]
+ROWS = 300_000
+#: a bound for a command that hangs: the test fails instead of the session (what it measured is printed)
+HANG_LIMIT_S = 420.0
+SERVICES = ("prefect", "mlflow", "s3")
+#: what the command's last words must name, per server: the part that failed and the fix (either of these; S3 lost
+#: while MLflow proxies an artifact to it fails MLflow's request first)
+NAMES = {"prefect": [("Prefect server at http://127.0.0.1:", "PREFECT_API_URL"),
+                     ("Prefect server at http://127.0.0.1:", "after the run had committed its verdict")],
+         "mlflow": [("MLflow tracking server at http://127.0.0.1:", "labelshift stack up")],
+         "s3": [("S3 endpoint", "server is running"), ("artifact store (the S3 server", "labelshift stack status")]}
+
+
+# -- the bound on the command's end, from runtime/timeouts.py -----------------------------------------------------------
+def _limit(variable: str) -> float:
+    return float(next(limit.value for limit in timeouts.LIMITS if limit.variable == variable))
+
+
+def detection_s(name: str, how: int) -> float:
+    """The longest a call to the lost server can take before it fails, by runtime/timeouts.py.
+
+    - Prefect: the server watch stops the run after LABELSHIFT_SERVER_LOST_S of silence (+ 1 s between its
+      questions and 2 s for the last one), then the command has UNWIND_S to leave.
+    - MLflow: 1 + MLFLOW_HTTP_REQUEST_MAX_RETRIES requests, each failing at once when the server is gone or after
+      MLFLOW_HTTP_REQUEST_TIMEOUT when it is frozen, with MLflow's back-off between them (0, 4, 8 s, + up to 1 s of
+      jitter each: 3 retries, 15 s). The failed run does not ask the lost server again (flows/reestimate.py).
+    - S3: botocore's 5 attempts (labelshift.storage.s3.RetryPolicy), each failing at once or after
+      S3Store.READ_TIMEOUT_S, with a back-off under a second in all (0.05 s x 2^i, jittered).
+    """
+    from labelshift.storage.s3 import RetryPolicy, S3Store
+
+    if name == "prefect":
+        return LOST_AFTER_S + 3 + timeouts.UNWIND_S
+    if name == "mlflow":
+        retries = int(_limit("MLFLOW_HTTP_REQUEST_MAX_RETRIES"))
+        backoff = sum(2 * 2 ** (n - 1) + 1 for n in range(2, retries + 1)) + 1
+        per_request = _limit("MLFLOW_HTTP_REQUEST_TIMEOUT") if how == signal.SIGSTOP else 0.0
+        return (1 + retries) * per_request + backoff
+    attempts = RetryPolicy().max_attempts
+    return attempts * (S3Store.READ_TIMEOUT_S if how == signal.SIGSTOP else 0.0) + 1
+
+
+def bound_s(stack, name: str, how: int) -> float:
+    """How long after the fault the command may take to end: the work an undisturbed run does (measured here, at
+    the module's start: the work left before the flow next calls the server is part of it), the detection above,
+    and the command's way out (Prefect's queues drain for at most EXIT_DRAIN_S, + 5 s to report and exit). The
+    Prefect watch needs no work of the flow to fire."""
+    work = 0.0 if name == "prefect" else stack["undisturbed_s"]
+    return work + detection_s(name, how) + timeouts.EXIT_DRAIN_S + 5
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """A local stack on free ports with the test model registered on its MLflow, and how long an undisturbed run
+    takes on it (``undisturbed_s``: it must succeed); stopped at the end."""
+    from runtime.supervisor import LocalStack
+
+    root = tmp_path_factory.mktemp("faults-stack")
+    s3_port, mlflow_port, prefect_port = free_ports(3)
+    local = LocalStack(root / "stack", s3_port=s3_port, mlflow_port=mlflow_port, prefect_port=prefect_port)
+    try:
+        env = local.up()
+        model = register_model(env["MLFLOW_TRACKING_URI"], "stack-faults-model", n_holdout=1500)["model_uri"]
+        command_env = {**_command_env(), **env, "LABELSHIFT_SERVER_LOST_S": str(LOST_AFTER_S)}
+        setting = dict(local=local, env=env, model=model, root=root, command_env=command_env)
+        started = time.monotonic()
+        done = subprocess.run(_estimate(setting, _target(setting, "undisturbed"), root / "home"), env=command_env,
+                              capture_output=True, text=True, timeout=HANG_LIMIT_S)
+        setting["undisturbed_s"] = time.monotonic() - started
+        assert done.returncode == 0, done.stderr[-3000:]
+        print(f"\nan undisturbed run: {setting['undisturbed_s']:.1f} s")
+        yield setting
+    finally:
+        _continue_all(local)
+        local.down()
+
+
+def _s3(stack):
+    from runtime.supervisor import s3_client
+
+    env = stack["env"]
+    return s3_client(env["AWS_ENDPOINT_URL_S3"], env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
+
+
+def _bucket(stack) -> str:
+    return stack["local"].saved_state()["bucket"]
+
+
+def _target(stack, case: str) -> str:
+    """A new S3 prefix holding :data:`BATCHES`."""
+    client, rng = _s3(stack), np.random.default_rng(abs(hash(case)) % 2**32)
+    for name in BATCHES:
+        client.put_object(Bucket=_bucket(stack), Key=f"faults/{case}/{name}",
+                          Body=npy_bytes(draw(SHIFTED_PRIOR, ROWS, rng)[0]))
+    return f"s3://{_bucket(stack)}/faults/{case}/"
+
+
+def _estimate(stack, target: str, home) -> list[str]:
+    return [sys.executable, "-m", "flows.cli", "estimate", "--home", str(home), "--model", stack["model"],
+            "--target", target, "--tracking-uri", stack["env"]["MLFLOW_TRACKING_URI"]]
+
+
+def _watermark(stack, target: str) -> dict | None:
+    prefix = target.removeprefix(f"s3://{_bucket(stack)}/")
+    try:
+        body = _s3(stack).get_object(Bucket=_bucket(stack), Key=f"{prefix}_labelshift/watermark.json")["Body"]
+    except Exception as exc:                                  # NoSuchKey: nothing committed
+        if "NoSuchKey" in type(exc).__name__ or "NoSuchKey" in str(exc):
+            return None
+        raise
+    return json.loads(body.read())
+
+
+def _runs_of(stack, target: str) -> list:
+    """The MLflow re-estimation runs on ``target``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(stack["env"]["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("reestimation")
+    return [] if experiment is None else [
+        r for r in client.search_runs([experiment.experiment_id], max_results=1000)
+        if r.data.tags.get("labelshift.target", "").rstrip("/") == target.rstrip("/")]
+
+
+def _run_under_way(stack, target: str):
+    """The moment: the run's MLflow run is RUNNING (asked at most every half second)."""
+    last = [0.0]
+
+    def moment(processes) -> bool:
+        if time.monotonic() - last[0] < 0.5:
+            return False
+        last[0] = time.monotonic()
+        return any(r.info.status == "RUNNING" for r in _runs_of(stack, target))
+    return moment
+
+
+# -- the servers' processes --------------------------------------------------------------------------------------------
+def _group(stack_or_local, name: str) -> list[psutil.Process]:
+    """The processes of one stack service: its process group (``run/<name>.json`` records the group id)."""
+    local = stack_or_local["local"] if isinstance(stack_or_local, dict) else stack_or_local
+    record = json.loads((local.root / "run" / f"{name}.json").read_text())
+    members = []
+    for process in psutil.process_iter():
+        try:
+            if os.getpgid(process.pid) == record["pgid"]:
+                members.append(process)
+        except (psutil.Error, OSError):
+            continue
+    return members
+
+
+def _continue_all(local) -> None:
+    """SIGCONT to every service of the stack (a frozen server is never left frozen)."""
+    for name in SERVICES:
+        try:
+            for process in _group(local, name):
+                process.send_signal(signal.SIGCONT)
+        except (OSError, ValueError, psutil.Error):
+            continue
+
+
+@contextmanager
+def _restored(stack, name: str, how: int):
+    """After the block (whatever happened in it): the frozen server continued, the killed one started again."""
+    try:
+        yield
+    finally:
+        if how == signal.SIGSTOP:
+            _continue_all(stack["local"])
+        else:
+            stack["local"].up()
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+@pytest.mark.parametrize("name", SERVICES)
+def test_a_stack_server_lost_during_the_run(stack, tmp_path, name, how):
+    """One of the stack's servers killed or frozen once the run's MLflow run is RUNNING: the command ends within
+    :func:`bound_s` with a non-zero exit (75 for the Prefect server) and last words naming the server and the fix;
+    the watermark did not move unless those words say the run had committed; no process of the command is left;
+    with the server back, the next run succeeds, every batch counted exactly once, no MLflow run left RUNNING."""
+    case = f"{name}-{signal.Signals(how).name.lower()}"
+    target = _target(stack, case)
+    argv = _estimate(stack, target, tmp_path / "home")
+    with _restored(stack, name, how):
+        result = kill_at(argv, stack["command_env"], _run_under_way(stack, target), sig=how,
+                         victims=lambda processes: _group(stack, name), limit_s=HANG_LIMIT_S)
+    said = [line for line in result["stderr"].strip().splitlines() if " | " not in line][-3:]   # not Prefect's log
+    print(f"\n{case}: exit {result['returncode']} {result['ended_s']:.1f} s after the signal (bound "
+          f"{bound_s(stack, name, how):.0f} s): " + " ".join(said))
+    assert result["killed"], result
+    assert result["returncode"] != 0, result["stderr"][-3000:]
+    assert result["ended_s"] < bound_s(stack, name, how), result["stderr"][-3000:]
+    assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
+    if name == "prefect":
+        assert result["returncode"] == 75, result["stderr"][-3000:]
+    assert any(all(words in result["stderr"] for words in named) for named in NAMES[name]), result["stderr"][-3000:]
+    watermark = _watermark(stack, target)
+    if "had committed" in result["stderr"]:                 # then true: its batches are counted already
+        assert sorted(b for entry in watermark["history"] for b in entry["batches"]) == BATCHES, watermark
+    else:
+        assert watermark is None, watermark
+    done = subprocess.run(argv, env=stack["command_env"], capture_output=True, text=True, timeout=HANG_LIMIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    watermark = _watermark(stack, target)
+    assert sorted(b for entry in watermark["history"] for b in entry.get("batches", [])) == BATCHES, watermark
+    running = [r.info.run_id for r in _runs_of(stack, target) if r.info.status == "RUNNING"]
+    assert not running, running
