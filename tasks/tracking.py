@@ -117,9 +117,12 @@ def tracking_server_lost(exc: BaseException, tracking_uri: str) -> ServiceUnavai
             "stack up` starts the local stack's again) and read the MLflow server's log, then rerun.")
     cause = "timed out" if "timed out" in str(exc) or "timeout exception" in str(exc) else \
         "refused or dropped the connection"
+    store = (" It was storing an artifact, which the server passes on to its artifact store: a frozen or "
+             "overloaded artifact store (the S3 server, for proxied artifacts) holds the server's answer too."
+             if "/mlflow-artifacts/" in str(exc) and cause == "timed out" else "")
     return ServiceUnavailableError(
         f"the MLflow tracking server at {tracking_uri} stopped answering during the run (it {cause}, after "
-        f"MLflow's retries: {said}). Check that it runs (`labelshift stack status`; `labelshift stack up` "
+        f"MLflow's retries: {said}).{store} Check that it runs (`labelshift stack status`; `labelshift stack up` "
         "starts the local stack's again) or fix MLFLOW_TRACKING_URI / --tracking-uri, then rerun.")
 
 

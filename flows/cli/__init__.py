@@ -26,8 +26,8 @@ from runtime import environment as settings_mod
 from flows.cli import alerts, data, estimate, reference, report, reproduce, serve, where
 from flows.cli._common import PROG, UsageError, add_common
 from flows.cli.reproduce import parameters_from_args
-from flows.cli.stopping import AFTER_STOP, EXIT_SERVER_LOST, EXIT_TERMINATED, ServerLost, Terminated, as_command, \
-    finish, tell
+from flows.cli.stopping import EXIT_SERVER_LOST, EXIT_TERMINATED, ServerLost, Terminated, as_command, \
+    finish, tell, terminated_sentence
 
 __all__ = ["main", "command", "build_parser", "PROG", "UsageError", "parameters_from_args"]
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         tell(str(exc))
         return EXIT_SERVER_LOST
     except Terminated:
-        tell(f"\n{PROG} {args.command}: stopped by SIGTERM; {AFTER_STOP.get(args.command, '')}")
+        tell(terminated_sentence(args.command))
         return EXIT_TERMINATED
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)

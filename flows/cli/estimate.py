@@ -158,7 +158,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     call = params.model_dump() | dict(model=model, target=target, tracking_uri=env.tracking_uri,
                                       mlflow_experiment=env.experiment_name)
-    with sigterm_unwinds(), prefect_api(env) as api_url, watched(api_url, _lost(last_committed_sequence())):
+    with sigterm_unwinds("estimate"), prefect_api(env) as api_url, watched(api_url, _lost(last_committed_sequence())):
         state = reestimate(**call, return_state=True)
     if not state.is_completed():
         message = state.message or ""

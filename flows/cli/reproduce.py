@@ -14,7 +14,7 @@ from runtime import environment as settings_mod
 from flows.cli._common import PROG, Opt, add_common, add_field, given, local_path, option_name, prefect_api, \
     problems, setup, validated
 from flows.cli.stopping import AFTER_STOP, EXIT_SERVER_LOST, EXIT_TERMINATED, lost_reason, lost_sentence, \
-    sigterm_unwinds, tell, watched
+    sigterm_unwinds, tell, terminated_sentence, watched
 from flows.params import BINS_METHODS, EXPERIMENTS, METHODS, ReproduceParameters
 from labelshift.experiments.images import CALIBRATIONS
 
@@ -150,7 +150,7 @@ def _stopped_at_once(temporary: bool):
     """Within the block, Ctrl-C and SIGTERM stop the sweep with :func:`_stop_sweep` on the temporary server, and
     SIGTERM unwinds as Ctrl-C does on a lasting one (:func:`flows.cli.stopping.sigterm_unwinds`)."""
     if not temporary:
-        with sigterm_unwinds():
+        with sigterm_unwinds("reproduce"):
             yield
         return
     previous = {sig: signal.signal(sig, _stop_sweep) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -173,7 +173,7 @@ def _stop_sweep(signum, frame) -> None:
     if lost:
         code, why = EXIT_SERVER_LOST, lost_sentence("reproduce", lost)
     elif signum == signal.SIGTERM:
-        code, why = EXIT_TERMINATED, f"\n{PROG} reproduce: stopped by SIGTERM; {AFTER_STOP['reproduce']}"
+        code, why = EXIT_TERMINATED, terminated_sentence("reproduce")
     else:
         code, why = 130, f"\n{PROG} reproduce: interrupted; {AFTER_STOP['reproduce']}"
     tell(why)

@@ -28,7 +28,7 @@ from runtime import timeouts
 from runtime.server_watch import ServerWatch, health_url
 
 __all__ = ["EXIT_TERMINATED", "EXIT_SERVER_LOST", "AFTER_STOP", "Terminated", "ServerLost", "sigterm_unwinds",
-           "watched", "as_command", "finish", "lost_sentence", "lost_reason", "tell"]
+           "watched", "as_command", "finish", "lost_sentence", "terminated_sentence", "lost_reason", "tell"]
 
 #: the exit status of a command stopped by SIGTERM (128 + 15, as a shell reports it)
 EXIT_TERMINATED = 143
@@ -71,20 +71,62 @@ def as_command() -> None:
 
 
 @contextmanager
-def sigterm_unwinds():
+def sigterm_unwinds(command: str):
     """Within the block, SIGTERM raises :class:`Terminated` (or :class:`ServerLost`, when the server watch sent
     it) in the main thread instead of ending the process on the spot (Python's default, which leaves the MLflow
-    run RUNNING and prints nothing)."""
+    run RUNNING and prints nothing). In the ``labelshift`` process (:func:`as_command`) a SIGTERM also starts a
+    clock the moment it arrives (:func:`_clock_on_sigterm`): if unwinding takes more than
+    :data:`runtime.timeouts.UNWIND_S` seconds (a call stuck on a frozen server, a worker thread that does not
+    end), ``command``'s sentence is printed and the process exits 143."""
     def terminate(signum, frame):
         if _state["lost"]:
             raise ServerLost(_state["message"](_state["lost"]))
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, terminate)
+    wakeup = _clock_on_sigterm(command) if _state["command"] else None
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if wakeup is not None:
+            signal.set_wakeup_fd(wakeup)
+
+
+def _clock_on_sigterm(command: str) -> int | None:
+    """Start :data:`runtime.timeouts.UNWIND_S`'s clock when SIGTERM arrives, whichever Python handler takes it
+    (Prefect's own, during a flow run, re-sends it to ours only after its teardown): Python's C-level handler writes
+    each signal's number to the wakeup fd, which a thread reads. Returns the previous wakeup fd (to restore), or
+    None where it cannot be set (not the main thread)."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except ValueError:
+        os.close(read_end)
+        os.close(write_end)
+        return None
+
+    def wait_for_sigterm() -> None:
+        while signal.SIGTERM not in os.read(read_end, 64):
+            pass
+        if not _state["lost"]:                     # a lost server has its own clock and sentence
+            _leave_after(timeouts.UNWIND_S, EXIT_TERMINATED, lambda: terminated_sentence(command))
+
+    threading.Thread(target=wait_for_sigterm, name="labelshift-sigterm-clock", daemon=True).start()
+    return previous
+
+
+def _leave_after(seconds: float, code: int, sentence: Callable[[], str]) -> None:
+    """Exit ``code`` with ``sentence()`` after ``seconds``, unless the process ended first."""
+    clock = threading.Timer(seconds, lambda: _leave(code, sentence()))
+    clock.daemon = True
+    clock.start()
+
+
+def terminated_sentence(command: str) -> str:
+    """What ``command`` says when SIGTERM stopped it."""
+    return f"\nlabelshift {command}: stopped by SIGTERM; {AFTER_STOP.get(command, '')}"
 
 
 @contextmanager
@@ -99,7 +141,7 @@ def watched(api_url: str | None, message: Callable[[str], str]):
 
     def on_lost(reason: str) -> None:
         _state["lost"], _state["message"] = reason, message
-        threading.Timer(timeouts.UNWIND_S, lambda: _leave(EXIT_SERVER_LOST, message(reason))).start()
+        _leave_after(timeouts.UNWIND_S, EXIT_SERVER_LOST, lambda: message(reason))
         os.kill(os.getpid(), signal.SIGTERM)
 
     with ServerWatch(health_url(api_url), timeouts.server_lost_s(), on_lost):

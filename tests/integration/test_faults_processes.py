@@ -119,7 +119,7 @@ def _flow_running(port: int | None) -> bool:
 def kill_at(argv: list[str], env: dict, moment, sig: int = signal.SIGKILL, victims=None,
             limit_s: float = COMMAND_LIMIT_S) -> dict:
     """Run ``argv``, send ``sig`` (SIGKILL) when ``moment(processes)`` holds -- to the command, or to the processes
-    ``victims(processes)`` picks among those it started (or any others) -- and return what happened: whether the
+    ``victims(processes)`` picks among those it started (the command when it returns None) (or any others) -- and return what happened: whether the
     signal came before the command ended, the processes it had started, those still running 10 s after, and how
     long the command took to end after the signal. A command still running ``limit_s`` after the signal is killed
     (its ``ended_s`` then exceeds ``limit_s``)."""
@@ -145,7 +145,7 @@ def kill_at(argv: list[str], env: dict, moment, sig: int = signal.SIGKILL, victi
     killed = command.poll() is None
     record()
     if killed:
-        for process in (victims(seen) if victims else [me]):
+        for process in ((victims(seen) if victims else None) or [me]):
             process.send_signal(sig)
     sent = time.monotonic()
     try:

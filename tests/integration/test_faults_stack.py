@@ -243,3 +243,34 @@ def test_a_stack_server_lost_during_the_run(stack, tmp_path, name, how):
     assert sorted(b for entry in watermark["history"] for b in entry.get("batches", [])) == BATCHES, watermark
     running = [r.info.run_id for r in _runs_of(stack, target) if r.info.status == "RUNNING"]
     assert not running, running
+
+
+def test_sigterm_while_s3_is_frozen_ends_the_command_within_the_unwinding_bound(stack, tmp_path):
+    """SIGTERM to the command while it waits on a frozen SeaweedFS (reading the batches): the handler cannot run
+    until the read returns (up to the S3 read limit, times botocore's attempts), so the command's clock, started
+    when the signal arrives, ends it after UNWIND_S: exit 143 with its sentence, no process left; with S3 back,
+    the next run counts every batch exactly once."""
+    from runtime.timeouts import UNWIND_S
+
+    target = _target(stack, "sigterm-s3-frozen")
+    argv = _estimate(stack, target, tmp_path / "home")
+
+    def freeze_s3_then_the_command(processes):
+        for process in _group(stack, "s3"):
+            process.send_signal(signal.SIGSTOP)
+        time.sleep(2.0)                              # the command is now waiting on a read
+        return None                                  # SIGTERM goes to the command
+
+    with _restored(stack, "s3", signal.SIGSTOP):
+        result = kill_at(argv, stack["command_env"], _run_under_way(stack, target), sig=signal.SIGTERM,
+                         victims=freeze_s3_then_the_command, limit_s=HANG_LIMIT_S)
+    print(f"\nSIGTERM, S3 frozen: exit {result['returncode']} {result['ended_s']:.1f} s after the signal")
+    assert result["killed"], result
+    assert result["returncode"] == 143 and result["ended_s"] < UNWIND_S + 6, result["stderr"][-3000:]
+    assert "stopped by SIGTERM" in result["stderr"], result["stderr"][-3000:]
+    assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
+    assert _watermark(stack, target) is None
+    done = subprocess.run(argv, env=stack["command_env"], capture_output=True, text=True, timeout=HANG_LIMIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    watermark = _watermark(stack, target)
+    assert sorted(b for entry in watermark["history"] for b in entry.get("batches", [])) == BATCHES, watermark

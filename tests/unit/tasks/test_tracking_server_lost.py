@@ -34,3 +34,16 @@ def test_a_server_answering_errors_points_at_its_store():
         "ResponseError('too many 500 error responses'))"), SERVER)
     assert "answered every try of a request with a server error" in str(error)
     assert "artifact store (the S3 server" in str(error) and "labelshift stack status" in str(error)
+
+
+def test_an_artifact_request_that_timed_out_points_at_the_store_too():
+    """A frozen S3 behind MLflow's artifact proxy: the server waits on it, and MLflow's request times out."""
+    error = tracking_server_lost(MlflowException(
+        "API request to http://127.0.0.1:5000/api/2.0/mlflow-artifacts/artifacts/1/x/summary.json failed with "
+        "timeout exception Read timed out."), SERVER)
+    assert "stopped answering" in str(error) and "timed out" in str(error)
+    assert "artifact store (the S3 server" in str(error) and "labelshift stack status" in str(error)
+    runs_update = tracking_server_lost(MlflowException(
+        "API request to http://127.0.0.1:5000/api/2.0/mlflow/runs/update failed with timeout exception Read timed "
+        "out."), SERVER)
+    assert "artifact store" not in str(runs_update)
