@@ -286,3 +286,11 @@ def apply(settings: Settings, *, verbose: bool = False,
         # the temporary server logs a traceback when it is stopped mid-flush; nothing a user can act on
         env["PREFECT_SERVER_LOGGING_LEVEL"] = "CRITICAL"
         env["MLFLOW_LOGGING_LEVEL"] = "WARNING"
+
+
+def on_temporary_prefect_server(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process reports to the temporary Prefect server of a command run without PREFECT_API_URL:
+    :func:`apply` then sets PREFECT_HOME to ``<home>/prefect``, which no lasting server of the project uses (the
+    local stack's is ``<home>/stack/prefect``)."""
+    home, prefect_home = read(ENV_HOME, environ), read("PREFECT_HOME", environ)
+    return bool(home and prefect_home) and Path(prefect_home) == Path(home) / "prefect"

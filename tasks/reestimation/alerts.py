@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import uuid
-from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from labelshift.inference.report import NOT_LABEL_SHIFT, ShiftReport
+from runtime.environment import on_temporary_prefect_server
 
 __all__ = ["EVENT_PREFIX", "EVENT_NAMES", "RESOURCE_PREFIX", "LABEL_MODEL", "LABEL_TV_PERCENT",
            "LABEL_ACCURACY_DROP_PERCENT", "AUTOMATION_TAG", "ALERTED", "event_name", "percent_label", "verdict_event",
@@ -182,10 +181,10 @@ def emit_verdict(summary: dict, *, model: dict | None = None, prefect_run_url: s
 
 def delivery_warning(event: str) -> str | None:
     """The sentence that no alert can be delivered for a run whose ``event`` went to the temporary Prefect server
-    of a command run without ``PREFECT_API_URL`` (:func:`_on_temporary_server`) that holds no automation tagged
+    of a command run without ``PREFECT_API_URL`` (:func:`runtime.environment.on_temporary_prefect_server`) that holds no automation tagged
     :data:`AUTOMATION_TAG`, naming the fix; None otherwise -- on a lasting server too: there, no automation means
     that no one asked for alerts -- or when the server cannot be asked (one request, the client's time limit)."""
-    if not _on_temporary_server():
+    if not on_temporary_prefect_server():
         return None
     try:
         from prefect.client.orchestration import get_client
@@ -201,14 +200,6 @@ def delivery_warning(event: str) -> str | None:
             "command started (PREFECT_API_URL is not set), which no automation watches and which ends with the "
             "command. Point PREFECT_API_URL at the server where `labelshift alerts` was set up (for the local "
             "stack: `source .labelshift/stack/env.sh`); the verdict is in the run's summary and MLflow either way")
-
-
-def _on_temporary_server() -> bool:
-    """Whether this process uses the temporary Prefect server of a command run without PREFECT_API_URL: the
-    command then sets PREFECT_HOME to ``<LABELSHIFT_HOME>/prefect`` (``runtime.environment.apply``), which no
-    lasting server of the project uses (the local stack's is ``<home>/stack/prefect``)."""
-    home, prefect_home = os.environ.get("LABELSHIFT_HOME"), os.environ.get("PREFECT_HOME")
-    return bool(home and prefect_home) and Path(prefect_home) == Path(home) / "prefect"
 
 
 def _warn(message: str) -> None:

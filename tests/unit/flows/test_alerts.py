@@ -300,21 +300,17 @@ def test_the_all_models_automations_skip_the_models_with_a_scope_of_their_own():
         check_alerts(webhook_url="http://h/x", model="pets*")
 
 
-def test_the_temporary_server_of_a_command_is_recognised_by_its_prefect_home(tmp_path, monkeypatch):
+def test_the_temporary_server_of_a_command_is_recognised_by_its_prefect_home(tmp_path):
     """A command without PREFECT_API_URL sets PREFECT_HOME to <LABELSHIFT_HOME>/prefect for its temporary server
     (runtime.environment.apply); the local stack's server and workers live under <home>/stack/."""
     from runtime import environment
-    from tasks.reestimation.alerts import _on_temporary_server
 
     env: dict = {}
     environment.apply(environment.resolve(tmp_path / "home", environ={}), environ=env)
-    monkeypatch.setenv("LABELSHIFT_HOME", env["LABELSHIFT_HOME"])
-    monkeypatch.setenv("PREFECT_HOME", env["PREFECT_HOME"])
-    assert _on_temporary_server()
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home" / "stack" / "workers"))
-    assert not _on_temporary_server()
-    monkeypatch.delenv("LABELSHIFT_HOME")
-    assert not _on_temporary_server()
+    assert environment.on_temporary_prefect_server(env)
+    assert not environment.on_temporary_prefect_server({**env, "PREFECT_HOME": str(tmp_path / "home" / "stack" /
+                                                                                   "workers")})
+    assert not environment.on_temporary_prefect_server({"PREFECT_HOME": env["PREFECT_HOME"]})
 
 
 def test_a_failed_action_is_told_with_prefects_reason_and_the_blocks_last_log_line():
