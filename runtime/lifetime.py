@@ -113,6 +113,9 @@ class TemporaryPrefectServer:
         assert self.process is not None, "start() first"
         self.process.wait_ready(lambda: http_ok(f"{self.api_url}/health", timeout=1.0), self.timeout_s,
                                 what=f"on {self.api_url}", step=0.1, error=ServiceUnavailableError,
+                                if_exited=": nothing was read or written. If it was killed, look for why (out of "
+                                          "memory? `dmesg`); else its log below says. Rerun, or point "
+                                          "PREFECT_API_URL at a running server",
                                 if_slow=f" (set PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS above "
                                         f"{self.timeout_s:.0f}, or PREFECT_API_URL to a running server)")
         return self.api_url

@@ -271,7 +271,7 @@ class ServiceProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive:
-                status = f" (exit status {self.returncode})" if self.returncode is not None else ""
+                status = _exit_status(self.returncode)
                 raise error(f"{self.name} exited while starting{status}{if_exited}; log {self.log}:\n{self.tail()}")
             if check():
                 return
@@ -341,3 +341,15 @@ class ServiceProcess:
     def __repr__(self) -> str:
         state = "running" if self.alive else "not running"
         return f"ServiceProcess({self.name!r}, pid={self.pid}, {state})"
+
+
+def _exit_status(code: int | None) -> str:
+    """`` (exit status N)``, or `` (killed by SIGKILL)`` for a signal (a negative code), or nothing when unknown."""
+    if code is None:
+        return ""
+    if code < 0:
+        try:
+            return f" (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return f" (killed by signal {-code})"
+    return f" (exit status {code})"

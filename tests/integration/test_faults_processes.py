@@ -321,6 +321,20 @@ def test_a_prefect_server_lost_during_the_run_ends_the_command_within_the_bound(
     _next_run_counts_every_batch_once(argv, setting["env"], target)
 
 
+def test_the_temporary_server_killed_while_it_starts_ends_the_command_with_a_sentence(setting, tmp_path):
+    """The temporary Prefect server killed the moment it starts: the command ends within seconds with exit 1 and a
+    sentence naming the server, the signal and the fix; nothing read or written; no process left."""
+    target = _copy_target(setting, tmp_path)
+    argv = [*_estimate(setting)[:-4], "--target", str(target), "--tracking-uri", setting["uri"]]
+    result = kill_at(argv, setting["env"], _server_started, victims=_temporary_server)
+    assert result["killed"], result
+    assert result["returncode"] == 1 and result["ended_s"] < 20, result
+    assert ("temporary Prefect server exited while starting (killed by SIGKILL): nothing was read or written"
+            in result["stderr"] and "PREFECT_API_URL" in result["stderr"]), result["stderr"][-2000:]
+    assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
+    assert not (target / "_labelshift").exists() and _runs_of(setting, target) == []
+
+
 def _sweep_runs(home: Path) -> list:
     from mlflow import MlflowClient
 
