@@ -191,9 +191,52 @@ def test_runs_of_one_pool_spread_over_two_workers(tmp_path):
         tagged = {r.data.tags.get("prefect.flow_run_id"): r.info.status
                   for r in mlflow.search_runs([experiment.experiment_id])}
         assert all(tagged.get(run_id) == "FINISHED" for run_id in states), tagged
+        timings["SIGTERM to a worker"] = _sigterm_to_the_worker_of_a_run(api, records, names, mlflow, experiment)
     finally:
         down = _stack(["down"], env, timeout=120)
         timings["total"] = time.monotonic() - t0
         print("timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
     assert down.returncode == 0, down.stderr
-    assert "worker-1" in down.stdout and "worker-2" in down.stdout
+    # the worker ended by SIGTERM above is gone already; down stops the other and the servers
+    assert sum(f"worker-{i}" in down.stdout for i in (1, 2)) == 1 and "prefect" in down.stdout, down.stdout
+
+
+def _sigterm_to_the_worker_of_a_run(api: str, records: dict, names: dict, mlflow, experiment) -> float:
+    """SIGTERM (as `systemctl stop` or Kubernetes sends it) to the worker executing a slow run: the worker and the
+    run's process end within seconds, nothing of them left. What becomes of the run is Prefect's: its process
+    worker kills the run's process on the way out without letting it report, so the flow run stays Running and its
+    MLflow runs RUNNING (measured and printed here; docs/operations.md's faults table says so). Returns the
+    seconds the worker took to end."""
+    import psutil
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        run = run_deployment("reproduce/reproduce-smoke", timeout=0, parameters={"n_seeds": 20_000},
+                             tags=["test-workers-sigterm"])
+        deadline = time.monotonic() + 120
+        while not (current := client.read_flow_run(run.id)).state.is_running():
+            assert time.monotonic() < deadline and not current.state.is_final(), current.state
+            time.sleep(0.5)
+        while not [r for r in mlflow.search_runs([experiment.experiment_id])
+                   if r.data.tags.get("prefect.flow_run_id") == str(run.id)]:     # its MLflow runs exist
+            assert time.monotonic() < deadline, "the run's MLflow runs did not appear"
+            time.sleep(0.5)
+        worker = next(n for n, name in names.items() if name == current.labels.get("prefect.worker.name"))
+        process = psutil.Process(records[worker]["pid"])
+        family = [process, *process.children(recursive=True)]
+        sent = time.monotonic()
+        process.terminate()
+        gone, alive = psutil.wait_procs(family, timeout=60)
+        ended_s = time.monotonic() - sent
+        for left in alive:
+            left.kill()
+        assert not alive, [" ".join(p.cmdline())[:120] for p in alive]
+        assert ended_s < 30, ended_s
+        state = client.read_flow_run(run.id).state
+    statuses = sorted({r.info.status for r in mlflow.search_runs([experiment.experiment_id])
+                       if r.data.tags.get("prefect.flow_run_id") == str(run.id)})
+    print(f"SIGTERM to {worker}: it and its run's process ended {ended_s:.1f} s after; flow run {state.name}; "
+          f"MLflow runs {statuses}")
+    return ended_s
