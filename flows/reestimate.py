@@ -37,7 +37,10 @@ with ``labelshift serve --cron "0 6 * * *"`` or the ``reestimate`` deployment of
 # annotations of a module it loads by file path, where string annotations naming this module's aliases would not
 # resolve
 import logging
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from prefect import flow, get_run_logger
@@ -122,7 +125,7 @@ class RunContext:
 
 #: the sequence number of the last watermark a run in this process committed (``labelshift estimate`` says, when
 #: its Prefect server is lost, whether the run had committed first)
-_LAST_COMMITTED: dict[str, int] = {}
+_LAST_COMMITTED: dict[str, int | str] = {}
 
 
 def last_committed_sequence() -> int | None:
@@ -130,23 +133,39 @@ def last_committed_sequence() -> int | None:
     return _LAST_COMMITTED.get("sequence")
 
 
+@contextmanager
+def _sigterm_held():
+    """SIGTERM held back (pending) on the main thread within the block, so that a commit and the record of it are
+    not cut in two (the run would then say it committed nothing while its batches are counted); delivered when the
+    block ends. The block is one conditional write and its read-back, bounded by the store's time limits."""
+    main = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask")
+    if main:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        if main:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
 def _commit(store, watermark, batches, record, mlflow_run_id, rejected=()):
     """Move the watermark. If the commit raises after its write landed (e.g. the store failed while it read the
     watermark back), the batches are counted all the same: then the watermark's last entry is this run's, and the run
     goes on as committed instead of failing with its batches counted."""
-    try:
-        committed = commit_watermark(store, watermark, batches, record, rejected=rejected)
-        _LAST_COMMITTED["sequence"] = committed.sequence
-        return committed
-    except Exception:
+    with _sigterm_held():
         try:
-            current = read_watermark(store)
+            committed = commit_watermark(store, watermark, batches, record, rejected=rejected)
         except Exception:
-            current = None
-        if current is not None and current.history and \
-                current.history[-1].get("mlflow_run_id") == mlflow_run_id:
-            return current
-        raise
+            try:
+                current = read_watermark(store)
+            except Exception:
+                current = None
+            if current is None or not current.history or \
+                    current.history[-1].get("mlflow_run_id") != mlflow_run_id:
+                raise
+            committed = current
+        _LAST_COMMITTED.update(sequence=committed.sequence, mlflow_run_id=mlflow_run_id)
+    return committed
 
 
 def _publish(summary: RunSummary, description: str, logger) -> None:
@@ -230,14 +249,15 @@ def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
 
 def _end_failed_run(exc: BaseException, run: RunContext) -> None:
     """Cancelled (Prefect's termination signal, Ctrl-C) or failed: the MLflow run ends KILLED or FAILED with the
-    cause (the watermark did not move). When the MLflow server itself stopped answering, it is not asked again (that
+    cause (the watermark did not move; FINISHED when the stop came right after its commit). When the MLflow server itself stopped answering, it is not asked again (that
     would cost another round of MLflow's retries): the run stays RUNNING until the next run ends it KILLED, its
     owner process being gone (:func:`tasks.reestimation.runs.end_orphaned_runs`)."""
     if tracking_server_lost(exc, run.tracking_uri) is not None:
         run.logger.warning("MLflow run %s is left RUNNING (its server stopped answering); the next run ends it "
                            "KILLED", run.mlflow.run_id)
         return
-    status = ended_status(exc)
+    committed = _LAST_COMMITTED.get("mlflow_run_id") == run.mlflow.run_id     # stopped after its commit
+    status = "FINISHED" if committed else ended_status(exc)
     try:
         end_run(run.tracking_uri, run.mlflow.run_id, status, f"{type(exc).__name__}: {exc}")
     except Exception as close_exc:
@@ -300,7 +320,8 @@ def _no_valid_data(run: RunContext, summary: RunSummary) -> Completed:
     run.logger.warning(summary.headline)
     _publish(summary, f"re-estimation verdict: {Verdict.NO_VALID_DATA}", run.logger)
     data = summary.to_dict()
-    warning = emit_verdict(data, model=run.bundle.describe(), prefect_run_url=prefect_flow_run_url(ml.flow_run_id))
+    warning = emit_verdict(data, model=run.bundle.describe(), prefect_run_url=prefect_flow_run_url(ml.flow_run_id),
+                           temporary_server=settings_mod.on_temporary_prefect_server())
     if warning:                                       # no alert can be delivered: the CLI shows the run's warnings
         data["warnings"] = [*data.get("warnings", []), warning]
     return Completed(name=Verdict.NO_VALID_DATA, message=summary.headline, data=data)
@@ -413,7 +434,8 @@ def _complete(run: RunContext, summary: RunSummary) -> Completed:
     word = summary.verdict
     _publish(summary, f"re-estimation verdict: {word}", run.logger)
     data = summary.to_dict()
-    warning = emit_verdict(data, prefect_run_url=prefect_flow_run_url(ml.flow_run_id))   # never fails the run
+    warning = emit_verdict(data, prefect_run_url=prefect_flow_run_url(ml.flow_run_id),      # never fails the run
+                           temporary_server=settings_mod.on_temporary_prefect_server())
     if warning:                                       # no alert can be delivered: the CLI shows the run's warnings
         data["warnings"] = [*data.get("warnings", []), warning]
     run.logger.info("%s -- %s", word, summary.headline)
@@ -516,5 +538,9 @@ def reestimate(
     if outcome.committed is None:
         return _no_valid_data(run, outcome.summary)
     # 7. bookkeeping that cannot fail the run any more, then the verdict
-    _after_commit(run, outcome.summary, outcome.committed)
+    try:
+        _after_commit(run, outcome.summary, outcome.committed)
+    except BaseException as exc:          # stopped (SIGTERM, a lost server) after the commit: counted, so FINISHED
+        _end_failed_run(exc, run)
+        raise
     return _complete(run, outcome.summary)

@@ -41,6 +41,7 @@ class ServerWatch:
         self.url, self.lost_after_s, self.on_lost, self.interval_s = url, float(lost_after_s), on_lost, interval_s
         self.lost: str | None = None
         self._stop = threading.Event()
+        self._lock = threading.Lock()        # on_lost is called within the block, never after it
         self._thread = threading.Thread(target=self._watch, name="labelshift-server-watch", daemon=True)
 
     def __enter__(self) -> "ServerWatch":
@@ -48,7 +49,8 @@ class ServerWatch:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
 
     def answers(self) -> bool:
         """Whether the server answers now."""
@@ -67,8 +69,11 @@ class ServerWatch:
                 last_answer = time.monotonic()
                 continue
             silent = time.monotonic() - last_answer
-            if silent >= self.lost_after_s and not self._stop.is_set():
-                self.lost = (f"the Prefect server at {self.url.removesuffix('/health')} stopped answering "
-                             f"(nothing for {silent:.0f} s)")
-                self.on_lost(self.lost)
+            if silent >= self.lost_after_s:
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    self.lost = (f"the Prefect server at {self.url.removesuffix('/health')} stopped answering "
+                                 f"(nothing for {silent:.0f} s)")
+                    self.on_lost(self.lost)
                 return

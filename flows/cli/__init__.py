@@ -27,7 +27,7 @@ from flows.cli import alerts, data, estimate, reference, report, reproduce, serv
 from flows.cli._common import PROG, UsageError, add_common
 from flows.cli.reproduce import parameters_from_args
 from flows.cli.stopping import EXIT_SERVER_LOST, EXIT_TERMINATED, ServerLost, Terminated, as_command, \
-    finish, tell, terminated_sentence
+    finish, stopped_sentence, tell
 
 __all__ = ["main", "command", "build_parser", "PROG", "UsageError", "parameters_from_args"]
 
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     except ServerLost as exc:
         tell(str(exc))
         return EXIT_SERVER_LOST
-    except Terminated:
-        tell(terminated_sentence(args.command))
+    except Terminated as exc:
+        tell(str(exc) or stopped_sentence(args.command, "stopped by SIGTERM"))
         return EXIT_TERMINATED
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)
@@ -98,5 +98,12 @@ def command() -> None:
     """The ``labelshift`` program: :func:`main` as the process itself, whose exit is bounded
     (:func:`flows.cli.stopping.finish`)."""
     as_command()
-    code = main()
-    sys.exit(finish(code, PROG))
+    code = 1
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        raise
+    finally:                 # also after an error with its traceback: the exit stays bounded
+        code = finish(code, PROG)
+    sys.exit(code)

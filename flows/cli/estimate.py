@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from runtime import environment as settings_mod
 from flows.cli._common import PROG, Opt, UsageError, add_common, add_field, bounds, csv, given, local_path, \
     option_name, prefect_api, problems, setup, validated
-from flows.cli.stopping import lost_sentence, sigterm_unwinds, watched
+from flows.cli.stopping import LOST_HINT, sigterm_unwinds, stopped_sentence, watched
 from flows.params import DEFAULT_MODEL, INTERVAL_ERROR, ReestimateParameters
 from flows.summary import format_summary
 from labelshift.inference.report import Verdict
@@ -134,15 +134,15 @@ def parameters_from_args(args: argparse.Namespace) -> ReestimateParameters:
     return validated(ReestimateParameters, given(args, ReestimateParameters), _explain)
 
 
-def _lost(before: int | None):
-    """The sentence of a lost Prefect server, saying whether the run had committed first (``before``: the last
-    sequence committed in this process before the run)."""
-    def sentence(reason: str) -> str:
+def _committed_since(before: int | None):
+    """A function saying the sequence number this run committed, or None (``before``: the last sequence committed
+    in this process before the run)."""
+    def committed() -> int | None:
         from flows.reestimate import last_committed_sequence
 
         now = last_committed_sequence()
-        return lost_sentence("estimate", reason, now if now != before else None)
-    return sentence
+        return now if now != before else None
+    return committed
 
 
 def run(args) -> int:
@@ -158,7 +158,9 @@ def run(args) -> int:
     t0 = time.perf_counter()
     call = params.model_dump() | dict(model=model, target=target, tracking_uri=env.tracking_uri,
                                       mlflow_experiment=env.experiment_name)
-    with sigterm_unwinds("estimate"), prefect_api(env) as api_url, watched(api_url, _lost(last_committed_sequence())):
+    committed = _committed_since(last_committed_sequence())
+    with sigterm_unwinds("estimate", committed), prefect_api(env) as api_url, \
+            watched(api_url, lambda reason: stopped_sentence("estimate", reason, committed(), LOST_HINT)):
         state = reestimate(**call, return_state=True)
     if not state.is_completed():
         message = state.message or ""

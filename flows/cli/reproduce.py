@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from runtime import environment as settings_mod
 from flows.cli._common import PROG, Opt, add_common, add_field, given, local_path, option_name, prefect_api, \
     problems, setup, validated
-from flows.cli.stopping import AFTER_STOP, EXIT_SERVER_LOST, EXIT_TERMINATED, lost_reason, lost_sentence, \
-    sigterm_unwinds, tell, terminated_sentence, watched
+from flows.cli.stopping import LOST_HINT, EXIT_SERVER_LOST, EXIT_TERMINATED, lost_reason, sigterm_unwinds, \
+    stopped_sentence, tell, watched
 from flows.params import BINS_METHODS, EXPERIMENTS, METHODS, ReproduceParameters
 from labelshift.experiments.images import CALIBRATIONS
 
@@ -129,7 +129,7 @@ def run(args) -> int:
     # on a lasting Prefect server, Ctrl-C and SIGTERM unwind normally: the flow closes its MLflow runs as KILLED and
     # Prefect records the run as crashed; on the temporary server, see _stop_sweep
     with _stopped_at_once(temporary), prefect_api(env) as api_url, \
-            watched(api_url, lambda reason: lost_sentence("reproduce", reason)):
+            watched(api_url, lambda reason: stopped_sentence("reproduce", reason, hint=LOST_HINT)):
         state = run_in_process(params, temporary_server=temporary, dask=args.dask)
     elapsed = time.perf_counter() - t0
     if not state.is_completed():
@@ -168,15 +168,16 @@ def _stop_sweep(signum, frame) -> None:
     Done here rather than by letting KeyboardInterrupt unwind: a terminal's Ctrl-C also stops the temporary
     Prefect server (it is in the same process group), after which Prefect's client spends about a minute retrying
     to report the flow's state and events to it, and worker threads finish their tasks (measured with 3.9.1).
+    While the flow runs, Prefect's own SIGTERM handler takes the signal first (the flow closes its runs KILLED)
+    and passes it on here after its teardown; a lost server's clock bounds that teardown.
     """
     lost = lost_reason()
     if lost:
-        code, why = EXIT_SERVER_LOST, lost_sentence("reproduce", lost)
+        code, why = EXIT_SERVER_LOST, stopped_sentence("reproduce", lost, hint=LOST_HINT)
     elif signum == signal.SIGTERM:
-        code, why = EXIT_TERMINATED, terminated_sentence("reproduce")
+        code, why = EXIT_TERMINATED, stopped_sentence("reproduce", "stopped by SIGTERM")
     else:
-        code, why = 130, f"\n{PROG} reproduce: interrupted; {AFTER_STOP['reproduce']}"
-    tell(why)
+        code, why = 130, stopped_sentence("reproduce", "interrupted")
     try:
         from flows.reproduce import active_sweeps
         from tasks.sweep.runs import fail_sweep_runs
@@ -186,6 +187,7 @@ def _stop_sweep(signum, frame) -> None:
             print(f"  MLflow run {run_id}: KILLED", file=sys.stderr)
     except Exception as exc:                        # still exit; say what could not be closed
         print(f"  could not close the MLflow runs: {exc}", file=sys.stderr)
+    tell(why)                                       # after closing them: what it says has happened
     try:
         from prefect.server.api.server import SubprocessASGIServer
 

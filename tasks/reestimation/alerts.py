@@ -24,7 +24,6 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from labelshift.inference.report import NOT_LABEL_SHIFT, ShiftReport
-from runtime.environment import on_temporary_prefect_server
 
 __all__ = ["EVENT_PREFIX", "EVENT_NAMES", "RESOURCE_PREFIX", "LABEL_MODEL", "LABEL_TV_PERCENT",
            "LABEL_ACCURACY_DROP_PERCENT", "AUTOMATION_TAG", "ALERTED", "event_name", "percent_label", "verdict_event",
@@ -150,13 +149,15 @@ def verdict_event(summary: dict, *, model: dict | None = None, prefect_run_url: 
 
 
 @task(name="emit-verdict-event", cache_policy=NO_CACHE, persist_result=False)
-def emit_verdict(summary: dict, *, model: dict | None = None, prefect_run_url: str | None = None) -> str | None:
+def emit_verdict(summary: dict, *, model: dict | None = None, prefect_run_url: str | None = None,
+                 temporary_server: bool = False) -> str | None:
     """Emit the verdict's event (:func:`verdict_event`) with ``prefect.events.emit_event``.
 
     Never raises: a failure to build or send the event is logged as a warning and the run goes on (the verdict is
     in the flow's state, the artifact and MLflow either way). Returns :func:`delivery_warning`'s sentence (also
-    logged as a warning) when the event was sent but no alert can come of it, for the caller to add to the run's
-    warnings; None otherwise (sent where automations are, a verdict without an event or not alerted, a failure).
+    logged as a warning) when the event was sent to the ``temporary_server`` of a command (no PREFECT_API_URL)
+    that holds no automation, for the caller to add to the run's warnings; None otherwise (sent where automations
+    are, a lasting server, a verdict without an event or not alerted, a failure).
     """
     try:
         from prefect.events import emit_event
@@ -173,7 +174,7 @@ def emit_verdict(summary: dict, *, model: dict | None = None, prefect_run_url: s
         _warn(f"the verdict's Prefect event was not emitted ({type(exc).__name__}: {exc}); automations on it will "
               "not fire for this run")
         return None
-    warning = delivery_warning(event["event"]) if summary["verdict"] in ALERTED else None
+    warning = delivery_warning(event["event"]) if temporary_server and summary["verdict"] in ALERTED else None
     if warning:
         _warn(warning)
     return warning
@@ -181,11 +182,10 @@ def emit_verdict(summary: dict, *, model: dict | None = None, prefect_run_url: s
 
 def delivery_warning(event: str) -> str | None:
     """The sentence that no alert can be delivered for a run whose ``event`` went to the temporary Prefect server
-    of a command run without ``PREFECT_API_URL`` (:func:`runtime.environment.on_temporary_prefect_server`) that holds no automation tagged
-    :data:`AUTOMATION_TAG`, naming the fix; None otherwise -- on a lasting server too: there, no automation means
-    that no one asked for alerts -- or when the server cannot be asked (one request, the client's time limit)."""
-    if not on_temporary_prefect_server():
-        return None
+    of its command (the caller knows: ``runtime.environment.on_temporary_prefect_server``), when that server holds
+    no automation tagged :data:`AUTOMATION_TAG`, naming the fix; None when it holds one, or cannot be asked (one
+    request, the client's time limit). On a lasting server no automation means that no one asked for alerts: the
+    caller does not ask then."""
     try:
         from prefect.client.orchestration import get_client
         from prefect.events.filters import AutomationFilter, AutomationFilterTags

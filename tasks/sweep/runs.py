@@ -220,10 +220,10 @@ def fail_sweep_runs(tracking_uri: str, parent_run_id: str, message: str, *, stat
     return closed
 
 
-def _while_locked(call, *args, attempts: int = 8, wait_s: float = 1.0):
+def _while_locked(call, *args, attempts: int = 3, wait_s: float = 0.5):
     """``call(*args)``, tried again while a local SQLite tracking store answers "database is locked": the sweep's
     tasks may still be logging to it on their threads when its error path closes the runs (SQLite lets one writer
-    at a time, and waits 5 s for it)."""
+    at a time, and waits 5 s for it). At most 3 tries: a stopped command has 10 s to leave."""
     for attempt in range(attempts):
         try:
             return call(*args)

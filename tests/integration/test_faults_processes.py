@@ -311,6 +311,7 @@ def test_a_prefect_server_lost_during_the_run_ends_the_command_within_the_bound(
     assert not [r for r in mine if r.info.status == "RUNNING"], [(r.info.status, r.data.tags) for r in mine]
     if "had committed" in result["stderr"]:
         assert during == "the end" and (target / "_labelshift" / "watermark.json").exists()
+        assert [r.info.status for r in mine] == ["FINISHED"], [(r.info.status, r.data.tags) for r in mine]
     else:
         assert "nothing was committed" in result["stderr"], result["stderr"][-2000:]
         assert not (target / "_labelshift" / "watermark.json").exists()
@@ -373,7 +374,8 @@ def test_sigterm_or_a_lost_server_stops_reproduce_cleanly(setting, tmp_path, how
         code, words, bound = 75, "stopped answering", LOST_AFTER_S + UNWIND_S + 8
     assert result["killed"], result["stderr"][-3000:]
     assert result["returncode"] == code and result["ended_s"] < bound, result
-    assert words in result["stderr"] and "none left RUNNING" in result["stderr"], result["stderr"][-2000:]
+    assert words in result["stderr"] and "the sweep's MLflow runs are closed KILLED" in result["stderr"], \
+        result["stderr"][-2000:]
     assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
     runs = _sweep_runs(home)
     ended = {"KILLED"} if how == "SIGTERM" else {"KILLED", "FAILED"}   # tasks may fail first without their server
