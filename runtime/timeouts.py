@@ -11,7 +11,8 @@ under ``labelshift estimate`` (tests/integration/test_faults_stack.py): MLflow a
 within 4 x 15 s + 12 s of back-off, one to a frozen S3 within 5 x 15 s (botocore backs off under a second). A healthy server answers a
 request in well under a second, even on a loaded 2-core machine (these limits are the wait for an answer's next
 bytes, not for a whole transfer). The Prefect server is watched instead (``ENV_SERVER_LOST_S``). Set a variable to override it; the table below
-is what ``docs/operations.md`` shows (a test keeps them equal).
+is what ``docs/operations.md`` shows (a test keeps them equal). A proxied artifact upload answers only once the
+MLflow server has stored it: raise ``MLFLOW_HTTP_REQUEST_TIMEOUT`` for large artifacts over a slow link.
 
 Two limits are the command's own: how long the Prefect server may stop answering during a run before the run is
 stopped (:data:`ENV_SERVER_LOST_S`, watched by :mod:`runtime.server_watch`), and how long the command then gives
@@ -23,10 +24,8 @@ import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
-from labelshift.errors import InputError
-from labelshift.storage.s3 import S3Store
 
-__all__ = ["Limit", "LIMITS", "ENV_SERVER_LOST_S", "SERVER_LOST_S", "UNWIND_S", "EXIT_DRAIN_S", "apply_timeouts",
+__all__ = ["Limit", "limits", "ENV_SERVER_LOST_S", "SERVER_LOST_S", "UNWIND_S", "EXIT_DRAIN_S", "apply_timeouts",
            "server_lost_s"]
 
 #: how long (seconds) the Prefect server may not answer during a run before the command stops the run
@@ -48,35 +47,48 @@ class Limit:
     bounds: str
 
 
-LIMITS: tuple[Limit, ...] = (
-    Limit("PREFECT_API_REQUEST_TIMEOUT", "30", "one request to the Prefect API, in seconds (Prefect's default 60)"),
-    Limit("PREFECT_CLIENT_MAX_RETRIES", "3", "retries of a failed Prefect API request, 2, 4, 8 s apart "
-                                             "(Prefect's default 5, up to 32 s apart)"),
-    Limit("MLFLOW_HTTP_REQUEST_TIMEOUT", "15", "one request to an MLflow tracking server, in seconds "
-                                               "(MLflow's default 120)"),
-    Limit("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3", "retries of a failed MLflow request, 0, 4, 8 s apart "
-                                                  "(MLflow's default 7, up to 2 minutes apart)"),
-    Limit(None, f"{S3Store.CONNECT_TIMEOUT_S:g} / {S3Store.READ_TIMEOUT_S:g}",
-          "connecting to / reading from the S3 server, in seconds, with botocore's retries "
-          "(`labelshift.storage.s3.S3Store`)"),
-    Limit(ENV_SERVER_LOST_S, f"{SERVER_LOST_S:g}", "how long the Prefect server may not answer during a run (dead "
-                                                  "or frozen) before the command stops the run, in seconds"),
-    Limit(None, f"{UNWIND_S:g}", "then, the time the command has to end its MLflow run and leave, in seconds"),
-    Limit(None, f"{EXIT_DRAIN_S:g}", "at exit, the wait for Prefect's queued logs and events to reach the server, "
-                                     "in seconds (Prefect waits forever)"),
-)
+def limits() -> tuple[Limit, ...]:
+    """Every time limit, in the order of docs/operations.md's table."""
+    from labelshift.storage.s3 import S3Store     # here, not at import: the domain package loads scipy
+
+    return (
+        Limit("PREFECT_API_REQUEST_TIMEOUT", "30",
+              "one request to the Prefect API, in seconds (Prefect's default 60)"),
+        Limit("PREFECT_CLIENT_MAX_RETRIES", "3",
+              "retries of a failed Prefect API request, 2, 4, 8 s apart (Prefect's default 5, up to 32 s apart)"),
+        Limit("MLFLOW_HTTP_REQUEST_TIMEOUT", "15",
+              "one request to an MLflow tracking server, in seconds (MLflow's default 120)"),
+        Limit("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3",
+              "retries of a failed MLflow request, 0, 4, 8 s apart (MLflow's default 7, up to 2 minutes apart)"),
+        Limit(None, f"{S3Store.CONNECT_TIMEOUT_S:g} / {S3Store.READ_TIMEOUT_S:g}",
+              "connecting to / reading from the S3 server, in seconds, with botocore's retries "
+              "(`labelshift.storage.s3.S3Store`)"),
+        Limit(ENV_SERVER_LOST_S, f"{SERVER_LOST_S:g}",
+              "how long the Prefect server may not answer during a run (dead or frozen) before the command stops "
+              "the run, in seconds"),
+        Limit(None, f"{UNWIND_S:g}", "then, the time the command has to end its MLflow run and leave, in seconds"),
+        Limit(None, f"{EXIT_DRAIN_S:g}",
+              "at exit, the wait for Prefect's queued logs and events to reach the server, in seconds (Prefect "
+              "waits forever)"),
+        Limit(None, "10",
+              "an alert's webhook, per try: sent by the Prefect server's notification block (Prefect's own limit, "
+              "not set here; `labelshift alerts --failures` lists what did not arrive)"),
+    )
+
 
 
 def apply_timeouts(environ: MutableMapping[str, str] | None = None) -> None:
-    """Set every limit of :data:`LIMITS` read from the environment that is not set already."""
+    """Set every limit of :func:`limits` read from the environment that is not set already."""
     env = os.environ if environ is None else environ
-    for limit in LIMITS:
+    for limit in limits():
         if limit.variable is not None and limit.variable != ENV_SERVER_LOST_S:
             env.setdefault(limit.variable, limit.value)
 
 
 def server_lost_s(environ: MutableMapping[str, str] | None = None) -> float:
     """:data:`ENV_SERVER_LOST_S` as a number of seconds (at least 2); raises InputError naming the variable."""
+    from labelshift.errors import InputError
+
     env = os.environ if environ is None else environ
     text = (env.get(ENV_SERVER_LOST_S) or "").strip()
     if not text:

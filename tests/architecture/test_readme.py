@@ -104,8 +104,8 @@ def test_every_flag_in_the_variables_table_exists():
 
 
 def test_the_operations_manual_lists_every_time_limit_as_runtime_sets_it():
-    """The table of time limits is runtime.timeouts.LIMITS: the same variables, values and words, in order."""
-    from runtime.timeouts import LIMITS
+    """The table of time limits is runtime.timeouts.limits(): the same variables, values and words, in order."""
+    from runtime.timeouts import limits
 
     text = OPERATIONS.read_text()
     start = text.index("| variable | value | what it bounds |")
@@ -115,4 +115,4 @@ def test_the_operations_manual_lists_every_time_limit_as_runtime_sets_it():
             break
         rows.append(line)
     assert rows == [f"| {f'`{limit.variable}`' if limit.variable else '-'} | `{limit.value}` | {limit.bounds} |"
-                    for limit in LIMITS]
+                    for limit in limits()]

@@ -51,7 +51,7 @@ NAMES = {"prefect": [("Prefect server at http://127.0.0.1:", "PREFECT_API_URL"),
 
 # -- the bound on the command's end, from runtime/timeouts.py -----------------------------------------------------------
 def _limit(variable: str) -> float:
-    return float(next(limit.value for limit in timeouts.LIMITS if limit.variable == variable))
+    return float(next(limit.value for limit in timeouts.limits() if limit.variable == variable))
 
 
 def detection_s(name: str, how: int) -> float:

@@ -12,7 +12,7 @@ import pytest
 
 from labelshift.errors import InputError
 from runtime.server_watch import ServerWatch
-from runtime.timeouts import ENV_SERVER_LOST_S, LIMITS, SERVER_LOST_S, apply_timeouts, server_lost_s
+from runtime.timeouts import ENV_SERVER_LOST_S, SERVER_LOST_S, limits, apply_timeouts, server_lost_s
 
 #: seconds without an answer before the watch reports; its questions come every INTERVAL_S and each may take
 #: 2 * INTERVAL_S, so a report is due within LOST_S + 3 * INTERVAL_S of the last answer (plus scheduling slack)
@@ -83,7 +83,7 @@ def test_limits_are_set_where_the_user_has_not_set_them():
     env = {"PREFECT_API_REQUEST_TIMEOUT": "7"}
     apply_timeouts(env)
     assert env["PREFECT_API_REQUEST_TIMEOUT"] == "7"
-    assert env["MLFLOW_HTTP_REQUEST_TIMEOUT"] == next(x.value for x in LIMITS if x.variable == "MLFLOW_HTTP_REQUEST_TIMEOUT")
+    assert env["MLFLOW_HTTP_REQUEST_TIMEOUT"] == next(x.value for x in limits() if x.variable == "MLFLOW_HTTP_REQUEST_TIMEOUT")
     assert ENV_SERVER_LOST_S not in env              # read by the command itself, not exported
 
 
