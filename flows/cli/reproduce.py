@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from runtime import environment as settings_mod
 from flows.cli._common import PROG, Opt, add_common, add_field, given, local_path, option_name, prefect_api, \
     problems, setup, validated
-from flows.cli.stopping import LOST_HINT, EXIT_SERVER_LOST, EXIT_TERMINATED, lost_reason, sigterm_unwinds, \
-    stopped_sentence, tell, watched
+from flows.cli.stopping import LOST_HINT, EXIT_SERVER_LOST, EXIT_TERMINATED, lost_reason, sigterm_clock, \
+    sigterm_unwinds, stopped_sentence, tell, watched
 from flows.params import BINS_METHODS, EXPERIMENTS, METHODS, ReproduceParameters
 from labelshift.experiments.images import CALIBRATIONS
 
@@ -155,7 +155,8 @@ def _stopped_at_once(temporary: bool):
         return
     previous = {sig: signal.signal(sig, _stop_sweep) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        with sigterm_clock(lambda: stopped_sentence("reproduce", "stopped by SIGTERM")):
+            yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -31,7 +31,7 @@ from runtime import timeouts
 from runtime.server_watch import ServerWatch, health_url
 
 __all__ = ["EXIT_TERMINATED", "EXIT_SERVER_LOST", "AFTER_STOP", "Terminated", "ServerLost", "sigterm_unwinds",
-           "watched", "as_command", "finish", "stopped_sentence", "lost_reason", "tell"]
+           "sigterm_clock", "watched", "as_command", "finish", "stopped_sentence", "lost_reason", "tell"]
 
 #: the exit status of a command stopped by SIGTERM (128 + 15, as a shell reports it)
 EXIT_TERMINATED = 143
@@ -98,11 +98,22 @@ def sigterm_unwinds(command: str, committed: Callable[[], int | None] = _no_comm
         raise Terminated(sentence())
 
     previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        with sigterm_clock(sentence):
+            yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def sigterm_clock(sentence: Callable[[], str]):
+    """Within the block, in the ``labelshift`` process (:func:`as_command`), a SIGTERM starts a clock the moment
+    it arrives (:func:`_clock_on_sigterm`): :data:`runtime.timeouts.UNWIND_S` seconds later ``sentence()`` is
+    printed and the process exits 143, whatever its handlers are still doing."""
     wakeup = _clock_on_sigterm(sentence) if _state.get("command") else None
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
         if wakeup is not None:
             signal.set_wakeup_fd(wakeup)
 

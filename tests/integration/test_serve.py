@@ -246,7 +246,8 @@ def test_sigterm_to_serve_with_a_run_in_flight_stops_both_cleanly(prefect_server
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    left = [p for p in started.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    _, left = psutil.wait_procs(list(started.values()), timeout=10)      # the watchdog ends them within seconds
+    left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     for process in left:
         process.kill()
     assert code == 0 and ended_s < 30, (code, ended_s, log.read_text()[-3000:])
