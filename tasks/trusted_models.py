@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -36,8 +37,9 @@ DIGEST_TAG = "labelshift.digest"
 FILES_TAG = "labelshift.digest_files"
 #: the folders of a version's source run that belong to it
 RUN_FOLDERS = ("calibration", "reference")
-#: what MLflow adds to a downloaded model version (its name and version), not a file of the store
-_LOCAL_NOTES = {"registered_model_meta"}
+#: what MLflow adds at the top of a model version downloaded as ``models:/NAME/VERSION`` (its name and version), not
+#: a file of the store
+_LOCAL_NOTE = "model/registered_model_meta"
 
 _log = logging.getLogger(__name__)
 
@@ -61,43 +63,55 @@ class VersionFiles:
 
 
 def _run_files(client: MlflowClient, run_id: str, dest: Path) -> None:
-    """The run's :data:`RUN_FOLDERS`, file by file from the run's own artifact root (listed first: a missing file
-    asked of an MLflow server proxying S3 is an HTTP 500 its client retries for minutes)."""
+    """The run's :data:`RUN_FOLDERS`, file by file, listed and read from the run's own artifact root: MLflow 3's
+    run listing also shows the files of a logged model named as the folder (a reference's ``reference``), and a
+    missing file asked of an MLflow server proxying S3 is an HTTP 500 its client retries for minutes."""
     import mlflow.artifacts
 
-    root = client.get_run(run_id).info.artifact_uri
+    root, tracking = client.get_run(run_id).info.artifact_uri, client.tracking_uri
     pending = list(RUN_FOLDERS)
     while pending:
-        for entry in client.list_artifacts(run_id, pending.pop()):
+        folder = pending.pop()
+        for entry in mlflow.artifacts.list_artifacts(artifact_uri=f"{root}/{folder}", tracking_uri=tracking):
+            path = f"{folder}/{posixpath.basename(entry.path)}"
             if entry.is_dir:
-                pending.append(entry.path)
+                pending.append(path)
                 continue
-            target = dest / posixpath.dirname(entry.path)
-            target.mkdir(parents=True, exist_ok=True)
-            mlflow.artifacts.download_artifacts(artifact_uri=f"{root}/{entry.path}", dst_path=str(target),
-                                                tracking_uri=client.tracking_uri)
+            (dest / folder).mkdir(parents=True, exist_ok=True)
+            mlflow.artifacts.download_artifacts(artifact_uri=f"{root}/{path}", dst_path=str(dest / folder),
+                                                tracking_uri=tracking)
 
 
-def download_version(client: MlflowClient, name: str, version: str, run_id: str | None, dest: Path) -> VersionFiles:
-    """Download version ``version`` of ``name`` (its model artifacts, and its run's :data:`RUN_FOLDERS`) into
-    ``dest`` and digest what was downloaded. Raises ServiceUnavailableError when the artifact store does not
-    answer."""
+def _model_source(client: MlflowClient, name: str, mv) -> str:
+    """Where the version's model files are: its logged model's artifact location (MLflow 3, source
+    ``models:/m-<id>``), read directly -- ``models:/...`` URIs may resolve to the source run's folder of the model's
+    name, which a reference also uses for its class names -- else the registry's own resolution of the version."""
+    source = str(getattr(mv, "source", "") or "")
+    if re.fullmatch(r"models:/m-[0-9a-f]+", source):
+        return client.get_logged_model(source.removeprefix("models:/")).artifact_location
+    return f"models:/{name}/{mv.version}"
+
+
+def download_version(client: MlflowClient, name: str, mv, dest: Path) -> VersionFiles:
+    """Download version ``mv`` of ``name`` (its model artifacts, and its run's :data:`RUN_FOLDERS`) into ``dest``
+    and digest what was downloaded. Raises ServiceUnavailableError when the artifact store does not answer."""
     import mlflow.artifacts
 
     model_dir, run_dir = dest / "model", dest / "run"
     model_dir.mkdir(parents=True)
     run_dir.mkdir()
     try:
-        mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=str(model_dir),
-                                            tracking_uri=client.tracking_uri)
-        if run_id:
-            _run_files(client, run_id, run_dir)
+        local = mlflow.artifacts.download_artifacts(artifact_uri=_model_source(client, name, mv),
+                                                    dst_path=str(model_dir), tracking_uri=client.tracking_uri)
+        model_dir = Path(local)         # a folder URI lands in a subfolder of its own name
+        if mv.run_id:
+            _run_files(client, mv.run_id, run_dir)
     except Exception as exc:
         raise ServiceUnavailableError(
-            f"could not download the artifacts of models:/{name}/{version} from the artifact store of "
+            f"could not download the artifacts of models:/{name}/{mv.version} from the artifact store of "
             f"{client.tracking_uri}: {type(exc).__name__}: {exc}. Check that the artifact store (S3) answers and "
             "that its files are there.") from None
-    files = {n: p for n, p in digest_folder(model_dir, "model/").items() if p.name not in _LOCAL_NOTES}
+    files = {n: p for n, p in digest_folder(model_dir, "model/").items() if n != _LOCAL_NOTE}
     files.update(digest_folder(run_dir, "run/"))
     return VersionFiles(dest, model_dir, run_dir, digest_files(files))
 
@@ -106,7 +120,7 @@ def version_digest(client: MlflowClient, name: str, version: str) -> FileDigest:
     """The digest of version ``version`` of ``name`` as its files are now in the artifact store."""
     mv = client.get_model_version(name, str(version))
     with tempfile.TemporaryDirectory(prefix="labelshift-digest-") as tmp:
-        return download_version(client, name, str(version), mv.run_id, Path(tmp)).digest
+        return download_version(client, name, mv, Path(tmp)).digest
 
 
 def record_digest(client: MlflowClient, name: str, version: str, digest: FileDigest | None = None) -> str:
@@ -179,7 +193,7 @@ def trusted_files(client: MlflowClient, model_uri: str, name: str, mv, *, requir
     folder = Path(tempfile.mkdtemp(prefix="labelshift-model-"))
     files = None
     try:
-        files = download_version(client, name, str(mv.version), mv.run_id, folder)
+        files = download_version(client, name, mv, folder)
         if recorded:
             check_digest(model_uri, name, mv, files.digest, require=require, logger=logger)
         yield files
