@@ -1,7 +1,8 @@
 """A registered PyTorch model resolved to one version and loaded with what re-estimation needs from its run: the
 calibrator and the labelled source holdout (:mod:`tasks.reference_artifacts`), as a :class:`ModelBundle`.
 Registered-model URIs (``models:/NAME@ALIAS``, ``models:/NAME/VERSION``) are parsed and resolved here for every kind
-of model (:mod:`tasks.reestimation.references` loads the others).
+of model (:mod:`tasks.reestimation.references` loads the others). The version's files are downloaded once and
+checked against its recorded digest (:func:`tasks.trusted_models.trusted_files`) before anything is loaded from them.
 """
 from __future__ import annotations
 
