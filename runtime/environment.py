@@ -45,6 +45,8 @@ ENV_DASK = "LABELSHIFT_DASK_ADDRESS"
 ENV_CRON = "LABELSHIFT_REESTIMATE_CRON"
 ENV_TIMEZONE = "LABELSHIFT_REESTIMATE_TIMEZONE"
 ENV_CACHE = "LABELSHIFT_CACHE"
+#: "1" refuses to load a model version without a recorded digest (docs/serving.md, "A trusted registry")
+ENV_REQUIRE_TRUSTED = "LABELSHIFT_REQUIRE_TRUSTED_MODELS"
 #: port of each service of the local stack (``labelshift stack up``)
 ENV_PORTS = {"s3": "LABELSHIFT_S3_PORT", "mlflow": "LABELSHIFT_MLFLOW_PORT", "prefect": "LABELSHIFT_PREFECT_PORT"}
 #: set by ``labelshift stack up --workers`` and the worker image; the deployments' pull step reads it
@@ -114,6 +116,9 @@ VARIABLES: tuple[Variable, ...] = (
              "`models:/labelshift-mnist-5k@latest-good`", "`--model`"),
     Variable(ENV_TARGET, "where new batches arrive for `estimate`, `serve` and `data simulate-target`",
              "`<store>/target`", "`--target` (`--to`)"),
+    Variable(ENV_REQUIRE_TRUSTED, "`1`: `estimate` and the `reestimate` flow refuse a model version without a "
+                                  "recorded digest (`labelshift reference trust`); else they load it with a warning",
+             "unset: load with a warning", ""),
     Variable(ENV_CRON, "cron schedule of the served `reestimate` deployment", "unscheduled", "`--cron`"),
     Variable(ENV_TIMEZONE, "time zone the cron hours are read in", f"`{DEFAULT_TIMEZONE}`", "`--timezone`"),
     Variable(ENV_PORTS["s3"], "port of the local stack's S3 server", "`8333`", "`--s3-port`"),
@@ -294,3 +299,16 @@ def on_temporary_prefect_server(environ: Mapping[str, str] | None = None) -> boo
     local stack's is ``<home>/stack/prefect``)."""
     home, prefect_home = read(ENV_HOME, environ), read("PREFECT_HOME", environ)
     return bool(home and prefect_home) and Path(prefect_home) == Path(home) / "prefect"
+
+
+def require_trusted_models(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether :data:`ENV_REQUIRE_TRUSTED` asks to refuse model versions without a recorded digest: ``1``, ``true``
+    or ``yes`` (any case) do; unset, ``0``, ``false`` or ``no`` do not. Any other value raises ValueError naming the
+    variable, so that a typo does not silently load untrusted models."""
+    value = (read(ENV_REQUIRE_TRUSTED, environ) or "0").lower()
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise ValueError(f"{ENV_REQUIRE_TRUSTED}={value!r}: set it to 1 to refuse model versions without a recorded "
+                     "digest, or to 0 (or unset it) to load them with a warning.")

@@ -33,10 +33,13 @@ def bayes_logits(x: np.ndarray) -> np.ndarray:
 
 
 def register_model(tracking_uri: str, name: str, *, alias: str = "production", n_holdout: int = 4000,
-                   seed: int = 0, experiment: str = "models", calibrator_classes: int | None = None) -> dict:
+                   seed: int = 0, experiment: str = "models", calibrator_classes: int | None = None,
+                   trusted: bool = True) -> dict:
     """Register the Bayes classifier as ``name`` (alias ``alias``) with BCTS and its source holdout.
 
     ``calibrator_classes``: log a calibrator fit for that many classes instead (to test the mismatch check).
+    ``trusted``: record the version's digest, as the project does for the versions it registers
+    (:func:`tasks.trusted_models.record_digest`); False leaves it as a version registered by other means.
     Returns {"model_uri", "version", "run_id"}.
     """
     import mlflow
@@ -80,6 +83,10 @@ def register_model(tracking_uri: str, name: str, *, alias: str = "production", n
         log_reestimation_reference(client, run_id, cal, logits, y)
     client.set_terminated(run_id)
     version = str(info.registered_model_version)
+    if trusted:
+        from tasks.trusted_models import record_digest
+
+        record_digest(client, name, version)
     client.set_registered_model_alias(name, alias, version)
     return {"model_uri": f"models:/{name}@{alias}", "version": version, "run_id": run_id}
 

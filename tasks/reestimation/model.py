@@ -1,7 +1,8 @@
 """A registered PyTorch model resolved to one version and loaded with what re-estimation needs from its run: the
 calibrator and the labelled source holdout (:mod:`tasks.reference_artifacts`), as a :class:`ModelBundle`.
 Registered-model URIs (``models:/NAME@ALIAS``, ``models:/NAME/VERSION``) are parsed and resolved here for every kind
-of model (:mod:`tasks.reestimation.references` loads the others).
+of model (:mod:`tasks.reestimation.references` loads the others). The version's files are downloaded once and
+checked against its recorded digest (:func:`tasks.trusted_models.trusted_files`) before anything is loaded from them.
 """
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import functools
 
 import json
 import re
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,9 +22,12 @@ from mlflow import MlflowClient
 from labelshift.inference.holdout import Holdout
 from labelshift.calibration import load_calibrator
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
+from labelshift.storage.digest import FileDigest
 from tasks.reference_artifacts import REFERENCE_ARTIFACT, calibrator_artifact
+from tasks.trusted_models import DIGEST_TAG, VersionFiles, check_digest, trusted_files
 
-__all__ = ["renamed_bundle", "ModelBundle", "parse_model_uri", "resolve_version", "load_bundle"]
+__all__ = ["renamed_bundle", "ModelBundle", "parse_model_uri", "resolve_version", "cache_key", "cached_bundle",
+           "load_bundle", "bundle_from_files"]
 
 _MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
 
@@ -56,6 +59,8 @@ class ModelBundle:
     model: object = field(repr=False)
     load_seconds: float = 0.0
     source_outputs: np.ndarray | None = field(default=None, repr=False)   # raw holdout logits, float64
+    digest: FileDigest | None = field(default=None, repr=False)   # of the files loaded (tasks.trusted_models)
+    model_dir: str | None = None       # the checked model files it was loaded from (the corrected model copies them)
 
     @property
     def source_prior(self) -> np.ndarray:
@@ -113,11 +118,11 @@ def _registry_error(client: MlflowClient, name: str, alias: str | None, version:
     return ObjectNotFoundError(f"registered model {name!r} has no version {version} ({exc}).")
 
 
-def _input_shape(model_uri: str) -> tuple[int, ...]:
-    import mlflow
+def _input_shape(model_uri: str, model_dir: Path) -> tuple[int, ...]:
+    """The input shape (without the batch axis) of the model's signature, read from its downloaded ``MLmodel``."""
+    from mlflow.models import Model
 
-    info = mlflow.models.get_model_info(model_uri)
-    sig = info.signature
+    sig = Model.load(str(model_dir / "MLmodel")).signature
     if sig is None or sig.inputs is None or not sig.inputs.inputs:
         raise FormatError(f"{model_uri} has no input signature; log it with an input_example (mlflow.pytorch."
                           "log_model(model, name=..., input_example=x)) so batches can be checked against it.")
@@ -142,59 +147,87 @@ def resolve_version(client: MlflowClient, model_uri: str, tracking_uri: str):
     return name, alias, mv
 
 
-def load_bundle(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS") -> ModelBundle:
-    """Resolve ``model_uri`` in the registry and load the model, its calibrator and the source holdout.
+def cache_key(tracking_uri: str, name: str, mv, calibrator: str) -> tuple:
+    """The key of a loaded version in this process's caches: the recorded digest is part of it, so a version
+    trusted again (or anew) is loaded and checked again."""
+    return (tracking_uri, name, str(mv.version), calibrator, dict(mv.tags or {}).get(DIGEST_TAG))
 
-    Bundles are cached in this process by (tracking URI, name, version, calibrator): a served deployment loads a
-    model version once. Raises ObjectNotFoundError (no such model / alias / artifact), InputError (a calibrator or
-    holdout for a different number of classes than the model's), ServiceUnavailableError (MLflow unreachable).
+
+def cached_bundle(key: tuple, model_uri: str, name: str, alias: str | None, mv, logger=None):
+    """The bundle loaded earlier under ``key``, as asked for by ``model_uri``, or None. It was checked when loaded;
+    an untrusted one is warned about (or refused) again, as a fresh load would be."""
+    with _BUNDLES_LOCK:
+        bundle = _BUNDLES.get(key)
+    if bundle is None:
+        return None
+    check_digest(model_uri, name, mv, bundle.digest, logger=logger)
+    return renamed_bundle(bundle, model_uri, alias)
+
+
+def load_bundle(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS", logger=None) -> ModelBundle:
+    """Resolve ``model_uri`` in the registry, download the version once, check it against its recorded digest
+    (:func:`tasks.trusted_models.trusted_files`) and load the model, its calibrator and the source holdout
+    (:func:`bundle_from_files`).
+
+    Bundles are cached in this process by (tracking URI, name, version, calibrator, recorded digest): a served
+    deployment loads a model version once. Raises InputError (a version altered after it was trusted, an untrusted
+    one under LABELSHIFT_REQUIRE_TRUSTED_MODELS=1, a calibrator or holdout for a different number of classes than
+    the model's), ObjectNotFoundError (no such model / alias / artifact), ServiceUnavailableError (MLflow
+    unreachable).
     """
-    import mlflow
-
     client = MlflowClient(tracking_uri=tracking_uri)
     name, alias, mv = resolve_version(client, model_uri, tracking_uri)
-    key = (tracking_uri, name, str(mv.version), calibrator)
-    with _BUNDLES_LOCK:
-        if key in _BUNDLES:
-            bundle = _BUNDLES[key]
-            return renamed_bundle(bundle, model_uri, alias)
-    t0 = time.perf_counter()
+    key = cache_key(tracking_uri, name, mv, calibrator)
+    cached = cached_bundle(key, model_uri, name, alias, mv, logger)
+    if cached is not None:
+        return cached
+    _need_run(model_uri, mv)
+    with trusted_files(client, model_uri, name, mv, logger=logger) as files:
+        return bundle_from_files(model_uri, name, alias, mv, files, calibrator=calibrator, key=key)
+
+
+def _need_run(model_uri: str, mv) -> None:
     if not mv.run_id:
         raise FormatError(f"{model_uri} (version {mv.version}) has no source run, so no calibrator beside it; "
                           "log the model from a run that also logs calibration/<NAME>.json and "
                           f"{REFERENCE_ARTIFACT} (tasks.reference_artifacts.log_reestimation_reference).")
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            cal_path = client.download_artifacts(mv.run_id, calibrator_artifact(calibrator), tmp)
-        except Exception:
-            try:
-                present = [a.path for a in client.list_artifacts(mv.run_id, "calibration")]
-            except Exception:
-                present = []
-            raise ObjectNotFoundError(
-                f"{model_uri} (version {mv.version}, run {mv.run_id}) has no calibrator "
-                f"{calibrator_artifact(calibrator)}; found: {', '.join(present) or 'nothing under calibration/'}. "
-                "Pick one that exists (--calibrator) or log it with tasks.reference_artifacts.log_reestimation_reference."
-            ) from None
-        try:
-            ref_path = client.download_artifacts(mv.run_id, REFERENCE_ARTIFACT, tmp)
-        except Exception:
-            raise ObjectNotFoundError(
-                f"{model_uri} (version {mv.version}, run {mv.run_id}) has no {REFERENCE_ARTIFACT} (the labelled "
-                "source holdout MLLS and BBSE are fit on). Models trained by this version of `labelshift "
-                "reproduce` carry it: rerun `labelshift reproduce --dataset DATASET` (a cached model is not retrained; the "
-                "holdout is added to its run); for other models log it with "
-                "tasks.reference_artifacts.log_reestimation_reference.") \
-                from None
-        doc = json.loads(Path(cal_path).read_text())
-        with np.load(ref_path, allow_pickle=False) as ref:
-            holdout_logits, holdout_labels = ref["logits"], ref["labels"]
-    cal = load_calibrator(doc["calibrator"] if "calibrator" in doc else doc)
-    version_uri = f"models:/{name}/{mv.version}"
-    input_shape = _input_shape(version_uri)
-    model = mlflow.pytorch.load_model(version_uri, map_location="cpu")
+
+
+def _reference_files(model_uri: str, mv, files: VersionFiles, calibrator: str):
+    """The calibrator and the source holdout's logits and labels, from the version's downloaded run files."""
+    cal_path, ref_path = files.run_file(calibrator_artifact(calibrator)), files.run_file(REFERENCE_ARTIFACT)
+    if cal_path is None:
+        present = sorted(p.name for p in (files.run_dir / "calibration").glob("*")) \
+            if (files.run_dir / "calibration").is_dir() else []
+        raise ObjectNotFoundError(
+            f"{model_uri} (version {mv.version}, run {mv.run_id}) has no calibrator "
+            f"{calibrator_artifact(calibrator)}; found: {', '.join(present) or 'nothing under calibration/'}. "
+            "Pick one that exists (--calibrator) or log it with tasks.reference_artifacts.log_reestimation_reference.")
+    if ref_path is None:
+        raise ObjectNotFoundError(
+            f"{model_uri} (version {mv.version}, run {mv.run_id}) has no {REFERENCE_ARTIFACT} (the labelled "
+            "source holdout MLLS and BBSE are fit on). Models trained by this version of `labelshift "
+            "reproduce` carry it: rerun `labelshift reproduce --dataset DATASET` (a cached model is not retrained; the "
+            "holdout is added to its run); for other models log it with "
+            "tasks.reference_artifacts.log_reestimation_reference.")
+    doc = json.loads(cal_path.read_text())
+    with np.load(ref_path, allow_pickle=False) as ref:
+        holdout_logits, holdout_labels = ref["logits"], ref["labels"]
+    return load_calibrator(doc["calibrator"] if "calibrator" in doc else doc), holdout_logits, holdout_labels
+
+
+def bundle_from_files(model_uri: str, name: str, alias: str | None, mv, files: VersionFiles, *,
+                      calibrator: str, key: tuple) -> ModelBundle:
+    """The PyTorch model of version ``mv``, its calibrator and source holdout, loaded from ``files`` (downloaded and
+    checked by :func:`tasks.trusted_models.trusted_files`), cached under ``key``."""
+    import mlflow.pytorch
     import torch
 
+    t0 = time.perf_counter()
+    cal, holdout_logits, holdout_labels = _reference_files(model_uri, mv, files, calibrator)
+    input_shape = _input_shape(model_uri, files.model_dir)
+    model = mlflow.pytorch.load_model(str(files.model_dir), map_location="cpu")
+    files.keep = True           # the corrected model copies these checked files, not a second download
     with torch.no_grad():
         probe = model(torch.zeros((2, *input_shape), dtype=torch.float32))
     n_classes = int(probe.shape[-1])
@@ -210,7 +243,8 @@ def load_bundle(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS") 
     bundle = ModelBundle(uri=model_uri, name=name, version=str(mv.version), alias=alias, run_id=mv.run_id,
                          input_shape=input_shape, n_classes=n_classes, calibrator_name=calibrator, calibrator=cal,
                          source_probs=source_probs, source_labels=holdout_labels.astype(np.int64), model=model,
-                         load_seconds=time.perf_counter() - t0, source_outputs=holdout_logits.astype(np.float64))
+                         load_seconds=time.perf_counter() - t0, source_outputs=holdout_logits.astype(np.float64),
+                         digest=files.digest, model_dir=str(files.model_dir))
     with _BUNDLES_LOCK:
         _BUNDLES[key] = bundle
     return bundle

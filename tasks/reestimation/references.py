@@ -42,7 +42,9 @@ from labelshift.monitoring.batches import (OUTPUT_KINDS, OutputSpec, check_refer
 from labelshift.calibration import load_calibrator
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
 from tasks.reference_artifacts import REFERENCE_ARTIFACT, calibrator_artifact, log_reestimation_reference
-from tasks.reestimation.model import ModelBundle, load_bundle, renamed_bundle, resolve_version
+from tasks.reestimation.model import (ModelBundle, bundle_from_files, cache_key, cached_bundle, renamed_bundle,
+                                     resolve_version)
+from tasks.trusted_models import VersionFiles, check_digest, record_digest, trusted_files
 
 __all__ = ["REFERENCE_JSON", "ReferenceBundle", "ReferenceModel", "register_reference", "register_reference_file",
            "register_sklearn_model", "load_reference", "load_for_reestimation"]
@@ -116,13 +118,15 @@ def _registration_run(client: MlflowClient, experiment: str, run_name: str, tags
 
 
 def _registered(client: MlflowClient, name: str, info, alias: str | None, run_id: str) -> dict:
-    """Tag the version just registered, point ``alias`` at it; returns {"model_uri", "version", "run_id"}."""
+    """Tag the version just registered (its kind, its digest: :func:`tasks.trusted_models.record_digest`), then
+    point ``alias`` at it; returns {"model_uri", "version", "run_id", "digest"}."""
     version = str(info.registered_model_version)
     client.set_model_version_tag(name, version, "labelshift.kind", "reference")
+    digest = record_digest(client, name, version)
     if alias:
         client.set_registered_model_alias(name, alias, version)
     return {"model_uri": f"models:/{name}@{alias}" if alias else f"models:/{name}/{version}", "version": version,
-            "run_id": run_id}
+            "run_id": run_id, "digest": digest}
 
 
 def register_reference(holdout_outputs, holdout_labels, *, name: str, class_names, output_kind: str,
@@ -132,7 +136,7 @@ def register_reference(holdout_outputs, holdout_labels, *, name: str, class_name
     holdout itself, the class names and the kind of output, as a pyfunc model version ``name`` (alias ``alias``).
 
     ``holdout_labels``: class names or indices 0..k-1. ``id_column``: the batch column carried into the corrected
-    outputs when a batch has it. Returns {"model_uri", "version", "run_id"}; the reference is then addressed as
+    outputs when a batch has it. Returns {"model_uri", "version", "run_id", "digest"}; the reference is then addressed as
     ``models:/NAME@ALIAS``.
     """
     if output_kind not in OUTPUT_KINDS:
@@ -234,6 +238,8 @@ class ReferenceBundle:
     model: object = field(default=None, repr=False)
     load_seconds: float = 0.0
     source_outputs: np.ndarray | None = field(default=None, repr=False)   # raw holdout outputs, float64
+    digest: object = field(default=None, repr=False)   # FileDigest of the files loaded (tasks.trusted_models)
+    model_dir: str | None = None       # the checked model files it was loaded from (the corrected model copies them)
 
     @property
     def n_classes(self) -> int:
@@ -268,30 +274,17 @@ _CACHE: dict[tuple, ReferenceBundle] = {}
 _LOCK = threading.Lock()
 
 
-def _download_json(client: MlflowClient, run_id: str, path: str) -> dict | None:
-    """The run's own JSON artifact ``path``, or None when the run has none.
-
-    Looked up in the run's listing first and read from the run's artifact root: ``client.download_artifacts`` would
-    also try MLflow 3's logged model of the same name (``reference``), where the file is missing, and an MLflow
-    server proxying S3 answers a missing file with HTTP 500, which its clients retry for minutes."""
-    import posixpath
-
-    import mlflow.artifacts
-
-    try:
-        if path not in {f.path for f in client.list_artifacts(run_id, posixpath.dirname(path) or None)}:
-            return None
-        root = client.get_run(run_id).info.artifact_uri
-        with tempfile.TemporaryDirectory() as tmp:
-            local = mlflow.artifacts.download_artifacts(artifact_uri=f"{root}/{path}", dst_path=tmp,
-                                                        tracking_uri=client.tracking_uri)
-            return json.loads(Path(local).read_text())
-    except Exception:
-        return None
+def _run_json(files: VersionFiles, path: str) -> dict | None:
+    """The run's JSON artifact ``path`` from the version's downloaded files, or None when the run has none."""
+    local = files.run_file(path)
+    return json.loads(local.read_text()) if local is not None else None
 
 
-def _signature(version_uri: str) -> tuple[tuple[str, ...] | None, tuple[int, ...] | None, dict]:
-    info = mlflow.models.get_model_info(version_uri)
+def _signature(model_dir: Path) -> tuple[tuple[str, ...] | None, tuple[int, ...] | None, dict]:
+    """Input columns, input shape and flavours, from the version's downloaded ``MLmodel``."""
+    from mlflow.models import Model
+
+    info = Model.load(str(model_dir / "MLmodel"))
     sig = info.signature
     columns, shape = None, None
     if sig is not None and sig.inputs is not None and sig.inputs.inputs:
@@ -305,53 +298,76 @@ def _signature(version_uri: str) -> tuple[tuple[str, ...] | None, tuple[int, ...
     return columns, shape, info.flavors
 
 
-def load_reference(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS") -> ReferenceBundle | ModelBundle:
-    """Resolve ``model_uri`` and load what re-estimation needs, in the mode its version calls for: a reference
-    (prediction logs), a scikit-learn or pyfunc model (inputs), or a PyTorch model (:func:`load_bundle`)."""
+def load_reference(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS",
+                   logger=None) -> ReferenceBundle | ModelBundle:
+    """Resolve ``model_uri``, download its version once, check it against its recorded digest
+    (:func:`tasks.trusted_models.trusted_files`: an altered version, or an untrusted one under
+    ``LABELSHIFT_REQUIRE_TRUSTED_MODELS=1``, raises InputError; an untrusted one is otherwise loaded with a warning
+    to ``logger``) and load what re-estimation needs from those files, in the mode its version calls for: a
+    reference (prediction logs), a scikit-learn or pyfunc model (inputs), or a PyTorch model
+    (:func:`tasks.reestimation.model.bundle_from_files`)."""
     client = MlflowClient(tracking_uri=tracking_uri)
     name, alias, mv = resolve_version(client, model_uri, tracking_uri)
-    key = (tracking_uri, name, str(mv.version), calibrator)
+    key = cache_key(tracking_uri, name, mv, calibrator)
     with _LOCK:
-        if key in _CACHE:
-            return renamed_bundle(_CACHE[key], model_uri, alias)
-    t0 = time.perf_counter()
+        bundle = _CACHE.get(key)
+    if bundle is not None:
+        check_digest(model_uri, name, mv, bundle.digest, logger=logger)
+        return renamed_bundle(bundle, model_uri, alias)
+    cached = cached_bundle(key, model_uri, name, alias, mv, logger)
+    if cached is not None:
+        return cached
     if not mv.run_id:
         raise FormatError(f"{model_uri} (version {mv.version}) has no source run, so no calibrator or holdout beside "
                           "it; register it with tasks.reestimation.references.register_reference or "
                           "register_sklearn_model.")
-    version_uri = f"models:/{name}/{mv.version}"
-    doc = _download_json(client, mv.run_id, REFERENCE_JSON)
-    columns, shape, flavors = _signature(version_uri)
-    if doc is None and "pytorch" in flavors:
-        return load_bundle(model_uri, tracking_uri=tracking_uri, calibrator=calibrator)
+    with trusted_files(client, model_uri, name, mv, logger=logger) as files:
+        doc = _run_json(files, REFERENCE_JSON)
+        columns, shape, flavors = _signature(files.model_dir)
+        if doc is None and "pytorch" in flavors:
+            return bundle_from_files(model_uri, name, alias, mv, files, calibrator=calibrator, key=key)
+        bundle = _reference_bundle(model_uri, name, alias, mv, files, doc, calibrator, columns, shape, flavors)
+    with _LOCK:
+        _CACHE[key] = bundle
+    return bundle
+
+
+def _load_model(files: VersionFiles, doc: dict | None, flavors: dict):
+    """(mode, model) of a reference (no model) or a scikit-learn or pyfunc model, loaded from the checked files.
+    A model's folder is kept, as MLflow keeps its own download folder: a pyfunc may read its files later, and the
+    corrected model copies these checked files rather than downloading the version again."""
+    if doc is not None and doc.get("mode", "outputs") == "outputs":
+        return "outputs", None
+    files.keep = True
+    if "sklearn" in flavors:
+        import mlflow.sklearn
+
+        return "sklearn", mlflow.sklearn.load_model(str(files.model_dir))
+    return "pyfunc", mlflow.pyfunc.load_model(str(files.model_dir))
+
+
+def _reference_bundle(model_uri: str, name: str, alias: str | None, mv, files: VersionFiles, doc: dict | None,
+                      calibrator: str, columns, shape, flavors: dict) -> ReferenceBundle:
+    """A reference or a non-PyTorch model of version ``mv``, read from its downloaded and checked ``files``."""
+    t0 = time.perf_counter()
     if doc is not None and not doc.get("class_names"):
         raise FormatError(f"reference {model_uri} (version {mv.version}) has no class names in {REFERENCE_JSON}; "
                           "register it again with the class names (--class-names a,b,c).")
-    cal_doc = _download_json(client, mv.run_id, calibrator_artifact(calibrator))
+    cal_doc = _run_json(files, calibrator_artifact(calibrator))
     if cal_doc is None:
         raise ObjectNotFoundError(f"{model_uri} (version {mv.version}, run {mv.run_id}) has no calibrator "
                                   f"{calibrator_artifact(calibrator)}; pick the one it was registered with "
                                   f"({(doc or {}).get('calibrator', 'BCTS')}: --calibrator) or register it again.")
     cal = load_calibrator(cal_doc["calibrator"] if "calibrator" in cal_doc else cal_doc)
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            ref_path = client.download_artifacts(mv.run_id, REFERENCE_ARTIFACT, tmp)
-        except Exception:
-            raise ObjectNotFoundError(f"{model_uri} (version {mv.version}) has no {REFERENCE_ARTIFACT} (the labelled "
-                                      "holdout); register it with "
-                                      "tasks.reestimation.references.register_reference.") from None
-        with np.load(ref_path, allow_pickle=False) as ref:
-            holdout, labels = ref["logits"].astype(np.float64), ref["labels"].astype(np.int64)
+    ref_path = files.run_file(REFERENCE_ARTIFACT)
+    if ref_path is None:
+        raise ObjectNotFoundError(f"{model_uri} (version {mv.version}) has no {REFERENCE_ARTIFACT} (the labelled "
+                                  "holdout); register it with tasks.reestimation.references.register_reference.")
+    with np.load(ref_path, allow_pickle=False) as ref:
+        holdout, labels = ref["logits"].astype(np.float64), ref["labels"].astype(np.int64)
     kind = (doc or {}).get("output_kind") or ("probabilities" if cal.input_kind_ == "probs" else "logits")
     k = holdout.shape[1]
-    if doc is not None and doc.get("mode", "outputs") == "outputs":
-        mode, model = "outputs", None
-    elif "sklearn" in flavors:
-        import mlflow.sklearn
-
-        mode, model = "sklearn", mlflow.sklearn.load_model(version_uri)
-    else:
-        mode, model = "pyfunc", mlflow.pyfunc.load_model(version_uri)
+    mode, model = _load_model(files, doc, flavors)
     names = tuple((doc or {}).get("class_names") or ())
     if not names and mode == "sklearn" and hasattr(model, "classes_"):
         names = tuple(str(c) for c in model.classes_)
@@ -364,18 +380,19 @@ def load_reference(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS
     if mode == "sklearn" and method is None:
         method = "predict_proba" if kind == "probabilities" or not hasattr(model, "decision_function") \
             else "decision_function"
-    bundle = ReferenceBundle(
+    return ReferenceBundle(
         uri=model_uri, name=name, version=str(mv.version), alias=alias, run_id=mv.run_id, mode=mode,
         class_names=names, output_kind=kind, calibrator_name=calibrator, calibrator=cal,
         source_probs=cal.predict_proba(holdout), source_labels=labels, id_column=(doc or {}).get("id_column"),
         output_method=method, input_columns=columns, input_shape=shape, model=model,
-        load_seconds=time.perf_counter() - t0, source_outputs=holdout)
-    with _LOCK:
-        _CACHE[key] = bundle
-    return bundle
+        load_seconds=time.perf_counter() - t0, source_outputs=holdout, digest=files.digest,
+        model_dir=str(files.model_dir) if model is not None else None)
 
 
 @task(name="load-model", task_run_name="load-{model_uri}", cache_policy=NO_CACHE, persist_result=False)
 def load_for_reestimation(model_uri: str, *, tracking_uri: str, calibrator: str):
-    """The registered reference or model, in the mode its version calls for (:func:`load_reference`)."""
-    return load_reference(model_uri, tracking_uri=tracking_uri, calibrator=calibrator)
+    """The registered reference or model, in the mode its version calls for, checked against its recorded digest
+    (:func:`load_reference`; its warning on an untrusted version goes to the run's log)."""
+    from prefect.logging import get_run_logger
+
+    return load_reference(model_uri, tracking_uri=tracking_uri, calibrator=calibrator, logger=get_run_logger())

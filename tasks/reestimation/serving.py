@@ -38,6 +38,7 @@ from labelshift.inference.report import ShiftReport
 from labelshift.monitoring.batches import OutputSpec, read_outputs
 from tasks.reestimation.model import parse_model_uri
 from tasks.reestimation.scoring import forward, model_scores
+from tasks.trusted_models import record_digest
 
 __all__ = ["KIND", "KIND_TAG", "ALIAS", "CLASS_COLUMN", "ShiftCorrectedModel", "load_state", "corrected_frame",
            "calibrated", "corrected_name", "check_corrected_name", "register_if_shifted", "register_corrected_model"]
@@ -48,6 +49,9 @@ KIND = "shift-corrected"
 KIND_TAG = "labelshift.kind"
 #: registered-model tag naming the deployed model whose corrections it holds
 SOURCE_TAG = "labelshift.source_model"
+#: version tag: the digest of the deployed model version's files, as checked when the flow loaded them ("none":
+#: the deployed version had no recorded digest); the corrected version's own is tasks.trusted_models.DIGEST_TAG
+SOURCE_DIGEST_TAG = "labelshift.source_digest"
 #: the alias that moves to each new version
 ALIAS = "shift-corrected"
 #: suffix of the default registry name, ``<deployed model's name>-shift-corrected``
@@ -270,8 +274,9 @@ def register_if_shifted(bundle, report: ShiftReport, *, tracking_uri: str, name:
 def register_corrected_model(bundle, report: ShiftReport, *, tracking_uri: str, name: str, run_id: str,
                              target: str, sequence: int, alias: str = ALIAS) -> dict:
     """A new version of ``name``: the corrected pyfunc (:class:`ShiftCorrectedModel`) of ``bundle`` with
-    ``report``'s weights, logged as a model of the estimating run ``run_id``, tagged and described (docs/serving.md),
-    with ``alias`` moved to it. Returns {"name", "version", "alias", "model_uri", "version_uri"}."""
+    ``report``'s weights, logged as a model of the estimating run ``run_id``, tagged and described (docs/serving.md):
+    its own digest (:func:`tasks.trusted_models.record_digest`) and the digest of the deployed version's files it
+    copied (:data:`SOURCE_DIGEST_TAG`, the files checked at load), with ``alias`` moved to it. Returns {"name", "version", "alias", "model_uri", "version_uri"}."""
     client = MlflowClient(tracking_uri=tracking_uri)
     doc = correction_doc(bundle, report, run_id=run_id, target=target, sequence=sequence)
     _ensure_registered_model(client, name, bundle.name)
@@ -283,13 +288,16 @@ def register_corrected_model(bundle, report: ShiftReport, *, tracking_uri: str, 
         path = Path(tmp) / "correction.json"
         path.write_text(json.dumps(doc, indent=1))
         artifacts = {"correction": str(path)}
-        if doc["mode"] != "outputs":
-            artifacts["deployed"] = doc["source_model"]["uri"]       # copied into the new model
+        if doc["mode"] != "outputs":        # copied into the new model: the files checked at load when there
+            artifacts["deployed"] = getattr(bundle, "model_dir", None) or doc["source_model"]["uri"]
         _log_quietly(logged.model_id, ShiftCorrectedModel(), artifacts, _signature(bundle),
                      _requirements(doc["mode"]))
+    source_digest = getattr(getattr(bundle, "digest", None), "value", None) or "none"
     mv = client.create_model_version(name, source=f"models:/{logged.model_id}", run_id=run_id,
-                                     tags=version_tags(doc), description=version_description(doc),
-                                     model_id=logged.model_id, await_creation_for=120)
+                                     tags={**version_tags(doc), SOURCE_DIGEST_TAG: source_digest},
+                                     description=version_description(doc), model_id=logged.model_id,
+                                     await_creation_for=120)
+    record_digest(client, name, str(mv.version))
     client.set_registered_model_alias(name, alias, mv.version)
     client.set_tag(run_id, "labelshift.corrected_model", f"models:/{name}/{mv.version}")
     return {"name": name, "version": str(mv.version), "alias": alias, "model_uri": f"models:/{name}@{alias}",

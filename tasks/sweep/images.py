@@ -364,6 +364,10 @@ def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str],
 
     for target_run in runs:
         log_source_holdout(client, target_run, outputs["logits_valid"], yv)
+    if registered_run in runs:          # what belongs to the version is complete: record its digest
+        from tasks.trusted_models import record_digest
+
+        record_digest(client, meta["registered_model"], str(meta["version"]))
     name, pv, pt = first
     return images.Pools(valid_raw=raw_v, valid_cal=pv, valid_y=yv, test_raw=raw_t, test_cal=pt, test_y=yt,
                         fingerprint=f"{meta['key']}/{name}", calibrated=calibrated)
