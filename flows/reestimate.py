@@ -321,7 +321,7 @@ def _no_valid_data(run: RunContext, summary: RunSummary) -> Completed:
     _publish(summary, f"re-estimation verdict: {Verdict.NO_VALID_DATA}", run.logger)
     data = summary.to_dict()
     warning = emit_verdict(data, model=run.bundle.describe(), prefect_run_url=prefect_flow_run_url(ml.flow_run_id),
-                           temporary_server=settings_mod.on_temporary_prefect_server())
+                           alerts_missed=settings_mod.alerts_missed())
     if warning:                                       # no alert can be delivered: the CLI shows the run's warnings
         data["warnings"] = [*data.get("warnings", []), warning]
     return Completed(name=Verdict.NO_VALID_DATA, message=summary.headline, data=data)
@@ -435,7 +435,7 @@ def _complete(run: RunContext, summary: RunSummary) -> Completed:
     _publish(summary, f"re-estimation verdict: {word}", run.logger)
     data = summary.to_dict()
     warning = emit_verdict(data, prefect_run_url=prefect_flow_run_url(ml.flow_run_id),      # never fails the run
-                           temporary_server=settings_mod.on_temporary_prefect_server())
+                           alerts_missed=settings_mod.alerts_missed())
     if warning:                                       # no alert can be delivered: the CLI shows the run's warnings
         data["warnings"] = [*data.get("warnings", []), warning]
     run.logger.info("%s -- %s", word, summary.headline)

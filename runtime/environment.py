@@ -312,3 +312,26 @@ def require_trusted_models(environ: Mapping[str, str] | None = None) -> bool:
         return False
     raise ValueError(f"{ENV_REQUIRE_TRUSTED}={value!r}: set it to 1 to refuse model versions without a recorded "
                      "digest, or to 0 (or unset it) to load them with a warning.")
+
+
+#: the file under the home where ``labelshift alerts`` records the Prefect server its automations live on
+ALERTS_RECORD = "alerts-server.txt"
+
+
+def record_alerts_server(home: Path, api_url: str) -> None:
+    """Remember (under ``home``) that alerts were set up on the Prefect server at ``api_url``."""
+    Path(home).mkdir(parents=True, exist_ok=True)
+    (Path(home) / ALERTS_RECORD).write_text(api_url.strip() + "\n")
+
+
+def alerts_missed(environ: Mapping[str, str] | None = None) -> str | None:
+    """The Prefect server where ``labelshift alerts`` was set up from this home, when this process reports to the
+    temporary server of a command instead (:func:`on_temporary_prefect_server`): its events reach no automation.
+    None otherwise -- also when no alerts were ever set up from this home (nothing is missed then)."""
+    if not on_temporary_prefect_server(environ):
+        return None
+    record = Path(read(ENV_HOME, environ) or ".") / ALERTS_RECORD
+    try:
+        return record.read_text().strip() or None
+    except OSError:
+        return None

@@ -143,13 +143,14 @@ def plan_from_args(args):
         raise UsageError(str(exc)) from None
 
 
-def _lasting_server(args) -> None:
+def _lasting_server(args) -> settings_mod.Settings:
     """Resolve the settings; UsageError naming PREFECT_API_URL when there is no lasting Prefect server."""
     env = setup(args)
     if env.prefect_api_url is None:
         raise UsageError(f"alerts need a lasting Prefect server: the automations live on it and its triggers fire "
                          f"them. Set {settings_mod.ENV_PREFECT_API_URL} (e.g. http://127.0.0.1:4200/api of "
                          "`labelshift stack up` or `prefect server start`)")
+    return env
 
 
 def failures(args) -> int:
@@ -178,7 +179,7 @@ def run(args) -> int:
     if args.failures is not None:
         return failures(args)
     plan = plan_from_args(args)                       # every option checked before anything is contacted
-    _lasting_server(args)
+    env = _lasting_server(args)
     from flows.alerts import apply_alerts
     from labelshift.errors import InputError
 
@@ -194,6 +195,8 @@ def run(args) -> int:
     if not plan.remove:
         print(f"notifications through {len(done['blocks'])} block(s); every re-estimation emits "
               "labelshift.verdict.<verdict> (docs/alerts.md)")
+        # a later run from this home on a temporary server (PREFECT_API_URL not set) then says its alerts are missed
+        settings_mod.record_alerts_server(env.home, env.prefect_api_url)
     return 0
 
 

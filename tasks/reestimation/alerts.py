@@ -150,14 +150,14 @@ def verdict_event(summary: dict, *, model: dict | None = None, prefect_run_url: 
 
 @task(name="emit-verdict-event", cache_policy=NO_CACHE, persist_result=False)
 def emit_verdict(summary: dict, *, model: dict | None = None, prefect_run_url: str | None = None,
-                 temporary_server: bool = False) -> str | None:
+                 alerts_missed: str | None = None) -> str | None:
     """Emit the verdict's event (:func:`verdict_event`) with ``prefect.events.emit_event``.
 
     Never raises: a failure to build or send the event is logged as a warning and the run goes on (the verdict is
     in the flow's state, the artifact and MLflow either way). Returns :func:`delivery_warning`'s sentence (also
-    logged as a warning) when the event was sent to the ``temporary_server`` of a command (no PREFECT_API_URL)
-    that holds no automation, for the caller to add to the run's warnings; None otherwise (sent where automations
-    are, a lasting server, a verdict without an event or not alerted, a failure).
+    logged as a warning) when the event went to the temporary server of a command (no PREFECT_API_URL) while the
+    alerts were set up on the server ``alerts_missed`` names, for the caller to add to the run's warnings; None
+    otherwise (a lasting server, no alerts set up, a verdict without an event or not alerted, a failure).
     """
     try:
         from prefect.events import emit_event
@@ -174,32 +174,20 @@ def emit_verdict(summary: dict, *, model: dict | None = None, prefect_run_url: s
         _warn(f"the verdict's Prefect event was not emitted ({type(exc).__name__}: {exc}); automations on it will "
               "not fire for this run")
         return None
-    warning = delivery_warning(event["event"]) if temporary_server and summary["verdict"] in ALERTED else None
+    warning = delivery_warning(event["event"], alerts_missed) \
+        if alerts_missed and summary["verdict"] in ALERTED else None
     if warning:
         _warn(warning)
     return warning
 
 
-def delivery_warning(event: str) -> str | None:
+def delivery_warning(event: str, alerts_at: str) -> str:
     """The sentence that no alert can be delivered for a run whose ``event`` went to the temporary Prefect server
-    of its command (the caller knows: ``runtime.environment.on_temporary_prefect_server``), when that server holds
-    no automation tagged :data:`AUTOMATION_TAG`, naming the fix; None when it holds one, or cannot be asked (one
-    request, the client's time limit). On a lasting server no automation means that no one asked for alerts: the
-    caller does not ask then."""
-    try:
-        from prefect.client.orchestration import get_client
-        from prefect.events.filters import AutomationFilter, AutomationFilterTags
-
-        with get_client(sync_client=True) as client:
-            ours = AutomationFilter(tags=AutomationFilterTags(all_=[AUTOMATION_TAG]))
-            if client.read_automations(automations=ours, limit=1):
-                return None
-    except Exception:
-        return None
+    of its command, while the alerts were set up on the server at ``alerts_at``, naming the fix."""
     return (f"no alert can be delivered for this run: its event {event} went to the temporary Prefect server this "
-            "command started (PREFECT_API_URL is not set), which no automation watches and which ends with the "
-            "command. Point PREFECT_API_URL at the server where `labelshift alerts` was set up (for the local "
-            "stack: `source .labelshift/stack/env.sh`); the verdict is in the run's summary and MLflow either way")
+            f"command started (PREFECT_API_URL is not set), while the alerts set up from this home live on "
+            f"{alerts_at}. Point PREFECT_API_URL at it (for the local stack: `source .labelshift/stack/env.sh`); the "
+            "verdict is in the run's summary and MLflow either way")
 
 
 def _warn(message: str) -> None:

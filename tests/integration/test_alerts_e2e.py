@@ -266,24 +266,25 @@ def test_each_scope_notifies_through_its_own_block_and_one_run_once(prefect_serv
     assert _ours("all models") == [] and _ours("pets-logs") == []
 
 
-def test_a_run_on_a_temporary_server_says_that_no_alert_can_be_delivered(prefect_server, sqlite_model, tmp_path,
-                                                                         monkeypatch, capsys):
-    """A cron job without PREFECT_API_URL sent its Shifted event to a temporary server and nobody was told. A run
-    whose event goes to the temporary server of its command (PREFECT_HOME is <LABELSHIFT_HOME>/prefect), where no
-    automation of `labelshift alerts` is, says so in its log and its warnings (which the CLI prints), naming the
-    fix; with automations there, it does not; on a lasting server (no alerts asked for) it says nothing."""
+def test_a_run_on_a_temporary_server_says_that_its_alerts_are_missed(prefect_server, sqlite_model, tmp_path,
+                                                                     monkeypatch, capsys):
+    """A cron job without PREFECT_API_URL sent its Shifted event to a temporary server and nobody was told.
+    `labelshift alerts` records (under the home) the server it set the alerts up on; a run from that home whose
+    event goes to its command's temporary server (PREFECT_HOME is <LABELSHIFT_HOME>/prefect) says so in its log
+    and its warnings (which the CLI prints), naming that server and the fix. No warning where no alerts were set
+    up from the home (a newcomer's `make run`), nor on a lasting server."""
     from flows.reestimate import reestimate
     from flows.summary import format_summary
-    from tasks.reestimation.alerts import delivery_warning
 
     monkeypatch.setenv("PREFECT_API_URL", prefect_server)
     assert _ours("") == [], "the other tests leave no automation behind"
     target = tmp_path / "target"
     target.mkdir()
-    np.save(target / "bad.npy", np.zeros((10, 5), np.float32))
+    home = tmp_path / "home"
 
-    def run() -> dict:
-        state = reestimate(model=sqlite_model["model_uri"], target=str(target), on_changed="reprocess",
+    def run(batch: str) -> dict:
+        np.save(target / batch, np.zeros((10, 5), np.float32))
+        state = reestimate(model=sqlite_model["model_uri"], target=str(target),
                            tracking_uri=sqlite_model["tracking_uri"], return_state=True)
         assert state.name == "No valid data", state.message
         return state.result()
@@ -291,21 +292,23 @@ def test_a_run_on_a_temporary_server_says_that_no_alert_can_be_delivered(prefect
     def told(summary: dict) -> list[str]:
         return [w for w in summary.get("warnings", []) if w.startswith("no alert can be delivered")]
 
-    assert told(run()) == []                                    # a lasting server: alerts were not asked for
-    home = tmp_path / "home"
-    monkeypatch.setenv("LABELSHIFT_HOME", str(home))            # as a command on its temporary server sets them
-    monkeypatch.setenv("PREFECT_HOME", str(home / "prefect"))
-    np.save(target / "bad-2.npy", np.zeros((10, 5), np.float32))
-    summary = run()
-    assert len(told(summary)) == 1, summary.get("warnings")
-    assert ("its event labelshift.verdict.no-valid-data went to the temporary Prefect server this command started "
-            "(PREFECT_API_URL is not set)") in told(summary)[0]
-    assert told(summary)[0] in format_summary(summary)
-
     assert main(["alerts", "--home", str(home), "--webhook-url", "http://127.0.0.1:9/unused"]) == 0
     try:
-        assert delivery_warning("labelshift.verdict.shifted") is None
+        assert (home / "alerts-server.txt").read_text().strip() == prefect_server
+        assert told(run("bad-1.npy")) == []                     # a lasting server: the automations are there
+        monkeypatch.setenv("LABELSHIFT_HOME", str(home))        # as a command on its temporary server sets them
+        monkeypatch.setenv("PREFECT_HOME", str(home / "prefect"))
+        summary = run("bad-2.npy")
+        assert len(told(summary)) == 1, summary.get("warnings")
+        assert ("its event labelshift.verdict.no-valid-data went to the temporary Prefect server this command "
+                f"started (PREFECT_API_URL is not set), while the alerts set up from this home live on "
+                f"{prefect_server}") in told(summary)[0]
+        assert told(summary)[0] in format_summary(summary)
+        monkeypatch.setenv("LABELSHIFT_HOME", str(tmp_path / "other-home"))   # no alerts set up from there
+        monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "other-home" / "prefect"))
+        assert told(run("bad-3.npy")) == []
     finally:
+        monkeypatch.setenv("LABELSHIFT_HOME", str(home))
         assert main(["alerts", "--home", str(home), "--remove"]) == 0
         capsys.readouterr()
 
