@@ -23,8 +23,8 @@ CHILD = textwrap.dedent("""
     with stopping.sigterm_unwinds("estimate", lambda: None):
         if sys.argv[2] == "swallow":            # unwinding that never comes: the signal is taken and dropped
             signal.signal(signal.SIGTERM, lambda *a: None)
-        print("ready", flush=True)
-        try:
+        try:                                      # "ready" inside: the signal may come while it is printed
+            print("ready", flush=True)
             time.sleep(60)
         except stopping.Terminated as exc:
             print(f"unwound: {exc}", file=sys.stderr, flush=True)
