@@ -14,18 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from labelshift.storage.base import file_sha256
+
 __all__ = ["DIGEST_PREFIX", "FileDigest", "digest_files", "digest_folder", "changes"]
 
 DIGEST_PREFIX = "sha256:"
-_CHUNK = 1 << 20
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -57,7 +50,7 @@ def digest_files(files: Mapping[str, Path | str]) -> FileDigest:
     for name, path in files.items():
         if "\0" in name or "\n" in name:
             raise ValueError(f"file name {name!r} holds a NUL or line break")
-        hashes[name] = _file_sha256(Path(path))
+        hashes[name] = file_sha256(Path(path))
     return FileDigest(_overall(hashes), hashes)
 
 

@@ -65,16 +65,22 @@ def test_the_verdicts_are_defined_once():
     assert "docs/operations.md#what-each-verdict-means" in README.read_text()
 
 
-def _variables_table() -> list[list[str]]:
-    """The rows of the table of environment variables in docs/operations.md, as cells."""
+def _table_lines(header: str) -> list[str]:
+    """The rows of the table under ``header`` in docs/operations.md, as lines."""
     text = OPERATIONS.read_text()
-    start = text.index("| variable | what it sets | default | flag that wins over it |")
+    start = text.index(header)
     rows = []
     for line in text[start:].splitlines()[2:]:
         if not line.startswith("|"):
             break
-        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+        rows.append(line)
     return rows
+
+
+def _variables_table() -> list[list[str]]:
+    """The rows of the table of environment variables in docs/operations.md, as cells."""
+    return [[cell.strip() for cell in line.strip().strip("|").split(" | ")]
+            for line in _table_lines("| variable | what it sets | default | flag that wins over it |")]
 
 
 def test_the_operations_manual_lists_every_environment_variable_as_the_settings_name_them():
@@ -107,12 +113,6 @@ def test_the_operations_manual_lists_every_time_limit_as_runtime_sets_it():
     """The table of time limits is runtime.timeouts.limits(): the same variables, values and words, in order."""
     from runtime.timeouts import limits
 
-    text = OPERATIONS.read_text()
-    start = text.index("| variable | value | what it bounds |")
-    rows = []
-    for line in text[start:].splitlines()[2:]:
-        if not line.startswith("|"):
-            break
-        rows.append(line)
+    rows = _table_lines("| variable | value | what it bounds |")
     assert rows == [f"| {f'`{limit.variable}`' if limit.variable else '-'} | `{limit.value}` | {limit.bounds} |"
                     for limit in limits()]
