@@ -77,7 +77,9 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
   CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=4)"
 
 ENTRYPOINT ["tini", "--"]
-# A process worker: it runs each flow run as a subprocess in this container, at most LABELSHIFT_WORKER_LIMIT at a
-# time (1: one flow run per GPU when the container is given one GPU), named LABELSHIFT_WORKER_NAME (default: worker-
-# <container id>). Needs PREFECT_API_URL.
-CMD ["sh", "-c", "exec prefect worker start --pool \"$LABELSHIFT_POOL\" --type process --limit \"$LABELSHIFT_WORKER_LIMIT\" --name \"${LABELSHIFT_WORKER_NAME:-worker-$(hostname)}\" --with-healthcheck"]
+# A process worker (`labelshift worker`: Prefect's, whose flow runs end Crashed with their MLflow runs KILLED when
+# the container is stopped, instead of staying Running): it runs each flow run as a subprocess in this container, at
+# most LABELSHIFT_WORKER_LIMIT at a time (1: one flow run per GPU when the container is given one GPU), named
+# LABELSHIFT_WORKER_NAME (default: worker-<container id>). Needs PREFECT_API_URL. Give `docker stop` more than
+# LABELSHIFT_WORKER_STOP_S (20 s): `docker stop -t 40`, compose's stop_grace_period.
+CMD ["sh", "-c", "exec labelshift worker --pool \"$LABELSHIFT_POOL\" --limit \"$LABELSHIFT_WORKER_LIMIT\" --name \"${LABELSHIFT_WORKER_NAME:-worker-$(hostname)}\" -- --with-healthcheck"]

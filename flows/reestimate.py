@@ -81,7 +81,7 @@ from tasks.reestimation.scoring import score_for_reestimation
 from tasks.reestimation.segments import (assess_segments, check_segmentable, log_segments, read_segment_values,
                                          segment_values_of)
 from tasks.reestimation.serving import check_corrected_name, register_if_shifted
-from tasks.tracking import check_tracking_server, ended_status, git_commit, tracking_server_lost
+from tasks.tracking import FLOW_RUN_TAG, check_tracking_server, ended_status, git_commit, tracking_server_lost
 
 _log_user_errors_once()
 
@@ -236,7 +236,7 @@ def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
                      if p.label_shift_significance is not None else {}),
                   **({"segment_column": p.segment_column, "min_segment_size": p.min_segment_size,
                       "segment_correction": p.segment_correction} if p.segment_column else {}))
-    tags = {"prefect.flow_run_id": flow_run_id or "", "prefect.flow_run_name": flow_run_name or "",
+    tags = {FLOW_RUN_TAG: flow_run_id or "", "prefect.flow_run_name": flow_run_name or "",
             "labelshift.sequence": str(sequence)}
     commit = git_commit()
     if commit:

@@ -29,7 +29,7 @@ import psutil
 from runtime.watchdog import marked
 
 __all__ = ["HOST", "ServiceProcess", "ServiceStartError", "free_ports", "port_in_use", "http_ok", "log_tail",
-           "wait_until", "pid_alive", "start_time", "processes_with_env", "signal_processes"]
+           "wait_until", "pid_alive", "start_time", "processes_with_env", "signal_processes", "die_with"]
 
 HOST = "127.0.0.1"
 #: start times of one process read by two programs may differ by the rounding of the boot time (whole seconds)
@@ -174,7 +174,7 @@ def _group_of(pid: int) -> int | None:
         return None
 
 
-def _die_with(parent: int) -> Callable[[], None]:
+def die_with(parent: int) -> Callable[[], None]:
     """The function the child runs before exec: ask Linux to send SIGTERM when the parent thread ends; exit at
     once if the parent already died between the fork and this call (then no signal would ever come)."""
     def arm() -> None:
@@ -231,7 +231,7 @@ class ServiceProcess:
         if self.alive:
             return self
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        preexec = _die_with(os.getpid()) if self.die_with_parent and sys.platform.startswith("linux") else None
+        preexec = die_with(os.getpid()) if self.die_with_parent and sys.platform.startswith("linux") else None
         with open(self.log, "ab") as out:
             out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(self.command)}\n".encode())
             out.flush()
@@ -310,9 +310,11 @@ class ServiceProcess:
                 except psutil.Error:
                     pass
 
-    def stop(self, grace: float = 10.0, kill_wait: float = 5.0) -> bool:
+    def stop(self, grace: float = 10.0, kill_wait: float = 5.0, *, leader_only: bool = False) -> bool:
         """End the process and everything it started: SIGTERM, then SIGKILL to what is left after ``grace`` s.
 
+        ``leader_only``: the SIGTERM goes to the process alone, which ends what it started itself (as
+        ``labelshift worker`` ends its flow runs); the SIGKILL still reaches everything left.
         Returns True when the process was running. Does nothing to a pid now held by another process.
         """
         if not self.alive:
@@ -326,7 +328,10 @@ class ServiceProcess:
             current.update(self._members())
             return current
 
-        self._signal(tracked, signal.SIGTERM)
+        if leader_only and self.pid in tracked:
+            tracked[self.pid].send_signal(signal.SIGTERM)
+        else:
+            self._signal(tracked, signal.SIGTERM)
         if not wait_until(lambda: not remaining(), grace):
             tracked.update(self._members())
             self._signal(remaining(), signal.SIGKILL)

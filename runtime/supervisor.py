@@ -63,6 +63,8 @@ from runtime.processes import (ServiceProcess, free_ports, http_ok, pid_alive, p
 from runtime.processes import log_tail as log_tail  # kept importable from here
 from runtime.lifetime import MARKER_ENV as COMMAND_MARKER_ENV
 from runtime import environment as settings_mod
+from runtime import timeouts
+from runtime.worker_guard import WORKER_EXIT_S
 from labelshift.errors import LabelShiftError
 
 # -- defaults and names ------------------------------------------------------------------------------------------------
@@ -571,8 +573,9 @@ class LocalStack:
             worker_name = f"{pool}-{socket.gethostname()}-{i}"
             if started is not None:
                 started.append(name)
-            record = self._launch(name, [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool,
-                                         "--type", "process", "--name", worker_name, "--limit", str(limit)],
+            # `labelshift worker`: Prefect's process worker whose flow runs end cleanly when it is stopped
+            record = self._launch(name, [sys.executable, "-m", "flows.cli", "worker", "--pool", pool,
+                                         "--name", worker_name, "--limit", str(limit)],
                                   worker_env,
                                   {"pool": pool, "worker_name": worker_name, "url": f"pool {pool}"})
             self.echo(f"starting Prefect worker {worker_name} on pool {pool} (log {record['log']})")
@@ -587,8 +590,12 @@ class LocalStack:
         record = self._record(name)
         if record is None:
             return False
-        grace = WEED_STOP_GRACE_S if name == "s3" else _STOP_GRACE_S
-        was_running = self._process(name, record).stop(grace, kill_wait=5.0)
+        worker = name.startswith("worker-")
+        if worker:               # the worker stops its flow runs first (runtime.worker_guard), then itself
+            grace = timeouts.worker_stop_s() + WORKER_EXIT_S + 5.0
+        else:
+            grace = WEED_STOP_GRACE_S if name == "s3" else _STOP_GRACE_S
+        was_running = self._process(name, record).stop(grace, kill_wait=5.0, leader_only=worker)
         self._processes.pop(name, None)
         if name == "s3":
             self._remove_weed_sockets(record.get("command", []))

@@ -25,8 +25,8 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 
-__all__ = ["Limit", "limits", "ENV_SERVER_LOST_S", "SERVER_LOST_S", "UNWIND_S", "EXIT_DRAIN_S", "apply_timeouts",
-           "server_lost_s"]
+__all__ = ["Limit", "limits", "ENV_SERVER_LOST_S", "SERVER_LOST_S", "UNWIND_S", "EXIT_DRAIN_S", "ENV_WORKER_STOP_S",
+           "WORKER_STOP_S", "apply_timeouts", "server_lost_s", "worker_stop_s"]
 
 #: how long (seconds) the Prefect server may not answer during a run before the command stops the run
 ENV_SERVER_LOST_S = "LABELSHIFT_SERVER_LOST_S"
@@ -35,6 +35,10 @@ SERVER_LOST_S = 15.0
 UNWIND_S = 10.0
 #: seconds the command waits at exit for Prefect's log and event queues to reach a server that still answers
 EXIT_DRAIN_S = 15.0
+#: how long (seconds) `labelshift worker`, stopped, gives its flow runs to end before it kills them; under
+#: Kubernetes' default grace of 30 s and systemd's 90 s, which then SIGKILL the whole unit
+ENV_WORKER_STOP_S = "LABELSHIFT_WORKER_STOP_S"
+WORKER_STOP_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,9 @@ def limits() -> tuple[Limit, ...]:
         Limit(None, f"{EXIT_DRAIN_S:g}",
               "at exit, the wait for Prefect's queued logs and events to reach the server, in seconds (Prefect "
               "waits forever)"),
+        Limit(ENV_WORKER_STOP_S, f"{WORKER_STOP_S:g}",
+              "`labelshift worker`, stopped (SIGTERM, Ctrl-C): the time its flow runs have to end (Crashed, their "
+              "MLflow runs KILLED) before they are killed and marked so by the worker, in seconds"),
         Limit(None, "10",
               "an alert's webhook, per try: sent by the Prefect server's notification block (Prefect's own limit, "
               "not set here; `labelshift alerts --failures` lists what did not arrive)"),
@@ -81,22 +88,31 @@ def apply_timeouts(environ: MutableMapping[str, str] | None = None) -> None:
     """Set every limit of :func:`limits` read from the environment that is not set already."""
     env = os.environ if environ is None else environ
     for limit in limits():
-        if limit.variable is not None and limit.variable != ENV_SERVER_LOST_S:
+        if limit.variable is not None and limit.variable not in (ENV_SERVER_LOST_S, ENV_WORKER_STOP_S):
             env.setdefault(limit.variable, limit.value)
 
 
 def server_lost_s(environ: MutableMapping[str, str] | None = None) -> float:
     """:data:`ENV_SERVER_LOST_S` as a number of seconds (at least 2); raises InputError naming the variable."""
+    return _seconds(ENV_SERVER_LOST_S, SERVER_LOST_S, 2, environ)
+
+
+def worker_stop_s(environ: MutableMapping[str, str] | None = None) -> float:
+    """:data:`ENV_WORKER_STOP_S` as a number of seconds (at least 1); raises InputError naming the variable."""
+    return _seconds(ENV_WORKER_STOP_S, WORKER_STOP_S, 1, environ)
+
+
+def _seconds(variable: str, default: float, least: float, environ: MutableMapping[str, str] | None) -> float:
     from labelshift.errors import InputError
 
     env = os.environ if environ is None else environ
-    text = (env.get(ENV_SERVER_LOST_S) or "").strip()
+    text = (env.get(variable) or "").strip()
     if not text:
-        return SERVER_LOST_S
+        return default
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value >= 2:
-        raise InputError(f"{ENV_SERVER_LOST_S} must be a number of seconds, 2 or more; got {text!r}")
+    if not least <= value < 1e6:
+        raise InputError(f"{variable} must be a number of seconds, {least:g} or more; got {text!r}")
     return value

@@ -20,9 +20,12 @@ from mlflow import MlflowClient
 
 from labelshift.errors import InputError, ServiceUnavailableError
 
-__all__ = ["check_tracking_server", "tracking_server_lost", "ended_status", "run_url", "experiment_url",
+__all__ = ["check_tracking_server", "tracking_server_lost", "ended_status", "FLOW_RUN_TAG", "end_runs_of_flow_run", "run_url", "experiment_url",
            "artifact_url", "git_commit", "log_bytes",
            "EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "MODEL_TRAINING_VIEW", "mark_model_training", "experiment_id"]
+
+#: the tag both flows put on each of their MLflow runs: the Prefect flow run that wrote it
+FLOW_RUN_TAG = "prefect.flow_run_id"
 
 #: the experiment tag MLflow 3 reads to choose an experiment's view, and its value for model training
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -169,3 +172,18 @@ def ended_status(exc: BaseException) -> str:
     SystemExit, SIGTERM as Prefect's TerminationSignal or the command's own: any BaseException that is no
     Exception)."""
     return "FAILED" if isinstance(exc, Exception) else "KILLED"
+
+
+def end_runs_of_flow_run(tracking_uri: str, flow_run_id: str, status: str = "KILLED") -> list[str]:
+    """End as ``status`` every MLflow run still RUNNING that the Prefect flow run ``flow_run_id`` wrote (tag
+    :data:`FLOW_RUN_TAG`), in any experiment: the book-keeping of a flow run whose process was killed before it
+    could end them. Returns their ids."""
+    client = MlflowClient(tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    if not experiments or not re.fullmatch(r"[0-9a-fA-F-]{1,64}", flow_run_id):
+        return []
+    found = client.search_runs(experiments, filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}' and "
+                                                          "attributes.status = 'RUNNING'", max_results=1000)
+    for run in found:
+        client.set_terminated(run.info.run_id, status=status)
+    return [run.info.run_id for run in found]

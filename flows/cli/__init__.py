@@ -10,6 +10,7 @@
     labelshift estimate --model M    re-estimate the target label distribution of new data once (reestimate flow)
     labelshift reference register    register a reference (calibrator, holdout, class names) for prediction logs
     labelshift alerts [options]      automations that notify (webhook, Slack, e-mail) on re-estimation verdicts
+    labelshift worker [--pool P]     a Prefect process worker whose flow runs end cleanly when it is stopped
 
 One module per subcommand; each registers its parser and handler, and shares only :mod:`flows.cli._common`. The
 commands that run a flow (``reproduce``, ``estimate``) build their options from the flow's parameter model in
@@ -23,7 +24,7 @@ import argparse
 import sys
 
 from runtime import environment as settings_mod
-from flows.cli import alerts, data, estimate, reference, report, reproduce, serve, where
+from flows.cli import alerts, data, estimate, reference, report, reproduce, serve, where, worker
 from flows.cli._common import PROG, UsageError, add_common
 from flows.cli.reproduce import parameters_from_args
 from flows.cli.stopping import EXIT_SERVER_LOST, EXIT_TERMINATED, ServerLost, Terminated, as_command, \
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.register(sub)
     reference.register(sub)
     alerts.register(sub)
+    worker.register(sub)
     try:
         from runtime import supervisor as stack  # written separately; the command is optional until it exists
     except ImportError:

@@ -386,7 +386,28 @@ def test_dockerfile_base_python_and_worker_command():
     assert ">=3.11,<3.12" in PYPROJECT.read_text()
     (cmd,) = [v for k, v in instructions if k == "CMD"]
     command = " ".join(json.loads(cmd))
-    assert "prefect worker start" in command and "--type process" in command and "--limit" in command
+    # `labelshift worker` (runtime.worker_guard): Prefect's process worker whose runs end cleanly on docker stop
+    assert "exec labelshift worker" in command and "--limit" in command and "-- --with-healthcheck" in command
+    from flows.cli import build_parser
+    from flows.cli.worker import prefect_command
+
+    argv = shlex.split(command.split("exec ", 1)[1].replace('"$LABELSHIFT_POOL"', "p").replace(
+        '"$LABELSHIFT_WORKER_LIMIT"', "1").replace('"${LABELSHIFT_WORKER_NAME:-worker-$(hostname)}"', "w"))
+    prefect = prefect_command(build_parser().parse_args(argv[1:]))
+    assert prefect[2:] == ["prefect", "worker", "start", "--pool", "p", "--type", "process", "--name", "w",
+                           "--limit", "1", "--with-healthcheck"], prefect
+
+
+def test_compose_gives_a_stopped_worker_time_for_its_runs():
+    """`docker compose stop` waits stop_grace_period before SIGKILL: longer than the worker's own grace for its
+    flow runs (LABELSHIFT_WORKER_STOP_S) plus its own exit."""
+    from runtime.timeouts import WORKER_STOP_S
+    from runtime.worker_guard import WORKER_EXIT_S
+
+    compose = yaml.safe_load(COMPOSE.read_text())
+    for name in WORKERS:
+        period = compose["services"][name]["stop_grace_period"]
+        assert period.endswith("s") and float(period[:-1]) > WORKER_STOP_S + WORKER_EXIT_S, (name, period)
 
 
 def test_dockerignore_keeps_local_state_out():

@@ -19,6 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from runtime.timeouts import WORKER_STOP_S
+from runtime.worker_guard import WORKER_EXIT_S
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # -- Dask --------------------------------------------------------------------------------------------------------------
@@ -202,11 +205,11 @@ def test_runs_of_one_pool_spread_over_two_workers(tmp_path):
 
 
 def _sigterm_to_the_worker_of_a_run(api: str, records: dict, names: dict, mlflow, experiment) -> float:
-    """SIGTERM (as `systemctl stop` or Kubernetes sends it) to the worker executing a slow run: the worker and the
-    run's process end within seconds, nothing of them left. What becomes of the run is Prefect's: its process
-    worker kills the run's process on the way out without letting it report, so the flow run stays Running and its
-    MLflow runs RUNNING (measured and printed here; docs/operations.md's faults table says so). Returns the
-    seconds the worker took to end."""
+    """SIGTERM (as `systemctl stop` or Kubernetes sends it) to the worker executing a slow run: the run's process
+    gets the SIGTERM first and reports itself (Crashed in Prefect, its MLflow runs KILLED), then the worker ends;
+    nothing of them left. (Prefect's bare process worker kills the run's process without letting it report: the
+    flow run stayed Running and its MLflow runs RUNNING; `labelshift worker`, which the stack starts, is the fix:
+    runtime.worker_guard.) Returns the seconds the worker took to end."""
     import psutil
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
@@ -233,10 +236,58 @@ def _sigterm_to_the_worker_of_a_run(api: str, records: dict, names: dict, mlflow
         for left in alive:
             left.kill()
         assert not alive, [" ".join(p.cmdline())[:120] for p in alive]
-        assert ended_s < 30, ended_s
+        # the run's grace (WORKER_STOP_S) and the worker's own exit bound it; measured 11 s
+        assert ended_s < WORKER_STOP_S + WORKER_EXIT_S, ended_s
         state = client.read_flow_run(run.id).state
     statuses = sorted({r.info.status for r in mlflow.search_runs([experiment.experiment_id])
                        if r.data.tags.get("prefect.flow_run_id") == str(run.id)})
     print(f"SIGTERM to {worker}: it and its run's process ended {ended_s:.1f} s after; flow run {state.name}; "
           f"MLflow runs {statuses}")
+    assert state.is_crashed() and "termination signal" in (state.message or ""), state
+    assert statuses == ["KILLED"], statuses
+    log = Path(records[worker]["log"]).read_text(errors="replace")
+    assert f"flow run {run.id} ended" in log and "SIGTERM: stopping the worker's flow runs first" in log, log[-3000:]
     return ended_s
+
+
+@pytest.mark.integration
+def test_a_run_the_worker_had_to_kill_is_marked_crashed_and_its_mlflow_runs_killed(prefect_server, mlflow_sqlite,
+                                                                                  tmp_path):
+    """`labelshift worker` settling a flow run whose process it killed (it ignored SIGTERM for the whole grace):
+    the run, Running, becomes Crashed with a message saying so; its MLflow runs still RUNNING end KILLED, in any
+    experiment; a finished one and another flow run's stay as they were; settling again changes nothing."""
+    from mlflow import MlflowClient
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    from flows.worker import settle_flow_run
+    from tasks.tracking import FLOW_RUN_TAG
+
+    @flow(name="settle-probe")
+    def probe():
+        pass
+
+    tracking = mlflow_sqlite(tmp_path)
+    ml = MlflowClient(tracking)
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(probe)
+        client.set_flow_run_state(run.id, Running(), force=True)
+        other = client.create_flow_run(probe)
+        mine = [ml.create_run(ml.create_experiment(name), tags={FLOW_RUN_TAG: str(run.id)}).info.run_id
+                for name in ("sweep", "reestimation")]
+        finished = ml.create_run(ml.get_experiment_by_name("sweep").experiment_id, tags={FLOW_RUN_TAG: str(run.id)})
+        ml.set_terminated(finished.info.run_id, "FINISHED")
+        foreign = ml.create_run(ml.get_experiment_by_name("sweep").experiment_id, tags={FLOW_RUN_TAG: str(other.id)})
+        said = []
+        for _ in range(2):
+            settle_flow_run(str(run.id), True, {"MLFLOW_TRACKING_URI": tracking}, why="labelshift worker was stopped",
+                            echo=said.append)
+        state = client.read_flow_run(run.id).state
+    assert state.is_crashed(), state
+    assert state.message == ("labelshift worker was stopped; the flow run's process was killed after it did not end "
+                             "in time"), state.message
+    assert [ml.get_run(r).info.status for r in mine] == ["KILLED", "KILLED"]
+    assert ml.get_run(finished.info.run_id).info.status == "FINISHED"
+    assert ml.get_run(foreign.info.run_id).info.status == "RUNNING"
+    assert len(said) == 2 and "marked Crashed (was Running)" in said[0] and "2 MLflow run(s)" in said[1], said

@@ -1,0 +1,134 @@
+"""The worker guard with real processes: a stand-in for Prefect's process worker starts two "flow runs" (processes
+with PREFECT__FLOW_RUN_ID, each in a group of its own, as Prefect starts them): one ends on SIGTERM, one ignores
+it. SIGTERM to the guard: the first ends, the second is killed after the grace, both are settled (killed or not),
+the worker is let go last, the guard exits 143, nothing is left. A second SIGTERM cuts the grace short; a worker
+that exits by itself gives its own status. The full path with Prefect, MLflow and a real flow run is
+tests/integration/test_workers.py."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from labelshift.errors import InputError
+from runtime.timeouts import ENV_WORKER_STOP_S, WORKER_STOP_S, worker_stop_s
+
+ROOT = Path(__file__).resolve().parents[3]
+
+#: the stand-in worker: starts the two runs, writes their pids, waits; SIGTERM ends it (the default action), after
+#: it writes whether its runs had ended before (the guard lets the worker go last)
+WORKER = textwrap.dedent("""
+    import json, os, signal, subprocess, sys, time
+    out = sys.argv[1]
+    run = "import signal, time; {}; print('up', flush=True); time.sleep(600)"
+    def start(run_id, handler):
+        return subprocess.Popen([sys.executable, "-c", run.format(handler)], start_new_session=True,
+                                stdout=subprocess.PIPE, env={**os.environ, "PREFECT__FLOW_RUN_ID": run_id})
+    runs = [start("run-polite", "signal.signal(signal.SIGTERM, lambda *a: exit(0))"),
+            start("run-stuck", "signal.signal(signal.SIGTERM, signal.SIG_IGN)")]
+    for r in runs:
+        r.stdout.readline()
+    if sys.argv[2] == "exit":
+        for r in runs:
+            r.kill()
+        sys.exit(3)
+    def on_term(*a):
+        json.dump({"runs_ended_first": [r.poll() is not None for r in runs]}, open(out + ".worker", "w"))
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    json.dump([r.pid for r in runs], open(out, "w"))
+    time.sleep(600)
+""")
+
+GUARD = textwrap.dedent("""
+    import json, sys
+    from runtime.worker_guard import run_worker
+    settled = []
+    code = run_worker([sys.executable, sys.argv[1], sys.argv[2], sys.argv[3]], grace_s=float(sys.argv[4]),
+                      settle=lambda run_id, killed, env: settled.append([run_id, killed]), echo=print)
+    json.dump({"code": code, "settled": sorted(settled)}, open(sys.argv[2] + ".guard", "w"))
+""")
+
+
+def _guard(tmp_path: Path, mode: str, grace: float) -> tuple[subprocess.Popen, Path]:
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    out = tmp_path / "pids.json"
+    guard = subprocess.Popen([sys.executable, "-c", GUARD, str(worker), str(out), mode, str(grace)], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return guard, out
+
+
+def _wait_for(path: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline, f"{path} not written"
+        time.sleep(0.05)
+    time.sleep(0.1)
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_sigterm_ends_the_runs_first_then_the_worker(tmp_path, signals):
+    grace = 3.0 if signals == 1 else 60.0
+    guard, out = _guard(tmp_path, "wait", grace)
+    _wait_for(out)
+    runs = json.loads(out.read_text())
+    sent = time.monotonic()
+    guard.send_signal(signal.SIGTERM)
+    if signals == 2:
+        time.sleep(0.5)
+        guard.send_signal(signal.SIGTERM)           # hurry: the stuck run is killed now, not after 60 s
+    output, _ = guard.communicate(timeout=60)
+    took = time.monotonic() - sent
+    result = json.loads(Path(str(out) + ".guard").read_text())
+    assert guard.returncode == 0 and result["code"] == 143, output
+    assert result["settled"] == [["run-polite", False], ["run-stuck", True]], output
+    assert json.loads(Path(str(out) + ".worker").read_text()) == {"runs_ended_first": [True, True]}, output
+    # the grace (3 s), or the second signal 0.5 s in; the rest is polling (0.2 s) and process exits
+    assert (grace if signals == 1 else 0.5) <= took < (grace if signals == 1 else 0.5) + 10, (took, output)
+    assert "SIGTERM: stopping the worker's flow runs first" in output
+    assert "flow run run-stuck did not end within" in output and "flow run run-polite ended" in output
+    assert not [pid for pid in runs if psutil.pid_exists(pid) and
+                psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], runs
+
+
+def test_a_worker_that_exits_by_itself_gives_its_own_status(tmp_path):
+    guard, out = _guard(tmp_path, "exit", 3.0)
+    output, _ = guard.communicate(timeout=60)
+    result = json.loads(Path(str(out) + ".guard").read_text())
+    assert result == {"code": 3, "settled": []}, output
+
+
+def test_the_grace_is_read_from_its_variable_and_checked():
+    assert worker_stop_s({}) == WORKER_STOP_S
+    assert worker_stop_s({ENV_WORKER_STOP_S: "45"}) == 45.0
+    for bad in ("0", "soon", "-3"):
+        with pytest.raises(InputError, match=ENV_WORKER_STOP_S):
+            worker_stop_s({ENV_WORKER_STOP_S: bad})
+
+
+def test_the_command_line_and_its_errors():
+    """The `prefect worker start` line built from the options (further options after --), a bad --limit, and no
+    Prefect server: each refused (exit 2) before anything starts, naming the fix."""
+    from flows.cli import build_parser
+    from flows.cli._common import UsageError
+    from flows.cli.worker import prefect_command
+
+    args = build_parser().parse_args(["worker", "--pool", "gpu", "--name", "gpu-0", "--limit", "2", "--",
+                                      "--prefetch-seconds", "30"])
+    assert prefect_command(args)[1:] == ["-m", "prefect", "worker", "start", "--pool", "gpu", "--type", "process",
+                                         "--name", "gpu-0", "--limit", "2", "--prefetch-seconds", "30"]
+    with pytest.raises(UsageError, match="--limit must be at least 1"):
+        prefect_command(build_parser().parse_args(["worker", "--limit", "0"]))
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    result = subprocess.run([sys.executable, "-m", "flows.cli", "worker"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and "PREFECT_API_URL is not set" in result.stderr, result.stderr
