@@ -17,12 +17,35 @@ __all__ = ["settle_flow_run"]
 
 def settle_flow_run(flow_run_id: str, killed: bool, environ: Mapping[str, str], *, why: str,
                     echo: Callable[[str], None] = print) -> None:
-    """Mark ``flow_run_id`` Crashed if it is not in a final state yet, and end its RUNNING MLflow runs KILLED on
-    the tracking server its process used (``environ``: that process's environment). ``why`` says who stopped it."""
+    """End the RUNNING MLflow runs of ``flow_run_id`` KILLED on the tracking server its process used (``environ``:
+    that process's environment), then mark the flow run Crashed if it is not in a final state yet. ``why`` says who
+    stopped it. Each half is tried even when the other fails (a lost Prefect server must not keep the MLflow runs
+    RUNNING); the first failure is raised after both were tried."""
+    failures = []
+    for step in (_end_mlflow_runs, _mark_crashed):
+        try:
+            step(flow_run_id, killed, environ, why, echo)
+        except Exception as exc:
+            failures.append(exc)
+    if failures:
+        raise failures[0]
+
+
+def _end_mlflow_runs(flow_run_id: str, killed: bool, environ: Mapping[str, str], why: str,
+                     echo: Callable[[str], None]) -> None:
+    from tasks.tracking import end_runs_of_flow_run
+
+    tracking_uri = settings_mod.resolve(environ=environ).tracking_uri
+    ended = end_runs_of_flow_run(tracking_uri, flow_run_id)
+    if ended:
+        echo(f"labelshift worker: {len(ended)} MLflow run(s) of flow run {flow_run_id} ended KILLED "
+             f"({', '.join(ended)})")
+
+
+def _mark_crashed(flow_run_id: str, killed: bool, environ: Mapping[str, str], why: str,
+                  echo: Callable[[str], None]) -> None:
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed
-
-    from tasks.tracking import end_runs_of_flow_run
 
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(UUID(flow_run_id))
@@ -30,8 +53,3 @@ def settle_flow_run(flow_run_id: str, killed: bool, environ: Mapping[str, str], 
             how = "was killed after it did not end in time" if killed else "ended before it could report"
             client.set_flow_run_state(run.id, Crashed(message=f"{why}; the flow run's process {how}"), force=True)
             echo(f"labelshift worker: flow run {run.name} ({flow_run_id}) marked Crashed (was {run.state.name})")
-    tracking_uri = settings_mod.resolve(environ=environ).tracking_uri
-    ended = end_runs_of_flow_run(tracking_uri, flow_run_id)
-    if ended:
-        echo(f"labelshift worker: {len(ended)} MLflow run(s) of flow run {flow_run_id} ended KILLED "
-             f"({', '.join(ended)})")

@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -166,8 +167,30 @@ def watched(api_url: str | None, message: Callable[[str], str]):
         _leave_after(timeouts.UNWIND_S, EXIT_SERVER_LOST, lambda: message(reason))
         os.kill(os.getpid(), signal.SIGTERM)
 
-    with ServerWatch(health_url(api_url), timeouts.server_lost_s(), on_lost):
-        yield
+    watch = ServerWatch(health_url(api_url), timeouts.server_lost_s(), on_lost)
+    with watch:
+        try:
+            yield
+        except Exception as exc:       # an error of the flow's own client: say so when the server is gone
+            if watch.lost is None and not _answers_soon(watch):
+                raise ServerLost(message(f"the Prefect server at {api_url} does not answer "
+                                         f"({_first_line(exc)})")) from exc
+            raise
+
+
+def _answers_soon(watch: ServerWatch, tries: int = 3, pause_s: float = 0.5) -> bool:
+    """Whether the server answers one of ``tries`` questions ``pause_s`` apart (one slow answer is not a loss)."""
+    for attempt in range(tries):
+        if watch.answers():
+            return True
+        if attempt + 1 < tries:
+            time.sleep(pause_s)
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
 def lost_reason() -> str | None:

@@ -25,8 +25,10 @@ def register(sub) -> None:
             "for good, this one, on SIGTERM (systemctl stop, docker stop, Kubernetes) or Ctrl-C, first stops "
             "taking runs, sends SIGTERM to each flow run and waits for them to end (Crashed in Prefect, their "
             "MLflow runs KILLED) for --stop-grace seconds; a run still going then is killed, marked Crashed and "
-            "its MLflow runs ended KILLED by the worker itself. Needs PREFECT_API_URL (the server of the "
-            "deployments).", 79),
+            "its MLflow runs ended KILLED by the worker itself. The same happens to the runs in flight when the "
+            f"Prefect server stops answering for ${timeouts.ENV_SERVER_LOST_S} seconds "
+            f"({timeouts.SERVER_LOST_S:g}); the worker then goes on and marks them Crashed once the server is "
+            "back. Needs PREFECT_API_URL (the server of the deployments).", 79),
         epilog="examples:\n"
                "  labelshift worker                                  # pool 'labelshift', this host's name\n"
                "  labelshift worker --pool gpu --limit 2 --name gpu-0\n"
@@ -78,7 +80,12 @@ def run(args) -> int:
     timeouts.apply_timeouts(env)                      # the flow runs inherit the time limits of the table
     env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    return run_worker(command, env=env, grace_s=grace, settle=_settle, echo=_echo)
+    try:
+        lost_after = timeouts.server_lost_s()
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+    return run_worker(command, env=env, grace_s=grace, settle=_settle, echo=_echo,
+                      api_url=settings_mod.read(settings_mod.ENV_PREFECT_API_URL), lost_after_s=lost_after)
 
 
 def _settle(flow_run_id: str, killed: bool, environ: dict) -> None:

@@ -290,4 +290,4 @@ def test_a_run_the_worker_had_to_kill_is_marked_crashed_and_its_mlflow_runs_kill
     assert [ml.get_run(r).info.status for r in mine] == ["KILLED", "KILLED"]
     assert ml.get_run(finished.info.run_id).info.status == "FINISHED"
     assert ml.get_run(foreign.info.run_id).info.status == "RUNNING"
-    assert len(said) == 2 and "marked Crashed (was Running)" in said[0] and "2 MLflow run(s)" in said[1], said
+    assert len(said) == 2 and "2 MLflow run(s)" in said[0] and "marked Crashed (was Running)" in said[1], said

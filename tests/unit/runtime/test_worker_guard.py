@@ -100,6 +100,81 @@ def test_sigterm_ends_the_runs_first_then_the_worker(tmp_path, signals):
                 psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], runs
 
 
+WATCHING_GUARD = textwrap.dedent("""
+    import json, os, sys
+    from runtime.worker_guard import run_worker
+    log = sys.argv[2] + ".settled"
+    def settle(run_id, killed, env):              # fails while the "server" is down (a file says so)
+        ok = not os.path.exists(sys.argv[5])
+        with open(log, "a") as f:
+            f.write(json.dumps([run_id, killed, ok]) + "\\n")
+        if not ok:
+            raise ConnectionError("server gone")
+    code = run_worker([sys.executable, sys.argv[1], sys.argv[2], sys.argv[3]], grace_s=float(sys.argv[4]),
+                      settle=settle, echo=print, api_url=sys.argv[6], lost_after_s=1.0)
+    json.dump({"code": code}, open(sys.argv[2] + ".guard", "w"))
+""")
+
+
+def _settled(out: Path) -> list:
+    path = Path(str(out) + ".settled")
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_lost_prefect_server_ends_the_runs_in_flight_and_the_worker_goes_on(tmp_path):
+    """The Prefect server stops answering (its health endpoint closed): after lost_after_s the runs in flight are
+    ended as on a stop (the stuck one killed after the grace), the worker itself keeps running; their settlement
+    fails while the server is gone and is tried again until it succeeds once it is back; SIGTERM then stops the
+    worker as usual (143)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    down = tmp_path / "down"
+    down.write_text("the server is gone")
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    out = tmp_path / "pids.json"
+    guard = subprocess.Popen([sys.executable, "-c", WATCHING_GUARD, str(worker), str(out), "wait", "2.0", str(down),
+                              f"http://127.0.0.1:{httpd.server_port}/api"], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(out)
+        runs = json.loads(out.read_text())
+        the_worker = psutil.Process(guard.pid).children()[0]
+        time.sleep(2.5)
+        assert _settled(out) == []                    # the server answers: nothing is touched
+        httpd.shutdown()
+        httpd.server_close()
+        deadline = time.monotonic() + 30
+        while len(_settled(out)) < 2:
+            assert time.monotonic() < deadline, _settled(out)
+            time.sleep(0.2)
+        assert sorted(_settled(out)[:2]) == [["run-polite", False, False], ["run-stuck", True, False]]
+        assert not [pid for pid in runs if psutil.pid_exists(pid) and
+                    psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], runs
+        assert the_worker.is_running() and the_worker.status() != psutil.STATUS_STOPPED   # it goes on
+        down.unlink()                                  # the server is back: the settlements are tried again
+        while sum(ok for _, _, ok in _settled(out)) < 2:
+            assert time.monotonic() < deadline + 15, _settled(out)
+            time.sleep(0.2)
+        assert sorted(r for r in _settled(out) if r[2]) == [["run-polite", False, True], ["run-stuck", True, True]]
+    finally:
+        guard.send_signal(signal.SIGTERM)
+        output, _ = guard.communicate(timeout=60)
+    assert json.loads(Path(str(out) + ".guard").read_text()) == {"code": 143}, output
+    assert "stopped answering" in output and "the worker goes on" in output, output
+
+
 def test_a_worker_that_exits_by_itself_gives_its_own_status(tmp_path):
     guard, out = _guard(tmp_path, "exit", 3.0)
     output, _ = guard.communicate(timeout=60)
