@@ -409,15 +409,24 @@ def _after_commit(run: RunContext, summary: RunSummary, committed) -> None:
     watermark's history, so a point missed here is added by the next run. Failures become the summary's warnings."""
     summary.warnings = []
     ml = run.mlflow
+    lost = None
     try:
         sync_monitor(run.tracking_uri, ml.monitor_run_id, committed.history, run.bundle.name)
     except Exception as exc:
         summary.warnings.append(f"the monitor run's series was not updated ({type(exc).__name__}: {exc}); the "
                                 "next run with new data adds the missing point")
+        lost = tracking_server_lost(exc, run.tracking_uri)
+    if lost is not None:              # not asked again (a frozen server would take as long once more)
+        summary.warnings.append(f"MLflow run {ml.run_id} is left RUNNING: {lost}; the next run ends it FINISHED")
+        return _warn(run, summary)
     try:
         end_run(run.tracking_uri, ml.run_id, "FINISHED")
     except Exception as exc:
         summary.warnings.append(f"MLflow run {ml.run_id} could not be marked FINISHED ({type(exc).__name__}: {exc})")
+    _warn(run, summary)
+
+
+def _warn(run: RunContext, summary: RunSummary) -> None:
     for warning in summary.warnings:
         run.logger.warning(warning)
 

@@ -12,8 +12,8 @@ runs KILLED -- within seconds.
 2. sends SIGTERM to each flow run's process (the worker's children, each in a group of its own) and waits up to
    ``grace_s`` seconds (:data:`runtime.timeouts.ENV_WORKER_STOP_S`) for them; a second signal cuts the wait short;
    what is still running then is killed (SIGKILL);
-3. calls ``settle(flow_run_id, killed, environ)`` for each flow run it stopped (``environ``: that run's process
-   environment, e.g. its MLflow tracking URI), so the caller can make sure the run does not stay Running (mark it
+3. calls ``settle(flow_run_id, killed, environ, why)`` for each flow run it stopped (``environ``: that run's
+   process environment, e.g. its MLflow tracking URI; ``why``: a sentence saying who ended it), so the caller can make sure the run does not stay Running (mark it
    Crashed, close its MLflow runs) when its process could not say so itself;
 4. lets the worker go (SIGCONT, then SIGTERM: Prefect's own way out) and returns 128 + the signal's number.
 
@@ -48,7 +48,7 @@ WORKER_EXIT_S = 15.0
 
 
 def run_worker(command: Sequence[str], *, env: Mapping[str, str] | None = None, grace_s: float,
-               settle: Callable[[str, bool, dict], None], echo: Callable[[str], None] = print,
+               settle: Callable[[str, bool, dict, str], None], echo: Callable[[str], None] = print,
                api_url: str | None = None, lost_after_s: float = 15.0) -> int:
     """Run ``command`` (``prefect worker start ...``) until it exits, or until SIGTERM/SIGINT stops it as the
     module says. Returns the worker's exit status, or 128 + the signal's number when stopped.
@@ -81,7 +81,7 @@ def run_worker(command: Sequence[str], *, env: Mapping[str, str] | None = None, 
         signum = received[0]
         echo(f"labelshift worker: {signal.Signals(signum).name}: stopping the worker's flow runs first "
              f"(up to {grace_s:g} s)")
-        guard.end_runs()
+        guard.end_runs(f"labelshift worker was stopped ({signal.Signals(signum).name})")
         guard.let_go()
         return 128 + signum
     finally:
@@ -93,10 +93,10 @@ class _Guard:
     """The worker's flow runs ended, settled (again until it succeeds), and the worker let go."""
 
     def __init__(self, worker: subprocess.Popen, grace_s: float, received: list[int], wake: threading.Event,
-                 settle: Callable[[str, bool, dict], None], echo: Callable[[str], None]):
+                 settle: Callable[[str, bool, dict, str], None], echo: Callable[[str], None]):
         self.worker, self.grace_s, self.received, self.wake = worker, grace_s, received, wake
         self.settle, self.echo = settle, echo
-        self.unsettled: dict[str, tuple[bool, dict]] = {}
+        self.unsettled: dict[str, tuple[bool, dict, str]] = {}
         self.lost: list[str] = []
         self._watch = None
         self._retry_at = 0.0
@@ -120,17 +120,17 @@ class _Guard:
             reason = self.lost.pop()
             self.echo(f"labelshift worker: {reason}: ending the flow runs in flight (up to {self.grace_s:g} s); "
                       "the worker goes on")
-            self.end_runs(resume=True)
+            self.end_runs(f"labelshift worker ended it: {reason}", resume=True)
             self._watch.__exit__(None, None, None)
             self.watch(self._api_url, self._lost_after_s)
         if self.unsettled and time.monotonic() >= self._retry_at:
             self._retry_at = time.monotonic() + 5.0
-            for run_id, (killed, environ) in list(self.unsettled.items()):
-                self._settle(run_id, killed, environ, quiet=True)
+            for run_id, (killed, environ, why) in list(self.unsettled.items()):
+                self._settle(run_id, killed, environ, why, quiet=True)
 
-    def end_runs(self, resume: bool = False) -> None:
-        """Freeze the worker, SIGTERM its flow runs, kill what is left after the grace, settle each; ``resume``:
-        let the worker go on afterwards (else it stays frozen for :meth:`let_go`)."""
+    def end_runs(self, why: str, resume: bool = False) -> None:
+        """Freeze the worker, SIGTERM its flow runs, kill what is left after the grace, settle each (``why``: who
+        ended them); ``resume``: let the worker go on afterwards (else it stays frozen for :meth:`let_go`)."""
         _send(self.worker.pid, signal.SIGSTOP)
         runs = flow_run_processes(self.worker.pid)
         for pid in runs:
@@ -149,26 +149,26 @@ class _Guard:
         for pid, (run_id, environ) in runs.items():
             self.echo(f"labelshift worker: flow run {run_id} " + (f"did not end within {self.grace_s:g} s: killed"
                                                                    if pid in killed else "ended"))
-            self._settle(run_id, pid in killed, environ)
+            self._settle(run_id, pid in killed, environ, why)
         if resume:
             _send(self.worker.pid, signal.SIGCONT)
 
-    def _settle(self, run_id: str, killed: bool, environ: dict, quiet: bool = False) -> None:
+    def _settle(self, run_id: str, killed: bool, environ: dict, why: str, quiet: bool = False) -> None:
         try:
-            self.settle(run_id, killed, environ)
+            self.settle(run_id, killed, environ, why)
             self.unsettled.pop(run_id, None)
         except Exception as exc:                 # one run's bookkeeping must not keep the worker from stopping
             if not quiet:
                 self.echo(f"labelshift worker: could not settle flow run {run_id} ({exc}); tried again while the "
                           "worker runs")
-            self.unsettled[run_id] = (killed, environ)
+            self.unsettled[run_id] = (killed, environ, why)
 
     def let_go(self) -> None:
         """The worker out of its freeze and stopped by Prefect's own way (SIGTERM); killed if it lingers."""
         if self._watch is not None:
             self._watch.__exit__(None, None, None)
-        for run_id, (killed, environ) in list(self.unsettled.items()):
-            self._settle(run_id, killed, environ, quiet=True)
+        for run_id, (killed, environ, why) in list(self.unsettled.items()):
+            self._settle(run_id, killed, environ, why, quiet=True)
         for sig in (signal.SIGCONT, signal.SIGTERM):
             _send(self.worker.pid, sig)
         try:

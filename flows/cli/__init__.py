@@ -103,6 +103,9 @@ def command() -> None:
     code = 1
     try:
         code = main()
+    except Terminated:                 # SIGTERM before a subcommand was running (while its options were read)
+        tell(f"\n{PROG}: stopped by SIGTERM.")
+        code = EXIT_TERMINATED
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         raise

@@ -54,9 +54,16 @@ _state: dict = {}
 
 
 def as_command() -> None:
-    """Mark this process as the ``labelshift`` command itself: the one place a hard exit may end it."""
+    """Mark this process as the ``labelshift`` command itself: the one place a hard exit may end it. From here
+    on SIGTERM unwinds (:class:`Terminated`, exit 143, a sentence) instead of ending the process on the spot, also
+    before a command's run starts (a run's own handler, :func:`sigterm_unwinds`, takes over within it)."""
     _state.clear()
     _state.update(command=True, lost=None, told=False, message=None)
+    signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum, frame):
+    raise Terminated("")
 
 
 def _no_commit() -> int | None:
@@ -69,7 +76,9 @@ def stopped_sentence(command: str, why: str, committed: int | None = None, hint:
     if committed is not None:
         return (f"\nlabelshift {command}: {why} after the run had committed its verdict (sequence {committed}): its "
                 "outputs and the watermark stand; Prefect's record of the run is incomplete.")
-    return f"\nlabelshift {command}: {why}; the run was stopped: {AFTER_STOP.get(command, '')}{hint}"
+    if command not in AFTER_STOP:
+        return f"\nlabelshift {command}: {why}.{hint}"
+    return f"\nlabelshift {command}: {why}; the run was stopped: {AFTER_STOP[command]}{hint}"
 
 
 class Terminated(KeyboardInterrupt):

@@ -88,10 +88,10 @@ def run(args) -> int:
                       api_url=settings_mod.read(settings_mod.ENV_PREFECT_API_URL), lost_after_s=lost_after)
 
 
-def _settle(flow_run_id: str, killed: bool, environ: dict) -> None:
+def _settle(flow_run_id: str, killed: bool, environ: dict, why: str) -> None:
     from flows.worker import settle_flow_run
 
-    settle_flow_run(flow_run_id, killed, environ, why="labelshift worker was stopped", echo=_echo)
+    settle_flow_run(flow_run_id, killed, environ, why=why, echo=_echo)
 
 
 def _echo(text: str) -> None:

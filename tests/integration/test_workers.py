@@ -10,7 +10,9 @@
 """
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -114,6 +116,8 @@ _CLIENT_VARS = ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "LABELSHIFT_STORE", "A
                 "LABELSHIFT_PREFECT_PORT", "LABELSHIFT_DASK_ADDRESS", "LABELSHIFT_CODE_DIR", "LABELSHIFT_HOME",
                 "LABELSHIFT_MLFLOW_EXPERIMENT")
 RUNS = 4
+#: seconds the workers wait for a silent Prefect server before they end the runs in flight (the setting)
+LOST_AFTER_S = 3
 
 
 def _stack(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
@@ -137,7 +141,9 @@ def test_runs_of_one_pool_spread_over_two_workers(tmp_path):
     env.update(LABELSHIFT_HOME=str(home), PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_HOME=str(tmp_path / "client"),
                PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_DISABLE_TELEMETRY="true",
                # the workers' logs (checked below) show their own and their flow runs' INFO lines
-               PREFECT_LOGGING_LEVEL="INFO", PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL="INFO")
+               PREFECT_LOGGING_LEVEL="INFO", PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL="INFO",
+               # the workers give up on a silent Prefect server after 3 s instead of 15 (the last step below)
+               LABELSHIFT_SERVER_LOST_S=str(LOST_AFTER_S))
     timings = {}
     t0 = time.monotonic()
     try:
@@ -195,6 +201,9 @@ def test_runs_of_one_pool_spread_over_two_workers(tmp_path):
                   for r in mlflow.search_runs([experiment.experiment_id])}
         assert all(tagged.get(run_id) == "FINISHED" for run_id in states), tagged
         timings["SIGTERM to a worker"] = _sigterm_to_the_worker_of_a_run(api, records, names, mlflow, experiment)
+        ports = ["--s3-port", str(s3_port), "--mlflow-port", str(mlflow_port), "--prefect-port", str(prefect_port)]
+        timings["Prefect server lost"] = _prefect_lost_under_a_worker_run(
+            api, root, records, names, mlflow, experiment, restart=lambda: _stack(["up", *ports], env))
     finally:
         down = _stack(["down"], env, timeout=120)
         timings["total"] = time.monotonic() - t0
@@ -247,6 +256,63 @@ def _sigterm_to_the_worker_of_a_run(api: str, records: dict, names: dict, mlflow
     assert statuses == ["KILLED"], statuses
     log = Path(records[worker]["log"]).read_text(errors="replace")
     assert f"flow run {run.id} ended" in log and "SIGTERM: stopping the worker's flow runs first" in log, log[-3000:]
+    return ended_s
+
+
+def _slow_run_under_way(client, mlflow, experiment, tag: str):
+    """A slow run of reproduce-smoke, once it runs and its MLflow runs exist."""
+    from prefect.deployments import run_deployment
+
+    run = run_deployment("reproduce/reproduce-smoke", timeout=0, parameters={"n_seeds": 20_000}, tags=[tag])
+    deadline = time.monotonic() + 120
+    while not (current := client.read_flow_run(run.id)).state.is_running():
+        assert time.monotonic() < deadline and not current.state.is_final(), current.state
+        time.sleep(0.5)
+    while not [r for r in mlflow.search_runs([experiment.experiment_id])
+               if r.data.tags.get("prefect.flow_run_id") == str(run.id)]:
+        assert time.monotonic() < deadline, "the run's MLflow runs did not appear"
+        time.sleep(0.5)
+    return current
+
+
+def _prefect_lost_under_a_worker_run(api: str, root, records: dict, names: dict, mlflow, experiment,
+                                     restart) -> float:
+    """The stack's Prefect server killed while a worker executes a slow run: the worker ends the run's process
+    (it would wait on the server for minutes, then for ever to send its last logs, holding the worker's slot)
+    within LABELSHIFT_SERVER_LOST_S + its grace, ends the run's MLflow runs KILLED, and goes on; once the server
+    is started again, the worker marks the run Crashed. Returns the seconds from the kill to the run's process
+    ending."""
+    import psutil
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        run = _slow_run_under_way(client, mlflow, experiment, "test-workers-lost")
+    worker = next(n for n, name in names.items() if name == run.labels.get("prefect.worker.name"))
+    guard = psutil.Process(records[worker]["pid"])
+    engines = [p for p in guard.children(recursive=True) if "prefect.engine" in " ".join(p.cmdline())]
+    assert engines, [p.cmdline() for p in guard.children(recursive=True)]
+    prefect = json.loads((root / "run" / "prefect.json").read_text())
+    killed = time.monotonic()
+    os.killpg(prefect["pgid"], signal.SIGKILL)
+    gone, alive = psutil.wait_procs(engines, timeout=LOST_AFTER_S + WORKER_STOP_S + 30)
+    ended_s = time.monotonic() - killed
+    assert not alive, f"the run's process still runs {ended_s:.0f} s after the server was killed"
+    statuses = sorted({r.info.status for r in mlflow.search_runs([experiment.experiment_id])
+                       if r.data.tags.get("prefect.flow_run_id") == str(run.id)})
+    assert statuses == ["KILLED"], statuses
+    assert guard.is_running() and guard.status() != psutil.STATUS_ZOMBIE        # the worker goes on
+    again = restart()                                                           # the server back, same database
+    assert again.returncode == 0, again.stderr
+    with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        deadline = time.monotonic() + 60
+        while not (state := client.read_flow_run(run.id).state).is_final():
+            assert time.monotonic() < deadline, state
+            time.sleep(1)
+    log = Path(records[worker]["log"]).read_text(errors="replace")
+    print(f"Prefect server killed under {worker}'s run: its process ended {ended_s:.1f} s after; MLflow runs "
+          f"{statuses}; once the server was back, the flow run {state.name}: {state.message}")
+    assert state.is_crashed() and "stopped answering" in log, (state, log[-3000:])
     return ended_s
 
 

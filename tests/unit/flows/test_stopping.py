@@ -113,3 +113,23 @@ def test_an_error_of_the_flow_when_the_server_is_gone_becomes_the_lost_server_se
     finally:
         httpd.shutdown()
     assert out.strip().startswith(f"raised as it was: Failed to reach API at {alive}"), out
+
+
+def test_a_sigterm_before_the_run_unwinds_too():
+    """From as_command on, SIGTERM raises Terminated (exit 143 with a sentence) instead of ending the process on
+    the spot, also before a run's own handler is installed (seen: exit -15 as the command started)."""
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from flows.cli import stopping
+        stopping.as_command()
+        try:
+            print("ready", flush=True)
+            time.sleep(60)
+        except stopping.Terminated:
+            print(stopping.stopped_sentence("report", "stopped by SIGTERM").strip(), file=sys.stderr)
+            sys.exit(143)
+    """)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=30)
+    assert child.returncode == 143 and err.strip() == "labelshift report: stopped by SIGTERM.", (child.returncode, err)

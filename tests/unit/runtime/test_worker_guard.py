@@ -53,7 +53,7 @@ GUARD = textwrap.dedent("""
     from runtime.worker_guard import run_worker
     settled = []
     code = run_worker([sys.executable, sys.argv[1], sys.argv[2], sys.argv[3]], grace_s=float(sys.argv[4]),
-                      settle=lambda run_id, killed, env: settled.append([run_id, killed]), echo=print)
+                      settle=lambda run_id, killed, env, why: settled.append([run_id, killed]), echo=print)
     json.dump({"code": code, "settled": sorted(settled)}, open(sys.argv[2] + ".guard", "w"))
 """)
 
@@ -104,7 +104,7 @@ WATCHING_GUARD = textwrap.dedent("""
     import json, os, sys
     from runtime.worker_guard import run_worker
     log = sys.argv[2] + ".settled"
-    def settle(run_id, killed, env):              # fails while the "server" is down (a file says so)
+    def settle(run_id, killed, env, why):              # fails while the "server" is down (a file says so)
         ok = not os.path.exists(sys.argv[5])
         with open(log, "a") as f:
             f.write(json.dumps([run_id, killed, ok]) + "\\n")
