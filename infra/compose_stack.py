@@ -6,7 +6,9 @@
 
 Standard library only. Before anything starts it checks, each with the fix in its message: Docker installed and
 its daemon running, a compose tool (the ``docker compose`` plugin or Debian's ``docker-compose``), the images
-built (``make image``), every value ``compose.yaml`` requires set in the env file, and the published ports free.
+built (``make image``), every value ``compose.yaml`` requires set in the env file (no template placeholder left,
+MLflow's passwords long enough), and the published ports free; it warns when the ports are published beyond this
+machine (the credentials then cross the network without TLS).
 When ``up`` fails after that, it removes what it started (containers and network; volumes keep their data), so a
 failed start leaves nothing running.
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))    # runtime/access.py: standard library only
 from image import SetupError, image_exists, require_docker  # noqa: E402  (a sibling script, not a package)
 
 INFRA = Path(__file__).resolve().parent
@@ -72,6 +75,23 @@ def check_settings(env_file: Path, compose_file: Path = COMPOSE_FILE) -> dict[st
         raise SetupError(f"{env_file}: {', '.join(unchanged)} still hold the template's {PLACEHOLDER!r} value: "
                          "set them to long random strings (e.g. `openssl rand -hex 24`)")
     return values
+
+
+def check_credentials(values: dict[str, str]) -> list[str]:
+    """Refuse credentials the servers would refuse later (SetupError naming the variable and the fix); return the
+    warnings to print (the services published beyond this machine without TLS)."""
+    from runtime.access import MIN_PASSWORD_LENGTH
+
+    for name in ("LABELSHIFT_MLFLOW_OPERATOR_PASSWORD", "LABELSHIFT_MLFLOW_WORKER_PASSWORD"):
+        if len(values.get(name, "")) < MIN_PASSWORD_LENGTH:
+            raise SetupError(f"{name} must be at least {MIN_PASSWORD_LENGTH} characters (MLflow refuses shorter "
+                             "passwords): set it to a long random string, e.g. `openssl rand -hex 24`")
+    bind = values.get("LABELSHIFT_BIND") or "127.0.0.1"
+    if bind in ("127.0.0.1", "localhost", "::1"):
+        return []
+    return [f"LABELSHIFT_BIND={bind}: Prefect, MLflow and S3 are published beyond this machine; each asks for its "
+            "credentials, but without TLS they cross the network in clear: keep them on a network you trust "
+            "(a VPN, a firewall that admits only the workers)"]
 
 
 def published_ports(values: dict[str, str]) -> dict[str, int]:
@@ -151,6 +171,8 @@ def preflight(env_file: Path) -> tuple[Stack, dict[str, str]]:
     require_docker()
     tool = compose_tool()
     values = check_settings(env_file)
+    for warning in check_credentials(values):
+        print(f"warning: {warning}", file=sys.stderr)
     check_images(values)
     check_ports_free(values.get("LABELSHIFT_BIND") or "127.0.0.1", published_ports(values))
     project = values.get("COMPOSE_PROJECT_NAME") or DEFAULT_PROJECT

@@ -16,7 +16,11 @@
    heartbeats stopped, is marked Crashed by the "crash silent runs" automation. The run is then retried (set back
    to Scheduled, as "Retry" in the UI does) and completes; its flow run id has exactly one FINISHED MLflow run and
    one summary in S3: the crashed attempt counted nothing.
-5. Always: ``down --volumes``, then Docker is asked for anything of the project still there (containers,
+5. Credentials (issue 31): every published door (Prefect REST and websockets, MLflow REST and UI, S3) refuses no
+   credentials and wrong ones, and each role gets what runtime/access.py says (infra/access_probes.py); after the
+   other steps, no secret of the env file is in any container's log, flow run's parameters or MLflow run's params
+   and tags.
+6. Always: ``down --volumes``, then Docker is asked for anything of the project still there (containers,
    networks, volumes); any leftover fails the check.
 
 Prints the time of each step. Exit status 0 passed, 1 a check failed, 2 the machine is not ready (Docker, images).
@@ -72,9 +76,15 @@ def free_port() -> int:
 
 def write_env_file(folder: Path) -> tuple[Path, dict[str, str]]:
     """An env file for the check's own project: fresh secrets and free loopback ports."""
+    from runtime.access import SECRETS
+
     values = {"COMPOSE_PROJECT_NAME": PROJECT, "LABELSHIFT_NETWORK": PROJECT,
-              "AWS_ACCESS_KEY_ID": "e2e" + secrets.token_hex(6), "AWS_SECRET_ACCESS_KEY": secrets.token_hex(24),
-              "POSTGRES_PASSWORD": secrets.token_hex(16), "LABELSHIFT_BUCKET": BUCKET, "LABELSHIFT_BIND": "127.0.0.1",
+              **{name: secrets.token_hex(24) for name in SECRETS},
+              "AWS_ACCESS_KEY_ID": "e2e" + secrets.token_hex(6),
+              "LABELSHIFT_S3_WORKER_ACCESS_KEY_ID": "e2e-worker-" + secrets.token_hex(4),
+              "LABELSHIFT_S3_READER_ACCESS_KEY_ID": "e2e-reader-" + secrets.token_hex(4),
+              "LABELSHIFT_PREFECT_AUTH_STRING": "labelshift:" + secrets.token_hex(24),
+              "LABELSHIFT_BUCKET": BUCKET, "LABELSHIFT_BIND": "127.0.0.1",
               "LABELSHIFT_PREFECT_PORT": str(free_port()), "LABELSHIFT_MLFLOW_PORT": str(free_port()),
               "LABELSHIFT_S3_PORT": str(free_port()), "LABELSHIFT_WORKER_POLL_SECONDS": "2"}
     path = folder / "e2e.env"
@@ -84,9 +94,13 @@ def write_env_file(folder: Path) -> tuple[Path, dict[str, str]]:
 
 
 def client_environment(values: dict[str, str], home: Path) -> dict[str, str]:
-    """What a client on this machine needs to reach the stack through the published ports."""
+    """What a client on this machine needs to reach the stack through the published ports: the operator's
+    credentials."""
     return {"PREFECT_API_URL": f"http://127.0.0.1:{values['LABELSHIFT_PREFECT_PORT']}/api",
+            "PREFECT_API_AUTH_STRING": values["LABELSHIFT_PREFECT_AUTH_STRING"],
             "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{values['LABELSHIFT_MLFLOW_PORT']}",
+            "MLFLOW_TRACKING_USERNAME": "operator",
+            "MLFLOW_TRACKING_PASSWORD": values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"],
             "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{values['LABELSHIFT_S3_PORT']}",
             "AWS_ACCESS_KEY_ID": values["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY": values["AWS_SECRET_ACCESS_KEY"],
             "AWS_DEFAULT_REGION": "us-east-1", "LABELSHIFT_STORE": f"s3://{BUCKET}/store",
@@ -409,14 +423,64 @@ def tear_down(stack: Stack) -> dict[str, list[str]]:
     return {kind: ids for kind, ids in stack.leftovers().items() if ids}
 
 
-def run_checks(stack: Stack, env: dict[str, str], timings: dict[str, float]) -> dict:
+def check_credentials(env: dict[str, str], values: dict[str, str]) -> dict:
+    """Every published door with no credentials, wrong ones and each role's (infra/access_probes.py): refused
+    and allowed as runtime/access.py's roles say."""
+    from access_probes import mlflow_answers, prefect_answers, s3_answers
+
+    prefect = prefect_answers(env["PREFECT_API_URL"], values["LABELSHIFT_PREFECT_AUTH_STRING"])
+    expect([prefect[f"REST {who}"] for who in ("none", "wrong", "right")] == [401, 401, 200], f"Prefect: {prefect}")
+    for key, outcome in prefect.items():
+        if key.startswith("ws "):
+            expect(outcome == "accepted" if key.endswith(" right") else outcome in ("closed 1008", "refused 403"),
+                   f"Prefect websocket {key}: {outcome}")
+    mlflow = mlflow_answers(env["MLFLOW_TRACKING_URI"], {
+        "operator": ("operator", values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"]),
+        "worker": ("worker", values["LABELSHIFT_MLFLOW_WORKER_PASSWORD"])})
+    for door in ("REST", "UI"):
+        expect([mlflow[f"{door} {who}"] for who in ("none", "wrong", "operator", "worker")] == [401, 401, 200, 200],
+               f"MLflow {door}: {mlflow}")
+    expect(mlflow["create a user as worker"] == 403 and mlflow["delete experiment 0 as worker"] == 403,
+           f"MLflow worker rights: {mlflow}")
+    from runtime.access import S3_KEYS
+
+    keys = {role: (values[key], values[secret]) for role, (key, secret) in S3_KEYS.items()}
+    s3 = s3_answers(env["AWS_ENDPOINT_URL_S3"], BUCKET, keys)
+    expect(s3["list anonymous"] == "AccessDenied" and s3["list with a wrong secret"] == "SignatureDoesNotMatch"
+           and s3["create a bucket as worker"] == "AccessDenied" and s3["write as reader"] == "AccessDenied"
+           and s3["write as worker"] == "ok" and s3["read as reader"] == "ok", f"S3: {s3}")
+    return {"prefect": prefect, "mlflow": mlflow, "s3": s3}
+
+
+def check_no_secret_written(stack: Stack, env: dict[str, str], values: dict[str, str]) -> dict:
+    """No secret of the env file in any container's log, any flow run's parameters or any MLflow run's params
+    and tags (the operator's view of everything the check made)."""
+    from mlflow import MlflowClient
+    from runtime.access import SECRETS
+
+    texts = {"container logs": stack.run("--profile", "cpu", "logs", "--no-color", check=False,
+                                         capture=True).stdout}
+    with prefect_client() as client:
+        texts["flow run parameters"] = repr([r.parameters for r in client.read_flow_runs()])
+    mlflow = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    runs = [r for e in mlflow.search_experiments() for r in mlflow.search_runs([e.experiment_id])]
+    texts["MLflow params and tags"] = repr([(r.data.params, r.data.tags) for r in runs])
+    leaked = {where: [name for name in SECRETS if values[name] in text] for where, text in texts.items()}
+    expect(not any(leaked.values()), f"secrets written: {leaked}")
+    return {where: len(text) for where, text in texts.items()}
+
+
+def run_checks(stack: Stack, env: dict[str, str], timings: dict[str, float], values: dict[str, str]) -> dict:
     results = {}
     for name, step in (("stack up (2 workers)", lambda: up(stack, workers=2)),
+                       ("credentials", lambda: results.update(access=check_credentials(env, values))),
                        ("workers online", lambda: results.update(workers=wait_for_workers("labelshift", 2))),
                        ("prefect deploy", lambda: deploy(env)),
                        ("sweep on the workers", lambda: results.update(sweep=check_sweep(env, results["workers"]))),
                        ("scheduled reestimate", lambda: results.update(reestimate=check_reestimate(env))),
-                       ("worker killed", lambda: results.update(kill=check_worker_killed(env, stack)))):
+                       ("worker killed", lambda: results.update(kill=check_worker_killed(env, stack))),
+                       ("no secret written", lambda: results.update(
+                           secrets=check_no_secret_written(stack, env, values)))):
         t0 = time.monotonic()
         print(f"[e2e] {name} ...", flush=True)
         step()
@@ -446,7 +510,7 @@ def main() -> int:
     timings: dict[str, float] = {}
     failure = None
     try:
-        results = run_checks(stack, env, timings)
+        results = run_checks(stack, env, timings, values)
     except (CheckFailed, SetupError, KeyboardInterrupt) as exc:
         failure = exc
     except Exception as exc:                              # a client error: say which step, still clean up

@@ -138,7 +138,7 @@ def test_compose_servers_publish_listen_and_probe_the_same_port(compose, name):
 
 def test_compose_every_long_running_service_has_a_healthcheck(compose):
     for name, service in compose["services"].items():
-        if name == "s3-init":  # a one-shot job: no restarts, and the image's worker healthcheck switched off
+        if name in ("s3-init", "mlflow-init"):  # one-shot jobs: no restarts, the image's healthcheck switched off
             assert service.get("restart") == "no" and service["healthcheck"] == {"disable": True}
             continue
         assert "healthcheck" in service and service["healthcheck"]["test"], f"{name} has no healthcheck"
@@ -153,8 +153,9 @@ def test_compose_start_order(compose):
     assert conditions("prefect") == {"postgres": "service_healthy"}
     assert conditions("s3-init") == {"s3": "service_healthy"}
     assert conditions("mlflow") == {"s3-init": "service_completed_successfully"}
-    for worker in WORKERS:
-        assert conditions(worker) == {"prefect": "service_healthy", "mlflow": "service_healthy"}
+    assert conditions("mlflow-init") == {"mlflow": "service_healthy"}
+    for worker in WORKERS:        # the workers' MLflow user exists before they start
+        assert conditions(worker) == {"prefect": "service_healthy", "mlflow-init": "service_completed_successfully"}
     # every dependency is a service of the file
     for name, service in services.items():
         for dep in service.get("depends_on", {}):
@@ -473,17 +474,25 @@ def test_env_file_checks_name_the_variable_and_the_fix(tmp_path):
     stack = _infra_module("compose_stack")
     with pytest.raises(stack.SetupError, match=r"cp .*env.example"):
         stack.check_settings(tmp_path / "absent.env")
+    from runtime.access import S3_KEYS, SECRETS
+
+    required = stack.required_variables(COMPOSE.read_text())
+    assert set(required) == set(SECRETS) | {v for pair in S3_KEYS.values() for v in pair}
+    complete = {name: f"value-of-{name.lower()}" for name in required}
     env = tmp_path / ".env"
-    env.write_text("AWS_ACCESS_KEY_ID=k\nAWS_SECRET_ACCESS_KEY=\n# POSTGRES_PASSWORD=x\n")
-    with pytest.raises(stack.SetupError, match=r"AWS_SECRET_ACCESS_KEY, POSTGRES_PASSWORD"):
+    env.write_text("".join(f"{k}={v}\n" for k, v in complete.items() if k not in ("AWS_SECRET_ACCESS_KEY",
+                                                                                  "POSTGRES_PASSWORD"))
+                   + "AWS_SECRET_ACCESS_KEY=\n# POSTGRES_PASSWORD=x\n")
+    with pytest.raises(stack.SetupError, match=r"lacks a value for (POSTGRES_PASSWORD, AWS_SECRET_ACCESS_KEY|"
+                                               r"AWS_SECRET_ACCESS_KEY, POSTGRES_PASSWORD)"):
         stack.check_settings(env)
-    # the template's placeholders are refused too
-    with pytest.raises(stack.SetupError, match=r"AWS_SECRET_ACCESS_KEY, POSTGRES_PASSWORD .*change-me"):
+    # the template's placeholders are refused too, every secret named
+    with pytest.raises(stack.SetupError, match=r"change-me") as refused:
         stack.check_settings(ENV_EXAMPLE)
-    env.write_text("AWS_ACCESS_KEY_ID=k\nAWS_SECRET_ACCESS_KEY='s3cr3t'\nPOSTGRES_PASSWORD=p\n")
+    assert all(name in str(refused.value) for name in SECRETS), refused.value
+    env.write_text("".join(f"{k}={v}\n" for k, v in complete.items()).replace("value-of-aws_secret_access_key",
+                                                                                "'s3cr3t'"))
     assert stack.check_settings(env)["AWS_SECRET_ACCESS_KEY"] == "s3cr3t"
-    assert stack.required_variables(COMPOSE.read_text()) == ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                                             "POSTGRES_PASSWORD"]
     with pytest.raises(stack.SetupError, match="LABELSHIFT_S3_PORT='83x3' is not a port"):
         stack.published_ports({"LABELSHIFT_S3_PORT": "83x3"})
 
@@ -651,3 +660,56 @@ def test_a_failed_start_removes_what_it_created_and_keeps_older_volumes(monkeypa
         stack_mod.up(FakeStack(), workers=2)
     assert any("down" in c for c in calls)
     assert removed == [["docker", "volume", "rm", "labelshift_mlflow", "labelshift_postgres"]]
+
+
+# -- credentials (issue 31) --------------------------------------------------------------------------------------------
+def test_the_roles_table_of_the_readme_is_runtime_access():
+    from runtime.access import ROLES
+
+    text = (ROOT / "infra" / "README.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line.count(" | ") == 4
+            and line.split(" | ")[0][2:] in {r.name for r in ROLES}]
+    assert rows == [f"| {r.name} | {r.held_by} | {r.prefect} | {r.mlflow} | {r.s3} |" for r in ROLES]
+
+
+def test_every_service_of_the_compose_stack_asks_for_credentials():
+    """Prefect has its auth string, MLflow runs the basic-auth app, SeaweedFS gets the roles' identities, and the
+    workers hold the workers' credentials, never the operator's; every secret is required (no default)."""
+    from runtime.access import S3_KEYS, SECRETS
+
+    text = COMPOSE.read_text()
+    compose = yaml.safe_load(text)
+    services = compose["services"]
+    assert services["prefect"]["environment"]["PREFECT_SERVER_API_AUTH_STRING"].startswith(
+        "${LABELSHIFT_PREFECT_AUTH_STRING:?")
+    mlflow = services["mlflow"]
+    assert mlflow["command"][:4] == ["mlflow", "server", "--app-name", "basic-auth"]
+    assert mlflow["environment"]["MLFLOW_AUTH_CONFIG_PATH"] == "/opt/labelshift/infra/mlflow/basic_auth.ini"
+    assert (ROOT / "infra" / "mlflow" / "basic_auth.ini").is_file()
+    s3 = " ".join(services["s3"]["command"])
+    assert "python -m runtime.access s3-config /tmp/s3.json" in s3 and "-s3.config=/tmp/s3.json" in s3
+    assert set(services["s3"]["environment"]) >= {v for pair in S3_KEYS.values() for v in pair}
+    worker = services["worker-cpu"]["environment"]
+    assert worker["AWS_ACCESS_KEY_ID"].startswith("${LABELSHIFT_S3_WORKER_ACCESS_KEY_ID:?")
+    assert worker["MLFLOW_TRACKING_USERNAME"] == "worker"
+    assert worker["PREFECT_API_AUTH_STRING"].startswith("${LABELSHIFT_PREFECT_AUTH_STRING:?")
+    assert "mlflow-init" in services["worker-cpu"]["depends_on"]
+    required = set(re.findall(r"\$\{(\w+):\?", text))
+    assert set(SECRETS) <= required, set(SECRETS) - required
+    example = ENV_EXAMPLE.read_text()
+    assert all(f"\n{name}=" in example and "change-me" in example.split(f"\n{name}=")[1].split("\n")[0]
+               for name in SECRETS), "a secret without a placeholder"
+
+
+def test_stack_docker_up_refuses_short_mlflow_passwords_and_warns_beyond_loopback():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "infra"))
+    from compose_stack import SetupError, check_credentials
+
+    good = {"LABELSHIFT_MLFLOW_OPERATOR_PASSWORD": "o" * 12, "LABELSHIFT_MLFLOW_WORKER_PASSWORD": "w" * 12}
+    assert check_credentials(good) == []
+    with pytest.raises(SetupError, match="LABELSHIFT_MLFLOW_WORKER_PASSWORD must be at least 12 characters"):
+        check_credentials({**good, "LABELSHIFT_MLFLOW_WORKER_PASSWORD": "short"})
+    (warning,) = check_credentials({**good, "LABELSHIFT_BIND": "0.0.0.0"})
+    assert "without TLS they cross the network in clear" in warning

@@ -1,0 +1,144 @@
+"""Who may do what in the container stack (infra/compose.yaml): the roles, the variables of infra/.env that hold
+each role's credentials, and what the servers are given from them.
+
+- **Prefect**: the server's auth string (``PREFECT_SERVER_API_AUTH_STRING``); every client sends it
+  (``PREFECT_API_AUTH_STRING``) and the UI asks for it. Prefect has one string: every role that holds it has every
+  right, so only the operator and the workers get it.
+- **MLflow**: the ``basic-auth`` app (``infra/mlflow/basic_auth.ini``): the operator is MLflow's admin; the workers'
+  user, created at start by ``python -m runtime.access mlflow-users``, may create and edit runs, experiments and
+  registered models (``default_permission = EDIT``) but not delete them, nor manage users and permissions.
+- **S3** (SeaweedFS): one identity per role (``python -m runtime.access s3-config FILE``, the ``-s3.config`` file):
+  the operator's has every right (buckets included; the MLflow server proxies artifacts with it), the workers' reads,
+  lists, tags and writes objects of the stack's bucket only, the reader's reads and lists them.
+
+:data:`ROLES` is the table infra/README.md shows (a test keeps them equal). Standard library only: it runs in the
+containers before anything else.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Role", "ROLES", "S3_KEYS", "s3_identities", "write_s3_config", "ensure_mlflow_user", "SECRETS",
+           "MIN_PASSWORD_LENGTH"]
+
+#: the MLflow auth app refuses shorter passwords
+MIN_PASSWORD_LENGTH = 12
+
+
+@dataclass(frozen=True)
+class Role:
+    """One role: who holds it and what it may do on each server."""
+
+    name: str
+    held_by: str
+    prefect: str
+    mlflow: str
+    s3: str
+
+
+ROLES = (
+    Role("operator", "the person running the stack (their machine's client environment)",
+         "everything (the auth string)", "admin: everything, users and permissions included",
+         "every bucket and object (creates the bucket; the MLflow server's artifact proxy)"),
+    Role("worker", "the workers' containers (and a worker on another machine)",
+         "everything (the auth string: Prefect has no narrower right)",
+         "create and edit runs, experiments and registered models; no deletion, no users or permissions",
+         "read, list, tag and write objects of the stack's bucket; no bucket operations, no other bucket"),
+    Role("reader", "whoever only looks at results",
+         "none (Prefect's auth string is all or nothing)", "none yet (MLflow's default permission is EDIT)",
+         "read and list objects of the stack's bucket"),
+)
+
+#: role -> (access key variable, secret key variable) in infra/.env
+S3_KEYS = {"operator": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+           "worker": ("LABELSHIFT_S3_WORKER_ACCESS_KEY_ID", "LABELSHIFT_S3_WORKER_SECRET_ACCESS_KEY"),
+           "reader": ("LABELSHIFT_S3_READER_ACCESS_KEY_ID", "LABELSHIFT_S3_READER_SECRET_ACCESS_KEY")}
+_S3_ACTIONS = {"operator": ("Admin", "Read", "List", "Tagging", "Write"),
+               "worker": ("Read", "List", "Tagging", "Write"),
+               "reader": ("Read", "List")}
+
+#: every secret of infra/.env (checked for in logs, parameters and params by make stack-e2e)
+SECRETS = ("AWS_SECRET_ACCESS_KEY", "LABELSHIFT_S3_WORKER_SECRET_ACCESS_KEY", "LABELSHIFT_S3_READER_SECRET_ACCESS_KEY",
+           "POSTGRES_PASSWORD", "LABELSHIFT_PREFECT_AUTH_STRING", "LABELSHIFT_MLFLOW_OPERATOR_PASSWORD",
+           "LABELSHIFT_MLFLOW_WORKER_PASSWORD", "LABELSHIFT_MLFLOW_SECRET_KEY")
+
+
+def s3_identities(environ: Mapping[str, str], bucket: str) -> dict:
+    """SeaweedFS's identity file: one identity per role of :data:`S3_KEYS`, its actions as the module says (the
+    non-operator ones limited to ``bucket``). Raises KeyError naming a missing variable."""
+    identities = []
+    for role, (key_var, secret_var) in S3_KEYS.items():
+        scoped = role != "operator"
+        identities.append({"name": role,
+                           "credentials": [{"accessKey": _required(environ, key_var),
+                                            "secretKey": _required(environ, secret_var)}],
+                           "actions": [f"{a}:{bucket}" if scoped else a for a in _S3_ACTIONS[role]]})
+    return {"identities": identities}
+
+
+def write_s3_config(path: str | os.PathLike, environ: Mapping[str, str], bucket: str) -> None:
+    """Write :func:`s3_identities` to ``path``, readable by its owner only."""
+    target = Path(path)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(s3_identities(environ, bucket), out)
+
+
+def ensure_mlflow_user(url: str, admin: tuple[str, str], user: str, password: str, timeout: float = 15) -> str:
+    """Create MLflow user ``user`` with ``password`` through the auth app's REST API as ``admin`` (name,
+    password), or set that password when the user exists. Returns "created" or "updated"."""
+    if len(password) < MIN_PASSWORD_LENGTH:
+        raise ValueError(f"the MLflow password of {user!r} must be at least {MIN_PASSWORD_LENGTH} characters")
+    body = {"username": user, "password": password}
+    try:
+        _mlflow_call(url, admin, "POST", "users/create", body, timeout)
+        return "created"
+    except urllib.error.HTTPError as exc:
+        if exc.code != 400 or b"RESOURCE_ALREADY_EXISTS" not in exc.read():
+            raise
+    _mlflow_call(url, admin, "PATCH", "users/update-password", body, timeout)
+    return "updated"
+
+
+def _mlflow_call(url: str, admin: tuple[str, str], method: str, path: str, body: dict, timeout: float) -> None:
+    token = base64.b64encode(f"{admin[0]}:{admin[1]}".encode()).decode()
+    request = urllib.request.Request(f"{url.rstrip('/')}/api/2.0/mlflow/{path}", data=json.dumps(body).encode(),
+                                     method=method, headers={"Content-Type": "application/json",
+                                                             "Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(request, timeout=timeout):
+        pass
+
+
+def _required(environ: Mapping[str, str], name: str) -> str:
+    value = environ.get(name, "")
+    if not value:
+        raise KeyError(f"{name} is not set (infra/.env)")
+    return value
+
+
+def main(argv: list[str]) -> int:
+    """``python -m runtime.access s3-config FILE`` | ``mlflow-users``: what the containers run at start."""
+    if argv[:1] == ["s3-config"] and len(argv) == 2:
+        write_s3_config(argv[1], os.environ, os.environ.get("LABELSHIFT_BUCKET") or "labelshift")
+        return 0
+    if argv == ["mlflow-users"]:
+        env = os.environ
+        admin = (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"])
+        done = ensure_mlflow_user(env["MLFLOW_TRACKING_URI"], admin, "worker",
+                                  _required(env, "LABELSHIFT_MLFLOW_WORKER_PASSWORD"))
+        print(f"MLflow user 'worker' {done}")
+        return 0
+    print("usage: python -m runtime.access s3-config FILE | mlflow-users", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,156 @@
+"""The credentials of the container stack, on the same servers started here (no Docker): Prefect with its auth
+string, MLflow's basic-auth app with infra/mlflow/basic_auth.ini, SeaweedFS with runtime/access.py's identities.
+
+Every door refuses a request without credentials or with a wrong one (Prefect's REST API and each of its
+websockets, MLflow's REST API and UI, S3), each role may do what infra/README.md's table says and no more, and a
+sweep run as a worker runs with the workers' credentials and writes no secret into its output, its Prefect
+parameters or its MLflow params. ``make stack-e2e`` checks the same on the containers (infra/stack_e2e.py).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.access import S3_KEYS, SECRETS, ensure_mlflow_user, write_s3_config
+from runtime.processes import ServiceProcess, free_ports, http_ok
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "infra"))
+from access_probes import mlflow_answers, prefect_answers, s3_answers  # noqa: E402
+
+pytestmark = pytest.mark.integration
+BUCKET = "labelshift"
+
+
+def _secrets() -> dict[str, str]:
+    values = {name: secrets.token_hex(16) for name in SECRETS}
+    values.update(AWS_ACCESS_KEY_ID="op" + secrets.token_hex(4), LABELSHIFT_S3_WORKER_ACCESS_KEY_ID="wk" +
+                  secrets.token_hex(4), LABELSHIFT_S3_READER_ACCESS_KEY_ID="rd" + secrets.token_hex(4),
+                  LABELSHIFT_PREFECT_AUTH_STRING="labelshift:" + secrets.token_hex(12))
+    return values
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """S3, MLflow and Prefect with the stack's credentials on free loopback ports; stopped at the end."""
+    from runtime.supervisor import (MLFLOW_SERVER_ENV, WEED_INTERNAL_PORT_FLAGS, ensure_bucket, find_weed,
+                                    mlflow_server_command, prefect_server_command, weed_server_command)
+
+    root = tmp_path_factory.mktemp("access")
+    values = _secrets()
+    s3_port, mlflow_port, prefect_port, *internal = free_ports(3 + len(WEED_INTERNAL_PORT_FLAGS))
+    write_s3_config(root / "s3.json", values, BUCKET)
+    (root / "weed").mkdir()
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_"))}
+    weed = ServiceProcess(weed_server_command(find_weed(), data_dir=root / "weed", identities=root / "s3.json",
+                                              ports={"s3.port": s3_port, **dict(zip(WEED_INTERNAL_PORT_FLAGS,
+                                                                                    internal))}),
+                          log=root / "s3.log", env=base, name="SeaweedFS").start()
+    # the ini of the image, with the database where this test keeps it
+    ini = (ROOT / "infra" / "mlflow" / "basic_auth.ini").read_text().replace("sqlite:////data/basic_auth.db",
+                                                                             f"sqlite:///{root}/auth.db")
+    (root / "basic_auth.ini").write_text(ini)
+    s3_url = f"http://127.0.0.1:{s3_port}"
+    mlflow = ServiceProcess(
+        [*mlflow_server_command(mlflow_port, backend_store_uri=f"sqlite:///{root}/mlflow.db",
+                                artifacts_destination=f"s3://{BUCKET}/mlartifacts"), "--app-name", "basic-auth"],
+        log=root / "mlflow.log", name="MLflow server",
+        env={**base, **MLFLOW_SERVER_ENV, "MLFLOW_S3_ENDPOINT_URL": s3_url,
+             "AWS_ACCESS_KEY_ID": values["AWS_ACCESS_KEY_ID"],
+             "AWS_SECRET_ACCESS_KEY": values["AWS_SECRET_ACCESS_KEY"], "AWS_DEFAULT_REGION": "us-east-1",
+             "MLFLOW_AUTH_CONFIG_PATH": str(root / "basic_auth.ini"),
+             "MLFLOW_AUTH_ADMIN_PASSWORD": values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"],
+             "MLFLOW_FLASK_SERVER_SECRET_KEY": values["LABELSHIFT_MLFLOW_SECRET_KEY"]})
+    prefect = ServiceProcess(prefect_server_command(prefect_port), log=root / "prefect.log", name="Prefect server",
+                             env={**base, "PREFECT_HOME": str(root / "prefect"),
+                                  "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                                  "PREFECT_SERVER_API_AUTH_STRING": values["LABELSHIFT_PREFECT_AUTH_STRING"]})
+    started = [weed]
+    try:
+        weed.wait_ready(lambda: http_ok(f"{s3_url}/healthz"), 60)
+        ensure_bucket(s3_url, BUCKET, values["AWS_ACCESS_KEY_ID"], values["AWS_SECRET_ACCESS_KEY"])
+        for process in (mlflow.start(), prefect.start()):
+            started.append(process)
+        mlflow_url, api = f"http://127.0.0.1:{mlflow_port}", f"http://127.0.0.1:{prefect_port}/api"
+        mlflow.wait_ready(lambda: http_ok(f"{mlflow_url}/health"), 120)
+        prefect.wait_ready(lambda: http_ok(f"{api}/health"), 180)
+        ensure_mlflow_user(mlflow_url, ("operator", values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"]), "worker",
+                           values["LABELSHIFT_MLFLOW_WORKER_PASSWORD"])
+        yield dict(values=values, s3=s3_url, mlflow=mlflow_url, api=api, root=root, base=base)
+    finally:
+        for process in reversed(started):
+            process.stop()
+
+
+def test_every_door_refuses_no_or_wrong_credentials_and_each_role_gets_its_rights(servers):
+    values = servers["values"]
+    prefect = prefect_answers(servers["api"], values["LABELSHIFT_PREFECT_AUTH_STRING"])
+    assert {k: v for k, v in prefect.items() if k.startswith("REST")} == \
+        {"REST none": 401, "REST wrong": 401, "REST right": 200}, prefect
+    assert {prefect[f"health {who}"] for who in ("none", "wrong", "right")} == {200}      # the liveness probe
+    for key, outcome in prefect.items():      # 1008: policy violation; without the subprotocol, not even opened
+        if key.startswith("ws "):
+            expected = {"accepted"} if key.endswith(" right") else {"closed 1008", "refused 403"}
+            assert outcome in expected, (key, prefect)
+
+    users = {"operator": ("operator", values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"]),
+             "worker": ("worker", values["LABELSHIFT_MLFLOW_WORKER_PASSWORD"])}
+    mlflow = mlflow_answers(servers["mlflow"], users)
+    for door in ("REST", "UI"):
+        assert [mlflow[f"{door} {who}"] for who in ("none", "wrong", "operator", "worker")] == [401, 401, 200, 200], \
+            mlflow
+    assert mlflow["create a user as worker"] == 403 and mlflow["create a user as operator"] == 200, mlflow
+    assert mlflow["delete experiment 0 as worker"] == 403, mlflow
+
+    keys = {role: (values[key], values[secret]) for role, (key, secret) in S3_KEYS.items()}
+    s3 = s3_answers(servers["s3"], BUCKET, keys)
+    assert s3 == {"list anonymous": "AccessDenied", "list with a wrong secret": "SignatureDoesNotMatch",
+                  **{f"{what} as operator": "ok" for what in ("write", "list", "read", "delete", "create a bucket")},
+                  **{f"{what} as worker": "ok" for what in ("write", "list", "read", "delete")},
+                  "create a bucket as worker": "AccessDenied",
+                  "write as reader": "AccessDenied", "list as reader": "ok", "read as reader": "ok",
+                  "delete as reader": "AccessDenied", "create a bucket as reader": "AccessDenied"}, s3
+
+
+def test_a_sweep_runs_with_the_workers_credentials_and_writes_no_secret(servers, tmp_path):
+    """`labelshift reproduce` with what a worker holds (the Prefect auth string, MLflow's 'worker', the workers'
+    S3 key): it completes; no secret appears in its output, its flow run's parameters or its MLflow params."""
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+    values = servers["values"]
+    env = {**servers["base"], "PREFECT_API_URL": servers["api"],
+           "PREFECT_API_AUTH_STRING": values["LABELSHIFT_PREFECT_AUTH_STRING"],
+           "MLFLOW_TRACKING_URI": servers["mlflow"], "MLFLOW_TRACKING_USERNAME": "worker",
+           "MLFLOW_TRACKING_PASSWORD": values["LABELSHIFT_MLFLOW_WORKER_PASSWORD"],
+           "AWS_ENDPOINT_URL_S3": servers["s3"], "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ACCESS_KEY_ID": values["LABELSHIFT_S3_WORKER_ACCESS_KEY_ID"],
+           "AWS_SECRET_ACCESS_KEY": values["LABELSHIFT_S3_WORKER_SECRET_ACCESS_KEY"],
+           "LABELSHIFT_STORE": f"s3://{BUCKET}/store", "LABELSHIFT_HOME": str(tmp_path / "home"),
+           "PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "reproduce", "--experiments", "shift",
+                           "--shift-values", "0.2,0.5", "--seeds", "2", "--n-source", "500",
+                           "--experiment-name", "access-sweep"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    client = MlflowClient(servers["mlflow"])
+    os.environ.update(MLFLOW_TRACKING_USERNAME="operator",
+                      MLFLOW_TRACKING_PASSWORD=values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"])
+    experiment = client.get_experiment_by_name("access-sweep")
+    runs = client.search_runs([experiment.experiment_id])
+    assert runs and all(r.info.status == "FINISHED" for r in runs), [r.info.status for r in runs]
+    flow_run_id = runs[0].data.tags["prefect.flow_run_id"]
+    with temporary_settings(updates={PREFECT_API_URL: servers["api"],
+                                     PREFECT_API_AUTH_STRING: values["LABELSHIFT_PREFECT_AUTH_STRING"]}), \
+            get_client(sync_client=True) as prefect:
+        parameters = prefect.read_flow_run(flow_run_id).parameters
+    said = "\n".join([done.stdout, done.stderr, repr(parameters),
+                      *(repr(r.data.params) + repr(r.data.tags) for r in runs)])
+    leaked = [name for name in SECRETS if values[name] in said]
+    assert not leaked, leaked
