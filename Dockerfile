@@ -81,5 +81,5 @@ ENTRYPOINT ["tini", "--"]
 # the container is stopped, instead of staying Running): it runs each flow run as a subprocess in this container, at
 # most LABELSHIFT_WORKER_LIMIT at a time (1: one flow run per GPU when the container is given one GPU), named
 # LABELSHIFT_WORKER_NAME (default: worker-<container id>). Needs PREFECT_API_URL. Give `docker stop` more than
-# LABELSHIFT_WORKER_STOP_S (20 s): `docker stop -t 40`, compose's stop_grace_period.
+# LABELSHIFT_WORKER_STOP_S (20 s): `docker stop -t 60`, compose's stop_grace_period.
 CMD ["sh", "-c", "exec labelshift worker --pool \"$LABELSHIFT_POOL\" --limit \"$LABELSHIFT_WORKER_LIMIT\" --name \"${LABELSHIFT_WORKER_NAME:-worker-$(hostname)}\" -- --with-healthcheck"]

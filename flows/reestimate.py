@@ -417,7 +417,8 @@ def _after_commit(run: RunContext, summary: RunSummary, committed) -> None:
                                 "next run with new data adds the missing point")
         lost = tracking_server_lost(exc, run.tracking_uri)
     if lost is not None:              # not asked again (a frozen server would take as long once more)
-        summary.warnings.append(f"MLflow run {ml.run_id} is left RUNNING: {lost}; the next run ends it FINISHED")
+        summary.warnings.append(f"MLflow run {ml.run_id} is left RUNNING (its server stopped answering, see "
+                                "above; not asked again); the next run ends it FINISHED")
         return _warn(run, summary)
     try:
         end_run(run.tracking_uri, ml.run_id, "FINISHED")

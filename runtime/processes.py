@@ -174,13 +174,13 @@ def _group_of(pid: int) -> int | None:
         return None
 
 
-def die_with(parent: int) -> Callable[[], None]:
-    """The function the child runs before exec: ask Linux to send SIGTERM when the parent thread ends; exit at
+def die_with(parent: int, sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """The function the child runs before exec: ask Linux to send ``sig`` when the parent thread ends; exit at
     once if the parent already died between the fork and this call (then no signal would ever come)."""
     def arm() -> None:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig))
         if os.getppid() != parent:
             os._exit(1)
     return arm

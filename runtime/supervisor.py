@@ -64,7 +64,7 @@ from runtime.processes import log_tail as log_tail  # kept importable from here
 from runtime.lifetime import MARKER_ENV as COMMAND_MARKER_ENV
 from runtime import environment as settings_mod
 from runtime import timeouts
-from runtime.worker_guard import WORKER_EXIT_S
+from runtime.worker_guard import KILL_WAIT_S, SETTLE_BUDGET_S, WORKER_EXIT_S
 from labelshift.errors import LabelShiftError
 
 # -- defaults and names ------------------------------------------------------------------------------------------------
@@ -573,11 +573,14 @@ class LocalStack:
             worker_name = f"{pool}-{socket.gethostname()}-{i}"
             if started is not None:
                 started.append(name)
-            # `labelshift worker`: Prefect's process worker whose flow runs end cleanly when it is stopped
+            # `labelshift worker`: Prefect's process worker whose flow runs end cleanly when it is stopped; its
+            # grace is recorded, so that `down` waits for it whatever the environment of `down`
+            grace = _worker_grace(worker_env)
             record = self._launch(name, [sys.executable, "-m", "flows.cli", "worker", "--pool", pool,
-                                         "--name", worker_name, "--limit", str(limit)],
+                                         "--name", worker_name, "--limit", str(limit), "--stop-grace", f"{grace:g}"],
                                   worker_env,
-                                  {"pool": pool, "worker_name": worker_name, "url": f"pool {pool}"})
+                                  {"pool": pool, "worker_name": worker_name, "url": f"pool {pool}",
+                                   "stop_grace_s": grace})
             self.echo(f"starting Prefect worker {worker_name} on pool {pool} (log {record['log']})")
         for i in range(1, count + 1):
             record = self._record(f"worker-{i}")
@@ -592,7 +595,8 @@ class LocalStack:
             return False
         worker = name.startswith("worker-")
         if worker:               # the worker stops its flow runs first (runtime.worker_guard), then itself
-            grace = timeouts.worker_stop_s() + WORKER_EXIT_S + 5.0
+            grace = (float(record.get("stop_grace_s", timeouts.WORKER_STOP_S)) + KILL_WAIT_S + SETTLE_BUDGET_S
+                     + WORKER_EXIT_S)
         else:
             grace = WEED_STOP_GRACE_S if name == "s3" else _STOP_GRACE_S
         was_running = self._process(name, record).stop(grace, kill_wait=5.0, leader_only=worker)
@@ -639,6 +643,14 @@ class LocalStack:
                                      f"{record.get('worker_name')}", "running" if ready else "not ready", url,
                                      record["pid"], Path(record["log"])))
         return out
+
+
+def _worker_grace(environ: Mapping[str, str]) -> float:
+    """The workers' grace for their flow runs (LABELSHIFT_WORKER_STOP_S), its default when the value is bad."""
+    try:
+        return timeouts.worker_stop_s(dict(environ))
+    except LabelShiftError:
+        return timeouts.WORKER_STOP_S
 
 
 def _pool_exists(api: str, pool: str) -> bool:

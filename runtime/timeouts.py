@@ -35,8 +35,9 @@ SERVER_LOST_S = 15.0
 UNWIND_S = 10.0
 #: seconds the command waits at exit for Prefect's log and event queues to reach a server that still answers
 EXIT_DRAIN_S = 15.0
-#: how long (seconds) `labelshift worker`, stopped, gives its flow runs to end before it kills them; under
-#: Kubernetes' default grace of 30 s and systemd's 90 s, which then SIGKILL the whole unit
+#: how long (seconds) `labelshift worker`, stopped, gives its flow runs to end before it kills them. A whole stop
+#: can take this + runtime.worker_guard's KILL_WAIT_S, SETTLE_BUDGET_S and WORKER_EXIT_S (50 s by default): give
+#: the stopper as much (Kubernetes terminationGracePeriodSeconds, compose's stop_grace_period, systemd's 90 s)
 ENV_WORKER_STOP_S = "LABELSHIFT_WORKER_STOP_S"
 WORKER_STOP_S = 20.0
 
@@ -77,6 +78,10 @@ def limits() -> tuple[Limit, ...]:
         Limit(ENV_WORKER_STOP_S, f"{WORKER_STOP_S:g}",
               "`labelshift worker`, stopped (SIGTERM, Ctrl-C): the time its flow runs have to end (Crashed, their "
               "MLflow runs KILLED) before they are killed and marked so by the worker, in seconds"),
+        Limit(None, "5 + 10 + 15",
+              "then: the wait for killed flow runs to go, settling them (their MLflow runs KILLED, the flow run "
+              "Crashed), the worker's own exit; give a stopper the sum with the grace (Kubernetes' "
+              "terminationGracePeriodSeconds, compose's stop_grace_period: 60 s)"),
         Limit(None, "10",
               "an alert's webhook, per try: sent by the Prefect server's notification block (Prefect's own limit, "
               "not set here; `labelshift alerts --failures` lists what did not arrive)"),

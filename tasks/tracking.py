@@ -20,7 +20,8 @@ from mlflow import MlflowClient
 
 from labelshift.errors import InputError, ServiceUnavailableError
 
-__all__ = ["check_tracking_server", "tracking_server_lost", "ended_status", "FLOW_RUN_TAG", "end_runs_of_flow_run", "run_url", "experiment_url",
+__all__ = ["check_tracking_server", "tracking_server_lost", "ended_status", "FLOW_RUN_TAG",
+           "end_runs_of_flow_run", "run_url", "experiment_url",
            "artifact_url", "git_commit", "log_bytes",
            "EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "MODEL_TRAINING_VIEW", "mark_model_training", "experiment_id"]
 

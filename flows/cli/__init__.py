@@ -27,8 +27,8 @@ from runtime import environment as settings_mod
 from flows.cli import alerts, data, estimate, reference, report, reproduce, serve, where, worker
 from flows.cli._common import PROG, UsageError, add_common
 from flows.cli.reproduce import parameters_from_args
-from flows.cli.stopping import EXIT_SERVER_LOST, EXIT_TERMINATED, ServerLost, Terminated, as_command, \
-    finish, stopped_sentence, tell
+from flows.cli.stopping import AFTER_STOP, EXIT_SERVER_LOST, EXIT_TERMINATED, ServerLost, Terminated, \
+    as_command, finish, tell
 
 __all__ = ["main", "command", "build_parser", "PROG", "UsageError", "parameters_from_args"]
 
@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         tell(str(exc))
         return EXIT_SERVER_LOST
     except Terminated as exc:
-        tell(str(exc) or stopped_sentence(args.command, "stopped by SIGTERM"))
+        tell(str(exc) or f"\n{PROG} {args.command}: stopped by SIGTERM"
+             + (" before its run started: nothing was committed." if args.command in AFTER_STOP else "."))
         return EXIT_TERMINATED
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)

@@ -76,8 +76,8 @@ def run(args) -> int:
         raise UsageError(str(exc)) from None
     if not 1 <= grace < 1e6:
         raise UsageError(f"--stop-grace must be a number of seconds, 1 or more; got {grace:g}")
+    timeouts.apply_timeouts()        # this process's own calls (settling runs) and the flow runs inherit them
     env = dict(os.environ)
-    timeouts.apply_timeouts(env)                      # the flow runs inherit the time limits of the table
     env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     try:
@@ -88,10 +88,10 @@ def run(args) -> int:
                       api_url=settings_mod.read(settings_mod.ENV_PREFECT_API_URL), lost_after_s=lost_after)
 
 
-def _settle(flow_run_id: str, killed: bool, environ: dict, why: str) -> None:
+def _settle(flow_run_id: str, killed: bool, environ: dict, why: str, server_answers: bool) -> None:
     from flows.worker import settle_flow_run
 
-    settle_flow_run(flow_run_id, killed, environ, why=why, echo=_echo)
+    settle_flow_run(flow_run_id, killed, environ, why=why, server_answers=server_answers, echo=_echo)
 
 
 def _echo(text: str) -> None:

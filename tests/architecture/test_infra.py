@@ -403,12 +403,13 @@ def test_compose_gives_a_stopped_worker_time_for_its_runs():
     """`docker compose stop` waits stop_grace_period before SIGKILL: longer than the worker's own grace for its
     flow runs (LABELSHIFT_WORKER_STOP_S) plus its own exit."""
     from runtime.timeouts import WORKER_STOP_S
-    from runtime.worker_guard import WORKER_EXIT_S
+    from runtime.worker_guard import KILL_WAIT_S, SETTLE_BUDGET_S, WORKER_EXIT_S
 
     compose = yaml.safe_load(COMPOSE.read_text())
     for name in WORKERS:
         period = compose["services"][name]["stop_grace_period"]
-        assert period.endswith("s") and float(period[:-1]) > WORKER_STOP_S + WORKER_EXIT_S, (name, period)
+        assert period.endswith("s") and float(period[:-1]) > WORKER_STOP_S + KILL_WAIT_S + SETTLE_BUDGET_S + \
+            WORKER_EXIT_S, (name, period)
 
 
 def test_dockerignore_keeps_local_state_out():

@@ -53,7 +53,7 @@ GUARD = textwrap.dedent("""
     from runtime.worker_guard import run_worker
     settled = []
     code = run_worker([sys.executable, sys.argv[1], sys.argv[2], sys.argv[3]], grace_s=float(sys.argv[4]),
-                      settle=lambda run_id, killed, env, why: settled.append([run_id, killed]), echo=print)
+                      settle=lambda run_id, killed, env, why, up: settled.append([run_id, killed]), echo=print)
     json.dump({"code": code, "settled": sorted(settled)}, open(sys.argv[2] + ".guard", "w"))
 """)
 
@@ -95,7 +95,8 @@ def test_sigterm_ends_the_runs_first_then_the_worker(tmp_path, signals):
     # the grace (3 s), or the second signal 0.5 s in; the rest is polling (0.2 s) and process exits
     assert (grace if signals == 1 else 0.5) <= took < (grace if signals == 1 else 0.5) + 10, (took, output)
     assert "SIGTERM: stopping the worker's flow runs first" in output
-    assert "flow run run-stuck did not end within" in output and "flow run run-polite ended" in output
+    stuck = "did not end within 3 s: killed" if signals == 1 else "still running when a second signal came: killed"
+    assert f"flow run run-stuck {stuck}" in output and "flow run run-polite ended" in output, output
     assert not [pid for pid in runs if psutil.pid_exists(pid) and
                 psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], runs
 
@@ -104,7 +105,7 @@ WATCHING_GUARD = textwrap.dedent("""
     import json, os, sys
     from runtime.worker_guard import run_worker
     log = sys.argv[2] + ".settled"
-    def settle(run_id, killed, env, why):              # fails while the "server" is down (a file says so)
+    def settle(run_id, killed, env, why, up):              # fails while the "server" is down (a file says so)
         ok = not os.path.exists(sys.argv[5])
         with open(log, "a") as f:
             f.write(json.dumps([run_id, killed, ok]) + "\\n")
@@ -163,16 +164,26 @@ def test_a_lost_prefect_server_ends_the_runs_in_flight_and_the_worker_goes_on(tm
         assert not [pid for pid in runs if psutil.pid_exists(pid) and
                     psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], runs
         assert the_worker.is_running() and the_worker.status() != psutil.STATUS_STOPPED   # it goes on
-        down.unlink()                                  # the server is back: the settlements are tried again
+        # the server stays down: the guard asks it every RETRY_S, idle (no second loss, no busy loop)
+        cpu = sum(psutil.Process(guard.pid).cpu_times()[:2])
+        time.sleep(4 * 1.0)                            # four times lost_after_s
+        assert sum(psutil.Process(guard.pid).cpu_times()[:2]) - cpu < 1.0
+        down.unlink()                                  # the settlements are tried again (every RETRY_S)
         while sum(ok for _, _, ok in _settled(out)) < 2:
             assert time.monotonic() < deadline + 15, _settled(out)
             time.sleep(0.2)
         assert sorted(r for r in _settled(out) if r[2]) == [["run-polite", False, True], ["run-stuck", True, True]]
     finally:
         guard.send_signal(signal.SIGTERM)
-        output, _ = guard.communicate(timeout=60)
+        try:
+            output, _ = guard.communicate(timeout=60)
+        finally:                                       # nothing left, even when the guard hung
+            for process in [*psutil.Process(os.getpid()).children(recursive=True)]:
+                if process.pid == guard.pid or guard.pid in [p.pid for p in process.parents()]:
+                    process.kill()
     assert json.loads(Path(str(out) + ".guard").read_text()) == {"code": 143}, output
-    assert "stopped answering" in output and "the worker goes on" in output, output
+    assert output.count("stopped answering") == 1 and "the worker goes on" in output, output
+    assert "no flow run in flight" in output, output   # the SIGTERM found none left to stop
 
 
 def test_a_worker_that_exits_by_itself_gives_its_own_status(tmp_path):
