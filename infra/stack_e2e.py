@@ -16,11 +16,13 @@
    heartbeats stopped, is marked Crashed by the "crash silent runs" automation. The run is then retried (set back
    to Scheduled, as "Retry" in the UI does) and completes; its flow run id has exactly one FINISHED MLflow run and
    one summary in S3: the crashed attempt counted nothing.
-5. Credentials (issue 31): every published door (Prefect REST and websockets, MLflow REST and UI, S3) refuses no
+5. A worker's container is stopped (``docker stop``: SIGTERM) while it runs a sweep: the run ends Crashed by the
+   termination signal, its MLflow runs KILLED (``labelshift worker``, issue 32), within compose's grace.
+6. Credentials (issue 31): every published door (Prefect REST and websockets, MLflow REST and UI, S3) refuses no
    credentials and wrong ones, and each role gets what runtime/access.py says (infra/access_probes.py); after the
    other steps, no secret of the env file is in any container's log, flow run's parameters or MLflow run's params
    and tags.
-6. Always: ``down --volumes``, then Docker is asked for anything of the project still there (containers,
+7. Always: ``down --volumes``, then Docker is asked for anything of the project still there (containers,
    networks, volumes); any leftover fails the check.
 
 Prints the time of each step. Exit status 0 passed, 1 a check failed, 2 the machine is not ready (Docker, images).
@@ -417,6 +419,32 @@ def check_worker_killed(env: dict[str, str], stack: Stack) -> dict:
             "retried_on": retried.labels.get("prefect.worker.name")}
 
 
+def check_worker_stopped(env: dict[str, str], stack: Stack) -> dict:
+    """`docker stop` of a worker's container mid-run (SIGTERM, as compose, systemd or Kubernetes stop it): the
+    worker (`labelshift worker`) lets the run end first -- Crashed by a termination signal, its MLflow runs KILLED,
+    not left Running -- and the container stops within compose's stop_grace_period; then it is started again."""
+    from prefect.deployments import run_deployment
+
+    submitted = run_deployment("reproduce/reproduce", parameters=LONG_SWEEP, timeout=0, tags=["e2e-stop"])
+    run = wait_running(submitted.id, timeout=120)
+    time.sleep(8)                                      # well inside the sweep: tasks and MLflow runs under way
+    victim = run.labels["prefect.worker.name"]
+    cid = container_of_worker(stack, victim)
+    t0 = time.monotonic()
+    stopped = subprocess.run(["docker", "stop", "-t", "60", cid], capture_output=True, text=True)
+    stop_seconds = time.monotonic() - t0
+    expect(stopped.returncode == 0, f"docker stop {cid[:12]}: {stopped.stderr}")
+    ended = wait_final([submitted.id], timeout=60)[0]
+    expect(ended.state.is_crashed() and "termination signal" in (ended.state.message or ""),
+           f"stopped run {ended.name}: {ended.state.name} {ended.state.message!r} (want Crashed by a signal)")
+    statuses, summaries = sweep_records(env, str(submitted.id))
+    expect(statuses and set(statuses) == {"KILLED"} and not summaries,
+           f"the stopped run left MLflow runs {statuses} and {len(summaries)} summaries (want KILLED, none)")
+    expect(stop_seconds < 60, f"the worker took {stop_seconds:.0f} s to stop (Docker kills it at 60)")
+    subprocess.run(["docker", "start", cid], capture_output=True, check=True)
+    return {"stopped_worker": victim, "stopped_in_s": round(stop_seconds, 1), "statuses": statuses}
+
+
 # -- the whole check -----------------------------------------------------------------------------------------------------
 def tear_down(stack: Stack) -> dict[str, list[str]]:
     stack.run("--profile", "cpu", "down", "--volumes", "--remove-orphans", check=False, capture=True)
@@ -479,6 +507,7 @@ def run_checks(stack: Stack, env: dict[str, str], timings: dict[str, float], val
                        ("sweep on the workers", lambda: results.update(sweep=check_sweep(env, results["workers"]))),
                        ("scheduled reestimate", lambda: results.update(reestimate=check_reestimate(env))),
                        ("worker killed", lambda: results.update(kill=check_worker_killed(env, stack))),
+                       ("worker stopped", lambda: results.update(stop=check_worker_stopped(env, stack))),
                        ("no secret written", lambda: results.update(
                            secrets=check_no_secret_written(stack, env, values)))):
         t0 = time.monotonic()

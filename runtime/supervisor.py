@@ -53,6 +53,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -608,7 +609,12 @@ class LocalStack:
 
     def down(self) -> list[str]:
         """Stop workers, then Prefect, MLflow and S3; end stray processes of this stack. Returns what was stopped."""
-        stopped = [name for name in [*self._worker_names(), *reversed(SERVICES)] if self._stop(name)]
+        # the workers together (each may take its runs' grace), then the servers in order
+        workers = self._worker_names()
+        with ThreadPoolExecutor(max_workers=max(1, len(workers))) as pool:
+            ended = dict(zip(workers, pool.map(self._stop, workers)))
+        stopped = [name for name in workers if ended[name]]
+        stopped += [name for name in reversed(SERVICES) if self._stop(name)]
         strays = marked_processes(self.root)
         signal_processes(strays, signal.SIGTERM)
         if strays and not wait_until(lambda: not marked_processes(self.root), _STOP_GRACE_S):
