@@ -12,7 +12,7 @@ import json
 import urllib.error
 import urllib.request
 
-__all__ = ["http_status", "prefect_answers", "prefect_websocket", "mlflow_answers", "s3_answers",
+__all__ = ["http_status", "prefect_answers", "prefect_websocket", "mlflow_answers", "s3_answers", "tls_answers",
            "PREFECT_WEBSOCKETS"]
 
 #: the Prefect server's websocket endpoints (events in and out, logs, task-run and worker subscriptions)
@@ -125,4 +125,36 @@ def s3_answers(endpoint: str, bucket: str, keys: dict[str, tuple[str, str]]) -> 
         found[f"delete as {role}"] = outcome(s3.delete_object, Bucket=bucket, Key=name)
         found[f"create a bucket as {role}"] = outcome(s3.create_bucket, Bucket=f"probe-{role}")
     client(*next(iter(keys.values()))).delete_object(Bucket=bucket, Key=shared)
+    return found
+
+
+def tls_answers(url: str, ca_file: str) -> dict[str, str]:
+    """One published port (``url``: https://host:port) asked in plain HTTP, over TLS trusting only the public CAs
+    (certifi's), over TLS for another host name, and over TLS trusting ``ca_file``: what each gave."""
+    import socket
+    import ssl
+    from urllib.parse import urlsplit
+
+    import certifi
+
+    parts = urlsplit(url)
+    host, port = parts.hostname, parts.port
+
+    def handshake(context: ssl.SSLContext, name: str) -> str:
+        try:
+            with socket.create_connection((host, port), timeout=10) as raw, \
+                    context.wrap_socket(raw, server_hostname=name):
+                return "ok"
+        except ssl.SSLCertVerificationError as exc:
+            return f"refused: {exc.verify_message}"
+        except (ssl.SSLError, OSError) as exc:
+            return f"refused: {type(exc).__name__}"
+
+    try:
+        found = {"plain HTTP": str(http_status(f"http://{host}:{port}/"))}
+    except OSError as exc:
+        found = {"plain HTTP": f"failed: {type(exc).__name__}"}
+    found["TLS, public CAs only"] = handshake(ssl.create_default_context(cafile=certifi.where()), host)
+    found["TLS, another host name"] = handshake(ssl.create_default_context(cafile=ca_file), "not-the-stack.example")
+    found["TLS, the stack's CA"] = handshake(ssl.create_default_context(cafile=ca_file), host)
     return found

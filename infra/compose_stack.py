@@ -7,8 +7,8 @@
 Standard library only. Before anything starts it checks, each with the fix in its message: Docker installed and
 its daemon running, a compose tool (the ``docker compose`` plugin or Debian's ``docker-compose``), the images
 built (``make image``), every value ``compose.yaml`` requires set in the env file (no template placeholder left,
-MLflow's passwords long enough), and the published ports free; it warns when the ports are published beyond this
-machine (the credentials then cross the network without TLS).
+MLflow's passwords long enough), the TLS proxy's certificate (made for a private CA when there is none; refused
+when expired or not naming LABELSHIFT_PUBLIC_HOST: infra/tls.py), and the published ports free.
 When ``up`` fails after that, it removes what it started (containers and network; volumes keep their data), so a
 failed start leaves nothing running.
 """
@@ -36,7 +36,8 @@ DEFAULT_PROJECT = "labelshift"
 #: published service -> (variable choosing the host port, default port)
 PUBLISHED = {"prefect": ("LABELSHIFT_PREFECT_PORT", 4200), "mlflow": ("LABELSHIFT_MLFLOW_PORT", 5000),
              "s3": ("LABELSHIFT_S3_PORT", 8333)}
-IMAGES = {"LABELSHIFT_IMAGE": "labelshift-worker:latest", "LABELSHIFT_POSTGRES_IMAGE": "labelshift-postgres:latest"}
+IMAGES = {"LABELSHIFT_IMAGE": "labelshift-worker:latest", "LABELSHIFT_POSTGRES_IMAGE": "labelshift-postgres:latest",
+          "LABELSHIFT_PROXY_IMAGE": "labelshift-proxy:latest"}
 PLACEHOLDER = "change-me"
 
 
@@ -77,21 +78,37 @@ def check_settings(env_file: Path, compose_file: Path = COMPOSE_FILE) -> dict[st
     return values
 
 
-def check_credentials(values: dict[str, str]) -> list[str]:
-    """Refuse credentials the servers would refuse later (SetupError naming the variable and the fix); return the
-    warnings to print (the services published beyond this machine without TLS)."""
+def check_credentials(values: dict[str, str]) -> None:
+    """Refuse credentials the servers would refuse later (SetupError naming the variable and the fix)."""
     from runtime.access import MIN_PASSWORD_LENGTH
 
     for name in ("LABELSHIFT_MLFLOW_OPERATOR_PASSWORD", "LABELSHIFT_MLFLOW_WORKER_PASSWORD"):
         if len(values.get(name, "")) < MIN_PASSWORD_LENGTH:
             raise SetupError(f"{name} must be at least {MIN_PASSWORD_LENGTH} characters (MLflow refuses shorter "
                              "passwords): set it to a long random string, e.g. `openssl rand -hex 24`")
-    bind = values.get("LABELSHIFT_BIND") or "127.0.0.1"
-    if bind in ("127.0.0.1", "localhost", "::1"):
-        return []
-    return [f"LABELSHIFT_BIND={bind}: Prefect, MLflow and S3 are published beyond this machine; each asks for its "
-            "credentials, but without TLS they cross the network in clear: keep them on a network you trust "
-            "(a VPN, a firewall that admits only the workers)"]
+
+
+def tls_dir(values: dict[str, str]) -> Path:
+    """The folder of the proxy's certificate: LABELSHIFT_TLS_DIR (relative to infra/, as compose reads it) or
+    infra/tls."""
+    folder = Path(values.get("LABELSHIFT_TLS_DIR") or "./tls")
+    return folder if folder.is_absolute() else (INFRA / folder).resolve()
+
+
+def ensure_certificate(values: dict[str, str]) -> Path:
+    """The proxy's certificate: made for a private CA when the folder has none (its ca.crt is what clients
+    trust), then checked (not expired, naming LABELSHIFT_PUBLIC_HOST); SetupError names the fix. Returns the
+    folder."""
+    from tls import check_certificate, make_certificates
+
+    folder = tls_dir(values)
+    host = values.get("LABELSHIFT_PUBLIC_HOST") or "localhost"
+    if not (folder / "server.crt").exists() and not (folder / "server.key").exists():
+        make_certificates(folder, [host, "localhost", "127.0.0.1"])
+        print(f"made a certificate for {host}, localhost and 127.0.0.1, signed by a private CA: clients trust "
+              f"{folder / 'ca.crt'} (infra/README.md, 'TLS')", file=sys.stderr)
+    check_certificate(folder, host)
+    return folder
 
 
 def published_ports(values: dict[str, str]) -> dict[str, int]:
@@ -171,8 +188,8 @@ def preflight(env_file: Path) -> tuple[Stack, dict[str, str]]:
     require_docker()
     tool = compose_tool()
     values = check_settings(env_file)
-    for warning in check_credentials(values):
-        print(f"warning: {warning}", file=sys.stderr)
+    check_credentials(values)
+    ensure_certificate(values)
     check_images(values)
     check_ports_free(values.get("LABELSHIFT_BIND") or "127.0.0.1", published_ports(values))
     project = values.get("COMPOSE_PROJECT_NAME") or DEFAULT_PROJECT
@@ -244,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
             up(stack, args.workers)
             ports = published_ports(values)
             bind = values.get("LABELSHIFT_BIND") or "127.0.0.1"
-            print(f"stack '{stack.project}' up: Prefect http://{bind}:{ports['prefect']}, MLflow "
-                  f"http://{bind}:{ports['mlflow']}, S3 http://{bind}:{ports['s3']}, {args.workers} CPU worker(s)")
+            print(f"stack '{stack.project}' up: Prefect https://{bind}:{ports['prefect']}, MLflow "
+                  f"https://{bind}:{ports['mlflow']}, S3 https://{bind}:{ports['s3']}, {args.workers} CPU worker(s); "
+                  f"clients trust {tls_dir(values) / 'ca.crt'}")
             return 0
         require_docker()
         values = check_settings(args.env_file)

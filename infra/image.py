@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCAL_BASE = "labelshift-base:bookworm"
 DEFAULT_IMAGE = "labelshift-worker:latest"
 POSTGRES_IMAGE = "labelshift-postgres:latest"
+PROXY_IMAGE = "labelshift-proxy:latest"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 #: fixed, so that the build arguments (and so the layer cache) are the same from one build to the next
 DEFAULT_SERVE_PORT = 38471
@@ -196,9 +197,11 @@ def docker_build(tag: str, context: Path, build_args: dict[str, str]) -> None:
         raise SetupError(f"docker build of {tag} failed (exit {done.returncode}); the lines above say where")
 
 
-def build_images(image: str, postgres_image: str, base: str, port: int, use_host_pip: bool) -> dict[str, float]:
-    """The worker image (../Dockerfile) and Prefect's PostgreSQL image (postgres/Dockerfile) on ``base``, the base
-    first when it is missing; returns the seconds each took. Raises SetupError."""
+def build_images(image: str, postgres_image: str, base: str, port: int, use_host_pip: bool,
+                 proxy_image: str = PROXY_IMAGE) -> dict[str, float]:
+    """The worker image (../Dockerfile), Prefect's PostgreSQL image (postgres/Dockerfile) and the TLS proxy's
+    (proxy/Dockerfile) on ``base``, the base first when it is missing; returns the seconds each took. Raises
+    SetupError."""
     require_docker()
     timings = {}
     if not image_exists(base):
@@ -217,6 +220,9 @@ def build_images(image: str, postgres_image: str, base: str, port: int, use_host
     t0 = time.monotonic()
     docker_build(postgres_image, ROOT / "infra" / "postgres", {"BASE_IMAGE": base})
     timings[postgres_image] = time.monotonic() - t0
+    t0 = time.monotonic()
+    docker_build(proxy_image, ROOT / "infra" / "proxy", {"BASE_IMAGE": base})
+    timings[proxy_image] = time.monotonic() - t0
     return timings
 
 
@@ -229,13 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="infra/image.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--image", default=os.environ.get("LABELSHIFT_IMAGE") or DEFAULT_IMAGE)
     parser.add_argument("--postgres-image", default=os.environ.get("LABELSHIFT_POSTGRES_IMAGE") or POSTGRES_IMAGE)
+    parser.add_argument("--proxy-image", default=os.environ.get("LABELSHIFT_PROXY_IMAGE") or PROXY_IMAGE)
     parser.add_argument("--base", default=os.environ.get("BASE_IMAGE") or LOCAL_BASE)
     parser.add_argument("--port", type=int, default=int(os.environ.get("IMAGE_SERVE_PORT") or DEFAULT_SERVE_PORT))
     parser.add_argument("--no-host-pip", action="store_true",
                         help="do not carry this machine's pip configuration into the build (plain PyPI)")
     args = parser.parse_args(argv)
     try:
-        timings = build_images(args.image, args.postgres_image, args.base, args.port, not args.no_host_pip)
+        timings = build_images(args.image, args.postgres_image, args.base, args.port, not args.no_host_pip,
+                               args.proxy_image)
     except SetupError as exc:
         print(f"make image: {exc}", file=sys.stderr)
         return 2

@@ -18,7 +18,9 @@
    one summary in S3: the crashed attempt counted nothing.
 5. A worker's container is stopped (``docker stop``: SIGTERM) while it runs a sweep: the run ends Crashed by the
    termination signal, its MLflow runs KILLED (``labelshift worker``, issue 32), within compose's grace.
-6. Credentials (issue 31): every published door (Prefect REST and websockets, MLflow REST and UI, S3) refuses no
+6. TLS and credentials (issue 31): each published port speaks only TLS (plain HTTP gets 400) with a certificate of
+   the stack's private CA that a client trusting only the public CAs, or expecting another host name, refuses;
+   every published door (Prefect REST and websockets, MLflow REST and UI, S3) refuses no
    credentials and wrong ones, and each role gets what runtime/access.py says (infra/access_probes.py); after the
    other steps, no secret of the env file is in any container's log, flow run's parameters or MLflow run's params
    and tags.
@@ -89,6 +91,7 @@ def write_env_file(folder: Path) -> tuple[Path, dict[str, str]]:
               "LABELSHIFT_BUCKET": BUCKET, "LABELSHIFT_BIND": "127.0.0.1",
               "LABELSHIFT_PREFECT_PORT": str(free_port()), "LABELSHIFT_MLFLOW_PORT": str(free_port()),
               "LABELSHIFT_S3_PORT": str(free_port()), "LABELSHIFT_WORKER_POLL_SECONDS": "2"}
+    values["LABELSHIFT_TLS_DIR"] = str(folder / "tls")      # made for a private CA at the start (ensure_certificate)
     path = folder / "e2e.env"
     path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
     path.chmod(0o600)
@@ -98,12 +101,15 @@ def write_env_file(folder: Path) -> tuple[Path, dict[str, str]]:
 def client_environment(values: dict[str, str], home: Path) -> dict[str, str]:
     """What a client on this machine needs to reach the stack through the published ports: the operator's
     credentials."""
-    return {"PREFECT_API_URL": f"http://127.0.0.1:{values['LABELSHIFT_PREFECT_PORT']}/api",
+    from tls import client_environment as trust
+
+    return {**trust(Path(values["LABELSHIFT_TLS_DIR"]) / "ca.crt"),
+            "PREFECT_API_URL": f"https://127.0.0.1:{values['LABELSHIFT_PREFECT_PORT']}/api",
             "PREFECT_API_AUTH_STRING": values["LABELSHIFT_PREFECT_AUTH_STRING"],
-            "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{values['LABELSHIFT_MLFLOW_PORT']}",
+            "MLFLOW_TRACKING_URI": f"https://127.0.0.1:{values['LABELSHIFT_MLFLOW_PORT']}",
             "MLFLOW_TRACKING_USERNAME": "operator",
             "MLFLOW_TRACKING_PASSWORD": values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"],
-            "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{values['LABELSHIFT_S3_PORT']}",
+            "AWS_ENDPOINT_URL_S3": f"https://127.0.0.1:{values['LABELSHIFT_S3_PORT']}",
             "AWS_ACCESS_KEY_ID": values["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY": values["AWS_SECRET_ACCESS_KEY"],
             "AWS_DEFAULT_REGION": "us-east-1", "LABELSHIFT_STORE": f"s3://{BUCKET}/store",
             "PREFECT_HOME": str(home / "prefect"), "LABELSHIFT_HOME": str(home / "labelshift"),
@@ -454,7 +460,16 @@ def tear_down(stack: Stack) -> dict[str, list[str]]:
 def check_credentials(env: dict[str, str], values: dict[str, str]) -> dict:
     """Every published door with no credentials, wrong ones and each role's (infra/access_probes.py): refused
     and allowed as runtime/access.py's roles say."""
-    from access_probes import mlflow_answers, prefect_answers, s3_answers
+    from access_probes import mlflow_answers, prefect_answers, s3_answers, tls_answers
+
+    ca = str(Path(values["LABELSHIFT_TLS_DIR"]) / "ca.crt")
+    tls = {name: tls_answers(url, ca) for name, url in (
+        ("prefect", env["PREFECT_API_URL"].removesuffix("/api")), ("mlflow", env["MLFLOW_TRACKING_URI"]),
+        ("s3", env["AWS_ENDPOINT_URL_S3"]))}
+    for name, found in tls.items():
+        expect(found["plain HTTP"] == "400" and found["TLS, the stack's CA"] == "ok"
+               and found["TLS, public CAs only"].startswith("refused")
+               and found["TLS, another host name"].startswith("refused"), f"TLS of {name}: {found}")
 
     prefect = prefect_answers(env["PREFECT_API_URL"], values["LABELSHIFT_PREFECT_AUTH_STRING"])
     expect([prefect[f"REST {who}"] for who in ("none", "wrong", "right")] == [401, 401, 200], f"Prefect: {prefect}")
@@ -477,7 +492,7 @@ def check_credentials(env: dict[str, str], values: dict[str, str]) -> dict:
     expect(s3["list anonymous"] == "AccessDenied" and s3["list with a wrong secret"] == "SignatureDoesNotMatch"
            and s3["create a bucket as worker"] == "AccessDenied" and s3["write as reader"] == "AccessDenied"
            and s3["write as worker"] == "ok" and s3["read as reader"] == "ok", f"S3: {s3}")
-    return {"prefect": prefect, "mlflow": mlflow, "s3": s3}
+    return {"tls": tls, "prefect": prefect, "mlflow": mlflow, "s3": s3}
 
 
 def check_no_secret_written(stack: Stack, env: dict[str, str], values: dict[str, str]) -> dict:
@@ -529,6 +544,9 @@ def main() -> int:
         return 2
     home = Path(tempfile.mkdtemp(prefix="labelshift-e2e-"))
     env_file, values = write_env_file(home)
+    from compose_stack import ensure_certificate
+
+    ensure_certificate(values)                            # the private CA's, as make stack-docker-up makes it
     stack = Stack(project=PROJECT, env_file=env_file, tool=tuple(tool))
     stale = tear_down(stack)                              # a previous check killed before its own clean-up
     if stale:
