@@ -313,8 +313,9 @@ def test_sigterm_while_s3_is_frozen_ends_the_command_within_the_unwinding_bound(
 def test_sigterm_as_the_command_starts_or_commits(stack, tmp_path, moment):
     """SIGTERM to the command as it starts and at its commit (while the run is under way: test_faults_processes.py):
     exit 143 within the unwinding bound with its sentence, which says whether the run had committed -- true either
-    way (a commit and its record are never cut: SIGTERM waits around the conditional write); no process left; the
-    next run counts every batch exactly once."""
+    way (a commit and its record are never cut: SIGTERM waits around the conditional write) -- or, when the signal
+    lands as the command exits with its run done, the process ends on the signal with everything committed and
+    recorded; no process left; the next run counts every batch exactly once."""
     from runtime.timeouts import UNWIND_S
 
     target = _target(stack, f"sigterm-{moment}")
@@ -324,10 +325,18 @@ def test_sigterm_as_the_command_starts_or_commits(stack, tmp_path, moment):
     said = [line for line in result["stderr"].strip().splitlines() if " | " not in line][-2:]
     print(f"\nSIGTERM at {moment}: exit {result['returncode']} {result['ended_s']:.1f} s after: " + " ".join(said))
     assert result["killed"], result
-    assert result["returncode"] == 143 and result["ended_s"] < UNWIND_S + 6, result["stderr"][-3000:]
-    assert "stopped by SIGTERM" in result["stderr"], result["stderr"][-3000:]
     assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
     watermark = _watermark(stack, target)
+    if result["returncode"] == -signal.SIGTERM:
+        # the signal came as the command exited, its run done: Python puts the default handlers back while it
+        # shuts down (seen once at the commit moment, 0.1 s after the signal): then everything is committed and
+        # recorded, and a shell reports 143 all the same
+        assert moment == "commit" and result["ended_s"] < 2, result["stderr"][-3000:]
+        assert sorted(b for entry in watermark["history"] for b in entry["batches"]) == BATCHES, watermark
+        assert {r.info.status for r in _runs_of(stack, target)} == {"FINISHED"}
+        return
+    assert result["returncode"] == 143 and result["ended_s"] < UNWIND_S + 6, result["stderr"][-3000:]
+    assert "stopped by SIGTERM" in result["stderr"], result["stderr"][-3000:]
     if "had committed" in result["stderr"]:
         assert sorted(b for entry in watermark["history"] for b in entry["batches"]) == BATCHES, watermark
     else:
