@@ -5,7 +5,8 @@ import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-pytest_plugins = ["tests.fixtures.seaweed", "tests.fixtures.prefect", "tests.fixtures.mlflow_server"]
+pytest_plugins = ["tests.fixtures.seaweed", "tests.fixtures.prefect", "tests.fixtures.mlflow_server",
+                  "tests.fixtures.health"]
 
 
 @pytest.fixture(autouse=True)

@@ -80,14 +80,11 @@ WATCHED = textwrap.dedent("""
 """)
 
 
-def test_an_error_of_the_flow_when_the_server_is_gone_becomes_the_lost_server_sentence():
+def test_an_error_of_the_flow_when_the_server_is_gone_becomes_the_lost_server_sentence(health_server):
     """A flow whose Prefect client fails (the server killed as the command starts: Prefect raises "Failed to reach
     API" before the watch's seconds have passed): when the server does not answer, the error becomes ServerLost with
     the command's sentence and its first line (exit 75, no traceback); when it answers, the error is raised as it
     was."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from runtime.processes import free_ports
 
     closed = f"http://127.0.0.1:{free_ports(1)[0]}/api"
@@ -96,22 +93,9 @@ def test_an_error_of_the_flow_when_the_server_is_gone_becomes_the_lost_server_se
     assert out.strip() == (f"lost: stopped: the Prefect server at {closed} does not answer (RuntimeError: Failed to "
                            f"reach API at {closed})"), out
 
-    class Health(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Health)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        alive = f"http://127.0.0.1:{httpd.server_port}/api"
-        out = subprocess.run([sys.executable, "-c", WATCHED, alive], cwd=ROOT, capture_output=True, text=True,
-                             timeout=60).stdout
-    finally:
-        httpd.shutdown()
+    alive = f"http://127.0.0.1:{health_server.server_port}/api"
+    out = subprocess.run([sys.executable, "-c", WATCHED, alive], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60).stdout
     assert out.strip().startswith(f"raised as it was: Failed to reach API at {alive}"), out
 
 

@@ -4,9 +4,7 @@ the user has not set them, and a bad LABELSHIFT_SERVER_LOST_S is named."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -19,24 +17,9 @@ from runtime.timeouts import ENV_SERVER_LOST_S, SERVER_LOST_S, limits, apply_tim
 LOST_S, INTERVAL_S = 1.0, 0.2
 
 
-class _Health(BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"true")
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
-def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+def server(health_server):
+    return health_server
 
 
 def _watch(url: str):

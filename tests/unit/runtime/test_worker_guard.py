@@ -122,24 +122,12 @@ def _settled(out: Path) -> list:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_a_lost_prefect_server_ends_the_runs_in_flight_and_the_worker_goes_on(tmp_path):
+def test_a_lost_prefect_server_ends_the_runs_in_flight_and_the_worker_goes_on(tmp_path, health_server):
     """The Prefect server stops answering (its health endpoint closed): after lost_after_s the runs in flight are
     ended as on a stop (the stuck one killed after the grace), the worker itself keeps running; their settlement
     fails while the server is gone and is tried again until it succeeds once it is back; SIGTERM then stops the
     worker as usual (143)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Health(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Health)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd = health_server
     down = tmp_path / "down"
     down.write_text("the server is gone")
     worker = tmp_path / "worker.py"
