@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 import urllib.error
 import urllib.request
 
-__all__ = ["http_status", "prefect_answers", "prefect_websocket", "mlflow_answers", "s3_answers", "tls_answers",
+__all__ = ["http_status", "prefect_answers", "prefect_rights", "prefect_websocket", "mlflow_answers", "s3_answers", "tls_answers",
            "PREFECT_WEBSOCKETS"]
 
 #: the Prefect server's websocket endpoints (events in and out, logs, task-run and worker subscriptions)
@@ -36,31 +37,59 @@ def http_status(url: str, *, user: tuple[str, str] | None = None, auth: str | No
         return exc.code
 
 
-def prefect_answers(api_url: str, auth_string: str) -> dict[str, object]:
-    """REST (a flow filter and the health probe) and every websocket of :data:`PREFECT_WEBSOCKETS`, without the
-    auth string, with a wrong one and with the right one."""
+#: a UUID no object has: a request naming it that gets past the proxy is answered 404 by the server
+_NOBODY = "00000000-0000-0000-0000-000000000000"
+
+
+def prefect_answers(api_url: str, users: dict[str, tuple[str, str]]) -> dict[str, object]:
+    """Through the proxy: REST (a flow filter and the health probe) and every websocket of
+    :data:`PREFECT_WEBSOCKETS`, without credentials, with a wrong password and as each of ``users`` (role ->
+    (name, password)); then what each role may do (:func:`prefect_rights`)."""
     api = api_url.rstrip("/")
+    tries = {"none": None, "wrong": f"{next(iter(users.values()))[0]}:wrong-password-123",
+             **{role: f"{name}:{password}" for role, (name, password) in users.items()}}
     found: dict[str, object] = {}
-    for who, auth in (("none", None), ("wrong", auth_string + "x"), ("right", auth_string)):
+    for who, auth in tries.items():
         found[f"REST {who}"] = http_status(f"{api}/flows/filter", auth=auth, method="POST", body={})
         found[f"health {who}"] = http_status(f"{api}/health", auth=auth)
         for path in PREFECT_WEBSOCKETS:
             found[f"ws {path} {who}"] = prefect_websocket(api + path, auth)
-    found["ws /events/in without the prefect subprotocol"] = prefect_websocket(api + "/events/in", auth_string,
-                                                                                subprotocol=False)
+    for who, auth in tries.items():
+        if who not in ("none", "wrong"):
+            found.update(prefect_rights(api, who, auth))
     return found
 
 
+def prefect_rights(api: str, who: str, auth: str) -> dict[str, int]:
+    """What ``auth`` may do: each request names nothing that exists, so 403 is the proxy's refusal and 404 or
+    422 (no such object, an empty body) a request the server was allowed to see."""
+    tries = {"read flow runs": ("POST", "/flow_runs/filter", {}),
+             "start a deployment's run": ("POST", f"/deployments/{_NOBODY}/create_flow_run", {}),
+             "create a deployment": ("POST", "/deployments/", {}),
+             "change an automation": ("PATCH", f"/automations/{_NOBODY}", {}),
+             "create an automation": ("POST", "/automations/", {}),
+             "set a variable": ("POST", "/variables/", {}),
+             "create a block": ("POST", "/block_documents/", {}),
+             "delete a flow": ("DELETE", f"/flows/{_NOBODY}", None),
+             "create a flow run": ("POST", "/flow_runs/", {}),
+             "set a flow run's state": ("POST", f"/flow_runs/{_NOBODY}/set_state", {}),
+             "an encoded path": ("POST", "/automations/%2e%2e/flows/filter", {})}
+    return {f"{what} as {who}": http_status(api + path, auth=auth, method=method, body=body)
+            for what, (method, path, body) in tries.items()}
+
+
 def prefect_websocket(url: str, auth: str | None, *, subprotocol: bool = True, timeout: float = 15) -> str:
-    """What a Prefect websocket does with an auth message carrying ``auth`` (none: an auth message without a
-    token): "accepted" (auth_success), or "closed <code>"."""
+    """What a Prefect websocket does with ``auth`` sent as Prefect's clients send it (the basic-auth header on the
+    upgrade, the token of the first message; none: neither): "accepted" (auth_success), "refused <status>" (the
+    upgrade) or "closed <code>"."""
     from websockets.exceptions import ConnectionClosed, InvalidStatus
     from websockets.sync.client import connect
 
     ws_url = "ws" + url.removeprefix("http")
+    headers = {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else None
     try:
         with connect(ws_url, subprotocols=["prefect"] if subprotocol else None, open_timeout=timeout,
-                     close_timeout=2) as socket:
+                     close_timeout=2, additional_headers=headers) as socket:
             socket.send(json.dumps({"type": "auth", "token": auth}))
             answer = json.loads(socket.recv(timeout=timeout))
             return "accepted" if answer.get("type") == "auth_success" else f"answered {answer}"
@@ -71,22 +100,32 @@ def prefect_websocket(url: str, auth: str | None, *, subprotocol: bool = True, t
 
 
 def mlflow_answers(url: str, users: dict[str, tuple[str, str]]) -> dict[str, int]:
-    """The REST API (search experiments), the UI's page, user creation and an experiment's deletion, without
-    credentials, with a wrong password and as each of ``users`` (role -> (name, password))."""
+    """The REST API (search experiments), the UI's page and the health probe without credentials, with a wrong
+    password and as each of ``users`` (role -> (name, password)); then what each may do: manage users, delete an
+    experiment, create one, search runs, register a model, move an alias, tag a model version."""
     base = url.rstrip("/")
-    search = f"{base}/api/2.0/mlflow/experiments/search?max_results=1"
+    api = f"{base}/api/2.0/mlflow"
     tries = {"none": None, "wrong": (next(iter(users.values()))[0], "wrong-password-123"), **users}
     found = {}
     for who, user in tries.items():
-        found[f"REST {who}"] = http_status(search, user=user)
+        found[f"REST {who}"] = http_status(f"{api}/experiments/search?max_results=1", user=user)
         found[f"UI {who}"] = http_status(f"{base}/", user=user)
         found[f"health {who}"] = http_status(f"{base}/health", user=user)
+    token = secrets.token_hex(4)
     for who, user in users.items():
-        found[f"create a user as {who}"] = http_status(f"{base}/api/2.0/mlflow/users/create", user=user,
-                                                       method="POST", body={"username": f"probe-{who}",
-                                                                            "password": "probe-password-123"})
-        found[f"delete experiment 0 as {who}"] = http_status(f"{base}/api/2.0/mlflow/experiments/delete",
-                                                             user=user, method="POST", body={"experiment_id": "0"})
+        rights = {"create a user": ("users/create", {"username": f"probe-{who}-{token}",
+                                                       "password": "probe-password-123"}),
+                  "delete experiment 0": ("experiments/delete", {"experiment_id": "0"}),
+                  "create an experiment": ("experiments/create", {"name": f"probe-{who}-{token}"}),
+                  "search runs": ("runs/search", {"experiment_ids": ["0"], "max_results": 1}),
+                  "register a model": ("registered-models/create", {"name": f"probe-{who}-{token}"}),
+                  "move an alias": ("registered-models/alias", {"name": f"probe-operator-{token}",
+                                                                "alias": "production", "version": "1"}),
+                  "tag a model version": ("model-versions/set-tag", {"name": f"probe-operator-{token}",
+                                                                     "version": "1", "key": "labelshift.digest",
+                                                                     "value": "sha256:0"})}
+        for what, (path, body) in rights.items():
+            found[f"{what} as {who}"] = http_status(f"{api}/{path}", user=user, method="POST", body=body)
     return found
 
 

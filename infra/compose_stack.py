@@ -80,12 +80,14 @@ def check_settings(env_file: Path, compose_file: Path = COMPOSE_FILE) -> dict[st
 
 def check_credentials(values: dict[str, str]) -> None:
     """Refuse credentials the servers would refuse later (SetupError naming the variable and the fix)."""
-    from runtime.access import MIN_PASSWORD_LENGTH
+    from runtime.access import MIN_PASSWORD_LENGTH, PASSWORDS
 
-    for name in ("LABELSHIFT_MLFLOW_OPERATOR_PASSWORD", "LABELSHIFT_MLFLOW_WORKER_PASSWORD"):
-        if len(values.get(name, "")) < MIN_PASSWORD_LENGTH:
-            raise SetupError(f"{name} must be at least {MIN_PASSWORD_LENGTH} characters (MLflow refuses shorter "
-                             "passwords): set it to a long random string, e.g. `openssl rand -hex 24`")
+    for roles in PASSWORDS.values():
+        for name in roles.values():
+            if len(values.get(name, "")) < MIN_PASSWORD_LENGTH:
+                raise SetupError(f"{name} must be at least {MIN_PASSWORD_LENGTH} characters (MLflow refuses "
+                                 "shorter passwords; every role's is held to that): set it to a long random "
+                                 "string, e.g. `openssl rand -hex 24`")
 
 
 def tls_dir(values: dict[str, str]) -> Path:

@@ -1,12 +1,15 @@
 """Who may do what in the container stack (infra/compose.yaml): the roles, the variables of infra/.env that hold
 each role's credentials, and what the servers are given from them.
 
-- **Prefect**: the server's auth string (``PREFECT_SERVER_API_AUTH_STRING``); every client sends it
-  (``PREFECT_API_AUTH_STRING``) and the UI asks for it. Prefect has one string: every role that holds it has every
-  right, so only the operator and the workers get it.
-- **MLflow**: the ``basic-auth`` app (``infra/mlflow/basic_auth.ini``): the operator is MLflow's admin; the workers'
-  user, created at start by ``python -m runtime.access mlflow-users``, may create and edit runs, experiments and
-  registered models (``default_permission = EDIT``) but not delete them, nor manage users and permissions.
+- **Prefect**: the proxy (``infra/proxy/``: nginx) checks each role's user and password on every request and on
+  every websocket's upgrade (clients send ``PREFECT_API_AUTH_STRING`` = ``user:password``; the UI's browser asks)
+  and refuses, by method and path, what the role may not do (``infra/proxy/roles.conf``). The server has no auth
+  string of its own: Prefect's one string could not tell roles apart, and its websockets check the token of their
+  first message against that one string, which no proxy can rewrite. Only the proxy reaches the server.
+- **MLflow**: the ``basic-auth`` app (``infra/mlflow/basic_auth.ini``): the operator is MLflow's admin; the
+  workers' and readers' users are created at start by ``python -m runtime.access mlflow-users``. MLflow's default
+  permission is EDIT (a worker writes to experiments it did not create); the proxy checks the same passwords and
+  keeps readers to reads and workers off the model registry.
 - **S3** (SeaweedFS): one identity per role (``python -m runtime.access s3-config FILE``, the ``-s3.config`` file):
   the operator's has every right (buckets included; the MLflow server proxies artifacts with it), the workers' reads,
   lists, tags and writes objects of the stack's bucket only, the reader's reads and lists them.
@@ -26,8 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Role", "ROLES", "S3_KEYS", "s3_identities", "write_s3_config", "ensure_mlflow_user", "SECRETS",
-           "MIN_PASSWORD_LENGTH"]
+__all__ = ["Role", "ROLES", "S3_KEYS", "PASSWORDS", "s3_identities", "write_s3_config", "ensure_mlflow_user",
+           "SECRETS", "MIN_PASSWORD_LENGTH", "prefect_client_environment", "with_prefect_websocket_auth"]
 
 #: the MLflow auth app refuses shorter passwords
 MIN_PASSWORD_LENGTH = 12
@@ -46,14 +49,17 @@ class Role:
 
 ROLES = (
     Role("operator", "the person running the stack (their machine's client environment)",
-         "everything (the auth string)", "admin: everything, users and permissions included",
+         "everything", "admin: everything, the model registry, users and permissions included",
          "every bucket and object (creates the bucket; the MLflow server's artifact proxy)"),
     Role("worker", "the workers' containers (and a worker on another machine)",
-         "everything (the auth string: Prefect has no narrower right)",
-         "create and edit runs, experiments and registered models; no deletion, no users or permissions",
+         "run the flow runs it is handed (states, task runs, logs, artifacts, concurrency slots, its heartbeat), "
+         "read; not start runs, nor change deployments, automations, blocks, variables or work pools",
+         "create and edit runs, experiments, logged models and artifacts, read; not the model registry "
+         "(register, version, alias, tag), webhooks, deletion, users or permissions",
          "read, list, tag and write objects of the stack's bucket; no bucket operations, no other bucket"),
     Role("reader", "whoever only looks at results",
-         "none (Prefect's auth string is all or nothing)", "none yet (MLflow's default permission is EDIT)",
+         "read: the UI, the REST API's reads and filters, the events and logs it may follow; not start a run "
+         "nor change anything", "read: the UI, runs, metrics, artifacts (the results page), the registry",
          "read and list objects of the stack's bucket"),
 )
 
@@ -65,10 +71,15 @@ _S3_ACTIONS = {"operator": ("Admin", "Read", "List", "Tagging", "Write"),
                "worker": ("Read", "List", "Tagging", "Write"),
                "reader": ("Read", "List")}
 
+#: service -> role -> the variable of infra/.env holding that role's password (the proxy's password files; MLflow's
+#: users too)
+PASSWORDS = {service: {role: f"LABELSHIFT_{service.upper()}_{role.upper()}_PASSWORD"
+                       for role in ("operator", "worker", "reader")} for service in ("prefect", "mlflow")}
+
 #: every secret of infra/.env (checked for in logs, parameters and params by make stack-e2e)
 SECRETS = ("AWS_SECRET_ACCESS_KEY", "LABELSHIFT_S3_WORKER_SECRET_ACCESS_KEY", "LABELSHIFT_S3_READER_SECRET_ACCESS_KEY",
-           "POSTGRES_PASSWORD", "LABELSHIFT_PREFECT_AUTH_STRING", "LABELSHIFT_MLFLOW_OPERATOR_PASSWORD",
-           "LABELSHIFT_MLFLOW_WORKER_PASSWORD", "LABELSHIFT_MLFLOW_SECRET_KEY")
+           "POSTGRES_PASSWORD", *PASSWORDS["prefect"].values(), *PASSWORDS["mlflow"].values(),
+           "LABELSHIFT_MLFLOW_SECRET_KEY")
 
 
 def s3_identities(environ: Mapping[str, str], bucket: str) -> dict:
@@ -117,6 +128,27 @@ def _mlflow_call(url: str, admin: tuple[str, str], method: str, path: str, body:
         pass
 
 
+def prefect_client_environment(user: str, password: str) -> dict[str, str]:
+    """What a Prefect client sets to come in through the proxy as ``user``: ``PREFECT_API_AUTH_STRING`` (sent on
+    every request and by the events client on its websocket's upgrade) and the same ``Authorization`` header for
+    Prefect's other websockets (events and logs followed, cancellations observed), which send none of their own."""
+    auth = f"{user}:{password}"
+    token = base64.b64encode(auth.encode()).decode()
+    return {"PREFECT_API_AUTH_STRING": auth,
+            "PREFECT_CLIENT_CUSTOM_HEADERS": json.dumps({"Authorization": f"Basic {token}"})}
+
+
+def with_prefect_websocket_auth(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with :func:`prefect_client_environment`'s header added where ``PREFECT_API_AUTH_STRING`` is set
+    and no custom headers are (what ``labelshift worker`` hands its Prefect worker and so its flow runs)."""
+    env = dict(environ)
+    auth = env.get("PREFECT_API_AUTH_STRING", "")
+    if ":" in auth and not env.get("PREFECT_CLIENT_CUSTOM_HEADERS"):
+        user, password = auth.split(":", 1)
+        env.update(prefect_client_environment(user, password))
+    return env
+
+
 def _required(environ: Mapping[str, str], name: str) -> str:
     value = environ.get(name, "")
     if not value:
@@ -132,9 +164,10 @@ def main(argv: list[str]) -> int:
     if argv == ["mlflow-users"]:
         env = os.environ
         admin = (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"])
-        done = ensure_mlflow_user(env["MLFLOW_TRACKING_URI"], admin, "worker",
-                                  _required(env, "LABELSHIFT_MLFLOW_WORKER_PASSWORD"))
-        print(f"MLflow user 'worker' {done}")
+        for role in ("worker", "reader"):
+            done = ensure_mlflow_user(env["MLFLOW_TRACKING_URI"], admin, role,
+                                      _required(env, PASSWORDS["mlflow"][role]))
+            print(f"MLflow user {role!r} {done}")
         return 0
     print("usage: python -m runtime.access s3-config FILE | mlflow-users", file=sys.stderr)
     return 2

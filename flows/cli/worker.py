@@ -64,6 +64,7 @@ def prefect_command(args) -> list[str]:
 
 def run(args) -> int:
     from labelshift.errors import InputError
+    from runtime.access import with_prefect_websocket_auth
     from runtime.worker_guard import run_worker
 
     command = prefect_command(args)
@@ -77,7 +78,7 @@ def run(args) -> int:
     if not 1 <= grace < 1e6:
         raise UsageError(f"--stop-grace must be a number of seconds, 1 or more; got {grace:g}")
     timeouts.apply_timeouts()        # this process's own calls (settling runs) and the flow runs inherit them
-    env = dict(os.environ)
+    env = with_prefect_websocket_auth(os.environ)    # Prefect's websockets carry the credentials a proxy checks
     env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     try:

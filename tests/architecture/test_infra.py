@@ -136,9 +136,13 @@ def test_compose_servers_listen_and_probe_the_same_port_and_only_the_tls_proxy_p
     assert port in _published_container_ports(proxy)
     # published on LABELSHIFT_BIND, loopback unless the operator opens it
     assert all(str(p).startswith("${LABELSHIFT_BIND:-127.0.0.1}:") for p in proxy["ports"])
-    # nginx passes that port on to the service, over the compose network
+    # nginx passes that port (and its internal plain one, port + 1) on to the service, over the servers' network
     conf = (ROOT / "infra" / "proxy" / "nginx.conf").read_text()
-    assert re.search(rf"listen {port} ssl;\s*location / {{\s*set \$\w+ http://{name}:{port};", conf), name
+    block = re.search(rf"listen {port} ssl;\s*listen {port + 1};(.*?)\n    }}", conf, re.S)
+    assert block and re.search(rf"location / {{.*?set \$\w+ http://{name}:{port};\s*proxy_pass", block[1], re.S), name
+    # the server is on the servers' network only, which the proxy alone shares with the workers
+    assert service["networks"] == ["servers"] and set(proxy["networks"]) == {"default", "servers"}
+    assert compose["networks"]["servers"]["internal"] is True
 
 
 def test_the_proxy_certificate_is_made_for_a_private_ca_and_refused_when_it_would_fail(tmp_path):
@@ -179,8 +183,8 @@ def test_compose_start_order(compose):
     assert conditions("s3-init") == {"s3": "service_healthy"}
     assert conditions("mlflow") == {"s3-init": "service_completed_successfully"}
     assert conditions("mlflow-init") == {"mlflow": "service_healthy"}
-    for worker in WORKERS:        # the workers' MLflow user exists before they start
-        assert conditions(worker) == {"prefect": "service_healthy", "mlflow-init": "service_completed_successfully"}
+    for worker in WORKERS:        # their door is open and the workers' MLflow user exists before they start
+        assert conditions(worker) == {"proxy": "service_healthy", "mlflow-init": "service_completed_successfully"}
     # every dependency is a service of the file
     for name, service in services.items():
         for dep in service.get("depends_on", {}):
@@ -224,11 +228,14 @@ def test_compose_gpu_workers_reserve_one_distinct_nvidia_gpu_each(compose):
 def test_compose_client_addresses_name_real_services(compose):
     services = compose["services"]
     env = services["worker-gpu0"]["environment"]
+    conf = (ROOT / "infra" / "proxy" / "nginx.conf").read_text()
     for variable, service in (("PREFECT_API_URL", "prefect"), ("MLFLOW_TRACKING_URI", "mlflow"),
                               ("AWS_ENDPOINT_URL_S3", "s3")):
+        # the proxy's internal port of that service (its server block passes it on to the service)
         match = re.fullmatch(r"http://([\w-]+):(\d+)(/api)?", env[variable])
         assert match, env[variable]
-        assert match.group(1) == service and int(match.group(2)) == SERVER_PORTS[service]
+        assert match.group(1) == "proxy" and int(match.group(2)) == SERVER_PORTS[service] + 1
+        assert re.search(rf"listen {match.group(2)};.*?http://{service}:{SERVER_PORTS[service]};", conf, re.S)
     assert env["LABELSHIFT_STORE"].startswith("s3://")
 
 
@@ -704,15 +711,18 @@ def test_the_roles_table_of_the_readme_is_runtime_access():
 
 
 def test_every_service_of_the_compose_stack_asks_for_credentials():
-    """Prefect has its auth string, MLflow runs the basic-auth app, SeaweedFS gets the roles' identities, and the
-    workers hold the workers' credentials, never the operator's; every secret is required (no default)."""
-    from runtime.access import S3_KEYS, SECRETS
+    """The proxy gets every role's Prefect and MLflow password, MLflow runs the basic-auth app, SeaweedFS gets the
+    roles' identities, and the workers hold the workers' credentials, never the operator's, and reach the servers
+    through the proxy; every secret is required (no default)."""
+    from runtime.access import PASSWORDS, S3_KEYS, SECRETS
 
     text = COMPOSE.read_text()
     compose = yaml.safe_load(text)
     services = compose["services"]
-    assert services["prefect"]["environment"]["PREFECT_SERVER_API_AUTH_STRING"].startswith(
-        "${LABELSHIFT_PREFECT_AUTH_STRING:?")
+    proxy_env = services["proxy"]["environment"]
+    for name in (n for roles in PASSWORDS.values() for n in roles.values()):
+        assert proxy_env[name].startswith(f"${{{name}:?"), name
+    assert "PREFECT_SERVER_API_AUTH_STRING" not in services["prefect"]["environment"]   # the proxy checks, by role
     mlflow = services["mlflow"]
     assert mlflow["command"][:4] == ["mlflow", "server", "--app-name", "basic-auth"]
     assert mlflow["environment"]["MLFLOW_AUTH_CONFIG_PATH"] == "/opt/labelshift/infra/mlflow/basic_auth.ini"
@@ -723,7 +733,9 @@ def test_every_service_of_the_compose_stack_asks_for_credentials():
     worker = services["worker-cpu"]["environment"]
     assert worker["AWS_ACCESS_KEY_ID"].startswith("${LABELSHIFT_S3_WORKER_ACCESS_KEY_ID:?")
     assert worker["MLFLOW_TRACKING_USERNAME"] == "worker"
-    assert worker["PREFECT_API_AUTH_STRING"].startswith("${LABELSHIFT_PREFECT_AUTH_STRING:?")
+    assert worker["PREFECT_API_AUTH_STRING"].startswith("worker:${LABELSHIFT_PREFECT_WORKER_PASSWORD:?")
+    assert [worker[k] for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL_S3")] == \
+        ["http://proxy:4201/api", "http://proxy:5001", "http://proxy:8334"]
     assert "mlflow-init" in services["worker-cpu"]["depends_on"]
     required = set(re.findall(r"\$\{(\w+):\?", text))
     assert set(SECRETS) <= required, set(SECRETS) - required
@@ -732,13 +744,16 @@ def test_every_service_of_the_compose_stack_asks_for_credentials():
                for name in SECRETS), "a secret without a placeholder"
 
 
-def test_stack_docker_up_refuses_short_mlflow_passwords():
+def test_stack_docker_up_refuses_short_passwords():
     import sys
+
+    from runtime.access import PASSWORDS
 
     sys.path.insert(0, str(ROOT / "infra"))
     from compose_stack import SetupError, check_credentials
 
-    good = {"LABELSHIFT_MLFLOW_OPERATOR_PASSWORD": "o" * 12, "LABELSHIFT_MLFLOW_WORKER_PASSWORD": "w" * 12}
+    good = {name: "p" * 12 for roles in PASSWORDS.values() for name in roles.values()}
     check_credentials(good)
-    with pytest.raises(SetupError, match="LABELSHIFT_MLFLOW_WORKER_PASSWORD must be at least 12 characters"):
-        check_credentials({**good, "LABELSHIFT_MLFLOW_WORKER_PASSWORD": "short"})
+    for name in good:
+        with pytest.raises(SetupError, match=f"{name} must be at least 12 characters"):
+            check_credentials({**good, name: "short"})

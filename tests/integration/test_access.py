@@ -1,13 +1,16 @@
-"""The credentials of the container stack, on the same servers started here (no Docker): Prefect with its auth
-string, MLflow's basic-auth app with infra/mlflow/basic_auth.ini, SeaweedFS with runtime/access.py's identities.
+"""The credentials of the container stack, on the same servers started here (no Docker) behind the stack's own
+proxy (tests/fixtures/proxy.py: infra/proxy/'s nginx.conf and roles.conf, without TLS): MLflow's basic-auth app with
+infra/mlflow/basic_auth.ini, SeaweedFS with runtime/access.py's identities, Prefect reached only through the proxy.
 
 Every door refuses a request without credentials or with a wrong one (Prefect's REST API and each of its
-websockets, MLflow's REST API and UI, S3), each role may do what infra/README.md's table says and no more, and a
-sweep run as a worker runs with the workers' credentials and writes no secret into its output, its Prefect
-parameters or its MLflow params. ``make stack-e2e`` checks the same on the containers (infra/stack_e2e.py).
+websockets, MLflow's REST API and UI, S3), each role may do what infra/README.md's table says and no more (a worker
+neither registers a model nor moves an alias, a reader starts no run), and a sweep run as a worker, through the
+proxy, runs with the workers' credentials and writes no secret into its output, its Prefect parameters or its
+MLflow params. ``make stack-e2e`` checks the same on the containers (infra/stack_e2e.py).
 """
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 import subprocess
@@ -16,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.access import S3_KEYS, SECRETS, ensure_mlflow_user, write_s3_config
+from runtime.access import PASSWORDS, S3_KEYS, SECRETS, ensure_mlflow_user, prefect_client_environment, write_s3_config
 from runtime.processes import ServiceProcess, free_ports, http_ok
+from tests.fixtures.proxy import start_proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "infra"))
@@ -30,14 +34,18 @@ BUCKET = "labelshift"
 def _secrets() -> dict[str, str]:
     values = {name: secrets.token_hex(16) for name in SECRETS}
     values.update(AWS_ACCESS_KEY_ID="op" + secrets.token_hex(4), LABELSHIFT_S3_WORKER_ACCESS_KEY_ID="wk" +
-                  secrets.token_hex(4), LABELSHIFT_S3_READER_ACCESS_KEY_ID="rd" + secrets.token_hex(4),
-                  LABELSHIFT_PREFECT_AUTH_STRING="labelshift:" + secrets.token_hex(12))
+                  secrets.token_hex(4), LABELSHIFT_S3_READER_ACCESS_KEY_ID="rd" + secrets.token_hex(4))
     return values
+
+
+def _users(values: dict[str, str], service: str) -> dict[str, tuple[str, str]]:
+    return {role: (role, values[name]) for role, name in PASSWORDS[service].items()}
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """S3, MLflow and Prefect with the stack's credentials on free loopback ports; stopped at the end."""
+    """S3, MLflow and Prefect with the stack's credentials on free loopback ports, and the proxy in front of
+    them (the URLs yielded are the proxy's); stopped at the end."""
     from runtime.supervisor import (MLFLOW_SERVER_ENV, WEED_INTERNAL_PORT_FLAGS, ensure_bucket, find_weed,
                                     mlflow_server_command, prefect_server_command, weed_server_command)
 
@@ -68,8 +76,7 @@ def servers(tmp_path_factory):
              "MLFLOW_FLASK_SERVER_SECRET_KEY": values["LABELSHIFT_MLFLOW_SECRET_KEY"]})
     prefect = ServiceProcess(prefect_server_command(prefect_port), log=root / "prefect.log", name="Prefect server",
                              env={**base, "PREFECT_HOME": str(root / "prefect"),
-                                  "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                                  "PREFECT_SERVER_API_AUTH_STRING": values["LABELSHIFT_PREFECT_AUTH_STRING"]})
+                                  "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
     started = [weed]
     try:
         weed.wait_ready(lambda: http_ok(f"{s3_url}/healthz"), 60)
@@ -79,9 +86,16 @@ def servers(tmp_path_factory):
         mlflow_url, api = f"http://127.0.0.1:{mlflow_port}", f"http://127.0.0.1:{prefect_port}/api"
         mlflow.wait_ready(lambda: http_ok(f"{mlflow_url}/health"), 120)
         prefect.wait_ready(lambda: http_ok(f"{api}/health"), 180)
-        ensure_mlflow_user(mlflow_url, ("operator", values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"]), "worker",
-                           values["LABELSHIFT_MLFLOW_WORKER_PASSWORD"])
-        yield dict(values=values, s3=s3_url, mlflow=mlflow_url, api=api, root=root, base=base)
+        for role in ("worker", "reader"):
+            ensure_mlflow_user(mlflow_url, ("operator", values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"]), role,
+                               values[PASSWORDS["mlflow"][role]])
+        proxy, urls = start_proxy(root / "proxy", {"prefect": api.removesuffix("/api"), "mlflow": mlflow_url,
+                                                   "s3": s3_url},
+                                  {name: values[name] for roles in PASSWORDS.values() for name in roles.values()},
+                                  base)
+        started.append(proxy)
+        yield dict(values=values, s3=urls["s3"], mlflow=urls["mlflow"], api=f"{urls['prefect']}/api", root=root,
+                   base=base)
     finally:
         for process in reversed(started):
             process.stop()
@@ -89,23 +103,41 @@ def servers(tmp_path_factory):
 
 def test_every_door_refuses_no_or_wrong_credentials_and_each_role_gets_its_rights(servers):
     values = servers["values"]
-    prefect = prefect_answers(servers["api"], values["LABELSHIFT_PREFECT_AUTH_STRING"])
-    assert {k: v for k, v in prefect.items() if k.startswith("REST")} == \
-        {"REST none": 401, "REST wrong": 401, "REST right": 200}, prefect
-    assert {prefect[f"health {who}"] for who in ("none", "wrong", "right")} == {200}      # the liveness probe
-    for key, outcome in prefect.items():      # 1008: policy violation; without the subprotocol, not even opened
+    prefect = prefect_answers(servers["api"], _users(values, "prefect"))
+    assert [prefect[f"REST {who}"] for who in ("none", "wrong", "operator", "worker", "reader")] == \
+        [401, 401, 200, 200, 200], prefect
+    assert {prefect[f"health {who}"] for who in ("none", "wrong", "operator")} == {200}      # the liveness probe
+    for key, outcome in prefect.items():        # the upgrade refused without the right password; readers emit none
         if key.startswith("ws "):
-            expected = {"accepted"} if key.endswith(" right") else {"closed 1008", "refused 403"}
-            assert outcome in expected, (key, prefect)
+            refused = key.endswith((" none", " wrong")) or key == "ws /events/in reader"
+            assert outcome == ("refused 401" if key.endswith((" none", " wrong")) else
+                               "refused 403" if refused else "accepted"), (key, prefect)
+    allowed = {"operator": {"read flow runs", "start a deployment's run", "create a deployment",
+                            "change an automation", "create an automation", "set a variable", "create a block",
+                            "delete a flow", "create a flow run", "set a flow run's state"},
+               "worker": {"read flow runs", "create a flow run", "set a flow run's state"},
+               "reader": {"read flow runs"}}
+    for key, status in prefect.items():
+        what, _, who = key.rpartition(" as ")
+        if who in allowed:       # 403: the proxy refused; anything else (404, 422, 200) reached the server
+            expected = 400 if what == "an encoded path" else None
+            assert (status == expected) if expected else ((status not in (401, 403)) == (what in allowed[who])), \
+                (key, status)
 
-    users = {"operator": ("operator", values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"]),
-             "worker": ("worker", values["LABELSHIFT_MLFLOW_WORKER_PASSWORD"])}
-    mlflow = mlflow_answers(servers["mlflow"], users)
+    mlflow = mlflow_answers(servers["mlflow"], _users(values, "mlflow"))
     for door in ("REST", "UI"):
-        assert [mlflow[f"{door} {who}"] for who in ("none", "wrong", "operator", "worker")] == [401, 401, 200, 200], \
-            mlflow
-    assert mlflow["create a user as worker"] == 403 and mlflow["create a user as operator"] == 200, mlflow
-    assert mlflow["delete experiment 0 as worker"] == 403, mlflow
+        assert [mlflow[f"{door} {who}"] for who in ("none", "wrong", "operator", "worker", "reader")] == \
+            [401, 401, 200, 200, 200], mlflow
+    may = {"operator": {"create a user", "create an experiment", "search runs", "register a model", "move an alias",
+                        "tag a model version"},
+           "worker": {"create an experiment", "search runs"}, "reader": {"search runs"}}
+    for who, rights in may.items():
+        for what in ("create a user", "create an experiment", "search runs", "register a model", "move an alias",
+                     "tag a model version", "delete experiment 0"):
+            if what == "delete experiment 0" and who == "operator":
+                continue
+            status = mlflow[f"{what} as {who}"]
+            assert (status not in (401, 403)) == (what in rights), (who, what, status)
 
     keys = {role: (values[key], values[secret]) for role, (key, secret) in S3_KEYS.items()}
     s3 = s3_answers(servers["s3"], BUCKET, keys)
@@ -118,15 +150,16 @@ def test_every_door_refuses_no_or_wrong_credentials_and_each_role_gets_its_right
 
 
 def test_a_sweep_runs_with_the_workers_credentials_and_writes_no_secret(servers, tmp_path):
-    """`labelshift reproduce` with what a worker holds (the Prefect auth string, MLflow's 'worker', the workers'
-    S3 key): it completes; no secret appears in its output, its flow run's parameters or its MLflow params."""
+    """`labelshift reproduce` through the proxy with what a worker holds (Prefect's and MLflow's 'worker', the
+    workers' S3 key): it completes within the worker's rights; no secret appears in its output, its flow run's
+    parameters or its MLflow params."""
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     values = servers["values"]
     env = {**servers["base"], "PREFECT_API_URL": servers["api"],
-           "PREFECT_API_AUTH_STRING": values["LABELSHIFT_PREFECT_AUTH_STRING"],
+           **prefect_client_environment("worker", values["LABELSHIFT_PREFECT_WORKER_PASSWORD"]),
            "MLFLOW_TRACKING_URI": servers["mlflow"], "MLFLOW_TRACKING_USERNAME": "worker",
            "MLFLOW_TRACKING_PASSWORD": values["LABELSHIFT_MLFLOW_WORKER_PASSWORD"],
            "AWS_ENDPOINT_URL_S3": servers["s3"], "AWS_DEFAULT_REGION": "us-east-1",
@@ -134,6 +167,8 @@ def test_a_sweep_runs_with_the_workers_credentials_and_writes_no_secret(servers,
            "AWS_SECRET_ACCESS_KEY": values["LABELSHIFT_S3_WORKER_SECRET_ACCESS_KEY"],
            "LABELSHIFT_STORE": f"s3://{BUCKET}/store", "LABELSHIFT_HOME": str(tmp_path / "home"),
            "PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    proxy_log = servers["root"] / "proxy" / "proxy.log"
+    before = proxy_log.stat().st_size       # the probes' refusals of the test above come before
     done = subprocess.run([sys.executable, "-m", "flows.cli", "reproduce", "--experiments", "shift",
                            "--shift-values", "0.2,0.5", "--seeds", "2", "--n-source", "500",
                            "--experiment-name", "access-sweep"], cwd=ROOT, env=env, capture_output=True,
@@ -146,11 +181,17 @@ def test_a_sweep_runs_with_the_workers_credentials_and_writes_no_secret(servers,
     runs = client.search_runs([experiment.experiment_id])
     assert runs and all(r.info.status == "FINISHED" for r in runs), [r.info.status for r in runs]
     flow_run_id = runs[0].data.tags["prefect.flow_run_id"]
-    with temporary_settings(updates={PREFECT_API_URL: servers["api"],
-                                     PREFECT_API_AUTH_STRING: values["LABELSHIFT_PREFECT_AUTH_STRING"]}), \
+    with temporary_settings(updates={PREFECT_API_URL: servers["api"], PREFECT_API_AUTH_STRING:
+                                     "reader:" + values["LABELSHIFT_PREFECT_READER_PASSWORD"]}), \
             get_client(sync_client=True) as prefect:
         parameters = prefect.read_flow_run(flow_run_id).parameters
     said = "\n".join([done.stdout, done.stderr, repr(parameters),
                       *(repr(r.data.params) + repr(r.data.tags) for r in runs)])
     leaked = [name for name in SECRETS if values[name] in said]
     assert not leaked, leaked
+    tokens = [base64.b64encode(f"{role}:{values[name]}".encode()).decode()       # the header's form of them
+              for roles in PASSWORDS.values() for role, name in roles.items()]
+    assert not [t for t in tokens if t in said]
+    # nothing the sweep needed was refused by the proxy (it logs each refusal with the user)
+    refused = [line for line in proxy_log.read_bytes()[before:].decode().splitlines() if "user=worker" in line]
+    assert not refused, refused[:5]
