@@ -13,7 +13,8 @@ import secrets
 import urllib.error
 import urllib.request
 
-__all__ = ["http_status", "prefect_answers", "prefect_rights", "prefect_websocket", "mlflow_answers", "s3_answers", "tls_answers",
+__all__ = ["http_status", "prefect_answers", "prefect_rights", "prefect_websocket", "prefect_problems",
+           "mlflow_problems", "PREFECT_MAY", "MLFLOW_MAY", "mlflow_answers", "s3_answers", "tls_answers",
            "PREFECT_WEBSOCKETS"]
 
 #: the Prefect server's websocket endpoints (events in and out, logs, task-run and worker subscriptions)
@@ -127,6 +128,58 @@ def mlflow_answers(url: str, users: dict[str, tuple[str, str]]) -> dict[str, int
         for what, (path, body) in rights.items():
             found[f"{what} as {who}"] = http_status(f"{api}/{path}", user=user, method="POST", body=body)
     return found
+
+
+#: what each role may do of :func:`prefect_rights` and :func:`mlflow_answers`' tries (runtime/access.py's ROLES)
+PREFECT_MAY = {"operator": {"read flow runs", "start a deployment's run", "create a deployment", "change an automation",
+                            "create an automation", "set a variable", "create a block", "delete a flow",
+                            "create a flow run", "set a flow run's state"},
+               "worker": {"read flow runs", "create a flow run", "set a flow run's state"},
+               "reader": {"read flow runs"}}
+MLFLOW_MAY = {"operator": {"create a user", "create an experiment", "search runs", "register a model", "move an alias",
+                           "tag a model version"},
+              "worker": {"create an experiment", "search runs"}, "reader": {"search runs"}}
+
+
+def prefect_problems(found: dict[str, object]) -> list[str]:
+    """What in :func:`prefect_answers`' ``found`` is not as the roles say: no or a wrong password refused (401,
+    the websockets' upgrade too), each role's REST and websockets let in (a reader emits no events), each right of
+    :data:`PREFECT_MAY` let through (anything but 401/403) and every other refused (403), an encoded path 400."""
+    problems = [f"{k}: {v}" for k, v in found.items() if k.startswith("REST ")
+                and v != (401 if k.endswith((" none", " wrong")) else 200)]
+    problems += [f"{k}: {v}" for k, v in found.items() if k.startswith("health ") and v != 200]
+    for key, outcome in found.items():
+        if key.startswith("ws "):
+            expected = ("refused 401" if key.endswith((" none", " wrong")) else
+                        "refused 403" if key == "ws /events/in reader" else "accepted")
+            if outcome != expected:
+                problems.append(f"{key}: {outcome}, expected {expected}")
+    return problems + _rights_problems(found, PREFECT_MAY)
+
+
+def mlflow_problems(found: dict[str, int]) -> list[str]:
+    """What in :func:`mlflow_answers`' ``found`` is not as the roles say (as :func:`prefect_problems`; deleting
+    experiment 0 is refused to all but the operator, whose try is not judged)."""
+    problems = [f"{k}: {v}" for k, v in found.items() if k.startswith(("REST ", "UI "))
+                and v != (401 if k.endswith((" none", " wrong")) else 200)]
+    problems += [f"{k}: {v}" for k, v in found.items() if k.startswith("health ") and v != 200]
+    return problems + _rights_problems({k: v for k, v in found.items() if k != "delete experiment 0 as operator"},
+                                       MLFLOW_MAY)
+
+
+def _rights_problems(found: dict, may: dict[str, set[str]]) -> list[str]:
+    problems = []
+    for key, status in found.items():
+        what, _, who = key.rpartition(" as ")
+        if who not in may:
+            continue
+        if what == "an encoded path":
+            ok = status == 400
+        else:
+            ok = (status not in (401, 403)) == (what in may[who])
+        if not ok:
+            problems.append(f"{key}: {status} ({'may' if what in may[who] else 'may not'})")
+    return problems
 
 
 def s3_answers(endpoint: str, bucket: str, keys: dict[str, tuple[str, str]]) -> dict[str, str]:

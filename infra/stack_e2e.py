@@ -31,6 +31,7 @@ Prints the time of each step. Exit status 0 passed, 1 a check failed, 2 the mach
 """
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -87,7 +88,6 @@ def write_env_file(folder: Path) -> tuple[Path, dict[str, str]]:
               "AWS_ACCESS_KEY_ID": "e2e" + secrets.token_hex(6),
               "LABELSHIFT_S3_WORKER_ACCESS_KEY_ID": "e2e-worker-" + secrets.token_hex(4),
               "LABELSHIFT_S3_READER_ACCESS_KEY_ID": "e2e-reader-" + secrets.token_hex(4),
-              "LABELSHIFT_PREFECT_AUTH_STRING": "labelshift:" + secrets.token_hex(24),
               "LABELSHIFT_BUCKET": BUCKET, "LABELSHIFT_BIND": "127.0.0.1",
               "LABELSHIFT_PREFECT_PORT": str(free_port()), "LABELSHIFT_MLFLOW_PORT": str(free_port()),
               "LABELSHIFT_S3_PORT": str(free_port()), "LABELSHIFT_WORKER_POLL_SECONDS": "2"}
@@ -103,9 +103,11 @@ def client_environment(values: dict[str, str], home: Path) -> dict[str, str]:
     credentials."""
     from tls import client_environment as trust
 
+    from runtime.access import prefect_client_environment
+
     return {**trust(Path(values["LABELSHIFT_TLS_DIR"]) / "ca.crt"),
             "PREFECT_API_URL": f"https://127.0.0.1:{values['LABELSHIFT_PREFECT_PORT']}/api",
-            "PREFECT_API_AUTH_STRING": values["LABELSHIFT_PREFECT_AUTH_STRING"],
+            **prefect_client_environment("operator", values["LABELSHIFT_PREFECT_OPERATOR_PASSWORD"]),
             "MLFLOW_TRACKING_URI": f"https://127.0.0.1:{values['LABELSHIFT_MLFLOW_PORT']}",
             "MLFLOW_TRACKING_USERNAME": "operator",
             "MLFLOW_TRACKING_PASSWORD": values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"],
@@ -334,7 +336,63 @@ def check_reestimate(env: dict[str, str]) -> dict:
     expect(not changed and set(after) == set(outputs), f"outputs rewritten or added by the second run: "
                                                        f"{sorted(changed | (set(after) - set(outputs)))}")
     return {"runs": [(r.name, r.state.name, r.labels.get("prefect.worker.name")) for r in (first, second)],
-            "outputs": sorted(outputs)}
+            "outputs": sorted(outputs), "model_uri": model_uri, "batch": batches[0]}
+
+
+def check_nothing_started_without_the_right(env: dict[str, str], values: dict[str, str]) -> dict:
+    """The reader and the workers' Prefect users may read the deployed ``reproduce`` deployment but not start a run
+    of it, nor pause its schedule (403 from the proxy); the workers' MLflow user may not move an alias."""
+    from access_probes import http_status
+
+    with prefect_client() as client:
+        deployment = client.read_deployment_by_name("reproduce/reproduce")
+    api = env["PREFECT_API_URL"]
+    found = {}
+    for role, (user, password) in users(values, "prefect").items():
+        if role == "operator":
+            continue
+        found[f"read it as {role}"] = http_status(f"{api}/deployments/{deployment.id}", user=(user, password))
+        found[f"start a run as {role}"] = http_status(f"{api}/deployments/{deployment.id}/create_flow_run",
+                                                      user=(user, password), method="POST", body={})
+        found[f"pause it as {role}"] = http_status(f"{api}/deployments/{deployment.id}", user=(user, password),
+                                                   method="PATCH", body={"paused": True})
+    expect(all(v == (200 if k.startswith("read") else 403) for k, v in found.items()), f"deployment: {found}")
+    return found
+
+
+def check_tampered_version_refused(env: dict[str, str], values: dict[str, str], reestimate: dict) -> dict:
+    """A file of the registered reference's version altered in S3 with the workers' key (which may write the
+    bucket): ``labelshift estimate`` of it, from this machine, refuses the version naming the file, and writes
+    nothing beside the new batch."""
+    import boto3
+    from mlflow import MlflowClient
+
+    model_uri = reestimate["model_uri"]
+    client, address = MlflowClient(env["MLFLOW_TRACKING_URI"]), model_uri.removeprefix("models:/")
+    name, at, alias = address.partition("@")
+    run_id = (client.get_model_version_by_alias(name, alias) if at else
+              client.get_model_version(*address.rsplit("/", 1))).run_id
+    files = sorted(k for k in objects(env, "mlartifacts/") if f"/{run_id}/artifacts/calibration/" in k)
+    expect(bool(files), f"no calibration file of run {run_id} in s3://{BUCKET}/mlartifacts/")
+    worker = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], region_name="us-east-1",
+                          aws_access_key_id=values["LABELSHIFT_S3_WORKER_ACCESS_KEY_ID"],
+                          aws_secret_access_key=values["LABELSHIFT_S3_WORKER_SECRET_ACCESS_KEY"])
+    original = worker.get_object(Bucket=BUCKET, Key=files[0])["Body"].read()
+    worker.put_object(Bucket=BUCKET, Key=files[0], Body=original + b" ")
+    batch = "store/tampered/2026/11/23/part-0.parquet"
+    s3(env).copy_object(Bucket=BUCKET, Key=batch, CopySource={"Bucket": BUCKET, "Key": reestimate["batch"]})
+    home = Path(tempfile.mkdtemp(prefix="labelshift-e2e-estimate-"))
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "estimate", "--model", model_uri,
+                           "--target", f"s3://{BUCKET}/store/tampered", "--home", str(home),
+                           "--tracking-uri", env["MLFLOW_TRACKING_URI"]], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    said = " ".join((done.stdout + done.stderr).split())
+    changed = files[0].split("/artifacts/", 1)[1]
+    expect(done.returncode == 1 and f"run/{changed} changed" in said and "labelshift reference trust" in said,
+           f"estimate of the altered version: exit {done.returncode}: {said[-1500:]}")
+    left = sorted(objects(env, "store/tampered/"))
+    expect(left == [batch], f"estimate of the altered version wrote {left}")
+    return {"altered": files[0], "exit": done.returncode}
 
 
 def create_crash_automation(within: timedelta) -> None:
@@ -457,10 +515,17 @@ def tear_down(stack: Stack) -> dict[str, list[str]]:
     return {kind: ids for kind, ids in stack.leftovers().items() if ids}
 
 
+def users(values: dict[str, str], service: str) -> dict[str, tuple[str, str]]:
+    """role -> (user, password) of ``service`` (prefect, mlflow) from the env file's values."""
+    from runtime.access import PASSWORDS
+
+    return {role: (role, values[name]) for role, name in PASSWORDS[service].items()}
+
+
 def check_credentials(env: dict[str, str], values: dict[str, str]) -> dict:
     """Every published door with no credentials, wrong ones and each role's (infra/access_probes.py): refused
     and allowed as runtime/access.py's roles say."""
-    from access_probes import mlflow_answers, prefect_answers, s3_answers, tls_answers
+    from access_probes import mlflow_answers, mlflow_problems, prefect_answers, prefect_problems, s3_answers, tls_answers
 
     ca = str(Path(values["LABELSHIFT_TLS_DIR"]) / "ca.crt")
     tls = {name: tls_answers(url, ca) for name, url in (
@@ -471,20 +536,10 @@ def check_credentials(env: dict[str, str], values: dict[str, str]) -> dict:
                and found["TLS, public CAs only"].startswith("refused")
                and found["TLS, another host name"].startswith("refused"), f"TLS of {name}: {found}")
 
-    prefect = prefect_answers(env["PREFECT_API_URL"], values["LABELSHIFT_PREFECT_AUTH_STRING"])
-    expect([prefect[f"REST {who}"] for who in ("none", "wrong", "right")] == [401, 401, 200], f"Prefect: {prefect}")
-    for key, outcome in prefect.items():
-        if key.startswith("ws "):
-            expect(outcome == "accepted" if key.endswith(" right") else outcome in ("closed 1008", "refused 403"),
-                   f"Prefect websocket {key}: {outcome}")
-    mlflow = mlflow_answers(env["MLFLOW_TRACKING_URI"], {
-        "operator": ("operator", values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"]),
-        "worker": ("worker", values["LABELSHIFT_MLFLOW_WORKER_PASSWORD"])})
-    for door in ("REST", "UI"):
-        expect([mlflow[f"{door} {who}"] for who in ("none", "wrong", "operator", "worker")] == [401, 401, 200, 200],
-               f"MLflow {door}: {mlflow}")
-    expect(mlflow["create a user as worker"] == 403 and mlflow["delete experiment 0 as worker"] == 403,
-           f"MLflow worker rights: {mlflow}")
+    prefect = prefect_answers(env["PREFECT_API_URL"], users(values, "prefect"))
+    expect(not prefect_problems(prefect), f"Prefect: {prefect_problems(prefect)}")
+    mlflow = mlflow_answers(env["MLFLOW_TRACKING_URI"], users(values, "mlflow"))
+    expect(not mlflow_problems(mlflow), f"MLflow: {mlflow_problems(mlflow)}")
     from runtime.access import S3_KEYS
 
     keys = {role: (values[key], values[secret]) for role, (key, secret) in S3_KEYS.items()}
@@ -508,7 +563,12 @@ def check_no_secret_written(stack: Stack, env: dict[str, str], values: dict[str,
     mlflow = MlflowClient(env["MLFLOW_TRACKING_URI"])
     runs = [r for e in mlflow.search_experiments() for r in mlflow.search_runs([e.experiment_id])]
     texts["MLflow params and tags"] = repr([(r.data.params, r.data.tags) for r in runs])
-    leaked = {where: [name for name in SECRETS if values[name] in text] for where, text in texts.items()}
+    from runtime.access import PASSWORDS
+
+    secret = {name: values[name] for name in SECRETS}          # and the basic-auth header's form of each password
+    secret.update({f"{name} (as a header)": base64.b64encode(f"{role}:{values[name]}".encode()).decode()
+                   for roles in PASSWORDS.values() for role, name in roles.items()})
+    leaked = {where: [name for name, value in secret.items() if value in text] for where, text in texts.items()}
     expect(not any(leaked.values()), f"secrets written: {leaked}")
     return {where: len(text) for where, text in texts.items()}
 
@@ -520,7 +580,11 @@ def run_checks(stack: Stack, env: dict[str, str], timings: dict[str, float], val
                        ("workers online", lambda: results.update(workers=wait_for_workers("labelshift", 2))),
                        ("prefect deploy", lambda: deploy(env)),
                        ("sweep on the workers", lambda: results.update(sweep=check_sweep(env, results["workers"]))),
+                       ("reader and worker start nothing", lambda: results.update(
+                           rights=check_nothing_started_without_the_right(env, values))),
                        ("scheduled reestimate", lambda: results.update(reestimate=check_reestimate(env))),
+                       ("altered version refused", lambda: results.update(
+                           tampered=check_tampered_version_refused(env, values, results["reestimate"]))),
                        ("worker killed", lambda: results.update(kill=check_worker_killed(env, stack))),
                        ("worker stopped", lambda: results.update(stop=check_worker_stopped(env, stack))),
                        ("no secret written", lambda: results.update(

@@ -25,7 +25,8 @@ from tests.fixtures.proxy import start_proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "infra"))
-from access_probes import mlflow_answers, prefect_answers, s3_answers  # noqa: E402
+from access_probes import (PREFECT_MAY, mlflow_answers, mlflow_problems, prefect_answers,  # noqa: E402
+                           prefect_problems, s3_answers)
 
 pytestmark = pytest.mark.integration
 BUCKET = "labelshift"
@@ -104,40 +105,15 @@ def servers(tmp_path_factory):
 def test_every_door_refuses_no_or_wrong_credentials_and_each_role_gets_its_rights(servers):
     values = servers["values"]
     prefect = prefect_answers(servers["api"], _users(values, "prefect"))
-    assert [prefect[f"REST {who}"] for who in ("none", "wrong", "operator", "worker", "reader")] == \
-        [401, 401, 200, 200, 200], prefect
-    assert {prefect[f"health {who}"] for who in ("none", "wrong", "operator")} == {200}      # the liveness probe
-    for key, outcome in prefect.items():        # the upgrade refused without the right password; readers emit none
-        if key.startswith("ws "):
-            refused = key.endswith((" none", " wrong")) or key == "ws /events/in reader"
-            assert outcome == ("refused 401" if key.endswith((" none", " wrong")) else
-                               "refused 403" if refused else "accepted"), (key, prefect)
-    allowed = {"operator": {"read flow runs", "start a deployment's run", "create a deployment",
-                            "change an automation", "create an automation", "set a variable", "create a block",
-                            "delete a flow", "create a flow run", "set a flow run's state"},
-               "worker": {"read flow runs", "create a flow run", "set a flow run's state"},
-               "reader": {"read flow runs"}}
-    for key, status in prefect.items():
-        what, _, who = key.rpartition(" as ")
-        if who in allowed:       # 403: the proxy refused; anything else (404, 422, 200) reached the server
-            expected = 400 if what == "an encoded path" else None
-            assert (status == expected) if expected else ((status not in (401, 403)) == (what in allowed[who])), \
-                (key, status)
+    assert not prefect_problems(prefect), (prefect_problems(prefect), prefect)
+    # the rules are not vacuous: each role was refused something, and let through something
+    refused = {who: [k for k, v in prefect.items() if k.endswith(f" as {who}") and v == 403] for who in PREFECT_MAY}
+    assert refused["operator"] == [] and len(refused["worker"]) >= 6 and len(refused["reader"]) >= 8, refused
 
     mlflow = mlflow_answers(servers["mlflow"], _users(values, "mlflow"))
-    for door in ("REST", "UI"):
-        assert [mlflow[f"{door} {who}"] for who in ("none", "wrong", "operator", "worker", "reader")] == \
-            [401, 401, 200, 200, 200], mlflow
-    may = {"operator": {"create a user", "create an experiment", "search runs", "register a model", "move an alias",
-                        "tag a model version"},
-           "worker": {"create an experiment", "search runs"}, "reader": {"search runs"}}
-    for who, rights in may.items():
-        for what in ("create a user", "create an experiment", "search runs", "register a model", "move an alias",
-                     "tag a model version", "delete experiment 0"):
-            if what == "delete experiment 0" and who == "operator":
-                continue
-            status = mlflow[f"{what} as {who}"]
-            assert (status not in (401, 403)) == (what in rights), (who, what, status)
+    assert not mlflow_problems(mlflow), (mlflow_problems(mlflow), mlflow)
+    assert [mlflow[f"{what} as worker"] for what in ("register a model", "move an alias", "tag a model version")] \
+        == [403] * 3, mlflow
 
     keys = {role: (values[key], values[secret]) for role, (key, secret) in S3_KEYS.items()}
     s3 = s3_answers(servers["s3"], BUCKET, keys)
