@@ -7,12 +7,21 @@ STAMP  := $(VENV)/.installed
 .PHONY: setup setup-ui run test test-fast test-faults-stack test-ui lint bench clean stack-up stack-down stack-status image \
 	stack-docker-up stack-docker-down stack-e2e
 
-# Debian's dataset-fashion-mnist (Fashion-MNIST's idx files, offline) is installed when missing, as setup-ui
+# Debian's nginx-light (the container stack's proxy, run by the credential tests) and dataset-fashion-mnist
+# (Fashion-MNIST's idx files, offline) are installed when missing, as setup-ui
 # installs chromium (root, or sudo without a password prompt); where that fails setup still succeeds and the tests
 # that read the package are skipped with the reason (`sudo apt-get install dataset-fashion-mnist` later enables them)
 FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
 
 setup: $(STAMP)
+	@if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then \
+	  echo "installing Debian's nginx-light: tests/integration/test_access.py runs the stack's proxy (infra/proxy/)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
+	  { command -v apt-get >/dev/null && $$SUDO apt-get update -qq && \
+	    $$SUDO apt-get install -y -qq --no-install-recommends nginx-light && \
+	    { $$SUDO nginx -s quit 2>/dev/null || true; }; } || \
+	  echo "could not install nginx-light (needs apt-get and root or sudo): the proxy's tests will fail"; \
+	fi
 	@if [ ! -d $(FASHION_MNIST_DIR) ]; then \
 	  echo "installing Debian's dataset-fashion-mnist for the fashion-mnist dataset"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \

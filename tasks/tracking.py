@@ -175,6 +175,13 @@ def ended_status(exc: BaseException) -> str:
     return "FAILED" if isinstance(exc, Exception) else "KILLED"
 
 
+def registry_refused(exc: BaseException) -> bool:
+    """True when ``exc`` is the tracking server refusing this user what it asked: PERMISSION_DENIED (HTTP 403), as
+    the container stack's proxy and MLflow's auth app answer the workers' user a model registration or an alias
+    (infra/README.md, "Who may do what")."""
+    return getattr(exc, "error_code", None) == "PERMISSION_DENIED"
+
+
 def end_runs_of_flow_run(tracking_uri: str, flow_run_id: str, status: str = "KILLED") -> list[str]:
     """End as ``status`` every MLflow run still RUNNING that the Prefect flow run ``flow_run_id`` wrote (tag
     :data:`FLOW_RUN_TAG`), in any experiment: the book-keeping of a flow run whose process was killed before it

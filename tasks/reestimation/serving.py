@@ -38,6 +38,7 @@ from labelshift.inference.report import ShiftReport
 from labelshift.monitoring.batches import OutputSpec, read_outputs
 from tasks.reestimation.model import parse_model_uri
 from tasks.reestimation.scoring import forward, model_scores
+from tasks.tracking import registry_refused
 from tasks.trusted_models import record_digest
 
 __all__ = ["KIND", "KIND_TAG", "ALIAS", "CLASS_COLUMN", "ShiftCorrectedModel", "load_state", "corrected_frame",
@@ -267,8 +268,17 @@ def register_if_shifted(bundle, report: ShiftReport, *, tracking_uri: str, name:
     label shift not rejected, the shift significant; None under every other verdict (nothing registered)."""
     if report.verdict != "Shifted":
         return None
-    return register_corrected_model(bundle, report, tracking_uri=tracking_uri, name=name, run_id=run_id,
-                                    target=target, sequence=sequence)
+    try:
+        return register_corrected_model(bundle, report, tracking_uri=tracking_uri, name=name, run_id=run_id,
+                                        target=target, sequence=sequence)
+    except mlflow.exceptions.MlflowException as exc:
+        if not registry_refused(exc):
+            raise
+        raise InputError(f"register_corrected: the tracking server refuses this MLflow user the registration of "
+                         f"{name!r} ({' '.join(str(exc).split())[:300]}). In the container stack only the operator "
+                         "registers models (infra/README.md, 'Who may do what'): run this re-estimation with "
+                         "register_corrected from the operator's machine (labelshift estimate --register-corrected), "
+                         "or without it on the workers. Nothing was committed.") from None
 
 
 def register_corrected_model(bundle, report: ShiftReport, *, tracking_uri: str, name: str, run_id: str,

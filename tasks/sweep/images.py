@@ -44,6 +44,7 @@ from labelshift.errors import InputError, ObjectNotFoundError
 from labelshift.experiments import images
 from labelshift.storage import open_store
 
+from ..tracking import registry_refused
 from .estimation import settings_run_name
 
 __all__ = ["CALIBRATORS", "CACHE_VERSION", "dataset_prefix", "model_key", "training_config", "ensure_dataset",
@@ -196,11 +197,29 @@ def _train_and_store(client: MlflowClient, run_id: str, store, ds, dataset: str,
 def _register(client: MlflowClient, run_id: str, tracking_uri: str, model, ds, dataset: str, meta: dict,
               good_accuracy: float) -> None:
     """Log the model to its training run and register it as ``labelshift-<dataset>``, aliased latest (and
-    latest-good from ``good_accuracy``); the registered name, version and URI go into ``meta``."""
+    latest-good from ``good_accuracy``); the registered name, version and URI go into ``meta``. Where the tracking
+    server refuses this user registrations (:func:`tasks.tracking.registry_refused`), the model stays logged
+    and unregistered, the run tagged ``labelshift.registration`` with the refusal."""
+    import mlflow.exceptions
+
+    name = registered_model_name(dataset)
+    try:
+        _log_and_register(client, run_id, tracking_uri, model, ds, name, meta, good_accuracy)
+    except mlflow.exceptions.MlflowException as exc:
+        if not registry_refused(exc):
+            raise
+        # the workers' role of the container stack: the model stays logged in its run, the sweep goes on
+        why = " ".join(str(exc).split())[:300]
+        client.set_tag(run_id, "labelshift.registration", f"refused: {why}")
+        _progress(f"{name}: not registered (this MLflow user may not register models: {why}); the model stays "
+                  f"logged in run {run_id}, for the operator to register (infra/README.md, 'Who may do what')")
+
+
+def _log_and_register(client: MlflowClient, run_id: str, tracking_uri: str, model, ds, name: str, meta: dict,
+                      good_accuracy: float) -> None:
     import mlflow
     import torch
 
-    name = registered_model_name(dataset)
     mlflow.set_tracking_uri(tracking_uri)
     # MLflow 3 stores PyTorch models as torch.export programs ("pt2"), traced on an example batch: the
     # first EXAMPLE_BATCH valid images scaled to [0, 1], the input the network expects

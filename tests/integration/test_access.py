@@ -16,6 +16,7 @@ import secrets
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -171,3 +172,36 @@ def test_a_sweep_runs_with_the_workers_credentials_and_writes_no_secret(servers,
     # nothing the sweep needed was refused by the proxy (it logs each refusal with the user)
     refused = [line for line in proxy_log.read_bytes()[before:].decode().splitlines() if "user=worker" in line]
     assert not refused, refused[:5]
+
+
+def test_a_worker_may_not_register_a_model_and_the_sweep_keeps_it_logged(servers, monkeypatch):
+    """Through the proxy as the workers' MLflow user: a registration is refused (PERMISSION_DENIED, which
+    tasks.tracking.registry_refused recognises); the image sweep's registration step then leaves the model logged
+    in its run, tags the run with the refusal and goes on, and the registry holds nothing new."""
+    import numpy as np
+    import torch
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from tasks.sweep.images import _register, registered_model_name
+    from tasks.tracking import registry_refused
+
+    values, url = servers["values"], servers["mlflow"]
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "worker")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", values["LABELSHIFT_MLFLOW_WORKER_PASSWORD"])
+    client = MlflowClient(url)
+    with pytest.raises(MlflowException) as refused:
+        client.create_registered_model("access-by-a-worker")
+    assert registry_refused(refused.value), refused.value
+
+    run_id = client.create_run(client.create_experiment("access-register")).info.run_id
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    ds = SimpleNamespace(valid=SimpleNamespace(x=np.zeros((8, 4, 4), np.uint8)))
+    meta = {"test_accuracy": 0.95}
+    _register(client, run_id, url, model, ds, "access-digits", meta, good_accuracy=0.9)
+    assert "registered_model" not in meta and "version" not in meta, meta
+    tag = client.get_run(run_id).data.tags["labelshift.registration"]
+    assert tag.startswith("refused:") and "403" in tag and "worker" in tag, tag
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "operator")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"])
+    assert client.search_registered_models(f"name = '{registered_model_name('access-digits')}'") == []
