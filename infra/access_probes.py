@@ -43,7 +43,7 @@ _NOBODY = "00000000-0000-0000-0000-000000000000"
 
 
 def prefect_answers(api_url: str, users: dict[str, tuple[str, str]]) -> dict[str, object]:
-    """Through the proxy: REST (a flow filter and the health probe) and every websocket of
+    """Through the proxy: REST (a flow filter and the health probe), the UI's page and every websocket of
     :data:`PREFECT_WEBSOCKETS`, without credentials, with a wrong password and as each of ``users`` (role ->
     (name, password)); then what each role may do (:func:`prefect_rights`)."""
     api = api_url.rstrip("/")
@@ -52,6 +52,7 @@ def prefect_answers(api_url: str, users: dict[str, tuple[str, str]]) -> dict[str
     found: dict[str, object] = {}
     for who, auth in tries.items():
         found[f"REST {who}"] = http_status(f"{api}/flows/filter", auth=auth, method="POST", body={})
+        found[f"UI {who}"] = http_status(f"{api.removesuffix('/api')}/", auth=auth)
         found[f"health {who}"] = http_status(f"{api}/health", auth=auth)
         for path in PREFECT_WEBSOCKETS:
             found[f"ws {path} {who}"] = prefect_websocket(api + path, auth)
@@ -161,7 +162,7 @@ def prefect_problems(found: dict[str, object]) -> list[str]:
     """What in :func:`prefect_answers`' ``found`` is not as the roles say: no or a wrong password refused (401,
     the websockets' upgrade too), each role's REST and websockets let in (a reader emits no events), each right of
     :data:`PREFECT_MAY` let through (anything but 401/403) and every other refused (403), an encoded path 400."""
-    problems = [f"{k}: {v}" for k, v in found.items() if k.startswith("REST ")
+    problems = [f"{k}: {v}" for k, v in found.items() if k.startswith(("REST ", "UI "))
                 and v != (401 if k.endswith((" none", " wrong")) else 200)]
     problems += [f"{k}: {v}" for k, v in found.items() if k.startswith("health ") and v != 200]
     for key, outcome in found.items():

@@ -550,9 +550,24 @@ def check_credentials(env: dict[str, str], values: dict[str, str]) -> dict:
     return {"tls": tls, "prefect": prefect, "mlflow": mlflow, "s3": s3}
 
 
+#: the artifacts searched for secrets: every text file the stack wrote to the bucket (MLflow's artifacts, the store)
+TEXT_SUFFIXES = (".json", ".txt", ".md", ".yaml", ".yml", ".csv", ".html", ".log", "MLmodel")
+
+
+def bucket_texts(env: dict[str, str], limit: int = 2 << 20) -> str:
+    """Every text object of the bucket (by :data:`TEXT_SUFFIXES`, up to ``limit`` bytes each), concatenated."""
+    client = s3(env)
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
+    keys = [o["Key"] for p in pages for o in p.get("Contents", [])
+            if o["Key"].endswith(TEXT_SUFFIXES) and o["Size"] <= limit]
+    return "\n".join(client.get_object(Bucket=BUCKET, Key=k)["Body"].read().decode("utf-8", "replace")
+                     for k in keys)
+
+
 def check_no_secret_written(stack: Stack, env: dict[str, str], values: dict[str, str]) -> dict:
-    """No secret of the env file in any container's log, any flow run's parameters or any MLflow run's params
-    and tags (the operator's view of everything the check made)."""
+    """No secret of the env file in any container's log, any flow run's parameters, any Prefect artifact, any MLflow
+    run's params and tags or any text file in the bucket (MLflow's artifacts, the store): the operator's view of
+    everything the check made."""
     from mlflow import MlflowClient
     from runtime.access import SECRETS
 
@@ -560,6 +575,8 @@ def check_no_secret_written(stack: Stack, env: dict[str, str], values: dict[str,
                                          capture=True).stdout}
     with prefect_client() as client:
         texts["flow run parameters"] = repr([r.parameters for r in client.read_flow_runs()])
+        texts["Prefect artifacts"] = repr([a.data for a in client.read_artifacts()])
+    texts["text files in the bucket"] = bucket_texts(env)
     mlflow = MlflowClient(env["MLFLOW_TRACKING_URI"])
     runs = [r for e in mlflow.search_experiments() for r in mlflow.search_runs([e.experiment_id])]
     texts["MLflow params and tags"] = repr([(r.data.params, r.data.tags) for r in runs])
