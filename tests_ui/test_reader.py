@@ -70,10 +70,12 @@ def _made_by_the_operator(urls: dict[str, str], passwords: dict[str, str]) -> di
     os.environ.update(MLFLOW_TRACKING_USERNAME="operator",
                       MLFLOW_TRACKING_PASSWORD=passwords["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"])
     mlflow = MlflowClient(urls["mlflow"])
-    run_id = mlflow.create_run(mlflow.create_experiment(EXPERIMENT), run_name="reader-run").info.run_id
+    experiment_id = mlflow.create_experiment(EXPERIMENT)
+    run_id = mlflow.create_run(experiment_id, run_name="reader-run").info.run_id
     mlflow.log_metric(run_id, "mse", 0.125)
     mlflow.set_terminated(run_id)
-    return {"deployment_id": str(deployment_id), "flow_run": run.name, "runs_of": lambda: _runs_of(
+    return {"deployment_id": str(deployment_id), "flow_run": run.name, "mlflow_run": f"{experiment_id}/runs/{run_id}",
+            "runs_of": lambda: _runs_of(
         urls, passwords, deployment_id)}
 
 
@@ -109,8 +111,9 @@ def test_a_reader_browses_prefect_and_mlflow_and_cannot_start_a_run(guarded, bro
         page.screenshot(path=str(screens / "3-reader-01-prefect-runs.png"))
         page.goto(f"{mlflow}/#/experiments")
         expect(page.get_by_text(EXPERIMENT).first).to_be_visible()
-        page.get_by_text(EXPERIMENT).first.click()
+        page.goto(f"{mlflow}/#/experiments/{guarded['mlflow_run']}?workflowType=machine_learning")
         expect(page.get_by_text("reader-run").first).to_be_visible()
+        expect(page.get_by_text("mse").first).to_be_visible()
         page.screenshot(path=str(screens / "3-reader-02-mlflow-runs.png"))
         assert _refusals(guarded["log"]) == []             # browsing needed nothing the reader may not do
 
