@@ -89,9 +89,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{PROG}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        from flows.cli.refusals import refusal_message
         from labelshift.errors import LabelShiftError
 
-        if isinstance(exc, LabelShiftError) and not getattr(args, "verbose", False):
+        verbose = getattr(args, "verbose", False)
+        refused = refusal_message(exc)
+        if refused and not verbose:
+            print(f"{PROG} {args.command}: error: {refused}", file=sys.stderr)
+            return 1
+        if isinstance(exc, LabelShiftError) and not verbose:
             print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
             return 1
         raise

@@ -163,7 +163,9 @@ def run(args) -> int:
             watched(api_url, lambda reason: stopped_sentence("estimate", reason, committed(), LOST_HINT)):
         state = reestimate(**call, return_state=True)
     if not state.is_completed():
-        message = state.message or ""
+        from flows.cli.refusals import failure_text
+
+        message = failure_text(state)
         print(f"{PROG} estimate: failed after {time.perf_counter() - t0:.0f} s: {message}", file=sys.stderr)
         if "did not move" not in message:           # an error that says it already is not told twice
             print("  The watermark did not move: fix the cause and rerun, and the same batches are taken again (any "

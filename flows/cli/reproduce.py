@@ -133,7 +133,9 @@ def run(args) -> int:
         state = run_in_process(params, temporary_server=temporary, dask=args.dask)
     elapsed = time.perf_counter() - t0
     if not state.is_completed():
-        print(f"\n{PROG} reproduce: the sweep failed ({state.name}) after {elapsed:.0f} s: {state.message}",
+        from flows.cli.refusals import failure_text
+
+        print(f"\n{PROG} reproduce: the sweep failed ({state.name}) after {elapsed:.0f} s: {failure_text(state)}",
               file=sys.stderr)
         _print_failure_hints(env, state)
         return 1

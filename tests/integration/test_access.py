@@ -126,6 +126,46 @@ def test_every_door_refuses_no_or_wrong_credentials_and_each_role_gets_its_right
                   "delete as reader": "AccessDenied", "create a bucket as reader": "AccessDenied"}, s3
 
 
+def _worker_env(servers, tmp_path) -> dict[str, str]:
+    """What a worker holds, as a client of the proxy (Prefect's and MLflow's 'worker', the workers' S3 key)."""
+    values = servers["values"]
+    return {**servers["base"], "PREFECT_API_URL": servers["api"],
+            **prefect_client_environment("worker", values["LABELSHIFT_PREFECT_WORKER_PASSWORD"]),
+            "MLFLOW_TRACKING_URI": servers["mlflow"], "MLFLOW_TRACKING_USERNAME": "worker",
+            "MLFLOW_TRACKING_PASSWORD": values["LABELSHIFT_MLFLOW_WORKER_PASSWORD"],
+            "AWS_ENDPOINT_URL_S3": servers["s3"], "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": values["LABELSHIFT_S3_WORKER_ACCESS_KEY_ID"],
+            "AWS_SECRET_ACCESS_KEY": values["LABELSHIFT_S3_WORKER_SECRET_ACCESS_KEY"],
+            "LABELSHIFT_STORE": f"s3://{BUCKET}/store", "LABELSHIFT_HOME": str(tmp_path / "home"),
+            "PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_DISABLE_TELEMETRY": "true"}
+
+
+@pytest.mark.parametrize("wrong", ["PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_PASSWORD"])
+def test_a_wrong_password_is_refused_with_the_setting_to_fix(servers, tmp_path, wrong):
+    """A client with one wrong password: the command ends (exit 1) with a sentence naming the variable to set, no
+    traceback, and no MLflow run left RUNNING."""
+    env = _worker_env(servers, tmp_path)
+    if wrong.startswith("PREFECT"):
+        env.update(prefect_client_environment("worker", "not-the-password-42"))
+    else:
+        env[wrong] = "not-the-password-42"
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "reproduce", "--experiments", "shift",
+                           "--shift-values", "0.5", "--seeds", "2", "--n-source", "300",
+                           "--experiment-name", f"access-wrong-{wrong}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert wrong in said and "401" in said, said[-2000:]
+    from mlflow import MlflowClient
+
+    os.environ.update(MLFLOW_TRACKING_USERNAME="operator",
+                      MLFLOW_TRACKING_PASSWORD=servers["values"]["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"])
+    experiment = MlflowClient(servers["mlflow"]).get_experiment_by_name(f"access-wrong-{wrong}")
+    if experiment is not None:               # no run of it left RUNNING
+        runs = MlflowClient(servers["mlflow"]).search_runs([experiment.experiment_id])
+        assert [r.info.status for r in runs if r.info.status == "RUNNING"] == []
+
+
 def test_a_sweep_runs_with_the_workers_credentials_and_writes_no_secret(servers, tmp_path):
     """`labelshift reproduce` through the proxy with what a worker holds (Prefect's and MLflow's 'worker', the
     workers' S3 key): it completes within the worker's rights; no secret appears in its output, its flow run's
@@ -135,15 +175,7 @@ def test_a_sweep_runs_with_the_workers_credentials_and_writes_no_secret(servers,
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     values = servers["values"]
-    env = {**servers["base"], "PREFECT_API_URL": servers["api"],
-           **prefect_client_environment("worker", values["LABELSHIFT_PREFECT_WORKER_PASSWORD"]),
-           "MLFLOW_TRACKING_URI": servers["mlflow"], "MLFLOW_TRACKING_USERNAME": "worker",
-           "MLFLOW_TRACKING_PASSWORD": values["LABELSHIFT_MLFLOW_WORKER_PASSWORD"],
-           "AWS_ENDPOINT_URL_S3": servers["s3"], "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ACCESS_KEY_ID": values["LABELSHIFT_S3_WORKER_ACCESS_KEY_ID"],
-           "AWS_SECRET_ACCESS_KEY": values["LABELSHIFT_S3_WORKER_SECRET_ACCESS_KEY"],
-           "LABELSHIFT_STORE": f"s3://{BUCKET}/store", "LABELSHIFT_HOME": str(tmp_path / "home"),
-           "PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env = _worker_env(servers, tmp_path)
     proxy_log = servers["root"] / "proxy" / "proxy.log"
     before = proxy_log.stat().st_size       # the probes' refusals of the test above come before
     done = subprocess.run([sys.executable, "-m", "flows.cli", "reproduce", "--experiments", "shift",
