@@ -13,12 +13,19 @@ import secrets
 import urllib.error
 import urllib.request
 
-__all__ = ["http_status", "prefect_answers", "prefect_rights", "prefect_websocket", "prefect_problems",
+__all__ = ["role_users", "http_status", "prefect_answers", "prefect_rights", "prefect_websocket", "prefect_problems",
            "mlflow_problems", "PREFECT_MAY", "MLFLOW_MAY", "mlflow_answers", "s3_answers", "tls_answers",
            "PREFECT_WEBSOCKETS"]
 
 #: the Prefect server's websocket endpoints (events in and out, logs, task-run and worker subscriptions)
 PREFECT_WEBSOCKETS = ("/events/in", "/events/out", "/logs/out", "/task_runs/subscriptions/scheduled")
+
+
+def role_users(values: dict[str, str], service: str) -> dict[str, tuple[str, str]]:
+    """role -> (user, password) of ``service`` (prefect, mlflow) from an env file's ``values``."""
+    from runtime.access import PASSWORDS
+
+    return {role: (role, values[name]) for role, name in PASSWORDS[service].items()}
 
 
 def http_status(url: str, *, user: tuple[str, str] | None = None, auth: str | None = None, method: str = "GET",
@@ -74,7 +81,11 @@ def prefect_rights(api: str, who: str, auth: str) -> dict[str, int]:
              "create a block": ("POST", "/block_documents/", {}),
              "delete a flow": ("DELETE", f"/flows/{_NOBODY}", None),
              "create a flow run": ("POST", "/flow_runs/", {}),
+             "delete flow runs in bulk": ("POST", "/flow_runs/bulk_delete", {}),
              "set a flow run's state": ("POST", f"/flow_runs/{_NOBODY}/set_state", {}),
+             "read a block's secrets": ("GET", f"/block_documents/{_NOBODY}?include_secrets=true", None),
+             "filter blocks": ("POST", "/block_documents/filter", {}),
+             "open a worker channel": ("GET", "/work_pools/labelshift/workers/connect", None),
              "an encoded path": ("POST", "/automations/%2e%2e/flows/filter", {})}
     return {f"{what} as {who}": http_status(api + path, auth=auth, method=method, body=body)
             for what, (method, path, body) in tries.items()}
@@ -141,34 +152,43 @@ def mlflow_answers(url: str, users: dict[str, tuple[str, str]]) -> dict[str, int
                                                                 "alias": "production", "version": "1"}),
                   "tag a model version": ("model-versions/set-tag", {"name": f"probe-operator-{token}",
                                                                      "version": "1", "key": "labelshift.digest",
-                                                                     "value": "sha256:0"})}
+                                                                     "value": "sha256:0"}),
+                  "delete a run": ("runs/delete", {"run_id": "0" * 32})}
         for what, (path, body) in rights.items():
             found[f"{what} as {who}"] = http_status(f"{api}/{path}", user=user, method="POST", body=body)
+        found[f"change a password as {who}"] = http_status(
+            f"{api}/users/update-password", user=user, method="PATCH",
+            body={"username": f"probe-{who}-{token}", "password": "probe-password-456"})
+        found[f"upload an artifact as {who}"] = http_status(
+            f"{base}/api/2.0/mlflow-artifacts/artifacts/_probes/{who}-{token}.json", user=user, method="PUT", body={})
     return found
 
 
 #: what each role may do of :func:`prefect_rights` and :func:`mlflow_answers`' tries (runtime/access.py's ROLES)
 PREFECT_MAY = {"operator": {"read flow runs", "start a deployment's run", "create a deployment", "change an automation",
                             "create an automation", "set a variable", "create a block", "delete a flow",
-                            "create a flow run", "set a flow run's state"},
-               "worker": {"read flow runs", "create a flow run", "set a flow run's state"},
+                            "create a flow run", "delete flow runs in bulk", "set a flow run's state",
+                            "read a block's secrets", "filter blocks", "open a worker channel"},
+               "worker": {"read flow runs", "set a flow run's state"},
                "reader": {"read flow runs"}}
+#: the websockets a role may not open (besides every one without the right password)
+PREFECT_WEBSOCKETS_REFUSED = {"reader": {"/events/in", "/task_runs/subscriptions/scheduled"},
+                              "worker": {"/task_runs/subscriptions/scheduled"}}
 MLFLOW_MAY = {"operator": {"create a user", "create an experiment", "search runs", "register a model", "move an alias",
-                           "tag a model version"},
-              "worker": {"create an experiment", "search runs"}, "reader": {"search runs"}}
+                           "tag a model version", "delete a run", "change a password", "upload an artifact"},
+              "worker": {"create an experiment", "search runs", "upload an artifact"}, "reader": {"search runs"}}
 
 
 def prefect_problems(found: dict[str, object]) -> list[str]:
     """What in :func:`prefect_answers`' ``found`` is not as the roles say: no or a wrong password refused (401,
     the websockets' upgrade too), each role's REST and websockets let in (a reader emits no events), each right of
     :data:`PREFECT_MAY` let through (anything but 401/403) and every other refused (403), an encoded path 400."""
-    problems = [f"{k}: {v}" for k, v in found.items() if k.startswith(("REST ", "UI "))
-                and v != (401 if k.endswith((" none", " wrong")) else 200)]
-    problems += [f"{k}: {v}" for k, v in found.items() if k.startswith("health ") and v != 200]
+    problems = _door_problems(found)
     for key, outcome in found.items():
         if key.startswith("ws "):
-            expected = ("refused 401" if key.endswith((" none", " wrong")) else
-                        "refused 403" if key == "ws /events/in reader" else "accepted")
+            path, _, who = key[3:].rpartition(" ")
+            expected = ("refused 401" if who in ("none", "wrong") else
+                        "refused 403" if path in PREFECT_WEBSOCKETS_REFUSED.get(who, ()) else "accepted")
             if outcome != expected:
                 problems.append(f"{key}: {outcome}, expected {expected}")
     return problems + _rights_problems(found, PREFECT_MAY)
@@ -177,11 +197,15 @@ def prefect_problems(found: dict[str, object]) -> list[str]:
 def mlflow_problems(found: dict[str, int]) -> list[str]:
     """What in :func:`mlflow_answers`' ``found`` is not as the roles say (as :func:`prefect_problems`; deleting
     experiment 0 is refused to all but the operator, whose try is not judged)."""
+    return _door_problems(found) + _rights_problems(
+        {k: v for k, v in found.items() if k != "delete experiment 0 as operator"}, MLFLOW_MAY)
+
+
+def _door_problems(found: dict) -> list[str]:
+    """REST and UI: 401 without or with a wrong password, 200 for every role; the health probe 200 for all."""
     problems = [f"{k}: {v}" for k, v in found.items() if k.startswith(("REST ", "UI "))
                 and v != (401 if k.endswith((" none", " wrong")) else 200)]
-    problems += [f"{k}: {v}" for k, v in found.items() if k.startswith("health ") and v != 200]
-    return problems + _rights_problems({k: v for k, v in found.items() if k != "delete experiment 0 as operator"},
-                                       MLFLOW_MAY)
+    return problems + [f"{k}: {v}" for k, v in found.items() if k.startswith("health ") and v != 200]
 
 
 def _rights_problems(found: dict, may: dict[str, set[str]]) -> list[str]:

@@ -342,13 +342,13 @@ def check_reestimate(env: dict[str, str]) -> dict:
 def check_nothing_started_without_the_right(env: dict[str, str], values: dict[str, str]) -> dict:
     """The reader and the workers' Prefect users may read the deployed ``reproduce`` deployment but not start a run
     of it, nor pause its schedule (403 from the proxy); the workers' MLflow user may not move an alias."""
-    from access_probes import http_status
+    from access_probes import http_status, role_users
 
     with prefect_client() as client:
         deployment = client.read_deployment_by_name("reproduce/reproduce")
     api = env["PREFECT_API_URL"]
     found = {}
-    for role, (user, password) in users(values, "prefect").items():
+    for role, (user, password) in role_users(values, "prefect").items():
         if role == "operator":
             continue
         found[f"read it as {role}"] = http_status(f"{api}/deployments/{deployment.id}", user=(user, password))
@@ -515,17 +515,11 @@ def tear_down(stack: Stack) -> dict[str, list[str]]:
     return {kind: ids for kind, ids in stack.leftovers().items() if ids}
 
 
-def users(values: dict[str, str], service: str) -> dict[str, tuple[str, str]]:
-    """role -> (user, password) of ``service`` (prefect, mlflow) from the env file's values."""
-    from runtime.access import PASSWORDS
-
-    return {role: (role, values[name]) for role, name in PASSWORDS[service].items()}
-
-
 def check_credentials(env: dict[str, str], values: dict[str, str]) -> dict:
     """Every published door with no credentials, wrong ones and each role's (infra/access_probes.py): refused
     and allowed as runtime/access.py's roles say."""
-    from access_probes import mlflow_answers, mlflow_problems, prefect_answers, prefect_problems, s3_answers, tls_answers
+    from access_probes import (mlflow_answers, mlflow_problems, prefect_answers, prefect_problems, role_users,
+                               s3_answers, tls_answers)
 
     ca = str(Path(values["LABELSHIFT_TLS_DIR"]) / "ca.crt")
     tls = {name: tls_answers(url, ca) for name, url in (
@@ -536,9 +530,9 @@ def check_credentials(env: dict[str, str], values: dict[str, str]) -> dict:
                and found["TLS, public CAs only"].startswith("refused")
                and found["TLS, another host name"].startswith("refused"), f"TLS of {name}: {found}")
 
-    prefect = prefect_answers(env["PREFECT_API_URL"], users(values, "prefect"))
+    prefect = prefect_answers(env["PREFECT_API_URL"], role_users(values, "prefect"))
     expect(not prefect_problems(prefect), f"Prefect: {prefect_problems(prefect)}")
-    mlflow = mlflow_answers(env["MLFLOW_TRACKING_URI"], users(values, "mlflow"))
+    mlflow = mlflow_answers(env["MLFLOW_TRACKING_URI"], role_users(values, "mlflow"))
     expect(not mlflow_problems(mlflow), f"MLflow: {mlflow_problems(mlflow)}")
     from runtime.access import S3_KEYS
 

@@ -52,14 +52,17 @@ ROLES = (
          "everything", "admin: everything, the model registry, users and permissions included",
          "every bucket and object (creates the bucket; the MLflow server's artifact proxy)"),
     Role("worker", "the workers' containers (and a worker on another machine)",
-         "run the flow runs it is handed (states, task runs, logs, artifacts, concurrency slots, its heartbeat), "
-         "read; not start runs, nor change deployments, automations, blocks, variables or work pools",
-         "create and edit runs, experiments, logged models and artifacts, read; not the model registry "
-         "(register, version, alias, tag), webhooks, deletion, users or permissions",
+         "run the flow runs it is handed (their states and pid, task runs, logs, artifacts, concurrency slots, "
+         "events; its heartbeat, its pool's scheduled runs), read; not create flow runs (start a run), nor change "
+         "deployments, automations, blocks, variables or work pools, nor read blocks' secrets",
+         "write its runs (create, update, metrics, params, tags, inputs, outputs), create experiments, log models "
+         "and upload artifacts, read; not the model registry (register, version, alias, tag), webhooks, users, "
+         "permissions or passwords, nor delete",
          "read, list, tag and write objects of the stack's bucket; no bucket operations, no other bucket"),
     Role("reader", "whoever only looks at results",
-         "read: the UI, the REST API's reads and filters, the events and logs it may follow; not start a run "
-         "nor change anything", "read: the UI, runs, metrics, artifacts (the results page), the registry",
+         "read: the UI, the REST API's reads and filters, the events and logs it may follow; not start a run, "
+         "change anything, emit events nor read blocks' secrets",
+         "read: the UI, runs, metrics, artifacts (the results page), the registry",
          "read and list objects of the stack's bucket"),
 )
 

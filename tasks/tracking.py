@@ -175,6 +175,11 @@ def ended_status(exc: BaseException) -> str:
     return "FAILED" if isinstance(exc, Exception) else "KILLED"
 
 
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """``exc``'s message on one line, at most ``limit`` characters (for a tag, a log line, a sentence)."""
+    return " ".join(str(exc).split())[:limit]
+
+
 def registry_refused(exc: BaseException) -> bool:
     """True when ``exc`` is the tracking server refusing this user what it asked: PERMISSION_DENIED (HTTP 403), as
     the container stack's proxy and MLflow's auth app answer the workers' user a model registration or an alias

@@ -2,12 +2,15 @@
 infra/proxy/'s nginx.conf and roles.conf), a person with the reader's password browses the Prefect UI (a
 deployment and its flow run) and the MLflow UI (an experiment and its run) without one request refused, and the
 Prefect UI's Run > Quick run is refused (403) with no flow run made. The servers are this module's own: the Prefect
-server must hand the browser the proxy's address as its API (PREFECT_UI_API_URL)."""
+server must hand the browser the proxy's address as its API (PREFECT_UI_API_URL); MLflow runs without its
+basic-auth app here (the proxy's check of the reader is what is under test; tests/integration/test_access.py
+checks MLflow's own)."""
 from __future__ import annotations
 
 import os
 import re
 import secrets
+from contextlib import contextmanager
 
 import pytest
 from playwright.sync_api import expect
@@ -22,8 +25,8 @@ FLOW, DEPLOYMENT, EXPERIMENT = "reader-flow", "reader-deployment", "reader-brows
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory):
-    """Prefect and MLflow servers (no credentials of their own: only the proxy reaches them in the stack) behind
-    the proxy, with one deployment, its flow run and one MLflow run made by the operator through the proxy."""
+    """Prefect and MLflow servers behind the proxy (neither checks credentials itself here), with one deployment,
+    its flow run and one MLflow run made by the operator through the proxy."""
     from runtime.supervisor import MLFLOW_SERVER_ENV, mlflow_server_command, prefect_server_command
 
     root = tmp_path_factory.mktemp("reader")
@@ -58,35 +61,40 @@ def guarded(tmp_path_factory):
 
 def _made_by_the_operator(urls: dict[str, str], passwords: dict[str, str]) -> dict:
     from mlflow import MlflowClient
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    with temporary_settings(updates={PREFECT_API_URL: f"{urls['prefect']}/api", PREFECT_API_AUTH_STRING:
-                                     "operator:" + passwords["LABELSHIFT_PREFECT_OPERATOR_PASSWORD"]}), \
-            get_client(sync_client=True) as client:
+    with _as_operator(urls, passwords) as client:
         flow_id = client.create_flow_from_name(FLOW)
         deployment_id = client.create_deployment(flow_id=flow_id, name=DEPLOYMENT)
         run = client.create_flow_run_from_deployment(deployment_id)
-    os.environ.update(MLFLOW_TRACKING_USERNAME="operator",
-                      MLFLOW_TRACKING_PASSWORD=passwords["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"])
-    mlflow = MlflowClient(urls["mlflow"])
-    experiment_id = mlflow.create_experiment(EXPERIMENT)
-    run_id = mlflow.create_run(experiment_id, run_name="reader-run").info.run_id
-    mlflow.log_metric(run_id, "mse", 0.125)
-    mlflow.set_terminated(run_id)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_TRACKING_USERNAME", "operator")
+        env.setenv("MLFLOW_TRACKING_PASSWORD", passwords["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"])
+        mlflow = MlflowClient(urls["mlflow"])
+        experiment_id = mlflow.create_experiment(EXPERIMENT)
+        run_id = mlflow.create_run(experiment_id, run_name="reader-run").info.run_id
+        mlflow.log_metric(run_id, "mse", 0.125)
+        mlflow.set_terminated(run_id)
     return {"deployment_id": str(deployment_id), "flow_run": run.name, "mlflow_run": f"{experiment_id}/runs/{run_id}",
             "runs_of": lambda: _runs_of(
         urls, passwords, deployment_id)}
 
 
-def _runs_of(urls, passwords, deployment_id) -> int:
+@contextmanager
+def _as_operator(urls, passwords):
+    """A Prefect client of the proxy with the operator's credentials."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: f"{urls['prefect']}/api", PREFECT_API_AUTH_STRING:
                                      "operator:" + passwords["LABELSHIFT_PREFECT_OPERATOR_PASSWORD"]}), \
             get_client(sync_client=True) as client:
+        yield client
+
+
+def _runs_of(urls, passwords, deployment_id) -> int:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with _as_operator(urls, passwords) as client:
         return len(client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(
             any_=[deployment_id]))))
 

@@ -6,30 +6,36 @@ with error code UNAUTHENTICATED or PERMISSION_DENIED. (S3's refusals are worded 
 """
 from __future__ import annotations
 
+import os
+
 ROLES_DOC = "infra/README.md, 'Who may do what'"
 
 
 def refusal_message(exc: BaseException) -> str | None:
-    """The sentence for ``exc`` when it is a Prefect or MLflow server refusing the client's credentials or a
-    right; None for anything else."""
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    request = getattr(exc, "request", None)
-    if status in (401, 403) and request is not None:            # httpx: Prefect's client
-        url = str(request.url)
-        what = f"{request.method} {url}"
-        if status == 401:
-            return (f"the Prefect server refuses these credentials ({what}: HTTP 401): set PREFECT_API_AUTH_STRING "
-                    f"to the right user:password for PREFECT_API_URL ({ROLES_DOC}).")
-        return (f"the Prefect server refuses this user {what} (HTTP 403: {_body(response)}): that role may not do "
-                f"it; run it with a user that may ({ROLES_DOC}).")
+    """The sentence for ``exc`` when it is the Prefect server (``PREFECT_API_URL``) or an MLflow tracking server
+    refusing the client's credentials or a right; None for anything else."""
+    import httpx
+
+    from tasks.tracking import one_line
+
+    if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in (401, 403):
+        api = os.environ.get("PREFECT_API_URL", "")
+        url = str(exc.request.url)
+        if not api or not url.startswith(api.rstrip("/")):
+            return None
+        what = f"{exc.request.method} {exc.request.url.path}"
+        if exc.response.status_code == 401:
+            return (f"the Prefect server at {api} refuses these credentials ({what}: HTTP 401): set "
+                    f"PREFECT_API_AUTH_STRING to the right user:password ({ROLES_DOC}).")
+        return (f"the Prefect server at {api} refuses this user {what} (HTTP 403: {_body(exc.response)}): that "
+                f"role may not do it; run it as a user who may ({ROLES_DOC}).")
     code = getattr(exc, "error_code", None)
     if code == "UNAUTHENTICATED":
-        return (f"the MLflow tracking server refuses these credentials ({_first_line(exc)}): set "
+        return (f"the MLflow tracking server refuses these credentials ({one_line(exc)}): set "
                 f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD ({ROLES_DOC}).")
     if code == "PERMISSION_DENIED":
-        return (f"the MLflow tracking server refuses this user what it asked ({_first_line(exc)}): that role may not "
-                f"do it; run it with a user that may ({ROLES_DOC}).")
+        return (f"the MLflow tracking server refuses this user what it asked ({one_line(exc)}): that role may not "
+                f"do it; run it as a user who may ({ROLES_DOC}).")
     return None
 
 
@@ -38,10 +44,6 @@ def _body(response) -> str:
         return " ".join(response.text.split())[:300]
     except Exception:
         return "no reason given"
-
-
-def _first_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
 
 
 def failure_text(state) -> str:

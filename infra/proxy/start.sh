@@ -14,7 +14,12 @@ entry() {   # user, the variable holding its password
         echo "proxy: $2 is not set (infra/.env): the $1 role of $3 has no password" >&2
         exit 1
     fi
-    printf '%s:%s\n' "$1" "$(printf '%s' "$password" | openssl passwd -6 -stdin)"
+    hash=$(printf '%s' "$password" | openssl passwd -6 -stdin) || hash=""
+    if [ -z "$hash" ]; then
+        echo "proxy: openssl could not hash the password of $1 ($2)" >&2
+        exit 1
+    fi
+    printf '%s:%s\n' "$1" "$hash"
 }
 
 for service in prefect mlflow; do

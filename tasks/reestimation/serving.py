@@ -38,7 +38,7 @@ from labelshift.inference.report import ShiftReport
 from labelshift.monitoring.batches import OutputSpec, read_outputs
 from tasks.reestimation.model import parse_model_uri
 from tasks.reestimation.scoring import forward, model_scores
-from tasks.tracking import registry_refused
+from tasks.tracking import one_line, registry_refused
 from tasks.trusted_models import record_digest
 
 __all__ = ["KIND", "KIND_TAG", "ALIAS", "CLASS_COLUMN", "ShiftCorrectedModel", "load_state", "corrected_frame",
@@ -275,7 +275,7 @@ def register_if_shifted(bundle, report: ShiftReport, *, tracking_uri: str, name:
         if not registry_refused(exc):
             raise
         raise InputError(f"register_corrected: the tracking server refuses this MLflow user the registration of "
-                         f"{name!r} ({' '.join(str(exc).split())[:300]}). In the container stack only the operator "
+                         f"{name!r} ({one_line(exc)}). In the container stack only the operator "
                          "registers models (infra/README.md, 'Who may do what'): run this re-estimation with "
                          "register_corrected from the operator's machine (labelshift estimate --register-corrected), "
                          "or without it on the workers. Nothing was committed.") from None

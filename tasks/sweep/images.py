@@ -44,7 +44,7 @@ from labelshift.errors import InputError, ObjectNotFoundError
 from labelshift.experiments import images
 from labelshift.storage import open_store
 
-from ..tracking import registry_refused
+from ..tracking import one_line, registry_refused
 from .estimation import settings_run_name
 
 __all__ = ["CALIBRATORS", "CACHE_VERSION", "dataset_prefix", "model_key", "training_config", "ensure_dataset",
@@ -195,24 +195,29 @@ def _train_and_store(client: MlflowClient, run_id: str, store, ds, dataset: str,
 
 
 def _register(client: MlflowClient, run_id: str, tracking_uri: str, model, ds, dataset: str, meta: dict,
-              good_accuracy: float) -> None:
+              good_accuracy: float) -> bool:
     """Log the model to its training run and register it as ``labelshift-<dataset>``, aliased latest (and
     latest-good from ``good_accuracy``); the registered name, version and URI go into ``meta``. Where the tracking
     server refuses this user registrations (:func:`tasks.tracking.registry_refused`), the model stays logged
-    and unregistered, the run tagged ``labelshift.registration`` with the refusal."""
+    and unregistered, the run tagged ``labelshift.registration`` with the refusal. Returns whether it was
+    registered."""
     import mlflow.exceptions
 
     name = registered_model_name(dataset)
     try:
         _log_and_register(client, run_id, tracking_uri, model, ds, name, meta, good_accuracy)
+        return True
     except mlflow.exceptions.MlflowException as exc:
         if not registry_refused(exc):
             raise
-        # the workers' role of the container stack: the model stays logged in its run, the sweep goes on
-        why = " ".join(str(exc).split())[:300]
+        # the workers' role of the container stack: the model stays logged in its run, the sweep goes on; the
+        # store keeps no cache entry, so that the operator's own run of the sweep trains and registers it
+        why = one_line(exc)
         client.set_tag(run_id, "labelshift.registration", f"refused: {why}")
         _progress(f"{name}: not registered (this MLflow user may not register models: {why}); the model stays "
-                  f"logged in run {run_id}, for the operator to register (infra/README.md, 'Who may do what')")
+                  f"logged in run {run_id} and is not cached: the operator's run of this sweep trains and "
+                  "registers it (infra/README.md, 'Who may do what')")
+        return False
 
 
 def _log_and_register(client: MlflowClient, run_id: str, tracking_uri: str, model, ds, name: str, meta: dict,
@@ -275,9 +280,10 @@ def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: 
         ds = load_dataset(store, prefix, expected_name=dataset)
         model, meta = _train_and_store(client, run_id, store, ds, dataset, config, key, mprefix, manifest,
                                        model_seed, train_limit)
-        if register:
-            _register(client, run_id, tracking_uri, model, ds, dataset, meta, good_accuracy)
-        store.put_json(f"{mprefix}/meta.json", meta)       # last: marks the cache entry complete
+        registered = _register(client, run_id, tracking_uri, model, ds, dataset, meta, good_accuracy) \
+            if register else True
+        if registered:
+            store.put_json(f"{mprefix}/meta.json", meta)   # last: marks the cache entry complete
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
         return dict(meta, cached=False, run_id=run_id)
     except BaseException as exc:

@@ -167,7 +167,7 @@ def test_the_proxy_certificate_is_made_for_a_private_ca_and_refused_when_it_woul
 
 def test_compose_every_long_running_service_has_a_healthcheck(compose):
     for name, service in compose["services"].items():
-        if name in ("s3-init", "mlflow-init"):  # one-shot jobs: no restarts, the image's healthcheck switched off
+        if name in ("s3-init", "mlflow-init", "prefect-init"):  # one-shot jobs: no restarts, the image's healthcheck switched off
             assert service.get("restart") == "no" and service["healthcheck"] == {"disable": True}
             continue
         assert "healthcheck" in service and service["healthcheck"]["test"], f"{name} has no healthcheck"
@@ -184,7 +184,9 @@ def test_compose_start_order(compose):
     assert conditions("mlflow") == {"s3-init": "service_completed_successfully"}
     assert conditions("mlflow-init") == {"mlflow": "service_healthy"}
     for worker in WORKERS:        # their door is open and the workers' MLflow user exists before they start
-        assert conditions(worker) == {"proxy": "service_healthy", "mlflow-init": "service_completed_successfully"}
+        assert conditions(worker) == {"proxy": "service_healthy", "prefect-init": "service_completed_successfully",
+                                      "mlflow-init": "service_completed_successfully"}
+    assert conditions("prefect-init") == {"prefect": "service_healthy"}
     # every dependency is a service of the file
     for name, service in services.items():
         for dep in service.get("depends_on", {}):

@@ -15,6 +15,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +28,7 @@ from tests.fixtures.proxy import start_proxy
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "infra"))
 from access_probes import (PREFECT_MAY, mlflow_answers, mlflow_problems, prefect_answers,  # noqa: E402
-                           prefect_problems, s3_answers)
+                           prefect_problems, role_users, s3_answers)
 
 pytestmark = pytest.mark.integration
 BUCKET = "labelshift"
@@ -39,9 +40,6 @@ def _secrets() -> dict[str, str]:
                   secrets.token_hex(4), LABELSHIFT_S3_READER_ACCESS_KEY_ID="rd" + secrets.token_hex(4))
     return values
 
-
-def _users(values: dict[str, str], service: str) -> dict[str, tuple[str, str]]:
-    return {role: (role, values[name]) for role, name in PASSWORDS[service].items()}
 
 
 @pytest.fixture(scope="module")
@@ -105,13 +103,13 @@ def servers(tmp_path_factory):
 
 def test_every_door_refuses_no_or_wrong_credentials_and_each_role_gets_its_rights(servers):
     values = servers["values"]
-    prefect = prefect_answers(servers["api"], _users(values, "prefect"))
+    prefect = prefect_answers(servers["api"], role_users(values, "prefect"))
     assert not prefect_problems(prefect), (prefect_problems(prefect), prefect)
     # the rules are not vacuous: each role was refused something, and let through something
     refused = {who: [k for k, v in prefect.items() if k.endswith(f" as {who}") and v == 403] for who in PREFECT_MAY}
     assert refused["operator"] == [] and len(refused["worker"]) >= 6 and len(refused["reader"]) >= 8, refused
 
-    mlflow = mlflow_answers(servers["mlflow"], _users(values, "mlflow"))
+    mlflow = mlflow_answers(servers["mlflow"], role_users(values, "mlflow"))
     assert not mlflow_problems(mlflow), (mlflow_problems(mlflow), mlflow)
     assert [mlflow[f"{what} as worker"] for what in ("register a model", "move an alias", "tag a model version")] \
         == [403] * 3, mlflow
@@ -126,29 +124,29 @@ def test_every_door_refuses_no_or_wrong_credentials_and_each_role_gets_its_right
                   "delete as reader": "AccessDenied", "create a bucket as reader": "AccessDenied"}, s3
 
 
-def _worker_env(servers, tmp_path) -> dict[str, str]:
-    """What a worker holds, as a client of the proxy (Prefect's and MLflow's 'worker', the workers' S3 key)."""
+def _client_env(servers, tmp_path, role: str = "worker", *, prefect_password: str | None = None,
+                mlflow_password: str | None = None) -> dict[str, str]:
+    """What ``role`` holds, as a client of the proxy: its Prefect and MLflow users (or the passwords given) and
+    S3 key (the workers' for the reader too: the reader's cannot write)."""
     values = servers["values"]
+    s3 = "WORKER" if role != "operator" else None
     return {**servers["base"], "PREFECT_API_URL": servers["api"],
-            **prefect_client_environment("worker", values["LABELSHIFT_PREFECT_WORKER_PASSWORD"]),
-            "MLFLOW_TRACKING_URI": servers["mlflow"], "MLFLOW_TRACKING_USERNAME": "worker",
-            "MLFLOW_TRACKING_PASSWORD": values["LABELSHIFT_MLFLOW_WORKER_PASSWORD"],
+            **prefect_client_environment(role, prefect_password or values[PASSWORDS["prefect"][role]]),
+            "MLFLOW_TRACKING_URI": servers["mlflow"], "MLFLOW_TRACKING_USERNAME": role,
+            "MLFLOW_TRACKING_PASSWORD": mlflow_password or values[PASSWORDS["mlflow"][role]],
             "AWS_ENDPOINT_URL_S3": servers["s3"], "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ACCESS_KEY_ID": values["LABELSHIFT_S3_WORKER_ACCESS_KEY_ID"],
-            "AWS_SECRET_ACCESS_KEY": values["LABELSHIFT_S3_WORKER_SECRET_ACCESS_KEY"],
-            "LABELSHIFT_STORE": f"s3://{BUCKET}/store", "LABELSHIFT_HOME": str(tmp_path / "home"),
-            "PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_DISABLE_TELEMETRY": "true"}
+            "AWS_ACCESS_KEY_ID": values[f"LABELSHIFT_S3_{s3}_ACCESS_KEY_ID" if s3 else "AWS_ACCESS_KEY_ID"],
+            "AWS_SECRET_ACCESS_KEY": values[f"LABELSHIFT_S3_{s3}_SECRET_ACCESS_KEY" if s3 else "AWS_SECRET_ACCESS_KEY"],
+            "LABELSHIFT_STORE": f"s3://{BUCKET}/store", "LABELSHIFT_HOME": str(tmp_path / f"home-{role}"),
+            "PREFECT_HOME": str(tmp_path / f"prefect-{role}"), "MLFLOW_DISABLE_TELEMETRY": "true"}
 
 
 @pytest.mark.parametrize("wrong", ["PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_PASSWORD"])
-def test_a_wrong_password_is_refused_with_the_setting_to_fix(servers, tmp_path, wrong):
-    """A client with one wrong password: the command ends (exit 1) with a sentence naming the variable to set, no
-    traceback, and no MLflow run left RUNNING."""
-    env = _worker_env(servers, tmp_path)
-    if wrong.startswith("PREFECT"):
-        env.update(prefect_client_environment("worker", "not-the-password-42"))
-    else:
-        env[wrong] = "not-the-password-42"
+def test_a_wrong_password_is_refused_with_the_setting_to_fix(servers, tmp_path, wrong, monkeypatch):
+    """The operator's command with one wrong password: it ends (exit 1) with a sentence naming the variable to
+    set, no traceback, and no MLflow run left RUNNING."""
+    bad = {"prefect_password" if wrong.startswith("PREFECT") else "mlflow_password": "not-the-password-42"}
+    env = _client_env(servers, tmp_path, "operator", **bad)
     done = subprocess.run([sys.executable, "-m", "flows.cli", "reproduce", "--experiments", "shift",
                            "--shift-values", "0.5", "--seeds", "2", "--n-source", "300",
                            "--experiment-name", f"access-wrong-{wrong}"], cwd=ROOT, env=env,
@@ -158,51 +156,85 @@ def test_a_wrong_password_is_refused_with_the_setting_to_fix(servers, tmp_path, 
     assert wrong in said and "401" in said, said[-2000:]
     from mlflow import MlflowClient
 
-    os.environ.update(MLFLOW_TRACKING_USERNAME="operator",
-                      MLFLOW_TRACKING_PASSWORD=servers["values"]["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"])
-    experiment = MlflowClient(servers["mlflow"]).get_experiment_by_name(f"access-wrong-{wrong}")
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "operator")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", servers["values"]["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"])
+    client = MlflowClient(servers["mlflow"])
+    experiment = client.get_experiment_by_name(f"access-wrong-{wrong}")
     if experiment is not None:               # no run of it left RUNNING
-        runs = MlflowClient(servers["mlflow"]).search_runs([experiment.experiment_id])
-        assert [r.info.status for r in runs if r.info.status == "RUNNING"] == []
+        assert [r.info.status for r in client.search_runs([experiment.experiment_id])
+                if r.info.status == "RUNNING"] == []
 
 
-def test_a_sweep_runs_with_the_workers_credentials_and_writes_no_secret(servers, tmp_path):
-    """`labelshift reproduce` through the proxy with what a worker holds (Prefect's and MLflow's 'worker', the
-    workers' S3 key): it completes within the worker's rights; no secret appears in its output, its flow run's
-    parameters or its MLflow params."""
-    from mlflow import MlflowClient
+def _deploy_and_run_as_operator(servers, tmp_path, pool: str) -> str:
+    """The operator's part: the work pool, the ``reproduce-smoke`` deployment of prefect.yaml, one run of it
+    (not waited for). Returns the flow run's id."""
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+    env = _client_env(servers, tmp_path, "operator")
+    for command in (["work-pool", "create", pool, "--type", "process"], ["--no-prompt", "deploy", "-n", "reproduce-smoke"]):
+        done = subprocess.run([sys.executable, "-m", "prefect", *command], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=180)
+        assert done.returncode == 0, f"prefect {' '.join(command)}:\n{done.stdout}\n{done.stderr}"
+    with temporary_settings(updates={PREFECT_API_URL: servers["api"], PREFECT_API_AUTH_STRING: env[
+            "PREFECT_API_AUTH_STRING"]}):
+        return str(run_deployment("reproduce/reproduce-smoke", timeout=0, tags=["access"]).id)
+
+
+def _final_run(servers, flow_run_id: str, timeout: float = 300):
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    values = servers["values"]
-    env = _worker_env(servers, tmp_path)
-    proxy_log = servers["root"] / "proxy" / "proxy.log"
-    before = proxy_log.stat().st_size       # the probes' refusals of the test above come before
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "reproduce", "--experiments", "shift",
-                           "--shift-values", "0.2,0.5", "--seeds", "2", "--n-source", "500",
-                           "--experiment-name", "access-sweep"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    client = MlflowClient(servers["mlflow"])
-    os.environ.update(MLFLOW_TRACKING_USERNAME="operator",
-                      MLFLOW_TRACKING_PASSWORD=values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"])
-    experiment = client.get_experiment_by_name("access-sweep")
-    runs = client.search_runs([experiment.experiment_id])
-    assert runs and all(r.info.status == "FINISHED" for r in runs), [r.info.status for r in runs]
-    flow_run_id = runs[0].data.tags["prefect.flow_run_id"]
+    deadline = time.monotonic() + timeout
     with temporary_settings(updates={PREFECT_API_URL: servers["api"], PREFECT_API_AUTH_STRING:
-                                     "reader:" + values["LABELSHIFT_PREFECT_READER_PASSWORD"]}), \
+                                     "reader:" + servers["values"]["LABELSHIFT_PREFECT_READER_PASSWORD"]}), \
             get_client(sync_client=True) as prefect:
-        parameters = prefect.read_flow_run(flow_run_id).parameters
-    said = "\n".join([done.stdout, done.stderr, repr(parameters),
-                      *(repr(r.data.params) + repr(r.data.tags) for r in runs)])
+        while True:
+            run = prefect.read_flow_run(flow_run_id)
+            if run.state.is_final() or time.monotonic() > deadline:
+                return run
+            time.sleep(1)
+
+
+def test_a_worker_runs_a_deployment_with_the_workers_credentials_and_writes_no_secret(servers, tmp_path,
+                                                                                       monkeypatch):
+    """The operator deploys ``reproduce-smoke`` and starts a run; ``labelshift worker`` holding only the workers'
+    credentials runs it through the proxy: it completes within the worker's rights (no request of the worker refused),
+    and no secret appears in the worker's output, the flow run's parameters or its MLflow params and tags."""
+    from mlflow import MlflowClient
+
+    values = servers["values"]
+    proxy_log = servers["root"] / "proxy" / "proxy.log"
+    before = proxy_log.stat().st_size       # the probes' refusals of the tests above come before
+    flow_run_id = _deploy_and_run_as_operator(servers, tmp_path, "labelshift")
+    env = {**_client_env(servers, tmp_path, "worker"), "LABELSHIFT_CODE_DIR": str(ROOT),
+           "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    env.pop("PREFECT_CLIENT_CUSTOM_HEADERS")        # labelshift worker derives it from the auth string
+    log = tmp_path / "worker.log"
+    worker = ServiceProcess([sys.executable, "-m", "flows.cli", "worker", "--pool", "labelshift", "--limit", "1"],
+                            log=log, env=env, name="labelshift worker").start()
+    try:
+        run = _final_run(servers, flow_run_id)
+    finally:
+        worker.stop(grace=40)
+    said = log.read_text(errors="replace")
+    assert run.state.is_completed(), f"{run.state.name}: {run.state.message}\n{said[-3000:]}"
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "operator")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", values["LABELSHIFT_MLFLOW_OPERATOR_PASSWORD"])
+    client = MlflowClient(servers["mlflow"])
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
+    assert runs and all(r.info.status == "FINISHED" for r in runs), [r.info.status for r in runs]
+    said = "\n".join([said, repr(run.parameters), *(repr(r.data.params) + repr(r.data.tags) for r in runs)])
     leaked = [name for name in SECRETS if values[name] in said]
     assert not leaked, leaked
     tokens = [base64.b64encode(f"{role}:{values[name]}".encode()).decode()       # the header's form of them
               for roles in PASSWORDS.values() for role, name in roles.items()]
     assert not [t for t in tokens if t in said]
-    # nothing the sweep needed was refused by the proxy (it logs each refusal with the user)
-    refused = [line for line in proxy_log.read_bytes()[before:].decode().splitlines() if "user=worker" in line]
+    # nothing the worker and its run needed was refused by the proxy (it logs each refusal with the user); Prefect
+    # 3.9's worker first tries its worker channel (a websocket, which could create pools) and, refused, polls by REST
+    refused = [line for line in proxy_log.read_bytes()[before:].decode().splitlines() if "user=worker" in line
+               and "/workers/connect" not in line]
     assert not refused, refused[:5]
 
 
@@ -230,7 +262,7 @@ def test_a_worker_may_not_register_a_model_and_the_sweep_keeps_it_logged(servers
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
     ds = SimpleNamespace(valid=SimpleNamespace(x=np.zeros((8, 4, 4), np.uint8)))
     meta = {"test_accuracy": 0.95}
-    _register(client, run_id, url, model, ds, "access-digits", meta, good_accuracy=0.9)
+    assert _register(client, run_id, url, model, ds, "access-digits", meta, good_accuracy=0.9) is False
     assert "registered_model" not in meta and "version" not in meta, meta
     tag = client.get_run(run_id).data.tags["labelshift.registration"]
     assert tag.startswith("refused:") and "403" in tag and "worker" in tag, tag
