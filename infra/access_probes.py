@@ -7,7 +7,6 @@ with what the roles of runtime/access.py allow.
 """
 from __future__ import annotations
 
-import base64
 import json
 import secrets
 import urllib.error
@@ -32,10 +31,12 @@ def http_status(url: str, *, user: tuple[str, str] | None = None, auth: str | No
                 body: dict | None = None, timeout: float = 15) -> int:
     """The HTTP status of one request, with basic auth from ``user`` (name, password) or a raw ``auth`` string
     (Prefect's auth string is sent as the basic-auth token)."""
+    from runtime.access import basic_token
+
     headers = {"Content-Type": "application/json"}
     token = auth if auth is not None else (f"{user[0]}:{user[1]}" if user else None)
     if token is not None:
-        headers["Authorization"] = "Basic " + base64.b64encode(token.encode()).decode()
+        headers["Authorization"] = f"Basic {basic_token(token)}"
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
@@ -99,23 +100,22 @@ def prefect_websocket(url: str, auth: str | None, *, subprotocol: bool = True, t
     client, opening one socket right after closing another, now and then waits for an answer the server has sent:
     measured about 1 in 20 against the container stack, never with a plain socket; a timeout is no answer, so the
     probe asks again.)"""
-    for _ in range(tries - 1):
+    for _ in range(tries):
         try:
             return _prefect_websocket(url, auth, subprotocol=subprotocol, timeout=timeout)
         except TimeoutError:
-            continue
-    try:
-        return _prefect_websocket(url, auth, subprotocol=subprotocol, timeout=timeout)
-    except TimeoutError:
-        return "timed out"
+            pass
+    return "timed out"
 
 
 def _prefect_websocket(url: str, auth: str | None, *, subprotocol: bool, timeout: float) -> str:
     from websockets.exceptions import ConnectionClosed, InvalidStatus
     from websockets.sync.client import connect
 
+    from runtime.access import basic_token
+
     ws_url = "ws" + url.removeprefix("http")
-    headers = {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else None
+    headers = {"Authorization": f"Basic {basic_token(auth)}"} if auth else None
     try:
         with connect(ws_url, subprotocols=["prefect"] if subprotocol else None, open_timeout=timeout,
                      close_timeout=2, additional_headers=headers) as socket:

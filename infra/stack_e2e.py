@@ -31,7 +31,6 @@ Prints the time of each step. Exit status 0 passed, 1 a check failed, 2 the mach
 """
 from __future__ import annotations
 
-import base64
 import io
 import json
 import os
@@ -563,7 +562,7 @@ def check_no_secret_written(stack: Stack, env: dict[str, str], values: dict[str,
     run's params and tags or any text file in the bucket (MLflow's artifacts, the store): the operator's view of
     everything the check made."""
     from mlflow import MlflowClient
-    from runtime.access import SECRETS
+    from runtime.access import secret_values
 
     texts = {"container logs": stack.run("--profile", "cpu", "logs", "--no-color", check=False,
                                          capture=True).stdout}
@@ -574,11 +573,7 @@ def check_no_secret_written(stack: Stack, env: dict[str, str], values: dict[str,
     mlflow = MlflowClient(env["MLFLOW_TRACKING_URI"])
     runs = [r for e in mlflow.search_experiments() for r in mlflow.search_runs([e.experiment_id])]
     texts["MLflow params and tags"] = repr([(r.data.params, r.data.tags) for r in runs])
-    from runtime.access import PASSWORDS
-
-    secret = {name: values[name] for name in SECRETS}          # and the basic-auth header's form of each password
-    secret.update({f"{name} (as a header)": base64.b64encode(f"{role}:{values[name]}".encode()).decode()
-                   for roles in PASSWORDS.values() for role, name in roles.items()})
+    secret = secret_values(values)                   # every secret, and each password's basic-auth header form
     leaked = {where: [name for name, value in secret.items() if value in text] for where, text in texts.items()}
     expect(not any(leaked.values()), f"secrets written: {leaked}")
     return {where: len(text) for where, text in texts.items()}

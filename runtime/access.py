@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Role", "ROLES", "S3_KEYS", "PASSWORDS", "s3_identities", "write_s3_config", "ensure_mlflow_user",
-           "SECRETS", "MIN_PASSWORD_LENGTH", "prefect_client_environment", "with_prefect_websocket_auth"]
+           "SECRETS", "secret_values", "MIN_PASSWORD_LENGTH", "basic_token", "prefect_client_environment",
+           "with_prefect_websocket_auth"]
 
 #: the MLflow auth app refuses shorter passwords
 MIN_PASSWORD_LENGTH = 12
@@ -85,6 +86,20 @@ SECRETS = ("AWS_SECRET_ACCESS_KEY", "LABELSHIFT_S3_WORKER_SECRET_ACCESS_KEY", "L
            "LABELSHIFT_MLFLOW_SECRET_KEY")
 
 
+def basic_token(auth: str) -> str:
+    """The basic-auth token of ``auth`` (``user:password``): what follows ``Basic`` in an Authorization header."""
+    return base64.b64encode(auth.encode()).decode()
+
+
+def secret_values(values: Mapping[str, str]) -> dict[str, str]:
+    """name -> value of every secret of :data:`SECRETS` in ``values`` (an env file's), and of each role password's
+    :func:`basic_token` (the form an Authorization header would leak it in): what must appear nowhere."""
+    found = {name: values[name] for name in SECRETS}
+    found.update({f"{name} (as a header)": basic_token(f"{role}:{values[name]}")
+                  for roles in PASSWORDS.values() for role, name in roles.items()})
+    return found
+
+
 def s3_identities(environ: Mapping[str, str], bucket: str) -> dict:
     """SeaweedFS's identity file: one identity per role of :data:`S3_KEYS`, its actions as the module says (the
     non-operator ones limited to ``bucket``). Raises KeyError naming a missing variable."""
@@ -123,7 +138,7 @@ def ensure_mlflow_user(url: str, admin: tuple[str, str], user: str, password: st
 
 
 def _mlflow_call(url: str, admin: tuple[str, str], method: str, path: str, body: dict, timeout: float) -> None:
-    token = base64.b64encode(f"{admin[0]}:{admin[1]}".encode()).decode()
+    token = basic_token(f"{admin[0]}:{admin[1]}")
     request = urllib.request.Request(f"{url.rstrip('/')}/api/2.0/mlflow/{path}", data=json.dumps(body).encode(),
                                      method=method, headers={"Content-Type": "application/json",
                                                              "Authorization": f"Basic {token}"})
@@ -136,9 +151,8 @@ def prefect_client_environment(user: str, password: str) -> dict[str, str]:
     every request and by the events client on its websocket's upgrade) and the same ``Authorization`` header for
     Prefect's other websockets (events and logs followed, cancellations observed), which send none of their own."""
     auth = f"{user}:{password}"
-    token = base64.b64encode(auth.encode()).decode()
     return {"PREFECT_API_AUTH_STRING": auth,
-            "PREFECT_CLIENT_CUSTOM_HEADERS": json.dumps({"Authorization": f"Basic {token}"})}
+            "PREFECT_CLIENT_CUSTOM_HEADERS": json.dumps({"Authorization": f"Basic {basic_token(auth)}"})}
 
 
 def with_prefect_websocket_auth(environ: Mapping[str, str]) -> dict[str, str]:

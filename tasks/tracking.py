@@ -175,9 +175,10 @@ def ended_status(exc: BaseException) -> str:
     return "FAILED" if isinstance(exc, Exception) else "KILLED"
 
 
-def one_line(exc: BaseException, limit: int = 300) -> str:
-    """``exc``'s message on one line, at most ``limit`` characters (for a tag, a log line, a sentence)."""
-    return " ".join(str(exc).split())[:limit]
+def one_line(what: object, limit: int = 300) -> str:
+    """``what`` (an exception's message, a response's text) on one line, at most ``limit`` characters (for a tag,
+    a log line, a sentence)."""
+    return " ".join(str(what).split())[:limit]
 
 
 def registry_refused(exc: BaseException) -> bool:

@@ -40,9 +40,11 @@ def refusal_message(exc: BaseException) -> str | None:
 
 
 def _body(response) -> str:
+    from tasks.tracking import one_line
+
     try:
-        return " ".join(response.text.split())[:300]
-    except Exception:
+        return one_line(response.text)
+    except Exception:              # a streamed response not read
         return "no reason given"
 
 

@@ -280,9 +280,7 @@ def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: 
         ds = load_dataset(store, prefix, expected_name=dataset)
         model, meta = _train_and_store(client, run_id, store, ds, dataset, config, key, mprefix, manifest,
                                        model_seed, train_limit)
-        registered = _register(client, run_id, tracking_uri, model, ds, dataset, meta, good_accuracy) \
-            if register else True
-        if registered:
+        if not register or _register(client, run_id, tracking_uri, model, ds, dataset, meta, good_accuracy):
             store.put_json(f"{mprefix}/meta.json", meta)   # last: marks the cache entry complete
         client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
         return dict(meta, cached=False, run_id=run_id)
