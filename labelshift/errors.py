@@ -14,6 +14,11 @@ class InputError(LabelShiftError, ValueError):
     """An argument has the wrong shape, dtype, range or content (NaN, negative probabilities, bad labels...)."""
 
 
+class NotMaximiserError(InputError):
+    """Given weights are not the MLLS maximiser for the rows they are used with: their duality gap is more than the
+    rounding of those rows explains. ``weights=None`` solves MLLS on those rows instead."""
+
+
 class NotFittedError(LabelShiftError, RuntimeError):
     """An estimator or calibrator was used before ``fit`` (or ``load``)."""
 

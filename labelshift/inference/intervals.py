@@ -296,7 +296,8 @@ def fisher_interval(target_probs, weights, source_prior, *, level: float = 0.95,
     Args:
         target_probs: (m, k) calibrated probabilities f(x) on the target set.
         weights: the MLLS estimate w_hat for these rows and this source prior (checked: it must be the maximiser
-            to a duality gap of max(1e-3 / m, 2e-10)), or None to solve MLLS here.
+            to a duality gap of :func:`~labelshift.inference.mlls_inputs.accepted_gap`, or re-solved from it when
+            the rounding of these rows explains a larger one), or None to solve MLLS here.
         source_prior: (k,) p_s.
         level: confidence level in (0, 1).
         repeats: optional :class:`~labelshift.inference.repeats.Repeats` of these rows: when rows repeat (and are

@@ -12,11 +12,14 @@ import numpy as np
 
 from .. import rows as _rows
 from .._validation import as_float_array, check_given_weights, check_prior, check_probabilities
-from ..errors import InputError
+from ..errors import InputError, NotMaximiserError
 from ..estimation.solvers import mlls_gradient, mlls_newton
 
 # |p_s^T w - 1| above this: the weights are not in W
 _SUM_TOL = 1e-6
+#: the duality gap the MLLS solvers certify at convergence (their default ``tol``, :mod:`labelshift.estimation`)
+SOLVER_GAP = 1e-10
+_EPS64 = float(np.finfo(np.float64).eps)
 
 
 def check_inputs(target_probs, source_prior):
@@ -42,10 +45,40 @@ def mean_cov(P) -> tuple[np.ndarray, np.ndarray]:
     return P.mean(axis=0), np.cov(P, rowvar=False, ddof=1)
 
 
-def _mle_gap_tol(m: int) -> float:
-    """Largest Frank-Wolfe duality gap accepted for 'w is the MLLS maximiser'. The gap bounds L_m(w_hat) - L_m(w),
-    so the likelihood-ratio statistic is off by at most 2 m gap: <= 2e-3 here (MLLS's default tol is 1e-10)."""
-    return max(1e-3 / m, 2e-10)
+def gap_tolerance(m: int, k: int, rows_eps: float = 0.0) -> float:
+    """The largest Frank-Wolfe duality gap that the MLLS maximiser can read as, computed here in float64 sums over m
+    rows of k classes, on rows within relative ``rows_eps`` (entrywise) of the rows it was solved on (0: the same
+    rows): SOLVER_GAP (what the solver certified) plus what the arithmetic can add. A relative change e of every
+    entry moves each s_iy = f_iy / f_i^T w by at most a factor (1 + e) / (1 - e), so the gap by 2 e / (1 - e)
+    times (1 + gap); the float64 sums of the solver's gradient and of the one that checks it are each off by at
+    most (rows summed in a block + blocks + 2k + 4) eps64, relative (docs/solvers.md, "Reading a maximiser's
+    gap"). Rows that repeat do not average the rounding away, so no sqrt(m) is taken."""
+    sums = (min(m, _rows.ROW_BLOCK) + -(-m // _rows.ROW_BLOCK) + 2 * k + 4) * _EPS64
+    return SOLVER_GAP + (1.0 + SOLVER_GAP) * (2.0 * rows_eps / (1.0 - rows_eps) + 2.0 * sums)
+
+
+def accepted_gap(m: int, k: int) -> float:
+    """The gap up to which given weights are used as they are: 1e-3 / m (the likelihood-ratio statistic, 2 m times
+    L_m(w_hat) - L_m(w) <= 2 m gap, is then off by at most 2e-3), or the arithmetic's own :func:`gap_tolerance`."""
+    return max(1e-3 / m, gap_tolerance(m, k))
+
+
+def certified_weights(P, w: np.ndarray, p: np.ndarray, fix: str) -> np.ndarray:
+    """Given weights w (in W) as the MLLS maximiser for rows P: as they are when their duality gap on P is at most
+    :func:`accepted_gap`; re-solved on P from w when the gap is larger but within what rounding P to its own
+    precision explains (:func:`gap_tolerance` with P's eps: weights solved on a float64 copy of float32 rows,
+    or on rows made in another order); InputError ending with ``fix`` when nothing in the arithmetic explains it
+    (weights of another estimator, or of other rows)."""
+    m, k = P.shape
+    gap = float(np.max(mlls_gradient(P, w) / p) - 1.0)
+    if gap <= accepted_gap(m, k):
+        return w
+    rounding = gap_tolerance(m, k, float(np.finfo(P.dtype).eps))
+    if gap <= rounding:
+        return np.maximum(mlls_newton(P, p, init=w).weights, 0.0)
+    raise NotMaximiserError(f"weights are not the MLLS maximiser for these target_probs (duality gap {gap:.3g} > "
+                            f"{max(rounding, accepted_gap(m, k)):.3g}, more than the rounding of these rows "
+                            "explains); " + fix)
 
 
 def check_mle(P, weights, p) -> np.ndarray:
@@ -66,11 +99,7 @@ def check_mle(P, weights, p) -> np.ndarray:
         raise InputError(f"weights give zero likelihood to {int(np.sum(fw <= 0))} target row(s) (f_i^T w = 0): "
                          "they are not the MLLS estimate for these target_probs.")
     if weights is not None:
-        gap = float(np.max(mlls_gradient(P, w) / p) - 1.0)
-        if gap > _mle_gap_tol(m):
-            raise InputError(
-                f"weights are not the MLLS maximiser for these target_probs (duality gap {gap:.3g} > "
-                f"{_mle_gap_tol(m):.3g}); Fisher intervals, the likelihood-ratio test and the Hessian diagnostics "
-                "hold at the maximum. Pass MLLS().fit(...).estimate(target_probs).weights for the same rows and "
-                "source prior, or weights=None to solve MLLS here.")
+        w = certified_weights(P, w, p, "Fisher intervals, the likelihood-ratio test and the Hessian diagnostics hold "
+                                       "at the maximum. Pass MLLS().fit(...).estimate(target_probs).weights for the "
+                                       "same rows and source prior, or weights=None to solve MLLS here.")
     return w

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import rows as _rows
 from .._validation import check_probabilities
-from ..errors import FormatError, InputError
+from ..errors import FormatError, InputError, NotMaximiserError
 from .accuracy import AccuracyEstimate, expected_accuracy
 from .source_aware import SUPPORTED_CALIBRATORS, SourceAwareInterval, min_holdout_rows, source_aware_interval
 from .repeats import Repeats, find_repeats
@@ -423,8 +423,13 @@ def _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")      # its checks are reported as reasons, as data
-            ci = source_aware_interval(source_outputs, labels, raw_target, calibrator, level=level, weights=weights,
-                                       repeats=repeats, class_names=class_names)
+            try:
+                ci = source_aware_interval(source_outputs, labels, raw_target, calibrator, level=level,
+                                           weights=weights, repeats=repeats, class_names=class_names)
+            except NotMaximiserError:            # the rows made again from the raw outputs: solve MLLS on them
+                weights = None
+                ci = source_aware_interval(source_outputs, labels, raw_target, calibrator, level=level,
+                                           repeats=repeats, class_names=class_names)
     except InputError:
         raise
     except _NUMERICAL_FAILURES as exc:
@@ -482,6 +487,13 @@ def _raw_target(interval: str, source_outputs, target_outputs, n_target: int):
     return raw_target
 
 
+def _solved(estimate) -> np.ndarray | None:
+    """An MLLS estimate's weights for the statistics that check their optimality: those of a converged solve
+    (certified to the solver's duality gap), or None when it did not converge -- each statistic then solves MLLS
+    on its own rows rather than refusing the weights."""
+    return np.asarray(estimate.weights) if np.all(estimate.converged) else None
+
+
 @dataclass(frozen=True)
 class _Estimates:
     """The fitted main estimator, its estimate, the MLLS estimate (the basis of the identifiability report and the
@@ -534,9 +546,9 @@ def _interval(interval: str, est: _Estimates, pooled, prior, *, level, n_bootstr
         return bootstrap_interval(pooled, prior, estimator=est.main_fit, level=level, n_bootstrap=n_bootstrap,
                                   seed=seed), None, []
     if interval == "source-aware":
-        return _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, prior, est.main.weights,
+        return _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, prior, _solved(est.main),
                                    level, repeats, class_names)
-    return fisher_interval(pooled, est.main.weights, prior, level=level, repeats=repeats), None, []
+    return fisher_interval(pooled, _solved(est.main), prior, level=level, repeats=repeats), None, []
 
 
 def _label_shift_part(holdout, labels, pooled, mlls_weights, prior, class_names,
@@ -550,7 +562,7 @@ def _label_shift_part(holdout, labels, pooled, mlls_weights, prior, class_names,
     not the target's), a label-shifted sample again (``labelshift.inference.repeats``)."""
     if prepared is not None and not prepared.matches(holdout, labels, MIN_REGION_ROWS, MAX_CONFIDENCE_BINS):
         prepared = None
-    weights = np.maximum(np.asarray(mlls_weights), 0.0)
+    weights = None if mlls_weights is None else np.maximum(np.asarray(mlls_weights), 0.0)
     if repeats is not None and repeats.adjusts:
         if repeats.kept_rows < MIN_TARGET:
             return None, (f"the target's {repeats.n_rows:,} rows hold only {repeats.kept_rows:,} rows once each "
@@ -573,11 +585,11 @@ def _checks(holdout: Holdout, rounded, pooled, est: _Estimates, ci, repeats: Rep
     the holdout at the target's precision."""
     probs, labels, prior = holdout.probs, holdout.labels, holdout.prior
     with _rows.decomposition_threads(holdout.n_classes):
-        test = no_shift_test(pooled, est.mlls.weights, prior, source_probs=probs, repeats=repeats)
-        lst, lst_error = (_label_shift_part(rounded, labels, pooled, est.mlls.weights, prior, holdout.class_names,
+        test = no_shift_test(pooled, _solved(est.mlls), prior, source_probs=probs, repeats=repeats)
+        lst, lst_error = (_label_shift_part(rounded, labels, pooled, _solved(est.mlls), prior, holdout.class_names,
                                             holdout.label_shift_part, repeats)
                           if settings.label_shift_check else (None, None))
-        ident = identifiability(pooled, est.mlls.weights, prior, confusion=joint_confusion(probs, labels),
+        ident = identifiability(pooled, _solved(est.mlls), prior, confusion=joint_confusion(probs, labels),
                                 n_source=len(labels), interval=ci if settings.estimator == _LIKELIHOOD else None,
                                 max_relative_width=settings.max_interval_width, estimator=settings.estimator,
                                 hessian=est.mlls.extra.get("hessian"), class_names=holdout.class_names)

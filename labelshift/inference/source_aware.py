@@ -29,12 +29,13 @@ from .. import rows as _rows
 from .._validation import as_float_array, as_float_rows, check_all_classes_present, check_labels, check_level
 from ..calibration import PROB_FLOOR, log_softmax
 from ..calibration.scaling import CONVERGED_GRADIENT
-from ..errors import IllConditionedWarning, InputError
+from ..errors import IllConditionedWarning, InputError, NotMaximiserError
 from ..estimation.solvers import PIN_TOL, mlls_newton, mlls_optimality
 from .repeats import clustered_covariance
 from .identifiability import MAX_STANDARD_ERROR, class_label, weight_label
 from .intervals import PriorInterval, fisher_interval
 from .intervals import pinned_bounds as _pinned_bounds
+from .mlls_inputs import accepted_gap, gap_tolerance
 
 __all__ = ["SourceAwareInterval", "source_aware_interval", "MIN_ROWS_PER_PARAMETER", "METHOD",
            "SUPPORTED_CALIBRATORS"]
@@ -53,6 +54,10 @@ SUPPORTED_CALIBRATORS = ("TS", "BCTS", "VS", "NBVS")
 _LOG_T_BOUND = 30.0                 # the scaling calibrators' bound on |log T| (a fit at the bound is not interior)
 _SCORE_TOL = 0.05                   # |mean holdout score| above this many standard errors: not fit on these rows
                                     # (and above the fit's own stopping gradient: _check_fit_on_holdout)
+#: how far (relative) the calibrated target rows made here in float64, and p_s, may be from those the given weights
+#: were solved with: the library keeps a target given in float32 so (labelshift.rows), and a float32 rounding of the
+#: rows and another of p_s move the gap no more than one of twice the size (gap_tolerance)
+_TARGET_ROWS_EPS = 2.0 * float(np.finfo(np.float32).eps)
 _COND_MAX = 1e12                    # condition number of the NLL Hessian above which theta is not identified
 _BORDERED_MIN_CLASSES = 100         # above: a pinned class's variances from one column of H_GG^{-1} (_pinned_column)
 _HOLDOUT_ROWS_MIN_CLASSES = 100     # above: the holdout's terms in row blocks (_holdout_terms_rows)
@@ -319,6 +324,17 @@ def _given_weights(weights, k: int, ps: np.ndarray) -> np.ndarray:
                          "holdout prediction (k non-negative entries, sum_y w_y p_s(y) = 1); pass None to "
                          "solve MLLS here.")
     return np.maximum(w, 0.0)
+
+
+def _check_given_gap(gap: float, m: int, k: int) -> None:
+    """NotMaximiserError unless given weights' duality gap on the calibrated target rows made here (float64, from
+    the raw outputs) is within what an MLLS maximiser solved on the same rows and p_s kept in float32 (as the
+    library keeps a float32 target) can read as (:func:`~labelshift.inference.mlls_inputs.gap_tolerance`)."""
+    tol = max(accepted_gap(m, k), gap_tolerance(m, k, _TARGET_ROWS_EPS))
+    if gap > tol:
+        raise NotMaximiserError(f"weights are not the MLLS maximiser for these target rows (duality gap {gap:.3g} > "
+                                f"{tol:.3g}, more than float32 rounding of the rows explains); pass the MLLS weights "
+                                "solved on these rows' calibrated outputs, or weights=None to solve MLLS here.")
 
 
 def _calibrated_block(Xb: np.ndarray, calibrator, scale, bias) -> tuple[np.ndarray, np.ndarray]:
@@ -698,9 +714,8 @@ def _target_fit(inp: _Inputs, calibrator, ps: np.ndarray, weights) -> _TargetFit
         gap = float(np.max(g / ps) - 1.0)
     elif weights is not None:
         gap = float(mlls_optimality(Pt, w, ps))
-    if weights is not None and gap > max(1e-3 / m, 2e-10):
-        raise InputError(f"weights are not the MLLS maximiser for these target rows (duality gap {gap:.3g}); "
-                         "pass None to solve MLLS here.")
+    if weights is not None:
+        _check_given_gap(gap, m, inp.k)
     if not large:
         fw = Pt @ w
         scaled = Pt / fw[:, None]                                  # s_i = f_i / f_i^T w
@@ -887,7 +902,8 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
             its mean NLL score on these rows must be 0 to within 5% of a standard error.
         level: confidence level in (0, 1).
         weights: optional MLLS estimate w for the calibrated target rows and p_s = mean calibrated holdout
-            prediction (checked by its duality gap); None solves MLLS here.
+            prediction (checked by its duality gap, to within what float32 rounding of the rows explains:
+            :func:`~labelshift.inference.mlls_inputs.gap_tolerance`); None solves MLLS here.
         repeats: optional :func:`~labelshift.inference.repeats.find_repeats` of the calibrated target rows: when
             rows repeat, the target part of the covariance takes each distinct row with its multiplicity as one
             cluster (the clustered meat of :func:`~labelshift.inference.repeats.clustered_covariance`) instead of
@@ -900,7 +916,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     Raises:
         InputError: level outside (0, 1); a holdout smaller than :func:`min_holdout_rows`; a class without a
             holdout example; an unsupported or unfitted calibrator, or one not fit on these holdout rows;
-            mismatched shapes; weights that are not the MLLS estimate.
+            mismatched shapes; NotMaximiserError (an InputError): weights that are not the MLLS estimate.
     """
     level = check_level(level, example="e.g. 0.95 for a 95% interval")
     inp = _interval_inputs(holdout_outputs, holdout_labels, target_outputs, calibrator)

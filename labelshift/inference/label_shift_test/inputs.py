@@ -9,7 +9,8 @@ import numpy as np
 from ... import rows as _rows
 from ..._validation import check_given_weights, check_labels, check_prior, check_probabilities
 from ...errors import InputError
-from ...estimation.solvers import mlls_gradient, mlls_newton
+from ...estimation.solvers import mlls_newton
+from ..mlls_inputs import certified_weights
 from .holdout import _check_holdout_size, _check_int, _check_log_odds, _class_rows
 #: ... and target sets smaller than this
 MIN_TARGET = 50
@@ -39,13 +40,9 @@ def _mlls_weights(P: np.ndarray, p: np.ndarray, weights) -> np.ndarray:
     if not _rows_positive(P, w):
         raise InputError("weights give zero likelihood to some target rows (f_i^T w = 0): they are not the MLLS "
                          "estimate for these target_probs. Pass weights=None to solve MLLS here.")
-    gap = float(np.max(mlls_gradient(P, w) / p) - 1.0)
-    tol = max(1e-3 / P.shape[0], 1e-8)
-    if gap > tol:
-        raise InputError(f"weights are not the MLLS maximiser for these target_probs (duality gap {gap:.3g} > "
-                         f"{tol:.3g}); the null covariance is derived at the maximum. Pass "
-                         "MLLS().fit(holdout_probs, holdout_labels).estimate(target_probs).weights, or weights=None.")
-    return w
+    return certified_weights(P, w, p, "the null covariance is derived at the maximum. Pass "
+                             "MLLS().fit(holdout_probs, holdout_labels).estimate(target_probs).weights, or "
+                             "weights=None.")
 
 
 def _rows_positive(P: np.ndarray, w: np.ndarray) -> bool:
