@@ -3,12 +3,13 @@
 The operator's side of the system. A deployed classifier, registered in MLflow with its calibrator,
 meets new unlabelled data in object storage; on a schedule this flow
 
-1. lists the target batches (``*.npy`` or ``*.parquet`` under ``target``: model inputs, or, for a registered
+1. loads the model version and its calibrator and source holdout from the registry
+   (:func:`tasks.reestimation.model.load_bundle`) first, whatever the target holds: a wrong model fails the run;
+2. lists the target batches (``*.npy`` or ``*.parquet`` under ``target``: model inputs, or, for a registered
    reference, the model's logged outputs; :mod:`labelshift.monitoring.batches`, :mod:`tasks.reestimation.references`) that are not
-   yet in the watermark (``<target>/_labelshift/watermark.json``, :mod:`labelshift.monitoring.watermark`);
-2. loads the model version and its calibrator and source holdout from the registry
-   (:func:`tasks.reestimation.model.load_bundle`), checks every new batch against the model's input signature, and
-   computes calibrated probabilities f(x);
+   yet in the watermark (``<target>/_labelshift/watermark.json``, :mod:`labelshift.monitoring.watermark`; a target
+   belongs to the registered model whose runs it counts, and another model is refused it), checks every new batch
+   against the model's input signature, and computes calibrated probabilities f(x);
 3. estimates the importance weights w and the target prior p_t(y) = w(y) p_s(y) on the pooled new rows with MLLS
    (Garg et al., NeurIPS 2020, eq. (mlls-sample)) -- BBSE alongside as a cross-check -- with a confidence
    interval per class (by default source-aware: it includes the error of the calibrator and p_s fit on the labelled
@@ -65,7 +66,7 @@ from labelshift.inference.segments import SegmentSettings, correction_record
 from labelshift.inference.settings import AssessmentSettings
 from labelshift.rows import joined
 from labelshift.monitoring.listing import find_new_batches
-from labelshift.monitoring.watermark import Watermark, commit_watermark, read_watermark
+from labelshift.monitoring.watermark import Watermark, check_owner, commit_watermark, read_watermark
 from labelshift.storage import open_store
 from labelshift.storage.base import Store
 from runtime import environment as settings_mod
@@ -208,14 +209,13 @@ def _no_new_data(run: RunContext) -> Completed:
 
 
 # -- 2. the model and the MLflow run -----------------------------------------------------------------------------------
-def _load_model(run: RunContext):
+def _load_model(p: ReestimateParameters, settings: AssessmentSettings, tracking_uri: str, logger):
     """The model, its calibrator and source holdout from the registry; a holdout that cannot carry this
-    re-estimation fails here, before anything is written."""
-    p = run.params
-    bundle = load_for_reestimation(p.model, tracking_uri=run.tracking_uri, calibrator=p.calibrator)
+    re-estimation fails here, before anything is read or written."""
+    bundle = load_for_reestimation(p.model, tracking_uri=tracking_uri, calibrator=p.calibrator)
     holdout = bundle.holdout
-    check_holdout(holdout.labels, holdout.n_classes, interval=run.settings.interval, calibrator=holdout.calibrator)
-    run.logger.info("model %s -> version %s (run %s, %s), input %s, classes %s, calibrator %s", p.model,
+    check_holdout(holdout.labels, holdout.n_classes, interval=settings.interval, calibrator=holdout.calibrator)
+    logger.info("model %s -> version %s (run %s, %s), input %s, classes %s, calibrator %s", p.model,
                     bundle.version, bundle.run_id, getattr(bundle, "mode", "pytorch"), bundle.input_shape,
                     ", ".join(holdout.names), p.calibrator)
     return bundle
@@ -515,22 +515,23 @@ def reestimate(
     locations.
     """
     p = parameters_of(ReestimateParameters, {k: v for k, v in locals().items() if k in ReestimateParameters.model_fields})
+    started, logger, settings = time.perf_counter(), get_run_logger(), p.assessment()
     env = settings_mod.resolve(tracking_uri=p.tracking_uri, experiment_name=p.mlflow_experiment)
     target_uri = target_uri_for(p.target, env.store_uri)
 
-    # 1. what is new (fails on an empty or missing target; reads only)
+    # 1. the model first, whatever the target holds: MLflow reachable; model, calibrator and source holdout
+    check_tracking_server(env.tracking_uri)
+    bundle = _load_model(p, settings, env.tracking_uri, logger)
+
+    # 2. what is new for this model (fails on an empty or missing target, or one another model's runs count)
     store = open_store(target_uri)
     batches, watermark = find_new_batches(store, on_changed=p.on_changed)
-    run = RunContext(p, p.assessment(), p.segments(), env, store, target_uri, watermark, get_run_logger(),
-                     time.perf_counter())
+    check_owner(watermark, bundle.name, store.uri)
+    run = RunContext(p, settings, p.segments(), env, store, target_uri, watermark, logger, started, bundle)
     if not batches:
         return _no_new_data(run)
     run.logger.info("%d new batch(es) under %s: %s", len(batches), store.uri,
                     ", ".join(b.key for b in batches[:10]) + (" ..." if len(batches) > 10 else ""))
-
-    # 2. MLflow reachable before any work; model, calibrator and source holdout from the registry; the child run
-    check_tracking_server(env.tracking_uri)
-    run.bundle = _load_model(run)
     # the corrected model's registry name, checked before anything is written (docs/serving.md)
     corrected_as = (check_corrected_name(env.tracking_uri, p.model, p.corrected_model_name)
                     if p.register_corrected else None)

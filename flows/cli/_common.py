@@ -67,9 +67,10 @@ def local_path(uri: str) -> str:
 _temporary_server = None
 
 
-def setup(args, *, prefect_server: bool = False, **overrides) -> settings_mod.Settings:
+def setup(args, *, prefect_server: bool = False, check=None, **overrides) -> settings_mod.Settings:
     """Resolve the settings (flags in ``overrides`` win), export them for Prefect and MLflow, and route the
-    progress lines of the flows to stdout.
+    progress lines of the flows to stdout. ``check(settings)``, when given, runs first: a UsageError it raises
+    (exit 2) ends the command before any server starts.
 
     Every process started from here on ends with this one (:func:`runtime.lifetime.watch_descendants`). With
     ``prefect_server`` and no PREFECT_API_URL, the temporary Prefect server is started now, so that it boots while
@@ -79,6 +80,8 @@ def setup(args, *, prefect_server: bool = False, **overrides) -> settings_mod.Se
     from runtime.lifetime import TemporaryPrefectServer, watch_descendants
 
     env = settings_mod.resolve(getattr(args, "home", None), **overrides)
+    if check is not None:
+        check(env)
     _temporary_server = None
     watch_descendants()
     settings_mod.apply(env, verbose=args.verbose)

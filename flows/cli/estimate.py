@@ -145,13 +145,27 @@ def _committed_since(before: int | None):
     return committed
 
 
+def _model_uri(args, params: ReestimateParameters, env) -> str:
+    """The model to re-estimate with (--model, else $LABELSHIFT_MODEL, else the default), checked to be a
+    registered-model URI; UsageError (exit 2) otherwise."""
+    from labelshift.errors import InputError
+    from tasks.reestimation.model import parse_model_uri
+
+    model = args.model or env.model or params.model
+    try:
+        parse_model_uri(model)
+    except InputError as exc:
+        raise UsageError(f"--model: {exc}") from None
+    return model
+
+
 def run(args) -> int:
     params = parameters_from_args(args)
     env = setup(args, prefect_server=True, store_uri=args.store, tracking_uri=params.tracking_uri,
-                experiment_name=params.mlflow_experiment)
+                experiment_name=params.mlflow_experiment, check=lambda env: _model_uri(args, params, env))
     from flows.reestimate import last_committed_sequence, reestimate, target_uri_for
 
-    model = args.model or env.model or params.model
+    model = _model_uri(args, params, env)
     target = target_uri_for(params.target or env.target, env.store_uri)
     print(f"{PROG} estimate: {model} on {target}"
           + ("" if env.prefect_api_url else " (starting a temporary Prefect server, 10-30 s)"), file=sys.stderr)

@@ -30,7 +30,7 @@ from ..storage import ObjectInfo, Store, encode_json
 from .layout import WATERMARK_KEY, RejectedBatch, TargetBatch, is_batch_key, is_checksum
 
 __all__ = ["Watermark", "ConcurrentRunError", "read_watermark", "commit_watermark", "rejected_fingerprint",
-           "HISTORY_KEYS"]
+           "HISTORY_KEYS", "check_owner"]
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +206,19 @@ _RECOVERY = (
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_owner(watermark: Watermark, model: str, uri: str) -> None:
+    """InputError when ``watermark`` counts the runs of another registered model than ``model`` (the ``model`` of
+    its history's last run that names one): a watermark belongs to one model, since the batches it counts are
+    processed for that model, and a second model on the same target would see them as done ("No new data").
+    Versions of one registered model (a retrained one under the same name) share their target's watermark."""
+    owner = next((e["model"] for e in reversed(watermark.history) if e.get("model")), None)
+    if owner is not None and owner != model:
+        raise InputError(f"the target {uri} is re-estimated for the registered model {owner!r} (its watermark counts "
+                         f"{len(watermark.processed)} batch(es) for it, last run {watermark.sequence}); {model!r} would "
+                         f"see them as already processed. Give {model!r} a target folder of its own (copy or write "
+                         f"the batches there), or re-estimate this target with models:/{owner}@ALIAS.")
 
 
 def read_watermark(store: Store) -> Watermark:

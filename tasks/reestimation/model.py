@@ -37,7 +37,8 @@ def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
     match = _MODEL_URI.match(uri.strip()) if isinstance(uri, str) else None
     if not match:
         raise InputError(f"model must be a registered-model URI 'models:/NAME@ALIAS' or 'models:/NAME/VERSION', got "
-                         f"{uri!r} (e.g. models:/labelshift-mnist-5k@latest-good).")
+                         f"{uri!r} (e.g. models:/my-classifier@production, as `labelshift reference register --name "
+                         "my-classifier` registers it).")
     return match["name"], match["alias"], match["version"]
 
 
@@ -104,11 +105,18 @@ def _registry_error(client: MlflowClient, name: str, alias: str | None, version:
             names = sorted(m.name for m in client.search_registered_models(max_results=50))
         except Exception:
             names = []
+        sweep = name.startswith("labelshift-")       # a name the sweeps register
         return ObjectNotFoundError(
             f"no registered model {name!r} in the MLflow registry ({client.tracking_uri}); registered: "
-            f"{', '.join(names) or 'none'}. Train one with `labelshift reproduce --dataset mnist-5k --tracking-uri "
-            f"{client.tracking_uri}` (registers labelshift-mnist-5k; or run the reproduce-images deployment) or "
-            "register yours with mlflow.pytorch.log_model(..., registered_model_name=...).")
+            f"{', '.join(names) or 'none'}. " + (
+                f"Train it with `labelshift reproduce --dataset {name.removeprefix('labelshift-')} --tracking-uri "
+                f"{client.tracking_uri}` (or run the reproduce-images deployment), or register"
+                if sweep else "Check the name, or register") +
+            f" your own model: its logged outputs on a labelled holdout with `labelshift reference register "
+            f"--holdout FILE --label-column COL --outputs logits|probabilities --name NAME --tracking-uri "
+            f"{client.tracking_uri}`, a scikit-learn classifier with "
+            "tasks.reestimation.references.register_sklearn_model, a PyTorch one with "
+            "mlflow.pytorch.log_model(..., registered_model_name=...) (docs/operations.md).")
     if alias is not None:
         aliases = sorted(getattr(registered, "aliases", {}) or {})
         return ObjectNotFoundError(

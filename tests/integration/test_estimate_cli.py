@@ -131,6 +131,36 @@ def test_estimate_failure_exits_1_and_says_nothing_was_written(prefect_server, s
     assert json.loads((target / "_labelshift" / "watermark.json").read_text())["processed"] == {}
 
 
+def test_a_wrong_model_fails_even_when_the_target_has_nothing_new(prefect_server, sqlite_model, tmp_path, capsys):
+    """The model is resolved before the target is read: a scheduled job on a typo never stays green with "No new
+    data"; a malformed URI exits 2 before any server starts; a second registered model is refused a target whose
+    watermark counts another model's runs."""
+    rng = np.random.default_rng(5)
+    target = tmp_path / "incoming"
+    target.mkdir()
+    np.save(target / "day-1.npy", draw(SHIFTED_PRIOR, 1500, rng)[0])
+    base = ["estimate", "--home", str(sqlite_model["home"]), "--target", str(target), "--tracking-uri",
+            sqlite_model["tracking_uri"]]
+    assert main([*base, "--model", sqlite_model["model_uri"], "--json"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--model", sqlite_model["model_uri"], "--json"]) == 0        # nothing new
+    assert json.loads(capsys.readouterr().out)["verdict"] == "No new data"
+
+    assert main([*base, "--model", "models:/cli-modle@production"]) == 1           # misspelt: not "No new data"
+    err = capsys.readouterr().err
+    assert "no registered model 'cli-modle'" in err and "cli-model" in err and "labelshift reference register" in err
+    assert main([*base, "--model", "not-a-uri"]) == 2                                # before any server starts
+    err = capsys.readouterr().err
+    assert "--model: model must be a registered-model URI" in err and "starting a temporary Prefect" not in err
+
+    other = register_model(sqlite_model["tracking_uri"], "cli-model-2", n_holdout=1000, seed=1)
+    assert main([*base, "--model", other["model_uri"]]) == 1
+    err = capsys.readouterr().err
+    assert "re-estimated for the registered model 'cli-model'" in err and "a target folder of its own" in err
+    watermark = json.loads((target / "_labelshift" / "watermark.json").read_text())
+    assert watermark["sequence"] == 1                                                 # nothing moved
+
+
 def test_simulate_target_writes_shifted_batches_with_their_truth(tmp_path, capsys):
     store = tmp_path / "store"
     code = main(["data", "simulate-target", "digits", "--home", str(tmp_path / "home"), "--store", str(store),

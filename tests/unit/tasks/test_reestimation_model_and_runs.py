@@ -185,3 +185,14 @@ def test_no_registered_model_says_how_to_register_one_on_that_tracking_server(ml
     assert isinstance(error, ObjectNotFoundError)
     assert f"`labelshift reproduce --dataset mnist-5k --tracking-uri {tracking}`" in str(error)
     assert "registered: none" in str(error)
+
+
+def test_an_unknown_model_of_the_users_names_the_registration_commands(mlflow_sqlite, tmp_path):
+    from mlflow import MlflowClient
+
+    from tasks.reestimation.model import _registry_error
+
+    tracking = mlflow_sqlite(tmp_path)
+    error = str(_registry_error(MlflowClient(tracking), "my-clf", "production", None, RuntimeError("not found")))
+    assert "no registered model 'my-clf'" in error and "labelshift reproduce" not in error
+    assert "`labelshift reference register --holdout FILE" in error and "register_sklearn_model" in error
