@@ -265,11 +265,11 @@ def run_plain(model_uri: str, target: Path, tracking_uri: str, experiment: str) 
     from labelshift.monitoring.watermark import commit_watermark
     from labelshift.storage import open_store
     from tasks.reestimation.assessment import estimate_shift
-    from tasks.reestimation.model import load_bundle
+    from labelshift_mlflow.registry import load_bundle
     from tasks.reestimation.outputs import write_outputs
     from tasks.reestimation.runs import (end_run, history_record, log_reestimation, render_figure,
                                          start_reestimation_run, sync_monitor)
-    from tasks.reestimation.scoring import forward
+    from labelshift_mlflow.scores import forward
     from labelshift.inference.holdout import Target
     from labelshift.rows import joined
     from tasks.tracking import check_tracking_server, git_commit
@@ -406,7 +406,7 @@ def run_flow_benchmark(args) -> dict:
         with prefect_test_harness(server_startup_timeout=180):
             startup = time.perf_counter() - t0
             print(f"  Prefect temporary server up in {startup:.1f} s", file=sys.stderr)
-            from tasks.reestimation import model as tasks_mod
+            from labelshift_mlflow import registry as tasks_mod
 
             tasks_mod._BUNDLES.clear()
             target = tmp / "first-flow"

@@ -9,7 +9,7 @@ What it does, in a temporary folder (nothing leaves loopback; every process it s
    (class y: N(sep e_y, I); the target prior is Dirichlet(1), one class absent), and writes the target as
    ``--files`` Parquet files (an int64 ``id`` column and one float32 column per class; row groups of 131072 rows)
    uploaded to a bucket (not timed), and registers the holdout as a reference
-   (:func:`tasks.reestimation.references.register_reference`, BCTS);
+   (:func:`labelshift_mlflow.references.register_reference`, BCTS);
 3. times ``python -m flows.cli estimate --model models:/bench-scale@production --target s3://.../`` as a
    subprocess: wall time from launch to exit, and the peak resident memory of its process tree (psutil, sampled
    every 20 ms; ``ru_maxrss`` of the child as a check). Each run gets its own copy of the batches under a fresh
@@ -156,7 +156,7 @@ def profile_steps(model_uri: str, tracking_uri: str, target: str) -> dict:
     from labelshift.inference.intervals import fisher_interval
     from labelshift.inference.no_shift_test import no_shift_test
     from tasks.reestimation.outputs import write_for_reestimation
-    from tasks.reestimation.references import load_reference
+    from labelshift_mlflow import load_reference
     from tasks.reestimation.scoring import score_for_reestimation
 
     times = {}
@@ -291,7 +291,7 @@ def main(argv=None) -> int:
 
             for name in ("references", "reestimation"):
                 MlflowClient(tracking).create_experiment(name, artifact_location=f"{exp_root}/{name}")
-            from tasks.reestimation.references import register_reference
+            from labelshift_mlflow import register_reference
 
             info = register_reference(hx, [NAMES[v] for v in hy], name=MODEL, class_names=NAMES,
                                       output_kind="logits", tracking_uri=tracking, id_column="id")

@@ -5,7 +5,7 @@ What it does, in a temporary folder (nothing leaves loopback; every process it s
 
 1. trains a scikit-learn logistic regression on 4 Gaussian classes in 20 dimensions (class means N(0, 1.2^2 I),
    unit covariance) and registers its float32 log-probabilities on a labelled holdout of ``--holdout`` rows as a
-   reference (:func:`tasks.reestimation.references.register_reference`, BCTS, output kind "logits");
+   reference (:func:`labelshift_mlflow.references.register_reference`, BCTS, output kind "logits");
 2. for each size and kind writes the target as Parquet files of at most ``--file-rows`` rows (an int64 id and one
    float32 column per class; a label-shifted prior, class 0 at a third of its source share): *repeated* draws each
    row from ``--items`` scored items (the issue's case: 31,000 items), *distinct* scores a fresh row each time;
@@ -152,7 +152,7 @@ def main(argv=None) -> int:
 
         for name in ("references", "reestimation"):
             MlflowClient(tracking).create_experiment(name, artifact_location=f"{(tmp / 'art').as_uri()}/{name}")
-        from tasks.reestimation.references import register_reference
+        from labelshift_mlflow import register_reference
 
         model = Model(args.seed)
         hx, hy = model.draw(np.random.default_rng(args.seed + 1), args.holdout, np.full(K, 1 / K))

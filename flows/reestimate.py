@@ -4,7 +4,7 @@ The operator's side of the system. A deployed classifier, registered in MLflow w
 meets new unlabelled data in object storage; on a schedule this flow
 
 1. loads the model version and its calibrator and source holdout from the registry
-   (:func:`tasks.reestimation.model.load_bundle`) first, whatever the target holds: a wrong model fails the run;
+   (:func:`labelshift_mlflow.registry.load_bundle`) first, whatever the target holds: a wrong model fails the run;
 2. lists the target batches (``*.npy`` or ``*.parquet`` under ``target``: model inputs, or, for a registered
    reference, the model's logged outputs; :mod:`labelshift.monitoring.batches`, :mod:`tasks.reestimation.references`) that are not
    yet in the watermark (``<target>/_labelshift/watermark.json``, :mod:`labelshift.monitoring.watermark`; a target
@@ -73,9 +73,10 @@ from runtime import environment as settings_mod
 from runtime.environment import Settings
 from tasks.reestimation.alerts import emit_verdict
 from tasks.reestimation.assessment import estimate_shift
-from tasks.reestimation.model import ModelBundle, parse_model_uri
+from labelshift_mlflow.registry import ModelBundle, parse_model_uri
 from tasks.reestimation.outputs import write_for_reestimation
-from tasks.reestimation.references import ReferenceBundle, load_for_reestimation
+from labelshift_mlflow.references import ReferenceBundle
+from tasks.reestimation.references import load_for_reestimation
 from tasks.reestimation.runs import (ReestimationRun, catch_up_monitor, end_run, history_record, log_reestimation,
                                      log_rejections, render_figure, start_reestimation_run, sync_monitor)
 from tasks.reestimation.scoring import score_for_reestimation

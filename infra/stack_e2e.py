@@ -237,7 +237,7 @@ def register_reference_and_batches(env: dict[str, str]) -> tuple[str, list[str]]
     from sklearn.datasets import load_digits
     from sklearn.linear_model import LogisticRegression
 
-    from tasks.reestimation.references import register_reference
+    from labelshift_mlflow import register_reference
 
     x, y = load_digits(return_X_y=True)
     rng = np.random.default_rng(0)

@@ -6,7 +6,7 @@ log p_s(y|x) = mu_y . x - |mu_y|^2 / 2 + log p_s(y) + const), so its softmax is 
 calibrated, MLLS is consistent, and the intervals' coverage can be checked against the true target prior.
 It is registered in MLflow like a deployed model (``mlflow.pytorch.log_model``, pt2 with a tensor signature), with
 a BCTS calibrator fit on a labelled source holdout and that holdout logged beside it
-(:func:`tasks.reference_artifacts.log_reestimation_reference`).
+(:func:`labelshift_mlflow.artifacts.log_reestimation_reference`).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def register_model(tracking_uri: str, name: str, *, alias: str = "production", n
 
     ``calibrator_classes``: log a calibrator fit for that many classes instead (to test the mismatch check).
     ``trusted``: record the version's digest, as the project does for the versions it registers
-    (:func:`tasks.trusted_models.record_digest`); False leaves it as a version registered by other means.
+    (:func:`labelshift_mlflow.trusted.record_digest`); False leaves it as a version registered by other means.
     Returns {"model_uri", "version", "run_id"}.
     """
     import mlflow
@@ -47,7 +47,7 @@ def register_model(tracking_uri: str, name: str, *, alias: str = "production", n
     from mlflow import MlflowClient
 
     from labelshift.calibration import BCTS
-    from tasks.reference_artifacts import log_reestimation_reference
+    from labelshift_mlflow.artifacts import log_reestimation_reference
 
     rng = np.random.default_rng(seed)
     net = torch.nn.Linear(2, K)
@@ -84,7 +84,7 @@ def register_model(tracking_uri: str, name: str, *, alias: str = "production", n
     client.set_terminated(run_id)
     version = str(info.registered_model_version)
     if trusted:
-        from tasks.trusted_models import record_digest
+        from labelshift_mlflow.trusted import record_digest
 
         record_digest(client, name, version)
     client.set_registered_model_alias(name, alias, version)

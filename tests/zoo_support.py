@@ -4,13 +4,13 @@ path of prediction-log mode, and what came out (shared by ``tests/unit/tasks/tes
 What :func:`run_case` does is what the flow does, step by step, with the flow's own code and without MLflow,
 Prefect or a store:
 
-1. **register the reference** (:func:`tasks.reestimation.references.register_reference`): the holdout checked by
-   :func:`labelshift.monitoring.batches.check_reference`, the calibrator made by ``tasks.reestimation.references._calibrator`` (BCTS,
+1. **register the reference** (:func:`labelshift_mlflow.references.register_reference`): the holdout checked by
+   :func:`labelshift.monitoring.batches.check_reference`, the calibrator made by ``labelshift_mlflow.references._calibrator`` (BCTS,
    input kind from the declared output kind) and fit on the checked outputs, saved as JSON (``to_dict``) and the holdout
-   stored as float32 (:func:`tasks.reference_artifacts.log_source_holdout`);
-2. **load it** (:func:`tasks.reestimation.references.load_reference`): the calibrator read back (:func:`load_calibrator`), the
+   stored as float32 (:func:`labelshift_mlflow.artifacts.log_source_holdout`);
+2. **load it** (:func:`labelshift_mlflow.references.load_reference`): the calibrator read back (:func:`load_calibrator`), the
    holdout as float64, ``source_probs`` the calibrated holdout and p_s their mean
-   (:attr:`tasks.reestimation.references.ReferenceBundle.source_prior`);
+   (:attr:`labelshift_mlflow.references.ReferenceBundle.source_prior`);
 3. **score the target** (``tasks.reestimation.scoring._score_logs``): the target outputs written as one .npy batch and read
    back through :func:`labelshift.monitoring.batches.iter_output_chunks` (float32 chunks, checked), calibrated chunk by
    chunk into float32 probabilities, the float32 raw outputs kept for the source-aware interval;
@@ -83,7 +83,7 @@ class ZooRun:
 
 def _reference(case: ZooCase, seed: int):
     """Steps 1-2: the reference registered from this seed's holdout and loaded back, as a ReferenceBundle."""
-    from tasks.reestimation.references import ReferenceBundle, _calibrator
+    from labelshift_mlflow.references import ReferenceBundle, _calibrator
 
     h = case.holdout(seed)
     names = tuple(default_class_names(case.n_classes))

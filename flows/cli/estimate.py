@@ -149,7 +149,7 @@ def _model_uri(args, params: ReestimateParameters, env) -> str:
     """The model to re-estimate with (--model, else $LABELSHIFT_MODEL, else the default), checked to be a
     registered-model URI; UsageError (exit 2) otherwise."""
     from labelshift.errors import InputError
-    from tasks.reestimation.model import parse_model_uri
+    from labelshift_mlflow.registry import parse_model_uri
 
     model = args.model or env.model or params.model
     try:

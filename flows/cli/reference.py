@@ -6,7 +6,7 @@ reference trust``: record the digest of a reviewed model version (docs/serving.m
 
 The reference (calibrator fit on the holdout's outputs, the holdout, class names, output kind) becomes a model
 version in the MLflow registry, addressed as ``models:/NAME@ALIAS`` by ``labelshift estimate``
-(:func:`tasks.reestimation.references.register_reference_file`).
+(:func:`labelshift_mlflow.references.register_reference_file`).
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def run_register(args) -> int:
     if not os.path.isfile(os.path.expanduser(args.holdout)):
         raise UsageError(f"--holdout {args.holdout}: no such file")
     env = setup(args, tracking_uri=args.tracking_uri)
-    from tasks.reestimation.references import register_reference_file
+    from labelshift_mlflow import register_reference_file
 
     names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
     info = register_reference_file(os.path.expanduser(args.holdout), label_column=args.label_column,
@@ -97,13 +97,16 @@ def run_register(args) -> int:
 
 
 def run_trust(args) -> int:
-    """Record the digest of the version ``args.model`` names (:func:`tasks.trusted_models.trust_version`)."""
+    """Record the digest of the version ``args.model`` names (:func:`labelshift_mlflow.trusted.trust_version`)."""
     env = setup(args, tracking_uri=args.tracking_uri)
     from mlflow import MlflowClient
 
-    from tasks.trusted_models import trust_version
+    from labelshift_mlflow.registry import resolve_version
+    from labelshift_mlflow.trusted import trust_version
 
-    info = trust_version(MlflowClient(tracking_uri=env.tracking_uri), args.model)
+    client = MlflowClient(tracking_uri=env.tracking_uri)
+    name, _, version = resolve_version(client, args.model, env.tracking_uri)
+    info = trust_version(client, name, version)
     uri = f"models:/{info['name']}/{info['version']}"
     if info["previous"] == info["digest"]:
         print(f"{uri} was already trusted with this digest: {info['digest']}")

@@ -12,8 +12,9 @@ import numpy as np
 
 from .._validation import check_labels, check_prior, check_probabilities
 from ..errors import InputError
+from .label_shift_test import prepare_holdout
 
-__all__ = ["Holdout", "Target", "pooled"]
+__all__ = ["Holdout", "Target", "pooled", "at_precision"]
 
 
 def pooled(rows) -> np.ndarray | None:
@@ -24,6 +25,18 @@ def pooled(rows) -> np.ndarray | None:
             and all(np.ndim(b) == 2 for b in rows):
         return np.concatenate([np.asarray(b) for b in rows])
     return np.asarray(rows)
+
+
+def at_precision(holdout: np.ndarray, target) -> np.ndarray:
+    """The holdout's probabilities rounded to the precision the target's were given in (e.g. float32, as the flow
+    stores them), so that the label-shift test compares like with like: float32 turns every confidence within
+    6e-8 of 1 into exactly 1, which the holdout's float64 confidences never reach, and the test would see that
+    rounding as a difference between the two (a fraud-like model's target was called Not label shift in 2 of 3
+    seeds). The holdout as it is when the target is float64."""
+    dtype = np.asarray(target).dtype if isinstance(target, np.ndarray) else np.float64
+    if not np.issubdtype(dtype, np.floating) or np.finfo(dtype).eps <= np.finfo(np.float64).eps:
+        return holdout
+    return holdout.astype(dtype).astype(np.float64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,13 +95,17 @@ class Holdout:
         return list(self.class_names) if self.class_names else [str(c) for c in range(self.n_classes)]
 
     def prepared_for(self, target) -> "Holdout":
-        """This holdout with the label-shift test's work on it made once, at the precision of ``target`` (a
-        :class:`Target` or its probabilities), for many assessments against it -- a target's segments: each
-        report is the same as without it."""
-        from .report import label_shift_holdout
-
+        """This holdout with the label-shift test's work on it made once
+        (:func:`~labelshift.inference.label_shift_test.prepare_holdout`, the test's default region rule), at the
+        precision of ``target`` (a :class:`Target` or its probabilities), for many assessments against it -- a
+        target's segments: each report is the same as without it. ``label_shift_part`` is None when the holdout
+        cannot carry the test (each assessment then says why it was not run)."""
         probs = target.probs if isinstance(target, Target) else pooled(target)
-        return dataclasses.replace(self, label_shift_part=label_shift_holdout(self, probs))
+        try:
+            part = prepare_holdout(at_precision(self.probs, np.asarray(probs)), self.labels)
+        except InputError:
+            part = None
+        return dataclasses.replace(self, label_shift_part=part)
 
 
 @dataclass(frozen=True, eq=False)

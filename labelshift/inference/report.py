@@ -21,10 +21,10 @@ from ..errors import FormatError, InputError, NotMaximiserError
 from .accuracy import AccuracyEstimate, expected_accuracy
 from .source_aware import SUPPORTED_CALIBRATORS, SourceAwareInterval, min_holdout_rows, source_aware_interval
 from .repeats import Repeats, find_repeats
-from .holdout import Holdout, Target
+from .holdout import Holdout, Target, at_precision
 from .settings import DEFAULTS, AssessmentSettings, check_setting
 from .label_shift_test import (MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, MIN_TARGET, LabelShiftTest, PreparedHoldout,
-                               label_shift_test, prepare_holdout)
+                               label_shift_test)
 from ..estimation.registry import make_estimator
 from ..estimation.solvers import confusion_matrix
 from .identifiability import Identifiability, identifiability
@@ -450,18 +450,6 @@ def _source_aware_parts(source_outputs, labels, raw_target, calibrator, pooled, 
     return ci, accuracy, []
 
 
-def _at_precision(holdout: np.ndarray, target) -> np.ndarray:
-    """The holdout's probabilities rounded to the precision the target's were given in (e.g. float32, as the flow
-    stores them), so that the label-shift test compares like with like: float32 turns every confidence within
-    6e-8 of 1 into exactly 1, which the holdout's float64 confidences never reach, and the test would see that
-    rounding as a difference between the two (a fraud-like model's target was called Not label shift in 2 of 3
-    seeds). The holdout as it is when the target is float64."""
-    dtype = np.asarray(target).dtype if isinstance(target, np.ndarray) else np.float64
-    if not np.issubdtype(dtype, np.floating) or np.finfo(dtype).eps <= np.finfo(np.float64).eps:
-        return holdout
-    return holdout.astype(dtype).astype(np.float64)
-
-
 def _checked_target(target_probs, n_classes: int) -> np.ndarray:
     """A target's (pooled) probabilities as a checked (m, k) float array."""
     pooled = check_probabilities(target_probs, "target_probs", 2)
@@ -556,7 +544,7 @@ def _label_shift_part(holdout, labels, pooled, mlls_weights, prior, class_names,
                       repeats: Repeats | None = None) -> tuple[LabelShiftTest | None, str | None]:
     """The label-shift test with the MLLS weights, or why it was not run: a holdout it cannot use (an InputError,
     e.g. too small for its regions) or a numerical failure on valid input is recorded as "not run", never raised.
-    ``holdout``: the calibrated holdout at the target's precision (:func:`_at_precision`); ``prepared``
+    ``holdout``: the calibrated holdout at the target's precision (:func:`~labelshift.inference.holdout.at_precision`); ``prepared``
     (:func:`label_shift_holdout`) is used when it was made from this holdout at this precision. When target rows
     repeat (``repeats.adjusts``) the test runs on the distinct rows (their null fit starts at w = 1: their prior is
     not the target's), a label-shifted sample again (``labelshift.inference.repeats``)."""
@@ -619,14 +607,9 @@ def _few_distinct_rows(repeats: Repeats) -> list[str]:
 
 
 def label_shift_holdout(holdout: Holdout, target_probs) -> PreparedHoldout | None:
-    """The label-shift test's work on ``holdout`` (:func:`~labelshift.inference.label_shift_test.prepare_holdout`),
-    made once for many :func:`assess_shift` calls against it (:meth:`Holdout.prepared_for`), e.g. the segments of a
-    target: at the precision of ``target_probs`` (as :func:`assess_shift` tests), with the test's default region
-    rule. None when the holdout cannot carry the test (each assessment then says why it was not run)."""
-    try:
-        return prepare_holdout(_at_precision(holdout.probs, np.asarray(target_probs)), holdout.labels)
-    except InputError:
-        return None
+    """The label-shift test's work on ``holdout`` at the precision of ``target_probs``
+    (:meth:`Holdout.prepared_for` keeps it on the holdout), or None when the holdout cannot carry the test."""
+    return holdout.prepared_for(target_probs).label_shift_part
 
 
 def assess_shift(holdout: Holdout, target, settings: AssessmentSettings = DEFAULTS) -> ShiftReport:
@@ -666,7 +649,7 @@ def assess_shift(holdout: Holdout, target, settings: AssessmentSettings = DEFAUL
     estimator = settings.estimator
 
     est = _estimate(holdout.probs, holdout.labels, prior, pooled, estimator, settings.cross_check)
-    rounded = _at_precision(holdout.probs, target.probs)   # the holdout at the target's precision
+    rounded = at_precision(holdout.probs, target.probs)   # the holdout at the target's precision
     repeats = find_repeats(pooled, rounded)
     ci, accuracy, failures = _interval(settings.interval, est, pooled, prior, level=settings.level,
                                        n_bootstrap=settings.n_bootstrap, seed=settings.seed,

@@ -3,7 +3,7 @@
 A :class:`FileDigest` holds the SHA-256 of each file's content under its name and one overall digest over all of
 them: ``sha256:`` and the SHA-256 of the lines ``<name> NUL <content sha256> LF``, the names in sorted order, so
 the digest changes when a file is added, removed, renamed or changed, and not with the order files were found in.
-:func:`changes` names which files differ between two digests. No MLflow here: :mod:`tasks.trusted_models` gathers
+:func:`changes` names which files differ between two digests. No MLflow here: :mod:`labelshift_mlflow.trusted` gathers
 the files of a model version and records and checks its digest.
 """
 from __future__ import annotations

@@ -22,22 +22,11 @@ from labelshift.errors import FormatError, InputError, ObjectNotFoundError
 from labelshift.monitoring.inputs import load_batch
 from labelshift.monitoring.layout import ChangedBatchError, RejectedBatch, TargetBatch
 from labelshift.storage import open_store
-from tasks.reestimation.model import ModelBundle
-from tasks.reestimation.references import ReferenceBundle
+from labelshift_mlflow.registry import ModelBundle
+from labelshift_mlflow.references import ReferenceBundle
+from labelshift_mlflow.scores import forward, model_scores
 
 __all__ = ["ScoredBatches", "forward", "model_scores", "download_batch", "score_for_reestimation"]
-
-
-def forward(model, x: np.ndarray, batch_size: int) -> np.ndarray:
-    """A PyTorch model's raw outputs (logits) on the rows of ``x``, ``batch_size`` rows per forward pass without
-    gradients, as one float64 (n, k) array."""
-    import torch
-
-    out = []
-    with torch.no_grad():
-        for i in range(0, len(x), batch_size):
-            out.append(model(torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size]))).float().numpy())
-    return np.concatenate(out).astype(np.float64)
 
 
 @dataclass
@@ -80,29 +69,6 @@ def _bytes(store, b: TargetBatch) -> bytes:
         raise ChangedBatchError(f"batch {store.url(b.key)} changed after this run listed it (listed sha256 "
                                 f"{b.checksum[:12]}..., read {digest[:12]}...); run again.", {b.key: (b.checksum, digest)})
     return data
-
-
-def model_scores(bundle: ReferenceBundle, x: np.ndarray) -> np.ndarray:
-    """The raw scores, one per class, of a scikit-learn or pyfunc model on the rows of ``x``: ``bundle`` gives the
-    ``mode`` ("sklearn" or "pyfunc"), the ``model``, its ``output_method`` (scikit-learn), its ``input_columns`` (rows
-    passed as a DataFrame when set), its ``uri`` and ``n_classes``. Returns a float64 (n, k) array; raises
-    InputError when the model does not return one score per class."""
-    if bundle.mode == "sklearn":
-        if bundle.input_columns:
-            import pandas as pd
-
-            x = pd.DataFrame(x, columns=list(bundle.input_columns))
-        out = getattr(bundle.model, bundle.output_method)(x)
-    else:
-        import pandas as pd
-
-        out = bundle.model.predict(pd.DataFrame(x, columns=list(bundle.input_columns)) if bundle.input_columns
-                                   else x)
-    out = np.asarray(out, dtype=np.float64)
-    if out.ndim != 2 or out.shape[1] != bundle.n_classes:
-        raise InputError(f"{bundle.uri} returned outputs of shape {out.shape}, not one score per class "
-                         f"({bundle.n_classes}); a pyfunc model must return an (n, k) array of scores.")
-    return out
 
 
 def download_batch(store, b: TargetBatch, folder: Path, name: str) -> Path:

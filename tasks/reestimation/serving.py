@@ -22,24 +22,19 @@ import logging
 import tempfile
 from pathlib import Path
 import warnings
-from types import SimpleNamespace
 
 import mlflow
 import mlflow.pyfunc
-import numpy as np
 from mlflow import MlflowClient
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from labelshift.calibration import load_calibrator
 from labelshift.errors import InputError
-from labelshift.estimation.diagnostics import correct_predictions
 from labelshift.inference.report import ShiftReport
-from labelshift.monitoring.batches import OutputSpec, read_outputs
-from tasks.reestimation.model import parse_model_uri
-from tasks.reestimation.scoring import forward, model_scores
+from labelshift_mlflow.pyfunc import CLASS_COLUMN, ShiftCorrectedModel, calibrated, corrected_frame, load_state
+from labelshift_mlflow.registry import parse_model_uri
 from tasks.tracking import one_line, registry_refused
-from tasks.trusted_models import record_digest
+from labelshift_mlflow.trusted import record_digest
 
 __all__ = ["KIND", "KIND_TAG", "ALIAS", "CLASS_COLUMN", "ShiftCorrectedModel", "load_state", "corrected_frame",
            "calibrated", "corrected_name", "check_corrected_name", "register_if_shifted", "register_corrected_model"]
@@ -51,19 +46,15 @@ KIND_TAG = "labelshift.kind"
 #: registered-model tag naming the deployed model whose corrections it holds
 SOURCE_TAG = "labelshift.source_model"
 #: version tag: the digest of the deployed model version's files, as checked when the flow loaded them ("none":
-#: the deployed version had no recorded digest); the corrected version's own is tasks.trusted_models.DIGEST_TAG
+#: the deployed version had no recorded digest); the corrected version's own is labelshift_mlflow.trusted.DIGEST_TAG
 SOURCE_DIGEST_TAG = "labelshift.source_digest"
 #: the alias that moves to each new version
 ALIAS = "shift-corrected"
 #: suffix of the default registry name, ``<deployed model's name>-shift-corrected``
 NAME_SUFFIX = "-shift-corrected"
-#: the output column of the corrected class (the class names are the other columns)
-CLASS_COLUMN = "corrected_class"
 #: the artifact path of the model in its logged-model record, and the JSON the pyfunc loads
 ARTIFACT = "shift-corrected"
 CORRECTION_FORMAT = "labelshift-shift-corrected"
-#: rows per forward pass of a PyTorch model (the flow's default batch size)
-BATCH_SIZE = 1024
 
 
 def corrected_name(model_name: str, name: str | None = None) -> str:
@@ -118,123 +109,6 @@ def _registered_model(client: MlflowClient, name: str):
         raise
 
 
-# -- the pyfunc --------------------------------------------------------------------------------------------------------
-# MLflow inspects a PythonModel subclass when it is defined and warns about its untyped ``predict``: recorded and
-# dropped (MLflow sets its own filter, "once", inside, which an "ignore" outside would not override)
-with warnings.catch_warnings(record=True):
-
-    class ShiftCorrectedModel(mlflow.pyfunc.PythonModel):
-        """The pyfunc of a corrected model: the deployed model corrected to its target's label distribution.
-
-        Its ``predict`` takes what the deployed model takes (input mode: an array of shape (n, *input shape), or a
-        DataFrame with the signature's columns) or, in prediction-log mode, the deployed model's outputs (a DataFrame
-        with one column per class name or one list column, or an (n, k) array), and returns a DataFrame with one
-        column per class name -- p_t(y|x) proportional to w_y f_y(x), f the calibrated source posterior -- and
-        :data:`CLASS_COLUMN`, the name of the most probable class (:func:`corrected_frame`). Its artifacts:
-        ``correction`` (the JSON of :func:`correction_doc`) and, in input mode, ``deployed`` (a copy of the deployed
-        model version). MLflow pickles the instance by reference to this module, so the model loads where labelshift
-        is installed."""
-
-        def load_context(self, context):
-            self.state = load_state(context.artifacts)
-
-        def predict(self, context, model_input, params=None):
-            return corrected_frame(self.state, model_input)
-
-
-def load_state(artifacts: dict) -> SimpleNamespace:
-    """What ``predict`` needs, from the model's artifacts (local paths): the correction JSON, its calibrator and
-    weights, and the deployed model (input mode)."""
-    doc = json.loads(Path(artifacts["correction"]).read_text())
-    model = _load_deployed(artifacts["deployed"], doc["mode"]) if doc["mode"] != "outputs" else None
-    return SimpleNamespace(doc=doc, class_names=list(doc["class_names"]), calibrator=load_calibrator(doc["calibrator"]),
-                           weights=np.asarray(doc["weights"], dtype=np.float64), model=model)
-
-
-def corrected_frame(state: SimpleNamespace, model_input):
-    """p_t(y|x) of each row (:func:`labelshift.estimation.diagnostics.correct_predictions` of :func:`calibrated`),
-    one column per class, and the corrected class in :data:`CLASS_COLUMN`."""
-    import pandas as pd
-
-    corrected = correct_predictions(calibrated(state, model_input), state.weights)
-    out = pd.DataFrame(corrected, columns=state.class_names)
-    out[CLASS_COLUMN] = np.asarray(state.class_names, dtype=object)[corrected.argmax(axis=1)]
-    return out
-
-
-def calibrated(state: SimpleNamespace, model_input) -> np.ndarray:
-    """f(x), the calibrated source posterior of each row, computed as the flow computes it: the deployed model's
-    scores (as :mod:`tasks.reestimation.scoring` scores a batch) rounded to float32, then the calibrator; prediction
-    logs' probabilities kept in float32, as the flow keeps them."""
-    doc = state.doc
-    if doc["mode"] == "outputs":
-        raw = _outputs(model_input, OutputSpec(tuple(state.class_names), doc["output_kind"]))
-        return state.calibrator.predict_proba(raw.astype(np.float64)).astype(np.float32)
-    x = _inputs(model_input, doc)
-    if doc["mode"] == "pytorch":
-        scores = forward(state.model, x, BATCH_SIZE)
-    else:
-        scorer = SimpleNamespace(mode=doc["mode"], model=state.model, output_method=doc.get("output_method"),
-                                 input_columns=doc.get("input_columns"), uri=doc["source_model"]["uri"],
-                                 n_classes=len(state.class_names))
-        scores = model_scores(scorer, x)
-    return state.calibrator.predict_proba(np.asarray(scores).astype(np.float32).astype(np.float64))
-
-
-def _load_deployed(path: str, mode: str):
-    if mode == "pytorch":
-        import mlflow.pytorch
-
-        return mlflow.pytorch.load_model(path, map_location="cpu")
-    if mode == "sklearn":
-        import mlflow.sklearn
-
-        return mlflow.sklearn.load_model(path)
-    return mlflow.pyfunc.load_model(path)
-
-
-def _inputs(model_input, doc: dict) -> np.ndarray:
-    """The model inputs of a request as the flow reads a batch: float32, checked against the input columns or
-    shape."""
-    import pandas as pd
-
-    columns, shape = doc.get("input_columns"), doc.get("input_shape")
-    if isinstance(model_input, pd.DataFrame) and columns:
-        missing = [c for c in columns if c not in model_input.columns]
-        if missing:
-            raise InputError(f"the input lacks the model's column(s) {missing[:10]}; send the columns of its "
-                             f"signature ({', '.join(columns[:8])}{' ...' if len(columns) > 8 else ''}).")
-        model_input = model_input[columns]
-    x = np.asarray(model_input.to_numpy() if isinstance(model_input, pd.DataFrame) else model_input, dtype=np.float32)
-    if shape and x.ndim >= 1 and x.shape[1:] != tuple(shape):
-        if x.ndim == 2 and x.shape[1] == int(np.prod(shape)):
-            x = x.reshape((len(x), *shape))
-        else:
-            raise InputError(f"the input has shape {x.shape}, the model takes (n, {', '.join(map(str, shape))}); "
-                             "send one row per example.")
-    if not np.isfinite(x).all():
-        raise InputError("the input holds NaN or infinite values; drop or impute those rows.")
-    return np.ascontiguousarray(x)
-
-
-def _outputs(model_input, spec: OutputSpec) -> np.ndarray:
-    """The deployed model's outputs of a request, (n, k) float32, read and checked as a prediction-log batch
-    (:func:`labelshift.monitoring.batches.read_outputs`): class columns or one list column, or an (n, k) array."""
-    import io
-
-    import pandas as pd
-
-    buf = io.BytesIO()
-    if isinstance(model_input, pd.DataFrame):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.Table.from_pandas(model_input, preserve_index=False), buf)
-        return read_outputs(buf.getvalue(), "parquet", spec, "the request")
-    np.save(buf, np.asarray(model_input), allow_pickle=False)
-    return read_outputs(buf.getvalue(), "npy", spec, "the request")
-
-
 # -- registration ------------------------------------------------------------------------------------------------------
 def _mode(bundle) -> str:
     return getattr(bundle, "mode", None) or "pytorch"
@@ -285,7 +159,7 @@ def register_corrected_model(bundle, report: ShiftReport, *, tracking_uri: str, 
                              target: str, sequence: int, alias: str = ALIAS) -> dict:
     """A new version of ``name``: the corrected pyfunc (:class:`ShiftCorrectedModel`) of ``bundle`` with
     ``report``'s weights, logged as a model of the estimating run ``run_id``, tagged and described (docs/serving.md):
-    its own digest (:func:`tasks.trusted_models.record_digest`) and the digest of the deployed version's files it
+    its own digest (:func:`labelshift_mlflow.trusted.record_digest`) and the digest of the deployed version's files it
     copied (:data:`SOURCE_DIGEST_TAG`, the files checked at load), with ``alias`` moved to it. Returns {"name", "version", "alias", "model_uri", "version_uri"}."""
     client = MlflowClient(tracking_uri=tracking_uri)
     doc = correction_doc(bundle, report, run_id=run_id, target=target, sequence=sequence)

@@ -3,4 +3,4 @@
 figures and tables (:mod:`.outputs`), the MLflow runs (:mod:`.runs`), the results in the object store
 (:mod:`.storage`), the run summary (:mod:`.report`) and the results page read back from MLflow (:mod:`.results_page`).
 What the sweep shares with re-estimation lives beside this package: :mod:`tasks.tracking`,
-:mod:`tasks.reference_artifacts`."""
+:mod:`labelshift_mlflow.artifacts`."""

@@ -383,12 +383,12 @@ def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str],
         if first is None:
             first = (name, pv, pt)
     # the labelled source holdout the calibrators were fit on, for re-estimation with the registered model
-    from tasks.reference_artifacts import log_source_holdout
+    from labelshift_mlflow.artifacts import log_source_holdout
 
     for target_run in runs:
         log_source_holdout(client, target_run, outputs["logits_valid"], yv)
     if registered_run in runs:          # what belongs to the version is complete: record its digest
-        from tasks.trusted_models import record_digest
+        from labelshift_mlflow.trusted import record_digest
 
         record_digest(client, meta["registered_model"], str(meta["version"]))
     name, pv, pt = first

@@ -1,6 +1,8 @@
 """The layering of the house, checked: imports point one way, flows -> tasks -> labelshift.
 
 * ``labelshift`` (the domain) never imports prefect, mlflow, ``tasks`` or ``flows``;
+* ``labelshift_mlflow`` (the user's model API: registering, loading, the pyfunc models) never imports prefect,
+  ``tasks`` or ``flows``;
 * ``tasks`` never imports ``flows``;
 * ``runtime`` (the environment every command resolves, and the processes of the local stack) never imports
   prefect, mlflow, ``tasks`` or ``flows``: the flows and the CLI use it;
@@ -8,9 +10,10 @@
   (``labelshift.inference``, ``labelshift.estimation``): it keeps the books of a target and knows nothing about
   estimators.
 
-Every import statement counts, also one inside a function (a late import is still a dependency). A second test
-imports every domain module in a fresh interpreter and checks that neither Prefect nor MLflow was loaded on the way
-(an indirect import through a third package would slip past the source check).
+Every import statement counts, also one inside a function (a late import is still a dependency), and no module
+reaches itself again through the modules it imports (no import cycles). A second test imports every domain module
+in a fresh interpreter and checks that neither Prefect nor MLflow was loaded on the way (an indirect import through
+a third package would slip past the source check).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: package -> top-level names its modules must not import
 FORBIDDEN = {
     "labelshift": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
+    "labelshift_mlflow": {"prefect", "prefect_dask", "tasks", "flows"},
     "tasks": {"flows"},
     "runtime": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
 }
@@ -146,10 +150,116 @@ def test_the_domain_loads_without_prefect_or_mlflow():
     assert out.stdout.strip() == "[]", f"importing labelshift loaded {out.stdout.strip()}"
 
 
+#: the packages whose modules' imports must form no cycle
+CYCLE_FREE = ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime")
+
+
+def import_graph(packages=CYCLE_FREE) -> dict[str, set[str]]:
+    """Module -> the modules of ``packages`` it imports, anywhere in its source. ``from pkg import mod`` is an edge
+    to ``pkg.mod`` alone when that is a module (not to ``pkg``'s ``__init__`` too), as the interpreter would load it
+    at that point only through ``pkg`` if ``pkg`` were not loaded yet -- which it is, by then, in every chain that
+    starts at ``pkg``."""
+    modules = {}
+    for top in packages:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            modules[name.removesuffix(".__init__")] = (path, name)
+    graph = {}
+    for name, (path, dotted) in modules.items():
+        imported = imported_modules(path.read_text(encoding="utf-8"), dotted)
+        found = {m for m in imported if m in modules and m != name}
+        graph[name] = {m for m in found if not any(o.startswith(m + ".") for o in found)}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index, low, on_stack, stack, found, counter = {}, {}, set(), [], [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            nxt = next((w for w in edges if w not in index or w in on_stack), None)
+            if nxt is not None and nxt not in index:
+                index[nxt] = low[nxt] = counter[0]
+                counter[0] += 1
+                stack.append(nxt)
+                on_stack.add(nxt)
+                work.append((nxt, iter(sorted(graph[nxt]))))
+            elif nxt is not None:
+                low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_late_import():
+    graph = {"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}, "a.w": {"a.x"}}
+    assert cycles(graph) == [["a.x", "a.y", "a.z"]]
+    assert cycles({"a.x": {"a.y"}, "a.y": set()}) == []
+
+
+def test_no_import_cycles():
+    found = cycles(import_graph())
+    assert found == [], (f"import cycles (imports inside functions included): {found}; move what both sides need "
+                         "down into a module of its own, or pass it as an argument")
+
+
+def test_the_users_model_api_loads_and_registers_without_prefect(tmp_path):
+    """Registering a scikit-learn model and loading a corrected model with mlflow.pyfunc.load_model, in a fresh
+    interpreter, never import Prefect."""
+    code = textwrap.dedent(f"""
+        import json, sys
+        import numpy as np
+        import mlflow, mlflow.pyfunc
+        from sklearn.linear_model import LogisticRegression
+        from labelshift.calibration import BCTS
+        from labelshift_mlflow import ShiftCorrectedModel, register_sklearn_model
+
+        tracking = "sqlite:///{tmp_path / 'mlflow.db'}"
+        mlflow.set_tracking_uri(tracking)
+        rng = np.random.default_rng(0)
+        x, y = rng.standard_normal((300, 3)), rng.integers(0, 3, 300)
+        clf = LogisticRegression().fit(x, y)
+        info = register_sklearn_model(clf, x, y, name="no-prefect", tracking_uri=tracking)
+        cal = BCTS(input_kind="probs").fit(clf.predict_proba(x), y)
+        doc = {{"mode": "outputs", "class_names": ["a", "b", "c"], "output_kind": "probabilities",
+               "calibrator": cal.to_dict(), "weights": [0.5, 1.0, 1.5]}}
+        path = "{tmp_path / 'correction.json'}"
+        open(path, "w").write(json.dumps(doc))
+        mlflow.pyfunc.save_model("{tmp_path / 'corrected'}", python_model=ShiftCorrectedModel(),
+                                 artifacts={{"correction": path}})
+        model = mlflow.pyfunc.load_model("{tmp_path / 'corrected'}")
+        out = model.predict(clf.predict_proba(x[:5]).astype(np.float32))
+        print(info["version"], list(out.columns), sorted(m for m in sys.modules if m.split(".")[0] == "prefect")[:3])
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "1 ['a', 'b', 'c', 'corrected_class'] []", done.stdout
+
+
 # -- the module map of docs/architecture.md ---------------------------------------------------------------------------
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 #: the folders whose every package and module the map names
-MAPPED = ("labelshift", "tasks", "flows", "runtime")
+MAPPED = ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime")
 #: a path under those folders in inline code: a module (``flows/reestimate.py``) or a package (``labelshift/inference/``)
 _PATH = re.compile(r"`((?:%s)/[\w./]*)`" % "|".join(MAPPED))
 

@@ -173,7 +173,7 @@ def test_a_registry_name_of_another_kind_of_model_fails_before_anything_is_writt
 def test_prediction_log_mode_takes_the_deployed_models_outputs(prefect_server, mlflow_server, tmp_path):
     import pandas as pd
 
-    from tasks.reestimation.references import register_reference
+    from labelshift_mlflow import register_reference
 
     rng = np.random.default_rng(7)
     hx, hy = draw(SOURCE_PRIOR, 4000, rng)
@@ -207,7 +207,7 @@ def test_a_scikit_learn_model_on_parquet_batches(prefect_server, mlflow_server, 
     import pandas as pd
     from sklearn.linear_model import LogisticRegression
 
-    from tasks.reestimation.references import register_sklearn_model
+    from labelshift_mlflow import register_sklearn_model
 
     rng = np.random.default_rng(3)
     tx, ty = draw(SOURCE_PRIOR, 2000, rng)

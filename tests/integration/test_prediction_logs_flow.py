@@ -80,7 +80,7 @@ def _run(model_uri, tracking_uri, target, **options):
 
 @pytest.fixture(scope="module")
 def reference(mlflow_s3_server, digits):
-    from tasks.reestimation.references import register_reference
+    from labelshift_mlflow import register_reference
 
     x, y = digits["hold"]
     logits = digits["model"].decision_function(x)
@@ -98,7 +98,7 @@ def _log_batch(digits, n, seed):
 
 def test_prediction_logs_as_parquet_are_reestimated_with_class_names(prefect_server, reference, digits, seaweed,
                                                                      s3_bucket):
-    from tasks.reestimation.references import load_reference
+    from labelshift_mlflow import load_reference
 
     ref = load_reference(reference["model_uri"], tracking_uri=reference["tracking_uri"])
     assert ref.mode == "outputs" and ref.model is None and list(ref.class_names) == NAMES
@@ -149,7 +149,7 @@ def test_a_sklearn_model_scores_tabular_parquet_batches(prefect_server, mlflow_s
                                                         s3_bucket):
     import pandas as pd
 
-    from tasks.reestimation.references import register_sklearn_model
+    from labelshift_mlflow import register_sklearn_model
 
     columns = [f"px{i}" for i in range(64)]
     x, y = digits["hold"]
@@ -222,7 +222,7 @@ def test_bad_prediction_logs_fail_naming_batch_and_fix_with_store_and_watermark_
 
 def test_a_reference_without_class_names_or_with_an_empty_class_is_refused(mlflow_s3_server, digits):
     from labelshift.errors import InputError
-    from tasks.reestimation.references import register_reference
+    from labelshift_mlflow import register_reference
 
     x, y = digits["hold"]
     logits = digits["model"].decision_function(x)
@@ -264,7 +264,7 @@ def test_estimates_per_segment_equal_assess_shift_on_each_segments_rows(prefect_
     from labelshift import AssessmentSettings, Holdout, Target, assess_shift
     from labelshift.inference import segments as segments_mod
     from labelshift.inference.multiplicity import holm
-    from tasks.reestimation.references import load_reference
+    from labelshift_mlflow import load_reference
     from tasks.reestimation.assessment import estimate_shift
 
     batches, regions, logits = _segmented_logs(digits)
@@ -371,7 +371,7 @@ def test_logs_that_score_images_again_are_label_shift_and_say_how_many_rows_repe
     the distinct rows, and the summary, the stored report and MLflow say how many rows repeat."""
     from flows.reestimate import summary_markdown
     from sklearn.datasets import load_digits
-    from tasks.reestimation.references import register_reference
+    from labelshift_mlflow import register_reference
 
     x, y = load_digits(return_X_y=True)
     order = np.random.default_rng(0).permutation(len(y))

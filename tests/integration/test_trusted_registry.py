@@ -1,4 +1,4 @@
-"""A trusted registry (tasks.trusted_models, docs/serving.md): a model version's digest recorded at registration,
+"""A trusted registry (labelshift_mlflow.trusted, docs/serving.md): a model version's digest recorded at registration,
 checked when ``labelshift estimate`` and the ``reestimate`` flow load it, against a real MLflow registry (SQLite, and
 the session's MLflow server with its artifacts in S3). Each test starts with this process's model caches empty, as a
 new command does: a process keeps the copy it checked, and later changes in the store do not reach it."""
@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 
 from flows.cli import main
 from runtime.environment import ENV_REQUIRE_TRUSTED
-from tasks.trusted_models import DIGEST_TAG, version_digest
+from labelshift_mlflow.trusted import DIGEST_TAG, version_digest
 from tests.reestimation_support import SHIFTED_PRIOR, draw, npy_bytes, register_model
 
 pytestmark = pytest.mark.integration
@@ -25,8 +25,8 @@ ALTERED = "was altered after it was trusted"
 
 @pytest.fixture(autouse=True)
 def fresh_loads():
-    import tasks.reestimation.model as model_mod
-    import tasks.reestimation.references as references_mod
+    import labelshift_mlflow.registry as model_mod
+    import labelshift_mlflow.references as references_mod
 
     def clear():
         model_mod._BUNDLES.clear()

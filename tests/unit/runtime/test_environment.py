@@ -122,7 +122,7 @@ def test_defining_the_pyfunc_models_prints_no_warning():
     import subprocess
     import sys
 
-    code = "import tasks.reestimation.references, tasks.reestimation.serving"
+    code = "import labelshift_mlflow.pyfunc, tasks.reestimation.references, tasks.reestimation.serving"
     done = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,4 @@
-"""The pure helpers of :mod:`tasks.reestimation.model` and :mod:`tasks.reestimation.runs` (no servers), and the
+"""The pure helpers of :mod:`labelshift_mlflow.registry` and :mod:`tasks.reestimation.runs` (no servers), and the
 message that says how to register a model when the tracking server has none."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from labelshift.errors import InputError, ObjectNotFoundError
 from labelshift.inference.report import ShiftReport
 from labelshift import Holdout, Target, AssessmentSettings
-from tasks.reestimation.model import parse_model_uri
+from labelshift_mlflow.registry import parse_model_uri
 from tasks.reestimation.runs import history_record, prior_metrics
 
 
@@ -177,7 +177,7 @@ def test_a_run_with_no_new_data_catches_up_the_bookkeeping_of_a_run_cut_off_afte
 def test_no_registered_model_says_how_to_register_one_on_that_tracking_server(mlflow_sqlite, tmp_path):
     from mlflow import MlflowClient
 
-    from tasks.reestimation.model import _registry_error
+    from labelshift_mlflow.registry import _registry_error
 
     tracking = mlflow_sqlite(tmp_path)
     error = _registry_error(MlflowClient(tracking), "labelshift-mnist-5k", "latest-good", None,
@@ -190,7 +190,7 @@ def test_no_registered_model_says_how_to_register_one_on_that_tracking_server(ml
 def test_an_unknown_model_of_the_users_names_the_registration_commands(mlflow_sqlite, tmp_path):
     from mlflow import MlflowClient
 
-    from tasks.reestimation.model import _registry_error
+    from labelshift_mlflow.registry import _registry_error
 
     tracking = mlflow_sqlite(tmp_path)
     error = str(_registry_error(MlflowClient(tracking), "my-clf", "production", None, RuntimeError("not found")))

@@ -3,7 +3,7 @@ trusts it after review) and checked when ``labelshift estimate`` and the ``reest
 
 A version's files are its model artifacts (``MLmodel``, the model's data and environment files: named ``model/...``)
 and what labelshift logs beside it in the version's source run under :data:`RUN_FOLDERS` (the calibrators and the
-labelled holdout of :mod:`tasks.reference_artifacts`, a reference's class names: ``run/calibration/...``,
+labelled holdout of :mod:`labelshift_mlflow.artifacts`, a reference's class names: ``run/calibration/...``,
 ``run/reference/...``). Their digest (:func:`labelshift.storage.digest.digest_files`) is recorded as the version tag
 :data:`DIGEST_TAG`, with the per-file digests in :data:`FILES_TAG` to name a changed file. :func:`trusted_files`
 downloads a version's files once, checks them, and hands the loader the very files it checked. A version without a
@@ -202,13 +202,11 @@ def trusted_files(client: MlflowClient, model_uri: str, name: str, mv, *, requir
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def trust_version(client: MlflowClient, model_uri: str) -> dict:
-    """Record the digest of the version ``model_uri`` names, as its files are now (the operator's command after a
-    review: ``labelshift reference trust``). Returns {"name", "version", "digest", "previous"} (``previous``: the
+def trust_version(client: MlflowClient, name: str, mv) -> dict:
+    """Record the digest of the registered model ``name``'s version ``mv`` (as
+    :func:`labelshift_mlflow.registry.resolve_version` returns it), as its files are now (the operator's command after
+    a review: ``labelshift reference trust``). Returns {"name", "version", "digest", "previous"} (``previous``: the
     digest recorded before, or None)."""
-    from tasks.reestimation.model import resolve_version
-
-    name, _, mv = resolve_version(client, model_uri, client.tracking_uri)
     previous = dict(mv.tags or {}).get(DIGEST_TAG)
     digest = record_digest(client, name, str(mv.version))
     return {"name": name, "version": str(mv.version), "digest": digest, "previous": previous}

@@ -1,7 +1,7 @@
 """What re-estimation reads beside a registered model, in the model's MLflow run: the calibrator JSON
 (``calibration/<CALIBRATOR>.json``) and the labelled source holdout (:data:`REFERENCE_ARTIFACT`: ``logits`` and
 ``labels``). The sweep's calibration task (:func:`tasks.sweep.images.calibrate`) writes them for the models it trains,
-:mod:`tasks.reestimation.references` for the references and models it registers; :mod:`tasks.reestimation.model`
+:mod:`tasks.reestimation.references` for the references and models it registers; :mod:`labelshift_mlflow.registry`
 and :mod:`tasks.reestimation.references` read them (``docs/reestimation.md``).
 """
 from __future__ import annotations

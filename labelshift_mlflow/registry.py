@@ -1,8 +1,8 @@
 """A registered PyTorch model resolved to one version and loaded with what re-estimation needs from its run: the
-calibrator and the labelled source holdout (:mod:`tasks.reference_artifacts`), as a :class:`ModelBundle`.
+calibrator and the labelled source holdout (:mod:`labelshift_mlflow.artifacts`), as a :class:`ModelBundle`.
 Registered-model URIs (``models:/NAME@ALIAS``, ``models:/NAME/VERSION``) are parsed and resolved here for every kind
 of model (:mod:`tasks.reestimation.references` loads the others). The version's files are downloaded once and
-checked against its recorded digest (:func:`tasks.trusted_models.trusted_files`) before anything is loaded from them.
+checked against its recorded digest (:func:`labelshift_mlflow.trusted.trusted_files`) before anything is loaded from them.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from labelshift.inference.holdout import Holdout
 from labelshift.calibration import load_calibrator
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, ServiceUnavailableError
 from labelshift.storage.digest import FileDigest
-from tasks.reference_artifacts import REFERENCE_ARTIFACT, calibrator_artifact
-from tasks.trusted_models import DIGEST_TAG, VersionFiles, check_digest, trusted_files
+from labelshift_mlflow.artifacts import REFERENCE_ARTIFACT, calibrator_artifact
+from labelshift_mlflow.trusted import DIGEST_TAG, VersionFiles, check_digest, trusted_files
 
 __all__ = ["renamed_bundle", "ModelBundle", "parse_model_uri", "resolve_version", "cache_key", "cached_bundle",
            "load_bundle", "bundle_from_files"]
@@ -60,7 +60,7 @@ class ModelBundle:
     model: object = field(repr=False)
     load_seconds: float = 0.0
     source_outputs: np.ndarray | None = field(default=None, repr=False)   # raw holdout logits, float64
-    digest: FileDigest | None = field(default=None, repr=False)   # of the files loaded (tasks.trusted_models)
+    digest: FileDigest | None = field(default=None, repr=False)   # of the files loaded (labelshift_mlflow.trusted)
     model_dir: str | None = None       # the checked model files it was loaded from (the corrected model copies them)
 
     @property
@@ -174,7 +174,7 @@ def cached_bundle(key: tuple, model_uri: str, name: str, alias: str | None, mv, 
 
 def load_bundle(model_uri: str, *, tracking_uri: str, calibrator: str = "BCTS", logger=None) -> ModelBundle:
     """Resolve ``model_uri`` in the registry, download the version once, check it against its recorded digest
-    (:func:`tasks.trusted_models.trusted_files`) and load the model, its calibrator and the source holdout
+    (:func:`labelshift_mlflow.trusted.trusted_files`) and load the model, its calibrator and the source holdout
     (:func:`bundle_from_files`).
 
     Bundles are cached in this process by (tracking URI, name, version, calibrator, recorded digest): a served
@@ -198,7 +198,7 @@ def _need_run(model_uri: str, mv) -> None:
     if not mv.run_id:
         raise FormatError(f"{model_uri} (version {mv.version}) has no source run, so no calibrator beside it; "
                           "log the model from a run that also logs calibration/<NAME>.json and "
-                          f"{REFERENCE_ARTIFACT} (tasks.reference_artifacts.log_reestimation_reference).")
+                          f"{REFERENCE_ARTIFACT} (labelshift_mlflow.artifacts.log_reestimation_reference).")
 
 
 def _reference_files(model_uri: str, mv, files: VersionFiles, calibrator: str):
@@ -210,14 +210,14 @@ def _reference_files(model_uri: str, mv, files: VersionFiles, calibrator: str):
         raise ObjectNotFoundError(
             f"{model_uri} (version {mv.version}, run {mv.run_id}) has no calibrator "
             f"{calibrator_artifact(calibrator)}; found: {', '.join(present) or 'nothing under calibration/'}. "
-            "Pick one that exists (--calibrator) or log it with tasks.reference_artifacts.log_reestimation_reference.")
+            "Pick one that exists (--calibrator) or log it with labelshift_mlflow.artifacts.log_reestimation_reference.")
     if ref_path is None:
         raise ObjectNotFoundError(
             f"{model_uri} (version {mv.version}, run {mv.run_id}) has no {REFERENCE_ARTIFACT} (the labelled "
             "source holdout MLLS and BBSE are fit on). Models trained by this version of `labelshift "
             "reproduce` carry it: rerun `labelshift reproduce --dataset DATASET` (a cached model is not retrained; the "
             "holdout is added to its run); for other models log it with "
-            "tasks.reference_artifacts.log_reestimation_reference.")
+            "labelshift_mlflow.artifacts.log_reestimation_reference.")
     doc = json.loads(cal_path.read_text())
     with np.load(ref_path, allow_pickle=False) as ref:
         holdout_logits, holdout_labels = ref["logits"], ref["labels"]
@@ -227,7 +227,7 @@ def _reference_files(model_uri: str, mv, files: VersionFiles, calibrator: str):
 def bundle_from_files(model_uri: str, name: str, alias: str | None, mv, files: VersionFiles, *,
                       calibrator: str, key: tuple) -> ModelBundle:
     """The PyTorch model of version ``mv``, its calibrator and source holdout, loaded from ``files`` (downloaded and
-    checked by :func:`tasks.trusted_models.trusted_files`), cached under ``key``."""
+    checked by :func:`labelshift_mlflow.trusted.trusted_files`), cached under ``key``."""
     import mlflow.pytorch
     import torch
 
