@@ -313,11 +313,11 @@ CalibratorParam = Annotated[str, Field(
     description="Which calibrator logged beside the model to apply (BCTS, TS, VS, NBVS).")]
 EstimatorParam = Annotated[Estimator, Field(
     description="Estimator of the target prior. MLLS (maximum likelihood, the paper's recommendation) or BBSE "
-                "(confusion-matrix inversion; needs interval='bootstrap').")]
+                "(confusion-matrix inversion; needs `interval='bootstrap'`).")]
 CrossCheckParam = Annotated[list[Estimator], Field(
     description="Estimators run alongside for comparison; their priors are logged as cross_check/<method>/...")]
 IntervalParam = Annotated[Interval, Field(
-    description="Confidence intervals per class: 'source-aware' (default; MLLS sandwich that includes the error of "
+    description="Confidence intervals per class: 'source-aware' (MLLS sandwich that includes the error of "
                 "the calibrator and p_s fit on the labelled holdout -- needs a TS, BCTS, VS or NBVS calibrator), "
                 "'fisher' (Fisher information of the MLLS likelihood, target sampling error only: too short when "
                 "the holdout is small next to the target) or 'bootstrap' (percentiles from resampling the target "
@@ -328,15 +328,15 @@ SignificanceParam = Annotated[float, Field(
     **BOUNDS["significance"].constraints(), description="Level of the test of 'no shift' (w = 1; a two-sample test of the mean calibrated "
                                 "prediction, target against the source holdout): shifted when p < this; "
                                 f"{BOUNDS['significance'].describe()}. Also the level of the label-shift test unless "
-                                "label_shift_significance is set.")]
+                                "`label_shift_significance` is set.")]
 LabelShiftSignificanceParam = Annotated[float | None, Field(
     **BOUNDS["label_shift_significance"].constraints(), description="Level of the label-shift test alone, strictly between 0 and 1: 'Not label shift' "
                                 "(no corrected outputs written) when its p-value is below this. Smaller (e.g. 0.01) "
                                 "withholds the outputs of truly label-shifted data less often (on about this "
                                 "fraction of such runs) and catches fewer violations (a new class, input drift). "
-                                "When not set: the value of significance.")]
+                                "When not set: the value of `significance`.")]
 NBootstrapParam = Annotated[int, Field(**BOUNDS["n_bootstrap"].constraints(), description=(
-    f"Bootstrap resamples (interval='bootstrap'), {BOUNDS['n_bootstrap'].describe()}."))]
+    f"Bootstrap resamples (`interval='bootstrap'`), {BOUNDS['n_bootstrap'].describe()}."))]
 SeedParam = Annotated[int, Field(**BOUNDS["seed"].constraints(), description="Seed of the bootstrap.")]
 TrackingParam = Annotated[str | None, Field(
     description="MLflow tracking URI; default MLFLOW_TRACKING_URI, else the local SQLite store.")]

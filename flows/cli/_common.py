@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import types
 import typing
@@ -189,21 +190,34 @@ def show_default(value) -> str | None:
     return str(value)
 
 
-def field_help(model: type[BaseModel], field: str, opt: Opt | None = None) -> str:
-    """The field's description (plus ``opt.extra``) and its default, as argparse help."""
+def in_flags(text: str, model: type[BaseModel], how: Mapping[str, Opt] | None = None) -> str:
+    """A field description in the command line's words: ```name='value'``` and ```name``` (the form's words for
+    another setting) become ``--flag value`` and ``--flag``."""
+    for name in model.model_fields:
+        flag = option_name(name, how)
+        text = re.sub(rf"`{name}='([^']*)'`", rf"{flag} \1", text).replace(f"`{name}`", flag)
+    return text
+
+
+def field_help(model: type[BaseModel], field: str, opt: Opt | None = None,
+               how: Mapping[str, Opt] | None = None) -> str:
+    """The field's description (plus ``opt.extra``, other settings named by their flags) and its default, as
+    argparse help."""
     opt = opt or Opt()
     info = model.model_fields[field]
     default = opt.default if opt.default is not None else show_default(info.default)
     shown = f" (default: {default})" if default else ""
-    return f"{opt.help or info.description}{opt.extra}{shown}".replace("%", "%%")
+    return in_flags(f"{opt.help or info.description}{opt.extra}{shown}", model, how).replace("%", "%%")
 
 
-def add_field(group, model: type[BaseModel], field: str, opt: Opt | None = None) -> argparse.Action:
-    """Add the option of one model field to an argparse parser or group (its value defaults to None: not given)."""
+def add_field(group, model: type[BaseModel], field: str, opt: Opt | None = None,
+              how: Mapping[str, Opt] | None = None) -> argparse.Action:
+    """Add the option of one model field to an argparse parser or group (its value defaults to None: not given);
+    ``how``: the options of the other fields, which its help names by their flags."""
     opt = opt or Opt()
     info = model.model_fields[field]
     name = option_name(field, {field: opt})
-    kwargs: dict = dict(dest=field, default=None, help=field_help(model, field, opt))
+    kwargs: dict = dict(dest=field, default=None, help=field_help(model, field, opt, how))
     if opt.const is not None:
         return group.add_argument(name, action="store_const", const=opt.const, **kwargs)
     annotation = _strip(info.annotation)

@@ -84,7 +84,7 @@ def register(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(p, top=False)
     for field in ReestimateParameters.model_fields:
-        add_field(p, ReestimateParameters, field, OPTIONS.get(field))
+        add_field(p, ReestimateParameters, field, OPTIONS.get(field), OPTIONS)
     p.add_argument("--store", metavar="URI", help="object store whose 'target' folder is the default --target "
                                                   f"(default: ${settings_mod.ENV_STORE}, else <home>/store)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")

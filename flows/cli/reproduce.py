@@ -69,23 +69,23 @@ def register(sub) -> None:
                "  labelshift reproduce --experiments shift --shift-values 0.01,0.1,0.5 --seeds 20\n"
                "  labelshift reproduce --store s3://bucket/labelshift --tracking-uri http://127.0.0.1:5000\n"
                "  labelshift reproduce --dataset mnist-5k      # train, calibrate, Dirichlet-shift sweeps\n"
-               "  labelshift reproduce --dataset fashion-mnist # 60,000 images; every calibration x estimator\n"
+               "  labelshift reproduce --dataset fashion-mnist # 70,000 images; every calibration x estimator\n"
                "Lists are comma-separated. Exit status: 0 done, 1 the sweep failed, 2 bad options, 130 interrupted.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(p, top=False)
     g = p.add_argument_group("what to run")
     for field in WHAT_TO_RUN:
-        add_field(g, ReproduceParameters, field, OPTIONS.get(field))
+        add_field(g, ReproduceParameters, field, OPTIONS.get(field), OPTIONS)
     i = p.add_argument_group("image datasets")
     for field in IMAGE_DATASETS:
-        add_field(i, ReproduceParameters, field, OPTIONS.get(field))
+        add_field(i, ReproduceParameters, field, OPTIONS.get(field), OPTIONS)
     g.add_argument("--quick", action="store_true",
                    help="a tiny grid that finishes in seconds (" +
                         "; ".join(f"{option_name(k, OPTIONS)} {','.join(map(str, v)) if isinstance(v, list) else v}"
                                   for k, v in QUICK.items()) + "); explicit options still win")
     o = p.add_argument_group("how to run it and where results go")
     for field in WHERE_TO:
-        add_field(o, ReproduceParameters, field, OPTIONS.get(field))
+        add_field(o, ReproduceParameters, field, OPTIONS.get(field), OPTIONS)
     o.add_argument("--dask", metavar="ADDRESS",
                    help="run the estimation tasks on a Dask cluster: a scheduler address (tcp://host:8786) or "
                         "'local' (one single-threaded worker process per core); needs pip install "

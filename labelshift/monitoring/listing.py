@@ -88,10 +88,13 @@ def _no_batch_message(store: Store, keys: list[str]) -> str:
         shown = ", ".join(repr(k) for k in others[:5]) + (", ..." if len(others) > 5 else "")
         why = f"it holds {len(keys)} object(s) but none is an input batch" + (f" ({shown})" if shown else "")
     return (
-        f"no target batch under {store.uri}: {why}. Put the unlabelled data there as NAME.npy files, each a float "
-        f"array of shape (n, *model input shape) saved with numpy.save (e.g. {store.url('2026/01/31/part-0.npy')}); "
-        f"*{CORRECTED_SUFFIX} outputs and keys under {STATE_PREFIX} are not batches. To try re-estimation, "
-        f"`labelshift data simulate-target mnist-5k --to {store.uri}` writes label-shifted test images there."
+        f"no target batch under {store.uri}: {why}. Write each batch of new data there as a NAME.parquet file "
+        f"(e.g. {store.url('2026/01/31/part-0.parquet')}): your model's logged outputs, one column per class, for a "
+        "reference registered with `labelshift reference register`, or its input feature columns for a registered "
+        "scikit-learn or pyfunc model; or as NAME.npy, a float array of shape (n, *model input shape) saved with "
+        f"numpy.save; *{CORRECTED_SUFFIX} outputs and keys under {STATE_PREFIX} are not batches. To try "
+        f"re-estimation with the demo model, `labelshift data simulate-target mnist-5k --to {store.uri}` writes "
+        "label-shifted test images there."
     )
 
 

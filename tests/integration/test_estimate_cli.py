@@ -26,7 +26,7 @@ def test_help_explains_the_options(capsys):
     out = capsys.readouterr().out
     for option in ("--model", "--target", "--calibrator", "--interval", "--significance", "--check", "--json",
                    "source-aware", "5 when the new data are not label shift", "--label-shift-significance P",
-                   "Level of the label-shift test alone", "When not set: the value of significance"):
+                   "Level of the label-shift test alone", "When not set: the value of --significance"):
         assert option in " ".join(out.split())
     assert "watermark" in out
 
