@@ -203,7 +203,8 @@ def _no_new_data(run: RunContext) -> Completed:
         except Exception as exc:
             logger.warning("MLflow bookkeeping of earlier runs skipped (%s: %s); the next run tries again",
                            type(exc).__name__, exc)
-    data = {"verdict": Verdict.NO_NEW_DATA, "target": store.uri, "batches": [], "sequence": watermark.sequence}
+    data = {"verdict": Verdict.NO_NEW_DATA, "target": store.uri, "batches": [], "sequence": watermark.sequence,
+            **({"held_rejected": sorted(watermark.rejected)} if watermark.rejected else {})}
     create_markdown_artifact(markdown=summary_markdown({**data, "headline": message}), key="reestimate",
                              description="re-estimation verdict")
     return Completed(name=Verdict.NO_NEW_DATA, message=message, data=data)

@@ -302,7 +302,11 @@ class _PlainText:
 
     @staticmethod
     def no_new_data(summary: dict) -> str:
-        return f"No new data under {summary['target']} (run sequence {summary.get('sequence')})."
+        held = summary.get("held_rejected") or []
+        return (f"No new data under {summary['target']} (run sequence {summary.get('sequence')})."
+                + (f"\n  {len(held)} batch(es) rejected earlier are left alone until their content changes: "
+                   + ", ".join(held[:10]) + (" ..." if len(held) > 10 else "") + "; fix (write them again) or "
+                   "delete them." if held else ""))
 
     def no_estimate(self, summary: dict, held) -> list[str]:
         line = summary.get("headline", "")          # "No valid data: ..." says the verdict itself
@@ -385,11 +389,30 @@ class _PlainText:
     @staticmethod
     def links(summary: dict) -> list[str]:
         ml, cm = summary.get("mlflow", {}), summary.get("corrected_model")
+        n = len(summary.get("outputs", []))
         return [*([f"  corrected model: {cm['model_uri']} (version {cm['version']}; docs/serving.md)"] if cm else []),
-                "", f"  MLflow run: {ml.get('ui') or ml.get('run_id')}",
-                f"  outputs:    {_corrected_files(len(summary.get('outputs', [])))} beside the batches under "
-                f"{summary['target']}" + (f" -- none written: {summary['outputs_withheld']}"
-                                          if summary.get("outputs_withheld") else "")]
+                "", "Where to look:", *_mlflow_lines(ml),
+                f"  outputs:    {_corrected_files(n)} beside the batches under {summary['target']}"
+                + (f" -- none written: {summary['outputs_withheld']}" if summary.get("outputs_withheld") else
+                   " (NAME.corrected.npy or .corrected.parquet: p_t(y|x) per row; NAME.summary.json: this run's "
+                   "summary)" if n else ""),
+                f"  state:      {summary['target'].rstrip('/')}/_labelshift/ (the watermark: which batches are "
+                "counted; each file's .sha256 beside it) -- docs/reestimation.md, \"Layout\""]
+
+
+def _mlflow_lines(ml: dict) -> list[str]:
+    """Where the run's MLflow record is: its page on a tracking server, or the ``mlflow ui`` command that serves a
+    local store and the page to open there; the figure in its artifacts."""
+    run_id, uri = ml.get("run_id"), ml.get("tracking_uri") or ""
+    if not run_id:
+        return []
+    figure = "  figure:     figures/target_prior.png in the run's artifacts"
+    if ml.get("ui"):
+        return [f"  MLflow run: {ml['ui']}", figure]
+    if uri.startswith("sqlite:"):
+        return [f"  MLflow run: {run_id}; to browse it, `mlflow ui --backend-store-uri {uri}` and open "
+                f"http://127.0.0.1:5000/#/experiments/{ml.get('experiment_id')}/runs/{run_id}", figure]
+    return [f"  MLflow run: {run_id} ({uri or 'the default tracking store'})", figure]
 
 
 def _corrected_files(n: int) -> str:

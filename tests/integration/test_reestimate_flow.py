@@ -304,6 +304,7 @@ def test_bad_batches_are_quarantined_all_named_and_the_run_goes_on(prefect_serve
 
     again = _run_flow(registry, target)
     assert again.name == "No new data" and "3 batch(es) rejected earlier" in again.message
+    assert "3 batch(es) rejected earlier are left alone" in format_summary(again.result())     # the CLI says it too
 
     seaweed.client().delete_object(Bucket=s3_bucket, Key="q/bad-dtype.npy")
     _put(seaweed, s3_bucket, "q/bad-nan.npy", draw(SHIFTED_PRIOR, 300, rng)[0])      # fixed: new content

@@ -39,3 +39,22 @@ def test_the_artifact_puts_browser_links_first_and_as_markdown_links():
     assert "[MLflow run](http://h/#/experiments/1/runs/r?workflowType=machine_learning)" in first_lines[2]
     assert "s3://b/results/r" not in first_lines[2]
     assert "- **results in the object store**: s3://b/results/r" in markdown
+
+
+def test_a_run_ends_saying_where_to_look():
+    """The terminal summary's last lines: the MLflow run (its page on a server, or the `mlflow ui` command for a
+    local store), the figure, the outputs and what they are, and the target's state folder."""
+    from flows.summary import PLAIN_TEXT
+
+    base = {"target": "/data/logs", "outputs": ["/data/logs/a.corrected.parquet"]}
+    local = PLAIN_TEXT.links({**base, "mlflow": {"run_id": "r1", "experiment_id": "2",
+                                                  "tracking_uri": "sqlite:////h/mlflow.db"}})
+    text = "\n".join(local)
+    assert "`mlflow ui --backend-store-uri sqlite:////h/mlflow.db`" in text
+    assert "http://127.0.0.1:5000/#/experiments/2/runs/r1" in text and "figures/target_prior.png" in text
+    assert "1 corrected file beside the batches under /data/logs" in text and "NAME.summary.json" in text
+    assert "/data/logs/_labelshift/" in text
+    served = "\n".join(PLAIN_TEXT.links({**base, "outputs": [], "outputs_withheld": "Not label shift",
+                                         "mlflow": {"run_id": "r1", "ui": "http://m:5000/#/experiments/2/runs/r1"}}))
+    assert "MLflow run: http://m:5000/#/experiments/2/runs/r1" in served and "mlflow ui" not in served
+    assert "none written: Not label shift" in served
