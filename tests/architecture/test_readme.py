@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 #: the operator's manual: the commands, the table of environment variables, the verdicts, the faults
@@ -116,3 +117,54 @@ def test_the_operations_manual_lists_every_time_limit_as_runtime_sets_it():
     rows = _table_lines("| variable | value | what it bounds |")
     assert rows == [f"| {f'`{limit.variable}`' if limit.variable else '-'} | `{limit.value}` | {limit.bounds} |"
                     for limit in limits()]
+
+
+@pytest.mark.integration
+def test_the_own_model_block_runs_as_written(tmp_path):
+    """The README's "Your own model, in three commands", run as written in a fresh folder (its own ./.labelshift)
+    with `labelshift` on the PATH: a scikit-learn model's logged probabilities as holdout.parquet and logs/; the
+    first two commands complete, the third serves until it is stopped (SIGTERM) and then exits 0."""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import pandas as pd
+    from sklearn.datasets import make_classification
+    from sklearn.linear_model import LogisticRegression
+
+    section = re.search(r"^## Your own model, in three commands\n(.*?)(?=^## )", README.read_text(), re.M | re.S)
+    block = re.search(r"```bash\n(.*?)```", section.group(1), re.S).group(1).strip().splitlines()
+    assert [line.split()[1] for line in block] == ["reference", "estimate", "serve"]
+    x, y = make_classification(n_samples=6000, n_features=8, n_informative=6, n_classes=3, random_state=0)
+    clf = LogisticRegression(max_iter=500).fit(x[:2000], y[:2000])
+    names = ["cat", "dog", "fox"]
+    holdout = pd.DataFrame(clf.predict_proba(x[2000:4000]), columns=names)
+    holdout["label"] = [names[v] for v in y[2000:4000]]
+    holdout.to_parquet(tmp_path / "holdout.parquet")
+    (tmp_path / "logs").mkdir()
+    new = np.arange(4000, 6000)[(y[4000:] != 0) | (np.arange(2000) % 3 == 0)]      # fewer cats than before
+    pd.DataFrame(clf.predict_proba(x[new]), columns=names).to_parquet(tmp_path / "logs" / "day-1.parquet")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "LABELSHIFT_", "AWS_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    for line in block[:2]:
+        done = subprocess.run(shlex.split(line), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert "Where to look:" in done.stdout and (tmp_path / "logs" / "day-1.corrected.parquet").exists()
+    serve = subprocess.Popen(shlex.split(block[2]), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        seen, deadline = [], time.monotonic() + 240
+        while time.monotonic() < deadline and not any("reestimate/reestimate': scheduled" in s for s in seen):
+            line = serve.stdout.readline()
+            if not line and serve.poll() is not None:
+                break
+            seen.append(line)
+        assert any("'0 6 * * *'" in s for s in seen), "".join(seen)[-3000:]
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=60) == 0
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
