@@ -72,10 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     if handler is None:
         parser.parse_args([args.command, "--help"])
         return 2
+    name = f"{PROG} {_command_path(parser, sys.argv[1:] if argv is None else argv) or args.command}"
     try:
         return int(handler(args) or 0)
     except UsageError as exc:
-        sub = f"{PROG} {args.command}"
+        sub = name
         print(f"{sub}: error: {exc}\nRun '{sub} --help' for the options.", file=sys.stderr)
         return 2
     except ServerLost as exc:
@@ -95,12 +96,25 @@ def main(argv: list[str] | None = None) -> int:
         verbose = getattr(args, "verbose", False)
         refused = refusal_message(exc)
         if refused and not verbose:
-            print(f"{PROG} {args.command}: error: {refused}", file=sys.stderr)
+            print(f"{name}: error: {refused}", file=sys.stderr)
             return 1
         if isinstance(exc, LabelShiftError) and not verbose:
-            print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+            print(f"{name}: error: {exc}", file=sys.stderr)
             return 1
         raise
+
+
+def _command_path(parser: argparse.ArgumentParser, argv: list[str]) -> str:
+    """The (sub)command words of ``argv`` as the parser reads them: "estimate", "reference register"."""
+    words = []
+    for token in argv:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None:
+            break
+        if token in sub.choices:
+            words.append(token)
+            parser = sub.choices[token]
+    return " ".join(words)
 
 
 def command() -> None:

@@ -292,8 +292,8 @@ def test_prefect_yaml_is_valid_for_prefect_deploy(prefect_yaml):
     except ImportError:  # a private module; the checks below still run
         pytest.skip("prefect's prefect.yaml model moved")
     model = PrefectYamlModel.model_validate(prefect_yaml)
-    assert {d.name for d in model.deployments} >= {"reproduce", "reproduce-smoke", "reproduce-docker", "reestimate",
-                                                   "reestimate-docker"}
+    assert {d.name for d in model.deployments} >= {"reproduce", "reproduce-images", "reproduce-smoke",
+                                                   "reproduce-docker", "reestimate", "reestimate-docker"}
 
 
 def test_prefect_yaml_pull_step_uses_the_code_dir_the_image_and_stack_set(prefect_yaml):
