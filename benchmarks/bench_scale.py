@@ -252,6 +252,9 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline-ref", default="ad73794", help="git revision of the in-memory code (before streaming)")
     ap.add_argument("--sep", type=float, default=2.5, help="class separation of the Gaussian logits")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compare-ref", default=None,
+                    help="also run the code of this git revision at the full size, in the same run, and report the "
+                         "ratio of the wall times (e.g. 7de4d1e: the time of the default path kept)")
     ap.add_argument("--skip-profile", action="store_true")
     ap.add_argument("--write-readme", action="store_true")
     args = ap.parse_args(argv)
@@ -309,6 +312,14 @@ def main(argv=None) -> int:
             env = dict(os.environ, PREFECT_API_URL=PREFECT_API_URL.value(), LABELSHIFT_HOME=str(tmp / "home"),
                        MLFLOW_TRACKING_URI=tracking)
             plan = [("streamed-full", REPO, files)]
+            if args.compare_ref:
+                ref = tmp / "compare-code"
+                ref.mkdir()
+                archive = subprocess.run(["git", "-C", str(REPO), "archive", args.compare_ref], check=True,
+                                         capture_output=True).stdout
+                subprocess.run(["tar", "-x", "-C", str(ref)], input=archive, check=True)
+                plan = [("compare-full", ref, files), *plan, ("compare-full-2", ref, files),
+                        ("streamed-full-2", REPO, files)]
             if base_files:
                 old = tmp / "old-code"
                 old.mkdir()
@@ -341,6 +352,14 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     load_after = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     text = report(args, runs, steps, (load_before, load_after), command)
+    if "compare-full" in runs:
+        this = [runs[k]["wall"] for k in ("streamed-full", "streamed-full-2")]
+        ref = [runs[k]["wall"] for k in ("compare-full", "compare-full-2")]
+        text = text.rstrip("\n") + (
+            f"\n\nAgainst `{args.compare_ref}` at {args.rows:,} rows in the same run (alternating, two runs each): "
+            f"this code {this[0]:.1f} s and {this[1]:.1f} s, `{args.compare_ref}` {ref[0]:.1f} s and {ref[1]:.1f} s; "
+            f"ratio of the sums {sum(this) / sum(ref):.2f}x; peak RSS {gib(max(runs[k]['peak'] for k in ('streamed-full', 'streamed-full-2')))} "
+            f"against {gib(max(runs[k]['peak'] for k in ('compare-full', 'compare-full-2')))}.\n")
     if "memory-base" in runs:
         text = text.rstrip("\n") + (f"\n\nThe two paths agree: max |difference| of the target prior at "
                                     f"{runs['memory-base']['rows']:,} rows {runs['memory-base']['prior_diff']:.1e}.\n")
