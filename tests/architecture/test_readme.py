@@ -120,10 +120,11 @@ def test_the_operations_manual_lists_every_time_limit_as_runtime_sets_it():
 
 
 @pytest.mark.integration
-def test_the_own_model_block_runs_as_written(tmp_path):
+def test_the_own_model_block_runs_as_written(prefect_server, tmp_path):
     """The README's "Your own model, in three commands", run as written in a fresh folder (its own ./.labelshift)
     with `labelshift` on the PATH: a scikit-learn model's logged probabilities as holdout.parquet and logs/; the
-    first two commands complete, the third serves until it is stopped (SIGTERM) and then exits 0."""
+    first two commands complete, the third serves until it is stopped (SIGTERM) and then exits 0. The test's
+    Prefect server stands in for the temporary one each command would start (PREFECT_API_URL, as "your servers")."""
     import os
     import shlex
     import signal
@@ -149,6 +150,7 @@ def test_the_own_model_block_runs_as_written(tmp_path):
     pd.DataFrame(clf.predict_proba(x[new]), columns=names).to_parquet(tmp_path / "logs" / "day-1.parquet")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "LABELSHIFT_", "AWS_"))}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PREFECT_API_URL"] = prefect_server
     for line in block[:2]:
         done = subprocess.run(shlex.split(line), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
@@ -157,12 +159,13 @@ def test_the_own_model_block_runs_as_written(tmp_path):
                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         seen, deadline = [], time.monotonic() + 240
-        while time.monotonic() < deadline and not any("reestimate/reestimate': scheduled" in s for s in seen):
+        while time.monotonic() < deadline and not any("Stop with Ctrl-C" in s for s in seen):
             line = serve.stdout.readline()
             if not line and serve.poll() is not None:
                 break
             seen.append(line)
         assert any("'0 6 * * *'" in s for s in seen), "".join(seen)[-3000:]
+        assert any("models:/my-clf@production" in s and "./logs" in s for s in seen), "".join(seen)[-3000:]
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=60) == 0
     finally:
