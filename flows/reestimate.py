@@ -69,13 +69,13 @@ from labelshift.monitoring.listing import find_new_batches
 from labelshift.monitoring.watermark import Watermark, check_owner, commit_watermark, read_watermark
 from labelshift.storage import open_store
 from labelshift.storage.base import Store
+from labelshift_mlflow.references import ReferenceBundle
+from labelshift_mlflow.registry import ModelBundle, parse_model_uri
 from runtime import environment as settings_mod
 from runtime.environment import Settings
 from tasks.reestimation.alerts import emit_verdict
 from tasks.reestimation.assessment import estimate_shift
-from labelshift_mlflow.registry import ModelBundle, parse_model_uri
 from tasks.reestimation.outputs import write_for_reestimation
-from labelshift_mlflow.references import ReferenceBundle
 from tasks.reestimation.references import load_for_reestimation
 from tasks.reestimation.runs import (ReestimationRun, catch_up_monitor, end_run, history_record, log_reestimation,
                                      log_rejections, render_figure, start_reestimation_run, sync_monitor)
@@ -218,8 +218,8 @@ def _load_model(p: ReestimateParameters, settings: AssessmentSettings, tracking_
     holdout = bundle.holdout
     check_holdout(holdout.labels, holdout.n_classes, interval=settings.interval, calibrator=holdout.calibrator)
     logger.info("model %s -> version %s (run %s, %s), input %s, classes %s, calibrator %s", p.model,
-                    bundle.version, bundle.run_id, getattr(bundle, "mode", "pytorch"), bundle.input_shape,
-                    ", ".join(holdout.names), p.calibrator)
+                bundle.version, bundle.run_id, getattr(bundle, "mode", "pytorch"), bundle.input_shape,
+                ", ".join(holdout.names), p.calibrator)
     return bundle
 
 
