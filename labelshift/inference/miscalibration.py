@@ -154,8 +154,7 @@ def _moment_terms(holdout_probs: np.ndarray, labels: np.ndarray, weights: np.nda
     n, k = holdout_probs.shape
     fw = np.maximum(holdout_probs @ weights, 1e-12)
     H = holdout_probs / fw[:, None]
-    sums = np.zeros((k, k))
-    np.add.at(sums, labels, H)
+    sums = np.stack([np.bincount(labels, weights=H[:, j], minlength=k) for j in range(k)], axis=1)   # [y, j]
     counts = np.bincount(labels, minlength=k).astype(np.float64)
     return H, (sums / counts[:, None]).T, counts, fw
 
