@@ -596,18 +596,14 @@ def _checks(holdout: Holdout, rounded, pooled, est: _Estimates, ci, repeats: Rep
     return test, lst, lst_error, ident
 
 
-def _miscalibration(rounded, labels, pooled, est: _Estimates, ci, repeats: Repeats) -> MiscalibrationCheck:
-    """The miscalibration check of the MLLS estimate (:func:`miscalibration_check`): the interval's covariance of
-    p_t (source-aware), or its squared standard errors (Fisher, bootstrap); the target's effective rows when rows
-    repeat. A numerical failure is recorded as the check's error, never raised."""
-    cov = getattr(ci, "covariance", None)
-    if cov is None:
-        cov = np.diag(np.nan_to_num(np.asarray(ci.std_error, dtype=np.float64)) ** 2)
+def _miscalibration(rounded, labels, pooled, est: _Estimates, repeats: Repeats) -> MiscalibrationCheck:
+    """The miscalibration check of the MLLS estimate (:func:`miscalibration_check`), with the target's effective
+    rows when rows repeat. A numerical failure is recorded as the check's error, never raised."""
     eff = repeats.effective_rows if repeats is not None and repeats.adjusts else None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return miscalibration_check(rounded, labels, pooled, est.mlls.weights, est.mlls.target_prior, cov,
+            return miscalibration_check(rounded, labels, pooled, est.mlls.weights, est.mlls.target_prior,
                                         effective_rows=eff)
     except _NUMERICAL_FAILURES as exc:
         return MiscalibrationCheck(error=f"it could not be computed on this input ({type(exc).__name__}: {exc})")
@@ -692,7 +688,7 @@ def assess_shift(holdout: Holdout, target, settings: AssessmentSettings = DEFAUL
                                        class_names=holdout.class_names)
     failures += _few_distinct_rows(repeats)
     test, lst, lst_error, ident = _checks(holdout, rounded, pooled, est, ci, repeats, settings)
-    mis = (_miscalibration(rounded, holdout.labels, pooled, est, ci, repeats)
+    mis = (_miscalibration(rounded, holdout.labels, pooled, est, repeats)
            if estimator == _LIKELIHOOD and settings.miscalibration_check else None)
     ci = widened_interval(ci, mis, prior) if mis is not None else ci
     significance = settings.significance
