@@ -13,6 +13,11 @@ Two families:
   plus a per-class bias (:class:`~labelshift.experiments.well_specified.WellSpecifiedGaussians`, so BCTS contains
   the exact posterior): near-separable, under- and over-confident, a rare class, a fraud-like binary model, k from
   2 to 1,000, a tiny holdout or target, a class absent from the target, float16 logits.
+* :class:`MisspecifiedCase` -- a model no temperature-and-bias calibration makes canonically calibrated (a logistic
+  regression on classes of two clusters each, Gaussian naive Bayes on correlated features), trained once on rows of
+  scikit-learn's ``make_classification``; holdout and target are fresh rows of a large pool of the same
+  distribution. MLLS with BCTS is biased on them by an amount no holdout removes (the paper's miscalibration
+  term; ``benchmarks/bench_miscalibration.py``).
 * :class:`SklearnCase` -- a scikit-learn model (logistic regression, a random forest) trained once on part of one
   of scikit-learn's bundled datasets; per seed, the rows not used for training are split at random into a holdout
   half and a target pool, and the target is drawn per class from the pool without replacement, so the target
@@ -34,7 +39,8 @@ from ..errors import InputError
 from .well_specified import WellSpecifiedGaussians
 
 __all__ = ["LabelledOutputs", "TargetSet", "ZooCase", "GaussianCase", "SklearnCase", "CASES", "case", "fast_cases",
-           "dirichlet_target", "fixed_target", "draw_with_replacement", "OutputsCase", "sklearn_outputs"]
+           "dirichlet_target", "fixed_target", "draw_with_replacement", "OutputsCase", "sklearn_outputs",
+           "MisspecifiedCase", "misspecified_outputs"]
 
 #: a rule for the target prior of one seed: (rng, source prior) -> p_t
 PriorRule = Callable[[np.random.Generator, np.ndarray], np.ndarray]
@@ -295,6 +301,83 @@ def _sklearn_outputs(dataset: str, model: str, train_fraction: float) -> tuple[n
     return np.asarray(clf.predict_proba(x_rest), dtype=np.float64), np.asarray(y_rest, dtype=np.int64)
 
 
+#: the generators of :class:`MisspecifiedCase`: make_classification's arguments (fixed seed 0) and the model
+_MISSPECIFIED = {
+    # 4 classes of two Gaussian clusters each: a linear model's logits cannot be made canonically calibrated
+    "two-cluster-logistic": (dict(n_features=6, n_informative=3, n_redundant=0, n_classes=4, n_clusters_per_class=2,
+                                  class_sep=0.7), "logistic"),
+    # 3 classes, 3 informative features and 5 linear combinations of them: naive Bayes counts the evidence 6 times
+    "correlated-naive-bayes": (dict(n_features=8, n_informative=3, n_redundant=5, n_classes=3, n_clusters_per_class=1,
+                                    class_sep=1.0), "naive_bayes"),
+    # kept back (not tuned on): a depth-limited tree's leaf frequencies, 5 classes
+    "shallow-tree": (dict(n_features=6, n_informative=4, n_redundant=1, n_classes=5, n_clusters_per_class=2,
+                          class_sep=1.0), "tree"),
+}
+#: rows make_classification draws once per generator (the first _TRAIN_ROWS train the model, the rest are the pool)
+_POOL_ROWS, _TRAIN_ROWS = 400_000, 20_000
+
+
+@lru_cache(maxsize=4)
+def _misspecified_outputs(generator: str) -> tuple[np.ndarray, np.ndarray]:
+    """The model's logits (log-probabilities) and the labels of the pool rows it was not trained on."""
+    from sklearn.datasets import make_classification
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.naive_bayes import GaussianNB
+    from sklearn.tree import DecisionTreeClassifier
+
+    if generator not in _MISSPECIFIED:
+        raise InputError(f"generator must be one of {sorted(_MISSPECIFIED)}, got {generator!r}.")
+    kwargs, model = _MISSPECIFIED[generator]
+    x, y = make_classification(n_samples=_POOL_ROWS, random_state=0, **kwargs)
+    clf = {"logistic": lambda: LogisticRegression(max_iter=2000), "naive_bayes": GaussianNB,
+           "tree": lambda: DecisionTreeClassifier(max_depth=3, random_state=0)}[model]()
+    clf.fit(x[:_TRAIN_ROWS], y[:_TRAIN_ROWS])
+    rest = x[_TRAIN_ROWS:]
+    if model == "logistic":
+        z = clf.decision_function(rest)
+    else:      # log-probabilities, floored so that a tree's empty-class leaves stay finite
+        z = np.log(np.maximum(clf.predict_proba(rest), 1e-4))
+    return np.asarray(z, dtype=np.float64), np.asarray(y[_TRAIN_ROWS:], dtype=np.int64)
+
+
+def misspecified_outputs(generator: str) -> tuple[np.ndarray, np.ndarray]:
+    """The pool of a :class:`MisspecifiedCase` generator: the model's logits and the labels (trained once)."""
+    return _misspecified_outputs(generator)
+
+
+@dataclass(frozen=True)
+class MisspecifiedCase(ZooCase):
+    """A model that temperature-and-bias scaling cannot make canonically calibrated (the paper's miscalibration
+    term): one of :data:`_MISSPECIFIED`'s generators, the model trained once on its first rows; per seed, ``n``
+    holdout rows are drawn from the pool at random and the target from the other rows per class without
+    replacement (:class:`SklearnCase`'s draw), so holdout and target are fresh rows of one distribution (the pool is
+    380,000 rows, many times either).
+
+    Attributes (beside :class:`ZooCase`'s): ``generator``, ``n``.
+    """
+
+    generator: str = "two-cluster-logistic"
+    n: int = 3000
+
+    def _split(self, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        z, y = _misspecified_outputs(self.generator)
+        order = _streams(self.name, seed)[2].permutation(len(y))
+        h, t = order[:self.n], order[self.n:]
+        return z[h], y[h], z[t], y[t]
+
+    def holdout(self, seed: int) -> LabelledOutputs:
+        """``n`` rows of the pool, at random."""
+        z, y, _, _ = self._split(seed)
+        return LabelledOutputs(z, y)
+
+    def target(self, seed: int) -> TargetSet:
+        """``m`` of the other rows under this seed's p_t, per class without replacement."""
+        _, yh, pool, labels = self._split(seed)
+        rng = _streams(self.name, seed)[1]
+        source = np.bincount(yh, minlength=self.n_classes) / len(yh)
+        return _draw_without_replacement(self, pool, labels, lambda: self.target_prior(rng, source), rng)
+
+
 def _cases() -> tuple[ZooCase, ...]:
     dir1 = dirichlet_target(1.0)
     g, s = GaussianCase, SklearnCase
@@ -326,6 +409,12 @@ def _cases() -> tuple[ZooCase, ...]:
         s("lr-digits", "logistic regression on digits", 10, "probabilities", 150, dir1, dataset="digits"),
         g("gauss-k10-repeated", "k = 10, target drawn with replacement from ~300 rows a class (Section 6): most "
           "rows repeat", 10, "logits", 5000, dir1, n=5000, sep=3.0, pool=300),
+        MisspecifiedCase("lr-two-clusters", "logistic regression on 4 classes of two clusters each (~59% accurate): "
+                         "no BCTS makes it canonically calibrated", 4, "logits", 5000, dir1),
+        MisspecifiedCase("nb-correlated", "Gaussian naive Bayes on 3 classes with 5 redundant (correlated) features",
+                         3, "logits", 5000, dir1, generator="correlated-naive-bayes"),
+        MisspecifiedCase("tree-shallow", "a depth-3 decision tree's leaf frequencies on 5 classes (kept back: not "
+                         "tuned on)", 5, "logits", 5000, dir1, generator="shallow-tree"),
         g("gauss-k100", "k = 100 balanced, ~94% accurate, n = 10,000, m = 100,000", 100, "logits", 100_000, dir1,
           n=10_000, sep=4.2, source_prior=(1.0,) * 100, fast=False),
         g("gauss-k1000", "k = 1,000 balanced, n = 50,000, m = 100,000", 1000, "logits", 100_000, dir1, n=50_000,

@@ -28,6 +28,7 @@ from .label_shift_test import (MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, MIN_TARGET,
 from ..estimation.registry import make_estimator
 from ..estimation.solvers import confusion_matrix
 from .identifiability import Identifiability, identifiability
+from .miscalibration import MiscalibrationCheck, miscalibration_check, widened_interval
 from .intervals import PriorInterval, bootstrap_interval, fisher_interval
 from .no_shift_test import NoShiftTest, no_shift_test
 
@@ -155,6 +156,10 @@ class ShiftReport:
         label_shift_significance: a level of its own for the label-shift test (e.g. 0.01, so that true label
             shift withholds the outputs less often); None: the test uses ``significance``
             (:attr:`label_shift_level` is the one in force).
+        miscalibration: MLLS against BBSE-hard, the measured miscalibration term
+            (:func:`labelshift.inference.miscalibration.miscalibration_check`); when it acts, the interval includes
+            BBSE-hard's and the estimate is untrustworthy (its sentence among :attr:`reasons`). None when not run
+            (another estimator than MLLS).
         failures: one plain sentence per part of the assessment that could not be computed on this (valid) input,
             e.g. the source-aware interval on a holdout that does not identify the calibrator; the estimate is then
             untrustworthy (they are among :attr:`reasons`). Empty when every part was computed.
@@ -180,6 +185,7 @@ class ShiftReport:
     label_shift_significance: float | None = None
     failures: list[str] = field(default_factory=list)
     repeats: Repeats | None = None
+    miscalibration: MiscalibrationCheck | None = None
 
     @property
     def n_classes(self) -> int:
@@ -211,15 +217,17 @@ class ShiftReport:
     @property
     def reasons(self) -> list[str]:
         """Why the estimate is not trustworthy: the identifiability report's reasons, then the interval's, then the
-        parts that could not be computed (:attr:`failures`)."""
-        return [*self.identifiability.reasons, *(getattr(self.interval, "reasons", None) or []), *self.failures]
+        parts that could not be computed (:attr:`failures`), then the miscalibration check's when it acts."""
+        mis = self.miscalibration.reason if self.miscalibration is not None else None
+        return [*self.identifiability.reasons, *(getattr(self.interval, "reasons", None) or []), *self.failures,
+                *([mis] if mis else [])]
 
     @property
     def trustworthy(self) -> bool:
         """No identifiability check failed, the interval is trustworthy and every part was computed (the reasons are
-        in :attr:`reasons`)."""
+        in :attr:`reasons`) and the miscalibration check does not act."""
         return bool(self.identifiability.trustworthy) and bool(getattr(self.interval, "trustworthy", True)) \
-            and not self.failures
+            and not self.failures and not (self.miscalibration is not None and self.miscalibration.acts)
 
     @property
     def verdict(self) -> Verdict:
@@ -278,6 +286,8 @@ class ShiftReport:
             # only when target rows repeat, so that a report of distinct rows is written as before
             **({"repeats": self.repeats.to_dict(), "repeats_summary": self.repeats_summary}
                if self.repeats_summary is not None else {}),
+            # only when it ran, so that a report without it is written as before
+            **({"miscalibration": self.miscalibration.to_dict()} if self.miscalibration is not None else {}),
         }
 
     @classmethod
@@ -326,7 +336,9 @@ class ShiftReport:
                    accuracy=AccuracyEstimate.from_dict(d["accuracy"]) if d.get("accuracy") else None,
                    label_shift_significance=_stored_level(d.get("label_shift_significance")),
                    failures=[str(f) for f in d.get("failures") or []],
-                   repeats=Repeats.from_dict(d["repeats"]) if d.get("repeats") else None)
+                   repeats=Repeats.from_dict(d["repeats"]) if d.get("repeats") else None,
+                   miscalibration=(MiscalibrationCheck.from_dict(d["miscalibration"]) if d.get("miscalibration")
+                                   else None))
 
     @property
     def repeats_summary(self) -> str | None:
@@ -584,6 +596,19 @@ def _checks(holdout: Holdout, rounded, pooled, est: _Estimates, ci, repeats: Rep
     return test, lst, lst_error, ident
 
 
+def _miscalibration(rounded, labels, pooled, est: _Estimates, repeats: Repeats) -> MiscalibrationCheck:
+    """The miscalibration check of the MLLS estimate (:func:`miscalibration_check`), with the target's effective
+    rows when rows repeat. A numerical failure is recorded as the check's error, never raised."""
+    eff = repeats.effective_rows if repeats is not None and repeats.adjusts else None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return miscalibration_check(rounded, labels, pooled, est.mlls.weights, est.mlls.target_prior,
+                                        effective_rows=eff)
+    except _NUMERICAL_FAILURES as exc:
+        return MiscalibrationCheck(error=f"it could not be computed on this input ({type(exc).__name__}: {exc})")
+
+
 def _checked_arguments(holdout, target, settings) -> tuple[Holdout, Target, AssessmentSettings]:
     """The arguments of :func:`assess_shift` as their types (a bare target array becomes a :class:`Target`);
     InputError naming the one of another type."""
@@ -658,6 +683,9 @@ def assess_shift(holdout: Holdout, target, settings: AssessmentSettings = DEFAUL
                                        class_names=holdout.class_names)
     failures += _few_distinct_rows(repeats)
     test, lst, lst_error, ident = _checks(holdout, rounded, pooled, est, ci, repeats, settings)
+    mis = (_miscalibration(rounded, holdout.labels, pooled, est, repeats)
+           if estimator == _LIKELIHOOD and settings.miscalibration_check else None)
+    ci = widened_interval(ci, mis, prior) if mis is not None else ci
     significance = settings.significance
     return ShiftReport(method=estimator, source_prior=prior, target_prior=np.asarray(est.main.target_prior),
                        weights=np.asarray(est.main.weights), interval=ci, no_shift_test=test, identifiability=ident,
@@ -665,4 +693,4 @@ def assess_shift(holdout: Holdout, target, settings: AssessmentSettings = DEFAUL
                        converged=bool(np.all(est.main.converged)), cross_check=est.checks, label_shift=lst,
                        label_shift_error=lst_error, accuracy=accuracy,
                        label_shift_significance=settings.label_shift_significance, failures=failures,
-                       repeats=repeats)
+                       repeats=repeats, miscalibration=mis)

@@ -96,6 +96,8 @@ class AssessmentSettings:
         max_interval_width: the estimate is also untrustworthy when the interval on some w_y is wider; None: no
             width check.
         label_shift_check: run the label-shift test (the flow always does; benchmarks time the rest without it).
+        miscalibration_check: measure MLLS's miscalibration term and carry it into the interval and the verdict
+            (:mod:`labelshift.inference.miscalibration`; MLLS only). False: the report is as before it existed.
 
     Raises:
         InputError: a setting out of its range (:data:`BOUNDS`), an unknown estimator or interval, or an interval
@@ -112,6 +114,7 @@ class AssessmentSettings:
     seed: int = 0
     max_interval_width: float | None = None
     label_shift_check: bool = True
+    miscalibration_check: bool = True
 
     def __post_init__(self):
         check_interval(self.estimator, self.interval)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from labelshift.experiments.zoo import CASES, GaussianCase, SklearnCase, case, fast_cases
+from labelshift.experiments.zoo import CASES, GaussianCase, MisspecifiedCase, SklearnCase, case, fast_cases
 from labelshift.inference.report import NOT_LABEL_SHIFT, VERDICTS
 from tests.zoo_support import ZooRun, run_case
 
@@ -27,7 +27,9 @@ SLOW = {"gauss-k10", "rare-0.1pct", "fraud", "float16"}
 ABOUT_A_SECOND = {"gauss-k2", "under-confident", "over-confident", "absent-class"}
 #: fast in the zoo's sense but too slow for a test file (k = 30: about 17 s a run); measured by benchmarks/bench_zoo.py
 BENCH_ONLY = {"gauss-k30"}
-TESTED = [c.name for c in fast_cases() if c.name not in BENCH_ONLY]
+#: classifiers no BCTS calibrates (benchmarks/bench_miscalibration.py measures them): here, one smoke run each
+MISSPECIFIED = [c.name for c in fast_cases() if isinstance(c, MisspecifiedCase)]
+TESTED = [c.name for c in fast_cases() if c.name not in BENCH_ONLY and c.name not in MISSPECIFIED]
 #: cases whose coverage is measured, with their seeds (the cheapest runs: each whole check takes seconds)
 COVERAGE_SEEDS = {"tiny-target": 30, "lr-breast-cancer": 20, "lr-iris": 20, "over-confident": 8, "absent-class": 8}
 #: nominal level of the interval and the chance a correct interval fails a statistical bound below
@@ -98,6 +100,13 @@ def test_no_exception_on_valid_input(name):
     failed = [_describe(r) for r in runs if r.error is not None]
     assert not failed, "\n".join(failed)
     assert all(r.verdict in VERDICTS for r in runs)
+
+
+@pytest.mark.parametrize("name", MISSPECIFIED)
+def test_a_misspecified_classifier_gets_a_verdict_and_says_why_when_untrustworthy(name):
+    r = run(name, 0)
+    assert r.error is None, _describe(r)
+    assert r.verdict in VERDICTS and (r.verdict != "Untrustworthy" or r.reasons)
 
 
 @pytest.mark.parametrize("name", TESTED)
