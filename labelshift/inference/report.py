@@ -156,10 +156,12 @@ class ShiftReport:
         label_shift_significance: a level of its own for the label-shift test (e.g. 0.01, so that true label
             shift withholds the outputs less often); None: the test uses ``significance``
             (:attr:`label_shift_level` is the one in force).
-        miscalibration: MLLS against BBSE-hard, the measured miscalibration term
-            (:func:`labelshift.inference.miscalibration.miscalibration_check`); when it acts, the interval includes
-            BBSE-hard's and the estimate is untrustworthy (its sentence among :attr:`reasons`). None when not run
-            (another estimator than MLLS).
+        miscalibration: MLLS against the calibration-free moment estimate p_c = A^{-1} E_t[f / f^T w], the
+            measured miscalibration term of eq. (bound-main)
+            (:func:`labelshift.inference.miscalibration.miscalibration_check`); the interval always includes p_c's,
+            and when the two differ beyond their sampling error the check acts and the estimate is untrustworthy
+            (its sentence among :attr:`reasons`). None when not run (another estimator than MLLS, or
+            ``miscalibration_check=False``).
         failures: one plain sentence per part of the assessment that could not be computed on this (valid) input,
             e.g. the source-aware interval on a holdout that does not identify the calibrator; the estimate is then
             untrustworthy (they are among :attr:`reasons`). Empty when every part was computed.
