@@ -3,12 +3,12 @@
 The operator's side of the system. A deployed classifier, registered in MLflow with its calibrator,
 meets new unlabelled data in object storage; on a schedule this flow
 
-1. loads the model version and its calibrator and source holdout from the registry
-   (:func:`labelshift_mlflow.registry.load_bundle`) first, whatever the target holds: a wrong model fails the run;
+1. finds the model's version in the registry first, whatever the target holds: a wrong model fails the run;
 2. lists the target batches (``*.npy`` or ``*.parquet`` under ``target``: model inputs, or, for a registered
    reference, the model's logged outputs; :mod:`labelshift.monitoring.batches`, :mod:`tasks.reestimation.references`) that are not
    yet in the watermark (``<target>/_labelshift/watermark.json``, :mod:`labelshift.monitoring.watermark`; a target
-   belongs to the registered model whose runs it counts, and another model is refused it), checks every new batch
+   belongs to the registered model whose runs it counts, and another model is refused it), loads the model version
+   and its calibrator and source holdout (:func:`labelshift_mlflow.registry.load_bundle`), checks every new batch
    against the model's input signature, and computes calibrated probabilities f(x);
 3. estimates the importance weights w and the target prior p_t(y) = w(y) p_s(y) on the pooled new rows with MLLS
    (Garg et al., NeurIPS 2020, eq. (mlls-sample)) -- BBSE alongside as a cross-check -- with a confidence
@@ -70,7 +70,7 @@ from labelshift.monitoring.watermark import Watermark, check_owner, commit_water
 from labelshift.storage import open_store
 from labelshift.storage.base import Store
 from labelshift_mlflow.references import ReferenceBundle
-from labelshift_mlflow.registry import ModelBundle, parse_model_uri
+from labelshift_mlflow.registry import ModelBundle, parse_model_uri, registered_name
 from runtime import environment as settings_mod
 from runtime.environment import Settings
 from tasks.reestimation.alerts import emit_verdict
@@ -521,26 +521,29 @@ def reestimate(
     env = settings_mod.resolve(tracking_uri=p.tracking_uri, experiment_name=p.mlflow_experiment)
     target_uri = target_uri_for(p.target, env.store_uri)
 
-    # 1. the model first, whatever the target holds: MLflow reachable; model, calibrator and source holdout
+    # 1. the model first, whatever the target holds: MLflow reachable, the registered version found
     check_tracking_server(env.tracking_uri)
-    bundle = _load_model(p, settings, env.tracking_uri, logger)
+    model_name = registered_name(p.model, env.tracking_uri)
 
     # 2. what is new for this model (fails on an empty or missing target, or one another model's runs count)
     store = open_store(target_uri)
     batches, watermark = find_new_batches(store, on_changed=p.on_changed)
-    check_owner(watermark, bundle.name, store.uri)
-    run = RunContext(p, settings, p.segments(), env, store, target_uri, watermark, logger, started, bundle)
+    check_owner(watermark, model_name, store.uri)
+    run = RunContext(p, settings, p.segments(), env, store, target_uri, watermark, logger, started)
     if not batches:
         return _no_new_data(run)
     run.logger.info("%d new batch(es) under %s: %s", len(batches), store.uri,
                     ", ".join(b.key for b in batches[:10]) + (" ..." if len(batches) > 10 else ""))
+
+    # 3. the model's files: the model, calibrator and source holdout, checked against their digest
+    run.bundle = _load_model(p, settings, env.tracking_uri, logger)
     # the corrected model's registry name, checked before anything is written (docs/serving.md)
     corrected_as = (check_corrected_name(env.tracking_uri, p.model, p.corrected_model_name)
                     if p.register_corrected else None)
     segment_values = _read_segments(run, batches)     # checked before anything is written
     run.mlflow = _start_run(run, len(batches))
     try:
-        # 2.-6. score, assess and log, write the outputs, then -- only then -- move the watermark
+        # 3.-6. score, assess and log, write the outputs, then -- only then -- move the watermark
         outcome = _assess_and_commit(run, batches, segment_values, corrected_as)
     except BaseException as exc:
         _end_failed_run(exc, run)

@@ -26,7 +26,8 @@ from labelshift.storage.digest import FileDigest
 from labelshift_mlflow.artifacts import REFERENCE_ARTIFACT, calibrator_artifact
 from labelshift_mlflow.trusted import DIGEST_TAG, VersionFiles, check_digest, trusted_files
 
-__all__ = ["renamed_bundle", "ModelBundle", "parse_model_uri", "resolve_version", "cache_key", "cached_bundle",
+__all__ = ["renamed_bundle", "ModelBundle", "parse_model_uri", "resolve_version", "registered_name", "cache_key",
+           "cached_bundle",
            "load_bundle", "bundle_from_files"]
 
 _MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
@@ -153,6 +154,13 @@ def resolve_version(client: MlflowClient, model_uri: str, tracking_uri: str):
         raise ServiceUnavailableError(f"could not read {model_uri} from MLflow at {tracking_uri}: "
                                       f"{type(exc).__name__}: {exc}") from None
     return name, alias, mv
+
+
+def registered_name(model_uri: str, tracking_uri: str) -> str:
+    """The registered model's name, once its version (alias or number) is found in the registry: a check of the URI
+    that reads no artifact (ObjectNotFoundError naming what is registered; ServiceUnavailableError)."""
+    name, _, _ = resolve_version(MlflowClient(tracking_uri=tracking_uri), model_uri, tracking_uri)
+    return name
 
 
 def cache_key(tracking_uri: str, name: str, mv, calibrator: str) -> tuple:
