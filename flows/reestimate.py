@@ -541,7 +541,13 @@ def reestimate(
     corrected_as = (check_corrected_name(env.tracking_uri, p.model, p.corrected_model_name)
                     if p.register_corrected else None)
     segment_values = _read_segments(run, batches)     # checked before anything is written
-    run.mlflow = _start_run(run, len(batches))
+    try:
+        run.mlflow = _start_run(run, len(batches))
+    except BaseException as exc:      # MLflow lost as the runs are created: said as such, like any later loss
+        lost = tracking_server_lost(exc, run.tracking_uri)
+        if lost is not None:
+            raise lost from exc
+        raise
     try:
         # 3.-6. score, assess and log, write the outputs, then -- only then -- move the watermark
         outcome = _assess_and_commit(run, batches, segment_values, corrected_as)
