@@ -22,7 +22,7 @@ Per cell (k, alpha, n, m), over the seeds:
 The timing table runs on one problem at m = 100,000, k = 10 (median over repeats; the machine is shared).
 
 ``--null-seeds N`` also measures the false-alarm rate of the ``reestimate`` flow's no-shift test (the two-sample
-test of :func:`labelshift.inference.no_shift_test.no_shift_test` with the calibrated holdout as its source side) on null
+test of :func:`labelshift.inference.no_shift.no_shift_test` with the calibrated holdout as its source side) on null
 draws: the same per-seed procedure with the target drawn from the source prior itself, N seeds per (k, n, m) of
 ``--null-n`` x ``--null-m`` (default n in {500, 1,000, 5,000}, m in {1,000, 20,000}; goal <= 7% at the nominal 5%). On
 the same draws it also reports the earlier form of the test (each side's own covariance, chi^2 reference) for
@@ -65,7 +65,7 @@ from labelshift.experiments.well_specified import WellSpecifiedGaussians  # noqa
 from labelshift.inference.source_aware import source_aware_interval  # noqa: E402
 from labelshift.estimation.solvers import mlls_newton  # noqa: E402
 from labelshift.inference.intervals import fisher_interval  # noqa: E402
-from labelshift.inference.no_shift_test import no_shift_test  # noqa: E402
+from labelshift.inference.no_shift import no_shift_test  # noqa: E402
 
 from report_utils import cpu_model, run_chunks, write_section  # noqa: E402
 

@@ -4,7 +4,7 @@ Two measurements, each with its baseline timed in the same run (the machine is s
 median over ``--repeats`` and a ratio is the median of the per-repeat ratios, the two sides measured one right
 after the other):
 
-1. **The statistics** (:mod:`labelshift.inference.intervals`, :mod:`labelshift.inference.no_shift_test`,
+1. **The statistics** (:mod:`labelshift.inference.intervals`, :mod:`labelshift.inference.no_shift`,
    :mod:`labelshift.inference.identifiability`) on k = 10 classes. The probabilities are the exact Bayes
    posteriors of a mixture of Gaussian classes N(mu_y, I_d) (d = 10, random means, ~90% accurate) under a mildly
    imbalanced source prior -- calibrated on the source, as the calibrator is meant to make them -- fit on n = 10000
@@ -67,7 +67,7 @@ from labelshift.errors import IllConditionedWarning  # noqa: E402
 from labelshift.inference.settings import DEFAULTS  # noqa: E402
 from labelshift.inference.identifiability import identifiability  # noqa: E402
 from labelshift.inference.intervals import bootstrap_interval, fisher_interval  # noqa: E402
-from labelshift.inference.no_shift_test import no_shift_test  # noqa: E402
+from labelshift.inference.no_shift import no_shift_test  # noqa: E402
 
 from report_utils import cpu_model, write_section  # noqa: E402
 

@@ -154,7 +154,7 @@ def profile_steps(model_uri: str, tracking_uri: str, target: str) -> dict:
     from labelshift.storage import open_store
     from labelshift.inference.identifiability import identifiability
     from labelshift.inference.intervals import fisher_interval
-    from labelshift.inference.no_shift_test import no_shift_test
+    from labelshift.inference.no_shift import no_shift_test
     from tasks.reestimation.outputs import write_for_reestimation
     from labelshift_mlflow import load_reference
     from tasks.reestimation.scoring import score_for_reestimation

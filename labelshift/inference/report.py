@@ -30,7 +30,7 @@ from ..estimation.solvers import confusion_matrix
 from .identifiability import Identifiability, identifiability
 from .miscalibration import MiscalibrationCheck, miscalibration_check, widened_interval
 from .intervals import PriorInterval, bootstrap_interval, fisher_interval
-from .no_shift_test import NoShiftTest, no_shift_test
+from .no_shift import NoShiftTest, no_shift_test
 
 __all__ = ["CrossCheck", "LargestChange", "ShiftReport", "assess_shift", "label_shift_holdout", "check_holdout",
            "joint_confusion", "finite", "Verdict", "VERDICTS", "NOT_LABEL_SHIFT", "verdict_of"]
@@ -648,7 +648,7 @@ def assess_shift(holdout: Holdout, target, settings: AssessmentSettings = DEFAUL
     :func:`~labelshift.inference.intervals.bootstrap_interval`; the label-shift test is
     :func:`~labelshift.inference.label_shift_test.label_shift_test` with the MLLS weights (recorded as "not run",
     with the reason, when the holdout cannot carry it); the no-shift test is
-    :func:`~labelshift.inference.no_shift_test.no_shift_test`; the identifiability report is the MLLS estimate's
+    :func:`~labelshift.inference.no_shift.no_shift_test`; the identifiability report is the MLLS estimate's
     (Section 5, eq. (bound-main)). MLLS is fit whatever the estimator is and shown beside another as a cross-check;
     a cross-check that fails is reported with its error. ``docs/reestimation.md`` explains the numbers.
 

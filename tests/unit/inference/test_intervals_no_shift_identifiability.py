@@ -24,7 +24,7 @@ from labelshift.estimation.estimators import BBSE, MLLS
 from labelshift.inference.identifiability import (MAX_RELATIVE_ERROR, MAX_STANDARD_ERROR, Identifiability,
                                                   identifiability)
 from labelshift.inference.intervals import PriorInterval, bootstrap_interval, fisher_interval
-from labelshift.inference.no_shift_test import NoShiftTest, no_shift_test
+from labelshift.inference.no_shift import NoShiftTest, no_shift_test
 
 MU3 = np.array([-2.0, 0.0, 2.0])
 PS3 = np.array([0.5, 0.3, 0.2])

@@ -18,7 +18,7 @@ from labelshift.errors import InputError, NotMaximiserError
 from labelshift.estimation.solvers import mlls_newton, mlls_optimality
 from labelshift.inference.holdout import Holdout, Target
 from labelshift.inference.mlls_inputs import accepted_gap, certified_weights, gap_tolerance
-from labelshift.inference.no_shift_test import no_shift_test
+from labelshift.inference.no_shift import no_shift_test
 from labelshift.inference.report import assess_shift
 from labelshift.inference.settings import AssessmentSettings
 from labelshift.inference.source_aware import source_aware_interval

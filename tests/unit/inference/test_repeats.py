@@ -20,7 +20,7 @@ from labelshift.inference import report as report_module
 from labelshift.inference.report import ShiftReport, assess_shift
 from labelshift.errors import InputError
 from labelshift.inference.intervals import fisher_interval
-from labelshift.inference.no_shift_test import no_shift_test
+from labelshift.inference.no_shift import no_shift_test
 from labelshift import Holdout, Target, AssessmentSettings
 
 REPO = Path(__file__).resolve().parents[3]
