@@ -230,7 +230,7 @@ def serve_deployments(env: Settings, *, name: str = "reproduce", reestimate_name
     try:
         from prefect import serve
 
-        ui = os.environ["PREFECT_API_URL"].removesuffix("/api")
+        ui = settings_mod.read(settings_mod.ENV_PREFECT_API_URL).removesuffix("/api")
         print(_describe(ui, name, reestimate_name, reestimate, env), flush=True)
         serve(*deployments, limit=limit)
     except KeyboardInterrupt:

@@ -6,7 +6,7 @@ with error code UNAUTHENTICATED or PERMISSION_DENIED. (S3's refusals are worded 
 """
 from __future__ import annotations
 
-import os
+from runtime import environment as settings_mod
 
 ROLES_DOC = "infra/README.md, 'Who may do what'"
 
@@ -19,7 +19,7 @@ def refusal_message(exc: BaseException) -> str | None:
     from tasks.tracking import one_line
 
     if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in (401, 403):
-        api = os.environ.get("PREFECT_API_URL", "")
+        api = settings_mod.read(settings_mod.ENV_PREFECT_API_URL) or ""
         url = str(exc.request.url)
         if not api or not url.startswith(api.rstrip("/")):
             return None
