@@ -29,6 +29,7 @@ from scipy.stats import norm
 
 from ...errors import InputError
 from .holdout import MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, PreparedHoldout
+from .holdout_noise import HOLDOUT_INFLATION
 from .inputs import BOOTSTRAP_DRAWS, _test_inputs, _TestInputs
 from .log_odds import HoldoutSide, log_odds_test
 from .null_fit import _null_fit
@@ -81,7 +82,7 @@ def _with_log_odds(inp: _TestInputs, rc: _RegionCounts, fit: _RegionsFit, method
     else:
         pi, q_null = fit.pi, fit.q
     part = log_odds_test(inp.Ph, inp.y, inp.Pt, inp.bootstrap_draws, inp.seed,
-                         _world_shares(rc.regions, pi, q_null, inp.p), q_null, side)
+                         _world_shares(rc.regions, pi, q_null, inp.p), q_null, side, inp.holdout_inflation)
     extra = dict(fit.extra)
     extra.update(p_value_regions=fit.p_value, p_value_log_odds=part.p_value, log_odds_statistic=part.statistic,
                  p_value_log_odds_diagonal=part.p_value_diagonal, p_value_log_odds_block=part.p_value_block,
@@ -110,7 +111,8 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
                      min_region_rows: int = MIN_REGION_ROWS, max_confidence_bins: int = MAX_CONFIDENCE_BINS,
                      class_names=None, method: str = "likelihood-ratio", calibration: str = "bootstrap",
                      bootstrap_draws: int = BOOTSTRAP_DRAWS, seed: int = 0,
-                     log_odds: bool | None = None, prepared: PreparedHoldout | None = None) -> LabelShiftTest:
+                     log_odds: bool | None = None, prepared: PreparedHoldout | None = None,
+                     holdout_inflation: float = HOLDOUT_INFLATION) -> LabelShiftTest:
     """Test H0: the target differs from the source by label shift only (p_t(x | y) = p_s(x | y), Garg et al. 2020,
     Section 2), from the calibrated outputs of one classifier on a labelled holdout and on unlabelled target rows.
 
@@ -166,7 +168,8 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
             ``prepared`` made from another holdout or region rule.
     """
     inp = _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
-                       max_confidence_bins, class_names, method, calibration, bootstrap_draws, seed, log_odds)
+                       max_confidence_bins, class_names, method, calibration, bootstrap_draws, seed, log_odds,
+                       holdout_inflation)
     if prepared is not None and not prepared.matches(inp.Ph, inp.y, inp.min_region_rows, inp.max_confidence_bins):
         raise InputError("prepared was made from another holdout or region rule than this test's; pass "
                          "prepare_holdout(holdout_probs, holdout_labels) of this holdout with the same "

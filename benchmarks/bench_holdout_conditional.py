@@ -1,0 +1,187 @@
+"""The label-shift test given the holdout: for each of many holdouts, the rate of false Not label shift over many
+fresh label-shifted targets (and its power against image shifts), tabled as a distribution over holdouts (median,
+90th percentile, maximum), not only pooled (``/work/shared/DESIGN.md``, "One holdout, many runs").
+
+Every holdout is drawn fresh, BCTS is fit on its logits (as the flow does) and :func:`prepare_holdout` is made once
+for it; then ``--targets`` targets, each label-shifted (p_t from Dirichlet(1), Dirichlet(10), Dirichlet(0.3) in
+turn) and drawn fresh, are tested against it at 5% (``label_shift_test(..., prepared=...)``, the target's seed its
+index). A holdout's rate is its false calls / targets; its binomial noise at 5% and 40 targets is sd 3.4 points.
+
+Designs
+-------
+* ``gauss``: k = 10 Gaussian classes N(mu_y, I_20) (bench_label_shift_test.Gauss with d = 20: a linear model's
+  logits a z + c), source prior Dirichlet(5), holdouts of ``--n`` rows, targets of 20,000 fresh rows from the
+  generator.
+* ``resnet18``: ResNet-18 on Fashion-MNIST (``fashion_resnet18_outputs_h200.npz``): each holdout ``--n`` of the
+  10,000 test images (uniform, without replacement), the targets drawn without replacement from the other images
+  of the test file, ``m`` = pool / 10 rows (at most 900), and for the power the same rows' outputs on the images
+  made darker, noisier, rotated, or one class's look changed (``real_networks.SHIFTS``).
+* ``digits``: scikit-learn's logistic regression on its 8x8 digits (the zoo's lr-digits outputs on the 60% of the
+  rows it was not trained on, log-probabilities as logits): holdout 500 rows, targets of 55 of the other rows.
+
+    python benchmarks/bench_holdout_conditional.py gauss --n 1000 --holdouts 10 --targets 40 --tag before
+    python benchmarks/bench_holdout_conditional.py --summary      # every saved run, as the README's table
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+from report_utils import one_blas_thread  # noqa: E402
+
+one_blas_thread()
+
+import numpy as np  # noqa: E402
+
+from labelshift import BCTS  # noqa: E402
+from labelshift.inference.label_shift_test import label_shift_test, prepare_holdout  # noqa: E402
+
+OUT = HERE / "out" / "holdout_conditional"
+ALPHA = 0.05
+FAMILIES = (1.0, 10.0, 0.3)                 # Dirichlet concentration of p_t, in turn
+RESNET = HERE / "fashion_resnet18_outputs_h200.npz"
+SHIFTS = ("darker", "noisier", "rotated", "class-look")
+
+
+def _calibrate(z_holdout, y_holdout):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return BCTS().fit(z_holdout, y_holdout)
+
+
+def _test(S, ys, P, prepared, seed, draws, inflation):
+    kw = {} if inflation is None else {"holdout_inflation": inflation}      # None: the test's default
+    res = label_shift_test(S, ys, P, prepared=prepared, seed=seed, bootstrap_draws=draws, **kw)
+    return [res.p_value, res.extra.get("p_value_regions", res.p_value), res.extra.get("p_value_log_odds", np.nan)]
+
+
+class _Gauss:
+    def __init__(self, n, m):
+        from bench_label_shift_test import Gauss
+        self.prob, self.n, self.m = Gauss(k=10, d=20), n, m
+
+    def holdout(self, rng):
+        z, y = self.prob.draw(self.prob.source_prior, self.n, rng)
+        return z, y
+
+    def targets(self, rng, t, shifts=True):
+        pt = rng.dirichlet(np.full(10, FAMILIES[t % len(FAMILIES)]))
+        return {"label-shift": self.prob.draw(pt, self.m, rng)[0]}
+
+
+class _Pool:
+    """A finite pool of outputs: holdout from it, targets without replacement from the rest (``m`` rows, class
+    counts multinomial(m, p_t) redrawn until each fits its class's rows)."""
+
+    def __init__(self, z, y, n, m, shifted=None):
+        self.z, self.y, self.n, self.m, self.shifted = z, y, n, m, shifted or {}
+        self.rest = None
+
+    def holdout(self, rng):
+        idx = rng.permutation(len(self.y))
+        self.rest = idx[self.n:]
+        return self.z[idx[:self.n]], self.y[idx[:self.n]]
+
+    def targets(self, rng, t, shifts=True):
+        yr = self.y[self.rest]
+        avail = np.bincount(yr, minlength=10)
+        while True:
+            counts = rng.multinomial(self.m, rng.dirichlet(np.full(10, FAMILIES[t % len(FAMILIES)])))
+            if np.all(counts <= avail):
+                break
+        rows = np.concatenate([rng.choice(self.rest[yr == c], counts[c], replace=False) for c in range(10)])
+        out = {"label-shift": self.z[rows]}
+        out.update({s: zs[rows] for s, zs in self.shifted.items() if shifts})
+        return out
+
+
+def design(name: str, n: int):
+    if name == "gauss":
+        return _Gauss(n, 20_000)
+    if name == "resnet18":
+        d = np.load(RESNET)
+        z, y = d["test_logits"].astype(np.float64), d["test_labels"]
+        return _Pool(z, y, n, min(900, (len(y) - n) // 10),
+                     {s: d[f"{s}_logits"].astype(np.float64) for s in SHIFTS})
+    if name == "digits":
+        from labelshift.experiments.zoo import sklearn_outputs
+        p, y = sklearn_outputs("digits", "logistic", 0.4)
+        return _Pool(np.log(np.maximum(p, 1e-12)), y, n, max(50, (len(y) - n) // 10))
+    raise SystemExit(f"unknown design {name!r}")
+
+
+def run(name: str, n: int, holdouts: int, targets: int, seed0: int, draws: int, inflation=None,
+        power_targets: int = 10) -> dict:
+    d = design(name, n)
+    rows = []
+    for h in range(seed0, seed0 + holdouts):
+        t0 = time.perf_counter()
+        rng = np.random.default_rng([2020, n, h])
+        zs, ys = d.holdout(rng)
+        if np.bincount(ys, minlength=10).min() < 5:
+            continue
+        cal = _calibrate(zs, ys)
+        S = cal.predict_proba(zs)
+        prepared = prepare_holdout(S, ys)
+        ps = {}
+        for t in range(targets):
+            for kind, zt in d.targets(rng, t, t < power_targets).items():
+                ps.setdefault(kind, []).append(_test(S, ys, cal.predict_proba(zt), prepared, t, draws, inflation))
+        row = {"holdout": h, "seconds": time.perf_counter() - t0,
+               **{k: np.asarray(v).tolist() for k, v in ps.items()}}
+        rows.append(row)
+        false = np.mean(np.asarray(ps["label-shift"])[:, 0] < ALPHA)
+        extra = " ".join(f"{k} {np.mean(np.asarray(v)[:, 0] < ALPHA):.2f}" for k, v in ps.items() if k != "label-shift")
+        print(f"{name} n={n} holdout {h}: false Not label shift {false:.3f} {extra} ({row['seconds']:.0f} s)",
+              flush=True)
+    return {"design": name, "n": n, "targets": targets, "draws": draws, "inflation": inflation, "rows": rows}
+
+
+def summarise(res: dict) -> dict:
+    """Per-holdout false-call rates of the reported p-value and of each part; power per shift (pooled)."""
+    out = {}
+    for col, part in enumerate(("reported", "regions", "log-odds")):
+        rates = np.array([np.mean(np.asarray(r["label-shift"])[:, col] < ALPHA) for r in res["rows"]])
+        out[part] = dict(median=float(np.median(rates)), p90=float(np.quantile(rates, 0.9)),
+                         max=float(rates.max()), pooled=float(rates.mean()), holdouts=len(rates),
+                         counts=[int(round(x * res["targets"])) for x in rates])
+    for s in SHIFTS:
+        if s in res["rows"][0]:
+            out[f"power {s}"] = float(np.mean([np.mean(np.asarray(r[s])[:, 0] < ALPHA) for r in res["rows"]]))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("design", nargs="?", default="gauss")
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--holdouts", type=int, default=20)
+    ap.add_argument("--targets", type=int, default=40)
+    ap.add_argument("--seed0", type=int, default=0)
+    ap.add_argument("--draws", type=int, default=200)
+    ap.add_argument("--tag", default="run")
+    ap.add_argument("--power-targets", type=int, default=10, help="the first this many targets also shifted")
+    ap.add_argument("--inflation", type=float, default=None, help="holdout_inflation (default: the test's)")
+    ap.add_argument("--summary", action="store_true")
+    a = ap.parse_args()
+    if a.summary:
+        for path in sorted(OUT.glob("*.json")):
+            s = summarise(json.loads(path.read_text()))
+            print(path.stem, json.dumps(s))
+        return
+    res = run(a.design, a.n, a.holdouts, a.targets, a.seed0, a.draws, a.inflation, a.power_targets)
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"{a.design}_n{a.n}_s{a.seed0}_{a.tag}.json"
+    path.write_text(json.dumps(res))
+    print(path, json.dumps(summarise(res)))
+
+
+if __name__ == "__main__":
+    main()
