@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 
 from labelshift import BCTS  # noqa: E402
 from labelshift.inference.label_shift_test import label_shift_test, prepare_holdout  # noqa: E402
+from labelshift.inference.label_shift_test.holdout_noise import HOLDOUT_INFLATION  # noqa: E402
 
 OUT = HERE / "out" / "holdout_conditional"
 ALPHA = 0.05
@@ -141,7 +142,8 @@ def run(name: str, n: int, holdouts: int, targets: int, seed0: int, draws: int, 
         extra = " ".join(f"{k} {np.mean(np.asarray(v)[:, 0] < ALPHA):.2f}" for k, v in ps.items() if k != "label-shift")
         print(f"{name} n={n} holdout {h}: false Not label shift {false:.3f} {extra} ({row['seconds']:.0f} s)",
               flush=True)
-    return {"design": name, "n": n, "targets": targets, "draws": draws, "inflation": inflation, "rows": rows}
+    kappa = HOLDOUT_INFLATION if inflation is None else inflation
+    return {"design": name, "n": n, "targets": targets, "draws": draws, "inflation": kappa, "rows": rows}
 
 
 def summarise(res: dict) -> dict:
@@ -158,6 +160,24 @@ def summarise(res: dict) -> dict:
     return out
 
 
+def table(paths) -> str:
+    """The saved runs as the README's markdown table: per run the false Not label shift of the reported p-value,
+    pooled and its distribution over holdouts (counts of 40), and the power against each image shift."""
+    head = ("| design | holdout n | kappa | holdout seeds | holdouts x targets | pooled | median | 90th pct | max | "
+            "false calls per holdout | power: " + " / ".join(SHIFTS) + " |")
+    lines = [head, "|" + "---|" * 11]
+    for path in paths:
+        res = json.loads(path.read_text())
+        s, r = summarise(res), summarise(res)["reported"]
+        seeds = [row["holdout"] for row in res["rows"]]
+        power = " / ".join(f"{s[f'power {x}']:.0%}" for x in SHIFTS) if f"power {SHIFTS[0]}" in s else "-"
+        kappa = f"{res['inflation']:g}" + (" (before)" if res["inflation"] == 1 else "")
+        lines.append(f"| {res['design']} | {res['n']:,} | {kappa} | {min(seeds)}-{max(seeds)} | "
+                     f"{len(seeds)} x {res['targets']} | {r['pooled']:.1%} | {r['median']:.1%} | {r['p90']:.1%} | "
+                     f"{r['max']:.1%} | {' '.join(map(str, sorted(r['counts'], reverse=True)))} | {power} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("design", nargs="?", default="gauss")
@@ -172,9 +192,7 @@ def main():
     ap.add_argument("--summary", action="store_true")
     a = ap.parse_args()
     if a.summary:
-        for path in sorted(OUT.glob("*.json")):
-            s = summarise(json.loads(path.read_text()))
-            print(path.stem, json.dumps(s))
+        print(table(sorted(OUT.glob("*.json"))))
         return
     res = run(a.design, a.n, a.holdouts, a.targets, a.seed0, a.draws, a.inflation, a.power_targets)
     OUT.mkdir(parents=True, exist_ok=True)
