@@ -132,6 +132,11 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     :data:`REGIONS_SHARE` = 0.3), both parts in ``extra``. Per-region z-scores rank where the target disagrees
     (they ignore the estimation of w; the p-value does not).
 
+    Given one holdout: its histograms' error is fixed for every target tested against it, so both bootstraps draw
+    the holdout's error ``holdout_inflation`` (kappa) times over in variance (:mod:`.holdout_noise`): the rate of
+    false rejections given the holdout, over label-shifted targets, stays near or below the level for all but rare
+    holdouts (kappa = 1: valid only on average over holdouts; ``docs/label_shift_test.md``, "Given one holdout").
+
     Assumes independent rows; the regions and the calibrator (both fit on the holdout) are held fixed. Validity
     does not need calibrated outputs (the identity holds for any fixed f), only the regions' meaning does. It
     cannot see a violation that leaves f(x) a mixture of the holdout's class-conditional laws (e.g. drift along
@@ -158,6 +163,9 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
             k <= BLOCK_MAX_CLASSES = 20 classes, not above (its size at k = 100 is not the level, see the docs).
         prepared: optional, :func:`prepare_holdout` of this holdout with this region rule, for many tests against
             one holdout: its work on the holdout is reused (the result is the same).
+        holdout_inflation: kappa >= 1, the variance factor of the holdout's error in the bootstraps' draws (default
+            :data:`HOLDOUT_INFLATION` = 2; 1: the law averaged over holdouts, the test before); recorded in
+            ``extra["holdout_inflation"]`` with the bootstrap calibration.
 
     Returns:
         :class:`LabelShiftTest`.
@@ -165,6 +173,7 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     Raises:
         InputError: shapes or classes that do not match, a class with too few holdout rows, a holdout smaller than
             :data:`MIN_HOLDOUT` or a target smaller than :data:`MIN_TARGET`, weights that are not the MLLS optimum,
+            ``holdout_inflation`` below 1 or not a number,
             ``prepared`` made from another holdout or region rule.
     """
     inp = _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
