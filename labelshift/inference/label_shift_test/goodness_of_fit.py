@@ -29,7 +29,6 @@ from scipy.stats import norm
 
 from ...errors import InputError
 from .holdout import MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, PreparedHoldout
-from .holdout_noise import HOLDOUT_INFLATION
 from .inputs import BOOTSTRAP_DRAWS, _test_inputs, _TestInputs
 from .log_odds import HoldoutSide, log_odds_test
 from .null_fit import _null_fit
@@ -112,7 +111,7 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
                      class_names=None, method: str = "likelihood-ratio", calibration: str = "bootstrap",
                      bootstrap_draws: int = BOOTSTRAP_DRAWS, seed: int = 0,
                      log_odds: bool | None = None, prepared: PreparedHoldout | None = None,
-                     holdout_inflation: float = HOLDOUT_INFLATION) -> LabelShiftTest:
+                     holdout_inflation: float | None = None) -> LabelShiftTest:
     """Test H0: the target differs from the source by label shift only (p_t(x | y) = p_s(x | y), Garg et al. 2020,
     Section 2), from the calibrated outputs of one classifier on a labelled holdout and on unlabelled target rows.
 
@@ -163,8 +162,8 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
             k <= BLOCK_MAX_CLASSES = 20 classes, not above (its size at k = 100 is not the level, see the docs).
         prepared: optional, :func:`prepare_holdout` of this holdout with this region rule, for many tests against
             one holdout: its work on the holdout is reused (the result is the same).
-        holdout_inflation: kappa >= 1, the variance factor of the holdout's error in the bootstraps' draws (default
-            :data:`HOLDOUT_INFLATION` = 2; 1: the law averaged over holdouts, the test before); recorded in
+        holdout_inflation: kappa >= 1, the variance factor of the holdout's error in the bootstraps' draws (None,
+            the default: :data:`HOLDOUT_INFLATION` = 2; 1: the law averaged over holdouts, the test before); recorded in
             ``extra["holdout_inflation"]`` with the bootstrap calibration.
 
     Returns:

@@ -11,7 +11,7 @@ from ..._validation import check_given_weights, check_labels, check_prior, check
 from ...errors import InputError
 from ...estimation.solvers import mlls_gradient, mlls_newton
 from .holdout import _check_holdout_size, _check_int, _check_log_odds, _class_rows
-from .holdout_noise import HOLDOUT_INFLATION
+from . import holdout_noise
 #: ... and target sets smaller than this
 MIN_TARGET = 50
 
@@ -69,12 +69,12 @@ class _TestInputs(NamedTuple):
     bootstrap_draws: int
     seed: int
     log_odds: bool
-    holdout_inflation: float = HOLDOUT_INFLATION    # kappa of holdout_noise
+    holdout_inflation: float = 1.0  # kappa of holdout_noise (the checked inputs always carry it)
 
 
 def _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
                  max_confidence_bins, class_names, method, calibration, bootstrap_draws, seed,
-                 log_odds, holdout_inflation=HOLDOUT_INFLATION) -> _TestInputs:
+                 log_odds, holdout_inflation=None) -> _TestInputs:
     """The arguments of :func:`label_shift_test` checked (InputError as documented there)."""
     Ph = check_probabilities(holdout_probs, "holdout_probs", 2)
     n, k = Ph.shape
@@ -109,7 +109,10 @@ def _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_pr
 
 
 def _check_inflation(value) -> float:
-    """``holdout_inflation`` as a float >= 1 (InputError otherwise)."""
+    """``holdout_inflation`` as a float >= 1, None meaning holdout_noise.HOLDOUT_INFLATION (read at each call);
+    InputError otherwise."""
+    if value is None:
+        value = holdout_noise.HOLDOUT_INFLATION
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
             or not np.isfinite(value) or value < 1.0:
         raise InputError(f"holdout_inflation must be a finite number >= 1 (1: the holdout's error drawn as it is, "
