@@ -43,6 +43,8 @@ import numpy as np  # noqa: E402
 from labelshift import BCTS  # noqa: E402
 from labelshift.inference.label_shift_test import label_shift_test, prepare_holdout  # noqa: E402
 from labelshift.inference.label_shift_test.holdout_noise import HOLDOUT_INFLATION  # noqa: E402
+from labelshift.inference.no_shift_test import no_shift_test  # noqa: E402
+from labelshift.inference.source_aware import source_aware_interval  # noqa: E402
 
 OUT = HERE / "out" / "holdout_conditional"
 ALPHA = 0.05
@@ -55,6 +57,18 @@ def _calibrate(z_holdout, y_holdout):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return BCTS().fit(z_holdout, y_holdout)
+
+
+def _others(d, rng, zs, ys, zt, cal) -> list:
+    """[the no-shift test's p-value on a fresh target with p_t = p_s (two-sample form, as the report runs it), the
+    share of classes whose 95% source-aware interval covers the label-shifted target's p_t]."""
+    p_s = cal.predict_proba(zs).mean(axis=0)
+    if hasattr(d, "no_shift"):
+        p0 = no_shift_test(cal.predict_proba(d.no_shift(rng)), None, p_s, source_probs=cal.predict_proba(zs)).p_value
+    else:
+        p0 = float("nan")
+    ci = source_aware_interval(zs, ys, zt, cal)
+    return [p0, float(np.mean((ci.lower <= d.prior) & (d.prior <= ci.upper)))]
 
 
 def _test(S, ys, P, prepared, seed, draws, inflation):
@@ -73,8 +87,11 @@ class _Gauss:
         return z, y
 
     def targets(self, rng, t, shifts=True):
-        pt = rng.dirichlet(np.full(10, FAMILIES[t % len(FAMILIES)]))
-        return {"label-shift": self.prob.draw(pt, self.m, rng)[0]}
+        self.prior = rng.dirichlet(np.full(10, FAMILIES[t % len(FAMILIES)]))
+        return {"label-shift": self.prob.draw(self.prior, self.m, rng)[0]}
+
+    def no_shift(self, rng):
+        return self.prob.draw(self.prob.source_prior, self.m, rng)[0]
 
 
 class _Pool:
@@ -98,6 +115,7 @@ class _Pool:
             if np.all(counts <= avail):
                 break
         rows = np.concatenate([rng.choice(self.rest[yr == c], counts[c], replace=False) for c in range(10)])
+        self.prior = counts / self.m
         out = {"label-shift": self.z[rows]}
         out.update({s: zs[rows] for s, zs in self.shifted.items() if shifts})
         return out
@@ -119,10 +137,10 @@ def design(name: str, n: int):
 
 
 def run(name: str, n: int, holdouts: int, targets: int, seed0: int, draws: int, inflation=None,
-        power_targets: int = 10) -> dict:
+        power_targets: int = 10, others: bool = False) -> dict:
     d = design(name, n)
     rows = []
-    for h in range(seed0, seed0 + holdouts):
+    for h in (range(seed0, seed0 + holdouts) if isinstance(holdouts, int) else holdouts):
         t0 = time.perf_counter()
         rng = np.random.default_rng([2020, n, h])
         zs, ys = d.holdout(rng)
@@ -135,11 +153,17 @@ def run(name: str, n: int, holdouts: int, targets: int, seed0: int, draws: int, 
         for t in range(targets):
             for kind, zt in d.targets(rng, t, t < power_targets).items():
                 ps.setdefault(kind, []).append(_test(S, ys, cal.predict_proba(zt), prepared, t, draws, inflation))
+                if kind == "label-shift" and others:
+                    ps.setdefault("others", []).append(_others(d, rng, zs, ys, zt, cal))
         row = {"holdout": h, "seconds": time.perf_counter() - t0,
                **{k: np.asarray(v).tolist() for k, v in ps.items()}}
         rows.append(row)
         false = np.mean(np.asarray(ps["label-shift"])[:, 0] < ALPHA)
-        extra = " ".join(f"{k} {np.mean(np.asarray(v)[:, 0] < ALPHA):.2f}" for k, v in ps.items() if k != "label-shift")
+        extra = " ".join(f"{k} {np.mean(np.asarray(v)[:, 0] < ALPHA):.2f}" for k, v in ps.items()
+                         if k not in ("label-shift", "others"))
+        if others:
+            o = np.asarray(ps["others"])
+            extra += f" no-shift false Shifted {np.mean(o[:, 0] < ALPHA):.3f} coverage {np.mean(o[:, 1]):.3f}"
         print(f"{name} n={n} holdout {h}: false Not label shift {false:.3f} {extra} ({row['seconds']:.0f} s)",
               flush=True)
     kappa = HOLDOUT_INFLATION if inflation is None else inflation
@@ -154,6 +178,14 @@ def summarise(res: dict) -> dict:
         out[part] = dict(median=float(np.median(rates)), p90=float(np.quantile(rates, 0.9)),
                          max=float(rates.max()), pooled=float(rates.mean()), holdouts=len(rates),
                          counts=[int(round(x * res["targets"])) for x in rates])
+    if "others" in res["rows"][0]:
+        o = [np.asarray(r["others"]) for r in res["rows"]]
+        shifted = np.array([np.mean(x[:, 0] < ALPHA) for x in o])
+        cover = np.array([np.mean(x[:, 1]) for x in o])
+        out["no-shift"] = dict(median=float(np.median(shifted)), p90=float(np.quantile(shifted, 0.9)),
+                               max=float(shifted.max()), pooled=float(shifted.mean()))
+        out["coverage"] = dict(median=float(np.median(cover)), p10=float(np.quantile(cover, 0.1)),
+                               min=float(cover.min()), pooled=float(cover.mean()))
     for s in SHIFTS:
         if s in res["rows"][0]:
             out[f"power {s}"] = float(np.mean([np.mean(np.asarray(r[s])[:, 0] < ALPHA) for r in res["rows"]]))
@@ -178,23 +210,44 @@ def table(paths) -> str:
     return "\n".join(lines)
 
 
+def table_others(paths) -> str:
+    """The runs with ``--others``: per holdout the no-shift test's false Shifted and the 95% source-aware prior
+    interval's coverage (share of classes x targets), as distributions over holdouts."""
+    lines = ["| design | holdout n | holdouts x targets | false Shifted: pooled / median / 90th pct / max | "
+             "coverage: pooled / median / 10th pct / min |", "|---|---|---|---|---|"]
+    for path in paths:
+        res = json.loads(path.read_text())
+        s = summarise(res)
+        if "no-shift" not in s:
+            continue
+        a, c = s["no-shift"], s["coverage"]
+        lines.append(f"| {res['design']} | {res['n']:,} | {len(res['rows'])} x {res['targets']} | "
+                     f"{a['pooled']:.1%} / {a['median']:.1%} / {a['p90']:.1%} / {a['max']:.1%} | "
+                     f"{c['pooled']:.3f} / {c['median']:.3f} / {c['p10']:.3f} / {c['min']:.3f} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("design", nargs="?", default="gauss")
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--holdouts", type=int, default=20)
+    ap.add_argument("--only", type=int, nargs="*", help="these holdout seeds instead (exploring)")
     ap.add_argument("--targets", type=int, default=40)
     ap.add_argument("--seed0", type=int, default=0)
     ap.add_argument("--draws", type=int, default=200)
     ap.add_argument("--tag", default="run")
+    ap.add_argument("--others", action="store_true",
+                    help="also the no-shift test's false Shifted and the prior interval's coverage per holdout")
     ap.add_argument("--power-targets", type=int, default=10, help="the first this many targets also shifted")
     ap.add_argument("--inflation", type=float, default=None, help="holdout_inflation (default: the test's)")
     ap.add_argument("--summary", action="store_true")
     a = ap.parse_args()
     if a.summary:
         print(table(sorted(OUT.glob("*.json"))))
+        print(table_others(sorted(OUT.glob("*.json"))))
         return
-    res = run(a.design, a.n, a.holdouts, a.targets, a.seed0, a.draws, a.inflation, a.power_targets)
+    res = run(a.design, a.n, a.only or a.holdouts, a.targets, a.seed0, a.draws, a.inflation, a.power_targets, a.others)
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"{a.design}_n{a.n}_s{a.seed0}_{a.tag}.json"
     path.write_text(json.dumps(res))
