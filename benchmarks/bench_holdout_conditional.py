@@ -19,8 +19,15 @@ Designs
 * ``digits``: scikit-learn's logistic regression on its 8x8 digits (the zoo's lr-digits outputs on the 60% of the
   rows it was not trained on, log-probabilities as logits): holdout 500 rows, targets of 55 of the other rows.
 
-    python benchmarks/bench_holdout_conditional.py gauss --n 1000 --holdouts 10 --targets 40 --tag before
-    python benchmarks/bench_holdout_conditional.py --summary      # every saved run, as the README's table
+``--inflation KAPPA`` sets ``holdout_inflation`` (1: the test before; default: the test's own); ``--others`` adds,
+per holdout, the no-shift test's false Shifted on fresh targets at p_t = p_s and the 95% source-aware prior
+interval's coverage of the label-shifted targets' p_t; ``--only SEED ...`` runs those holdout seeds alone.
+Results: benchmarks/out/holdout_conditional/DESIGN_nN_sSEED0_TAG.json (per holdout, every target's p-values).
+
+    python benchmarks/bench_holdout_conditional.py gauss --n 1000 --holdouts 20 --inflation 1 --tag before
+    python benchmarks/bench_holdout_conditional.py gauss --n 1000 --holdouts 20 --seed0 100 --others --tag after
+    python benchmarks/bench_holdout_conditional.py resnet18 --n 1000 --seed0 100 --tag after
+    python benchmarks/bench_holdout_conditional.py --summary      # every saved run, as the README's tables
 """
 from __future__ import annotations
 
