@@ -81,7 +81,7 @@ def _with_log_odds(inp: _TestInputs, rc: _RegionCounts, fit: _RegionsFit, method
     else:
         pi, q_null = fit.pi, fit.q
     part = log_odds_test(inp.Ph, inp.y, inp.Pt, inp.bootstrap_draws, inp.seed,
-                         _world_shares(rc.regions, pi, q_null, inp.p), q_null, side)
+                         _world_shares(rc.regions, pi, q_null, inp.p), q_null, side, inp.holdout_inflation)
     extra = dict(fit.extra)
     extra.update(p_value_regions=fit.p_value, p_value_log_odds=part.p_value, log_odds_statistic=part.statistic,
                  p_value_log_odds_diagonal=part.p_value_diagonal, p_value_log_odds_block=part.p_value_block,
@@ -110,7 +110,8 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
                      min_region_rows: int = MIN_REGION_ROWS, max_confidence_bins: int = MAX_CONFIDENCE_BINS,
                      class_names=None, method: str = "likelihood-ratio", calibration: str = "bootstrap",
                      bootstrap_draws: int = BOOTSTRAP_DRAWS, seed: int = 0,
-                     log_odds: bool | None = None, prepared: PreparedHoldout | None = None) -> LabelShiftTest:
+                     log_odds: bool | None = None, prepared: PreparedHoldout | None = None,
+                     holdout_inflation: float | None = None) -> LabelShiftTest:
     """Test H0: the target differs from the source by label shift only (p_t(x | y) = p_s(x | y), Garg et al. 2020,
     Section 2), from the calibrated outputs of one classifier on a labelled holdout and on unlabelled target rows.
 
@@ -129,6 +130,11 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     ``combine_p_values(p_regions, p_log_odds)`` = min(1, p_regions / 0.3, p_log_odds / 0.7) (weighted Bonferroni,
     :data:`REGIONS_SHARE` = 0.3), both parts in ``extra``. Per-region z-scores rank where the target disagrees
     (they ignore the estimation of w; the p-value does not).
+
+    Given one holdout: its histograms' error is fixed for every target tested against it, so both bootstraps draw
+    the holdout's error ``holdout_inflation`` (kappa) times over in variance (:mod:`.holdout_noise`): the rate of
+    false rejections given the holdout, over label-shifted targets, stays near or below the level for all but rare
+    holdouts (kappa = 1: valid only on average over holdouts; ``docs/label_shift_test.md``, "Given one holdout").
 
     Assumes independent rows; the regions and the calibrator (both fit on the holdout) are held fixed. Validity
     does not need calibrated outputs (the identity holds for any fixed f), only the regions' meaning does. It
@@ -156,6 +162,9 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
             k <= BLOCK_MAX_CLASSES = 20 classes, not above (its size at k = 100 is not the level, see the docs).
         prepared: optional, :func:`prepare_holdout` of this holdout with this region rule, for many tests against
             one holdout: its work on the holdout is reused (the result is the same).
+        holdout_inflation: kappa >= 1, the variance factor of the holdout's error in the bootstraps' draws (None,
+            the default: :data:`HOLDOUT_INFLATION` = 2; 1: the law averaged over holdouts, the test before); recorded in
+            ``extra["holdout_inflation"]`` with the bootstrap calibration.
 
     Returns:
         :class:`LabelShiftTest`.
@@ -163,10 +172,12 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     Raises:
         InputError: shapes or classes that do not match, a class with too few holdout rows, a holdout smaller than
             :data:`MIN_HOLDOUT` or a target smaller than :data:`MIN_TARGET`, weights that are not the MLLS optimum,
+            ``holdout_inflation`` below 1 or not a number,
             ``prepared`` made from another holdout or region rule.
     """
     inp = _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
-                       max_confidence_bins, class_names, method, calibration, bootstrap_draws, seed, log_odds)
+                       max_confidence_bins, class_names, method, calibration, bootstrap_draws, seed, log_odds,
+                       holdout_inflation)
     if prepared is not None and not prepared.matches(inp.Ph, inp.y, inp.min_region_rows, inp.max_confidence_bins):
         raise InputError("prepared was made from another holdout or region rule than this test's; pass "
                          "prepare_holdout(holdout_probs, holdout_labels) of this holdout with the same "

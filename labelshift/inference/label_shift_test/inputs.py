@@ -12,6 +12,7 @@ from ...errors import InputError
 from ...estimation.solvers import mlls_newton
 from ..mlls_inputs import certified_weights
 from .holdout import _check_holdout_size, _check_int, _check_log_odds, _class_rows
+from . import holdout_noise
 #: ... and target sets smaller than this
 MIN_TARGET = 50
 
@@ -65,11 +66,12 @@ class _TestInputs(NamedTuple):
     bootstrap_draws: int
     seed: int
     log_odds: bool
+    holdout_inflation: float = 1.0  # kappa of holdout_noise (the checked inputs always carry it)
 
 
 def _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
                  max_confidence_bins, class_names, method, calibration, bootstrap_draws, seed,
-                 log_odds) -> _TestInputs:
+                 log_odds, holdout_inflation=None) -> _TestInputs:
     """The arguments of :func:`label_shift_test` checked (InputError as documented there)."""
     Ph = check_probabilities(holdout_probs, "holdout_probs", 2)
     n, k = Ph.shape
@@ -95,8 +97,21 @@ def _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_pr
     bootstrap_draws = _check_int(bootstrap_draws, "bootstrap_draws", 19)
     log_odds = _check_log_odds(log_odds, k)
     seed = _check_int(seed, "seed", 0)
+    holdout_inflation = _check_inflation(holdout_inflation)
     p = n_y / n if source_prior is None else check_prior(source_prior, "source_prior", k)
     w_given = None if weights is None else _mlls_weights(Pt, p, weights)
     return _TestInputs(Ph=Ph, y=y, Pt=Pt, n_y=n_y, p=p, w_given=w_given, min_region_rows=min_region_rows,
                        max_confidence_bins=max_confidence_bins, bootstrap_draws=bootstrap_draws, seed=seed,
-                       log_odds=log_odds)
+                       log_odds=log_odds, holdout_inflation=holdout_inflation)
+
+
+def _check_inflation(value) -> float:
+    """``holdout_inflation`` as a float >= 1, None meaning holdout_noise.HOLDOUT_INFLATION (read at each call);
+    InputError otherwise."""
+    if value is None:
+        value = holdout_noise.HOLDOUT_INFLATION
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(value) or value < 1.0:
+        raise InputError(f"holdout_inflation must be a finite number >= 1 (1: the holdout's error drawn as it is, "
+                         f"the law averaged over holdouts), got {value!r}.")
+    return float(value)

@@ -31,6 +31,7 @@ from scipy import sparse
 from scipy.stats import chi2
 
 from ... import rows as _rows
+from .holdout_noise import drawn_rows
 from .sequential import DRAW_BATCH, STOP_EXCEEDANCES, stopping_draw
 
 LOG_ODDS_FLOOR = -30.0
@@ -359,7 +360,7 @@ class _WorldDraws(NamedTuple):
     F2w: sparse.csr_matrix      # and their squares
     F2k: sparse.csr_matrix      # the squares of the kept moments
     cdfs: list                  # per class the cumulative world weights its holdout rows are drawn by
-    n_y: np.ndarray             # (k,) holdout rows per class (rows a draw takes of each)
+    n_y: np.ndarray             # (k,) rows a draw takes of each class (holdout_noise.drawn_rows)
     draws: int                  # B
     picks: dict                 # the state of the holdout rows' stream (one uniform a row, class by class)
     target: np.random.Generator  # the target's stream, positioned after every holdout row of every draw
@@ -378,6 +379,7 @@ class _Draws(NamedTuple):
     fb_full: np.ndarray         # (draws, moments) the target draws' means
     fb: np.ndarray              # fb_full on the kept moments
     var_b: np.ndarray           # and their variances
+    rows: np.ndarray            # (k,) the holdout rows each class's draws took
 
 
 class _BlockData(NamedTuple):
@@ -448,13 +450,14 @@ def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int,
 
 
 def _world_draws(hm: _HoldoutMoments, y: np.ndarray, P, draws: int, seed: int, responsibilities,
-                 q_world: np.ndarray) -> _WorldDraws:
+                 q_world: np.ndarray, inflation: float = 1.0) -> _WorldDraws:
     """The bootstrap world and the random streams of its draws (seeded by ``seed``; :func:`_draw_batch` makes the
-    draws: each class's n_y holdout rows and the target's m rows, classes from ``q_world``)."""
+    draws: each class's r_y = drawn_rows(n_y, inflation) holdout rows -- n_y at inflation 1 -- and the target's m
+    rows, classes from ``q_world``)."""
     # the bootstrap world (_world): class y's rows are its holdout rows plus the target rows in the share the null
     # fit gives y, so that a (class, output) pair the holdout shows a handful of times enters at the target's rate;
     # the holdout's n_y rows of each class and the target's m rows (classes from q_world) are drawn from it
-    k, m, n_y = hm.n_y.size, P.shape[0], hm.n_y
+    k, m, n_y = hm.n_y.size, P.shape[0], drawn_rows(hm.n_y, inflation)
     rng = np.random.default_rng([seed, 0x10DD5])
     sub = np.sort(rng.choice(m, size=min(m, WORLD_TARGET_ROWS), replace=False))
     Zt = np.asarray(P[sub], dtype=np.float64)
@@ -488,7 +491,7 @@ def _draw_moments(hm: _HoldoutMoments, wd: _WorldDraws, sl: slice, m: int, bd: _
     """The moments of the draws ``sl``: the holdout's per-class means and second moments, the target's means and
     variances. With ``bd`` (the block statistic) the holdout's moments are read off its block sums of u u', which
     hold them (row c of block c: the indicator and the log-odds; the diagonal: their squares)."""
-    k, n_y, keep, Fw = hm.n_y.size, hm.n_y, hm.keep, wd.Fw
+    k, n_y, keep, Fw = hm.n_y.size, wd.n_y, hm.keep, wd.Fw        # means over the rows drawn
     picked, counts_t = _draw_batch(wd, sl)
     b, d = counts_t.shape[0], int(keep.sum())
     held = None
@@ -511,7 +514,7 @@ def _draw_moments(hm: _HoldoutMoments, wd: _WorldDraws, sl: slice, m: int, bd: _
         second[part] = np.asarray(F2k.T @ ct).T / m
     fb = fb_full[:, keep]
     return _Draws(Mb=Mb, E2b=E2b, held=held, counts_t=counts_t, fb_full=fb_full, fb=fb,
-                  var_b=np.maximum(second - fb ** 2, 0.0))
+                  var_b=np.maximum(second - fb ** 2, 0.0), rows=n_y)
 
 
 def _held_block_sums(bd: _BlockData, picked: list) -> np.ndarray:
@@ -587,8 +590,8 @@ def _block_draws(bd: _BlockData, hm: _HoldoutMoments, dr: _Draws, m: int) -> np.
     k, n_y, layout, rows = hm.n_y.size, hm.n_y, bd.layout, bd.order.size
     b_boot = np.empty(dr.counts_t.shape[0])
     for sl in _rows.blocks(b_boot.size, max(1, min(_BLOCK_CHUNK // k ** 4, _TARGET_CHUNK // rows))):
-        E2c = dr.held[sl] / n_y[None, :, None, None, None]                       # (b, y, c, a, a)
-        Mc = np.moveaxis(dr.held[sl][:, :, np.arange(bd.kept.size), bd.kept, :] / n_y[None, :, None, None],
+        E2c = dr.held[sl] / dr.rows[None, :, None, None, None]                   # (b, y, c, a, a)
+        Mc = np.moveaxis(dr.held[sl][:, :, np.arange(bd.kept.size), bd.kept, :] / dr.rows[None, :, None, None],
                          1, -1)                                                  # (b, c, a, y): row c of block c
         T2c = _block_sums(bd, dr.counts_t[sl][:, bd.order].astype(np.float64)) / m
         b_boot[sl] = _block_statistic(dr.fb_full[sl][:, layout], T2c, Mc, E2c, n_y, m, bd.pooled)[0]
@@ -608,7 +611,7 @@ def _draw_statistics(hm: _HoldoutMoments, wd: _WorldDraws, bd: _BlockData | None
 
 
 def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, responsibilities,
-                  q_world: np.ndarray, side: HoldoutSide | None = None) -> LogOddsPart:
+                  q_world: np.ndarray, side: HoldoutSide | None = None, inflation: float = 1.0) -> LogOddsPart:
     """The log-odds part (module docstring). S (n, k) holdout outputs, y its labels (every class present), P the
     target outputs (m, k; read in row blocks), at most ``draws`` bootstrap draws from ``seed``. The bootstrap world
     is the completed data of a null fit: ``responsibilities(rows)`` gives, for target output rows (T, k), each
@@ -621,7 +624,8 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     statistic, 0.083 without; ``draws_used`` the draws computed); otherwise, after all the draws, each gets
     p = (1 + #{draws >= it}) / (draws + 1) and the part's p-value is their smallest p / STATISTIC_WEIGHTS share,
     calibrated by the same draws (:func:`_combined`). ``side``: :func:`holdout_side` of (S, y), when already
-    computed (the same result)."""
+    computed (the same result). ``inflation``: kappa, each class's holdout rows in a draw are drawn_rows(n_y,
+    kappa) (:mod:`.holdout_noise`), the studentisation keeps n_y: the law carries the holdout's error kappa times."""
     k = S.shape[1]
     m = P.shape[0]
     hm = _holdout_moments(S, y, P, k, side)
@@ -639,7 +643,7 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
               "sum": np.maximum(np.sign(np.sum(z[odds])) * np.bincount(owner, weights=z * odds, minlength=k), 0)}
     statistics = {"diagonal": s, "sum": t_sum}
     fields = {"statistic": s, "moments": d, "sum_statistic": t_sum}
-    wd = _world_draws(hm, y, P, draws, seed, responsibilities, q_world)
+    wd = _world_draws(hm, y, P, draws, seed, responsibilities, q_world, inflation)
     bd = _block_data(hm, wd.Zt, m) if hm.block else None
     if bd is not None:
         statistics["block"] = fields["block_statistic"] = bd.stat

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import rows as _rows
+from .holdout_noise import drawn_rows
 from .log_odds import BLOCK_MAX_CLASSES
 from .squarem import squarem_batch
 #: up to this many classes the regions' null fit and its bootstrap run on the dense (classes, regions) table (where
@@ -117,19 +118,23 @@ def _null_fit_batch(N: np.ndarray, T: np.ndarray, q0: np.ndarray, pi0: np.ndarra
 
 
 def _bootstrap_null(pi: np.ndarray, q: np.ndarray, n_y: np.ndarray, m: int, draws: int, seed: int,
-                    batch: int | None = None):
-    """Parametric bootstrap of the likelihood ratio from the fitted null: holdout counts N*_y ~ Multinomial(n_y,
-    pi_y) with the holdout's class sizes, target counts T* ~ Multinomial(m, sum_y q_y pi_y), each refitted by the
-    batched EM. Yields the statistics of ``batch`` draws at a time (all ``draws`` at once when None), in draw
-    order: the draws are made up front, so that each draw's statistic does not depend on the batching and a
-    consumer that stops early (:func:`sequential_p_value`) leaves the later draws unfitted."""
+                    batch: int | None = None, inflation: float = 1.0):
+    """Parametric bootstrap of the likelihood ratio from the fitted null: holdout counts N*_y = (n_y / r_y)
+    Multinomial(r_y, pi_y), r_y = :func:`drawn_rows` (n_y, inflation) -- the holdout's class sizes and, at
+    inflation kappa > 1, kappa times its sampling variance --, target counts T* ~ Multinomial(m, sum_y q_y pi_y),
+    each refitted by the batched EM. Yields the statistics of ``batch`` draws at a time (all ``draws`` at once when
+    None), in draw order: the draws are made up front, so that each draw's statistic does not depend on the
+    batching and a consumer that stops early (:func:`sequential_p_value`) leaves the later draws unfitted."""
     rng = np.random.default_rng([seed, 0x15])
     k, J = pi.shape
     pi = np.maximum(pi, 0.0)
     pi = pi / pi.sum(axis=1, keepdims=True)
     mix = q @ pi
     mix = mix / mix.sum()
-    Nb = rng.multinomial(n_y.astype(np.int64), pi, size=(draws, k)).astype(np.float64)
+    rows = drawn_rows(n_y, inflation)
+    Nb = rng.multinomial(rows, pi, size=(draws, k)).astype(np.float64)
+    if inflation != 1.0:
+        Nb *= (np.asarray(n_y, dtype=np.float64) / rows)[None, :, None]
     Tb = rng.multinomial(int(m), mix, size=draws).astype(np.float64)
     for sl in _rows.blocks(draws, batch or draws):
         yield _null_fit_batch(Nb[sl], Tb[sl], q, pi)

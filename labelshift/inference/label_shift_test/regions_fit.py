@@ -173,14 +173,16 @@ def _likelihood_ratio_fit(inp: _TestInputs, rc: _RegionCounts, calibration: str)
     extra = {"em_iterations": iters, "calibration": calibration, "p_value_chi2": p_chi2}
     if calibration == "bootstrap":
         draws, seed = inp.bootstrap_draws, inp.seed
-        batches = (_bootstrap_null(pi, q, n_y, m, draws, seed, DRAW_BATCH) if dense
-                   else sparse_bootstrap_null(pi, q, n_y, m, draws, seed, own, region_group, DRAW_BATCH))
+        kappa = inp.holdout_inflation
+        batches = (_bootstrap_null(pi, q, n_y, m, draws, seed, DRAW_BATCH, kappa) if dense
+                   else sparse_bootstrap_null(pi, q, n_y, m, draws, seed, own, region_group, DRAW_BATCH,
+                                              inflation=kappa))
         p_value, exceed, used = sequential_p_value(stat, batches, draws)
         if exceed == 0:
             # beyond every draw: the bootstrap resolves no p-value below 1/(B+1), so a level below that could
             # never reject; there the chi^2 tail (conservative under the null, as measured) says how far out
             p_value = min(p_value, p_chi2)
-        extra.update(bootstrap_draws=draws, seed=seed, bootstrap_draws_used=used)
+        extra.update(bootstrap_draws=draws, seed=seed, bootstrap_draws_used=used, holdout_inflation=kappa)
     else:
         p_value = p_chi2
     return _RegionsFit(stat=stat, dof=dof, p_value=p_value, w=q / p, q=q, pi=pi, expected=expected,

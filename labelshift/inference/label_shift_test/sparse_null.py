@@ -24,6 +24,7 @@ import numpy as np
 from scipy import sparse
 
 from ... import rows as _rows
+from .holdout_noise import drawn_rows
 from .squarem import squarem_batch
 
 
@@ -93,9 +94,9 @@ def sparse_null_fit(N: np.ndarray, T: np.ndarray, q0: np.ndarray, own: np.ndarra
 
 def sparse_bootstrap_null(pi: np.ndarray, q: np.ndarray, n_y: np.ndarray, m: int, draws: int, seed: int,
                           own: np.ndarray, region_group: np.ndarray, batch: int | None = None, tol: float = 1e-9,
-                          max_iter: int = 500):
+                          max_iter: int = 500, inflation: float = 1.0):
     """The parametric bootstrap of :func:`sparse_null_fit`'s statistic from its fit (pi, q): per class y,
-    N*_y ~ Multinomial(n_y, pi_y) (on pi's support), T* ~ Multinomial(m, sum_y q_y pi_y); each draw refitted on
+    N*_y ~ (n_y / r_y) Multinomial(r_y, pi_y) (on pi's support; r_y = holdout_noise.drawn_rows(n_y, inflation)), T* ~ Multinomial(m, sum_y q_y pi_y); each draw refitted on
     its own support S(N*) (started at the fit, masked to it) by the batched EM. Yields the statistics of ``batch``
     draws at a time (all at once when None), in draw order; the draws are made up front, so that a draw's
     statistic does not depend on the batching."""
@@ -104,9 +105,10 @@ def sparse_bootstrap_null(pi: np.ndarray, q: np.ndarray, n_y: np.ndarray, m: int
     sup = _Support(pi > 0)
     start = sup.normalised(pi[sup.y, sup.r][None])[0]
     N = np.zeros((draws, start.size))
+    rows = drawn_rows(n_y, inflation)
     for c in range(k):
         sl = slice(sup.first[c], sup.first[c + 1])
-        N[:, sl] = rng.multinomial(int(n_y[c]), start[sl] / start[sl].sum(), size=draws)
+        N[:, sl] = rng.multinomial(int(rows[c]), start[sl] / start[sl].sum(), size=draws) * (n_y[c] / rows[c])
     qs = np.maximum(np.asarray(q, dtype=np.float64), 1e-3 / k)
     qs = qs / qs.sum()
     mix = sup.region_sums((qs[sup.y] * start)[None])[0]

@@ -40,19 +40,25 @@ def holdout(n, rng):
 def test_size_under_label_shift_within_binomial_tolerance():
     # 200 independent null draws (fresh holdout of n = 1000 and target of m = 2000 each, target priors from
     # Dirichlet(1)), nominal 5%. If the true size were the goal's 7%, the number of rejections would exceed
-    # binom.ppf(0.999, 200, 0.07) = 25 with probability 0.1%: that is the bound. It also must not be absurdly
-    # conservative: at a true size of 2% the count is below binom.ppf(0.001, 200, 0.02) = 0 only 0.1% of the time,
-    # so we ask for at least one rejection.
+    # binom.ppf(0.999, 200, 0.07) = 25 with probability 0.1%: that is the bound. With the holdout's error drawn
+    # HOLDOUT_INFLATION = 2 times over (valid given the holdout, holdout_noise.py) the size averaged over holdouts is
+    # far below the level by design (linearised: P(chi^2_d > (1 + rho) c) with rho about m / (m + n) = 2/3, under
+    # 0.1% at d = 10), so the old lower bound (at least one rejection, for a size of at least 2%) holds only for the
+    # law averaged over holdouts, holdout_inflation = 1: checked on the first 50 draws' regions p-values there (a
+    # size of 2% gives no rejection in 50 with probability 36%, so instead: their median, 0.5 for uniform p-values
+    # with sd 0.5 / sqrt(50) = 0.07, within 0.3 of it -- more than 4 sd; the early stop's p-values are valid too).
     rng = np.random.default_rng(20261126)
-    rejections = 0
-    for _ in range(200):
+    rejections, averaged = 0, []
+    for i in range(200):
         S, ys = holdout(1000, rng)
         xt, _ = draw(rng.dirichlet(np.ones(K)), 2000, rng)
         res = label_shift_test(S, ys, posterior(xt))
         assert 0.0 <= res.p_value <= 1.0 and res.statistic >= 0.0
         rejections += res.rejects(0.05)
+        if i < 50:
+            averaged.append(label_shift_test(S, ys, posterior(xt), holdout_inflation=1.0).extra["p_value_regions"])
     assert rejections <= binom.ppf(0.999, 200, 0.07)
-    assert rejections >= 1
+    assert 0.2 < np.median(averaged) < 0.8
 
 
 def test_rejects_a_new_class_and_names_the_region():
@@ -73,8 +79,15 @@ def test_rejects_a_new_class_and_names_the_region():
     assert f"predicted class {top.predicted_classes[0]}, confidence 0.00-" in top.name
     assert res.summary().startswith("Not label shift: p = ")
     assert "(regions chi2 = " in res.summary() and "log-odds profiles p = " in res.summary()
-    assert label_shift_test(S, ys, posterior(xt), log_odds=False).summary().startswith("Not label shift: chi2 = ")
-    assert top.name in res.summary()
+    # the regions part alone under the law averaged over holdouts (holdout_inflation=1): at the default, which draws
+    # the holdout's error twice over (valid given the holdout), its p here is 0.065 -- the cost in power of that
+    # validity against a violation this small (n = 2,000, m = 2,000; docs/label_shift_test.md, "Given one holdout")
+    # (and with it the summary names the region; at the default it names the log-odds part's evidence, the part
+    # that rejects)
+    averaged = label_shift_test(S, ys, posterior(xt), holdout_inflation=1)
+    assert label_shift_test(S, ys, posterior(xt), log_odds=False,
+                            holdout_inflation=1).summary().startswith("Not label shift: chi2 = ")
+    assert top.name in averaged.summary()
 
 
 def test_rejects_covariate_shift_but_not_the_same_data_under_label_shift():
@@ -254,9 +267,11 @@ def test_bootstrap_calibration_is_deterministic_and_reported():
     assert 1.0 / 201 <= a.p_value <= 1.0                                   # Monte Carlo p-value (1 + #) / (B + 1)
     d = label_shift_test(S, ys, P, seed=1, bootstrap_draws=99)
     assert d.extra["bootstrap_draws"] == 99 and 1.0 / 100 <= d.p_value <= 1.0
-    # under label shift both references agree roughly (the Monte Carlo error of a p-value near 0.5 with 200 draws
-    # has sd 0.035; the chi-squared reference is conservative near the boundary, so allow 0.3)
-    assert abs(a.p_value - c.p_value) < 0.3
+    # under label shift the bootstrap law averaged over holdouts (holdout_inflation=1) and chi^2 agree roughly (the
+    # Monte Carlo error of a p-value near 0.5 with 200 draws has sd 0.035; the chi-squared reference is conservative
+    # near the boundary, so allow 0.3); the default law carries the holdout's error twice over: a larger p-value
+    a1 = label_shift_test(S, ys, P, log_odds=False, holdout_inflation=1)
+    assert a1.statistic == a.statistic and abs(a1.p_value - c.p_value) < 0.3
 
 
 # -- the log-odds part --------------------------------------------------------------------------------------------
@@ -295,7 +310,9 @@ def test_log_odds_part_keeps_its_level_without_calibration(temperature):
         xs, ys = draw(SOURCE_PRIOR, 1000, rng)
         xt, _ = draw(rng.dirichlet(np.ones(K)), 2000, rng)
         S, P = posterior(xs / temperature), posterior(xt / temperature)
-        p.append(label_shift_test(S, ys, P).extra["p_value_log_odds"])
+        # the law averaged over holdouts (holdout_inflation=1) is the one whose level this checks; the default
+        # carries the holdout's error twice over and is conservative on average (its mean p-value here about 0.9)
+        p.append(label_shift_test(S, ys, P, holdout_inflation=1).extra["p_value_log_odds"])
     p = np.asarray(p)
     assert np.sum(p < 0.05) <= binom.ppf(0.999, 40, 0.07)
     assert 0.3 <= p.mean() <= 0.7
@@ -374,13 +391,14 @@ def test_sum_statistic_sees_class_means_pulled_together_or_pushed_apart(factor, 
     S, ys = holdout(1000, rng)
     centre = MEANS.mean(axis=0)
     xt, _ = draw(rng.dirichlet(np.full(K, 5.0)), 2000, rng, means=centre + factor * (MEANS - centre))
-    x = label_shift_test(S, ys, posterior(xt)).extra
+    # at 1% under the law averaged over holdouts; the default (the holdout's error twice over) gives 0.015-0.03 here
+    x = label_shift_test(S, ys, posterior(xt), holdout_inflation=1).extra
     assert x["p_value_log_odds_sum"] < 0.01 and x["p_value_log_odds"] < 0.01
 
 
 def test_log_odds_part_names_the_class_the_leaning_rows_are_predicted():
     S, ys, P = _leaning_rows(1)
-    res = label_shift_test(S, ys, P)
+    res = label_shift_test(S, ys, P, holdout_inflation=1)     # at 1%: the law averaged over holdouts (see above)
     x = res.extra
     assert x["p_value_log_odds_block"] < 0.01 and x["p_value_log_odds"] < 0.01 and res.rejects(0.01)
     assert x["log_odds_class"] in (0, 1)

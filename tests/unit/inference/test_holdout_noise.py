@@ -1,0 +1,76 @@
+"""The holdout's error in the label-shift test's reference laws (label_shift_test.holdout_noise): both bootstraps
+draw each class's holdout rows as if the holdout had ceil(n_y / kappa) of them, so that the law carries the
+holdout's sampling variance kappa times over; kappa = 1 is the test averaged over holdouts (the draws of before)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from labelshift.errors import InputError
+from labelshift.inference.label_shift_test import label_shift_test
+from labelshift.inference.label_shift_test import log_odds as lot
+from labelshift.inference.label_shift_test.holdout_noise import HOLDOUT_INFLATION, drawn_rows
+from labelshift.inference.label_shift_test.null_fit import _bootstrap_null
+
+from .test_label_shift_test import K, SOURCE_PRIOR, draw, holdout, posterior
+
+
+def test_drawn_rows():
+    n_y = np.array([2, 3, 5, 1000, 1001])
+    assert np.array_equal(drawn_rows(n_y, 1.0), n_y)
+    assert np.array_equal(drawn_rows(n_y, 2.0), [2, 2, 3, 500, 501])        # ceil(n / 2), at least 2, at most n
+    assert np.array_equal(drawn_rows(n_y, 3.0), [2, 2, 2, 334, 334])
+    assert HOLDOUT_INFLATION >= 1.0
+
+
+def test_regions_bootstrap_carries_the_holdouts_error_kappa_times():
+    # with the target's error negligible (m = 10^7 against n_y = 2,000: its share of the variance about 1e-3) the
+    # likelihood ratio of a draw is kappa times what it is at kappa = 1 (the holdout's deviations kappa times their
+    # variance, weighed as n_y rows; about chi^2_{J-k} at kappa = 1): 400 draws on one seed, the ratio of the means
+    # within 19% of kappa (each mean's relative se sqrt(2 / d) / 20 = 0.025, a ratio's at most 0.035: 4 se, plus 5%
+    # for the finite-sample bias, as test_bootstrap_follows_the_chi_squared_law_when_wilks_applies)
+    rng = np.random.default_rng(8)
+    k, J = 4, 12
+    pi = rng.dirichlet(np.full(J, 5.0), size=k)
+    q = np.array([0.2, 0.3, 0.25, 0.25])
+    n_y = np.array([2000] * 4)
+    mean = {kappa: np.concatenate(list(_bootstrap_null(pi, q, n_y, 10_000_000, 400, 0, 100, kappa))).mean()
+            for kappa in (1.0, 2.0, 3.0)}
+    for kappa in (2.0, 3.0):
+        assert abs(mean[kappa] / mean[1.0] / kappa - 1.0) <= 0.19
+    # kappa = 1 is the bootstrap of before, draw for draw
+    assert np.array_equal(np.concatenate(list(_bootstrap_null(pi, q, n_y, 20_000, 40, 3, None, 1.0))),
+                          np.concatenate(list(_bootstrap_null(pi, q, n_y, 20_000, 40, 3))))
+
+
+def test_log_odds_draws_carry_the_holdouts_error_kappa_times():
+    # each class's mean moments in a draw average r_y = ceil(n_y / kappa) rows drawn with replacement from the
+    # world, so their variance over draws is n_y / r_y times that at kappa = 1 (about 2 at kappa = 2); 600 draws:
+    # each variance has relative sd sqrt(2 / 599) = 0.058, a ratio about 0.082 (0.16 at ratio 2); the mean ratio of
+    # a class's moments within 0.4 of n_y / r_y (more than 4 sd of a single moment's ratio)
+    rng = np.random.default_rng(3)
+    S, ys = holdout(1200, rng)
+    xt, _ = draw(np.array([0.4, 0.3, 0.2, 0.1]), 3000, rng)
+    P = posterior(xt)
+    hm = lot._holdout_moments(S, ys, P, K)
+    var = {}
+    for kappa in (1.0, 2.0):
+        wd = lot._world_draws(hm, ys, P, 600, 5, lambda Z: Z, SOURCE_PRIOR, kappa)
+        assert np.array_equal(wd.n_y, drawn_rows(hm.n_y, kappa))
+        var[kappa] = lot._draw_moments(hm, wd, slice(0, 600), P.shape[0]).Mb.var(axis=0)        # (d, k)
+    ok = var[1.0] > 1e-10
+    for c in range(K):
+        ratio = float(np.mean(var[2.0][ok[:, c], c] / var[1.0][ok[:, c], c]))
+        assert abs(ratio - hm.n_y[c] / drawn_rows(hm.n_y, 2.0)[c]) < 0.4
+
+
+def test_holdout_inflation_is_checked_and_recorded():
+    rng = np.random.default_rng(4)
+    S, ys = holdout(800, rng)
+    P = posterior(draw(SOURCE_PRIOR, 1000, rng)[0])
+    for bad in (0.5, True, float("nan"), "2"):
+        with pytest.raises(InputError, match="holdout_inflation"):
+            label_shift_test(S, ys, P, holdout_inflation=bad, bootstrap_draws=19)
+    res = label_shift_test(S, ys, P, bootstrap_draws=39)
+    assert res.extra["holdout_inflation"] == HOLDOUT_INFLATION
+    assert label_shift_test(S, ys, P, bootstrap_draws=39, holdout_inflation=1).extra["holdout_inflation"] == 1.0
