@@ -177,9 +177,11 @@ def test_deployment_processes_new_batches_once_writes_outputs_and_logs_the_drift
         assert [h["batches"] for h in watermark["history"]] == [["day-1.npy", "day-2.npy"], ["day-3.npy"]]
         day3 = json.loads(_get(seaweed, s3_bucket, "target/day-3.summary.json"))["result"]
         assert day3["n_target"] == 2000
-        # judged at 1% the label-shift test lets day-3 through (at 5% it would have withheld its outputs)
+        # judged at its own level, 1%, the label-shift test lets day-3 through (at the law averaged over holdouts,
+        # holdout_inflation = 1, its p-value was in [0.01, 0.05): 5% would have withheld its outputs; with the
+        # holdout's error carried, kappa = 2, it is 0.42 -- the level's use is tested in tests/unit/inference)
         assert day3["significance"] == 0.05 and day3["label_shift_significance"] == 0.01
-        assert 0.01 <= day3["label_shift_test"]["p_value"] < 0.05 and day3["label_shift_ok"] is True
+        assert day3["label_shift_test"]["p_value"] >= 0.01 and day3["label_shift_ok"] is True
         assert second.state.name == "Shifted" and "(test level 0.01)" in day3["label_shift_summary"]
         assert {k: _get(seaweed, s3_bucket, f"target/{k}.corrected.npy") for k in before} == before
         history = client.get_metric_history(monitor.info.run_id, "prior/2")
