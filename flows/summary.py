@@ -395,9 +395,9 @@ class _PlainText:
                 f"  outputs:    {_corrected_files(n)} beside the batches under {summary['target']}"
                 + (f" -- none written: {summary['outputs_withheld']}" if summary.get("outputs_withheld") else
                    " (NAME.corrected.npy or .corrected.parquet: p_t(y|x) per row; NAME.summary.json: this run's "
-                   "summary)" if n else ""),
+                   "summary; in a local folder each file's checksum in NAME....sha256 beside it)" if n else ""),
                 f"  state:      {summary['target'].rstrip('/')}/_labelshift/ (the watermark: which batches are "
-                "counted; each file's .sha256 beside it) -- docs/reestimation.md, \"Layout\""]
+                "counted) -- docs/reestimation.md, \"Layout\""]
 
 
 def _mlflow_lines(ml: dict) -> list[str]:
