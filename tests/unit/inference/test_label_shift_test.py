@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.numbers import ATOL, RTOL, assert_close_nested
+from tests.close import ATOL, RTOL, assert_close_nested
 from scipy.stats import binom
 
 from labelshift import MLLS
@@ -247,7 +247,7 @@ def test_bootstrap_follows_the_chi_squared_law_when_wilks_applies():
     q = np.array([0.2, 0.3, 0.25, 0.25])
     boot = np.concatenate(list(_bootstrap_null(pi, q, np.array([2000, 2000, 2000, 2000]), 20_000, 400, 0)))
     # fitted in batches, each draw's statistic is the same (the draws are made up front; the fits' sums in another
-    # order: equal to float64 rounding, tests/numbers.py)
+    # order: equal to float64 rounding, tests/close.py)
     np.testing.assert_allclose(np.concatenate(list(_bootstrap_null(pi, q, np.array([2000] * 4), 20_000, 400, 0, 64))),
                                boot, rtol=RTOL, atol=ATOL)
     d = J - k

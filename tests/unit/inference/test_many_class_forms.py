@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.numbers import ATOL, RTOL
+from tests.close import ATOL, RTOL
 
 from labelshift.inference.label_shift_test import DENSE_MAX_CLASSES, label_shift_test
 from labelshift.inference.label_shift_test import log_odds as lot
@@ -84,7 +84,7 @@ def test_sparse_null_fit_keeps_its_support_and_its_bootstrap_is_reproducible():
     b = np.concatenate(list(sparse_bootstrap_null(pi, q, N.sum(axis=1), 2000, 25, 7, own, region_group)))
     assert np.array_equal(a, b) and np.all(a >= 0.0) and np.ptp(a) > 0
     # fitted in batches of 4 draws, each draw's statistic is the one fitted with all 25 at once (the same counts;
-    # the fits' sums in another order: equal to float64 rounding, tests/numbers.py)
+    # the fits' sums in another order: equal to float64 rounding, tests/close.py)
     batched = list(sparse_bootstrap_null(pi, q, N.sum(axis=1), 2000, 25, 7, own, region_group, 4))
     assert [x.size for x in batched] == [4] * 6 + [1]
     np.testing.assert_allclose(np.concatenate(batched), a, rtol=RTOL, atol=ATOL)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.numbers import assert_close_nested
+from tests.close import assert_close_nested
 
 from labelshift import AssessmentSettings, Holdout, Target
 from labelshift.errors import InputError
