@@ -224,16 +224,21 @@ def main(argv=None) -> int:
     got = run_chunks(one_run, work, max(1, args.jobs), t0)
     rows = {(n, size): summarise(got[(n, size)]) for n in names for size in sizes if (n, size) in got}
     section = SECTION + (f" ({args.label})" if args.label else "")
-    argv_text = " ".join(argv if argv is not None else sys.argv[1:])
-    lines = [section, "", f"Run {_dt.date.today().isoformat()}: `python benchmarks/{Path(__file__).name} "
-             f"{argv_text}` on {cpu_model()}, nproc {os.cpu_count()} (shared), Python {platform.python_version()}, "
-             f"numpy {np.__version__}; {(time.perf_counter() - t0) / 60:.0f} min. Bias: the mean over seeds of the "
+    lines = [section, "", f"{_run_line(argv, t0)} Bias: the mean over seeds of the "
              "estimate minus the population p_t, for the class where it is largest (standard error in brackets); "
              "coverage of the 95% interval on p_t (mean over classes / worst class). The cases: "
              "`labelshift/experiments/zoo.py` (MisspecifiedCase); the path: `tests/zoo_support.py`.", "",
              *table(rows)]
     publish(section, lines, args.write_readme, README)
     return 0
+
+
+def _run_line(argv, t0: float) -> str:
+    """The command, the machine and the minutes of a run, as each section opens."""
+    argv_text = " ".join(argv if argv is not None else sys.argv[1:])
+    return (f"Run {_dt.date.today().isoformat()}: `python benchmarks/{Path(__file__).name} {argv_text}` on "
+            f"{cpu_model()}, nproc {os.cpu_count()} (shared), Python {platform.python_version()}, numpy "
+            f"{np.__version__}; {(time.perf_counter() - t0) / 60:.0f} min.")
 
 
 def zoo_main(args, argv) -> int:
@@ -246,10 +251,7 @@ def zoo_main(args, argv) -> int:
     t0 = time.perf_counter()
     got = run_chunks(zoo_run, work, max(1, args.jobs), t0)
     section = "## The miscalibration check on the zoo: off and on" + (f" ({args.label})" if args.label else "")
-    argv_text = " ".join(argv if argv is not None else sys.argv[1:])
-    lines = [section, "", f"Run {_dt.date.today().isoformat()}: `python benchmarks/{Path(__file__).name} "
-             f"{argv_text}` on {cpu_model()}, nproc {os.cpu_count()} (shared); "
-             f"{(time.perf_counter() - t0) / 60:.0f} min. Each seed's reference and target once, assessed with "
+    lines = [section, "", f"{_run_line(argv, t0)} Each seed's reference and target once, assessed with "
              "the check off (the report as before it) and on. Coverage of the 95% interval on the population p_t "
              "over the runs called Shifted or No shift; width: the mean over classes of upper - lower, on over off, "
              "averaged over runs.", "", *zoo_table({n: got.get(n, []) for n in names})]

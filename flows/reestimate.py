@@ -243,10 +243,22 @@ def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
     commit = git_commit()
     if commit:
         tags["mlflow.source.git.commit"] = commit
-    return start_reestimation_run(run.tracking_uri, run.env.experiment_name, run.env.artifact_root,
-                                  model_name=bundle.name, target_url=run.store.uri, run_name=f"reestimate-{sequence}",
-                                  params=params, tags=tags, history=run.watermark.history, sequence=sequence,
-                                  flow_run_id=flow_run_id)
+    try:
+        return start_reestimation_run(run.tracking_uri, run.env.experiment_name, run.env.artifact_root,
+                                      model_name=bundle.name, target_url=run.store.uri,
+                                      run_name=f"reestimate-{sequence}", params=params, tags=tags,
+                                      history=run.watermark.history, sequence=sequence, flow_run_id=flow_run_id)
+    except BaseException as exc:      # MLflow lost as the runs are created: said as such, like any later loss
+        _raise_if_mlflow_lost(exc, run.tracking_uri)
+        raise
+
+
+def _raise_if_mlflow_lost(exc: BaseException, tracking_uri: str) -> None:
+    """The sentence of a lost MLflow tracking server (:func:`tasks.tracking.tracking_server_lost`) raised in place of
+    ``exc`` when it is one; nothing otherwise (the caller re-raises ``exc``)."""
+    lost = tracking_server_lost(exc, tracking_uri)
+    if lost is not None:
+        raise lost from exc
 
 
 def _end_failed_run(exc: BaseException, run: RunContext) -> None:
@@ -541,21 +553,13 @@ def reestimate(
     corrected_as = (check_corrected_name(env.tracking_uri, p.model, p.corrected_model_name)
                     if p.register_corrected else None)
     segment_values = _read_segments(run, batches)     # checked before anything is written
-    try:
-        run.mlflow = _start_run(run, len(batches))
-    except BaseException as exc:      # MLflow lost as the runs are created: said as such, like any later loss
-        lost = tracking_server_lost(exc, run.tracking_uri)
-        if lost is not None:
-            raise lost from exc
-        raise
+    run.mlflow = _start_run(run, len(batches))
     try:
         # 3.-6. score, assess and log, write the outputs, then -- only then -- move the watermark
         outcome = _assess_and_commit(run, batches, segment_values, corrected_as)
     except BaseException as exc:
         _end_failed_run(exc, run)
-        lost = tracking_server_lost(exc, run.tracking_uri)
-        if lost is not None:
-            raise lost from exc
+        _raise_if_mlflow_lost(exc, run.tracking_uri)
         raise
     if outcome.committed is None:
         return _no_valid_data(run, outcome.summary)

@@ -106,6 +106,14 @@ def _test_result(inp: _TestInputs, rc: _RegionCounts, fit: _RegionsFit, method: 
                                  "max_confidence_bins": inp.max_confidence_bins, **fit.extra})
 
 
+def _check_prepared(prepared, inp: _TestInputs) -> None:
+    """InputError unless ``prepared`` is None or was made from this holdout with this region rule."""
+    if prepared is not None and not prepared.matches(inp.Ph, inp.y, inp.min_region_rows, inp.max_confidence_bins):
+        raise InputError("prepared was made from another holdout or region rule than this test's; pass "
+                         "prepare_holdout(holdout_probs, holdout_labels) of this holdout with the same "
+                         "min_region_rows and max_confidence_bins, or prepared=None.")
+
+
 def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=None, source_prior=None,
                      min_region_rows: int = MIN_REGION_ROWS, max_confidence_bins: int = MAX_CONFIDENCE_BINS,
                      class_names=None, method: str = "likelihood-ratio", calibration: str = "bootstrap",
@@ -178,10 +186,7 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     inp = _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
                        max_confidence_bins, class_names, method, calibration, bootstrap_draws, seed, log_odds,
                        holdout_inflation)
-    if prepared is not None and not prepared.matches(inp.Ph, inp.y, inp.min_region_rows, inp.max_confidence_bins):
-        raise InputError("prepared was made from another holdout or region rule than this test's; pass "
-                         "prepare_holdout(holdout_probs, holdout_labels) of this holdout with the same "
-                         "min_region_rows and max_confidence_bins, or prepared=None.")
+    _check_prepared(prepared, inp)
     rc = _region_counts(inp, prepared)
     fit = _likelihood_ratio_fit(inp, rc, calibration) if method == "likelihood-ratio" else _wald_fit(inp, rc)
     if inp.log_odds:
