@@ -65,7 +65,7 @@ from labelshift.inference.report import ShiftReport, Verdict, check_holdout
 from labelshift.inference.segments import SegmentSettings, correction_record
 from labelshift.inference.settings import AssessmentSettings
 from labelshift.rows import joined
-from labelshift.monitoring.listing import find_new_batches
+from labelshift.monitoring.listing import NoBatchError, find_new_batches
 from labelshift.monitoring.watermark import Watermark, check_owner, commit_watermark, read_watermark
 from labelshift.storage import open_store
 from labelshift.storage.base import Store
@@ -79,7 +79,7 @@ from tasks.reestimation.outputs import write_for_reestimation
 from tasks.reestimation.references import load_for_reestimation
 from tasks.reestimation.runs import (ReestimationRun, catch_up_monitor, end_run, history_record, log_reestimation,
                                      log_rejections, render_figure, start_reestimation_run, sync_monitor)
-from tasks.reestimation.scoring import score_for_reestimation
+from tasks.reestimation.scoring import expected_batches, score_for_reestimation
 from tasks.reestimation.segments import (assess_segments, check_segmentable, log_segments, read_segment_values,
                                          segment_values_of)
 from tasks.reestimation.serving import check_corrected_name, register_if_shifted
@@ -539,7 +539,10 @@ def reestimate(
 
     # 2. what is new for this model (fails on an empty or missing target, or one another model's runs count)
     store = open_store(target_uri)
-    batches, watermark = find_new_batches(store, on_changed=p.on_changed)
+    try:
+        batches, watermark = find_new_batches(store, on_changed=p.on_changed)
+    except NoBatchError as exc:         # said for this model's kind of batches
+        raise exc.for_model(expected_batches(_load_model(p, settings, env.tracking_uri, logger), store.uri)) from None
     check_owner(watermark, model_name, store.uri)
     run = RunContext(p, settings, p.segments(), env, store, target_uri, watermark, logger, started)
     if not batches:

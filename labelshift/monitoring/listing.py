@@ -18,7 +18,7 @@ from ..storage import LocalStore, ObjectInfo, Store
 from .layout import CORRECTED_SUFFIX, STATE_PREFIX, ChangedBatchError, TargetBatch, is_batch_key
 from .watermark import Watermark, read_watermark, rejected_fingerprint
 
-__all__ = ["list_batches", "find_new_batches"]
+__all__ = ["list_batches", "find_new_batches", "NoBatchError", "ANY_MODEL_BATCHES"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,28 @@ def list_batches(store: Store, watermark: Watermark | None = None) -> list[Targe
     return _scan(store, watermark)[1]
 
 
-def _no_batch_message(store: Store, keys: list[str]) -> str:
+#: what a target's batches are, whatever the model (a caller that knows the model says it exactly)
+ANY_MODEL_BATCHES = (
+    "a NAME.parquet file: your model's logged outputs, one column per class, for a reference registered with "
+    "`labelshift reference register`, or its input feature columns for a registered scikit-learn or pyfunc model; "
+    "or NAME.npy, a float array of shape (n, *model input shape) saved with numpy.save")
+
+
+class NoBatchError(InputError):
+    """A target that holds no batch and never counted one. ``uri`` and ``why`` are kept so that a caller which knows
+    the model can say exactly which batches it takes (:meth:`for_model`)."""
+
+    def __init__(self, uri: str, why: str, expected: str = ANY_MODEL_BATCHES):
+        self.uri, self.why = uri, why
+        super().__init__(f"no target batch under {uri}: {why}. Write each batch of new data there as {expected}; "
+                         f"*{CORRECTED_SUFFIX} outputs and keys under {STATE_PREFIX} are not batches.")
+
+    def for_model(self, expected: str) -> "NoBatchError":
+        """The same error, saying what this model's batches are (``expected``, a phrase after "as")."""
+        return NoBatchError(self.uri, self.why, expected)
+
+
+def _no_batch_error(store: Store, keys: list[str]) -> NoBatchError:
     if isinstance(store, LocalStore) and not store.root.is_dir():
         why = "the folder does not exist"
     elif not keys:
@@ -87,15 +108,7 @@ def _no_batch_message(store: Store, keys: list[str]) -> str:
         others = [k for k in keys if not k.startswith(STATE_PREFIX)]
         shown = ", ".join(repr(k) for k in others[:5]) + (", ..." if len(others) > 5 else "")
         why = f"it holds {len(keys)} object(s) but none is an input batch" + (f" ({shown})" if shown else "")
-    return (
-        f"no target batch under {store.uri}: {why}. Write each batch of new data there as a NAME.parquet file "
-        f"(e.g. {store.url('2026/01/31/part-0.parquet')}): your model's logged outputs, one column per class, for a "
-        "reference registered with `labelshift reference register`, or its input feature columns for a registered "
-        "scikit-learn or pyfunc model; or as NAME.npy, a float array of shape (n, *model input shape) saved with "
-        f"numpy.save; *{CORRECTED_SUFFIX} outputs and keys under {STATE_PREFIX} are not batches. To try "
-        f"re-estimation with the demo model, `labelshift data simulate-target mnist-5k --to {store.uri}` writes "
-        "label-shifted test images there."
-    )
+    return NoBatchError(store.uri, why)
 
 
 def find_new_batches(
@@ -115,9 +128,9 @@ def find_new_batches(
 
     Returns ``[]`` when every batch was already counted, including when every counted batch has since been deleted
     (retention) and none came. A batch rejected earlier (``watermark.rejected``) whose content is still the one
-    rejected is not returned; with new content it is new again. Raises :class:`InputError` when the target holds no
-    batch and the watermark never counted one (empty or missing prefix), saying which URI and what is expected. Writes
-    nothing.
+    rejected is not returned; with new content it is new again. Raises :class:`NoBatchError` (an InputError) when the
+    target holds no batch and the watermark never counted one (empty or missing prefix), saying which URI and what
+    is expected. Writes nothing.
 
     Only new batches and counted ones whose listing fingerprint differs from the recorded one are hashed (see
     "Cost of a run"). The watermark returned is the one compared against, with its fingerprints brought up to date
@@ -136,7 +149,7 @@ def find_new_batches(
             logger.info("%s: no batch left (all %d counted batch(es) deleted) and none new", store.uri,
                         len(watermark.processed))
             return [], replace(watermark, fingerprints={}, rejected={})
-        raise InputError(_no_batch_message(store, keys))
+        raise _no_batch_error(store, keys)
     # in quarantine: rejected with the content listed now; left alone until that content changes
     listed = {b.key for b in batches}
     held = {b.key for b in batches if watermark.rejected.get(b.key, {}).get("sha256") == b.checksum}

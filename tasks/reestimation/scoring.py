@@ -19,6 +19,7 @@ from labelshift import rows as rows_mod
 from labelshift.monitoring.batches import batch_format, batch_rows, check_one_format, iter_feature_chunks, \
     iter_output_chunks
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
+from labelshift.experiments.training import TRAINING_DEFAULTS
 from labelshift.monitoring.inputs import load_batch
 from labelshift.monitoring.layout import ChangedBatchError, RejectedBatch, TargetBatch
 from labelshift.storage import open_store
@@ -26,7 +27,8 @@ from labelshift_mlflow.registry import ModelBundle
 from labelshift_mlflow.references import ReferenceBundle
 from labelshift_mlflow.scores import forward, model_scores
 
-__all__ = ["ScoredBatches", "forward", "model_scores", "download_batch", "score_for_reestimation"]
+__all__ = ["ScoredBatches", "forward", "model_scores", "download_batch", "score_for_reestimation",
+           "expected_batches"]
 
 
 @dataclass
@@ -40,6 +42,35 @@ class ScoredBatches:
     rejected: list[RejectedBatch] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
     outputs: list[np.ndarray] = field(default_factory=list)
+
+
+def _listed(names, limit: int = 6) -> str:
+    names = [repr(str(n)) for n in names]
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def expected_batches(bundle, target_uri: str) -> str:
+    """What a batch of ``bundle``'s target is, as a phrase for an error (after "write each batch there as"): its
+    format and columns or shape for this model's kind -- prediction logs, a scikit-learn or pyfunc model, PyTorch."""
+    if isinstance(bundle, ModelBundle):
+        shape = ", ".join(str(d) for d in bundle.input_shape)
+        demo = bundle.name.removeprefix("labelshift-")
+        try_it = (f"; to try it, `labelshift data simulate-target {demo} --to {target_uri}` writes label-shifted "
+                  "test images there" if bundle.name.startswith("labelshift-") and demo in TRAINING_DEFAULTS else "")
+        return (f"NAME.npy, a float32 array of shape (n, {shape}) of this PyTorch model's inputs saved with "
+                f"numpy.save{try_it}")
+    if bundle.mode == "outputs":
+        return (f"NAME.parquet, the model's logged outputs ({bundle.output_kind}): one float column per class named "
+                f"{_listed(bundle.class_names)}, or one list column of {bundle.n_classes} floats per row"
+                + (f", and the id column {bundle.id_column!r} if you log one" if bundle.id_column else ""))
+    kind = "scikit-learn" if bundle.mode == "sklearn" else "pyfunc"
+    ways = []
+    if bundle.input_columns:
+        ways.append(f"NAME.parquet with this {kind} model's input columns {_listed(bundle.input_columns)}")
+    if bundle.input_shape:
+        shape = ", ".join(str(d) for d in bundle.input_shape)
+        ways.append(f"NAME.npy, a float array of shape (n, {shape}) of its inputs saved with numpy.save")
+    return " or ".join(ways) or f"NAME.parquet with this {kind} model's input columns"
 
 
 def _check_formats(bundle, store, batches: list[TargetBatch]) -> str:

@@ -144,6 +144,12 @@ def test_prediction_logs_as_parquet_are_reestimated_with_class_names(prefect_ser
     state = _run(reference["model_uri"], reference["tracking_uri"], f"s3://{s3_bucket}/logs/")
     assert state.name == "No new data"
 
+    # an empty target names a reference's batches: its outputs' columns by class name, nothing about inputs
+    state = _run(reference["model_uri"], reference["tracking_uri"], f"s3://{s3_bucket}/logs-empty/")
+    assert state.is_failed() and "no target batch under" in state.message, state.message
+    assert "the model's logged outputs (logits): one float column per class named 'digit-0'" in state.message
+    assert "input" not in state.message and "simulate-target" not in state.message, state.message
+
 
 def test_a_sklearn_model_scores_tabular_parquet_batches(prefect_server, mlflow_s3_server, digits, seaweed,
                                                         s3_bucket):
@@ -155,6 +161,11 @@ def test_a_sklearn_model_scores_tabular_parquet_batches(prefect_server, mlflow_s
     x, y = digits["hold"]
     info = register_sklearn_model(digits["model"], pd.DataFrame(x, columns=columns), y, name="digits-sklearn",
                                   tracking_uri=mlflow_s3_server.url)
+    # an empty target names this model's batches: its input columns, not outputs, .npy images or the demo
+    state = _run(info["model_uri"], mlflow_s3_server.url, f"s3://{s3_bucket}/tab-empty/")
+    assert state.is_failed() and "no target batch under" in state.message, state.message
+    assert "NAME.parquet with this scikit-learn model's input columns 'px0', 'px1'" in state.message, state.message
+    assert "(64 in all)" in state.message and "simulate-target" not in state.message, state.message
     xs, _ = _shifted(digits, 800, 7)
     _put(seaweed, s3_bucket, "tab/a.parquet", _parquet({c: xs[:, i] for i, c in enumerate(columns)}))
     state = _run(info["model_uri"], mlflow_s3_server.url, f"s3://{s3_bucket}/tab/")

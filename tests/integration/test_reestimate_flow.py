@@ -251,6 +251,8 @@ def _assert_clean_failure(state, registry, seaweed, bucket, prefix, before, matc
 def test_empty_and_missing_targets_fail_clearly(prefect_server, registry, seaweed, s3_bucket, tmp_path):
     state = _run_flow(registry, f"s3://{s3_bucket}/nothing-here/")
     _assert_clean_failure(state, registry, seaweed, s3_bucket, "", [], ["no target batch"])
+    assert "NAME.npy, a float32 array of shape (n, 2) of this PyTorch model's inputs" in state.message
+    assert "reference register" not in state.message, state.message
     missing = tmp_path / "no-such-folder"
     state = _run_flow(registry, str(missing))
     assert state.is_failed() and "batch" in state.message.lower(), state.message

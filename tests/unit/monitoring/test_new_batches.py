@@ -16,7 +16,7 @@ from labelshift.errors import FormatError, InputError, ObjectNotFoundError, Stor
 from labelshift.monitoring.inputs import load_batch
 from labelshift.monitoring.layout import (CORRECTED_SUFFIX, STATE_PREFIX, SUMMARY_SUFFIX, WATERMARK_KEY,
                                           ChangedBatchError, TargetBatch)
-from labelshift.monitoring.listing import find_new_batches, list_batches
+from labelshift.monitoring.listing import NoBatchError, find_new_batches, list_batches
 from labelshift.monitoring.outputs import write_batch_outputs
 from labelshift.monitoring.watermark import Watermark, commit_watermark, read_watermark
 from labelshift import storage
@@ -252,11 +252,17 @@ def test_missing_s3_prefix_and_bucket(s3_bucket, seaweed):
         find_new_batches(missing)
 
 
-def test_no_batch_says_how_to_simulate_batches_at_that_target(tmp_path):
+def test_no_batch_names_every_kind_of_batch_and_a_caller_that_knows_the_model_names_its_own(tmp_path):
     target = open_store(f"file://{tmp_path}/target")
-    with pytest.raises(InputError) as info:
+    with pytest.raises(NoBatchError) as info:
         find_new_batches(target)
-    assert f"`labelshift data simulate-target mnist-5k --to file://{tmp_path}/target`" in str(info.value)
+    assert isinstance(info.value, InputError)
+    said = str(info.value)
+    assert "`labelshift reference register`" in said and "NAME.npy" in said and "scikit-learn or pyfunc" in said
+    own = info.value.for_model("NAME.parquet with columns 'a', 'b'")
+    assert str(own).startswith(f"no target batch under file://{tmp_path}/target: the folder does not exist. Write "
+                               "each batch of new data there as NAME.parquet with columns 'a', 'b'; ")
+    assert "NAME.npy" not in str(own) and isinstance(own, NoBatchError)
 
 
 def test_all_batches_deleted_after_a_run_is_no_new_data(store):
