@@ -319,6 +319,19 @@ def _load_model(files: VersionFiles, doc: dict | None, flavors: dict):
     return "pyfunc", mlflow.pyfunc.load_model(str(files.model_dir))
 
 
+def _without_reference(model_uri: str, mv, flavors: dict) -> str:
+    """The error for a model version logged with MLflow alone: no calibrator, no labelled holdout beside it."""
+    kind = "scikit-learn" if "sklearn" in flavors else "pyfunc"
+    how = ("register it with labelshift_mlflow.register_sklearn_model(model, holdout_x, holdout_y, name=...)"
+           if kind == "scikit-learn" else
+           "log them into its run with labelshift_mlflow.artifacts.log_reestimation_reference(client, run_id, "
+           "calibrator, holdout_outputs, holdout_labels)")
+    return (f"{model_uri} (version {mv.version}) is a {kind} model logged without what re-estimation needs beside it "
+            f"(a calibrator and the labelled holdout's outputs, {REFERENCE_ARTIFACT}): {how}; or, to re-estimate from "
+            "the model's prediction logs instead, register its holdout's outputs with `labelshift reference register "
+            "--holdout FILE --label-column COL --outputs logits|probabilities --name NAME`.")
+
+
 def _reference_bundle(model_uri: str, name: str, alias: str | None, mv, files: VersionFiles, doc: dict | None,
                       calibrator: str, columns, shape, flavors: dict) -> ReferenceBundle:
     """A reference or a non-PyTorch model of version ``mv``, read from its downloaded and checked ``files``."""
@@ -327,6 +340,8 @@ def _reference_bundle(model_uri: str, name: str, alias: str | None, mv, files: V
         raise FormatError(f"reference {model_uri} (version {mv.version}) has no class names in {REFERENCE_JSON}; "
                           "register it again with the class names (--class-names a,b,c).")
     cal_doc = _run_json(files, calibrator_artifact(calibrator))
+    if cal_doc is None and doc is None and files.run_file(REFERENCE_ARTIFACT) is None:
+        raise ObjectNotFoundError(_without_reference(model_uri, mv, flavors))
     if cal_doc is None:
         raise ObjectNotFoundError(f"{model_uri} (version {mv.version}, run {mv.run_id}) has no calibrator "
                                   f"{calibrator_artifact(calibrator)}; pick the one it was registered with "

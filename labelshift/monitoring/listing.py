@@ -99,6 +99,11 @@ class NoBatchError(InputError):
         return NoBatchError(self.uri, self.why, expected)
 
 
+def _suffix(key: str) -> str:
+    """A batch key's format suffix (``.parquet``, ``.npy``)."""
+    return key[key.rfind("."):] if "." in key.rsplit("/", 1)[-1] else ""
+
+
 def _no_batch_error(store: Store, keys: list[str]) -> NoBatchError:
     if isinstance(store, LocalStore) and not store.root.is_dir():
         why = "the folder does not exist"
@@ -163,8 +168,9 @@ def find_new_batches(
         more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
         raise ChangedBatchError(
             f"{len(changed)} batch(es) already counted have changed content under the same key: {listed}{more}. "
-            "A batch is counted once; put new data under a new key (e.g. NAME-v2.npy) and restore the original "
-            "content, or, to count the new content in place of the old, run with on_changed='reprocess'.",
+            f"A batch is counted once; put new data under a new key (e.g. NAME-v2{_suffix(next(iter(changed)))}) and "
+            "restore the original content, or, to count the new content in place of the old, run with "
+            "on_changed='reprocess' (`labelshift estimate --reprocess-changed`).",
             changed,
         )
     new = [b for b in batches if b.key not in watermark.processed or b.key in changed]

@@ -186,6 +186,28 @@ def test_a_sklearn_model_scores_tabular_parquet_batches(prefect_server, mlflow_s
     assert {k: _get(seaweed, s3_bucket, k) for k in _keys(seaweed, s3_bucket, "tab/")} == before
 
 
+def test_a_model_logged_with_mlflow_alone_is_told_how_to_register_it(prefect_server, mlflow_s3_server, digits,
+                                                                     seaweed, s3_bucket):
+    """A scikit-learn model logged and registered with MLflow alone has no calibrator and no holdout beside it: the
+    run fails naming register_sklearn_model and the prediction-log way, not a calibrator file to pick."""
+    import mlflow
+    import pandas as pd
+
+    columns = [f"px{i}" for i in range(64)]
+    mlflow.set_tracking_uri(mlflow_s3_server.url)
+    with mlflow.start_run():
+        mlflow.sklearn.log_model(digits["model"], name="model", registered_model_name="digits-plain",
+                                 input_example=pd.DataFrame(digits["hold"][0][:2], columns=columns))
+    xs, _ = _shifted(digits, 100, 3)
+    _put(seaweed, s3_bucket, "plain/a.parquet", _parquet({c: xs[:, i] for i, c in enumerate(columns)}))
+    state = _run("models:/digits-plain/1", mlflow_s3_server.url, f"s3://{s3_bucket}/plain/")
+    assert state.is_failed(), state
+    assert "is a scikit-learn model logged without what re-estimation needs" in state.message, state.message
+    assert "register_sklearn_model(model, holdout_x, holdout_y" in state.message, state.message
+    assert "`labelshift reference register --holdout FILE" in state.message, state.message
+    assert _keys(seaweed, s3_bucket, "plain/") == ["plain/a.parquet"]
+
+
 def _bad_cases(digits):
     good = _log_batch(digits, 100, 50)
     logits = np.column_stack([good[c] for c in NAMES])

@@ -441,6 +441,7 @@ def test_changed_batch_is_refused_unless_reprocessing_is_asked_for(store):
         find_new_batches(store)
     message = str(error.value)
     assert store.url("a.npy") in message and "under a new key" in message and "on_changed='reprocess'" in message
+    assert "(e.g. NAME-v2.npy)" in message and "`labelshift estimate --reprocess-changed`" in message
     assert error.value.changed == {"a.npy": (first.processed["a.npy"], store.checksum("a.npy"))}
     assert isinstance(error.value, InputError)
     assert snapshot(store) == before
