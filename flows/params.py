@@ -297,6 +297,19 @@ REESTIMATE_EXPERIMENT = "reestimation"
 INTERVAL_ERROR = "estimator_interval"
 
 Estimator = Literal[registry.REESTIMATION_ESTIMATORS]
+
+
+@dataclasses.dataclass(frozen=True)
+class Logged:
+    """When a ``reestimate`` parameter is an MLflow param of its re-estimation run (Annotated metadata of the
+    parameter, read by :meth:`ReestimateParameters.as_mlflow_params`): ``"always"`` (the default), ``"given"`` (only
+    when set), ``"segments"`` (only with ``segment_column``) or ``"never"`` (where or how a run runs, not what it
+    computes: its inputs' location is logged resolved, as ``target``)."""
+
+    when: Literal["always", "given", "segments", "never"] = "always"
+
+
+NOT_LOGGED, LOGGED_WHEN_GIVEN, LOGGED_WITH_SEGMENTS = Logged("never"), Logged("given"), Logged("segments")
 Interval = Literal[registry.INTERVALS]
 
 ModelParam = Annotated[str, Field(
@@ -308,7 +321,7 @@ TargetParam = Annotated[str | None, Field(
     description="Where the new unlabelled data arrives: s3://bucket/prefix/ or a local folder. Every *.npy or "
                 "*.parquet under it is a batch: model inputs (.npy: shape (n, *input shape), float; .parquet: the "
                 "model's feature columns) or, for a registered reference, the model's logged outputs (prediction "
-                "logs, docs/reestimation.md).")]
+                "logs, docs/reestimation.md)."), NOT_LOGGED]
 CalibratorParam = Annotated[str, Field(
     description="Which calibrator logged beside the model to apply (BCTS, TS, VS, NBVS).")]
 EstimatorParam = Annotated[Estimator, Field(
@@ -334,35 +347,37 @@ LabelShiftSignificanceParam = Annotated[float | None, Field(
                                 "(no corrected outputs written) when its p-value is below this. Smaller (e.g. 0.01) "
                                 "withholds the outputs of truly label-shifted data less often (on about this "
                                 "fraction of such runs) and catches fewer violations (a new class, input drift). "
-                                "When not set: the value of `significance`.")]
+                                "When not set: the value of `significance`."), LOGGED_WHEN_GIVEN]
 NBootstrapParam = Annotated[int, Field(**BOUNDS["n_bootstrap"].constraints(), description=(
     f"Bootstrap resamples (`interval='bootstrap'`), {BOUNDS['n_bootstrap'].describe()}."))]
 SeedParam = Annotated[int, Field(**BOUNDS["seed"].constraints(), description="Seed of the bootstrap.")]
 TrackingParam = Annotated[str | None, Field(
-    description="MLflow tracking URI; default MLFLOW_TRACKING_URI, else the local SQLite store.")]
-ExperimentParam = Annotated[str, Field(min_length=1, description="MLflow experiment of the re-estimation runs.")]
+    description="MLflow tracking URI; default MLFLOW_TRACKING_URI, else the local SQLite store."), NOT_LOGGED]
+ExperimentParam = Annotated[str, Field(min_length=1, description="MLflow experiment of the re-estimation runs."),
+                            NOT_LOGGED]
 MaxWidthParam = Annotated[float | None, Field(
     **BOUNDS["max_interval_width"].constraints(), description="Threshold: the estimate is also untrustworthy when the interval on some weight w_y is wider "
                         "than this (1.0 = as wide as the whole no-shift weight). When not set: no width check.")]
 OnChangedParam = Annotated[Literal["error", "reprocess"], Field(
     description="A batch already counted whose content changed under the same key: 'error' (default) fails the run "
-                "naming it; 'reprocess' counts its new content in place of the old.")]
+                "naming it; 'reprocess' counts its new content in place of the old."), NOT_LOGGED]
 OnInvalidParam = Annotated[Literal["quarantine", "error"], Field(
     description="A new batch that fails its checks (not a .npy array, wrong dtype or shape, NaN, corrupt): "
                 "'quarantine' (default) records it in the watermark as rejected, with its reason, and goes on with "
                 "the good batches (it is tried again once its content changes); 'error' fails the run, naming every "
                 "bad batch, and counts nothing.")]
-BatchSizeParam = Annotated[int, Field(ge=1, le=1_000_000, description="Rows per forward pass of the model.")]
+BatchSizeParam = Annotated[int, Field(ge=1, le=1_000_000, description="Rows per forward pass of the model."),
+                           NOT_LOGGED]
 RegisterCorrectedParam = Annotated[bool, Field(
     description="On a 'Shifted' verdict (trusted, label shift not rejected), register a new version of the corrected "
                 "model in the MLflow registry -- the deployed model (or, for prediction logs, its outputs) with its "
                 "calibrator and the estimated weights, as a pyfunc returning p_t(y|x) -- and move its alias "
-                "'shift-corrected' to it. Never under any other verdict. See docs/serving.md.")]
+                "'shift-corrected' to it. Never under any other verdict. See docs/serving.md."), NOT_LOGGED]
 CorrectedModelNameParam = Annotated[str | None, Field(
     min_length=1, pattern=r"^[^/@:]+$",
     description="Registry name of the corrected model (with register_corrected). A registered model of that name "
                 "must not exist yet or be one this flow made (tag labelshift.kind = shift-corrected). When not set: "
-                "<deployed model's name>-shift-corrected.")]
+                "<deployed model's name>-shift-corrected."), NOT_LOGGED]
 
 SegmentColumnParam = Annotated[str | None, Field(
     min_length=1,
@@ -370,17 +385,17 @@ SegmentColumnParam = Annotated[str | None, Field(
                 "segment (e.g. region): besides the pooled estimate, one estimate per segment -- verdict, interval, "
                 "label-shift test, accuracy -- against the shared holdout, logged as segment.<name>.* metrics, a "
                 "table and a figure. Every row needs a value; not for .npy batches. The pooled verdict alone drives "
-                "the outputs, the watermark, the alerts and the corrected model. See docs/reestimation.md.")]
+                "the outputs, the watermark, the alerts and the corrected model. See docs/reestimation.md."), LOGGED_WITH_SEGMENTS]
 MinSegmentSizeParam = Annotated[int, Field(
     **SEGMENT_BOUNDS["min_size"].constraints(),
     description=f"Segments with fewer rows are reported as too small (with their size) instead of assessed (with "
-                f"segment_column); {SEGMENT_BOUNDS['min_size'].describe()}. See docs/reestimation.md for why 200.")]
+                f"segment_column); {SEGMENT_BOUNDS['min_size'].describe()}. See docs/reestimation.md for why 200."), LOGGED_WITH_SEGMENTS]
 SegmentProcessesParam = Annotated[int, Field(
     **SEGMENT_BOUNDS["processes"].constraints(),
     description=f"Worker processes that assess the segments (with segment_column): 0 = automatic -- one per CPU "
                 f"the run may use (at most one per segment) once the assessed segments hold {PROCESS_ROWS:,} rows "
                 "in all, else none; 1 = none (each segment in its task's thread); N = N. The results are the same "
-                "either way. See docs/reestimation.md.")]
+                "either way. See docs/reestimation.md."), NOT_LOGGED]
 SegmentCorrectionParam = Annotated[Literal[CORRECTIONS], Field(
     description="How the segments' tests are read over the run (with segment_column): their p-values adjusted "
                 "across the segments, and the adjusted values decide each segment's verdict. 'holm' (default): "
@@ -389,13 +404,13 @@ SegmentCorrectionParam = Annotated[Literal[CORRECTIONS], Field(
                 "label-shift test's smallest p-values are too small); 'bh' (Benjamini-Hochberg): at most that share of the "
                 "flagged segments wrongly flagged, more of the failing ones found when many fail (assumes the "
                 "segments' tests positively dependent); 'none': each segment at the single-test level (about 5 "
-                "in 100 label-shifted segments called Not label shift by chance). See docs/reestimation.md.")]
+                "in 100 label-shifted segments called Not label shift by chance). See docs/reestimation.md."), LOGGED_WITH_SEGMENTS]
 
 
 class ReestimateParameters(BaseModel):
     """All parameters of the ``reestimate`` flow, validated together: the one definition of their names, types,
-    bounds and defaults, which the flow's signature, the ``labelshift estimate`` options and the deployment's form
-    in the Prefect UI are built from. The statistical settings take their defaults from the domain
+    bounds, defaults and MLflow logging (:class:`Logged`), which the flow's signature, the ``labelshift estimate``
+    options, the deployment's form in the Prefect UI and the run's MLflow params are built from. The statistical settings take their defaults from the domain
     (:data:`labelshift.inference.settings.DEFAULTS`, also those of :func:`labelshift.assess_shift`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -436,6 +451,19 @@ class ReestimateParameters(BaseModel):
             return None
         return SegmentSettings(self.segment_column, self.min_segment_size, self.segment_processes,
                                self.segment_correction)
+
+    def as_mlflow_params(self) -> dict[str, object]:
+        """The parameters a re-estimation run logs to MLflow, as each field's :class:`Logged` mark says (lists
+        comma-joined); the run adds what it resolved (the target's URI, the model version, the batch count)."""
+        out = {}
+        for name, info in type(self).model_fields.items():
+            when = next((m.when for m in info.metadata if isinstance(m, Logged)), "always")
+            value = getattr(self, name)
+            if when == "never" or (when == "given" and value is None) or (when == "segments" and
+                                                                          not self.segment_column):
+                continue
+            out[name] = ",".join(map(str, value)) if isinstance(value, list) else value
+        return out
 
     @model_validator(mode="after")
     def _settings_fit_together(self) -> "ReestimateParameters":

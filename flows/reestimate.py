@@ -229,15 +229,7 @@ def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
     p, bundle = run.params, run.bundle
     sequence = run.watermark.sequence + 1
     flow_run_id, flow_run_name = flow_run_info()
-    params = dict(model=p.model, model_version=bundle.version, target=run.store.uri, calibrator=p.calibrator,
-                  estimator=p.estimator, cross_check=",".join(p.cross_check), interval=p.interval, level=p.level,
-                  significance=p.significance, n_bootstrap=p.n_bootstrap, seed=p.seed, n_batches=n_batches,
-                  max_interval_width=p.max_interval_width, on_invalid=p.on_invalid,
-                  # logged only when given, so that runs without it log the parameters they always did
-                  **({"label_shift_significance": p.label_shift_significance}
-                     if p.label_shift_significance is not None else {}),
-                  **({"segment_column": p.segment_column, "min_segment_size": p.min_segment_size,
-                      "segment_correction": p.segment_correction} if p.segment_column else {}))
+    params = dict(p.as_mlflow_params(), model_version=bundle.version, target=run.store.uri, n_batches=n_batches)
     tags = {FLOW_RUN_TAG: flow_run_id or "", "prefect.flow_run_name": flow_run_name or "",
             "labelshift.sequence": str(sequence)}
     commit = git_commit()

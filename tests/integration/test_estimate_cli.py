@@ -111,6 +111,10 @@ def test_estimate_prints_the_table_and_check_exit_codes(prefect_server, sqlite_m
     params = [client.get_run(h["mlflow_run_id"]).data.params for h in watermark["history"]]
     assert params[-1]["label_shift_significance"] == "0.01" and params[-1]["significance"] == "0.05"
     assert all("label_shift_significance" not in p for p in params[:-1])
+    # every setting the parameter model marks as logged is there, and nothing else but what the run resolved
+    from flows.params import ReestimateParameters
+
+    assert set(params[0]) == set(ReestimateParameters().as_mlflow_params()) | {"model_version", "target", "n_batches"}
 
 
 def test_estimate_failure_exits_1_and_says_nothing_was_written(prefect_server, sqlite_model, tmp_path, capsys):

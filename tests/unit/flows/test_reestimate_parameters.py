@@ -77,3 +77,21 @@ def test_the_cli_options_are_the_parameter_model():
             args = parser.parse_args(["estimate", option_name(name, OPTIONS), str(outside)])
             with pytest.raises(UsageError, match=option_name(name, OPTIONS)):
                 parameters_from_args(args)
+
+
+def test_every_setting_is_logged_to_mlflow_unless_declared_not_to_be():
+    """A field is an MLflow param of the run (with its value) unless its declaration marks it otherwise: adding a
+    setting is its declaration, and the run logs it."""
+    from flows.params import Logged
+
+    marks = {n: next((m.when for m in f.metadata if isinstance(m, Logged)), "always")
+             for n, f in ReestimateParameters.model_fields.items()}
+    everything = ReestimateParameters(label_shift_significance=0.01, segment_column="region", cross_check=["BBSE-hard"],
+                                      max_interval_width=0.5)
+    logged = everything.as_mlflow_params()
+    assert set(logged) == {n for n, when in marks.items() if when != "never"}
+    assert logged["cross_check"] == "BBSE-hard" and logged["max_interval_width"] == 0.5
+    assert logged["segment_column"] == "region" and logged["label_shift_significance"] == 0.01
+    plain = ReestimateParameters().as_mlflow_params()
+    assert set(plain) == {n for n, when in marks.items() if when == "always"}
+    assert {"tracking_uri", "target", "batch_size"} <= {n for n, when in marks.items() if when == "never"}
