@@ -122,8 +122,10 @@ class PeakRSS:
         return self.peak
 
 
-def run_cli(code: Path, env: dict, model_uri: str, target: str, tracking_uri: str, log: Path) -> dict:
-    cmd = [sys.executable, "-m", "flows.cli", "estimate", "--model", model_uri, "--target", target,
+def run_cli(code: Path, env: dict, model_uri: str, target: str, tracking_uri: str, log: Path,
+            cprofile: str | None = None) -> dict:
+    profile = ["-m", "cProfile", "-o", cprofile] if cprofile else []
+    cmd = [sys.executable, *profile, "-m", "flows.cli", "estimate", "--model", model_uri, "--target", target,
            "--tracking-uri", tracking_uri, "--json"]
     env = dict(env, PYTHONPATH=str(code))
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -256,6 +258,9 @@ def main(argv=None) -> int:
                     help="also run the code of this git revision at the full size, in the same run, and report the "
                          "ratio of the wall times (e.g. 7de4d1e: the time of the default path kept)")
     ap.add_argument("--skip-profile", action="store_true")
+    ap.add_argument("--cprofile", metavar="FILE", help="run the full-size command under cProfile, its stats to FILE "
+                                                       "(python -m pstats FILE); its wall time then includes the "
+                                                       "profiler's overhead")
     ap.add_argument("--write-readme", action="store_true")
     args = ap.parse_args(argv)
     command = "python benchmarks/bench_scale.py" + ("" if not (argv or sys.argv[1:]) else
@@ -330,7 +335,8 @@ def main(argv=None) -> int:
             for key, code, chosen in plan:
                 target = upload(key, chosen)
                 print(f"{key}: {sum(rows_of[p.name] for p in chosen):,} rows ...", file=sys.stderr)
-                r = run_cli(code, env, info["model_uri"], target, tracking, tmp / f"{key}.log")
+                r = run_cli(code, env, info["model_uri"], target, tracking, tmp / f"{key}.log",
+                            args.cprofile if key == "streamed-full" else None)
                 r["rows"] = sum(rows_of[p.name] for p in chosen)
                 runs[key] = r
                 print(f"  {r['wall']:.1f} s, peak {gib(r['peak'])} (ru_maxrss {gib(r['maxrss'])}), "
