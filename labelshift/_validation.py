@@ -26,7 +26,7 @@ def as_float_array(x, name: str, ndim: int | tuple[int, ...], check_finite: bool
     if arr.size == 0:
         raise InputError(f"{name} is empty (shape {arr.shape}); pass at least one row and one class.")
     if check_finite:
-        _check_finite(arr, name)
+        require_finite(arr, name)
     return arr
 
 
@@ -36,12 +36,12 @@ def as_float_rows(x, name: str) -> np.ndarray:
     float64; callers read it in row blocks (:func:`labelshift.rows.blocks`)."""
     if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 and x.size and _rows.is_large(x):
         for sl in _rows.blocks(x.shape[0], width=x.shape[1]):
-            _check_finite(x[sl], name)
+            require_finite(x[sl], name)
         return x
     return as_float_array(x, name, 2)
 
 
-def _check_finite(arr: np.ndarray, name: str) -> None:
+def require_finite(arr: np.ndarray, name: str) -> None:
     if not np.all(np.isfinite(arr)):
         bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
         raise InputError(f"{name} contains {bad} NaN or infinite value(s); remove or impute those rows first.")
@@ -87,7 +87,7 @@ def check_probabilities(x, name: str, ndim: int | tuple[int, ...] = 2) -> np.nda
             raise InputError(f"{name} has {arr.shape[-1]} class column(s); label shift needs at least 2 classes.")
         return arr
     # something is wrong: find what, in a fixed order, for the message
-    _check_finite(arr, name)
+    require_finite(arr, name)
     if arr.shape[-1] < 2:
         raise InputError(f"{name} has {arr.shape[-1]} class column(s); label shift needs at least 2 classes.")
     if np.any(arr < 0):

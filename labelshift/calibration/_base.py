@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._validation import ROW_SUM_TOL, _check_finite, as_float_array, check_all_classes_present, check_labels, \
+from .._validation import ROW_SUM_TOL, require_finite, as_float_array, check_all_classes_present, check_labels, \
     check_probabilities
 from ..errors import FormatError, InputError, NotFittedError, ObjectNotFoundError, StorageError
 
@@ -185,7 +185,7 @@ class Calibrator:
         """The fitted calibrator as a JSON-ready dict (see the module docstring for the layout)."""
         self._check_fitted()
         params = self._params_to_dict()
-        params["source_prior"] = _floats(self.source_prior_)
+        params["source_prior"] = float_lists(self.source_prior_)
         return {
             "kind": self.kind,
             "format_version": FORMAT_VERSION,
@@ -295,7 +295,7 @@ def load_calibrator(path_or_dict) -> Calibrator:
 def _check_outputs(outputs, name: str, keep_float32: bool = False) -> np.ndarray:
     if keep_float32 and isinstance(outputs, np.ndarray) and outputs.dtype == np.float32 and outputs.ndim == 2 \
             and outputs.size > PREDICT_BLOCK_ENTRIES:
-        _check_finite(outputs, name)
+        require_finite(outputs, name)
         x = outputs
     else:
         x = as_float_array(outputs, name, 2)
@@ -305,7 +305,7 @@ def _check_outputs(outputs, name: str, keep_float32: bool = False) -> np.ndarray
     return x
 
 
-def _floats(a) -> list:
+def float_lists(a) -> list:
     """A float array as nested lists of Python floats (json writes them with repr precision)."""
     return np.asarray(a, dtype=np.float64).tolist()
 

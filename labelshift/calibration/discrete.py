@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from ._base import Calibrator, _floats, softmax
+from ._base import Calibrator, float_lists, softmax
 
 
 def _row_frequencies(counts: np.ndarray, fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -58,7 +58,7 @@ class ConfusionMatrixCalibrator(Calibrator):
         return self.conditional_[np.argmax(x, axis=1)].copy()
 
     def _params_to_dict(self) -> dict[str, Any]:
-        return {"joint": _floats(self.joint_), "conditional": _floats(self.conditional_),
+        return {"joint": float_lists(self.joint_), "conditional": float_lists(self.conditional_),
                 "empty_rows": self.empty_rows_.tolist()}
 
     def _params_from_dict(self, reader, k):
@@ -166,8 +166,8 @@ class BinningCalibrator(Calibrator):
 
     # -- persistence -----------------------------------------------------------------------------------------
     def _params_to_dict(self) -> dict[str, Any]:
-        return {"edges": _floats(self.edges_), "bin_counts": _floats(self.bin_counts_),
-                "bin_probs": _floats(self.bin_probs_), "empty_bins": self.empty_bins_.tolist()}
+        return {"edges": float_lists(self.edges_), "bin_counts": float_lists(self.bin_counts_),
+                "bin_probs": float_lists(self.bin_probs_), "empty_bins": self.empty_bins_.tolist()}
 
     def _params_from_dict(self, reader, k):
         G, B = (1 if k == 2 else k), int(self.n_bins)

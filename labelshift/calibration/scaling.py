@@ -38,7 +38,7 @@ from scipy.linalg import cho_factor, cho_solve
 from scipy.optimize import minimize
 
 from ..errors import InputError
-from ._base import PREDICT_BLOCK_ENTRIES, Calibrator, _floats, log_probabilities, log_softmax
+from ._base import PREDICT_BLOCK_ENTRIES, Calibrator, float_lists, log_probabilities, log_softmax
 
 _LOG_T_BOUND = 30.0
 #: standard deviation of the fit's Gaussian prior on log T, the vector scales a - 1 and the centred biases
@@ -457,7 +457,7 @@ class BCTS(_ScalingCalibrator):
         return log_softmax(z / self.temperature_ + self.bias_)
 
     def _params_to_dict(self):
-        return {"temperature": self.temperature_, "bias": _floats(self.bias_), "fit_info": self._fit_info()}
+        return {"temperature": self.temperature_, "bias": float_lists(self.bias_), "fit_info": self._fit_info()}
 
     def _params_from_dict(self, reader, k):
         self.temperature_ = reader.scalar("temperature", positive=True)
@@ -485,7 +485,7 @@ class VectorScaling(_ScalingCalibrator):
         return log_softmax(z * self.scale_ + self.bias_)
 
     def _params_to_dict(self):
-        return {"scale": _floats(self.scale_), "bias": _floats(self.bias_), "fit_info": self._fit_info()}
+        return {"scale": float_lists(self.scale_), "bias": float_lists(self.bias_), "fit_info": self._fit_info()}
 
     def _params_from_dict(self, reader, k):
         self.scale_ = reader.array("scale", (k,))
@@ -510,7 +510,7 @@ class NBVS(_ScalingCalibrator):
         return log_softmax(z * self.scale_)
 
     def _params_to_dict(self):
-        return {"scale": _floats(self.scale_), "fit_info": self._fit_info()}
+        return {"scale": float_lists(self.scale_), "fit_info": self._fit_info()}
 
     def _params_from_dict(self, reader, k):
         self.scale_ = reader.array("scale", (k,))

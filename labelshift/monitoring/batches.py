@@ -36,7 +36,7 @@ from ..errors import FormatError, InputError
 __all__ = ["FORMATS", "OUTPUT_KINDS", "OutputSpec", "batch_format", "check_one_format", "iter_output_chunks",
            "read_outputs", "iter_feature_chunks", "read_features", "read_ids", "batch_rows", "iter_ids",
            "metric_names", "default_class_names", "check_class_names", "check_reference",
-           "read_holdout", "Holdout", "PARQUET_CORRECTED_SUFFIX", "read_segments", "check_segment_values"]
+           "read_holdout", "LabelledOutputs", "PARQUET_CORRECTED_SUFFIX", "read_segments", "check_segment_values"]
 
 #: batch suffix -> format name
 FORMATS = {".npy": "npy", ".parquet": "parquet"}
@@ -393,8 +393,10 @@ def read_segments(source, uri: str, column: str) -> np.ndarray:
 
 # -- the reference -----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Holdout:
-    """The labelled holdout of a reference: outputs (n, k), labels 0..k-1, class names, output kind."""
+class LabelledOutputs:
+    """The labelled holdout of a reference as read and checked: raw outputs (n, k), labels 0..k-1, class names, output
+    kind (the holdout re-estimation assesses against, with calibrated outputs, is
+    :class:`labelshift.inference.holdout.Holdout`)."""
 
     outputs: np.ndarray
     labels: np.ndarray
@@ -402,7 +404,7 @@ class Holdout:
     output_kind: str
 
 
-def check_reference(outputs, labels, class_names, output_kind: str, what: str = "the holdout") -> Holdout:
+def check_reference(outputs, labels, class_names, output_kind: str, what: str = "the holdout") -> LabelledOutputs:
     """Check a labelled holdout for a reference: finite (n, k) outputs of the declared kind, k named classes, labels
     (class names or indices 0..k-1) with at least one example of every class."""
     x = np.asarray(outputs, dtype=np.float64)
@@ -441,11 +443,11 @@ def check_reference(outputs, labels, class_names, output_kind: str, what: str = 
                          f"{len(names)}: {', '.join(names)}); the calibrator and the confusion matrix need every "
                          "class. Add labelled examples of each class to the holdout, or drop the class from the "
                          "model's outputs.")
-    return Holdout(x, y, names, output_kind)
+    return LabelledOutputs(x, y, names, output_kind)
 
 
 def read_holdout(path: str | Path, *, label_column: str, output_kind: str, class_names: Sequence[str] | None = None,
-                 output_column: str | None = None) -> Holdout:
+                 output_column: str | None = None) -> LabelledOutputs:
     """A labelled holdout from a Parquet file: the label column, and the outputs as one float column per class (the
     class names are the column names unless ``class_names`` picks them) or one list column (``class_names`` then
     required)."""

@@ -27,13 +27,13 @@ class SolverResult(NamedTuple):
     hessian: np.ndarray | None = None
 
 
-def _unbatch(res: SolverResult, single: bool) -> SolverResult:
+def unbatch(res: SolverResult, single: bool) -> SolverResult:
     if not single:
         return res
     return SolverResult(res.weights[0], bool(res.converged[0]), int(res.iterations[0]), float(res.optimality[0]))
 
 
-def _as_batch(probs, mask=None):
+def as_batch(probs, mask=None):
     """(S, M, k) float array, (S, M) row weights, and whether the input was a single (m, k) set."""
     P = np.asarray(probs, dtype=np.float64)
     single = P.ndim == 2
@@ -53,12 +53,12 @@ def _as_batch(probs, mask=None):
     return P, c, single
 
 
-def _prior_batch(prior, S: int, k: int) -> np.ndarray:
+def prior_batch(prior, S: int, k: int) -> np.ndarray:
     p = np.asarray(prior, dtype=np.float64)
     return np.broadcast_to(p, (S, k)).copy()
 
 
-def _weights_batch(weights, S: int, k: int) -> np.ndarray:
+def weights_batch(weights, S: int, k: int) -> np.ndarray:
     w = np.asarray(weights, dtype=np.float64)
     return np.broadcast_to(w if w.ndim == 2 else w[None], (S, k)).copy()
 
@@ -71,7 +71,7 @@ def _weights_batch(weights, S: int, k: int) -> np.ndarray:
 CHUNK_BYTES = 4 * 2**20
 
 
-def _chunks(S: int, M: int, k: int, chunk_size) -> list[slice]:
+def chunk_slices(S: int, M: int, k: int, chunk_size) -> list[slice]:
     if chunk_size is None:
         size = max(1, CHUNK_BYTES // (8 * M * k))
     else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import rows as _rows
-from .batch import _as_batch
+from .batch import as_batch
 
 
 def one_hot_argmax(probs) -> np.ndarray:
@@ -44,7 +44,7 @@ def mean_prediction(probs, mask=None, soft: bool = False) -> np.ndarray:
         R = _rows.single_set(probs, mask)
         mu = (_rows.column_sums(R) if soft else _rows.argmax_counts(R)) / R.shape[0]
         return mu if np.ndim(probs) == 2 else mu[None]
-    P, c, single = _as_batch(probs, mask)
+    P, c, single = as_batch(probs, mask)
     S, M, k = P.shape
     if soft:
         mu = np.matmul(c[:, None, :], P)[:, 0, :]

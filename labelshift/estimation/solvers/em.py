@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .batch import SolverResult, _chunks, _unbatch
-from .layout import _Outcome, _prepare, _transposed, _Work
-from .mlls_objective import _weighted_inverse
+from .batch import SolverResult, chunk_slices, unbatch
+from .layout import Outcome, prepare, transposed_rows, Work
+from .mlls_objective import weighted_inverse
 
 # SQUAREM warm start of mlls_newton: stop refining in single precision once the EM step (max-norm; w has
-# p_s-weighted mean 1) is below _WARM_STEP or stalls (float32 gradients carry relative errors of ~1e-6; the
+# p_s-weighted mean 1) is below WARM_STEP or stalls (float32 gradients carry relative errors of ~1e-6; the
 # Newton polish converges from 1e-5 about as fast as from 1e-7, so cycles beyond that are wasted), or after
-# _WARM_CYCLES cycles
-_WARM_STEP, _WARM_CYCLES = 3e-5, 100
+# WARM_CYCLES cycles
+WARM_STEP, WARM_CYCLES = 3e-5, 100
 
 
 def _em_step(PT, c3, ips, ps, x):
@@ -22,7 +22,7 @@ def _em_step(PT, c3, ips, ps, x):
     x' = x g renormalised onto p_s^T x' = 1 (exact arithmetic keeps it there: x^T grad = 1), and the (A, 1, M)
     values f_i^T x. Two passes over the data: f_i^T x, then sum_i (c_i / f_i^T x) f_i."""
     fw = np.matmul(x.astype(PT.dtype)[:, None, :], PT)
-    g = np.matmul(PT, _weighted_inverse(c3, fw).transpose(0, 2, 1))[:, :, 0] * ips
+    g = np.matmul(PT, weighted_inverse(c3, fw).transpose(0, 2, 1))[:, :, 0] * ips
     xn = x * g
     xn /= np.einsum("ak,ak->a", xn, ps)[:, None]
     return xn, g, fw
@@ -42,8 +42,8 @@ def _tail(d, d1, d2):
 def _em_chunk(PT, cn, ps, w, tol, max_iter):
     """Plain EM on one chunk (transposed float64 layout); see :func:`mlls_em` for the stopping rule."""
     A = PT.shape[0]
-    out = _Outcome(w.copy())
-    work = _Work(np.arange(A), PT=PT, c3=cn[:, None, :], ips=1.0 / ps, ps=ps, w=w.copy(), d1=np.full(A, np.inf),
+    out = Outcome(w.copy())
+    work = Work(np.arange(A), PT=PT, c3=cn[:, None, :], ips=1.0 / ps, ps=ps, w=w.copy(), d1=np.full(A, np.inf),
                  d2=np.full(A, np.inf))
     for it in range(1, max_iter + 1):
         ww = work.w
@@ -70,7 +70,7 @@ def _chunk_objective(ca, fw):
 
 
 def _squarem_finished(a_, x0, x1, x2, gap, live, tol, loose):
-    """Which live problems of a SQUAREM cycle stop (:func:`_squarem_chunk`'s rules), and whether their EM step is
+    """Which live problems of a SQUAREM cycle stop (:func:`squarem_chunk`'s rules), and whether their EM step is
     finite; updates the stall counters of the ``loose`` rule in ``a_``."""
     d1 = np.max(np.abs(x2 - x1), axis=1)
     ok = np.isfinite(d1)
@@ -121,7 +121,7 @@ def _squarem_extrapolate(a_, x0, x1, x2, live, slack):
     return xp, xq, Lq
 
 
-def _squarem_chunk(PT, cn, ps, w, *, tol, max_iter, loose=False):
+def squarem_chunk(PT, cn, ps, w, *, tol, max_iter, loose=False):
     """SQUAREM-accelerated EM (Varadhan & Roland 2008, scheme S3, monotone safeguard) on one chunk, from ``w``.
 
     Passes over the data in PT's precision, iterates in float64. Stops per problem on the EM step (``loose``) or as
@@ -130,11 +130,11 @@ def _squarem_chunk(PT, cn, ps, w, *, tol, max_iter, loose=False):
     """
     A = PT.shape[0]
     dt = PT.dtype
-    out = _Outcome(w.copy())
+    out = Outcome(w.copy())
     slack = 1e-5 if dt == np.float32 else 1e-13        # rounding of L in the monotonicity test
     c3 = cn.astype(dt)[:, None, :]
     x1, _, fw0 = _em_step(PT, c3, 1.0 / ps, ps, w)
-    work = _Work(np.arange(A), PT=PT, c3=c3, ps=ps, ips=1.0 / ps, x0=w.copy(), x1=x1, L0=_chunk_objective(c3, fw0),
+    work = Work(np.arange(A), PT=PT, c3=c3, ps=ps, ips=1.0 / ps, x0=w.copy(), x1=x1, L0=_chunk_objective(c3, fw0),
                  amax=np.ones(A), best=np.full(A, np.inf),
                  stall=np.zeros(A, dtype=np.int64))
     for it in range(1, max_iter + 1):
@@ -179,16 +179,16 @@ def mlls_em(probs, source_prior, mask=None, *, tol: float = 1e-10, max_iter: int
         chunk_size: problems solved together per chunk (default: as many as fit in :data:`CHUNK_BYTES`); each
             chunk runs to convergence before the next. Results do not depend on it.
     """
-    P, cn, ps, w, single = _prepare(probs, source_prior, mask, init)
+    P, cn, ps, w, single = prepare(probs, source_prior, mask, init)
     S, M, k = P.shape
     conv = np.zeros(S, dtype=bool)
     iters = np.zeros(S, dtype=np.int64)
     gap = np.full(S, np.inf)
-    for sl in _chunks(S, M, k, chunk_size):
-        PT = _transposed(P[sl], np.float64)
+    for sl in chunk_slices(S, M, k, chunk_size):
+        PT = transposed_rows(P[sl], np.float64)
         if accelerate:
-            out = _squarem_chunk(PT, cn[sl], ps[sl], w[sl], tol=tol, max_iter=max_iter)
+            out = squarem_chunk(PT, cn[sl], ps[sl], w[sl], tol=tol, max_iter=max_iter)
         else:
             out = _em_chunk(PT, cn[sl], ps[sl], w[sl], tol, max_iter)
         w[sl], conv[sl], iters[sl], gap[sl] = out
-    return _unbatch(SolverResult(w, conv, iters, gap), single)
+    return unbatch(SolverResult(w, conv, iters, gap), single)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def _face_newton(H, grad, ps, w, usable):
+def newton_on_face(H, grad, ps, w, usable):
     """Newton step on the face {w_y = 0 off ``usable``} of W: solves [H_FF, a_F; a_F^T, 0] [d_F; lambda] =
     [grad_F; 1 - a^T w] (a = p_s), Jacobi-equilibrated, for a batch; d = 0 off the face, nan rows if singular."""
     n, k = w.shape

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import _hessianT, _Outcome, _Work
-from .mlls_objective import _fw, _gradient, _hessian
+from .layout import hessianT, Outcome, Work
+from .mlls_objective import batched_fw, batched_gradient, batched_hessian
 
 # monotone barrier schedule of the MLLS interior-point method (the IPOPT defaults): initial mu; the barrier problem
 # counts as solved at error <= KAPPA_EPS mu; then mu <- max(mu_min, min(KAPPA_MU mu, mu^THETA_MU))
@@ -39,9 +39,9 @@ def _ipm_direction(PT32, Pw, cw, fw, psw, ww, zw, muw, r_stat):
     A, k = ww.shape
     idx = np.arange(k)
     K = np.zeros((A, k + 1, k + 1))
-    H = _hessianT(PT32, cw, fw)
+    H = hessianT(PT32, cw, fw)
     if not np.all(np.isfinite(H)):                      # row scales beyond float32: use float64
-        H = _hessian(Pw, cw, fw)
+        H = batched_hessian(Pw, cw, fw)
     K[:, :k, :k] = H
     K[:, idx, idx] += zw / ww
     K[:, :k, k] = psw
@@ -64,7 +64,7 @@ def _ipm_step_lengths(Pw, cw, fw, ww, zw, muw, grad, dw, dz, live):
     frac = np.maximum(0.99, 1.0 - muw)
     ap = _frac_to_boundary(ww, dw, frac)
     ad = _frac_to_boundary(zw, dz, frac)
-    dfw = _fw(Pw, dw)
+    dfw = batched_fw(Pw, dw)
     with np.errstate(divide="ignore", invalid="ignore"):
         rr = np.where((dfw < 0) & (cw > 0), -fw / dfw, np.inf)
     ap = np.minimum(ap, frac * rr.min(axis=1))
@@ -87,18 +87,18 @@ def _ipm_step_lengths(Pw, cw, fw, ww, zw, muw, grad, dw, dz, live):
     return ap, ad, dfw
 
 
-def _ipm_chunk(P, cn, ps, PT32, w, tol, max_iter):
+def ipm_chunk(P, cn, ps, PT32, w, tol, max_iter):
     """The primal-dual interior-point method of :func:`mlls_newton` (``method="ipm"``) on one chunk."""
     A, M, k = P.shape
     comp_tol = 1e-4 * tol * ps.min(axis=1)
     mu = np.full(A, _IPM_MU0)
-    out = _Outcome(w)
-    work = _Work(np.arange(A), P=P, cn=cn, ps=ps, w=w.copy(), z=mu[:, None] / w, nu=np.ones(A), mu=mu,
-                 comp_tol=comp_tol, fw=_fw(P, w), PT32=PT32)
+    out = Outcome(w)
+    work = Work(np.arange(A), P=P, cn=cn, ps=ps, w=w.copy(), z=mu[:, None] / w, nu=np.ones(A), mu=mu,
+                 comp_tol=comp_tol, fw=batched_fw(P, w), PT32=PT32)
     for it in range(1, max_iter + 1):
         Pw, cw, psw, ww, zw, nuw, muw, fw = work.P, work.cn, work.ps, work.w, work.z, work.nu, work.mu, work.fw
         live = work.live
-        grad = _gradient(Pw, cw, fw)
+        grad = batched_gradient(Pw, cw, fw)
         gap = (grad / psw).max(axis=1) - 1.0
         r_stat = grad - nuw[:, None] * psw + zw             # dual residual, 0 at the optimum
         # solve the barrier problem to KAPPA_EPS mu before shrinking mu (possibly several times in a row)

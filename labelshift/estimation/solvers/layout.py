@@ -5,25 +5,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from .batch import _as_batch, _prior_batch, _weights_batch
-from .mlls_objective import _normalised_mask, _weighted_inverse
+from .batch import as_batch, prior_batch, weights_batch
+from .mlls_objective import normalised_mask, weighted_inverse
 
 
-def _transposed(P, dtype):
+def transposed_rows(P, dtype):
     """A contiguous (C, k, M) copy of (C, M, k) rows. The two EM passes, f_i^T w for all i and sum_i r_i f_i, are
     then a length-M axpy per class and k dot products of length M (BLAS-friendly, ~2x faster than M dot products
     of length k on the row layout); in float32 they move half the bytes again."""
     return P.transpose(0, 2, 1).astype(dtype, order="C")
 
 
-def _hessianT(PT, cn, fw):
+def hessianT(PT, cn, fw):
     """(1/m) sum_i f_i f_i^T / (f_i^T w)^2 from the transposed layout, formed in PT's precision (float32 for the
     Newton solvers: the Hessian only steers their steps, the solution is fixed by the float64 gradient)."""
-    v2 = _weighted_inverse(cn, fw, 2).astype(PT.dtype)
+    v2 = weighted_inverse(cn, fw, 2).astype(PT.dtype)
     return np.matmul(PT * v2[:, None, :], PT.transpose(0, 2, 1)).astype(np.float64)
 
 
-class _Work:
+class Work:
     """Working copies of the per-problem arrays of a batched iterative solver, compacted as problems finish.
 
     Computing on finished problems wastes work but copying the arrays every time one finishes costs more;
@@ -54,7 +54,7 @@ class _Work:
         self.live = np.ones(self.ids.shape[0], dtype=bool)
 
 
-class _Outcome:
+class Outcome:
     """The per-problem results of a chunk solver -- w, converged, iterations, gap -- filled in as its problems run."""
 
     def __init__(self, w: np.ndarray):
@@ -64,7 +64,7 @@ class _Outcome:
         self.iters = np.zeros(A, dtype=np.int64)
         self.gap = np.full(A, np.inf)
 
-    def record(self, work: _Work, it: int, w_new, gap, finished, converged=None) -> bool:
+    def record(self, work: Work, it: int, w_new, gap, finished, converged=None) -> bool:
         """Store the live problems' iterate ``w_new``, iteration ``it`` and ``gap``; mark ``converged`` (default:
         ``finished``) as converged and retire ``finished``. Returns whether no problem is left live."""
         live = work.live
@@ -80,12 +80,12 @@ class _Outcome:
         return self.w, self.conv, self.iters, self.gap
 
 
-def _prepare(probs, source_prior, mask, init):
+def prepare(probs, source_prior, mask, init):
     """Batch arrays of the MLLS solvers: P (S, M, k), normalised row weights (S, M), p_s (S, k), the starting
     point in W (S, k) and whether the input was a single set."""
-    P, c, single = _as_batch(probs, mask)
+    P, c, single = as_batch(probs, mask)
     S, M, k = P.shape
-    ps = _prior_batch(source_prior, S, k)
-    w = np.ones((S, k)) if init is None else _weights_batch(init, S, k)
+    ps = prior_batch(source_prior, S, k)
+    w = np.ones((S, k)) if init is None else weights_batch(init, S, k)
     w = w / np.einsum("sk,sk->s", w, ps)[:, None]
-    return P, _normalised_mask(P, c), ps, w, single
+    return P, normalised_mask(P, c), ps, w, single

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import rows as _rows
-from .batch import _as_batch, _chunks, _weights_batch
+from .batch import as_batch, chunk_slices, weights_batch
 
 #: MLLS weights at or below this value count as "at the boundary" w_y = 0 when diagnostics need to know which
 #: coordinates are pinned by the constraint w >= 0 (EM approaches 0 geometrically, the interior-point Newton method to
@@ -14,12 +14,12 @@ from .batch import _as_batch, _chunks, _weights_batch
 PIN_TOL = 1e-8
 
 
-def _fw(P, w):
+def batched_fw(P, w):
     return np.matmul(P, w[:, :, None])[:, :, 0]
 
 
 def _objective(P, cn, w):
-    fw = _fw(P, w)
+    fw = batched_fw(P, w)
     with np.errstate(divide="ignore", invalid="ignore"):
         logs = np.where(cn > 0, np.log(np.where(fw > 0, fw, 1.0)), 0.0)
     val = np.einsum("sm,sm->s", cn, logs)
@@ -27,7 +27,7 @@ def _objective(P, cn, w):
     return np.where(dead, -np.inf, val)
 
 
-def _weighted_inverse(c, fw, power: int = 1):
+def weighted_inverse(c, fw, power: int = 1):
     """c / fw**power, with 0 where the row weight c is 0. Rows of zero weight (padding, or confusion-matrix rows of
     a class never predicted on the target) may have f_i^T w = 0 once some w_y reach 0; they contribute nothing to
     the objective, so they must contribute 0 (not 0/0 = NaN) to its gradient and Hessian."""
@@ -36,16 +36,16 @@ def _weighted_inverse(c, fw, power: int = 1):
                      where=np.broadcast_to(c, np.broadcast_shapes(np.shape(c), np.shape(den))) != 0)
 
 
-def _gradient(P, cn, fw):
-    return np.matmul(_weighted_inverse(cn, fw)[:, None, :], P)[:, 0, :]
+def batched_gradient(P, cn, fw):
+    return np.matmul(weighted_inverse(cn, fw)[:, None, :], P)[:, 0, :]
 
 
-def _hessian(P, cn, fw):
+def batched_hessian(P, cn, fw):
     """(1/m) sum_i f_i f_i^T / (f_i^T w)^2 = P^T diag(c / fw^2) P, batched, in float64."""
-    return np.matmul((P * _weighted_inverse(cn, fw, 2)[:, :, None]).transpose(0, 2, 1), P)
+    return np.matmul((P * weighted_inverse(cn, fw, 2)[:, :, None]).transpose(0, 2, 1), P)
 
 
-def _normalised_mask(P, c):
+def normalised_mask(P, c):
     return c / c.sum(axis=1, keepdims=True)
 
 
@@ -54,9 +54,9 @@ def mlls_objective(probs, weights, mask=None) -> np.ndarray:
     if _rows.is_large(probs, mask):
         val = _rows.mlls_pass(_rows.single_set(probs, mask), np.asarray(weights, np.float64).reshape(-1))[0]
         return val if np.ndim(probs) == 2 else np.array([val])
-    P, c, single = _as_batch(probs, mask)
-    w = _weights_batch(weights, P.shape[0], P.shape[2])
-    val = _objective(P, _normalised_mask(P, c), w)
+    P, c, single = as_batch(probs, mask)
+    w = weights_batch(weights, P.shape[0], P.shape[2])
+    val = _objective(P, normalised_mask(P, c), w)
     return val[0] if single else val
 
 
@@ -66,9 +66,9 @@ def mlls_gradient(probs, weights, mask=None) -> np.ndarray:
     if _rows.is_large(probs, mask):
         g = _rows.mlls_pass(_rows.single_set(probs, mask), np.asarray(weights, np.float64).reshape(-1))[1]
         return g if np.ndim(probs) == 2 else g[None]
-    P, c, single = _as_batch(probs, mask)
-    w = _weights_batch(weights, P.shape[0], P.shape[2])
-    g = _gradient(P, _normalised_mask(P, c), _fw(P, w))
+    P, c, single = as_batch(probs, mask)
+    w = weights_batch(weights, P.shape[0], P.shape[2])
+    g = batched_gradient(P, normalised_mask(P, c), batched_fw(P, w))
     return g[0] if single else g
 
 
@@ -88,13 +88,13 @@ def mlls_hessian(probs, weights, mask=None) -> np.ndarray:
         H = _rows.mlls_pass(_rows.single_set(probs, mask), np.asarray(weights, np.float64).reshape(-1),
                             hessian=True)[2]
         return H if np.ndim(probs) == 2 else H[None]
-    P, c, single = _as_batch(probs, mask)
+    P, c, single = as_batch(probs, mask)
     S, M, k = P.shape
-    w = _weights_batch(weights, S, k)
-    cn = _normalised_mask(P, c)
+    w = weights_batch(weights, S, k)
+    cn = normalised_mask(P, c)
     H = np.empty((S, k, k))
-    for sl in _chunks(S, M, k, None):     # in cache-sized chunks (see CHUNK_BYTES)
-        H[sl] = _hessian(P[sl], cn[sl], _fw(P[sl], w[sl]))
+    for sl in chunk_slices(S, M, k, None):     # in cache-sized chunks (see CHUNK_BYTES)
+        H[sl] = batched_hessian(P[sl], cn[sl], batched_fw(P[sl], w[sl]))
     return H[0] if single else H
 
 

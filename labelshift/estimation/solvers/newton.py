@@ -8,11 +8,11 @@ from typing import NamedTuple
 import numpy as np
 
 from ... import rows as _rows
-from .batch import SolverResult, _chunks, _unbatch
-from .em import _WARM_CYCLES, _WARM_STEP, _squarem_chunk
-from .face_newton import _face_newton
-from .interior_point import _ipm_chunk
-from .layout import _hessianT, _Outcome, _prepare, _transposed, _Work
+from .batch import SolverResult, chunk_slices, unbatch
+from .em import WARM_CYCLES, WARM_STEP, squarem_chunk
+from .face_newton import newton_on_face
+from .interior_point import ipm_chunk
+from .layout import hessianT, Outcome, prepare, transposed_rows, Work
 from .row_blocks import mlls_newton_rows
 
 # Newton polish of mlls_newton: iteration budget before a problem is handed to the interior-point method, and
@@ -55,10 +55,10 @@ def _refreshed_hessian(a_, cw, fws):
     H = a_["H"]
     moved = a_["moved"]
     if moved.all():
-        H = _hessianT(a_["PT32"], cw[:, 0], fws[:, 0])
+        H = hessianT(a_["PT32"], cw[:, 0], fws[:, 0])
     elif moved.any():
         rows = np.flatnonzero(moved)
-        H[rows] = _hessianT(a_["PT32"][rows], cw[rows, 0], fws[rows, 0])
+        H[rows] = hessianT(a_["PT32"][rows], cw[rows, 0], fws[rows, 0])
     a_["H"] = H
     return H
 
@@ -72,7 +72,7 @@ def _pin_at_start(H, grad, g, psw, ww, face, d, tol):
             break
         face &= ~drop
         rows = np.flatnonzero(drop.any(axis=1))
-        d[rows] = _face_newton(H[rows], grad[rows], psw[rows], ww[rows], face[rows])
+        d[rows] = newton_on_face(H[rows], grad[rows], psw[rows], ww[rows], face[rows])
     # zero what is pinned; the gradient and step stay valid (to tol) unless that moves w by more than tol
     zeroed = np.where(face, 0.0, ww)
     changed = (np.einsum("ak,ak->a", zeroed, psw) > 0.1 * tol) | (zeroed.max(axis=1) > tol)
@@ -146,9 +146,9 @@ def _polish_chunk(PT, cn, ps, PT32, w, tol, max_iter):
     are described in ``docs/solvers.md``.
     """
     A, k, M = PT.shape
-    out = _Outcome(w.copy())
+    out = Outcome(w.copy())
     cmin = np.where(cn > 0, cn, np.inf).min(axis=1)
-    work = _Work(np.arange(A), PT=PT, c3=cn[:, None, :], ps=ps, PT32=PT32, w=w.copy(), w0=w.copy(), free=w > 0,
+    work = Work(np.arange(A), PT=PT, c3=cn[:, None, :], ps=ps, PT32=PT32, w=w.copy(), w0=w.copy(), free=w > 0,
                  cmin=cmin, stuck=np.zeros(A, dtype=np.int64), H=np.zeros((A, k, k)), moved=np.ones(A, dtype=bool),
                  revived=np.zeros((A, k), dtype=bool))
     failed = np.zeros(A, dtype=bool)
@@ -163,7 +163,7 @@ def _polish_chunk(PT, cn, ps, PT32, w, tol, max_iter):
         diag = np.einsum("aii->ai", H)      # no curvature (f_y(x) ~ 0 on every row, to float32): pinned
         usable = diag > 1e-30 * diag.max(axis=1, keepdims=True)
         face = a_["free"] & usable
-        d = _face_newton(H, grad, psw, ww, face)
+        d = newton_on_face(H, grad, psw, ww, face)
         changed = np.zeros(ww.shape[0], dtype=bool)
         if it == 1:
             face, d, changed, ww = _pin_at_start(H, grad, g, psw, ww, face, d, tol)
@@ -227,28 +227,28 @@ def mlls_newton(probs, source_prior, mask=None, *, tol: float = 1e-10, max_iter:
             return res
         return SolverResult(res.weights[None], np.array([res.converged]), np.array([res.iterations]),
                             np.array([res.optimality]), None if res.hessian is None else res.hessian[None])
-    P, cn, ps, w, single = _prepare(probs, source_prior, mask, init)
+    P, cn, ps, w, single = prepare(probs, source_prior, mask, init)
     S, M, k = P.shape
     w_ipm = np.maximum(w, 1e-3)                 # the interior-point method starts strictly inside W
     w_ipm /= np.einsum("sk,sk->s", w_ipm, ps)[:, None]
     conv = np.zeros(S, dtype=bool)
     iters = np.zeros(S, dtype=np.int64)
     gap = np.full(S, np.inf)
-    for sl in _chunks(S, M, k, chunk_size):
+    for sl in chunk_slices(S, M, k, chunk_size):
         Pc, cc, pc = P[sl], cn[sl], ps[sl]
         if method == "ipm":
-            PT32 = _transposed(Pc, np.float32)
-            w[sl], conv[sl], iters[sl], gap[sl] = _ipm_chunk(Pc, cc, pc, PT32, w_ipm[sl], tol, max_iter)
+            PT32 = transposed_rows(Pc, np.float32)
+            w[sl], conv[sl], iters[sl], gap[sl] = ipm_chunk(Pc, cc, pc, PT32, w_ipm[sl], tol, max_iter)
             continue
-        PT = _transposed(Pc, np.float64)
+        PT = transposed_rows(Pc, np.float64)
         PT32 = PT.astype(np.float32)
-        wc, _, it1, _ = _squarem_chunk(PT32, cc, pc, w[sl], tol=_WARM_STEP, max_iter=_WARM_CYCLES, loose=True)
+        wc, _, it1, _ = squarem_chunk(PT32, cc, pc, w[sl], tol=WARM_STEP, max_iter=WARM_CYCLES, loose=True)
         wc, cv, it2, gp, failed = _polish_chunk(PT, cc, pc, PT32, wc, tol, min(_POLISH_ITER, max_iter))
         it = it1 + it2
         if failed.any():
             rows = np.flatnonzero(failed)
-            out = _ipm_chunk(Pc[rows], cc[rows], pc[rows], PT32[rows], w_ipm[sl][rows], tol, max_iter)
+            out = ipm_chunk(Pc[rows], cc[rows], pc[rows], PT32[rows], w_ipm[sl][rows], tol, max_iter)
             wc[rows], cv[rows], gp[rows] = out[0], out[1], out[3]
             it[rows] += out[2]
         w[sl], conv[sl], iters[sl], gap[sl] = wc, cv, it, gp
-    return _unbatch(SolverResult(w, conv, iters, gap), single)
+    return unbatch(SolverResult(w, conv, iters, gap), single)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .batch import SolverResult, _unbatch
+from .batch import SolverResult, unbatch
 
 
 def rlls_rho(n_classes: int, n_source: int, delta: float = 0.05) -> float:
@@ -152,4 +152,4 @@ def rlls_solve(confusion, mu, rho: float, *, tol: float = 1e-10, max_iter: int =
         grow = centred & ~finished
         tau[act[grow]] = np.minimum(ta[grow] * mu_factor, tau_final)
     w = 1.0 + x[:, :k]
-    return _unbatch(SolverResult(w, done.copy(), iters, nu / tau), single)
+    return unbatch(SolverResult(w, done.copy(), iters, nu / tau), single)

@@ -6,8 +6,8 @@ import numpy as np
 
 from ... import rows as _rows
 from .batch import SolverResult
-from .em import _WARM_CYCLES, _WARM_STEP
-from .face_newton import _face_newton
+from .em import WARM_CYCLES, WARM_STEP
+from .face_newton import newton_on_face
 
 
 def _em_rows(P, ps, x, precision):
@@ -89,7 +89,7 @@ def _newton_rows(probs, source_prior, *, tol, max_iter, init):
     ps = np.asarray(source_prior, dtype=np.float64).reshape(k)
     w = np.ones(k) if init is None else np.asarray(init, dtype=np.float64).reshape(k).copy()
     w = w / float(w @ ps)
-    w, passes = _squarem_rows(P, ps, w, step_tol=_WARM_STEP, max_cycles=_WARM_CYCLES)
+    w, passes = _squarem_rows(P, ps, w, step_tol=WARM_STEP, max_cycles=WARM_CYCLES)
     w0 = w.copy()
     free = w > 0
     revived = np.zeros(k, dtype=bool)
@@ -107,7 +107,7 @@ def _newton_rows(probs, source_prior, *, tol, max_iter, init):
         diag = np.diag(H)
         usable = diag > 1e-30 * diag.max()
         face = free & usable
-        d = _face_newton(H[None], grad[None], ps[None], w[None], face[None])[0]
+        d = newton_on_face(H[None], grad[None], ps[None], w[None], face[None])[0]
         changed = False
         if it == 1:
             for _ in range(3):
@@ -115,7 +115,7 @@ def _newton_rows(probs, source_prior, *, tol, max_iter, init):
                 if not drop.any():
                     break
                 face &= ~drop
-                d = _face_newton(H[None], grad[None], ps[None], w[None], face[None])[0]
+                d = newton_on_face(H[None], grad[None], ps[None], w[None], face[None])[0]
             zeroed = np.where(face, 0.0, w)
             changed = bool(zeroed @ ps > 0.1 * tol or zeroed.max() > tol)
             w = np.where(face, w, 0.0)

@@ -293,8 +293,8 @@ def test_newton_polish_repairs_a_wrong_face(case):
                 "far start": (0, 3.0)}[case]
     start[j] = value
     start /= start @ ps
-    Pb, cn, psb, _, _ = layout._prepare(P, ps, None, None)
-    PT = layout._transposed(Pb, np.float64)
+    Pb, cn, psb, _, _ = layout.prepare(P, ps, None, None)
+    PT = layout.transposed_rows(Pb, np.float64)
     w, conv, _, gap, failed = newton._polish_chunk(PT, cn, psb, PT.astype(np.float32), start[None], 1e-12, 30)
     assert conv[0] and not failed[0] and gap[0] <= 1e-12
     np.testing.assert_allclose(w[0], best, rtol=0, atol=1e-9)
