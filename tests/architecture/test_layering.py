@@ -223,6 +223,32 @@ def test_no_import_cycles():
                          "down into a module of its own, or pass it as an argument")
 
 
+#: the package whose shared private names are still to be made public (their statistics were changing)
+PRIVATE_NAMES_LEFT = "labelshift/inference/label_shift_test/"
+
+
+def private_imports(root: Path = ROOT) -> list[str]:
+    """``file: name`` for every private name (``_x``, not a dunder) imported from another module by the code of the
+    house (the domain, the model API, tasks, flows, runtime), imports inside functions included."""
+    found = []
+    for top in ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime"):
+        for path in sorted((root / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom):
+                    found += [f"{path.relative_to(root)}: {a.name}" for a in node.names
+                              if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_private_names_stay_in_their_module():
+    """A name shared between modules is public within its package (no ``from .x import _y``); the one package
+    still to do is listed, and nothing new may join it."""
+    found = private_imports()
+    outside = [f for f in found if not f.startswith(PRIVATE_NAMES_LEFT)]
+    assert outside == [], f"private names imported from another module (make them public in their package): {outside}"
+    assert len(found) <= 27, f"new private imports in {PRIVATE_NAMES_LEFT}: {found}"
+
+
 def test_the_users_model_api_loads_and_registers_without_prefect(tmp_path):
     """Registering a scikit-learn model and loading a corrected model with mlflow.pyfunc.load_model, in a fresh
     interpreter, never import Prefect."""
