@@ -19,7 +19,6 @@ from labelshift import rows as rows_mod
 from labelshift.monitoring.batches import batch_format, batch_rows, check_one_format, iter_feature_chunks, \
     iter_output_chunks
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
-from labelshift.experiments.training import TRAINING_DEFAULTS
 from labelshift.monitoring.inputs import load_batch
 from labelshift.monitoring.layout import ChangedBatchError, RejectedBatch, TargetBatch
 from labelshift.storage import open_store
@@ -53,6 +52,8 @@ def expected_batches(bundle, target_uri: str) -> str:
     """What a batch of ``bundle``'s target is, as a phrase for an error (after "write each batch there as"): its
     format and columns or shape for this model's kind -- prediction logs, a scikit-learn or pyfunc model, PyTorch."""
     if isinstance(bundle, ModelBundle):
+        from labelshift.experiments.training import TRAINING_DEFAULTS      # the datasets `simulate-target` knows
+
         shape = ", ".join(str(d) for d in bundle.input_shape)
         demo = bundle.name.removeprefix("labelshift-")
         try_it = (f"; to try it, `labelshift data simulate-target {demo} --to {target_uri}` writes label-shifted "
