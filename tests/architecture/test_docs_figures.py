@@ -1,0 +1,175 @@
+"""Docs that cannot drift from the benchmarks: every measured figure quoted in README.md and docs/*.md is tied to the
+section of benchmarks/README.md (or benchmarks/HISTORY.md) it comes from, and that section says the same figure.
+
+The rule, as this test applies it:
+
+* A page is cut into *units*: a paragraph, a list item (with its continuation lines) or a table, outside fenced code
+  blocks; headings are not units. A table also counts the links of the paragraph just above it (its caption).
+* A unit *reports a measurement* when its prose (inline code spans and link targets removed) says so: one of
+  ``measured``, ``measures``, ``took``, ``takes``, ``timed``, ``covered``, ``covers``, ``coverage``, ``false alarm``,
+  ``power``, ``size``, ``rejected``, ``peak RSS``, ``wall time``, ``benchmark``.
+* Its *measured figures* are the numbers with a unit -- ``%``, ``s``, ``ms``, ``min``, ``GiB``, ``MiB``, ``GB``,
+  ``MB``, or an ``x`` written against the number (``1.9x``) -- both ends of a range (``52-57 s``), and the decimals
+  written with three digits between 0.100 and 0.999 (coverages, accuracies: ``0.946``).
+* Each measured figure needs a link in its unit to ``benchmarks/README.md#...`` or ``benchmarks/HISTORY.md#...``
+  whose anchor is a heading there, and its number (thousands' commas dropped) must appear, as a whole number, in the
+  text of one of the linked sections (from its heading to the next heading of the same or a higher level).
+
+Not measured figures, and so not checked:
+
+* settings and defaults: a level (``at 5%``, ``level 1%``, ``nominal 5%``, ``a 5% level``), an interval's nominal
+  coverage (``95% interval``, ``95% confidence``), a share of the level (``30% of the level``);
+* goals and bounds: a number after ``goal``, ``at most``, ``at least``, ``up to``, ``within``, ``under``, ``<=``,
+  ``>=`` (a bound is a claim checked against the figures; the figures themselves are the benchmarks');
+* anything in inline code or fenced code blocks: flags (``--level 0.05``), equations' constants, and the outputs
+  of the walk-throughs, which are one example run (the walk-throughs say so) and not a measurement;
+* numbers without a unit (counts, sizes such as ``m = 2,000``, seeds) and two-digit decimals (``0.95``, ``0.05``:
+  levels and settings far more often than measurements).
+
+A figure in a unit that does not say it was measured is not checked either: the cue words keep the rule from
+flagging prose such as "time limits of 8 s"; a measurement reported without them is a gap of this test.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.architecture.test_docs_commands import PAGES, ROOT, _slug
+
+BENCHMARK_PAGES = {"README.md": ROOT / "benchmarks" / "README.md", "HISTORY.md": ROOT / "benchmarks" / "HISTORY.md"}
+
+CUES = re.compile(r"\bmeasur(?:ed|es)\b|\btook\b|\btakes\b|\btimed\b|\bcover(?:ed|s|age)\b|false alarms?|\bpower\b"
+                  r"|\bsize\b|\brejected\b|peak RSS|wall time|\bbenchmark", re.I)
+
+_NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
+_UNIT = r"%|\s?(?:ms|s|min|GiB|MiB|GB|MB)\b|x\b"
+#: a number with a unit, or a range of two with one unit; or a three-digit decimal between 0.100 and 0.999
+FIGURE = re.compile(rf"(?<![\w.,])(?P<a>{_NUMBER})(?:\s?(?:-|–|to)\s?(?P<b>{_NUMBER}))?(?P<unit>{_UNIT})"
+                    rf"|(?<![\w.,])(?P<c>0\.[1-9]\d\d)(?![\d.])")
+
+#: settings, defaults and bounds: the figure that follows (or precedes) these words is not a measurement
+_BOUND_BEFORE = re.compile(r"(?:\b(?:goals?|at most|at least|up to|within|under|level|nominal|at|alpha)\s*[:=]?"
+                           r"|[<>]=?|≤|≥)\s*$", re.I)
+_SETTING_AFTER = re.compile(r"^\s*(?:level|interval|confidence|prediction|of the level|significance|credible)", re.I)
+
+BENCH_LINK = re.compile(r"\]\((?:\.\./)?benchmarks/(README|HISTORY)\.md#([\w-]+)\)")
+
+
+def units(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of each paragraph, list item and table of a markdown page, fenced code blocks left out.
+    A table's text starts with the paragraph just above it, its caption."""
+    text = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    found: list[tuple[int, list[str]]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        table = line.lstrip().startswith("|")
+        item = re.match(r"\s*(?:[-*]|\d+\.)\s", line) is not None
+        last = found[-1][1] if found else None
+        continues = last is not None and last[-1].strip() and (last[-1].lstrip().startswith("|") == table)
+        if not line.strip() or line.startswith("#"):
+            found.append((number, [""]))
+        elif continues and not item:
+            last.append(line)
+        elif table and last is not None and last[-1].strip():      # a table under its caption
+            last.append(line)
+        else:
+            found.append((number, [line]))
+    return [(n, "\n".join(lines)) for n, lines in found if "".join(lines).strip()]
+
+
+def measured_figures(unit: str) -> list[str]:
+    """The measured figures of one unit, as written (``52-57 s`` gives ``52`` and ``57``); none unless the unit says
+    it reports a measurement."""
+    prose = re.sub(r"`[^`\n]*`", " ", unit)
+    prose = re.sub(r"\]\([^)]*\)", "]", prose)
+    if not CUES.search(prose):
+        return []
+    figures = []
+    for match in FIGURE.finditer(prose):
+        before, after = prose[:match.start()], prose[match.end():]
+        if _BOUND_BEFORE.search(before[-12:]) or (match.group("unit") == "%" and _SETTING_AFTER.match(after)):
+            continue
+        figures += [n for n in match.group("a", "b", "c") if n]
+    return figures
+
+
+def _sections(page: Path) -> dict[str, str]:
+    """Anchor -> text of each section of a page: from its heading to the next heading of the same or a higher level."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    heads = [(i, len(m.group(1)), _slug(m.group(2))) for i, line in enumerate(lines)
+             if (m := re.match(r"(#+) (.+)$", line))]
+    out = {}
+    for pos, (i, level, anchor) in enumerate(heads):
+        end = next((j for j, lvl, _ in heads[pos + 1:] if lvl <= level), len(lines))
+        out.setdefault(anchor, "\n".join(lines[i:end]))
+    return out
+
+
+def _said(number: str, text: str) -> bool:
+    """Whether ``number`` appears in ``text`` as a whole number (``4.5`` not in ``14.5`` or ``4.55``)."""
+    plain = number.replace(",", "")
+    text = re.sub(r"(?<=\d),(?=\d{3})", "", text)
+    return re.search(rf"(?<![\d.]){re.escape(plain)}(?!\.?\d)", text) is not None
+
+
+def untied_figures(text: str, sections: dict[str, dict[str, str]]) -> list[str]:
+    """What is wrong with the figures of one page: ``line: figure: why``. ``sections`` maps README.md / HISTORY.md to
+    their sections by anchor."""
+    problems = []
+    for line, unit in units(text):
+        figures = measured_figures(unit)
+        if not figures:
+            continue
+        links = BENCH_LINK.findall(unit)
+        if not links:
+            problems.append(f"{line}: {', '.join(figures)}: no link to the benchmarks section they come from")
+            continue
+        bad = [f"benchmarks/{page}.md#{anchor}" for page, anchor in links if anchor not in sections[f"{page}.md"]]
+        if bad:
+            problems.append(f"{line}: no such section: {', '.join(bad)}")
+            continue
+        linked = "\n".join(sections[f"{page}.md"][anchor] for page, anchor in links)
+        missing = [f for f in figures if not _said(f, linked)]
+        if missing:
+            problems.append(f"{line}: {', '.join(missing)}: not in the linked section(s) "
+                            f"{', '.join(a for _, a in links)}")
+    return problems
+
+
+def _benchmark_sections() -> dict[str, dict[str, str]]:
+    return {name: _sections(path) for name, path in BENCHMARK_PAGES.items()}
+
+
+def test_the_rule_catches_a_figure_not_in_its_section_and_one_without_a_link(tmp_path):
+    bench = tmp_path / "bench.md"
+    bench.write_text("# Bench\n## Speed of the thing\n\nIt took 2.5 s and 1.49 GiB; coverage 0.946.\n"
+                     "## Other\n\n3.1 s\n", encoding="utf-8")
+    sections = {"README.md": _sections(bench), "HISTORY.md": {}}
+    page = ("# Page\n\nThe run took 2.5 s at 1.49 GiB ([bench](../benchmarks/README.md#speed-of-the-thing)).\n\n"
+            "Its coverage was 0.946 and it took 3.1 s ([bench](../benchmarks/README.md#speed-of-the-thing)).\n\n"
+            "The run took 12.5 s, at a 5% level and within 60 s.\n\n"
+            "Set `--timeout 30` (30 s); a 95% interval; the level is 5%.\n\n"
+            "```\n$ labelshift estimate\nwall time 99.9 s, coverage 0.999\n```\n\n"
+            "- The list item measured 1,000 s ([b](benchmarks/README.md#no-such-section)).\n")
+    assert measured_figures("The run took 12.5 s, at a 5% level and within 60 s.") == ["12.5"]
+    assert measured_figures("Coverage 0.93-0.97 measured, peak RSS 1.5-2 GiB, 1.9x faster") == \
+        ["1.5", "2", "1.9"]      # two-digit decimals are not taken; a range with a unit gives both ends
+    assert untied_figures(page, sections) == [
+        "5: 3.1: not in the linked section(s) speed-of-the-thing",
+        "7: 12.5: no link to the benchmarks section they come from",
+        "16: no such section: benchmarks/README.md#no-such-section",
+    ]
+    assert _said("1,000", "took 1000 s") and not _said("4.5", "14.5% and 4.55%") and _said("4.5", "(4.5%)")
+
+
+def test_units_keep_list_items_apart_and_tables_with_their_caption():
+    text = "Intro measured:\n\n- one 1 s\n  more\n- two 2 s\n\nCaption [x](y)\n| a |\n|---|\n| 3 s |\n\nAfter.\n"
+    assert units(text) == [(1, "Intro measured:"), (3, "- one 1 s\n  more"), (5, "- two 2 s"),
+                           (7, "Caption [x](y)\n| a |\n|---|\n| 3 s |"), (12, "After.")]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_measured_figure_is_linked_to_the_benchmarks_section_that_says_it(page):
+    problems = untied_figures(page.read_text(encoding="utf-8"), _benchmark_sections())
+    assert not problems, f"{page.relative_to(ROOT)}, figures not tied to benchmarks/README.md:\n" + "\n".join(problems)
