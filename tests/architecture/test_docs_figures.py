@@ -4,10 +4,11 @@ section of benchmarks/README.md (or benchmarks/HISTORY.md) it comes from, and th
 The rule, as this test applies it:
 
 * A page is cut into *units*: a paragraph, a list item (with its continuation lines) or a table, outside fenced code
-  blocks; headings are not units. A table also counts the links of the paragraph just above it (its caption).
+  blocks; headings are not units. A table also counts the links of the paragraph just above it (its caption), a
+  list item those of the paragraph that leads into its list.
 * A unit *reports a measurement* when its prose (inline code spans and link targets removed) says so: one of
   ``measured``, ``measures``, ``took``, ``takes``, ``timed``, ``covered``, ``covers``, ``coverage``, ``false alarm``,
-  ``power``, ``size``, ``rejected``, ``peak RSS``, ``wall time``, ``benchmark``.
+  ``power``, ``rejected``, ``peak RSS``, ``wall time``, ``benchmark`` (not "size": "of the same size" is too common).
 * Its *measured figures* are the numbers with a unit -- ``%``, ``s``, ``ms``, ``min``, ``GiB``, ``MiB``, ``GB``,
   ``MB``, or an ``x`` written against the number (``1.9x``) -- both ends of a range (``52-57 s``), and the decimals
   written with three digits between 0.100 and 0.999 (coverages, accuracies: ``0.946``).
@@ -18,7 +19,8 @@ The rule, as this test applies it:
 Not measured figures, and so not checked:
 
 * settings and defaults: a level (``at 5%``, ``level 1%``, ``nominal 5%``, ``a 5% level``), an interval's nominal
-  coverage (``95% interval``, ``95% confidence``), a share of the level (``30% of the level``);
+  coverage (``95% interval``, ``95% confidence``), a threshold as a share (``30% of the level``, ``5% of a standard
+  error``), a default (``2 s by default``);
 * goals and bounds: a number after ``goal``, ``at most``, ``at least``, ``up to``, ``within``, ``under``, ``<=``,
   ``>=`` (a bound is a claim checked against the figures; the figures themselves are the benchmarks');
 * anything in inline code or fenced code blocks: flags (``--level 0.05``), equations' constants, and the outputs
@@ -41,7 +43,7 @@ from tests.architecture.test_docs_commands import PAGES, ROOT, _slug
 BENCHMARK_PAGES = {"README.md": ROOT / "benchmarks" / "README.md", "HISTORY.md": ROOT / "benchmarks" / "HISTORY.md"}
 
 CUES = re.compile(r"\bmeasur(?:ed|es)\b|\btook\b|\btakes\b|\btimed\b|\bcover(?:ed|s|age)\b|false alarms?|\bpower\b"
-                  r"|\bsize\b|\brejected\b|peak RSS|wall time|\bbenchmark", re.I)
+                  r"|\brejected\b|peak RSS|wall time|\bbenchmark", re.I)
 
 _NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
 _UNIT = r"%|\s?(?:ms|s|min|GiB|MiB|GB|MB)\b|x\b"
@@ -52,7 +54,8 @@ FIGURE = re.compile(rf"(?<![\w.,])(?P<a>{_NUMBER})(?:\s?(?:-|–|to)\s?(?P<b>{_N
 #: settings, defaults and bounds: the figure that follows (or precedes) these words is not a measurement
 _BOUND_BEFORE = re.compile(r"(?:\b(?:goals?|at most|at least|up to|within|under|level|nominal|at|alpha)\s*[:=]?"
                            r"|[<>]=?|≤|≥)\s*$", re.I)
-_SETTING_AFTER = re.compile(r"^\s*(?:level|interval|confidence|prediction|of the level|significance|credible)", re.I)
+_SETTING_AFTER = re.compile(r"^\s*(?:level|interval|confidence|prediction|significance|credible|of the level"
+                            r"|of a standard error|of the score|by default|\(?default)", re.I)
 
 BENCH_LINK = re.compile(r"\]\((?:\.\./)?benchmarks/(README|HISTORY)\.md#([\w-]+)\)")
 
@@ -81,14 +84,14 @@ def units(text: str) -> list[tuple[int, str]]:
 def measured_figures(unit: str) -> list[str]:
     """The measured figures of one unit, as written (``52-57 s`` gives ``52`` and ``57``); none unless the unit says
     it reports a measurement."""
-    prose = re.sub(r"`[^`\n]*`", " ", unit)
+    prose = re.sub(r"`[^`]*`", " ", unit)
     prose = re.sub(r"\]\([^)]*\)", "]", prose)
     if not CUES.search(prose):
         return []
     figures = []
     for match in FIGURE.finditer(prose):
         before, after = prose[:match.start()], prose[match.end():]
-        if _BOUND_BEFORE.search(before[-12:]) or (match.group("unit") == "%" and _SETTING_AFTER.match(after)):
+        if _BOUND_BEFORE.search(before[-12:]) or _SETTING_AFTER.match(after):
             continue
         figures += [n for n in match.group("a", "b", "c") if n]
     return figures
@@ -116,12 +119,15 @@ def _said(number: str, text: str) -> bool:
 def untied_figures(text: str, sections: dict[str, dict[str, str]]) -> list[str]:
     """What is wrong with the figures of one page: ``line: figure: why``. ``sections`` maps README.md / HISTORY.md to
     their sections by anchor."""
-    problems = []
+    problems, lead = [], []
     for line, unit in units(text):
+        item = re.match(r"\s*(?:[-*]|\d+\.)\s", unit) is not None
+        links = BENCH_LINK.findall(unit) + (lead if item else [])
+        if not item:
+            lead = BENCH_LINK.findall(unit)
         figures = measured_figures(unit)
         if not figures:
             continue
-        links = BENCH_LINK.findall(unit)
         if not links:
             problems.append(f"{line}: {', '.join(figures)}: no link to the benchmarks section they come from")
             continue
