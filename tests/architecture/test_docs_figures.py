@@ -212,7 +212,7 @@ def test_units_keep_list_items_apart_and_tables_with_their_caption():
 def _exempt(page: Path, text: str) -> tuple[str, set]:
     """The page's text with the units of ``NOT_FROM_BENCHMARKS`` blanked (line numbers kept), and the entries used."""
     used = set()
-    for line, unit in units(text):
+    for _, unit in units(text):
         for key in NOT_FROM_BENCHMARKS:
             if key[0] == page.name and key[1] in unit and measured_figures(unit):
                 used.add(key)
