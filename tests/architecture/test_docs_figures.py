@@ -64,6 +64,7 @@ _SETTING_AFTER = re.compile(r"^\s*(?:(?:[\w-]+\s+){0,2}(?:intervals?|confidence|
 
 #: (page, words the unit contains) -> where its figures come from, when not from benchmarks/
 _PARALLEL = "being rewritten with its benchmarks section on another branch (given one holdout); tie it there"
+_PARALLEL_INTERVALS = "intervals.md, 'Measured coverage': being rewritten with its benchmarks section on another branch"
 _DESIGN = "the label-shift test's design history: prototype and review runs, recorded only here"
 NOT_FROM_BENCHMARKS = {
     ("operations.md", "| fault | what happens | what to do |"):
@@ -79,6 +80,11 @@ NOT_FROM_BENCHMARKS = {
     ("label_shift_test.md", "*The trade-offs measured on the way.*"): _DESIGN,
     ("label_shift_test.md", "**Why a test valid on average is not valid given the holdout.**"): _PARALLEL,
     ("label_shift_test.md", "**The fix: draw the holdout's error kappa times over.**"): _PARALLEL,
+    ("intervals.md", "* **Coverage, free classes**"): _PARALLEL_INTERVALS,
+    ("intervals.md", "* **Classes pinned at w = 0**"): _PARALLEL_INTERVALS,
+    ("intervals.md", "* **Untrustworthy**: with the rule above"): _PARALLEL_INTERVALS,
+    ("intervals.md", "* **Time** at m = 100,000, k = 10, n = 1000"): _PARALLEL_INTERVALS,
+    ("intervals.md", "The same problem with temperature scaling (TS)"): _PARALLEL_INTERVALS,
 }
 
 BENCH_LINK = re.compile(r"\]\((?:\.\./)?benchmarks/(README|HISTORY)\.md#([\w-]+)\)")
