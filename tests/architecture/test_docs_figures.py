@@ -54,7 +54,7 @@ _NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
 _UNIT = r"%|\s?(?:ms|s|min|GiB|MiB|GB|MB)\b|x\b"
 #: a number with a unit, or a range of two with one unit; or a three-digit decimal between 0.100 and 0.999
 FIGURE = re.compile(rf"(?<![\w.,])(?P<a>{_NUMBER})(?:\s?(?:-|–|to)\s?(?P<b>{_NUMBER}))?(?P<unit>{_UNIT})"
-                    rf"|(?<![\w.,])(?P<c>0\.[1-9]\d\d)(?![\d.])")
+                    rf"|(?<![\w.,])(?P<c>0\.[1-9]\d\d)(?!\d|\.\d)")
 
 #: settings, defaults and bounds: the figure that follows (or precedes) these words is not a measurement
 _BOUND_BEFORE = re.compile(r"(?:\b(?:goals?|at most|at least|up to|within|under|below|above|level|nominal|at|alpha)\s*[:=]?"
@@ -65,6 +65,7 @@ _SETTING_AFTER = re.compile(r"^\s*(?:(?:[\w-]+\s+){0,2}(?:intervals?|confidence|
 #: (page, words the unit contains) -> where its figures come from, when not from benchmarks/
 _PARALLEL = "being rewritten with its benchmarks section on another branch (given one holdout); tie it there"
 _PARALLEL_INTERVALS = "intervals.md, 'Measured coverage': being rewritten with its benchmarks section on another branch"
+_PARALLEL_NO_SHIFT = "uncertainty.md, 'No-shift test': being rewritten with its benchmarks section on another branch"
 _DESIGN = "the label-shift test's design history: prototype and review runs, recorded only here"
 NOT_FROM_BENCHMARKS = {
     ("operations.md", "| fault | what happens | what to do |"):
@@ -85,6 +86,14 @@ NOT_FROM_BENCHMARKS = {
     ("intervals.md", "* **Untrustworthy**: with the rule above"): _PARALLEL_INTERVALS,
     ("intervals.md", "* **Time** at m = 100,000, k = 10, n = 1000"): _PARALLEL_INTERVALS,
     ("intervals.md", "The same problem with temperature scaling (TS)"): _PARALLEL_INTERVALS,
+    ("uncertainty.md", "Measured coverage of the small class near the boundary"):
+        "tests/unit/inference/test_intervals_no_shift_identifiability.py measures it and asserts the bound",
+    ("uncertainty.md", "**f and p_s estimated: the two-sample test**"): _PARALLEL_NO_SHIFT,
+    ("uncertainty.md", "*Why not each side's own covariance.*"): _PARALLEL_NO_SHIFT,
+    ("uncertainty.md", "* The estimated covariance is noisy"): _PARALLEL_NO_SHIFT,
+    ("uncertainty.md", "*The calibrator fit on the holdout.*"): _PARALLEL_NO_SHIFT,
+    ("uncertainty.md", "*Measured size* at a nominal 5%"): _PARALLEL_NO_SHIFT,
+    ("uncertainty.md", "*Power.* Under a mild shift"): _PARALLEL_NO_SHIFT,
 }
 
 BENCH_LINK = re.compile(r"\]\((?:\.\./)?benchmarks/(README|HISTORY)\.md#([\w-]+)\)")
