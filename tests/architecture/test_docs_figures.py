@@ -3,38 +3,38 @@ section of benchmarks/README.md (or benchmarks/HISTORY.md) it comes from, and th
 
 The rule, as this test applies it:
 
-* A page is cut into *units*: a paragraph, a list item (with its continuation lines) or a table, outside fenced code
-  blocks; headings are not units. A table also counts the links of the paragraph just above it (its caption), a
-  list item those of the paragraph that leads into its list.
-* A unit *reports a measurement* when its prose (inline code spans and link targets removed) says so: one of
-  ``measured``, ``measures``, ``took``, ``takes``, ``timed``, ``covered``, ``covers``, ``coverage``, ``false alarm``,
-  ``power``, ``rejected``, ``peak RSS``, ``wall time``, ``benchmark`` (not "size": "of the same size" is too common).
+* A page is cut into *units*: a paragraph, a list item (with its continuation lines) or a table; code blocks (fenced,
+  or indented four spaces) and headings are not units. A table also counts the paragraph above it (its caption), a
+  list item the paragraph that leads into its list: their links, and their cue words (next point).
+* A unit *reports a measurement* when its prose (inline code and link targets removed) says so: ``measured``,
+  ``measures``, ``took``, ``takes``, ``timed``, ``covered``, ``covers``, ``coverage``, ``false alarm``, ``power``,
+  ``rejected``, ``peak RSS``, ``wall time`` or ``benchmark`` (not "size": "of the same size" is too common).
 * Its *measured figures* are the numbers with a unit -- ``%``, ``s``, ``ms``, ``min``, ``GiB``, ``MiB``, ``GB``,
   ``MB``, or an ``x`` written against the number (``1.9x``) -- both ends of a range (``52-57 s``), and the decimals
   written with three digits between 0.100 and 0.999 (coverages, accuracies: ``0.946``).
-* Each measured figure needs a link in its unit to ``benchmarks/README.md#...`` or ``benchmarks/HISTORY.md#...``
-  whose anchor is a heading (``##`` or deeper; the page's title would be the whole page) there, and its number (thousands' commas dropped) must appear, as a whole number, in the
-  text of one of the linked sections (from its heading to the next heading of the same or a higher level).
+* Each needs a link in its unit to ``benchmarks/README.md#...`` or ``benchmarks/HISTORY.md#...`` whose anchor is a
+  heading there (``##`` or deeper: the page's title would be the whole page), and its number must appear, as a
+  whole number, in one of the linked sections (from the heading to the next of the same or a higher level).
+  Numbers are compared without thousands' commas and trailing zeros (``1,000`` is ``1000``, ``63%`` is ``63.0%``);
+  ``95%`` is not ``0.95``: the docs write a figure as its section does.
 
 Not measured figures, and so not checked:
 
 * settings and defaults: a level (``at 5%``, ``level 1%``, ``nominal 5%``, ``a 5% level``), an interval's nominal
-  coverage (``95% interval``, ``95% Fisher interval``, ``95% confidence``), a threshold as a share (``30% of the level``, ``5% of a standard
-  error``), a default (``2 s by default``);
-* goals and bounds: a number after ``goal``, ``at most``, ``at least``, ``up to``, ``within``, ``under``, ``below``,
-  ``above``, ``<=``,
-  ``>=`` (a bound is a claim checked against the figures; the figures themselves are the benchmarks');
-* anything in inline code or fenced code blocks: flags (``--level 0.05``), equations' constants, and the outputs
-  of the walk-throughs, which are one example run (the walk-throughs say so) and not a measurement -- nor the prose
-  that quotes them: a figure shown in a code block of the unit's own section (any heading level) is that run's;
+  coverage (``95% interval``, ``95% Fisher interval``, ``95% confidence``), a threshold as a share (``30% of the
+  level``, ``5% of a standard error``), a default (``2 s by default``);
+* goals and bounds: a number after ``goal``, ``at most``, ``at least``, ``up to``, ``within``, ``under``,
+  ``below``, ``above``, ``<=``, ``>=`` (a bound is a claim checked against the figures, not a figure);
+* code: flags (``--level 0.05``), equations' constants, and the outputs of the walk-throughs, which are one example
+  run (the walk-throughs say so), not a measurement -- nor the prose that quotes them: a figure shown in a code
+  block of the unit's own section (any heading level) is that run's;
 * numbers without a unit (counts, sizes such as ``m = 2,000``, seeds) and two-digit decimals (``0.95``, ``0.05``:
   levels and settings far more often than measurements).
 
-A figure in a unit that does not say it was measured is not checked either: the cue words keep the rule from
-flagging prose such as "time limits of 8 s"; a measurement reported without them is a gap of this test.
-
-``NOT_FROM_BENCHMARKS`` lists the units whose figures come from somewhere else on purpose, each with where; an entry
-that matches no unit with figures fails, so the list can only shrink.
+Gaps: a measurement written without a cue word is not checked; a bound word drops a measured maximum ("up to
+7.8%"); a small number (``6 MB``) can be found in a long linked section by chance. ``NOT_FROM_BENCHMARKS`` lists the
+units whose figures come from elsewhere on purpose, each with where; an entry that matches no unit with figures
+fails, so the list can only shrink.
 """
 from __future__ import annotations
 
@@ -57,16 +57,16 @@ FIGURE = re.compile(rf"(?<![\w.,])(?P<a>{_NUMBER})(?:\s?(?:-|–|to)\s?(?P<b>{_N
                     rf"|(?<![\w.,])(?P<c>0\.[1-9]\d\d)(?!\d|\.\d)")
 
 #: settings, defaults and bounds: the figure that follows (or precedes) these words is not a measurement
-_BOUND_BEFORE = re.compile(r"(?:\b(?:goals?|at most|at least|up to|within|under|below|above|level|nominal|at|alpha)\s*[:=]?"
-                           r"|[<>]=?|≤|≥)\s*$", re.I)
+_BOUND_BEFORE = re.compile(r"(?:\b(?:goals?|at most|at least|up to|within|under|below|above|level|nominal|at|alpha)"
+                           r"\s*[:=]?|[<>]=?|≤|≥)\s*$", re.I)
 _SETTING_AFTER = re.compile(r"^\s*(?:(?:[\w-]+\s+){0,2}(?:intervals?|confidence|credible)\b|level|prediction"
                             r"|significance|of the level|of a standard error|of the score|by default|\(?default)", re.I)
 
-#: (page, words the unit contains) -> where its figures come from, when not from benchmarks/
 _PARALLEL = "being rewritten with its benchmarks section on another branch (given one holdout); tie it there"
 _PARALLEL_INTERVALS = "intervals.md, 'Measured coverage': being rewritten with its benchmarks section on another branch"
 _PARALLEL_NO_SHIFT = "uncertainty.md, 'No-shift test': being rewritten with its benchmarks section on another branch"
 _DESIGN = "the label-shift test's design history: prototype and review runs, recorded only here"
+#: (page, words the unit contains) -> where its figures come from, when not from benchmarks/
 NOT_FROM_BENCHMARKS = {
     ("operations.md", "| fault | what happens | what to do |"):
         "one run of each fault test (tests/integration/test_faults_*.py, test_workers.py), which assert the bounds",
@@ -98,6 +98,7 @@ NOT_FROM_BENCHMARKS = {
     ("uncertainty.md", "*Power.* Under a mild shift"): _PARALLEL_NO_SHIFT,
 }
 
+_ITEM = re.compile(r"\s*(?:[-*]|\d+\.)\s")
 BENCH_LINK = re.compile(r"\]\((?:\.\./)?benchmarks/(README|HISTORY)\.md#([\w-]+)\)")
 
 
@@ -118,7 +119,7 @@ def units(text: str) -> list[tuple[int, str]]:
             if line.startswith("#"):
                 blocks.append(None)
             continue
-        kind = "table" if line.lstrip().startswith("|") else "item" if re.match(r"\s*(?:[-*]|\d+\.)\s", line) else "text"
+        kind = "table" if line.lstrip().startswith("|") else "item" if _ITEM.match(line) else "text"
         last = blocks[-1] if blocks else None
         if last and not gap and (kind == last[2] == "table" or (kind == "text" and last[2] != "table")):
             last[1].append(line)                                    # the same paragraph, item or table goes on
@@ -200,7 +201,7 @@ def figures_by_unit(text: str) -> list[tuple[int, str, list, list[str]]]:
     code blocks show is left out (quoted from an example run)."""
     found, lead, shown = [], "", example_outputs(text)
     for line, unit in units(text):
-        item = re.match(r"\s*(?:[-*]|\d+\.)\s", unit) is not None
+        item = _ITEM.match(unit) is not None
         if not item:
             lead = unit
         links = BENCH_LINK.findall(unit) + (BENCH_LINK.findall(lead) if item else [])
@@ -241,21 +242,26 @@ def test_the_rule_catches_a_figure_not_in_its_section_and_one_without_a_link(tmp
     bench.write_text("# Bench\n## Speed of the thing\n\nIt took 2.5 s and 1.49 GiB; coverage 0.946.\n"
                      "## Other\n\n3.1 s\n", encoding="utf-8")
     sections = {"README.md": _sections(bench), "HISTORY.md": {}}
-    page = ("# Page\n\nThe run took 2.5 s at 1.49 GiB ([bench](../benchmarks/README.md#speed-of-the-thing)).\n\n"
-            "Its coverage was 0.946 and it took 3.1 s ([bench](../benchmarks/README.md#speed-of-the-thing)).\n\n"
-            "The run took 12.5 s, at a 5% level and within 60 s.\n\n"
-            "Set `--timeout 30` (30 s); a 95% interval; the level is 5%.\n\n"
-            "```\n$ labelshift estimate\nwall time 99.9 s, coverage 0.999\n```\n\n"
-            "- The list item measured 1,000 s ([b](benchmarks/README.md#no-such-section)).\n")
-    assert measured_figures("The run took 12.5 s, at a 5% level and within 60 s.") == ["12.5"]
-    assert measured_figures("Coverage 0.93-0.97 measured, peak RSS 1.5-2 GiB, 1.9x faster") == \
-        ["1.5", "2", "1.9"]      # two-digit decimals are not taken; a range with a unit gives both ends
+    link = "[bench](../benchmarks/README.md#speed-of-the-thing)"
+    page = (f"# Page\n\nThe run took 2.5 s at 1.49 GiB ({link}).\n\n"               # tied: passes
+            f"Its coverage was 0.946 and it took 3.1 s ({link}).\n\n"                 # 3.1 s is another section's
+            "The run took 12.5 s, at a 5% level and within 60 s.\n\n"                # no link
+            "Set `--timeout 30` (30 s); a 95% interval; the level is 5%.\n\n"        # settings: not checked
+            "## Walk-through\n\n```\n$ labelshift estimate\nwall time 99.9 s\n```\n\n"
+            "That run took 99.9 s (measured once).\n\n"                                # quotes the example run
+            "- The list item measured 1,000 s ([b](benchmarks/README.md#no-such-section)).\n\n"
+            f"Measured ({link}):\n\n- 2.5 s\n- 2.6 s\n")                            # items take their lead's link
     assert untied_figures(page, sections) == [
         "5: 3.1: not in the linked section(s) speed-of-the-thing",
         "7: 12.5: no link to the benchmarks section they come from",
-        "16: no such section: benchmarks/README.md#no-such-section",
+        "20: no such section: benchmarks/README.md#no-such-section",
+        "25: 2.6: not in the linked section(s) speed-of-the-thing",
     ]
-    assert _said("1,000", "took 1000 s") and not _said("4.5", "14.5% and 4.55%") and _said("4.5", "(4.5%)")
+    assert measured_figures("The run took 12.5 s, at a 5% level and within 60 s.") == ["12.5"]
+    assert measured_figures("Coverage 0.93-0.97 measured, peak RSS 1.5-2 GiB, 1.9x faster, 0.950.") == \
+        ["1.5", "2", "1.9", "0.950"]      # two-digit decimals are not taken; a range with a unit gives both ends
+    assert measured_figures("A list item, 4 s", lead="What was measured:") == ["4"]
+    assert _said("1,000", "took 1000 s") and not _said("4.5", "14.5% and 4.55%") and _said("63", "(63.0%)")
 
 
 def test_units_keep_list_items_apart_and_tables_with_their_caption():
