@@ -9,9 +9,10 @@ The rule, as this test applies it:
 * A unit *reports a measurement* when its prose (inline code and link targets removed) says so: ``measured``,
   ``measures``, ``took``, ``takes``, ``timed``, ``covered``, ``covers``, ``coverage``, ``false alarm``, ``power``,
   ``rejected``, ``peak RSS``, ``wall time`` or ``benchmark`` (not "size": "of the same size" is too common).
-* Its *measured figures* are the numbers with a unit -- ``%``, ``s``, ``ms``, ``min``, ``GiB``, ``MiB``, ``GB``,
-  ``MB``, or an ``x`` written against the number (``1.9x``) -- both ends of a range (``52-57 s``), and the decimals
-  written with three digits between 0.100 and 0.999 (coverages, accuracies: ``0.946``).
+* Its *measured figures* are the numbers with a unit -- ``%``, ``ms``, ``s``, ``seconds``, ``min``, ``minutes``,
+  ``hours``, ``GiB``, ``MiB``, ``GB``, ``MB``, or an ``x`` written against the number (``1.9x``) -- both ends of a
+  range (``52-57 s``), and the decimals written with three digits between 0.100 and 0.999 (coverages, accuracies:
+  ``0.946``).
 * Each needs a link in its unit to ``benchmarks/README.md#...`` or ``benchmarks/HISTORY.md#...`` whose anchor is a
   heading there (``##`` or deeper: the page's title would be the whole page), and its number must appear, as a
   whole number, in one of the linked sections (from the heading to the next of the same or a higher level).
@@ -23,8 +24,9 @@ Not measured figures, and so not checked:
 * settings and defaults: a level (``at 5%``, ``level 1%``, ``nominal 5%``, ``a 5% level``), an interval's nominal
   coverage (``95% interval``, ``95% Fisher interval``, ``95% confidence``), a threshold as a share (``30% of the
   level``, ``5% of a standard error``), a default (``2 s by default``);
-* goals and bounds: a number after ``goal``, ``at most``, ``at least``, ``up to``, ``within``, ``under``,
-  ``below``, ``above``, ``<=``, ``>=`` (a bound is a claim checked against the figures, not a figure);
+* goals and bounds: a number after ``goal``, ``at most``, ``at least``, ``up to``, ``within``, ``under``, ``over``,
+  ``more than``, ``less than``, ``below``, ``above``, ``<=``, ``>=`` (a bound is a claim checked against the
+  figures, not a figure);
 * code: flags (``--level 0.05``), equations' constants, and the outputs of the walk-throughs, which are one example
   run (the walk-throughs say so), not a measurement -- nor the prose that quotes them: a figure shown in a code
   block of the unit's own section (any heading level) is that run's;
@@ -51,14 +53,14 @@ CUES = re.compile(r"\bmeasur(?:ed|es)\b|\btook\b|\btakes\b|\btimed\b|\bcover(?:e
                   r"|\brejected\b|peak RSS|wall time|\bbenchmark", re.I)
 
 _NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
-_UNIT = r"%|\s?(?:ms|s|min|GiB|MiB|GB|MB)\b|x\b"
+_UNIT = r"%|\s?(?:ms|s|min|minutes?|seconds?|hours?|GiB|MiB|GB|MB)\b|x\b"
 #: a number with a unit, or a range of two with one unit; or a three-digit decimal between 0.100 and 0.999
 FIGURE = re.compile(rf"(?<![\w.,])(?P<a>{_NUMBER})(?:\s?(?:-|–|to)\s?(?P<b>{_NUMBER}))?(?P<unit>{_UNIT})"
                     rf"|(?<![\w.,])(?P<c>0\.[1-9]\d\d)(?!\d|\.\d)")
 
 #: settings, defaults and bounds: the figure that follows (or precedes) these words is not a measurement
-_BOUND_BEFORE = re.compile(r"(?:\b(?:goals?|at most|at least|up to|within|under|below|above|level|nominal|at|alpha)"
-                           r"\s*[:=]?|[<>]=?|≤|≥)\s*$", re.I)
+_BOUND_BEFORE = re.compile(r"(?:\b(?:goals?|at most|at least|up to|within|under|over|more than|less than|below"
+                           r"|above|level|nominal|at|alpha)\s*[:=]?|[<>]=?|≤|≥)\s*$", re.I)
 _SETTING_AFTER = re.compile(r"^\s*(?:(?:[\w-]+\s+){0,2}(?:intervals?|confidence|credible)\b|level|prediction"
                             r"|significance|of the level|of a standard error|of the score|by default|\(?default)", re.I)
 
