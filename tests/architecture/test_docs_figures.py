@@ -17,7 +17,7 @@ The rule, as this test applies it:
   heading there (``##`` or deeper: the page's title would be the whole page), and its number must appear, as a
   whole number, in one of the linked sections (from the heading to the next of the same or a higher level).
   Numbers are compared without thousands' commas and trailing zeros (``1,000`` is ``1000``, ``63%`` is ``63.0%``);
-  ``95%`` is not ``0.95``: the docs write a figure as its section does.
+  a percentage must appear as one (``95%`` is not ``0.95``: the docs write a figure as its section does).
 
 Not measured figures, and so not checked:
 
@@ -150,7 +150,8 @@ def measured_figures(unit: str, lead: str = "") -> list[str]:
         before, after = prose[:match.start()], prose[match.end():]
         if _BOUND_BEFORE.search(before[-12:]) or _SETTING_AFTER.match(after):
             continue
-        figures += [n for n in match.group("a", "b", "c") if n]
+        percent = "%" if match.group("unit") == "%" else ""
+        figures += [n + percent for n in match.group("a", "b", "c") if n]
     return figures
 
 
@@ -176,9 +177,12 @@ def _plain(text: str) -> str:
 
 
 def _said(number: str, text: str) -> bool:
-    """Whether ``number`` appears in ``text`` as a whole number (``4.5`` not in ``14.5`` or ``4.55``; ``63`` in
-    ``63.0%``; ``1,000`` in ``1000``)."""
-    return re.search(rf"(?<![\d.]){re.escape(_plain(number))}(?!\.?\d)", _plain(text)) is not None
+    """Whether ``number`` appears in ``text`` as a whole number (``4.5`` not in ``14.5`` or ``4.55``, ``96`` not in a
+    commit's ``96bfd5a``; ``63`` in ``63.0``; ``1,000`` in ``1000``); a percentage (``4.5%``) as a percentage
+    (``4.5%``, ``4.5 %``, or a range's first end, ``4.5-6.0%``)."""
+    plain = _plain(number)
+    after = r"(?:\s?[-–]\s?[\d.]+)?\s?%" if plain.endswith("%") else r"(?![a-f]|\.?\d)"  # 4.5%, 4.5-6%; no hash
+    return re.search(rf"(?<![\w.]){re.escape(plain.rstrip('%'))}{after}", _plain(text)) is not None
 
 
 def example_outputs(text: str) -> dict[int, str]:
@@ -263,7 +267,8 @@ def test_the_rule_catches_a_figure_not_in_its_section_and_one_without_a_link(tmp
     assert measured_figures("Coverage 0.93-0.97 measured, peak RSS 1.5-2 GiB, 1.9x faster, 0.950.") == \
         ["1.5", "2", "1.9", "0.950"]      # two-digit decimals are not taken; a range with a unit gives both ends
     assert measured_figures("A list item, 4 s", lead="What was measured:") == ["4"]
-    assert _said("1,000", "took 1000 s") and not _said("4.5", "14.5% and 4.55%") and _said("63", "(63.0%)")
+    assert _said("1,000", "took 1000 s") and not _said("4.5", "14.5% and 4.55%") and _said("63%", "(63.0%)")
+    assert _said("4.5%", "4.5-6.0%") and not _said("4.5%", "4.5 s") and not _said("96", "commit 96bfd5a")
 
 
 def test_units_keep_list_items_apart_and_tables_with_their_caption():
