@@ -4,7 +4,9 @@
 """
 from __future__ import annotations
 
+import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -64,34 +66,41 @@ def _corrected_chunks(probs: np.ndarray, weights: np.ndarray, ids, chunk_rows: i
         yield correct_predictions(block, weights).astype(np.float32), _take(ids, pending, len(block))
 
 
+#: batches whose corrected outputs are made and uploaded at once (the arithmetic, Parquet writing, hashing and
+#: uploads release the GIL)
+WRITE_THREADS = max(1, min(2, os.cpu_count() or 1))
+
+
+def _write_corrected_parquet(bundle, store, b: TargetBatch, p: np.ndarray, w: np.ndarray, summary: dict) -> str:
+    """One Parquet batch's corrected outputs written row group by row group to a temporary file (its id column
+    streamed from a downloaded copy of the batch), uploaded with the batch's summary; its URI."""
+    names, id_column, chunk_rows = bundle.holdout.names, getattr(bundle, "id_column", None), rows_mod.ROW_BLOCK
+    with tempfile.TemporaryDirectory(prefix="labelshift-corrected-") as tmp:
+        folder = Path(tmp)
+        if id_column:
+            source = download_batch(store, b, folder, "batch")
+            ids = iter_ids(source, store.url(b.key), id_column, chunk_rows=chunk_rows)
+        else:
+            ids = iter_ids(None, store.url(b.key), None)
+        out = folder / "corrected.parquet"
+        write_corrected_parquet(out, _corrected_chunks(p, w, ids, chunk_rows), names, id_column)
+        batch_summary = dict(summary, batch={"key": b.key, "checksum": b.checksum, "rows": int(len(p)),
+                                             "corrected": store.url(b.corrected_key)})
+        write_corrected_file(store, b, out, b.corrected_key, batch_summary, rows=len(p), classes=len(names))
+    return store.url(b.corrected_key)
+
+
 @task(name="write-outputs", cache_policy=NO_CACHE, persist_result=False)
 def write_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], probs: list[np.ndarray],
                            weights: list[float], summary: dict) -> list[str]:
     """Corrected predictions beside each batch: ``.corrected.npy`` for .npy batches (as for PyTorch models),
     ``.corrected.parquet`` with one column per class name (and the batch's id column) for Parquet batches, written
     row group by row group to a temporary file (the batch's id column streamed from a downloaded copy), then
-    uploaded."""
+    uploaded; :data:`WRITE_THREADS` batches at once. Returns their URIs in the batches' order (a failure in any
+    raises once the others have ended: nothing is committed then)."""
     if all(b.key.endswith(".npy") for b in batches):
         return write_outputs(target_uri, batches, probs, weights, summary)
     store = open_store(target_uri)
-    names = bundle.holdout.names
-    id_column = getattr(bundle, "id_column", None)
     w = np.asarray(weights, dtype=np.float64)
-    chunk_rows = rows_mod.ROW_BLOCK
-    urls = []
-    with rows_mod.one_blas_thread():
-        for b, p in zip(batches, probs):
-            with tempfile.TemporaryDirectory(prefix="labelshift-corrected-") as tmp:
-                folder = Path(tmp)
-                if id_column:
-                    source = download_batch(store, b, folder, "batch")
-                    ids = iter_ids(source, store.url(b.key), id_column, chunk_rows=chunk_rows)
-                else:
-                    ids = iter_ids(None, store.url(b.key), None)
-                out = folder / "corrected.parquet"
-                write_corrected_parquet(out, _corrected_chunks(p, w, ids, chunk_rows), names, id_column)
-                batch_summary = dict(summary, batch={"key": b.key, "checksum": b.checksum, "rows": int(len(p)),
-                                                     "corrected": store.url(b.corrected_key)})
-                write_corrected_file(store, b, out, b.corrected_key, batch_summary, rows=len(p), classes=len(names))
-            urls.append(store.url(b.corrected_key))
-    return urls
+    with rows_mod.one_blas_thread(), ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
+        return list(pool.map(lambda b, p: _write_corrected_parquet(bundle, store, b, p, w, summary), batches, probs))

@@ -6,8 +6,10 @@ scores of a batch (:func:`forward`, :func:`model_scores`) are computed the same 
 """
 from __future__ import annotations
 
+import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,50 +130,85 @@ def _reject(out: ScoredBatches, b: TargetBatch, exc: Exception, logger) -> None:
         logger.warning("rejected %s: %s", b.key, exc)
 
 
+#: threads that download a run's batches, and that read and calibrate them (a thread per core: the reading and the
+#: block arithmetic release the GIL; the downloads wait on the network)
+DOWNLOAD_THREADS = 4
+CALIBRATE_THREADS = max(1, min(2, os.cpu_count() or 1))
+
+
+def _downloaded(store, batches: list[TargetBatch], folder: Path, out: ScoredBatches, logger, reject_logger) -> list:
+    """(batch, uri, format, local path, rows) of each batch that could be downloaded, in the batches' order; the
+    others skipped (gone or replaced) or rejected (unreadable metadata). Several downloads at once."""
+    def one(i_b):
+        i, b = i_b
+        uri, fmt = store.url(b.key), batch_format(b.key)
+        try:
+            path = download_batch(store, b, folder, f"batch-{i}")
+            return b, (b, uri, fmt, path, batch_rows(path, fmt, uri))
+        except (ObjectNotFoundError, ChangedBatchError, FormatError, InputError) as exc:
+            return b, exc
+
+    files = []
+    with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS) as pool:
+        for b, got in pool.map(one, enumerate(batches)):
+            if isinstance(got, (ObjectNotFoundError, ChangedBatchError)):
+                _skip(out, b, got, logger)
+            elif isinstance(got, Exception):
+                _reject(out, b, got, reject_logger)
+            else:
+                files.append(got)
+    return files
+
+
+def _calibrate_file(bundle: ReferenceBundle, file, pooled: np.ndarray, pooled_raw: np.ndarray, at: int):
+    """One downloaded batch read in row chunks into ``pooled_raw[at:at + n]`` and calibrated into ``pooled``; None,
+    or the FormatError/InputError that rejects it. Its file is deleted either way."""
+    b, uri, fmt, path, n = file
+    row = at
+    try:
+        for chunk in iter_output_chunks(path, fmt, bundle.spec, uri):
+            if row + len(chunk) > at + n:
+                raise FormatError(f"batch {uri} holds more rows than its metadata says ({n}); write it again.")
+            kept = pooled_raw[row:row + len(chunk)]
+            kept[:] = chunk
+            pooled[row:row + len(chunk)] = bundle.calibrator.predict_proba(kept.astype(np.float64))
+            row += len(chunk)
+        if row != at + n:
+            raise FormatError(f"batch {uri} holds {row - at} rows but its metadata says {n}; write it again.")
+    except (FormatError, InputError) as exc:
+        return exc
+    finally:
+        path.unlink(missing_ok=True)
+    return None
+
+
 def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out: ScoredBatches, logger,
                 reject_logger) -> None:
-    """Prediction logs: every batch streamed to a temporary file, then read in row chunks, calibrated chunk by chunk
-    into one pooled float32 (m, k) array; the good batches get consecutive views of it (so pooling them is free:
-    :func:`labelshift.rows.joined`), and so do their raw outputs (float32, for the source-aware interval; the
-    probabilities are computed from the kept values). A batch that fails its checks part-way gives its rows back to
-    the next one."""
+    """Prediction logs: the batches streamed to temporary files (several at once), then each read in row chunks
+    and calibrated chunk by chunk into its rows of one pooled float32 (m, k) array (a batch per thread); the good
+    batches get consecutive views of it (so pooling them is free: :func:`labelshift.rows.joined`), and so do their
+    raw outputs (float32, for the source-aware interval; the probabilities are computed from the kept values). The
+    rows of a batch that fails its checks are given to the batches after it (theirs move up)."""
     with tempfile.TemporaryDirectory(prefix="labelshift-batches-") as tmp, rows_mod.one_blas_thread():
-        files = []
-        for i, b in enumerate(batches):
-            uri, fmt = store.url(b.key), batch_format(b.key)
-            try:
-                path = download_batch(store, b, Path(tmp), f"batch-{i}")
-                files.append((b, uri, fmt, path, batch_rows(path, fmt, uri)))
-            except (ObjectNotFoundError, ChangedBatchError) as exc:
-                _skip(out, b, exc, logger)
-            except (FormatError, InputError) as exc:
-                _reject(out, b, exc, reject_logger)
-        total = sum(f[4] for f in files)
-        pooled = np.empty((total, bundle.n_classes), dtype=np.float32)
-        pooled_raw = np.empty((total, bundle.n_classes), dtype=np.float32)     # for the source-aware interval
+        files = _downloaded(store, batches, Path(tmp), out, logger, reject_logger)
+        starts = np.concatenate([[0], np.cumsum([f[4] for f in files], dtype=np.int64)])
+        pooled = np.empty((int(starts[-1]), bundle.n_classes), dtype=np.float32)
+        pooled_raw = np.empty_like(pooled)     # for the source-aware interval
+        with ThreadPoolExecutor(max_workers=CALIBRATE_THREADS) as pool:
+            failed = list(pool.map(lambda f, at: _calibrate_file(bundle, f, pooled, pooled_raw, int(at)), files,
+                                   starts[:-1]))
         at = 0
-        for b, uri, fmt, path, n in files:
-            row = at
-            try:
-                for chunk in iter_output_chunks(path, fmt, bundle.spec, uri):
-                    if row + len(chunk) > at + n:
-                        raise FormatError(f"batch {uri} holds more rows than its metadata says ({n}); write it "
-                                          "again.")
-                    kept = pooled_raw[row:row + len(chunk)]
-                    kept[:] = chunk
-                    pooled[row:row + len(chunk)] = bundle.calibrator.predict_proba(kept.astype(np.float64))
-                    row += len(chunk)
-                if row != at + n:
-                    raise FormatError(f"batch {uri} holds {row - at} rows but its metadata says {n}; write it again.")
-            except (FormatError, InputError) as exc:
+        for (b, _, _, _, n), start, exc in zip(files, starts[:-1], failed):
+            if exc is not None:
                 _reject(out, b, exc, reject_logger)
                 continue
-            finally:
-                path.unlink(missing_ok=True)
+            if start != at:        # after a rejected batch: its rows move up (numpy copies overlapping rows safely)
+                pooled[at:at + n] = pooled[start:start + n]
+                pooled_raw[at:at + n] = pooled_raw[start:start + n]
             out.batches.append(b)
-            out.probs.append(pooled[at:row])
-            out.outputs.append(pooled_raw[at:row])
-            at = row
+            out.probs.append(pooled[at:at + n])
+            out.outputs.append(pooled_raw[at:at + n])
+            at += n
 
 
 def _calibrated(bundle, scores, raw: list) -> np.ndarray:
