@@ -110,7 +110,7 @@ class _Gauss:
 
 class _Pool:
     """A finite pool of outputs: holdout from it, targets without replacement from the rest (``m`` rows, class
-    counts multinomial(m, p_t) redrawn until each fits its class's rows)."""
+    counts multinomial(m, p_t) redrawn until each fits its class's rows; the interval's truth is p_t)."""
 
     def __init__(self, z, y, n, m, shifted=None):
         self.z, self.y, self.n, self.m, self.shifted = z, y, n, m, shifted or {}
@@ -125,12 +125,14 @@ class _Pool:
         yr = self.y[self.rest]
         avail = np.bincount(yr, minlength=10)
         while True:
-            counts = rng.multinomial(self.m, rng.dirichlet(np.full(10, FAMILIES[t % len(FAMILIES)]))
-                                     if prior is None else prior)
+            pi = rng.dirichlet(np.full(10, FAMILIES[t % len(FAMILIES)])) if prior is None else prior
+            counts = rng.multinomial(self.m, pi)
             if np.all(counts <= avail):
                 break
         rows = np.concatenate([rng.choice(self.rest[yr == c], counts[c], replace=False) for c in range(10)])
-        self.prior = counts / self.m
+        # the prior the target's labels were drawn from (the interval's estimand; its counts / m, the truth before,
+        # carry no label-sampling error, so every interval covered them)
+        self.prior = pi
         out = {"label-shift": self.z[rows]}
         out.update({s: zs[rows] for s, zs in self.shifted.items() if shifts})
         return out
