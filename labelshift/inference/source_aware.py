@@ -912,11 +912,9 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     interval [0, U_y]: the target-only profile likelihood bound of fisher_interval, widened by the holdout's share.
     Derivation: ``docs/intervals.md`` ("The covariance (M-estimation sandwich)", "Classes pinned at w = 0").
 
-    Given one holdout its part of the error is fixed, not redrawn: the holdout's covariance is counted kappa >= 1
-    times, the smallest factor with which a holdout whose error in any class is at its 90th percentile still
-    covers that class with probability 0.90 (:func:`~labelshift.inference.holdout_conditional.interval_inflation`,
-    the largest over the classes; ``docs/intervals.md``, "Given one holdout"). It is 1 unless the holdout's share
-    of a class's variance lies between about 0.25 and 0.9, and at most about 1.23.
+    Given one holdout its error is fixed: the holdout's covariance counts kappa >= 1 times, the least with which a
+    holdout at the 90th percentile of its error in a class covers it w.p. 0.90 (the largest over classes of
+    :func:`~labelshift.inference.holdout_conditional.interval_inflation`; ``docs/intervals.md``, "Given one holdout").
 
     Args:
         holdout_outputs: (n, k) the classifier's raw outputs (logits, or probabilities if the calibrator was fit
@@ -934,10 +932,8 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
             cluster (the clustered meat of :func:`~labelshift.inference.repeats.clustered_covariance`) instead of
             m independent rows (``docs/intervals.md``, "Rows that repeat").
         class_names: optional k names the reasons call the classes by (else 0..k-1).
-        holdout_inflation: None (the default): kappa as above; a number >= 1: that kappa (1: the holdout's
-            covariance counted once, the interval valid on average over holdouts, as before). Recorded in
-            ``extra["holdout_inflation"]``; ``covariance_holdout`` is the inflated part, ``holdout_influence`` is
-            not inflated (``covariance_holdout = kappa holdout_influence.T @ holdout_influence / n**2``).
+        holdout_inflation: None (default): kappa as above; a number >= 1 fixes it (1: valid on average over
+            holdouts, as before). In ``extra["holdout_inflation"]``; ``covariance_holdout`` is inflated.
 
     Returns:
         :class:`SourceAwareInterval` (a PriorInterval with ``method="source-aware"``).
