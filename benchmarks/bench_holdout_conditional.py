@@ -21,7 +21,11 @@ Designs
 
 ``--inflation KAPPA`` sets ``holdout_inflation`` (1: the test before; default: the test's own); ``--others`` adds,
 per holdout, the no-shift test's false Shifted on fresh targets at p_t = p_s and the 95% source-aware prior
-interval's coverage of the label-shifted targets' p_t; ``--only SEED ...`` runs those holdout seeds alone.
+interval's coverage of the label-shifted targets' p_t; ``--others-inflation KAPPA`` sets both of those'
+``holdout_inflation`` (1: as before; default: derived per call, :mod:`labelshift.inference.holdout_conditional`);
+``--others-only`` skips the label-shift test (the same holdouts and targets, draw for draw: the test draws nothing
+from the holdout's generator); ``--m M`` sets the Gaussian targets' rows (default 20,000); ``--only SEED ...`` runs
+those holdout seeds alone.
 Results: benchmarks/out/holdout_conditional/DESIGN_nN_sSEED0_TAG.json (per holdout, every target's p-values).
 
     python benchmarks/bench_holdout_conditional.py gauss --n 1000 --holdouts 20 --inflation 1 --tag before
@@ -50,7 +54,7 @@ import numpy as np  # noqa: E402
 from labelshift import BCTS  # noqa: E402
 from labelshift.inference.label_shift_test import label_shift_test, prepare_holdout  # noqa: E402
 from labelshift.inference.label_shift_test.holdout_noise import HOLDOUT_INFLATION  # noqa: E402
-from labelshift.inference.no_shift_test import no_shift_test  # noqa: E402
+from labelshift.inference.no_shift import no_shift_test  # noqa: E402
 from labelshift.inference.source_aware import source_aware_interval  # noqa: E402
 
 OUT = HERE / "out" / "holdout_conditional"
@@ -66,16 +70,19 @@ def _calibrate(z_holdout, y_holdout):
         return BCTS().fit(z_holdout, y_holdout)
 
 
-def _others(d, rng, zs, ys, zt, cal) -> list:
+def _others(d, rng, zs, ys, zt, cal, kappa=None) -> list:
     """[the no-shift test's p-value on a fresh target with p_t = p_s (two-sample form, as the report runs it), the
-    share of classes whose 95% source-aware interval covers the label-shifted target's p_t]."""
+    share of classes whose 95% source-aware interval covers the label-shifted target's p_t, whether that interval
+    is trusted, the no-shift test's kappa] (``kappa``: both's holdout_inflation, None derived)."""
     p_s = cal.predict_proba(zs).mean(axis=0)
     if hasattr(d, "no_shift"):
-        p0 = no_shift_test(cal.predict_proba(d.no_shift(rng)), None, p_s, source_probs=cal.predict_proba(zs)).p_value
+        t0 = no_shift_test(cal.predict_proba(d.no_shift(rng)), None, p_s, source_probs=cal.predict_proba(zs),
+                           holdout_inflation=kappa)
+        p0, k0 = t0.p_value, t0.holdout_inflation
     else:
-        p0 = float("nan")
-    ci = source_aware_interval(zs, ys, zt, cal)
-    return [p0, float(np.mean((ci.lower <= d.prior) & (d.prior <= ci.upper)))]
+        p0 = k0 = float("nan")
+    ci = source_aware_interval(zs, ys, zt, cal, holdout_inflation=kappa)
+    return [p0, float(np.mean((ci.lower <= d.prior) & (d.prior <= ci.upper))), float(ci.trustworthy), k0]
 
 
 def _test(S, ys, P, prepared, seed, draws, inflation):
@@ -85,7 +92,7 @@ def _test(S, ys, P, prepared, seed, draws, inflation):
 
 
 class _Gauss:
-    def __init__(self, n, m):
+    def __init__(self, n, m=20_000):
         from bench_label_shift_test import Gauss
         self.prob, self.n, self.m = Gauss(k=10, d=20), n, m
 
@@ -103,7 +110,7 @@ class _Gauss:
 
 class _Pool:
     """A finite pool of outputs: holdout from it, targets without replacement from the rest (``m`` rows, class
-    counts multinomial(m, p_t) redrawn until each fits its class's rows)."""
+    counts multinomial(m, p_t) redrawn until each fits its class's rows; the interval's truth is p_t)."""
 
     def __init__(self, z, y, n, m, shifted=None):
         self.z, self.y, self.n, self.m, self.shifted = z, y, n, m, shifted or {}
@@ -114,23 +121,33 @@ class _Pool:
         self.rest = idx[self.n:]
         return self.z[idx[:self.n]], self.y[idx[:self.n]]
 
-    def targets(self, rng, t, shifts=True):
+    def targets(self, rng, t, shifts=True, prior=None):
         yr = self.y[self.rest]
         avail = np.bincount(yr, minlength=10)
         while True:
-            counts = rng.multinomial(self.m, rng.dirichlet(np.full(10, FAMILIES[t % len(FAMILIES)])))
+            pi = rng.dirichlet(np.full(10, FAMILIES[t % len(FAMILIES)])) if prior is None else prior
+            counts = rng.multinomial(self.m, pi)
             if np.all(counts <= avail):
                 break
         rows = np.concatenate([rng.choice(self.rest[yr == c], counts[c], replace=False) for c in range(10)])
-        self.prior = counts / self.m
+        # the prior the target's labels were drawn from (the interval's estimand; its counts / m, the truth before,
+        # carry no label-sampling error, so every interval covered them)
+        self.prior = pi
         out = {"label-shift": self.z[rows]}
         out.update({s: zs[rows] for s, zs in self.shifted.items() if shifts})
         return out
 
+    def no_shift(self, rng):
+        """``m`` rows of the rest at the pool's own class shares (the holdout's population): no shift."""
+        prior = self.prior                                  # the label-shifted target's, which the interval needs
+        z = self.targets(rng, 0, False, np.bincount(self.y, minlength=10) / len(self.y))["label-shift"]
+        self.prior = prior
+        return z
 
-def design(name: str, n: int):
+
+def design(name: str, n: int, m: int | None = None):
     if name == "gauss":
-        return _Gauss(n, 20_000)
+        return _Gauss(n, m or 20_000)
     if name == "resnet18":
         d = np.load(RESNET)
         z, y = d["test_logits"].astype(np.float64), d["test_labels"]
@@ -144,8 +161,9 @@ def design(name: str, n: int):
 
 
 def run(name: str, n: int, holdouts: int, targets: int, seed0: int, draws: int, inflation=None,
-        power_targets: int = 10, others: bool = False) -> dict:
-    d = design(name, n)
+        power_targets: int = 10, others: bool = False, others_inflation=None, others_only: bool = False,
+        m: int | None = None) -> dict:
+    d = design(name, n, m)
     rows = []
     for h in (range(seed0, seed0 + holdouts) if isinstance(holdouts, int) else holdouts):
         t0 = time.perf_counter()
@@ -158,23 +176,25 @@ def run(name: str, n: int, holdouts: int, targets: int, seed0: int, draws: int, 
         prepared = prepare_holdout(S, ys)
         ps = {}
         for t in range(targets):
-            for kind, zt in d.targets(rng, t, t < power_targets).items():
-                ps.setdefault(kind, []).append(_test(S, ys, cal.predict_proba(zt), prepared, t, draws, inflation))
-                if kind == "label-shift" and others:
-                    ps.setdefault("others", []).append(_others(d, rng, zs, ys, zt, cal))
+            for kind, zt in d.targets(rng, t, t < power_targets and not others_only).items():
+                ps.setdefault(kind, []).append([np.nan] * 3 if others_only else
+                                               _test(S, ys, cal.predict_proba(zt), prepared, t, draws, inflation))
+                if kind == "label-shift" and (others or others_only):
+                    ps.setdefault("others", []).append(_others(d, rng, zs, ys, zt, cal, others_inflation))
         row = {"holdout": h, "seconds": time.perf_counter() - t0,
                **{k: np.asarray(v).tolist() for k, v in ps.items()}}
         rows.append(row)
         false = np.mean(np.asarray(ps["label-shift"])[:, 0] < ALPHA)
         extra = " ".join(f"{k} {np.mean(np.asarray(v)[:, 0] < ALPHA):.2f}" for k, v in ps.items()
                          if k not in ("label-shift", "others"))
-        if others:
+        if others or others_only:
             o = np.asarray(ps["others"])
             extra += f" no-shift false Shifted {np.mean(o[:, 0] < ALPHA):.3f} coverage {np.mean(o[:, 1]):.3f}"
         print(f"{name} n={n} holdout {h}: false Not label shift {false:.3f} {extra} ({row['seconds']:.0f} s)",
               flush=True)
     kappa = HOLDOUT_INFLATION if inflation is None else inflation
-    return {"design": name, "n": n, "targets": targets, "draws": draws, "inflation": kappa, "rows": rows}
+    return {"design": name, "n": n, "m": getattr(d, "m", None), "targets": targets, "draws": draws,
+            "inflation": kappa, "others_inflation": others_inflation, "rows": rows}
 
 
 def summarise(res: dict) -> dict:
@@ -193,6 +213,12 @@ def summarise(res: dict) -> dict:
                                max=float(shifted.max()), pooled=float(shifted.mean()))
         out["coverage"] = dict(median=float(np.median(cover)), p10=float(np.quantile(cover, 0.1)),
                                min=float(cover.min()), pooled=float(cover.mean()))
+        if o[0].shape[1] > 2:            # trusted intervals only (pooled over targets), the no-shift test's kappa
+            covs = np.concatenate([x[:, 1] for x in o])
+            trusted = np.concatenate([x[:, 2] for x in o]) > 0.5
+            out["coverage"].update(trusted_share=float(trusted.mean()),
+                                   trusted_pooled=float(covs[trusted].mean()) if trusted.any() else float("nan"))
+            out["no-shift"]["kappa"] = float(np.nanmedian(np.concatenate([x[:, 3] for x in o])))
     for s in SHIFTS:
         if s in res["rows"][0]:
             out[f"power {s}"] = float(np.mean([np.mean(np.asarray(r[s])[:, 0] < ALPHA) for r in res["rows"]]))
@@ -207,6 +233,8 @@ def table(paths) -> str:
     lines = [head, "|" + "---|" * 11]
     for path in paths:
         res = json.loads(path.read_text())
+        if np.all(np.isnan(np.asarray(res["rows"][0]["label-shift"], dtype=float)[:, 0])):
+            continue                                        # --others-only: no label-shift test
         s, r = summarise(res), summarise(res)["reported"]
         seeds = [row["holdout"] for row in res["rows"]]
         power = " / ".join(f"{s[f'power {x}']:.0%}" for x in SHIFTS) if f"power {SHIFTS[0]}" in s else "-"
@@ -220,17 +248,22 @@ def table(paths) -> str:
 def table_others(paths) -> str:
     """The runs with ``--others``: per holdout the no-shift test's false Shifted and the 95% source-aware prior
     interval's coverage (share of classes x targets), as distributions over holdouts."""
-    lines = ["| design | holdout n | holdouts x targets | false Shifted: pooled / median / 90th pct / max | "
-             "coverage: pooled / median / 10th pct / min |", "|---|---|---|---|---|"]
+    lines = ["| design | holdout n | target m | kappa | holdouts x targets | false Shifted: pooled / median / 90th pct / "
+             "max | no-shift kappa | coverage: pooled / median / 10th pct / min | trusted: share / coverage |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
         res = json.loads(path.read_text())
         s = summarise(res)
         if "no-shift" not in s:
             continue
         a, c = s["no-shift"], s["coverage"]
-        lines.append(f"| {res['design']} | {res['n']:,} | {len(res['rows'])} x {res['targets']} | "
-                     f"{a['pooled']:.1%} / {a['median']:.1%} / {a['p90']:.1%} / {a['max']:.1%} | "
-                     f"{c['pooled']:.3f} / {c['median']:.3f} / {c['p10']:.3f} / {c['min']:.3f} |")
+        kappa = res.get("others_inflation", 1.0)
+        kappa = "derived" if kappa is None else f"{kappa:g}"
+        trusted = (f"{c['trusted_share']:.2f} / {c['trusted_pooled']:.3f}" if "trusted_share" in c else "-")
+        lines.append(f"| {res['design']} | {res['n']:,} | {res.get('m') or '-'} | {kappa} | {len(res['rows'])} x "
+                     f"{res['targets']} | {a['pooled']:.1%} / {a['median']:.1%} / {a['p90']:.1%} / {a['max']:.1%} | "
+                     f"{a.get('kappa', 1.0):.3g} | {c['pooled']:.3f} / {c['median']:.3f} / {c['p10']:.3f} / "
+                     f"{c['min']:.3f} | {trusted} |")
     return "\n".join(lines)
 
 
@@ -248,13 +281,18 @@ def main():
                     help="also the no-shift test's false Shifted and the prior interval's coverage per holdout")
     ap.add_argument("--power-targets", type=int, default=10, help="the first this many targets also shifted")
     ap.add_argument("--inflation", type=float, default=None, help="holdout_inflation (default: the test's)")
+    ap.add_argument("--others-inflation", type=float, default=None,
+                    help="holdout_inflation of the no-shift test and the interval (default: derived)")
+    ap.add_argument("--others-only", action="store_true", help="--others without the label-shift test")
+    ap.add_argument("--m", type=int, default=None, help="the Gaussian targets' rows (default 20,000)")
     ap.add_argument("--summary", action="store_true")
     a = ap.parse_args()
     if a.summary:
         print(table(sorted(OUT.glob("*.json"))))
         print(table_others(sorted(OUT.glob("*.json"))))
         return
-    res = run(a.design, a.n, a.only or a.holdouts, a.targets, a.seed0, a.draws, a.inflation, a.power_targets, a.others)
+    res = run(a.design, a.n, a.only or a.holdouts, a.targets, a.seed0, a.draws, a.inflation, a.power_targets, a.others,
+              a.others_inflation, a.others_only, a.m)
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"{a.design}_n{a.n}_s{a.seed0}_{a.tag}.json"
     path.write_text(json.dumps(res))

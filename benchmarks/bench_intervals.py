@@ -91,9 +91,11 @@ def run_seed(k: int, alpha: float, n: int, m: int, seed: int, calibrator: str = 
         warnings.simplefilter("ignore")
         cal = CALIBRATORS[calibrator]().fit(Xh, yh)
         r = source_aware_interval(Xh, yh, Xt, cal, level=LEVEL)
+        once = source_aware_interval(Xh, yh, Xt, cal, level=LEVEL, weights=r.weights, holdout_inflation=1.0)
     f = r.target_only
     return {"prior": prior, "est": r.target_prior, "pinned": r.pinned, "cov_new": r.covers(prior),
             "cov_fisher": f.covers(prior), "width_new": r.width, "width_fisher": f.width,
+            "cov_once": once.covers(prior), "width_once": once.width, "kappa": r.extra["holdout_inflation"],
             "trustworthy": r.trustworthy}
 
 
@@ -113,9 +115,11 @@ def unpooled_p_value(P: np.ndarray, S: np.ndarray) -> float:
 
 
 def run_null_seed(k: int, n: int, m: int, seed: int, calibrator: str = "BCTS",
-                  concentration: float | None = None) -> tuple[float, float]:
-    """(p-value of the flow's no-shift test, p-value of the earlier unpooled form) on one draw: the target is drawn
-    from the source prior (``concentration=None``) or from a prior drawn from Dirichlet(concentration p_s)."""
+                  concentration: float | None = None) -> tuple[float, float, float, float]:
+    """(p-value of the flow's no-shift test, p-value of the earlier unpooled form, p-value of the flow's test with
+    the holdout counted once (``holdout_inflation=1``, the test before issue 38), the default's kappa) on one draw:
+    the target is drawn from the source prior (``concentration=None``) or from a prior drawn from
+    Dirichlet(concentration p_s)."""
     problem = WellSpecifiedGaussians.make(k)
     rng = np.random.default_rng([k, 0, n, m, seed, 7])
     Xh, yh = problem.holdout(n, rng)
@@ -130,7 +134,9 @@ def run_null_seed(k: int, n: int, m: int, seed: int, calibrator: str = "BCTS",
         ps = S.mean(axis=0)
         ps = ps / ps.sum()
         w = np.maximum(mlls_newton(P, ps).weights, 0.0)
-        return float(no_shift_test(P, w, ps, source_probs=S).p_value), unpooled_p_value(P, S)
+        test = no_shift_test(P, w, ps, source_probs=S)
+        once = no_shift_test(P, w, ps, source_probs=S, holdout_inflation=1.0)
+        return float(test.p_value), unpooled_p_value(P, S), float(once.p_value), float(test.holdout_inflation)
 
 
 def _run_null_chunk(args):
@@ -165,6 +171,7 @@ def null_sizes(ks, ns, ms, seeds: int, workers: int, calibrator: str, power_seed
         pairs = np.asarray(pairs)
         cell = out.setdefault((k, n, m), {})
         cell[name], cell[f"{name}_unpooled"] = _rate(pairs[:, 0]), _rate(pairs[:, 1])
+        cell[f"{name}_once"], cell["kappa"] = _rate(pairs[:, 2]), float(np.median(pairs[:, 3]))
     return out
 
 
@@ -172,28 +179,33 @@ def null_report(sizes: dict, command: str, wall: float, calibrator: str, concent
     with_power = any("power" in cell for cell in sizes.values())
     lines = [NULL_SUBSECTION, "",
              f"The flow's no-shift test (`no_shift_test(P, w, p_s, source_probs=S)`: Hotelling's two-sample test of "
-             f"the mean calibrated prediction, target against the holdout, pooled covariance, F reference; "
-             f"`docs/uncertainty.md`) on null draws: the target is drawn from the source prior, {calibrator} refit on "
-             f"every holdout, nominal level {SIGNIFICANCE:g}. *Before* is the earlier form on the same draws (each "
-             f"side's own covariance, chi^2 reference). Produced by `{command}` on "
+             f"the mean calibrated prediction, target against the holdout, pooled covariance, F reference, the "
+             f"holdout counted kappa times; `docs/uncertainty.md`) on null draws: the target is drawn from the source "
+             f"prior, {calibrator} refit on every holdout (a fresh holdout per seed: the rates are averaged over "
+             f"holdouts), nominal level {SIGNIFICANCE:g}. *kappa = 1* is the test with the holdout counted once (before "
+             f"issue 38), *unpooled* the earlier form (each side's own covariance, chi^2 reference), both on the same "
+             f"draws. Produced by `{command}` on "
              f"{_dt.date.today().isoformat()} ({wall / 60:.1f} min on {os.cpu_count()} shared cores). "
              "Goal: false alarms at most 7% in every cell."
              + (f" *Power*: rejection rate when the target prior is drawn per seed from Dirichlet({concentration:g} "
-                "p_s), a mild shift centred on the source prior (before / now)." if with_power else ""), "",
-             "| k | n | m | false alarms | se | seeds | goal | before | before se |"
-             + (" power before / now | power seeds |" if with_power else ""),
-             "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if with_power else "")]
+                "p_s), a mild shift centred on the source prior (unpooled / kappa = 1 / now)." if with_power else ""),
+             "",
+             "| k | n | m | kappa | false alarms | se | seeds | goal | kappa = 1 | unpooled |"
+             + (" power unpooled / kappa = 1 / now | power seeds |" if with_power else ""),
+             "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if with_power else "")]
     met = 0
     for (k, n, m), cell in sorted(sizes.items()):
         rate, se, count = cell["null"]
-        old, old_se, _ = cell["null_unpooled"]
+        old, _, _ = cell["null_unpooled"]
+        once, _, _ = cell["null_once"]
         met += rate <= 0.07
-        row = (f"| {k} | {n} | {m} | {100 * rate:.1f}% | {100 * se:.1f}% | {count} | "
-               f"{'met' if rate <= 0.07 else 'missed'} | {100 * old:.1f}% | {100 * old_se:.1f}% |")
+        row = (f"| {k} | {n} | {m} | {cell['kappa']:.2f} | {100 * rate:.1f}% | {100 * se:.1f}% | {count} | "
+               f"{'met' if rate <= 0.07 else 'missed'} | {100 * once:.1f}% | {100 * old:.1f}% |")
         if with_power:
             if "power" in cell:
-                (pw, _, pcount), (pw_old, _, _) = cell["power"], cell["power_unpooled"]
-                row += f" {100 * pw_old:.1f}% / {100 * pw:.1f}% | {pcount} |"
+                (pw, _, pcount), (pw_old, _, _), (pw_once, _, _) = (cell["power"], cell["power_unpooled"],
+                                                                    cell["power_once"])
+                row += f" {100 * pw_old:.1f}% / {100 * pw_once:.1f}% / {100 * pw:.1f}% | {pcount} |"
             else:
                 row += " - | 0 |"
         lines.append(row)
@@ -225,7 +237,10 @@ def summarise(rows: list[dict]) -> dict:
     rmse = float(np.sqrt(np.mean(err ** 2)))
     out = {"seeds": len(rows), "n_free": int(free.sum()), "n_pinned": int(pinned.sum()),
            "untrustworthy": float(np.mean([not r["trustworthy"] for r in rows]))}
-    for name in ("new", "fisher"):
+    out["kappa"] = float(np.median([r.get("kappa", 1.0) for r in rows]))
+    for name in ("new", "fisher", "once"):
+        if f"cov_{name}" not in rows[0]:
+            continue
         cov = np.concatenate([r[f"cov_{name}"] for r in rows])
         width = np.concatenate([r[f"width_{name}"] for r in rows])
         out[f"cov_{name}"] = float(cov[free].mean())
@@ -277,6 +292,17 @@ def timing(n: int, m: int, k: int, repeats: int) -> list[tuple[str, tuple[float,
 # ---------------------------------------------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------------------------------------------
+def inflation_table(results: dict) -> str:
+    """The grid's cells before (the holdout counted once, ``holdout_inflation=1``) and now (the default kappa), on
+    the same draws: coverage of the free classes and width/oracle."""
+    lines = ["| k | alpha | n | m | seeds | median kappa | cov kappa = 1 | **cov now** | se | width/oracle kappa = 1 | "
+             "**width/oracle now** |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (k, alpha, n, m), c in sorted(results.items()):
+        lines.append(f"| {k} | {alpha:g} | {n} | {m} | {c['seeds']} | {c['kappa']:.3f} | {c['cov_once']:.3f} | "
+                     f"**{c['cov_new']:.3f}** | {c['se_new']:.3f} | {c['ratio_once']:.2f} | **{c['ratio_new']:.2f}** |")
+    return "\n".join(lines)
+
+
 def fmt(x, digits=3):
     return "-" if x != x else f"{x:.{digits}f}"
 
@@ -421,6 +447,8 @@ def main(argv=None) -> int:
                 indent=1))
     times = None if args.skip_timing else timing(args.time_n, args.time_m, 10, args.repeats)
     report = build_report(args, results, times, grid_wall or 0.0, command)
+    if results and "cov_once" in next(iter(results.values())):
+        print(inflation_table(results))
     if null_text:
         report = report.rstrip("\n") + "\n\n" + null_text
     print(report)

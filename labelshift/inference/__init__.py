@@ -1,7 +1,9 @@
 """Inference on an estimate of the target prior: how sure it is, and whether label shift explains the target.
 
 * :mod:`.intervals` -- the Fisher and bootstrap intervals (Section 4.2);
-* :mod:`.no_shift_test` -- the test of "no shift", w = 1 (Section 4.2);
+* :mod:`.no_shift` -- the test of "no shift", w = 1 (Section 4.2);
+* :mod:`.holdout_conditional` -- how many times the no-shift test and the source-aware interval count the holdout's
+  error, so that they hold given the one holdout a model has;
 * :mod:`.identifiability` -- whether the estimate can be trusted (Section 5);
 * :mod:`.mlls_inputs` -- the inputs those three share (target rows, source prior, the MLLS weights checked);
 * :mod:`.source_aware` -- the interval that also counts the holdout's error (calibrator and source prior);

@@ -31,6 +31,7 @@ from ..calibration import PROB_FLOOR, log_softmax
 from ..calibration.scaling import CONVERGED_GRADIENT
 from ..errors import IllConditionedWarning, InputError, NotMaximiserError
 from ..estimation.solvers import PIN_TOL, mlls_newton, mlls_optimality
+from .holdout_conditional import check_inflation, interval_inflation
 from .repeats import clustered_covariance
 from .identifiability import MAX_STANDARD_ERROR, class_label, weight_label
 from .intervals import PriorInterval, fisher_interval
@@ -93,9 +94,10 @@ class SourceAwareInterval(PriorInterval):
             comparison.
         holdout_influence: (n, k) the influence of each holdout row on the estimate of p_t (centred, in holdout row
             order): p_t_hat - p_t ~ (target part) + (1/n) sum_j holdout_influence[j], and
-            ``covariance_holdout = holdout_influence.T @ holdout_influence / n**2``. For quantities estimated on the
-            same holdout rows whose error is correlated with the prior's (:mod:`labelshift.inference.accuracy`). Not
-            serialised by ``to_dict``.
+            ``covariance_holdout = kappa holdout_influence.T @ holdout_influence / n**2`` (kappa =
+            ``extra["holdout_inflation"]``, 1 unless the holdout is counted more than once: given one holdout). For
+            quantities estimated on the same holdout rows whose error is correlated with the prior's
+            (:mod:`labelshift.inference.accuracy`). Not serialised by ``to_dict``.
         target_terms: above _BORDERED_MIN_CLASSES classes on a large target, (g_F, H_FF^{-1}) on the free classes F:
             the mean of s_i = f_i / f_i^T w and the pseudo-inverse of H_FF, H = (1/m) sum_i s_i s_i^T (the
             calibrated rows of a large target made block by block), so that
@@ -782,6 +784,20 @@ def _covariances(F: np.ndarray, tgt: _TargetFit, hold: _HoldoutFit, k: int, m: i
                         pt=cov_pt_t + cov_pt_h, pt_influence=infl_pt, free_H_inv=Hinv_F)
 
 
+def _inflated(cov: _Covariances, level: float, kappa: float | None) -> tuple[_Covariances, float]:
+    """``cov`` with the holdout's parts of p_t's and w's covariances counted kappa times, and kappa. kappa None:
+    the largest over the classes of :func:`~labelshift.inference.holdout_conditional.interval_inflation` at p_t's
+    own holdout shares, so that every class gets at least its own; one factor for all keeps the covariance of p_t
+    positive semi-definite with (1, ..., 1) in its null space (p_t sums to 1). 1: ``cov`` as it is."""
+    if kappa is None:
+        kappa = float(np.max(interval_inflation(np.diag(cov.pt_target), np.diag(cov.pt_holdout), level)))
+    if kappa == 1.0:
+        return cov, 1.0
+    pt_holdout = kappa * cov.pt_holdout
+    w = cov.w_target + kappa * (cov.w - cov.w_target)
+    return cov._replace(pt_holdout=pt_holdout, pt=cov.pt_target + pt_holdout, w=w), kappa
+
+
 def _normal_bounds(prior: np.ndarray, w: np.ndarray, ps: np.ndarray, cov: _Covariances, z: float) -> _Bounds:
     """The normal intervals +- z se on p_t (clipped to [0, 1]) and on w (to [0, 1 / p_s]), total and
     target-only."""
@@ -855,14 +871,16 @@ def _pinned_class_variances(yy: int, F: np.ndarray, tgt: _TargetFit, hold: _Hold
 
 def _pinned_class_bounds(inp: _Inputs, calibrator, tgt: _TargetFit, hold: _HoldoutFit, Hinv_F: np.ndarray,
                          free: np.ndarray, z: float, level: float, bounds: _Bounds, reasons: list,
-                         class_names=None) -> _Bounds:
+                         class_names=None, kappa: float = 1.0) -> _Bounds:
     """The one-sided intervals [0, U_y] of the classes pinned at w_y = 0, written into ``bounds``' arrays (their
-    standard errors become nan); appends to ``reasons`` each pinned class that is not identified."""
+    standard errors become nan); appends to ``reasons`` each pinned class that is not identified. The holdout's
+    variance counted ``kappa`` times (that of the free classes, :func:`_inflated`)."""
     ps, pinned, F = hold.ps, ~free, np.flatnonzero(free)
     w_max = 1.0 / ps
     t_upper = _target_only_upper(inp, calibrator, tgt, ps, free, z, level)
     for yy in np.flatnonzero(pinned):
         w_u, vt, vh = _pinned_class_variances(int(yy), F, tgt, hold, Hinv_F, inp.m, inp.n)
+        vh *= kappa
 
         bounds.t_w_lo[yy], bounds.t_w_hi[yy] = 0.0, float(t_upper[yy])
         u = float(t_upper[yy]) + _normal_bound(w_u, vt + vh, z) - _normal_bound(w_u, vt, z)
@@ -880,7 +898,8 @@ def _pinned_class_bounds(inp: _Inputs, calibrator, tgt: _TargetFit, hold: _Holdo
 
 
 def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calibrator, *, level: float = 0.95,
-                          weights=None, repeats=None, class_names=None) -> SourceAwareInterval:
+                          weights=None, repeats=None, class_names=None,
+                          holdout_inflation=None) -> SourceAwareInterval:
     """Normal confidence intervals on the target prior p_t = p_s * w of MLLS (eq. (mlls-sample) of Garg et al.,
     NeurIPS 2020) whose covariance includes (a) the target sample, (b) the calibrator's parameters fit on the
     holdout and (c) p_s, the mean calibrated prediction on the holdout.
@@ -892,6 +911,10 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     clipped to [0, 1] (w: to [0, 1 / p_s(y)]). Classes pinned at w_y = 0 (w_y <= PIN_TOL) get the one-sided
     interval [0, U_y]: the target-only profile likelihood bound of fisher_interval, widened by the holdout's share.
     Derivation: ``docs/intervals.md`` ("The covariance (M-estimation sandwich)", "Classes pinned at w = 0").
+
+    Given one holdout its error is fixed: the holdout's covariance counts kappa >= 1 times, the least with which a
+    holdout at the 90th percentile of its error in a class covers it w.p. 0.90 (the largest over classes of
+    :func:`~labelshift.inference.holdout_conditional.interval_inflation`; ``docs/intervals.md``, "Given one holdout").
 
     Args:
         holdout_outputs: (n, k) the classifier's raw outputs (logits, or probabilities if the calibrator was fit
@@ -909,6 +932,8 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
             cluster (the clustered meat of :func:`~labelshift.inference.repeats.clustered_covariance`) instead of
             m independent rows (``docs/intervals.md``, "Rows that repeat").
         class_names: optional k names the reasons call the classes by (else 0..k-1).
+        holdout_inflation: None (default): kappa as above; a number >= 1 fixes it (1: valid on average over
+            holdouts, as before). In ``extra["holdout_inflation"]``; ``covariance_holdout`` is inflated.
 
     Returns:
         :class:`SourceAwareInterval` (a PriorInterval with ``method="source-aware"``).
@@ -919,13 +944,14 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
             mismatched shapes; NotMaximiserError (an InputError): weights that are not the MLLS estimate.
     """
     level = check_level(level, example="e.g. 0.95 for a 95% interval")
+    kappa = check_inflation(holdout_inflation)
     inp = _interval_inputs(holdout_outputs, holdout_labels, target_outputs, calibrator)
     z = float(norm.ppf(0.5 * (1.0 + level)))
     hold = _holdout_fit(inp, calibrator)
     tgt = _clustered_target(inp, calibrator, _target_fit(inp, calibrator, hold.ps, weights), repeats)
     ps, w, m, n = hold.ps, tgt.w, inp.m, inp.n
     free = w > PIN_TOL
-    cov = _covariances(np.flatnonzero(free), tgt, hold, inp.k, m, n)
+    cov, kappa = _inflated(_covariances(np.flatnonzero(free), tgt, hold, inp.k, m, n), level, kappa)
     prior = ps * w
     bounds = _normal_bounds(prior, w, ps, cov, z)
     reasons = hold.reasons
@@ -936,7 +962,7 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     pinned = ~free
     if pinned.any():
         bounds = _pinned_class_bounds(inp, calibrator, tgt, hold, cov.free_H_inv, free, z, level, bounds, reasons,
-                                      class_names)
+                                      class_names, kappa)
     fisher = PriorInterval(target_prior=prior, lower=np.clip(ps * bounds.t_w_lo, 0.0, 1.0),
                            upper=np.clip(ps * bounds.t_w_hi, 0.0, 1.0), weights=w, weights_lower=bounds.t_w_lo,
                            weights_upper=bounds.t_w_hi, std_error=bounds.se_pt_t, level=level, method="fisher",
@@ -945,7 +971,8 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
     return SourceAwareInterval(
         target_prior=prior, lower=bounds.lo, upper=bounds.hi, weights=w, weights_lower=bounds.w_lo,
         weights_upper=bounds.w_hi, std_error=bounds.se_pt, level=level, method=METHOD, pinned=pinned, n_target=m,
-        extra={"z": z, "n_source": n, "calibrator": inp.kind, "n_parameters": inp.design.q},
+        extra={"z": z, "n_source": n, "calibrator": inp.kind, "n_parameters": inp.design.q,
+               "holdout_inflation": kappa},
         source_prior=ps, covariance=cov.pt, covariance_target=cov.pt_target, covariance_holdout=cov.pt_holdout,
         weights_covariance=cov.w, weights_std_error=bounds.se_w, n_source=n, calibrator=inp.kind,
         trustworthy=not reasons, reasons=reasons, target_only=fisher, holdout_influence=cov.pt_influence,

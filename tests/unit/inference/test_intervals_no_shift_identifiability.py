@@ -24,6 +24,7 @@ from labelshift.estimation.estimators import BBSE, MLLS
 from labelshift.inference.identifiability import (MAX_RELATIVE_ERROR, MAX_STANDARD_ERROR, Identifiability,
                                                   identifiability)
 from labelshift.inference.intervals import PriorInterval, bootstrap_interval, fisher_interval
+from labelshift.inference.holdout_conditional import no_shift_inflation
 from labelshift.inference.no_shift import NoShiftTest, no_shift_test
 
 MU3 = np.array([-2.0, 0.0, 2.0])
@@ -271,7 +272,7 @@ def test_no_shift_statistic_closed_form_and_zero_at_no_shift():
     assert 0.0 <= t0.statistic < 1e-3 and t0.p_value > 0.99 and not t0.rejects()
     d = t.to_dict()
     assert d == {"statistic": t.statistic, "dof": 2, "p_value": t.p_value, "method": "likelihood-ratio",
-                 "n_target": 500, "n_source": None}
+                 "n_target": 500, "n_source": None, "holdout_inflation": 1.0}
     json.dumps(d, allow_nan=False)
 
 
@@ -510,6 +511,9 @@ def test_two_sample_no_shift_test_holds_its_level_when_the_calibrator_is_fit_on_
     in 0.05 +- 0.038 (3 sd); the bound is 0.05 + 3 sd = 0.088 above (the first-order theory ignores the temperature's
     own estimation error, a second-order effect). The LR test's rate here is about 0.40 (measured); it must exceed
     0.2, showing what the source term corrects. Power: a shift to Q3 at the same sizes is always detected.
+
+    That is the level averaged over holdouts, a property of ``holdout_inflation=1``; the default counts the holdout
+    kappa > 1 times (valid given the holdout), so its statistic is smaller draw for draw and it rejects no more often.
     """
     from labelshift.calibration import BCTS
 
@@ -517,7 +521,7 @@ def test_two_sample_no_shift_test_holds_its_level_when_the_calibrator_is_fit_on_
         return np.log(PS3) - 0.5 * (np.asarray(x)[:, None] - MU3) ** 2
 
     n, m, seeds = 1000, 2000, 300
-    rej_lr = rej_two = detected = 0
+    rej_lr = rej_two = rej_default = detected = 0
     for seed in range(seeds):
         rng = np.random.default_rng([seed, 77])
         ys = rng.choice(3, n, p=PS3)
@@ -531,16 +535,20 @@ def test_two_sample_no_shift_test_holds_its_level_when_the_calibrator_is_fit_on_
             yt = rng.choice(3, m, p=prior)
             P = cal.predict_proba(logits(MU3[yt] + rng.standard_normal(m)))
             w = est.estimate(P).weights
-            two = no_shift_test(P, w, est.source_prior_, source_probs=source_probs)
+            two = no_shift_test(P, w, est.source_prior_, source_probs=source_probs, holdout_inflation=1.0)
+            default = no_shift_test(P, w, est.source_prior_, source_probs=source_probs)
             assert two.method == "two-sample" and two.n_source == n and two.dof == 2
+            assert default.holdout_inflation > 1.0 and default.statistic < two.statistic
             if shifted:
-                detected += two.rejects(0.05)
+                detected += default.rejects(0.05)
             else:
                 rej_two += two.rejects(0.05)
+                rej_default += default.rejects(0.05)
                 rej_lr += no_shift_test(P, w, est.source_prior_).rejects(0.05)
     print(f"two-sample test: rejection rate {rej_two / seeds:.3f}; known-prior LR test {rej_lr / seeds:.3f}; "
           f"power {detected}/30")
     assert 0.012 <= rej_two / seeds <= 0.088
+    assert rej_default <= rej_two
     assert rej_lr / seeds > 0.2
     assert detected == 30
 
@@ -549,26 +557,36 @@ def test_two_sample_test_of_one_hot_outputs_is_the_pooled_t_test_of_two_proporti
     """Closed form: with one-hot outputs and k = 2 the statistic is the square of Student's pooled two-sample t of
     the class-1 indicator, t^2 = (q1 - p1)^2 / (s2 (1/m + 1/n)) with the pooled variance
     s2 = (m q1 (1 - q1) + n p1 (1 - p1)) / (n + m - 2) (each side's sum of squares about its own mean), and Hotelling's
-    law with one degree of freedom is Student's t with n + m - 2: p = 2 P(t_{n+m-2} >= |t|)."""
+    law with one degree of freedom is Student's t with n + m - 2: p = 2 P(t_{n+m-2} >= |t|). That is the test at
+    ``holdout_inflation=1``; with kappa the holdout side counts kappa times: t^2 = (q1 - p1)^2 / (s2 (1/m + kappa/n)),
+    and the default's kappa is :func:`no_shift_inflation` at n, m and one degree of freedom."""
     n, m = 400, 600
     ys = np.r_[np.zeros(300, int), np.ones(100, int)]
     yt = np.r_[np.zeros(390, int), np.ones(210, int)]
     S, P = np.eye(2)[ys], np.eye(2)[yt]
     p = np.bincount(ys) / n
     w = MLLS().fit(S, ys).estimate(P).weights
-    test = no_shift_test(P, w, p, source_probs=S)
+    test = no_shift_test(P, w, p, source_probs=S, holdout_inflation=1.0)
     q1, p1 = yt.mean(), p[1]
     s2 = (m * q1 * (1 - q1) + n * p1 * (1 - p1)) / (n + m - 2)
     expected = (q1 - p1) ** 2 / (s2 * (1 / m + 1 / n))
     assert test.statistic == pytest.approx(expected, rel=1e-9) and test.dof == 1
     assert test.p_value == pytest.approx(2 * student_t.sf(math.sqrt(expected), n + m - 2), rel=1e-9)
+    assert test.holdout_inflation == 1.0
+    kappa = no_shift_inflation(n, m, 1)
+    for given in (2.5, None):
+        inflated = no_shift_test(P, w, p, source_probs=S, holdout_inflation=given)
+        factor = kappa if given is None else given
+        assert inflated.holdout_inflation == pytest.approx(factor, rel=1e-12)
+        assert inflated.statistic == pytest.approx((q1 - p1) ** 2 / (s2 * (1 / m + factor / n)), rel=1e-9)
+        assert inflated.p_value == pytest.approx(2 * student_t.sf(math.sqrt(inflated.statistic), n + m - 2), rel=1e-9)
 
 
 def test_two_sample_test_is_symmetric_in_its_two_samples():
     """The pooled covariance and the quadratic form do not care which side is called the target."""
     S, P = draw_targets(31, 1, 300, PS3)[0], draw_targets(32, 1, 2000, Q3)[0]
-    a = no_shift_test(P, None, PS3, source_probs=S)
-    b = no_shift_test(S, None, PS3, source_probs=P)
+    a = no_shift_test(P, None, PS3, source_probs=S, holdout_inflation=1.0)
+    b = no_shift_test(S, None, PS3, source_probs=P, holdout_inflation=1.0)
     assert a.statistic == pytest.approx(b.statistic, rel=1e-9) and a.p_value == pytest.approx(b.p_value, rel=1e-9)
     assert (a.n_source, a.n_target, b.n_source, b.n_target) == (300, 2000, 2000, 300)
     # two rows a side: the pooled covariance has rank <= n + m - 2 = 2 = k - 1, and the F law stays defined
@@ -598,7 +616,7 @@ def test_two_sample_test_holds_its_level_with_rare_classes_and_m_much_larger_tha
             x = rng.standard_normal((size, k))
             x[np.arange(size), rng.choice(k, size, p=ps)] += problem.sep
             rows.append(problem.posterior(x))
-        test = no_shift_test(rows[1], None, ps, source_probs=rows[0])
+        test = no_shift_test(rows[1], None, ps, source_probs=rows[0], holdout_inflation=1.0)
         assert test.method == "two-sample" and test.dof == k - 1
         pvals.append(test.p_value)
     pvals = np.asarray(pvals)

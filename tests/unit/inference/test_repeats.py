@@ -20,6 +20,7 @@ from labelshift.inference import report as report_module
 from labelshift.inference.report import ShiftReport, assess_shift
 from labelshift.errors import InputError
 from labelshift.inference.intervals import fisher_interval
+from labelshift.inference.holdout_conditional import no_shift_inflation
 from labelshift.inference.no_shift import no_shift_test
 from labelshift import Holdout, Target, AssessmentSettings
 
@@ -187,6 +188,11 @@ def test_fisher_interval_and_no_shift_test_count_copies():
     plain = no_shift_test(P2, None, p, source_probs=hp)
     counted = no_shift_test(P2, None, p, source_probs=hp, repeats=reps)
     assert counted.statistic < plain.statistic and counted.p_value > plain.p_value
+    # the holdout counted kappa times, kappa from the effective target size (600 items, not 1,800 rows)
+    n = hp.shape[0]
+    assert plain.holdout_inflation == pytest.approx(no_shift_inflation(n, 1800, plain.dof), rel=1e-12)
+    assert counted.holdout_inflation == pytest.approx(no_shift_inflation(n, reps.effective_rows, counted.dof),
+                                                      rel=1e-12)
 
 
 def test_one_row_repeated_gets_a_verdict_with_its_reason_not_an_error():

@@ -3,7 +3,9 @@ and :func:`assess_shift` computes what the ``estimate-shift`` task computed befo
 
 ``fixtures/shift_report_golden.json`` holds that task's output (``tasks.reestimation.assessment.estimate_shift`` before the
 report existed) on the inputs of :func:`_case` below, except its ``no_shift_test`` entries: those were rewritten
-when the two-sample test moved to the pooled covariance and Hotelling's F law (``docs/uncertainty.md``); every
+when the two-sample test moved to the pooled covariance and Hotelling's F law (``docs/uncertainty.md``), and again
+when it began counting the holdout's error kappa times (``holdout_inflation``, docs/uncertainty.md "Given one
+holdout": each entry replaced by what ``assess_shift`` now gives, every other entry checked unchanged); every
 verdict stayed the same.
 """
 from __future__ import annotations
