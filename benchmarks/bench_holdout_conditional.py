@@ -174,6 +174,7 @@ def run(name: str, n: int, holdouts: int, targets: int, seed0: int, draws: int, 
         print(f"{name} n={n} holdout {h}: false Not label shift {false:.3f} {extra} ({row['seconds']:.0f} s)",
               flush=True)
     kappa = HOLDOUT_INFLATION if inflation is None else inflation
+    kappa = "derived" if kappa is None else kappa           # None: per class from the holdout's share
     return {"design": name, "n": n, "targets": targets, "draws": draws, "inflation": kappa, "rows": rows}
 
 
@@ -210,7 +211,8 @@ def table(paths) -> str:
         s, r = summarise(res), summarise(res)["reported"]
         seeds = [row["holdout"] for row in res["rows"]]
         power = " / ".join(f"{s[f'power {x}']:.0%}" for x in SHIFTS) if f"power {SHIFTS[0]}" in s else "-"
-        kappa = f"{res['inflation']:g}" + (" (before)" if res["inflation"] == 1 else "")
+        kappa = res["inflation"] if isinstance(res["inflation"], str) else \
+            f"{res['inflation']:g}" + (" (before)" if res["inflation"] == 1 else "")
         lines.append(f"| {res['design']} | {res['n']:,} | {kappa} | {min(seeds)}-{max(seeds)} | "
                      f"{len(seeds)} x {res['targets']} | {r['pooled']:.1%} | {r['median']:.1%} | {r['p90']:.1%} | "
                      f"{r['max']:.1%} | {' '.join(map(str, sorted(r['counts'], reverse=True)))} | {power} |")

@@ -29,6 +29,7 @@ from scipy.stats import norm
 
 from ...errors import InputError
 from .holdout import MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, PreparedHoldout
+from .holdout_noise import class_inflation
 from .inputs import BOOTSTRAP_DRAWS, _test_inputs, _TestInputs
 from .log_odds import HoldoutSide, log_odds_test
 from .null_fit import _null_fit
@@ -80,9 +81,11 @@ def _with_log_odds(inp: _TestInputs, rc: _RegionCounts, fit: _RegionsFit, method
         pi, q_null = _null_fit(rc.N, rc.T, inp.p)[:2]
     else:
         pi, q_null = fit.pi, fit.q
+    kappa = class_inflation(inp.holdout_inflation, inp.n_y, inp.Pt.shape[0], q_null)
     part = log_odds_test(inp.Ph, inp.y, inp.Pt, inp.bootstrap_draws, inp.seed,
-                         _world_shares(rc.regions, pi, q_null, inp.p), q_null, side, inp.holdout_inflation)
+                         _world_shares(rc.regions, pi, q_null, inp.p), q_null, side, kappa)
     extra = dict(fit.extra)
+    extra.setdefault("holdout_inflation", kappa.tolist())
     extra.update(p_value_regions=fit.p_value, p_value_log_odds=part.p_value, log_odds_statistic=part.statistic,
                  p_value_log_odds_diagonal=part.p_value_diagonal, p_value_log_odds_block=part.p_value_block,
                  p_value_log_odds_sum=part.p_value_sum, log_odds_block_statistic=part.block_statistic,
@@ -140,9 +143,12 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     (they ignore the estimation of w; the p-value does not).
 
     Given one holdout: its histograms' error is fixed for every target tested against it, so both bootstraps draw
-    the holdout's error ``holdout_inflation`` (kappa) times over in variance (:mod:`.holdout_noise`): the rate of
-    false rejections given the holdout, over label-shifted targets, stays near or below the level for all but rare
-    holdouts (kappa = 1: valid only on average over holdouts; ``docs/label_shift_test.md``, "Given one holdout").
+    class y's holdout error kappa_y times over in variance (:mod:`.holdout_noise`), kappa_y derived from the
+    holdout's share of class y's variance r_y = m q_y / (m q_y + n_y) (q the null fit's class proportions;
+    :func:`.holdout_noise.inflation_for_share`: 1 where r_y <= 0.41, rising to 2.04 as r_y -> 1 at k = 10): the
+    rate of false rejections given the holdout, over label-shifted targets, is meant to stay under 15% for all but
+    rare holdouts (kappa = 1: valid only on average over holdouts; derivation and measured rates:
+    ``docs/label_shift_test.md``, "Given one holdout").
 
     Assumes independent rows; the regions and the calibrator (both fit on the holdout) are held fixed. Validity
     does not need calibrated outputs (the identity holds for any fixed f), only the regions' meaning does. It
@@ -170,9 +176,10 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
             k <= BLOCK_MAX_CLASSES = 20 classes, not above (its size at k = 100 is not the level, see the docs).
         prepared: optional, :func:`prepare_holdout` of this holdout with this region rule, for many tests against
             one holdout: its work on the holdout is reused (the result is the same).
-        holdout_inflation: kappa >= 1, the variance factor of the holdout's error in the bootstraps' draws (None,
-            the default: :data:`HOLDOUT_INFLATION` = 2; 1: the law averaged over holdouts, the test before); recorded in
-            ``extra["holdout_inflation"]`` with the bootstrap calibration.
+        holdout_inflation: kappa >= 1, the variance factor of the holdout's error in the bootstraps' draws, for
+            every class; None (the default): :data:`.holdout_noise.HOLDOUT_INFLATION`, itself None: kappa_y derived
+            per class as above; 1: the law averaged over holdouts, the test before. The kappa_y used are recorded
+            in ``extra["holdout_inflation"]`` (a list of k).
 
     Returns:
         :class:`LabelShiftTest`.
