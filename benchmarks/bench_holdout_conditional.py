@@ -50,7 +50,7 @@ import numpy as np  # noqa: E402
 from labelshift import BCTS  # noqa: E402
 from labelshift.inference.label_shift_test import label_shift_test, prepare_holdout  # noqa: E402
 from labelshift.inference.label_shift_test.holdout_noise import HOLDOUT_INFLATION  # noqa: E402
-from labelshift.inference.no_shift_test import no_shift_test  # noqa: E402
+from labelshift.inference.no_shift import no_shift_test  # noqa: E402
 from labelshift.inference.source_aware import source_aware_interval  # noqa: E402
 
 OUT = HERE / "out" / "holdout_conditional"
