@@ -62,7 +62,7 @@ def test_inflation_for_share_meets_its_criterion():
     for r in (0.45, 0.6, 0.8, 0.95, 0.999):
         kappa = float(inflation_for_share(r, k))
         assert kappa > 1.0
-        second, err = quad(lambda e: (np.sqrt(1 - r) * e + np.sqrt(r) * u) ** 2 * norm.pdf(e), -np.inf, np.inf,
+        second, err = quad(lambda e, r=r: (np.sqrt(1 - r) * e + np.sqrt(r) * u) ** 2 * norm.pdf(e), -np.inf, np.inf,
                            epsabs=0.0, epsrel=1e-11)
         critical = (1.0 - r + kappa * r) * c2
         assert err <= 1e-9 * second
