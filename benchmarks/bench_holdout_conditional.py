@@ -19,7 +19,8 @@ Designs
 * ``digits``: scikit-learn's logistic regression on its 8x8 digits (the zoo's lr-digits outputs on the 60% of the
   rows it was not trained on, log-probabilities as logits): holdout 500 rows, targets of 55 of the other rows.
 
-``--inflation KAPPA`` sets ``holdout_inflation`` (1: the test before; default: the test's own); ``--others`` adds,
+``--inflation KAPPA`` sets ``holdout_inflation`` (1: the test before; ``derived``: kappa per class from the holdout's
+share of the variance; default: the test's own); ``--others`` adds,
 per holdout, the no-shift test's false Shifted on fresh targets at p_t = p_s and the 95% source-aware prior
 interval's coverage of the label-shifted targets' p_t; ``--only SEED ...`` runs those holdout seeds alone.
 Results: benchmarks/out/holdout_conditional/DESIGN_nN_sSEED0_TAG.json (per holdout, every target's p-values).
@@ -174,7 +175,7 @@ def run(name: str, n: int, holdouts: int, targets: int, seed0: int, draws: int, 
         print(f"{name} n={n} holdout {h}: false Not label shift {false:.3f} {extra} ({row['seconds']:.0f} s)",
               flush=True)
     kappa = HOLDOUT_INFLATION if inflation is None else inflation
-    kappa = "derived" if kappa is None else kappa           # None: per class from the holdout's share
+    kappa = "derived" if kappa is None else kappa           # per class from the holdout's share
     return {"design": name, "n": n, "targets": targets, "draws": draws, "inflation": kappa, "rows": rows}
 
 
@@ -236,6 +237,10 @@ def table_others(paths) -> str:
     return "\n".join(lines)
 
 
+def _inflation(text: str):
+    return text if text == "derived" else float(text)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("design", nargs="?", default="gauss")
@@ -249,7 +254,8 @@ def main():
     ap.add_argument("--others", action="store_true",
                     help="also the no-shift test's false Shifted and the prior interval's coverage per holdout")
     ap.add_argument("--power-targets", type=int, default=10, help="the first this many targets also shifted")
-    ap.add_argument("--inflation", type=float, default=None, help="holdout_inflation (default: the test's)")
+    ap.add_argument("--inflation", type=_inflation, default=None,
+                    help="holdout_inflation: a number or 'derived' (default: the test's)")
     ap.add_argument("--summary", action="store_true")
     a = ap.parse_args()
     if a.summary:

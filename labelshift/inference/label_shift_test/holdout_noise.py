@@ -16,10 +16,12 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import norm
 
-#: the test's kappa when ``holdout_inflation`` is None: None derives it per class from the holdout's share of the
-#: variance (:func:`class_inflation`); a number forces that kappa for every class (1: the law averaged over
-#: holdouts, the test before; 2: the fixed kappa of commit 90fe072)
-HOLDOUT_INFLATION: float | None = None
+#: the test's kappa when ``holdout_inflation`` is None: a number forces that kappa for every class (1: the law
+#: averaged over holdouts, the test before commit 90fe072; 2, the default: chosen on the Gaussian designs' holdout
+#: seeds 0-19, reported on fresh seeds); None derives it per class from the holdout's share of the variance
+#: (:func:`class_inflation`, also ``holdout_inflation="derived"``) -- measured not to beat 2 (it keeps power little
+#: better and loses the digits design's per-holdout goal: ``docs/label_shift_test.md``, "Given one holdout")
+HOLDOUT_INFLATION: float | None = 2.0
 #: the level the derived kappa is made for (the issue's goals are stated at 5%)
 DESIGN_LEVEL = 0.05
 #: the derived kappa covers the holdout whose largest class error (over k classes) is at its (1 - this) quantile

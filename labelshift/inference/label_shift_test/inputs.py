@@ -106,14 +106,16 @@ def _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_pr
 
 
 def _check_inflation(value) -> float | None:
-    """``holdout_inflation`` as a float >= 1, None meaning holdout_noise.HOLDOUT_INFLATION (read at each call; None
-    there: kappa derived per class, holdout_noise.class_inflation); InputError otherwise."""
+    """``holdout_inflation`` as a float >= 1, or None for kappa derived per class (holdout_noise.class_inflation):
+    ``"derived"`` gives None, None reads holdout_noise.HOLDOUT_INFLATION at each call (itself a number or None);
+    InputError otherwise."""
     if value is None:
         value = holdout_noise.HOLDOUT_INFLATION
-        if value is None:
-            return None
+    if value is None or (isinstance(value, str) and value == "derived"):
+        return None
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
             or not np.isfinite(value) or value < 1.0:
         raise InputError(f"holdout_inflation must be a finite number >= 1 (1: the holdout's error drawn as it is, "
-                         f"the law averaged over holdouts), got {value!r}.")
+                         f"the law averaged over holdouts) or 'derived' (kappa per class from the holdout's share "
+                         f"of the variance), got {value!r}.")
     return float(value)

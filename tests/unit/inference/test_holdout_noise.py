@@ -23,7 +23,7 @@ def test_drawn_rows():
     assert np.array_equal(drawn_rows(n_y, 1.0), n_y)
     assert np.array_equal(drawn_rows(n_y, 2.0), [2, 2, 3, 500, 501])        # ceil(n / 2), at least 2, at most n
     assert np.array_equal(drawn_rows(n_y, 3.0), [2, 2, 2, 334, 334])
-    assert HOLDOUT_INFLATION is None or HOLDOUT_INFLATION >= 1.0
+    assert HOLDOUT_INFLATION >= 1.0                                     # the default: a fixed kappa
     # one kappa per class: each class its own
     assert np.array_equal(drawn_rows(n_y, [1.0, 2.0, 1.0, 2.0, 3.0]), [2, 2, 5, 500, 334])
 
@@ -129,9 +129,13 @@ def test_holdout_inflation_is_checked_and_recorded():
     for bad in (0.5, True, float("nan"), "2"):
         with pytest.raises(InputError, match="holdout_inflation"):
             label_shift_test(S, ys, P, holdout_inflation=bad, bootstrap_draws=19)
-    res = label_shift_test(S, ys, P, bootstrap_draws=39)
-    kappa = np.asarray(res.extra["holdout_inflation"])                 # the default: derived, one per class
-    assert kappa.shape == (K,) and np.all(kappa >= 1.0)
+    for bad in ("Derived", "2.0"):
+        with pytest.raises(InputError, match="'derived'"):
+            label_shift_test(S, ys, P, holdout_inflation=bad, bootstrap_draws=19)
+    assert label_shift_test(S, ys, P, bootstrap_draws=39).extra["holdout_inflation"] == [HOLDOUT_INFLATION] * K
+    res = label_shift_test(S, ys, P, bootstrap_draws=39, holdout_inflation="derived")
+    kappa = np.asarray(res.extra["holdout_inflation"])                 # one per class, from the shares
+    assert kappa.shape == (K,) and np.all(kappa >= 1.0) and np.all(kappa <= inflation_for_share(1.0, K))
     assert label_shift_test(S, ys, P, bootstrap_draws=39, holdout_inflation=1).extra["holdout_inflation"] == [1.0] * K
     assert label_shift_test(S, ys, P, bootstrap_draws=39, log_odds=False,
                             holdout_inflation=2).extra["holdout_inflation"] == [2.0] * K
