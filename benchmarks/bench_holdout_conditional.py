@@ -19,7 +19,8 @@ Designs
 * ``digits``: scikit-learn's logistic regression on its 8x8 digits (the zoo's lr-digits outputs on the 60% of the
   rows it was not trained on, log-probabilities as logits): holdout 500 rows, targets of 55 of the other rows.
 
-``--inflation KAPPA`` sets ``holdout_inflation`` (1: the test before; default: the test's own); ``--others`` adds,
+``--inflation KAPPA`` sets ``holdout_inflation`` (1: the test before; ``derived``: kappa per class from the holdout's
+share of the variance; default: the test's own); ``--others`` adds,
 per holdout, the no-shift test's false Shifted on fresh targets at p_t = p_s and the 95% source-aware prior
 interval's coverage of the label-shifted targets' p_t; ``--others-inflation KAPPA`` sets both of those'
 ``holdout_inflation`` (1: as before; default: derived per call, :mod:`labelshift.inference.holdout_conditional`);
@@ -193,6 +194,7 @@ def run(name: str, n: int, holdouts: int, targets: int, seed0: int, draws: int, 
         print(f"{name} n={n} holdout {h}: false Not label shift {false:.3f} {extra} ({row['seconds']:.0f} s)",
               flush=True)
     kappa = HOLDOUT_INFLATION if inflation is None else inflation
+    kappa = "derived" if kappa is None else kappa           # per class from the holdout's share
     return {"design": name, "n": n, "m": getattr(d, "m", None), "targets": targets, "draws": draws,
             "inflation": kappa, "others_inflation": others_inflation, "rows": rows}
 
@@ -238,7 +240,8 @@ def table(paths) -> str:
         s, r = summarise(res), summarise(res)["reported"]
         seeds = [row["holdout"] for row in res["rows"]]
         power = " / ".join(f"{s[f'power {x}']:.0%}" for x in SHIFTS) if f"power {SHIFTS[0]}" in s else "-"
-        kappa = f"{res['inflation']:g}" + (" (before)" if res["inflation"] == 1 else "")
+        kappa = res["inflation"] if isinstance(res["inflation"], str) else \
+            f"{res['inflation']:g}" + (" (before)" if res["inflation"] == 1 else "")
         lines.append(f"| {res['design']} | {res['n']:,} | {kappa} | {min(seeds)}-{max(seeds)} | "
                      f"{len(seeds)} x {res['targets']} | {r['pooled']:.1%} | {r['median']:.1%} | {r['p90']:.1%} | "
                      f"{r['max']:.1%} | {' '.join(map(str, sorted(r['counts'], reverse=True)))} | {power} |")
@@ -267,6 +270,10 @@ def table_others(paths) -> str:
     return "\n".join(lines)
 
 
+def _inflation(text: str):
+    return text if text == "derived" else float(text)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("design", nargs="?", default="gauss")
@@ -280,7 +287,8 @@ def main():
     ap.add_argument("--others", action="store_true",
                     help="also the no-shift test's false Shifted and the prior interval's coverage per holdout")
     ap.add_argument("--power-targets", type=int, default=10, help="the first this many targets also shifted")
-    ap.add_argument("--inflation", type=float, default=None, help="holdout_inflation (default: the test's)")
+    ap.add_argument("--inflation", type=_inflation, default=None,
+                    help="holdout_inflation: a number or 'derived' (default: the test's)")
     ap.add_argument("--others-inflation", type=float, default=None,
                     help="holdout_inflation of the no-shift test and the interval (default: derived)")
     ap.add_argument("--others-only", action="store_true", help="--others without the label-shift test")

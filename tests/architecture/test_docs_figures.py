@@ -83,6 +83,8 @@ NOT_FROM_BENCHMARKS = {
     ("label_shift_test.md", "Other regions did not help the region part"): _DESIGN,
     ("label_shift_test.md", "*How the level split was chosen, and checked.*"): _DESIGN,
     ("label_shift_test.md", "*The trade-offs measured on the way.*"): _DESIGN,
+    ("label_shift_test.md", "*Why this criterion and not a cap on the rate given that holdout.*"):
+        "kappa(r) and the rate of the one-direction model evaluated at chosen r: computed from the formulas above",
     ("label_shift_test.md", "**Why a test valid on average is not valid given the holdout.**"): _PARALLEL,
     ("label_shift_test.md", "**The fix: draw the holdout's error kappa times over.**"): _PARALLEL,
     ("intervals.md", "* **Coverage, free classes**"): _PARALLEL_INTERVALS,

@@ -29,6 +29,7 @@ from scipy.stats import norm
 
 from ...errors import InputError
 from .holdout import MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, PreparedHoldout
+from .holdout_noise import class_inflation
 from .inputs import BOOTSTRAP_DRAWS, _test_inputs, _TestInputs
 from .log_odds import HoldoutSide, log_odds_test
 from .null_fit import _null_fit
@@ -80,9 +81,11 @@ def _with_log_odds(inp: _TestInputs, rc: _RegionCounts, fit: _RegionsFit, method
         pi, q_null = _null_fit(rc.N, rc.T, inp.p)[:2]
     else:
         pi, q_null = fit.pi, fit.q
+    kappa = class_inflation(inp.holdout_inflation, inp.n_y, inp.Pt.shape[0], q_null)
     part = log_odds_test(inp.Ph, inp.y, inp.Pt, inp.bootstrap_draws, inp.seed,
-                         _world_shares(rc.regions, pi, q_null, inp.p), q_null, side, inp.holdout_inflation)
+                         _world_shares(rc.regions, pi, q_null, inp.p), q_null, side, kappa)
     extra = dict(fit.extra)
+    extra.setdefault("holdout_inflation", kappa.tolist())
     extra.update(p_value_regions=fit.p_value, p_value_log_odds=part.p_value, log_odds_statistic=part.statistic,
                  p_value_log_odds_diagonal=part.p_value_diagonal, p_value_log_odds_block=part.p_value_block,
                  p_value_log_odds_sum=part.p_value_sum, log_odds_block_statistic=part.block_statistic,
@@ -119,7 +122,7 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
                      class_names=None, method: str = "likelihood-ratio", calibration: str = "bootstrap",
                      bootstrap_draws: int = BOOTSTRAP_DRAWS, seed: int = 0,
                      log_odds: bool | None = None, prepared: PreparedHoldout | None = None,
-                     holdout_inflation: float | None = None) -> LabelShiftTest:
+                     holdout_inflation: float | str | None = None) -> LabelShiftTest:
     """Test H0: the target differs from the source by label shift only (p_t(x | y) = p_s(x | y), Garg et al. 2020,
     Section 2), from the calibrated outputs of one classifier on a labelled holdout and on unlabelled target rows.
 
@@ -140,9 +143,12 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     (they ignore the estimation of w; the p-value does not).
 
     Given one holdout: its histograms' error is fixed for every target tested against it, so both bootstraps draw
-    the holdout's error ``holdout_inflation`` (kappa) times over in variance (:mod:`.holdout_noise`): the rate of
-    false rejections given the holdout, over label-shifted targets, stays near or below the level for all but rare
-    holdouts (kappa = 1: valid only on average over holdouts; ``docs/label_shift_test.md``, "Given one holdout").
+    class y's holdout error kappa_y times over in variance (:mod:`.holdout_noise`; kappa_y = 2 by default): the
+    rate of false rejections given the holdout, over label-shifted targets, stays under 15% for all but rare
+    holdouts (kappa = 1: valid only on average over holdouts). ``holdout_inflation="derived"`` takes kappa_y from
+    the holdout's share of class y's variance, r_y = m q_y / (m q_y + n_y) (q the null fit's class proportions;
+    :func:`.holdout_noise.inflation_for_share`: 1 where r_y <= 0.41, rising to 2.04 as r_y -> 1 at k = 10).
+    Derivation and measured rates of both: ``docs/label_shift_test.md``, "Given one holdout".
 
     Assumes independent rows; the regions and the calibrator (both fit on the holdout) are held fixed. Validity
     does not need calibrated outputs (the identity holds for any fixed f), only the regions' meaning does. It
@@ -170,9 +176,10 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
             k <= BLOCK_MAX_CLASSES = 20 classes, not above (its size at k = 100 is not the level, see the docs).
         prepared: optional, :func:`prepare_holdout` of this holdout with this region rule, for many tests against
             one holdout: its work on the holdout is reused (the result is the same).
-        holdout_inflation: kappa >= 1, the variance factor of the holdout's error in the bootstraps' draws (None,
-            the default: :data:`HOLDOUT_INFLATION` = 2; 1: the law averaged over holdouts, the test before); recorded in
-            ``extra["holdout_inflation"]`` with the bootstrap calibration.
+        holdout_inflation: kappa >= 1, the variance factor of the holdout's error in the bootstraps' draws, for
+            every class; ``"derived"``: kappa_y per class as above; None (the default):
+            :data:`.holdout_noise.HOLDOUT_INFLATION` = 2; 1: the law averaged over holdouts, the test before. The
+            kappa_y used are recorded in ``extra["holdout_inflation"]`` (a list of k).
 
     Returns:
         :class:`LabelShiftTest`.
@@ -180,7 +187,7 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     Raises:
         InputError: shapes or classes that do not match, a class with too few holdout rows, a holdout smaller than
             :data:`MIN_HOLDOUT` or a target smaller than :data:`MIN_TARGET`, weights that are not the MLLS optimum,
-            ``holdout_inflation`` below 1 or not a number,
+            ``holdout_inflation`` below 1 or neither a number nor "derived",
             ``prepared`` made from another holdout or region rule.
     """
     inp = _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,

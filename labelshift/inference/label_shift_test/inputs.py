@@ -66,7 +66,7 @@ class _TestInputs(NamedTuple):
     bootstrap_draws: int
     seed: int
     log_odds: bool
-    holdout_inflation: float = 1.0  # kappa of holdout_noise (the checked inputs always carry it)
+    holdout_inflation: float | None = 1.0  # a fixed kappa of holdout_noise, or None: derived per class
 
 
 def _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
@@ -105,13 +105,17 @@ def _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_pr
                        log_odds=log_odds, holdout_inflation=holdout_inflation)
 
 
-def _check_inflation(value) -> float:
-    """``holdout_inflation`` as a float >= 1, None meaning holdout_noise.HOLDOUT_INFLATION (read at each call);
+def _check_inflation(value) -> float | None:
+    """``holdout_inflation`` as a float >= 1, or None for kappa derived per class (holdout_noise.class_inflation):
+    ``"derived"`` gives None, None reads holdout_noise.HOLDOUT_INFLATION at each call (itself a number or None);
     InputError otherwise."""
     if value is None:
         value = holdout_noise.HOLDOUT_INFLATION
+    if value is None or (isinstance(value, str) and value == "derived"):
+        return None
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
             or not np.isfinite(value) or value < 1.0:
         raise InputError(f"holdout_inflation must be a finite number >= 1 (1: the holdout's error drawn as it is, "
-                         f"the law averaged over holdouts), got {value!r}.")
+                         f"the law averaged over holdouts) or 'derived' (kappa per class from the holdout's share "
+                         f"of the variance), got {value!r}.")
     return float(value)

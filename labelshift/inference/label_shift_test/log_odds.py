@@ -450,7 +450,7 @@ def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int,
 
 
 def _world_draws(hm: _HoldoutMoments, y: np.ndarray, P, draws: int, seed: int, responsibilities,
-                 q_world: np.ndarray, inflation: float = 1.0) -> _WorldDraws:
+                 q_world: np.ndarray, inflation=1.0) -> _WorldDraws:
     """The bootstrap world and the random streams of its draws (seeded by ``seed``; :func:`_draw_batch` makes the
     draws: each class's r_y = drawn_rows(n_y, inflation) holdout rows -- n_y at inflation 1 -- and the target's m
     rows, classes from ``q_world``)."""
@@ -611,7 +611,7 @@ def _draw_statistics(hm: _HoldoutMoments, wd: _WorldDraws, bd: _BlockData | None
 
 
 def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, responsibilities,
-                  q_world: np.ndarray, side: HoldoutSide | None = None, inflation: float = 1.0) -> LogOddsPart:
+                  q_world: np.ndarray, side: HoldoutSide | None = None, inflation=1.0) -> LogOddsPart:
     """The log-odds part (module docstring). S (n, k) holdout outputs, y its labels (every class present), P the
     target outputs (m, k; read in row blocks), at most ``draws`` bootstrap draws from ``seed``. The bootstrap world
     is the completed data of a null fit: ``responsibilities(rows)`` gives, for target output rows (T, k), each
@@ -624,8 +624,9 @@ def log_odds_test(S: np.ndarray, y: np.ndarray, P, draws: int, seed: int, respon
     statistic, 0.083 without; ``draws_used`` the draws computed); otherwise, after all the draws, each gets
     p = (1 + #{draws >= it}) / (draws + 1) and the part's p-value is their smallest p / STATISTIC_WEIGHTS share,
     calibrated by the same draws (:func:`_combined`). ``side``: :func:`holdout_side` of (S, y), when already
-    computed (the same result). ``inflation``: kappa, each class's holdout rows in a draw are drawn_rows(n_y,
-    kappa) (:mod:`.holdout_noise`), the studentisation keeps n_y: the law carries the holdout's error kappa times."""
+    computed (the same result). ``inflation``: kappa (one number, or one per class), each class's holdout rows in a
+    draw are drawn_rows(n_y, kappa) (:mod:`.holdout_noise`), the studentisation keeps n_y: the law carries class
+    y's holdout error kappa_y times."""
     k = S.shape[1]
     m = P.shape[0]
     hm = _holdout_moments(S, y, P, k, side)

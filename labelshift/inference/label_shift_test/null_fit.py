@@ -118,10 +118,10 @@ def _null_fit_batch(N: np.ndarray, T: np.ndarray, q0: np.ndarray, pi0: np.ndarra
 
 
 def _bootstrap_null(pi: np.ndarray, q: np.ndarray, n_y: np.ndarray, m: int, draws: int, seed: int,
-                    batch: int | None = None, inflation: float = 1.0):
+                    batch: int | None = None, inflation=1.0):
     """Parametric bootstrap of the likelihood ratio from the fitted null: holdout counts N*_y = (n_y / r_y)
     Multinomial(r_y, pi_y), r_y = :func:`drawn_rows` (n_y, inflation) -- the holdout's class sizes and, at
-    inflation kappa > 1, kappa times its sampling variance --, target counts T* ~ Multinomial(m, sum_y q_y pi_y),
+    inflation kappa_y > 1 (one number, or one per class), kappa_y times class y's sampling variance --, target counts T* ~ Multinomial(m, sum_y q_y pi_y),
     each refitted by the batched EM. Yields the statistics of ``batch`` draws at a time (all ``draws`` at once when
     None), in draw order: the draws are made up front, so that each draw's statistic does not depend on the
     batching and a consumer that stops early (:func:`sequential_p_value`) leaves the later draws unfitted."""
@@ -133,7 +133,7 @@ def _bootstrap_null(pi: np.ndarray, q: np.ndarray, n_y: np.ndarray, m: int, draw
     mix = mix / mix.sum()
     rows = drawn_rows(n_y, inflation)
     Nb = rng.multinomial(rows, pi, size=(draws, k)).astype(np.float64)
-    if inflation != 1.0:
+    if np.any(rows != np.asarray(n_y)):
         Nb *= (np.asarray(n_y, dtype=np.float64) / rows)[None, :, None]
     Tb = rng.multinomial(int(m), mix, size=draws).astype(np.float64)
     for sl in _rows.blocks(draws, batch or draws):

@@ -15,6 +15,7 @@ from ... import rows as _rows
 from ...errors import InputError
 from ...estimation.solvers import PIN_TOL, mlls_newton
 from .holdout import PreparedHoldout
+from .holdout_noise import class_inflation
 from .inputs import _TestInputs
 from .null_fit import DENSE_MAX_CLASSES, _bootstrap_null, _null_fit
 from .regions import _assign_rows, _make_regions, _region_name, _Regions
@@ -173,7 +174,7 @@ def _likelihood_ratio_fit(inp: _TestInputs, rc: _RegionCounts, calibration: str)
     extra = {"em_iterations": iters, "calibration": calibration, "p_value_chi2": p_chi2}
     if calibration == "bootstrap":
         draws, seed = inp.bootstrap_draws, inp.seed
-        kappa = inp.holdout_inflation
+        kappa = class_inflation(inp.holdout_inflation, n_y, m, q)
         batches = (_bootstrap_null(pi, q, n_y, m, draws, seed, DRAW_BATCH, kappa) if dense
                    else sparse_bootstrap_null(pi, q, n_y, m, draws, seed, own, region_group, DRAW_BATCH,
                                               inflation=kappa))
@@ -182,7 +183,8 @@ def _likelihood_ratio_fit(inp: _TestInputs, rc: _RegionCounts, calibration: str)
             # beyond every draw: the bootstrap resolves no p-value below 1/(B+1), so a level below that could
             # never reject; there the chi^2 tail (conservative under the null, as measured) says how far out
             p_value = min(p_value, p_chi2)
-        extra.update(bootstrap_draws=draws, seed=seed, bootstrap_draws_used=used, holdout_inflation=kappa)
+        extra.update(bootstrap_draws=draws, seed=seed, bootstrap_draws_used=used,
+                     holdout_inflation=kappa.tolist())
     else:
         p_value = p_chi2
     return _RegionsFit(stat=stat, dof=dof, p_value=p_value, w=q / p, q=q, pi=pi, expected=expected,

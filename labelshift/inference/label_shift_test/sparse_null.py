@@ -94,9 +94,9 @@ def sparse_null_fit(N: np.ndarray, T: np.ndarray, q0: np.ndarray, own: np.ndarra
 
 def sparse_bootstrap_null(pi: np.ndarray, q: np.ndarray, n_y: np.ndarray, m: int, draws: int, seed: int,
                           own: np.ndarray, region_group: np.ndarray, batch: int | None = None, tol: float = 1e-9,
-                          max_iter: int = 500, inflation: float = 1.0):
+                          max_iter: int = 500, inflation=1.0):
     """The parametric bootstrap of :func:`sparse_null_fit`'s statistic from its fit (pi, q): per class y,
-    N*_y ~ (n_y / r_y) Multinomial(r_y, pi_y) (on pi's support; r_y = holdout_noise.drawn_rows(n_y, inflation)), T* ~ Multinomial(m, sum_y q_y pi_y); each draw refitted on
+    N*_y ~ (n_y / r_y) Multinomial(r_y, pi_y) (on pi's support; r_y = holdout_noise.drawn_rows(n_y, inflation), kappa_y one number or one per class), T* ~ Multinomial(m, sum_y q_y pi_y); each draw refitted on
     its own support S(N*) (started at the fit, masked to it) by the batched EM. Yields the statistics of ``batch``
     draws at a time (all at once when None), in draw order; the draws are made up front, so that a draw's
     statistic does not depend on the batching."""
