@@ -348,6 +348,14 @@ LabelShiftSignificanceParam = Annotated[float | None, Field(
                                 "withholds the outputs of truly label-shifted data less often (on about this "
                                 "fraction of such runs) and catches fewer violations (a new class, input drift). "
                                 "When not set: the value of `significance`."), LOGGED_WHEN_GIVEN]
+LabelShiftHoldoutInflationParam = Annotated[float, Field(
+    **BOUNDS["label_shift_holdout_inflation"].constraints(),
+    description="How many times over the label-shift test counts the labelled holdout's own error in its reference "
+                f"law, {BOUNDS['label_shift_holdout_inflation'].describe()}: 2 (default) keeps its false 'Not label "
+                "shift' calls near the level for the one holdout your model is compared with, batch after batch; 1 "
+                "is the test valid only on average over holdouts, which catches violations as small as the "
+                "holdout's own error (a new class at 10% of the target, with a 500-row holdout) far more often. "
+                "See docs/label_shift_test.md, 'Given one holdout'.")]
 NBootstrapParam = Annotated[int, Field(**BOUNDS["n_bootstrap"].constraints(), description=(
     f"Bootstrap resamples (`interval='bootstrap'`), {BOUNDS['n_bootstrap'].describe()}."))]
 SeedParam = Annotated[int, Field(**BOUNDS["seed"].constraints(), description="Seed of the bootstrap.")]
@@ -424,6 +432,7 @@ class ReestimateParameters(BaseModel):
     level: LevelParam = ASSESSMENT.level
     significance: SignificanceParam = ASSESSMENT.significance
     label_shift_significance: LabelShiftSignificanceParam = ASSESSMENT.label_shift_significance
+    label_shift_holdout_inflation: LabelShiftHoldoutInflationParam = ASSESSMENT.label_shift_holdout_inflation
     n_bootstrap: NBootstrapParam = ASSESSMENT.n_bootstrap
     seed: SeedParam = ASSESSMENT.seed
     tracking_uri: TrackingParam = None

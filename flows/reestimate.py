@@ -50,6 +50,7 @@ from prefect.states import Completed
 
 from flows.links import flow_run_info, prefect_flow_run_url
 from flows.params import (BatchSizeParam, CalibratorParam, CrossCheckParam, EstimatorParam, ExperimentParam,
+                          LabelShiftHoldoutInflationParam,
                           IntervalParam, LabelShiftSignificanceParam, LevelParam, MaxWidthParam, ModelParam,
                           NBootstrapParam, OnChangedParam, OnInvalidParam, ReestimateParameters, SeedParam,
                           SignificanceParam, TargetParam, TrackingParam, RegisterCorrectedParam,
@@ -499,6 +500,7 @@ def reestimate(
     level: LevelParam = DEFAULTS.level,
     significance: SignificanceParam = DEFAULTS.significance,
     label_shift_significance: LabelShiftSignificanceParam = DEFAULTS.label_shift_significance,
+    label_shift_holdout_inflation: LabelShiftHoldoutInflationParam = DEFAULTS.label_shift_holdout_inflation,
     n_bootstrap: NBootstrapParam = DEFAULTS.n_bootstrap,
     seed: SeedParam = DEFAULTS.seed,
     tracking_uri: TrackingParam = DEFAULTS.tracking_uri,

@@ -48,6 +48,7 @@ OPTIONS: dict[str, Opt] = {
     "batch_size": Opt(metavar="N"),
     "max_interval_width": Opt(metavar="W", default=""),
     "label_shift_significance": Opt(metavar="P", default=""),
+    "label_shift_holdout_inflation": Opt(metavar="KAPPA"),
     "on_changed": Opt(option="--reprocess-changed", const="reprocess",
                       help="count a batch whose content changed after it was counted again, with its new content",
                       default="such a batch fails the run, naming it"),

@@ -554,8 +554,8 @@ def _interval(interval: str, est: _Estimates, pooled, prior, *, level, n_bootstr
 
 
 def _label_shift_part(holdout, labels, pooled, mlls_weights, prior, class_names,
-                      prepared: PreparedHoldout | None = None,
-                      repeats: Repeats | None = None) -> tuple[LabelShiftTest | None, str | None]:
+                      prepared: PreparedHoldout | None = None, repeats: Repeats | None = None,
+                      holdout_inflation: float | None = None) -> tuple[LabelShiftTest | None, str | None]:
     """The label-shift test with the MLLS weights, or why it was not run: a holdout it cannot use (an InputError,
     e.g. too small for its regions) or a numerical failure on valid input is recorded as "not run", never raised.
     ``holdout``: the calibrated holdout at the target's precision (:func:`~labelshift.inference.holdout.at_precision`); ``prepared``
@@ -573,7 +573,8 @@ def _label_shift_part(holdout, labels, pooled, mlls_weights, prior, class_names,
         pooled, weights = pooled[repeats.test_rows], None
     try:
         return label_shift_test(holdout, labels, pooled, weights=weights, source_prior=prior,
-                                class_names=class_names, prepared=prepared), None
+                                class_names=class_names, prepared=prepared,
+                                holdout_inflation=holdout_inflation), None
     except InputError as exc:
         return None, str(exc)
     except _NUMERICAL_FAILURES as exc:
@@ -589,7 +590,8 @@ def _checks(holdout: Holdout, rounded, pooled, est: _Estimates, ci, repeats: Rep
     with _rows.decomposition_threads(holdout.n_classes):
         test = no_shift_test(pooled, _solved(est.mlls), prior, source_probs=probs, repeats=repeats)
         lst, lst_error = (_label_shift_part(rounded, labels, pooled, _solved(est.mlls), prior, holdout.class_names,
-                                            holdout.label_shift_part, repeats)
+                                            holdout.label_shift_part, repeats,
+                                            settings.label_shift_holdout_inflation)
                           if settings.label_shift_check else (None, None))
         ident = identifiability(pooled, _solved(est.mlls), prior, confusion=joint_confusion(probs, labels),
                                 n_source=len(labels), interval=ci if settings.estimator == _LIKELIHOOD else None,

@@ -71,6 +71,7 @@ BOUNDS: dict[str, Bound] = {
     "n_bootstrap": Bound(ge=20, le=10_000),
     "seed": Bound(ge=0),
     "max_interval_width": Bound(gt=0.0),
+    "label_shift_holdout_inflation": Bound(ge=1.0, le=10.0),
 }
 _INTEGERS = ("n_bootstrap", "seed")
 _OPTIONAL = ("label_shift_significance", "max_interval_width")
@@ -95,6 +96,10 @@ class AssessmentSettings:
         n_bootstrap, seed: the bootstrap's resamples and seed (``interval="bootstrap"``).
         max_interval_width: the estimate is also untrustworthy when the interval on some w_y is wider; None: no
             width check.
+        label_shift_holdout_inflation: kappa, the variance factor of the holdout's error in the label-shift test's
+            reference law (``label_shift_test(..., holdout_inflation=)``): 2 (the default) keeps the test valid given
+            the one holdout a model has; 1 is the test valid on average over holdouts, with more power against
+            violations as small as the holdout's own error (``docs/label_shift_test.md``, "Given one holdout").
         label_shift_check: run the label-shift test (the flow always does; benchmarks time the rest without it).
         miscalibration_check: measure MLLS's miscalibration term and carry it into the interval and the verdict
             (:mod:`labelshift.inference.miscalibration`; MLLS only). False: the report is as before it existed.
@@ -113,6 +118,7 @@ class AssessmentSettings:
     n_bootstrap: int = 200
     seed: int = 0
     max_interval_width: float | None = None
+    label_shift_holdout_inflation: float = 2.0
     label_shift_check: bool = True
     miscalibration_check: bool = True
 

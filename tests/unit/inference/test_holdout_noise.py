@@ -139,3 +139,19 @@ def test_holdout_inflation_is_checked_and_recorded():
     assert label_shift_test(S, ys, P, bootstrap_draws=39, holdout_inflation=1).extra["holdout_inflation"] == [1.0] * K
     assert label_shift_test(S, ys, P, bootstrap_draws=39, log_odds=False,
                             holdout_inflation=2).extra["holdout_inflation"] == [2.0] * K
+
+
+def test_the_assessment_passes_its_setting_to_the_test_and_defaults_to_the_tests_own_kappa():
+    """assess_shift's label-shift test counts the holdout's error as AssessmentSettings.label_shift_holdout_inflation
+    says (the flow's --label-shift-holdout-inflation), by default the test's own HOLDOUT_INFLATION."""
+    from labelshift import AssessmentSettings, Holdout, assess_shift
+    from labelshift.inference.settings import DEFAULTS
+
+    assert DEFAULTS.label_shift_holdout_inflation == HOLDOUT_INFLATION
+    rng = np.random.default_rng(5)
+    S, ys = holdout(800, rng)
+    P = posterior(draw(SOURCE_PRIOR, 1000, rng)[0])
+    for kappa in (1.0, 3.0):
+        report = assess_shift(Holdout(S, ys, S.mean(axis=0)), P,
+                              AssessmentSettings(interval="fisher", label_shift_holdout_inflation=kappa))
+        assert report.label_shift.extra["holdout_inflation"] == [kappa] * K

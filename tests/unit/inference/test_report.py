@@ -299,17 +299,15 @@ def _borderline_case():
     return sp, yh, pt, prior
 
 
-@pytest.fixture
-def averaged_law(monkeypatch):
-    """The label-shift test's law averaged over holdouts (HOLDOUT_INFLATION = 1), under which _borderline_case's
-    p-value lies between 0.01 and 0.05 (at the default, which draws the holdout's error twice over, it is 0.34)."""
-    from labelshift.inference.label_shift_test import holdout_noise
-    monkeypatch.setattr(holdout_noise, "HOLDOUT_INFLATION", 1.0)
+#: the label-shift test's law averaged over holdouts (label_shift_holdout_inflation = 1), under which
+#: _borderline_case's p-value lies between 0.01 and 0.05 (at the default, which draws the holdout's error twice
+#: over, it is 0.34)
+AVERAGED_LAW = dict(interval="fisher", label_shift_holdout_inflation=1.0)
 
 
-def test_the_label_shift_verdict_follows_its_own_level(averaged_law):
+def test_the_label_shift_verdict_follows_its_own_level():
     sp, yh, pt, prior = _borderline_case()
-    default = assess_shift(Holdout(sp, yh, prior), pt, AssessmentSettings(interval="fisher"))
+    default = assess_shift(Holdout(sp, yh, prior), pt, AssessmentSettings(**AVERAGED_LAW))
     assert 0.01 < default.label_shift.p_value < 0.05 and not default.shifted
     assert default.label_shift_significance is None and default.label_shift_level == 0.05
     assert default.label_shift_ok is False and default.verdict == NOT_LABEL_SHIFT
@@ -318,11 +316,11 @@ def test_the_label_shift_verdict_follows_its_own_level(averaged_law):
     assert "label_shift_significance" not in d and "level" not in d["label_shift_summary"]
     assert assess_shift(Holdout(sp, yh, prior),
                         pt,
-                        AssessmentSettings(interval="fisher", label_shift_significance=None)).to_dict() == d
+                        AssessmentSettings(**AVERAGED_LAW, label_shift_significance=None)).to_dict() == d
 
     strict = assess_shift(Holdout(sp, yh, prior),
                           pt,
-                          AssessmentSettings(interval="fisher", label_shift_significance=0.01))
+                          AssessmentSettings(**AVERAGED_LAW, label_shift_significance=0.01))
     assert strict.label_shift.p_value == default.label_shift.p_value
     assert strict.label_shift_level == 0.01 and strict.label_shift_ok is True and strict.verdict == "No shift"
     assert strict.significance == 0.05 and strict.shifted == default.shifted        # the no-shift test unchanged
@@ -340,16 +338,16 @@ def test_the_label_shift_verdict_follows_its_own_level(averaged_law):
     # a looser level than significance is allowed too: the label-shift test alone moves
     loose = assess_shift(Holdout(sp, yh, prior),
                          pt,
-                         AssessmentSettings(interval="fisher", significance=0.01, label_shift_significance=0.05))
+                         AssessmentSettings(**AVERAGED_LAW, significance=0.01, label_shift_significance=0.05))
     assert loose.verdict == NOT_LABEL_SHIFT and "Not label shift" in loose.label_shift_summary
     assert "(test level 0.05)" in loose.label_shift_summary
 
 
-def test_a_stored_report_keeps_its_label_shift_level(averaged_law):
+def test_a_stored_report_keeps_its_label_shift_level():
     """Replacing the level on a stored report re-decides only the label-shift verdict; old dicts (no key) read
     back at ``significance``."""
     sp, yh, pt, prior = _borderline_case()
-    d = json.loads(json.dumps(assess_shift(Holdout(sp, yh, prior), pt, AssessmentSettings(interval="fisher")).to_dict()))
+    d = json.loads(json.dumps(assess_shift(Holdout(sp, yh, prior), pt, AssessmentSettings(**AVERAGED_LAW)).to_dict()))
     old = ShiftReport.from_dict(d)
     assert old.label_shift_significance is None and old.verdict == NOT_LABEL_SHIFT and old.to_dict() == d
     relaxed = dataclasses.replace(old, label_shift_significance=0.01)
