@@ -58,10 +58,14 @@ test: setup lint
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) \
 	  --ignore=$(FAULTS_STACK)
 
-# one local stack on free ports; its Prefect server, MLflow server and SeaweedFS each killed and frozen while
-# `labelshift estimate` runs on it, each followed by a run to completion (docs/operations.md, "Faults")
+# a local stack on free ports per pytest-xdist worker; its Prefect server, MLflow server and SeaweedFS each killed
+# and frozen while `labelshift estimate` runs on it, each followed by a run to completion (docs/operations.md,
+# "Faults"). The cases mostly wait on timeouts, so FAULT_WORKERS stacks (default 3) run them side by side.
+FAULT_WORKERS ?= 3
+
 test-faults-stack: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(FAULTS_STACK)
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(if $(filter 0,$(FAULT_WORKERS)),,-n $(FAULT_WORKERS) --dist load) \
+	  $(FAULTS_STACK)
 
 # ruff with the small rule set of pyproject.toml; the layering (flows -> tasks -> labelshift) is tests/architecture/test_layering.py
 lint: setup
