@@ -303,8 +303,9 @@ Estimator = Literal[registry.REESTIMATION_ESTIMATORS]
 class Logged:
     """When a ``reestimate`` parameter is an MLflow param of its re-estimation run (Annotated metadata of the
     parameter, read by :meth:`ReestimateParameters.as_mlflow_params`): ``"always"`` (the default), ``"given"`` (only
-    when set), ``"segments"`` (only with ``segment_column``) or ``"never"`` (where or how a run runs, not what it
-    computes: its inputs' location is logged resolved, as ``target``)."""
+    when set), ``"segments"`` (only with ``segment_column``) or ``"never"`` (where and how the run reads and writes
+    -- the services, the batch size, what it does with changed batches and the corrected model's registration --
+    not the statistics it reports; its inputs' location is logged resolved, as ``target``)."""
 
     when: Literal["always", "given", "segments", "never"] = "always"
 

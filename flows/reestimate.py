@@ -224,6 +224,18 @@ def _load_model(p: ReestimateParameters, settings: AssessmentSettings, tracking_
     return bundle
 
 
+def _for_model(exc: NoBatchError, p: ReestimateParameters, settings: AssessmentSettings, tracking_uri: str,
+               target: str, logger) -> NoBatchError:
+    """An empty target's error saying which batches this model takes; the error as it was when the model cannot
+    be loaded (the empty target is the first thing to fix; the model's own problem comes next run)."""
+    try:
+        return exc.for_model(expected_batches(_load_model(p, settings, tracking_uri, logger), target))
+    except Exception as load_exc:
+        logger.warning("the model could not be loaded to say which batches it takes (%s: %s)",
+                       type(load_exc).__name__, load_exc)
+        return exc
+
+
 def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
     """The MLflow child run of this re-estimation, with the run's parameters and tags (its ids, and the run's
     ``sequence`` and ``flow_run_id``)."""
@@ -535,8 +547,8 @@ def reestimate(
     store = open_store(target_uri)
     try:
         batches, watermark = find_new_batches(store, on_changed=p.on_changed)
-    except NoBatchError as exc:         # said for this model's kind of batches
-        raise exc.for_model(expected_batches(_load_model(p, settings, env.tracking_uri, logger), store.uri)) from None
+    except NoBatchError as exc:         # said for this model's kind of batches, when the model loads
+        raise _for_model(exc, p, settings, env.tracking_uri, store.uri, logger) from None
     check_owner(watermark, model_name, store.uri)
     run = RunContext(p, settings, p.segments(), env, store, target_uri, watermark, logger, started)
     if not batches:

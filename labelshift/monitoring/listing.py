@@ -90,9 +90,12 @@ class NoBatchError(InputError):
     the model can say exactly which batches it takes (:meth:`for_model`)."""
 
     def __init__(self, uri: str, why: str, expected: str = ANY_MODEL_BATCHES):
-        self.uri, self.why = uri, why
+        self.uri, self.why, self.expected = uri, why, expected
         super().__init__(f"no target batch under {uri}: {why}. Write each batch of new data there as {expected}; "
                          f"*{CORRECTED_SUFFIX} outputs and keys under {STATE_PREFIX} are not batches.")
+
+    def __reduce__(self):              # pickled (a process boundary, Prefect's results) with its own arguments
+        return type(self), (self.uri, self.why, self.expected)
 
     def for_model(self, expected: str) -> "NoBatchError":
         """The same error, saying what this model's batches are (``expected``, a phrase after "as")."""

@@ -89,6 +89,11 @@ def _botocore_session():
     return session
 
 
+#: connections the client keeps per host: the transfer manager's 10 threads for each of the few transfers a run
+#: makes at once (tasks.reestimation.scoring/outputs: 4 downloads, 2 uploads)
+MAX_POOL_CONNECTIONS = 50
+
+
 class S3Store(Store):
     """Objects in an S3-compatible bucket under an optional key prefix, through boto3.
 
@@ -168,8 +173,9 @@ class S3Store(Store):
                     import boto3
                     from botocore.config import Config
 
+                    # room for boto3's 10 transfer threads in each of a few uploads or downloads at once
                     config = Config(retries=self.retry.botocore_retries(), connect_timeout=self.connect_timeout,
-                                    read_timeout=self.read_timeout)
+                                    read_timeout=self.read_timeout, max_pool_connections=MAX_POOL_CONNECTIONS)
                     self._session = boto3.session.Session(botocore_session=_botocore_session())
                     self._client = self._session.client("s3", endpoint_url=self.endpoint_url, config=config)
         return self._client

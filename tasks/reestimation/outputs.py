@@ -4,9 +4,7 @@
 """
 from __future__ import annotations
 
-import os
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,8 @@ from labelshift.monitoring.batches import iter_ids
 from labelshift.monitoring.layout import TargetBatch
 from labelshift.monitoring.outputs import write_batch_outputs, write_corrected_file, write_corrected_parquet
 from labelshift.storage import open_store
-from tasks.reestimation.scoring import download_batch
+from labelshift.inference.segments import usable_cpus
+from tasks.reestimation.scoring import download_batch, mapped, threads_for
 
 __all__ = ["write_outputs", "write_for_reestimation"]
 
@@ -66,9 +65,9 @@ def _corrected_chunks(probs: np.ndarray, weights: np.ndarray, ids, chunk_rows: i
         yield correct_predictions(block, weights).astype(np.float32), _take(ids, pending, len(block))
 
 
-#: batches whose corrected outputs are made and uploaded at once (the arithmetic, Parquet writing, hashing and
-#: uploads release the GIL)
-WRITE_THREADS = max(1, min(2, os.cpu_count() or 1))
+#: batches whose corrected outputs are made and uploaded at once, up to 100 classes (a thread per core the run may
+#: use, at most 2: the arithmetic, Parquet writing, hashing and uploads release the GIL)
+WRITE_THREADS = max(1, min(2, usable_cpus()))
 
 
 def _write_corrected_parquet(bundle, store, b: TargetBatch, p: np.ndarray, w: np.ndarray, summary: dict) -> str:
@@ -96,11 +95,13 @@ def write_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], 
     """Corrected predictions beside each batch: ``.corrected.npy`` for .npy batches (as for PyTorch models),
     ``.corrected.parquet`` with one column per class name (and the batch's id column) for Parquet batches, written
     row group by row group to a temporary file (the batch's id column streamed from a downloaded copy), then
-    uploaded; :data:`WRITE_THREADS` batches at once. Returns their URIs in the batches' order (a failure in any
-    raises once the others have ended: nothing is committed then)."""
+    uploaded; :data:`WRITE_THREADS` batches at once. Returns their URIs in the batches' order. A failure (or a
+    stop) raises at once: batches not started are not written, the ones under way may still land (the run commits
+    nothing, and the next run writes them again)."""
     if all(b.key.endswith(".npy") for b in batches):
         return write_outputs(target_uri, batches, probs, weights, summary)
     store = open_store(target_uri)
     w = np.asarray(weights, dtype=np.float64)
-    with rows_mod.one_blas_thread(), ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
-        return list(pool.map(lambda b, p: _write_corrected_parquet(bundle, store, b, p, w, summary), batches, probs))
+    with rows_mod.one_blas_thread():
+        return mapped(threads_for(len(w), WRITE_THREADS),
+                      lambda b, p: _write_corrected_parquet(bundle, store, b, p, w, summary), batches, probs)

@@ -6,7 +6,6 @@ scores of a batch (:func:`forward`, :func:`model_scores`) are computed the same 
 """
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +20,7 @@ from labelshift import rows as rows_mod
 from labelshift.monitoring.batches import batch_format, batch_rows, check_one_format, iter_feature_chunks, \
     iter_output_chunks
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
+from labelshift.inference.segments import usable_cpus
 from labelshift.monitoring.inputs import load_batch
 from labelshift.monitoring.layout import ChangedBatchError, RejectedBatch, TargetBatch
 from labelshift.storage import open_store
@@ -130,10 +130,30 @@ def _reject(out: ScoredBatches, b: TargetBatch, exc: Exception, logger) -> None:
         logger.warning("rejected %s: %s", b.key, exc)
 
 
-#: threads that download a run's batches, and that read and calibrate them (a thread per core: the reading and the
-#: block arithmetic release the GIL; the downloads wait on the network)
+#: threads that download a run's batches, and that read and calibrate them (a thread per core the run may use, at
+#: most 2, up to 100 classes: the reading and the block arithmetic release the GIL; above, a chunk's temporaries
+#: are large and one thread keeps them to one set; the downloads wait on the network)
 DOWNLOAD_THREADS = 4
-CALIBRATE_THREADS = max(1, min(2, os.cpu_count() or 1))
+CALIBRATE_THREADS = max(1, min(2, usable_cpus()))
+
+
+def threads_for(k: int, threads: int) -> int:
+    """Threads for per-batch work on k classes: ``threads`` up to THREADED_PASS_CLASSES classes, else one."""
+    return threads if k <= rows_mod.THREADED_PASS_CLASSES else 1
+
+
+def mapped(threads: int, fn, *items) -> list:
+    """``[fn(*args) for args in zip(*items)]`` on ``threads`` threads, in order. When this thread is stopped
+    (SIGTERM, Ctrl-C) or a call fails, work not started is cancelled and this thread does not wait for the calls
+    under way (they end on their own: each is bounded by the store's timeouts)."""
+    pool = ThreadPoolExecutor(max_workers=threads)
+    try:
+        out = list(pool.map(fn, *items))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return out
 
 
 def _downloaded(store, batches: list[TargetBatch], folder: Path, out: ScoredBatches, logger, reject_logger) -> list:
@@ -149,14 +169,13 @@ def _downloaded(store, batches: list[TargetBatch], folder: Path, out: ScoredBatc
             return b, exc
 
     files = []
-    with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS) as pool:
-        for b, got in pool.map(one, enumerate(batches)):
-            if isinstance(got, (ObjectNotFoundError, ChangedBatchError)):
-                _skip(out, b, got, logger)
-            elif isinstance(got, Exception):
-                _reject(out, b, got, reject_logger)
-            else:
-                files.append(got)
+    for b, got in mapped(DOWNLOAD_THREADS, one, enumerate(batches)):
+        if isinstance(got, (ObjectNotFoundError, ChangedBatchError)):
+            _skip(out, b, got, logger)
+        elif isinstance(got, Exception):
+            _reject(out, b, got, reject_logger)
+        else:
+            files.append(got)
     return files
 
 
@@ -182,6 +201,13 @@ def _calibrate_file(bundle: ReferenceBundle, file, pooled: np.ndarray, pooled_ra
     return None
 
 
+def _move_rows(a: np.ndarray, start: int, to: int, n: int) -> None:
+    """Rows ``start:start + n`` of the C-contiguous ``a`` moved up to ``to`` (< start), through flat views: numpy
+    copies overlapping 1-D ranges without a temporary (a 2-D overlapping assignment copies the whole source first)."""
+    flat, k = a.reshape(-1), a.shape[1]
+    flat[to * k:(to + n) * k] = flat[start * k:(start + n) * k]
+
+
 def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out: ScoredBatches, logger,
                 reject_logger) -> None:
     """Prediction logs: the batches streamed to temporary files (several at once), then each read in row chunks
@@ -194,17 +220,16 @@ def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out:
         starts = np.concatenate([[0], np.cumsum([f[4] for f in files], dtype=np.int64)])
         pooled = np.empty((int(starts[-1]), bundle.n_classes), dtype=np.float32)
         pooled_raw = np.empty_like(pooled)     # for the source-aware interval
-        with ThreadPoolExecutor(max_workers=CALIBRATE_THREADS) as pool:
-            failed = list(pool.map(lambda f, at: _calibrate_file(bundle, f, pooled, pooled_raw, int(at)), files,
-                                   starts[:-1]))
+        failed = mapped(threads_for(bundle.n_classes, CALIBRATE_THREADS),
+                        lambda f, at: _calibrate_file(bundle, f, pooled, pooled_raw, int(at)), files, starts[:-1])
         at = 0
         for (b, _, _, _, n), start, exc in zip(files, starts[:-1], failed):
             if exc is not None:
                 _reject(out, b, exc, reject_logger)
                 continue
-            if start != at:        # after a rejected batch: its rows move up (numpy copies overlapping rows safely)
-                pooled[at:at + n] = pooled[start:start + n]
-                pooled_raw[at:at + n] = pooled_raw[start:start + n]
+            if start != at:        # after a rejected batch: its rows move up
+                _move_rows(pooled, start, at, n)
+                _move_rows(pooled_raw, start, at, n)
             out.batches.append(b)
             out.probs.append(pooled[at:at + n])
             out.outputs.append(pooled_raw[at:at + n])

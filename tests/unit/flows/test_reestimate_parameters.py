@@ -89,9 +89,13 @@ def test_every_setting_is_logged_to_mlflow_unless_declared_not_to_be():
     everything = ReestimateParameters(label_shift_significance=0.01, segment_column="region", cross_check=["BBSE-hard"],
                                       max_interval_width=0.5)
     logged = everything.as_mlflow_params()
+    always = {"model", "calibrator", "estimator", "cross_check", "interval", "level", "significance", "n_bootstrap",
+              "seed", "max_interval_width", "on_invalid", "label_shift_holdout_inflation"}
+    assert set(logged) == always | {"label_shift_significance", "segment_column", "min_segment_size",
+                                    "segment_correction"}                  # as the runs before the marks logged
     assert set(logged) == {n for n, when in marks.items() if when != "never"}
     assert logged["cross_check"] == "BBSE-hard" and logged["max_interval_width"] == 0.5
     assert logged["segment_column"] == "region" and logged["label_shift_significance"] == 0.01
     plain = ReestimateParameters().as_mlflow_params()
-    assert set(plain) == {n for n, when in marks.items() if when == "always"}
+    assert set(plain) == always == {n for n, when in marks.items() if when == "always"}
     assert {"tracking_uri", "target", "batch_size"} <= {n for n, when in marks.items() if when == "never"}

@@ -263,6 +263,10 @@ def test_no_batch_names_every_kind_of_batch_and_a_caller_that_knows_the_model_na
     assert str(own).startswith(f"no target batch under file://{tmp_path}/target: the folder does not exist. Write "
                                "each batch of new data there as NAME.parquet with columns 'a', 'b'; ")
     assert "NAME.npy" not in str(own) and isinstance(own, NoBatchError)
+    import pickle
+
+    again = pickle.loads(pickle.dumps(own))        # across a process boundary, or in Prefect's results
+    assert str(again) == str(own) and again.uri == own.uri and again.why == own.why
 
 
 def test_all_batches_deleted_after_a_run_is_no_new_data(store):

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from labelshift import rows
 from labelshift.calibration import BCTS
 from labelshift.monitoring.batches import OutputSpec
 from labelshift.monitoring.listing import list_batches
@@ -29,6 +30,8 @@ def _parquet(z: np.ndarray) -> bytes:
 
 def test_rows_of_each_good_batch_are_its_own_and_a_rejected_batch_leaves_no_hole(tmp_path, monkeypatch):
     monkeypatch.setattr(scoring, "CALIBRATE_THREADS", 2)
+    chunks = scoring.iter_output_chunks             # chunks of 32 rows: the bad row is met after two good chunks
+    monkeypatch.setattr(scoring, "iter_output_chunks", lambda *a, **kw: chunks(*a, **kw, chunk_rows=32))
     rng = np.random.default_rng(0)
     holdout, labels = rng.standard_normal((300, 3)), rng.integers(0, 3, 300)
     calibrator = BCTS().fit(holdout, labels)
@@ -49,5 +52,6 @@ def test_rows_of_each_good_batch_are_its_own_and_a_rejected_batch_leaves_no_hole
         np.testing.assert_array_equal(raw, z)                # the kept raw outputs are the batch's, exactly
         expected = calibrator.predict_proba(z.astype(np.float64)).astype(np.float32)
         np.testing.assert_allclose(probs, expected, rtol=0, atol=4 * np.finfo(np.float32).eps)
-    pooled = np.concatenate(out.probs)
-    assert pooled.shape == (390, 3) and out.probs[0].base is out.probs[2].base     # views of one array
+    pooled = rows.joined(out.probs)                       # consecutive views of one array: pooled without a copy
+    assert pooled.shape == (390, 3) and np.shares_memory(pooled, out.probs[0])
+    assert np.shares_memory(rows.joined(out.outputs), out.outputs[2])
