@@ -8,9 +8,9 @@ naming the part that failed and the fix; nothing is committed unless the message
 is left; once the server is back (the killed one started again by ``LocalStack.up``, the frozen one continued) the
 next run counts every batch exactly once and no MLflow run of the target is left RUNNING.
 
-One stack for the module in each pytest-xdist worker (``make test-faults-stack`` runs three side by side: the
-cases mostly wait on timeouts), on free loopback ports and stopped at the end whatever happens; one model registered
-on its MLflow, and one S3 prefix per case. The command runs as a user runs it (``python -m flows.cli estimate``, a separate
+One stack for the module (in each pytest-xdist worker with ``make test-faults-stack FAULT_WORKERS=3``), on free
+loopback ports and stopped at the end whatever happens; one model registered on its MLflow, and one S3 prefix per
+case. The command runs as a user runs it (``python -m flows.cli estimate``, a separate
 process with the stack's variables); the moment of the fault is watched for, not timed: the run's MLflow run is
 RUNNING (the model is loaded, the batches are being scored).
 """
