@@ -142,13 +142,10 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
     :data:`REGIONS_SHARE` = 0.3), both parts in ``extra``. Per-region z-scores rank where the target disagrees
     (they ignore the estimation of w; the p-value does not).
 
-    Given one holdout: its histograms' error is fixed for every target tested against it, so both bootstraps draw
-    class y's holdout error kappa_y times over in variance (:mod:`.holdout_noise`; kappa_y = 2 by default): the
-    rate of false rejections given the holdout, over label-shifted targets, stays under 15% for all but rare
-    holdouts (kappa = 1: valid only on average over holdouts). ``holdout_inflation="derived"`` takes kappa_y from
-    the holdout's share of class y's variance, r_y = m q_y / (m q_y + n_y) (q the null fit's class proportions;
-    :func:`.holdout_noise.inflation_for_share`: 1 where r_y <= 0.41, rising to 2.04 as r_y -> 1 at k = 10).
-    Derivation and measured rates of both: ``docs/label_shift_test.md``, "Given one holdout".
+    Given one holdout: its error is fixed for every target tested against it, so both bootstraps draw class y's
+    holdout error kappa_y times over in variance (:mod:`.holdout_noise`; 2 by default, 1: valid only on average
+    over holdouts; ``"derived"``: from the holdout's share of class y's variance). Derivation and measured rates:
+    ``docs/label_shift_test.md``, "Given one holdout".
 
     Assumes independent rows; the regions and the calibrator (both fit on the holdout) are held fixed. Validity
     does not need calibrated outputs (the identity holds for any fixed f), only the regions' meaning does. It
