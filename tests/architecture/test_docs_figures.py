@@ -64,43 +64,41 @@ _BOUND_BEFORE = re.compile(r"(?:\b(?:goals?|at most|at least|up to|within|under|
 _SETTING_AFTER = re.compile(r"^\s*(?:(?:[\w-]+\s+){0,2}(?:intervals?|confidence|credible)\b|level|prediction"
                             r"|significance|of the level|of a standard error|of the score|by default|\(?default)", re.I)
 
-_PARALLEL_INTERVALS = ("intervals.md, 'Measured coverage': runs of 2026-11-26 whose figures moved to benchmarks/HISTORY.md "
-                       "when the section was rewritten (issue 38); not tied yet")
-_PARALLEL_NO_SHIFT = ("uncertainty.md, 'No-shift test': runs before the holdout's kappa, whose table moved to "
-                      "benchmarks/HISTORY.md (issue 38); not tied yet")
+_MOVED_INTERVALS = ("intervals.md, 'Measured coverage': runs of 2026-11-26 whose figures moved to benchmarks/HISTORY.md "
+                    "when the section was rewritten (issue 38); not tied yet")
+_MOVED_NO_SHIFT = ("uncertainty.md, 'No-shift test': runs before the holdout's kappa, whose table moved to "
+                   "benchmarks/HISTORY.md (issue 38); not tied yet")
 _DESIGN = "the label-shift test's design history: prototype and review runs, recorded only here"
+
+
+def _same_reason(page: str, reason: str, *words: str) -> dict:
+    """Entries of NOT_FROM_BENCHMARKS for the units of ``page`` containing each of ``words``, all for ``reason``."""
+    return {(page, w): reason for w in words}
+
+
 #: (page, words the unit contains) -> where its figures come from, when not from benchmarks/
 NOT_FROM_BENCHMARKS = {
     ("operations.md", "| fault | what happens | what to do |"):
         "one run of each fault test (tests/integration/test_faults_*.py, test_workers.py), which assert the bounds",
-    ("label_shift_test.md", "**Smoothing.**"): _DESIGN,
-    ("label_shift_test.md", "How the weights were chosen, and what was tried"): _DESIGN,
-    ("label_shift_test.md", "*Why this world.*"): _DESIGN,
-    ("label_shift_test.md", "a *density-ratio* test that uses calibration"): _DESIGN,
-    ("label_shift_test.md", "weights fixed from the data for all draws"): _DESIGN,
-    ("label_shift_test.md", "the log-odds moments with q from the binned MLLS"): _DESIGN,
-    ("label_shift_test.md", "leaving out the blocks of predicted classes"): _DESIGN,
-    ("label_shift_test.md", "| case | Wald size | likelihood-ratio size |"): _DESIGN,
-    ("label_shift_test.md", "Other regions did not help the region part"): _DESIGN,
-    ("label_shift_test.md", "*How the level split was chosen, and checked.*"): _DESIGN,
-    ("label_shift_test.md", "*The trade-offs measured on the way.*"): _DESIGN,
+    **_same_reason("label_shift_test.md", _DESIGN, "**Smoothing.**", "How the weights were chosen, and what was tried",
+                   "*Why this world.*", "a *density-ratio* test that uses calibration",
+                   "weights fixed from the data for all draws", "the log-odds moments with q from the binned MLLS",
+                   "leaving out the blocks of predicted classes", "| case | Wald size | likelihood-ratio size |",
+                   "Other regions did not help the region part", "*How the level split was chosen, and checked.*",
+                   "*The trade-offs measured on the way.*"),
     ("label_shift_test.md", "*Why this criterion and not a cap on the rate given that holdout.*"):
         "kappa(r) and the rate of the one-direction model evaluated at chosen r: computed from the formulas above",
     ("label_shift_test.md", "**The fix: draw the holdout's error kappa times over.**"):
         "chi^2 tail probabilities at kappa = 1 and 2, computed from the linearised law above",
-    ("intervals.md", "* **Coverage, free classes**"): _PARALLEL_INTERVALS,
-    ("intervals.md", "* **Classes pinned at w = 0**"): _PARALLEL_INTERVALS,
-    ("intervals.md", "* **Untrustworthy**: with the rule above"): _PARALLEL_INTERVALS,
-    ("intervals.md", "* **Time** at m = 100,000, k = 10, n = 1000"): _PARALLEL_INTERVALS,
-    ("intervals.md", "The same problem with temperature scaling (TS)"): _PARALLEL_INTERVALS,
+    **_same_reason("intervals.md", _MOVED_INTERVALS, "* **Coverage, free classes**", "* **Classes pinned at w = 0**",
+                   "* **Untrustworthy**: with the rule above", "* **Time** at m = 100,000, k = 10, n = 1000",
+                   "The same problem with temperature scaling (TS)"),
     ("uncertainty.md", "Measured coverage of the small class near the boundary"):
         "tests/unit/inference/test_intervals_no_shift_identifiability.py measures it and asserts the bound",
-    ("uncertainty.md", "**f and p_s estimated: the two-sample test**"): _PARALLEL_NO_SHIFT,
-    ("uncertainty.md", "*Why not each side's own covariance.*"): _PARALLEL_NO_SHIFT,
-    ("uncertainty.md", "* The estimated covariance is noisy"): _PARALLEL_NO_SHIFT,
-    ("uncertainty.md", "*The calibrator fit on the holdout.*"): _PARALLEL_NO_SHIFT,
-    ("uncertainty.md", "*Measured size* at a nominal 5%"): _PARALLEL_NO_SHIFT,
-    ("uncertainty.md", "*Power.* Under a mild shift"): _PARALLEL_NO_SHIFT,
+    **_same_reason("uncertainty.md", _MOVED_NO_SHIFT, "**f and p_s estimated: the two-sample test**",
+                   "*Why not each side's own covariance.*", "* The estimated covariance is noisy",
+                   "*The calibrator fit on the holdout.*", "*Measured size* at a nominal 5%",
+                   "*Power.* Under a mild shift"),
 }
 
 _ITEM = re.compile(r"\s*(?:[-*]|\d+\.)\s")
