@@ -297,6 +297,7 @@ REESTIMATE_EXPERIMENT = "reestimation"
 INTERVAL_ERROR = "estimator_interval"
 
 Estimator = Literal[registry.REESTIMATION_ESTIMATORS]
+Interval = Literal[registry.INTERVALS]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,7 +312,6 @@ class Logged:
 
 
 NOT_LOGGED, LOGGED_WHEN_GIVEN, LOGGED_WITH_SEGMENTS = Logged("never"), Logged("given"), Logged("segments")
-Interval = Literal[registry.INTERVALS]
 
 ModelParam = Annotated[str, Field(
     description="The deployed classifier in the MLflow model registry: models:/NAME@ALIAS (e.g. "
@@ -394,11 +394,13 @@ SegmentColumnParam = Annotated[str | None, Field(
                 "segment (e.g. region): besides the pooled estimate, one estimate per segment -- verdict, interval, "
                 "label-shift test, accuracy -- against the shared holdout, logged as segment.<name>.* metrics, a "
                 "table and a figure. Every row needs a value; not for .npy batches. The pooled verdict alone drives "
-                "the outputs, the watermark, the alerts and the corrected model. See docs/reestimation.md."), LOGGED_WITH_SEGMENTS]
+                "the outputs, the watermark, the alerts and the corrected model. See docs/reestimation.md."),
+    LOGGED_WITH_SEGMENTS]
 MinSegmentSizeParam = Annotated[int, Field(
     **SEGMENT_BOUNDS["min_size"].constraints(),
     description=f"Segments with fewer rows are reported as too small (with their size) instead of assessed (with "
-                f"segment_column); {SEGMENT_BOUNDS['min_size'].describe()}. See docs/reestimation.md for why 200."), LOGGED_WITH_SEGMENTS]
+                f"segment_column); {SEGMENT_BOUNDS['min_size'].describe()}. See docs/reestimation.md for why 200."),
+    LOGGED_WITH_SEGMENTS]
 SegmentProcessesParam = Annotated[int, Field(
     **SEGMENT_BOUNDS["processes"].constraints(),
     description=f"Worker processes that assess the segments (with segment_column): 0 = automatic -- one per CPU "
@@ -413,14 +415,16 @@ SegmentCorrectionParam = Annotated[Literal[CORRECTIONS], Field(
                 "label-shift test's smallest p-values are too small); 'bh' (Benjamini-Hochberg): at most that share of the "
                 "flagged segments wrongly flagged, more of the failing ones found when many fail (assumes the "
                 "segments' tests positively dependent); 'none': each segment at the single-test level (about 5 "
-                "in 100 label-shifted segments called Not label shift by chance). See docs/reestimation.md."), LOGGED_WITH_SEGMENTS]
+                "in 100 label-shifted segments called Not label shift by chance). See docs/reestimation.md."),
+    LOGGED_WITH_SEGMENTS]
 
 
 class ReestimateParameters(BaseModel):
     """All parameters of the ``reestimate`` flow, validated together: the one definition of their names, types,
     bounds, defaults and MLflow logging (:class:`Logged`), which the flow's signature, the ``labelshift estimate``
-    options, the deployment's form in the Prefect UI and the run's MLflow params are built from. The statistical settings take their defaults from the domain
-    (:data:`labelshift.inference.settings.DEFAULTS`, also those of :func:`labelshift.assess_shift`)."""
+    options, the deployment's form in the Prefect UI and the run's MLflow params are built from. The statistical
+    settings take their defaults from the domain (:data:`labelshift.inference.settings.DEFAULTS`, also those of
+    :func:`labelshift.assess_shift`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

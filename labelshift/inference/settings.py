@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..estimation.registry import REESTIMATION_ESTIMATORS, check_interval, check_methods
+from .label_shift_test.holdout_noise import HOLDOUT_INFLATION
 
 __all__ = ["AssessmentSettings", "Bound", "BOUNDS", "DEFAULTS", "check_setting"]
 
@@ -118,7 +119,7 @@ class AssessmentSettings:
     n_bootstrap: int = 200
     seed: int = 0
     max_interval_width: float | None = None
-    label_shift_holdout_inflation: float = 2.0
+    label_shift_holdout_inflation: float = HOLDOUT_INFLATION
     label_shift_check: bool = True
     miscalibration_check: bool = True
 

@@ -45,6 +45,10 @@ class ScoredBatches:
     outputs: list[np.ndarray] = field(default_factory=list)
 
 
+def _shape(dims) -> str:
+    return ", ".join(str(d) for d in dims)
+
+
 def _listed(names, limit: int = 6) -> str:
     names = [repr(str(n)) for n in names]
     return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
@@ -56,12 +60,11 @@ def expected_batches(bundle, target_uri: str) -> str:
     if isinstance(bundle, ModelBundle):
         from labelshift.experiments.training import TRAINING_DEFAULTS      # the datasets `simulate-target` knows
 
-        shape = ", ".join(str(d) for d in bundle.input_shape)
         demo = bundle.name.removeprefix("labelshift-")
         try_it = (f"; to try it, `labelshift data simulate-target {demo} --to {target_uri}` writes label-shifted "
                   "test images there" if bundle.name.startswith("labelshift-") and demo in TRAINING_DEFAULTS else "")
-        return (f"NAME.npy, a float32 array of shape (n, {shape}) of this PyTorch model's inputs saved with "
-                f"numpy.save{try_it}")
+        return (f"NAME.npy, a float32 array of shape (n, {_shape(bundle.input_shape)}) of this PyTorch model's "
+                f"inputs saved with numpy.save{try_it}")
     if bundle.mode == "outputs":
         return (f"NAME.parquet, the model's logged outputs ({bundle.output_kind}): one float column per class named "
                 f"{_listed(bundle.class_names)}, or one list column of {bundle.n_classes} floats per row"
@@ -71,8 +74,8 @@ def expected_batches(bundle, target_uri: str) -> str:
     if bundle.input_columns:
         ways.append(f"NAME.parquet with this {kind} model's input columns {_listed(bundle.input_columns)}")
     if bundle.input_shape:
-        shape = ", ".join(str(d) for d in bundle.input_shape)
-        ways.append(f"NAME.npy, a float array of shape (n, {shape}) of its inputs saved with numpy.save")
+        ways.append(f"NAME.npy, a float array of shape (n, {_shape(bundle.input_shape)}) of its inputs saved with "
+                    "numpy.save")
     return " or ".join(ways) or f"NAME.parquet with this {kind} model's input columns"
 
 
