@@ -154,13 +154,14 @@ def _sigterm_held():
 def _commit(store, watermark, batches, record, mlflow_run_id, rejected=()):
     """Move the watermark. If the commit raises after its write landed (e.g. the store failed while it read the
     watermark back), the batches are counted all the same: then the watermark's last entry is this run's, and the run
-    goes on as committed instead of failing with its batches counted."""
+    goes on as committed instead of failing with its batches counted. That check reads once, without retries: the
+    commit's own call has spent them, and a frozen store would cost their time twice."""
     with _sigterm_held():
         try:
             committed = commit_watermark(store, watermark, batches, record, rejected=rejected)
         except Exception:
             try:
-                current = read_watermark(store)
+                current = read_watermark(store.tried_once())
             except Exception:
                 current = None
             if current is None or not current.history or \

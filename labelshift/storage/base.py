@@ -200,6 +200,11 @@ class Store:
         """The full URI of ``key`` (``s3://bucket/prefix/key`` or ``file:///root/key``)."""
         raise NotImplementedError
 
+    def tried_once(self) -> "Store":
+        """This store with each call tried once, without retries (for a check whose failure is itself an answer);
+        the store itself when it does not retry."""
+        return self
+
     # compare-and-swap (subclasses may make it atomic)
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         """The content of ``key`` and its version token, read together (the token to pass to

@@ -156,6 +156,15 @@ class S3Store(Store):
         self._client, self._session, self._lock = client, None, threading.Lock()
         self._bucket_seen = False
 
+    def tried_once(self) -> "S3Store":
+        """A copy of this store (same bucket, prefix, endpoint and timeouts; its own client) whose calls botocore tries
+        once: a frozen server then costs one read timeout, not :attr:`RetryPolicy.max_attempts` of them."""
+        if self._client is not None and self._session is None:   # a client passed in keeps its own retry settings
+            return self
+        once = object.__new__(S3Store)
+        once.__setstate__({**self.__getstate__(), "retry": RetryPolicy(max_attempts=1, mode=self.retry.mode)})
+        return once
+
     # pickling (Prefect may hash or ship task arguments): the boto3 client is rebuilt on first use
     def __getstate__(self):
         return {**self.__dict__, "_client": None, "_session": None, "_lock": None}

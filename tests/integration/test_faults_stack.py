@@ -65,7 +65,8 @@ def detection_s(name: str, how: int) -> float:
       MLFLOW_HTTP_REQUEST_TIMEOUT when it is frozen, with MLflow's back-off between them (0, 4, 8 s, + up to 1 s of
       jitter each: 3 retries, 15 s). The failed run does not ask the lost server again (flows/reestimate.py).
     - S3: botocore's 5 attempts (labelshift.storage.s3.RetryPolicy), each failing at once or after
-      S3Store.READ_TIMEOUT_S, with a back-off under a second in all (0.05 s x 2^i, jittered).
+      S3Store.READ_TIMEOUT_S, with a back-off under a second in all (0.05 s x 2^i, jittered); a failed commit then
+      reads the watermark back once, without retries, to see whether its write landed (one more timeout).
     """
     from labelshift.storage.s3 import RetryPolicy, S3Store
 
@@ -77,7 +78,7 @@ def detection_s(name: str, how: int) -> float:
         per_request = _limit("MLFLOW_HTTP_REQUEST_TIMEOUT") if how == signal.SIGSTOP else 0.0
         return (1 + retries) * per_request + backoff
     attempts = RetryPolicy().max_attempts
-    return attempts * (S3Store.READ_TIMEOUT_S if how == signal.SIGSTOP else 0.0) + 1
+    return (attempts + 1) * (S3Store.READ_TIMEOUT_S if how == signal.SIGSTOP else 0.0) + 1
 
 
 def bound_s(stack, name: str, how: int) -> float:

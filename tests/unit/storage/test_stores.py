@@ -434,8 +434,10 @@ def test_retry_policy_goes_to_botocore():
             RetryPolicy(**bad)
 
 
-def test_s3_dropped_connections_are_retried_up_to_the_policy(monkeypatch):
-    """A server that accepts each connection and closes it at once: botocore tries exactly max_attempts times."""
+@pytest.mark.parametrize("once", [False, True], ids=["policy", "tried-once"])
+def test_s3_dropped_connections_are_retried_up_to_the_policy(monkeypatch, once):
+    """A server that accepts each connection and closes it at once: botocore tries exactly max_attempts times, and
+    once through :meth:`S3Store.tried_once` (the original store keeps its policy)."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
     listener = socket.socket()
@@ -457,10 +459,11 @@ def test_s3_dropped_connections_are_retried_up_to_the_policy(monkeypatch):
         store = open_store("s3://some-bucket", endpoint_url=f"http://127.0.0.1:{listener.getsockname()[1]}",
                            retry=RetryPolicy(max_attempts=3))
         with pytest.raises(ServiceUnavailableError, match="did not answer properly"):
-            store.put_bytes("k", b"1")
+            (store.tried_once() if once else store).put_bytes("k", b"1")
     finally:
         listener.close()
-    assert len(accepted) == 3
+    assert len(accepted) == (1 if once else 3)
+    assert store.retry.max_attempts == 3 and store.tried_once().uri == store.uri
 
 
 # -- errors --------------------------------------------------------------------------------------------------------------
