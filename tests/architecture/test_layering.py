@@ -223,10 +223,6 @@ def test_no_import_cycles():
                          "down into a module of its own, or pass it as an argument")
 
 
-#: the package whose shared private names are still to be made public (their statistics were changing)
-PRIVATE_NAMES_LEFT = "labelshift/inference/label_shift_test/"
-
-
 def private_imports(root: Path = ROOT) -> list[str]:
     """``file: name`` for every private name (``_x``, not a dunder) imported from another module by the code of the
     house (the domain, the model API, tasks, flows, runtime), imports inside functions included."""
@@ -241,12 +237,9 @@ def private_imports(root: Path = ROOT) -> list[str]:
 
 
 def test_private_names_stay_in_their_module():
-    """A name shared between modules is public within its package (no ``from .x import _y``); the one package
-    still to do is listed, and nothing new may join it."""
+    """A name shared between modules is public within its package (no ``from .x import _y``)."""
     found = private_imports()
-    outside = [f for f in found if not f.startswith(PRIVATE_NAMES_LEFT)]
-    assert outside == [], f"private names imported from another module (make them public in their package): {outside}"
-    assert len(found) <= 27, f"new private imports in {PRIVATE_NAMES_LEFT}: {found}"
+    assert found == [], f"private names imported from another module (make them public in their package): {found}"
 
 
 def test_the_users_model_api_loads_and_registers_without_prefect(tmp_path):

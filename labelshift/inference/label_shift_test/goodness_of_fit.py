@@ -30,15 +30,15 @@ from scipy.stats import norm
 from ...errors import InputError
 from .holdout import MAX_CONFIDENCE_BINS, MIN_REGION_ROWS, PreparedHoldout
 from .holdout_noise import class_inflation
-from .inputs import BOOTSTRAP_DRAWS, _test_inputs, _TestInputs
+from .inputs import BOOTSTRAP_DRAWS, test_inputs, TestInputs
 from .log_odds import HoldoutSide, log_odds_test
-from .null_fit import _null_fit
-from .regions import _region_name, _Regions
-from .regions_fit import (_class_z, _likelihood_ratio_fit, _region_counts, _region_evidence, _RegionCounts,
-                          _RegionsFit, _wald_fit)
+from .null_fit import fit_under_null
+from .regions import region_name, Regions
+from .regions_fit import (class_z_scores, likelihood_ratio_fit, region_counts, region_evidence, RegionCounts,
+                          RegionsFit, wald_fit)
 from .result import LabelShiftTest, combine_p_values
 
-def _world_shares(regions: _Regions, pi: np.ndarray, q: np.ndarray, p: np.ndarray, iterations: int = 100):
+def _world_shares(regions: Regions, pi: np.ndarray, q: np.ndarray, p: np.ndarray, iterations: int = 100):
     """For the log-odds part's bootstrap world: a function of target output rows Z (T, k) giving each class's share
     of every row under the null fit (pi, q). Within a row the shares start from the calibrated posterior under the
     fitted shift, (q_y / p_y) f_y normalised (the E-step of MLLS, eq. mlls-sample); then, by iterative proportional
@@ -70,15 +70,15 @@ def _world_shares(regions: _Regions, pi: np.ndarray, q: np.ndarray, p: np.ndarra
     return shares
 
 
-def _with_log_odds(inp: _TestInputs, rc: _RegionCounts, fit: _RegionsFit, method: str, class_names,
-                   side: HoldoutSide | None = None) -> _RegionsFit:
+def _with_log_odds(inp: TestInputs, rc: RegionCounts, fit: RegionsFit, method: str, class_names,
+                   side: HoldoutSide | None = None) -> RegionsFit:
     """The regions fit with the log-odds part added: both p-values in ``extra``, the reported one combined by
     :func:`combine_p_values`."""
     # the second look (log_odds.py); the two p-values are combined by a weighted Bonferroni
     # bound (combine_p_values), so the combined test keeps its level whatever the dependence between them
     # its bootstrap world is the completed data of a null fit (the regions' fit; for the Wald form, one is made)
     if method != "likelihood-ratio":
-        pi, q_null = _null_fit(rc.N, rc.T, inp.p)[:2]
+        pi, q_null = fit_under_null(rc.N, rc.T, inp.p)[:2]
     else:
         pi, q_null = fit.pi, fit.q
     kappa = class_inflation(inp.holdout_inflation, inp.n_y, inp.Pt.shape[0], q_null)
@@ -92,24 +92,24 @@ def _with_log_odds(inp: _TestInputs, rc: _RegionCounts, fit: _RegionsFit, method
                  log_odds_sum_statistic=part.sum_statistic, log_odds_draws_used=part.draws_used,
                  log_odds_moments=part.moments, log_odds_class=int(np.argmax(part.class_share)),
                  log_odds_class_share=float(np.max(part.class_share)),
-                 log_odds_where=_region_name((int(np.argmax(part.class_share)),), 0.0, 1.0, class_names))
+                 log_odds_where=region_name((int(np.argmax(part.class_share)),), 0.0, 1.0, class_names))
     return fit._replace(p_value=combine_p_values(fit.p_value, part.p_value), extra=extra)
 
 
-def _test_result(inp: _TestInputs, rc: _RegionCounts, fit: _RegionsFit, method: str,
+def _test_result(inp: TestInputs, rc: RegionCounts, fit: RegionsFit, method: str,
                  class_names) -> LabelShiftTest:
     """The :class:`LabelShiftTest` of a fit."""
     (m, k), n, J = inp.Pt.shape, inp.Ph.shape[0], rc.regions.n_regions
-    items = _region_evidence(rc, fit, class_names)
+    items = region_evidence(rc, fit, class_names)
     bonf = float(norm.isf(0.05 / (2 * J)))
     return LabelShiftTest(statistic=fit.stat, dof=fit.dof, p_value=fit.p_value, weights=fit.w, source_prior=inp.p,
-                          regions=items, class_z=_class_z(rc.regions, fit, k), n_target=m, n_holdout=n,
+                          regions=items, class_z=class_z_scores(rc.regions, fit, k), n_target=m, n_holdout=n,
                           bonferroni_z=bonf, method=method,
                           extra={"n_regions": J, "min_region_rows": inp.min_region_rows,
                                  "max_confidence_bins": inp.max_confidence_bins, **fit.extra})
 
 
-def _check_prepared(prepared, inp: _TestInputs) -> None:
+def _check_prepared(prepared, inp: TestInputs) -> None:
     """InputError unless ``prepared`` is None or was made from this holdout with this region rule."""
     if prepared is not None and not prepared.matches(inp.Ph, inp.y, inp.min_region_rows, inp.max_confidence_bins):
         raise InputError("prepared was made from another holdout or region rule than this test's; pass "
@@ -187,12 +187,12 @@ def label_shift_test(holdout_probs, holdout_labels, target_probs, *, weights=Non
             ``holdout_inflation`` below 1 or neither a number nor "derived",
             ``prepared`` made from another holdout or region rule.
     """
-    inp = _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
+    inp = test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
                        max_confidence_bins, class_names, method, calibration, bootstrap_draws, seed, log_odds,
                        holdout_inflation)
     _check_prepared(prepared, inp)
-    rc = _region_counts(inp, prepared)
-    fit = _likelihood_ratio_fit(inp, rc, calibration) if method == "likelihood-ratio" else _wald_fit(inp, rc)
+    rc = region_counts(inp, prepared)
+    fit = likelihood_ratio_fit(inp, rc, calibration) if method == "likelihood-ratio" else wald_fit(inp, rc)
     if inp.log_odds:
         fit = _with_log_odds(inp, rc, fit, method, class_names, None if prepared is None else prepared.log_odds)
     return _test_result(inp, rc, fit, method, class_names)

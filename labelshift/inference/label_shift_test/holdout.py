@@ -9,7 +9,7 @@ import numpy as np
 from ..._validation import check_labels, check_probabilities
 from ...errors import InputError
 from .log_odds import BLOCK_MAX_CLASSES, HoldoutSide, holdout_side
-from .regions import _make_regions, _Regions
+from .regions import make_regions, Regions
 #: the test refuses holdouts smaller than this (its size is measured from n = 500 up; see docs/label_shift_test.md)
 MIN_HOLDOUT = 200
 #: ... and holdouts with fewer than this many examples of some class (its class-conditional region frequencies
@@ -22,7 +22,7 @@ MIN_REGION_ROWS = 25
 MAX_CONFIDENCE_BINS = 4
 
 
-def _check_int(value, name: str, low: int) -> int:
+def check_int(value, name: str, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise InputError(f"{name} must be an integer >= {low}, got {value!r}.")
     return int(value)
@@ -46,7 +46,7 @@ class PreparedHoldout:
     holdout_labels: np.ndarray
     min_region_rows: int
     max_confidence_bins: int
-    regions: _Regions
+    regions: Regions
     N: np.ndarray
     log_odds: HoldoutSide | None
 
@@ -69,18 +69,18 @@ def prepare_holdout(holdout_probs, holdout_labels, *, min_region_rows: int = MIN
         InputError: as :func:`label_shift_test` for the holdout (too small, a class with too few rows).
     """
     Ph, y, n_y = _holdout_inputs(holdout_probs, holdout_labels)
-    min_region_rows = _check_int(min_region_rows, "min_region_rows", 1)
-    max_confidence_bins = _check_int(max_confidence_bins, "max_confidence_bins", 1)
+    min_region_rows = check_int(min_region_rows, "min_region_rows", 1)
+    max_confidence_bins = check_int(max_confidence_bins, "max_confidence_bins", 1)
     k = Ph.shape[1]
-    regions = _make_regions(Ph, min_region_rows, max_confidence_bins)
+    regions = make_regions(Ph, min_region_rows, max_confidence_bins)
     N = np.zeros((k, regions.n_regions))
     np.add.at(N, (y, regions.assign(Ph)), 1.0)
-    side = holdout_side(Ph, y, k) if _check_log_odds(log_odds, k) else None
+    side = holdout_side(Ph, y, k) if check_log_odds(log_odds, k) else None
     return PreparedHoldout(holdout_probs=Ph, holdout_labels=y, min_region_rows=min_region_rows,
                            max_confidence_bins=max_confidence_bins, regions=regions, N=N, log_odds=side)
 
 
-def _check_holdout_size(n: int) -> None:
+def check_holdout_size(n: int) -> None:
     if n < MIN_HOLDOUT:
         raise InputError(f"the holdout has n = {n} rows, fewer than MIN_HOLDOUT = {MIN_HOLDOUT}: the null "
                          "distribution of the test rests on the holdout's class-conditional output frequencies and "
@@ -88,7 +88,7 @@ def _check_holdout_size(n: int) -> None:
                          "labelled holdout.")
 
 
-def _class_rows(y: np.ndarray, k: int) -> np.ndarray:
+def class_rows(y: np.ndarray, k: int) -> np.ndarray:
     """The holdout's rows per class (k,); InputError when a class has fewer than MIN_CLASS_ROWS."""
     n_y = np.bincount(y, minlength=k)
     few = np.flatnonzero(n_y < MIN_CLASS_ROWS)
@@ -105,11 +105,11 @@ def _holdout_inputs(holdout_probs, holdout_labels) -> tuple[np.ndarray, np.ndarr
     Ph = check_probabilities(holdout_probs, "holdout_probs", 2)
     n, k = Ph.shape
     y = check_labels(holdout_labels, "holdout_labels", k, n_rows=n)
-    _check_holdout_size(n)
-    return Ph, y, _class_rows(y, k)
+    check_holdout_size(n)
+    return Ph, y, class_rows(y, k)
 
 
-def _check_log_odds(log_odds, k: int) -> bool:
+def check_log_odds(log_odds, k: int) -> bool:
     """``log_odds`` as a bool, None meaning the default for k classes; InputError for anything else."""
     if log_odds is None:
         # the default: the log-odds part up to BLOCK_MAX_CLASSES classes; above, its measured size at k = 100 was

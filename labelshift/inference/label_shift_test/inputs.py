@@ -11,7 +11,7 @@ from ..._validation import check_given_weights, check_labels, check_prior, check
 from ...errors import InputError
 from ...estimation.solvers import mlls_newton
 from ..mlls_inputs import certified_weights
-from .holdout import _check_holdout_size, _check_int, _check_log_odds, _class_rows
+from .holdout import check_holdout_size, check_int, check_log_odds, class_rows
 from . import holdout_noise
 #: ... and target sets smaller than this
 MIN_TARGET = 50
@@ -53,7 +53,7 @@ def _rows_positive(P: np.ndarray, w: np.ndarray) -> bool:
     return all(not np.any(P[sl].astype(np.float64) @ w <= 0) for sl in _rows.blocks(P.shape[0], width=P.shape[1]))
 
 
-class _TestInputs(NamedTuple):
+class TestInputs(NamedTuple):
     """The checked inputs of :func:`label_shift_test`."""
     Ph: np.ndarray              # (n, k) calibrated holdout outputs
     y: np.ndarray               # (n,) holdout labels
@@ -69,9 +69,9 @@ class _TestInputs(NamedTuple):
     holdout_inflation: float | None = 1.0  # a fixed kappa of holdout_noise, or None: derived per class
 
 
-def _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
+def test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_prior, min_region_rows,
                  max_confidence_bins, class_names, method, calibration, bootstrap_draws, seed,
-                 log_odds, holdout_inflation=None) -> _TestInputs:
+                 log_odds, holdout_inflation=None) -> TestInputs:
     """The arguments of :func:`label_shift_test` checked (InputError as documented there)."""
     Ph = check_probabilities(holdout_probs, "holdout_probs", 2)
     n, k = Ph.shape
@@ -81,26 +81,26 @@ def _test_inputs(holdout_probs, holdout_labels, target_probs, weights, source_pr
         raise InputError(f"target_probs has {Pt.shape[1]} class columns but holdout_probs has {k}; both must be the "
                          "calibrated outputs of the same classifier (same classes, same order).")
     y = check_labels(holdout_labels, "holdout_labels", k, n_rows=n)
-    min_region_rows = _check_int(min_region_rows, "min_region_rows", 1)
-    max_confidence_bins = _check_int(max_confidence_bins, "max_confidence_bins", 1)
+    min_region_rows = check_int(min_region_rows, "min_region_rows", 1)
+    max_confidence_bins = check_int(max_confidence_bins, "max_confidence_bins", 1)
     if class_names is not None and len(class_names) != k:
         raise InputError(f"class_names has {len(class_names)} entries but there are {k} classes.")
-    _check_holdout_size(n)
+    check_holdout_size(n)
     if m < MIN_TARGET:
         raise InputError(f"target_probs has m = {m} rows, fewer than MIN_TARGET = {MIN_TARGET}; test a larger "
                          "target batch (or several batches together).")
-    n_y = _class_rows(y, k)
+    n_y = class_rows(y, k)
     if method not in METHODS:
         raise InputError(f"method must be one of {METHODS}, got {method!r}.")
     if calibration not in CALIBRATIONS:
         raise InputError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}.")
-    bootstrap_draws = _check_int(bootstrap_draws, "bootstrap_draws", 19)
-    log_odds = _check_log_odds(log_odds, k)
-    seed = _check_int(seed, "seed", 0)
+    bootstrap_draws = check_int(bootstrap_draws, "bootstrap_draws", 19)
+    log_odds = check_log_odds(log_odds, k)
+    seed = check_int(seed, "seed", 0)
     holdout_inflation = _check_inflation(holdout_inflation)
     p = n_y / n if source_prior is None else check_prior(source_prior, "source_prior", k)
     w_given = None if weights is None else _mlls_weights(Pt, p, weights)
-    return _TestInputs(Ph=Ph, y=y, Pt=Pt, n_y=n_y, p=p, w_given=w_given, min_region_rows=min_region_rows,
+    return TestInputs(Ph=Ph, y=y, Pt=Pt, n_y=n_y, p=p, w_given=w_given, min_region_rows=min_region_rows,
                        max_confidence_bins=max_confidence_bins, bootstrap_draws=bootstrap_draws, seed=seed,
                        log_odds=log_odds, holdout_inflation=holdout_inflation)
 

@@ -15,7 +15,7 @@ from .squarem import squarem_batch
 DENSE_MAX_CLASSES = BLOCK_MAX_CLASSES
 
 
-def _null_fit(N: np.ndarray, T: np.ndarray, q0: np.ndarray, tol: float = 1e-12, max_iter: int = 20_000):
+def fit_under_null(N: np.ndarray, T: np.ndarray, q0: np.ndarray, tol: float = 1e-12, max_iter: int = 20_000):
     """Maximum likelihood under H0 of the region counts: holdout N[y, r] ~ Multinomial(n_y, pi_y), target
     T[r] ~ Multinomial(m, sum_y q_y pi_y), jointly over pi (k x J, rows in the simplex) and q (the simplex), by
     EM (the target rows' classes are the missing data). Returns (pi, q, 2 (l_1 - l_0), iterations), l_1 the
@@ -80,10 +80,10 @@ def _null_fit(N: np.ndarray, T: np.ndarray, q0: np.ndarray, tol: float = 1e-12, 
 
 def _null_fit_batch(N: np.ndarray, T: np.ndarray, q0: np.ndarray, pi0: np.ndarray | None = None,
                     tol: float = 1e-9, max_iter: int = 500) -> np.ndarray:
-    """:func:`_null_fit` for B data sets at once (N: (B, k, J), T: (B, J), q0: (k,)): the same SQUAREM-accelerated
+    """:func:`fit_under_null` for B data sets at once (N: (B, k, J), T: (B, J), q0: (k,)): the same SQUAREM-accelerated
     EM (extrapolation kept only where it raises the likelihood), vectorised over the batch, each draw stopping on
     its own; started at (pi0, q0) when pi0 (k, J) is given (the bootstrap: the draws lie near the fit they come
-    from), else as :func:`_null_fit`. Returns the B statistics 2 (l_1 - l_0)."""
+    from), else as :func:`fit_under_null`. Returns the B statistics 2 (l_1 - l_0)."""
     B, k, J = N.shape
     n_y = N.sum(axis=2)                                          # (B, k)
     m = T.sum(axis=1)                                            # (B,)
@@ -117,7 +117,7 @@ def _null_fit_batch(N: np.ndarray, T: np.ndarray, q0: np.ndarray, pi0: np.ndarra
     return np.maximum(2.0 * (l1 - loglik(pi, q, slice(None))), 0.0)
 
 
-def _bootstrap_null(pi: np.ndarray, q: np.ndarray, n_y: np.ndarray, m: int, draws: int, seed: int,
+def bootstrap_null(pi: np.ndarray, q: np.ndarray, n_y: np.ndarray, m: int, draws: int, seed: int,
                     batch: int | None = None, inflation=1.0):
     """Parametric bootstrap of the likelihood ratio from the fitted null: holdout counts N*_y = (n_y / r_y)
     Multinomial(r_y, pi_y), r_y = :func:`drawn_rows` (n_y, inflation) -- the holdout's class sizes and, at

@@ -9,7 +9,7 @@ import numpy as np
 from ... import rows as _rows
 
 @dataclass(frozen=True)
-class _Regions:
+class Regions:
     group: np.ndarray          # (k,) group index of each predicted class (classes pooled share one)
     group_offset: np.ndarray   # (G,) first region index of each group
     inner_edges: np.ndarray    # (G, B-1) inner confidence edges per group, padded with +inf
@@ -26,7 +26,7 @@ class _Regions:
         return self.group_offset[g] + (conf[:, None] >= self.inner_edges[g]).sum(axis=1)
 
 
-def _make_regions(probs: np.ndarray, min_rows: int, max_bins: int) -> _Regions:
+def make_regions(probs: np.ndarray, min_rows: int, max_bins: int) -> Regions:
     """Regions from the holdout outputs: per predicted class c with n_c holdout rows, B_c = min(max_bins,
     n_c // min_rows) confidence bins at the holdout's quantiles of max_y f_y (duplicate edges merged), so every
     bin holds at least ``min_rows`` holdout rows up to ties. Classes predicted fewer than ``min_rows`` times are
@@ -63,11 +63,11 @@ def _make_regions(probs: np.ndarray, min_rows: int, max_bins: int) -> _Regions:
         for b in range(len(e) + 1):
             bounds.append((gi, float(full[b]), float(full[b + 1])))
         r += len(e) + 1
-    return _Regions(group=group, group_offset=offsets, inner_edges=inner, n_regions=r, members=members,
+    return Regions(group=group, group_offset=offsets, inner_edges=inner, n_regions=r, members=members,
                     bounds=bounds)
 
 
-def _region_name(members: tuple, low: float, high: float, class_names) -> str:
+def region_name(members: tuple, low: float, high: float, class_names) -> str:
     name = (lambda c: str(class_names[c])) if class_names is not None else str
     if len(members) == 1:
         what = f"predicted class {name(members[0])}"
@@ -78,7 +78,7 @@ def _region_name(members: tuple, low: float, high: float, class_names) -> str:
     return f"{what}, confidence {low:.2f}-{high:.2f}"
 
 
-def _assign_rows(regions: _Regions, P: np.ndarray) -> np.ndarray:
+def assign_rows(regions: Regions, P: np.ndarray) -> np.ndarray:
     """The region of every row: a large set in row blocks (the same assignments, memory of one block)."""
     if not _rows.is_large(P):
         return regions.assign(P)

@@ -16,9 +16,9 @@ from ...errors import InputError
 from ...estimation.solvers import PIN_TOL, mlls_newton
 from .holdout import PreparedHoldout
 from .holdout_noise import class_inflation
-from .inputs import _TestInputs
-from .null_fit import DENSE_MAX_CLASSES, _bootstrap_null, _null_fit
-from .regions import _assign_rows, _make_regions, _region_name, _Regions
+from .inputs import TestInputs
+from .null_fit import DENSE_MAX_CLASSES, bootstrap_null, fit_under_null
+from .regions import assign_rows, make_regions, region_name, Regions
 from .result import Region
 from .sequential import DRAW_BATCH, sequential_p_value
 from .sparse_null import CLASS_Z_BLOCK_CLASSES, class_block_z, own_regions, sparse_bootstrap_null, sparse_null_fit
@@ -108,16 +108,16 @@ def _wald(D: np.ndarray, sigma: np.ndarray) -> tuple[float, int]:
     return float(np.sum(proj ** 2 / lam[keep])), int(keep.sum())
 
 
-class _RegionCounts(NamedTuple):
+class RegionCounts(NamedTuple):
     """The regions of the output simplex and the rows in each: holdout N (k, J) by class, target T (J,)."""
-    regions: _Regions
+    regions: Regions
     N: np.ndarray
     T: np.ndarray
     observed: np.ndarray        # (J,) target fraction per region
     target_regions: np.ndarray  # (m,) each target row's region
 
 
-class _RegionsFit(NamedTuple):
+class RegionsFit(NamedTuple):
     """The regions part of the test: statistic, dof, p-value, the weights and prior q under H0, the histograms pi,
     the expected fractions, observed - expected (D) and its covariance."""
     stat: float
@@ -132,11 +132,11 @@ class _RegionsFit(NamedTuple):
     extra: dict
 
 
-def _region_counts(inp: _TestInputs, prepared: PreparedHoldout | None = None) -> _RegionCounts:
+def region_counts(inp: TestInputs, prepared: PreparedHoldout | None = None) -> RegionCounts:
     """The regions made from the holdout (or ``prepared``'s) and the holdout (by class) and target rows in each;
     InputError when they leave the test no degrees of freedom."""
     n, k = inp.Ph.shape
-    regions = (_make_regions(inp.Ph, inp.min_region_rows, inp.max_confidence_bins) if prepared is None
+    regions = (make_regions(inp.Ph, inp.min_region_rows, inp.max_confidence_bins) if prepared is None
                else prepared.regions)
     J = regions.n_regions
     if J < k + 2:
@@ -144,17 +144,17 @@ def _region_counts(inp: _TestInputs, prepared: PreparedHoldout | None = None) ->
                          f"holdout rows per region), fewer than k + 2 = {k + 2}: the test has no degrees of freedom "
                          f"left after estimating the {k} class weights. Collect a larger labelled holdout (n = {n} "
                          "now; the size is measured from n = 500 at k = 10), or lower min_region_rows.")
-    target_regions = _assign_rows(regions, inp.Pt)
+    target_regions = assign_rows(regions, inp.Pt)
     if prepared is None:
         N = np.zeros((k, J))
         np.add.at(N, (inp.y, regions.assign(inp.Ph)), 1.0)
     else:
         N = prepared.N.copy()
     T = np.bincount(target_regions, minlength=J).astype(np.float64)
-    return _RegionCounts(regions=regions, N=N, T=T, observed=T / inp.Pt.shape[0], target_regions=target_regions)
+    return RegionCounts(regions=regions, N=N, T=T, observed=T / inp.Pt.shape[0], target_regions=target_regions)
 
 
-def _likelihood_ratio_fit(inp: _TestInputs, rc: _RegionCounts, calibration: str) -> _RegionsFit:
+def likelihood_ratio_fit(inp: TestInputs, rc: RegionCounts, calibration: str) -> RegionsFit:
     """The likelihood-ratio form: the null fit by EM (dense, or on a restricted support above DENSE_MAX_CLASSES),
     its p-value from the parametric bootstrap or chi^2, and the evidence per region."""
     k, J = rc.N.shape
@@ -163,7 +163,7 @@ def _likelihood_ratio_fit(inp: _TestInputs, rc: _RegionCounts, calibration: str)
     dense = k <= DENSE_MAX_CLASSES
     region_group = np.array([b[0] for b in rc.regions.bounds])
     own = None if dense else own_regions(rc.regions.group, region_group)
-    pi, q, stat, iters = _null_fit(N, rc.T, q0) if dense else sparse_null_fit(N, rc.T, q0, own, region_group)
+    pi, q, stat, iters = fit_under_null(N, rc.T, q0) if dense else sparse_null_fit(N, rc.T, q0, own, region_group)
     free = q > _Q_TOL
     dof = J - int(free.sum())
     # evidence: the holdout's own histograms reweighted by the null fit's q (what "the holdout reweighted by
@@ -175,7 +175,7 @@ def _likelihood_ratio_fit(inp: _TestInputs, rc: _RegionCounts, calibration: str)
     if calibration == "bootstrap":
         draws, seed = inp.bootstrap_draws, inp.seed
         kappa = class_inflation(inp.holdout_inflation, n_y, m, q)
-        batches = (_bootstrap_null(pi, q, n_y, m, draws, seed, DRAW_BATCH, kappa) if dense
+        batches = (bootstrap_null(pi, q, n_y, m, draws, seed, DRAW_BATCH, kappa) if dense
                    else sparse_bootstrap_null(pi, q, n_y, m, draws, seed, own, region_group, DRAW_BATCH,
                                               inflation=kappa))
         p_value, exceed, used = sequential_p_value(stat, batches, draws)
@@ -187,11 +187,11 @@ def _likelihood_ratio_fit(inp: _TestInputs, rc: _RegionCounts, calibration: str)
                      holdout_inflation=kappa.tolist())
     else:
         p_value = p_chi2
-    return _RegionsFit(stat=stat, dof=dof, p_value=p_value, w=q / p, q=q, pi=pi, expected=expected,
+    return RegionsFit(stat=stat, dof=dof, p_value=p_value, w=q / p, q=q, pi=pi, expected=expected,
                        D=rc.observed - expected, sigma=sigma, extra=extra)
 
 
-def _wald_fit(inp: _TestInputs, rc: _RegionCounts) -> _RegionsFit:
+def wald_fit(inp: TestInputs, rc: RegionCounts) -> RegionsFit:
     """The Wald form: D = observed - expected at the MLLS weights, D^T Sigma^+ D against chi^2."""
     Pt, p, J, m = inp.Pt, inp.p, rc.regions.n_regions, inp.Pt.shape[0]
     w = inp.w_given if inp.w_given is not None else np.maximum(mlls_newton(Pt, p).weights, 0.0)
@@ -202,25 +202,25 @@ def _wald_fit(inp: _TestInputs, rc: _RegionCounts) -> _RegionsFit:
     sigma = _wald_target_cov(Pt, w, p, rc.target_regions, pi, rc.observed, J) / m + _holdout_cov(rc.N, None, q)
     stat, dof = _wald(D, sigma)
     p_value = float(chi2.sf(stat, dof)) if dof > 0 else 1.0
-    return _RegionsFit(stat=stat, dof=dof, p_value=p_value, w=w, q=q, pi=pi, expected=expected, D=D, sigma=sigma,
+    return RegionsFit(stat=stat, dof=dof, p_value=p_value, w=w, q=q, pi=pi, expected=expected, D=D, sigma=sigma,
                        extra={})
 
 
-def _region_evidence(rc: _RegionCounts, fit: _RegionsFit, class_names) -> tuple:
+def region_evidence(rc: RegionCounts, fit: RegionsFit, class_names) -> tuple:
     """The regions as :class:`Region` items with their z_R = D_R / sd_R, largest |z| first."""
     z = fit.D / np.sqrt(np.maximum(np.diag(fit.sigma), 1e-300))
     holdout_rows = rc.N.sum(axis=0).astype(int)
     items = []
     for r, (g, lo, hi) in enumerate(rc.regions.bounds):
         mem = tuple(rc.regions.members[g])
-        items.append(Region(name=_region_name(mem, lo, hi, class_names), predicted_classes=mem,
+        items.append(Region(name=region_name(mem, lo, hi, class_names), predicted_classes=mem,
                             confidence_low=lo, confidence_high=hi, observed=float(rc.observed[r]),
                             expected=float(fit.expected[r]), z=float(z[r]), holdout_rows=int(holdout_rows[r])))
     items.sort(key=lambda it: -abs(it.z))
     return tuple(items)
 
 
-def _class_z(regions: _Regions, fit: _RegionsFit, k: int) -> np.ndarray:
+def class_z_scores(regions: Regions, fit: RegionsFit, k: int) -> np.ndarray:
     """(k,) z of each predicted class's regions together (nan for a pooled class)."""
     if k > CLASS_Z_BLOCK_CLASSES:        # from sigma's diagonal blocks (sparse_null.class_block_z)
         owner = np.array([b[0] for b in regions.bounds])

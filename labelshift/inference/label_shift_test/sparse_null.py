@@ -1,6 +1,6 @@
 """The regions part of the label-shift test on a restricted support, for many classes.
 
-:func:`.null_fit._null_fit` maximises the null likelihood of the region counts over every
+:func:`.null_fit.fit_under_null` maximises the null likelihood of the region counts over every
 class histogram pi_y on all J regions, and its bootstrap refits B draws on the dense (B, k, J) table: with J about 4 k
 regions that is k^2 numbers a pass per draw (8e6 a pass for B = 200 at k = 100, 8e8 at k = 1,000), and the EM crawls
 where most entries head for 0 (measured: ``docs/label_shift_test.md``, "Many classes").
@@ -77,8 +77,8 @@ def support(N: np.ndarray, own: np.ndarray, region_group: np.ndarray) -> np.ndar
 
 def sparse_null_fit(N: np.ndarray, T: np.ndarray, q0: np.ndarray, own: np.ndarray, region_group: np.ndarray,
                     tol: float = 1e-12, max_iter: int = 20_000):
-    """The null fit of ``_null_fit`` (holdout N[y, r] ~ Multinomial(n_y, pi_y), target T ~ Multinomial(m, sum_y
-    q_y pi_y)) with pi_y restricted to the support S(N) (module docstring), started as ``_null_fit`` (the pooled
+    """The null fit of ``fit_under_null`` (holdout N[y, r] ~ Multinomial(n_y, pi_y), target T ~ Multinomial(m, sum_y
+    q_y pi_y)) with pi_y restricted to the support S(N) (module docstring), started as ``fit_under_null`` (the pooled
     pseudo-count, on the support). Returns (pi (k, J), q, 2 (l_1 - l_0), iterations)."""
     k, J = N.shape
     sup = _Support(support(N, own, region_group))

@@ -13,7 +13,7 @@ from labelshift.inference.label_shift_test import label_shift_test
 from labelshift.inference.label_shift_test import log_odds as lot
 from labelshift.inference.label_shift_test.holdout_noise import (HOLDOUT_INFLATION, class_inflation, drawn_rows,
                                                                  holdout_share, inflation_for_share)
-from labelshift.inference.label_shift_test.null_fit import _bootstrap_null
+from labelshift.inference.label_shift_test.null_fit import bootstrap_null
 
 from .test_label_shift_test import K, SOURCE_PRIOR, draw, holdout, posterior
 
@@ -92,13 +92,13 @@ def test_regions_bootstrap_carries_the_holdouts_error_kappa_times():
     pi = rng.dirichlet(np.full(J, 5.0), size=k)
     q = np.array([0.2, 0.3, 0.25, 0.25])
     n_y = np.array([2000] * 4)
-    mean = {kappa: np.concatenate(list(_bootstrap_null(pi, q, n_y, 10_000_000, 400, 0, 100, kappa))).mean()
+    mean = {kappa: np.concatenate(list(bootstrap_null(pi, q, n_y, 10_000_000, 400, 0, 100, kappa))).mean()
             for kappa in (1.0, 2.0, 3.0)}
     for kappa in (2.0, 3.0):
         assert abs(mean[kappa] / mean[1.0] / kappa - 1.0) <= 0.19
     # kappa = 1 is the bootstrap of before, draw for draw
-    assert np.array_equal(np.concatenate(list(_bootstrap_null(pi, q, n_y, 20_000, 40, 3, None, 1.0))),
-                          np.concatenate(list(_bootstrap_null(pi, q, n_y, 20_000, 40, 3))))
+    assert np.array_equal(np.concatenate(list(bootstrap_null(pi, q, n_y, 20_000, 40, 3, None, 1.0))),
+                          np.concatenate(list(bootstrap_null(pi, q, n_y, 20_000, 40, 3))))
 
 
 def test_log_odds_draws_carry_the_holdouts_error_kappa_times():

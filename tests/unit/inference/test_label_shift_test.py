@@ -14,7 +14,7 @@ from labelshift import MLLS
 from labelshift.errors import InputError
 from labelshift.inference.label_shift_test import (MIN_HOLDOUT, REGIONS_SHARE, STOP_EXCEEDANCES, LabelShiftTest,
                                                    label_shift_test, sequential_p_value)
-from labelshift.inference.label_shift_test.null_fit import _bootstrap_null, _null_fit, _null_fit_batch
+from labelshift.inference.label_shift_test.null_fit import bootstrap_null, fit_under_null, _null_fit_batch
 
 K, D = 4, 4
 MEANS = np.array([[2.0, 0, 0, 0], [0, 2.0, 0, 0], [0, 0, 2.0, 0], [0, 0, 0, 2.0]])
@@ -226,7 +226,7 @@ def test_batched_null_fit_matches_the_single_fit():
     for _ in range(6):
         N = rng.multinomial([80, 60, 40, 20], pi).astype(float)
         T = rng.multinomial(500, rng.dirichlet(np.ones(k)) @ pi).astype(float)
-        stats_single.append(_null_fit(N, T, np.full(k, 0.25))[2])
+        stats_single.append(fit_under_null(N, T, np.full(k, 0.25))[2])
         N_all.append(N)
         T_all.append(T)
     batch = _null_fit_batch(np.array(N_all), np.array(T_all), np.full(k, 0.25))
@@ -245,10 +245,10 @@ def test_bootstrap_follows_the_chi_squared_law_when_wilks_applies():
     k, J = 4, 12
     pi = rng.dirichlet(np.full(J, 5.0), size=k)
     q = np.array([0.2, 0.3, 0.25, 0.25])
-    boot = np.concatenate(list(_bootstrap_null(pi, q, np.array([2000, 2000, 2000, 2000]), 20_000, 400, 0)))
+    boot = np.concatenate(list(bootstrap_null(pi, q, np.array([2000, 2000, 2000, 2000]), 20_000, 400, 0)))
     # fitted in batches, each draw's statistic is the same (the draws are made up front; the fits' sums in another
     # order: equal to float64 rounding, tests/close.py)
-    np.testing.assert_allclose(np.concatenate(list(_bootstrap_null(pi, q, np.array([2000] * 4), 20_000, 400, 0, 64))),
+    np.testing.assert_allclose(np.concatenate(list(bootstrap_null(pi, q, np.array([2000] * 4), 20_000, 400, 0, 64))),
                                boot, rtol=RTOL, atol=ATOL)
     d = J - k
     assert abs(boot.mean() - d) <= 4 * np.sqrt(2 * d / 400) + 0.05 * d
@@ -480,16 +480,16 @@ def test_world_shares_split_each_region_as_the_null_fit_says():
     # rows' shares add up to the region's row count times the fit's class shares q_y pi_y[r] / sum q pi[r]
     # (iterative proportional fitting, converged to 1e-8); rows inside a region keep the order the outputs give
     from labelshift.inference.label_shift_test.goodness_of_fit import _world_shares
-    from labelshift.inference.label_shift_test.regions import _make_regions
+    from labelshift.inference.label_shift_test.regions import make_regions
     rng = np.random.default_rng(8)
     S, ys = holdout(1000, rng)
     P = posterior(draw(np.array([0.1, 0.2, 0.3, 0.4]), 3000, rng)[0])
-    regions = _make_regions(S, 25, 4)
+    regions = make_regions(S, 25, 4)
     N = np.zeros((K, regions.n_regions))
     np.add.at(N, (ys, regions.assign(S)), 1.0)
     T = np.bincount(regions.assign(P), minlength=regions.n_regions).astype(float)
     p = np.bincount(ys, minlength=K) / ys.size
-    pi, q = _null_fit(N, T, p)[:2]
+    pi, q = fit_under_null(N, T, p)[:2]
     R = _world_shares(regions, pi, q, p)(P)
     assert R.shape == P.shape and np.allclose(R.sum(axis=1), 1.0) and R.min() >= 0.0
     r = regions.assign(P)

@@ -9,7 +9,7 @@ from tests.close import ATOL, RTOL
 
 from labelshift.inference.label_shift_test import DENSE_MAX_CLASSES, label_shift_test
 from labelshift.inference.label_shift_test import log_odds as lot
-from labelshift.inference.label_shift_test.null_fit import _null_fit
+from labelshift.inference.label_shift_test.null_fit import fit_under_null
 from labelshift.inference.label_shift_test.sparse_null import own_regions, sparse_bootstrap_null, sparse_null_fit, support
 from labelshift.inference.source_aware import _Design
 from labelshift import Holdout, Target, AssessmentSettings
@@ -57,7 +57,7 @@ def test_sparse_null_fit_on_the_full_support_is_the_dense_fit():
     N = np.stack([rng.multinomial(400, pi[c]) for c in range(k)]).astype(float)
     T = rng.multinomial(3000, rng.dirichlet(np.ones(k)) @ pi).astype(float)
     q0 = N.sum(axis=1) / N.sum()
-    dense = _null_fit(N, T, q0)
+    dense = fit_under_null(N, T, q0)
     sparse = sparse_null_fit(N, T, q0, np.ones((k, J), dtype=bool), np.arange(J))
     assert sparse[2] == pytest.approx(dense[2], rel=1e-6, abs=1e-6)
     np.testing.assert_allclose(sparse[1], dense[1], atol=1e-5)
