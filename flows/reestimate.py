@@ -110,11 +110,12 @@ class RunContext:
     settings: AssessmentSettings
     segments: SegmentSettings | None
     env: Settings               # the resolved services
+    model_name: str             # the registered model's name (step 1)
     store: Store
     target_uri: str
-    watermark: Watermark
     logger: logging.Logger | logging.LoggerAdapter
     started: float
+    watermark: Watermark | None = None       # as read by step 2
     bundle: ModelBundle | ReferenceBundle | None = None
     mlflow: ReestimationRun | None = None
 
@@ -184,7 +185,71 @@ def _publish(summary: RunSummary, description: str, logger) -> None:
         logger.warning(warning)
 
 
-# -- 1. what is new -------------------------------------------------------------------------------------------------
+# -- 1.-2. the run's context, the model's version, what is new, the model's files -------------------------------------
+def _begin(p: ReestimateParameters) -> RunContext:
+    """The run's context: its settings (made once) and the environment (resolved once); then step 1, whatever the
+    target holds: MLflow reachable and the model's registered version found."""
+    started, logger, settings = time.perf_counter(), get_run_logger(), p.assessment()
+    env = settings_mod.resolve(tracking_uri=p.tracking_uri, experiment_name=p.mlflow_experiment)
+    check_tracking_server(env.tracking_uri)
+    model_name = registered_name(p.model, env.tracking_uri)
+    target_uri = target_uri_for(p.target, env.store_uri)
+    return RunContext(p, settings, p.segments(), env, model_name, open_store(target_uri), target_uri, logger,
+                      started)
+
+
+def _new_batches(run: RunContext) -> list:
+    """Step 2: the batches not yet in the watermark (read into ``run.watermark``); an empty or missing target
+    fails, its error naming the batches this model takes, and a target another model's runs count is refused."""
+    p = run.params
+    try:
+        batches, run.watermark = find_new_batches(run.store, on_changed=p.on_changed)
+    except NoBatchError as exc:         # said for this model's kind of batches, when the model loads
+        raise _for_model(exc, p, run.settings, run.tracking_uri, run.store.uri, run.logger) from None
+    check_owner(run.watermark, run.model_name, run.store.uri)
+    if batches:
+        run.logger.info("%d new batch(es) under %s: %s", len(batches), run.store.uri,
+                        ", ".join(b.key for b in batches[:10]) + (" ..." if len(batches) > 10 else ""))
+    return batches
+
+
+@dataclass
+class _Plan:
+    """What step 3 checked before anything is written: the new batches, their segment values (with a segment
+    column) and the corrected model's registry name (with register_corrected)."""
+
+    batches: list
+    segment_values: dict | None
+    corrected_as: str | None
+
+
+def _prepare(run: RunContext, batches) -> _Plan:
+    """Step 2 once there is new data: the model's files (the model, calibrator and source holdout, checked against
+    their digest), the corrected model's name and the segment column checked before anything is written, then the
+    MLflow run."""
+    p = run.params
+    run.bundle = _load_model(p, run.settings, run.tracking_uri, run.logger)
+    corrected_as = (check_corrected_name(run.tracking_uri, p.model, p.corrected_model_name)
+                    if p.register_corrected else None)       # docs/serving.md
+    plan = _Plan(batches, _read_segments(run, batches), corrected_as)
+    run.mlflow = _start_run(run, len(batches))
+    return plan
+
+
+@contextmanager
+def _ends_the_mlflow_run_on_failure(run: RunContext, *, before_commit: bool):
+    """A failure or a stop inside the block ends the MLflow run (:func:`_end_failed_run`: FAILED or KILLED, FINISHED
+    after the commit) and is raised again -- before the commit as a lost MLflow server's sentence when it is one."""
+    try:
+        yield
+    except BaseException as exc:
+        _end_failed_run(exc, run)
+        if before_commit:
+            _raise_if_mlflow_lost(exc, run.tracking_uri)
+        raise
+
+
+# -- 2. nothing new ---------------------------------------------------------------------------------------------------
 def _no_new_data(run: RunContext) -> Completed:
     """Nothing new under the target: catch up on the MLflow bookkeeping an earlier run still owes (best effort)
     and complete as "No new data"."""
@@ -481,21 +546,21 @@ class _Outcome:
     committed: Watermark | None = None
 
 
-def _assess_and_commit(run: RunContext, batches, segment_values, corrected_as) -> _Outcome:
+def _assess_and_commit(run: RunContext, plan: _Plan) -> _Outcome:
     """Steps 2 (scoring) to 6 inside the MLflow run: score, assess (pooled and per segment), log, write the outputs,
     register the corrected model, commit the watermark; "No valid data" when no batch could be used."""
-    scored = _score(run, batches)
+    scored = _score(run, plan.batches)
     if not scored.batches:
         return _Outcome(_record_no_valid_data(run, scored))
     target = Target(joined(scored.probs), joined(scored.outputs) if scored.outputs else None)   # pooled once
     report, summary = _assess(run, scored, target)
-    _per_segment(run, scored, target, segment_values, summary)      # never the pooled verdict
+    _per_segment(run, scored, target, plan.segment_values, summary)      # never the pooled verdict
     record = _log(run, report, summary)
     _write_outputs(run, report, summary, scored)
     ml = run.mlflow
-    if corrected_as:    # before the commit: a failed registration fails the run and the watermark stays
+    if plan.corrected_as:    # before the commit: a failed registration fails the run and the watermark stays
         summary.corrected_model = register_if_shifted(run.bundle, report, tracking_uri=run.tracking_uri,
-                                                      name=corrected_as, run_id=ml.run_id, target=run.store.uri,
+                                                      name=plan.corrected_as, run_id=ml.run_id, target=run.store.uri,
                                                       sequence=ml.sequence)
     return _Outcome(summary, _commit(run.store, run.watermark, scored.batches, record, ml.run_id,
                                      rejected=scored.rejected))
@@ -535,48 +600,17 @@ def reestimate(
     target, batches, sequence, the estimate with intervals, test and identifiability, the MLflow ids and the output
     locations.
     """
-    p = parameters_of(ReestimateParameters, {k: v for k, v in locals().items() if k in ReestimateParameters.model_fields})
-    started, logger, settings = time.perf_counter(), get_run_logger(), p.assessment()
-    env = settings_mod.resolve(tracking_uri=p.tracking_uri, experiment_name=p.mlflow_experiment)
-    target_uri = target_uri_for(p.target, env.store_uri)
-
-    # 1. the model first, whatever the target holds: MLflow reachable, the registered version found
-    check_tracking_server(env.tracking_uri)
-    model_name = registered_name(p.model, env.tracking_uri)
-
-    # 2. what is new for this model (fails on an empty or missing target, or one another model's runs count)
-    store = open_store(target_uri)
-    try:
-        batches, watermark = find_new_batches(store, on_changed=p.on_changed)
-    except NoBatchError as exc:         # said for this model's kind of batches, when the model loads
-        raise _for_model(exc, p, settings, env.tracking_uri, store.uri, logger) from None
-    check_owner(watermark, model_name, store.uri)
-    run = RunContext(p, settings, p.segments(), env, store, target_uri, watermark, logger, started)
+    run = _begin(parameters_of(ReestimateParameters, {k: v for k, v in locals().items()
+                                                      if k in ReestimateParameters.model_fields}))
+    batches = _new_batches(run)                                     # 2. what is new for this model
     if not batches:
         return _no_new_data(run)
-    run.logger.info("%d new batch(es) under %s: %s", len(batches), store.uri,
-                    ", ".join(b.key for b in batches[:10]) + (" ..." if len(batches) > 10 else ""))
-
-    # 3. the model's files: the model, calibrator and source holdout, checked against their digest
-    run.bundle = _load_model(p, settings, env.tracking_uri, logger)
-    # the corrected model's registry name, checked before anything is written (docs/serving.md)
-    corrected_as = (check_corrected_name(env.tracking_uri, p.model, p.corrected_model_name)
-                    if p.register_corrected else None)
-    segment_values = _read_segments(run, batches)     # checked before anything is written
-    run.mlflow = _start_run(run, len(batches))
-    try:
-        # 3.-6. score, assess and log, write the outputs, then -- only then -- move the watermark
-        outcome = _assess_and_commit(run, batches, segment_values, corrected_as)
-    except BaseException as exc:
-        _end_failed_run(exc, run)
-        _raise_if_mlflow_lost(exc, run.tracking_uri)
-        raise
+    plan = _prepare(run, batches)                                   # 2. its files, checks, the MLflow run
+    with _ends_the_mlflow_run_on_failure(run, before_commit=True):
+        outcome = _assess_and_commit(run, plan)                     # 2.-6. score ... move the watermark
     if outcome.committed is None:
         return _no_valid_data(run, outcome.summary)
-    # 7. bookkeeping that cannot fail the run any more, then the verdict
-    try:
-        _after_commit(run, outcome.summary, outcome.committed)
-    except BaseException as exc:          # stopped (SIGTERM, a lost server) after the commit: counted, so FINISHED
-        _end_failed_run(exc, run)
-        raise
+    with _ends_the_mlflow_run_on_failure(run, before_commit=False):
+        _after_commit(run, outcome.summary, outcome.committed)      # 7. bookkeeping that cannot fail the run
     return _complete(run, outcome.summary)
+
