@@ -30,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 
 from runtime.processes import ServiceProcess, http_ok
-from runtime.supervisor import prefect_server_command
+from stack.supervisor import prefect_server_command
 from runtime import environment as settings_mod
 from runtime.environment import DEFAULT_TIMEZONE, ENV_CRON, ENV_MODEL, ENV_TARGET, ENV_TIMEZONE, Settings
 from labelshift.errors import InputError, ServiceUnavailableError

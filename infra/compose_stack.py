@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))    # runtime/access.py: standard library only
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))    # stack/access.py: standard library only
 from image import SetupError, image_exists, require_docker  # noqa: E402  (a sibling script, not a package)
 
 INFRA = Path(__file__).resolve().parent
@@ -80,7 +80,7 @@ def check_settings(env_file: Path, compose_file: Path = COMPOSE_FILE) -> dict[st
 
 def check_credentials(values: dict[str, str]) -> None:
     """Refuse credentials the servers would refuse later (SetupError naming the variable and the fix)."""
-    from runtime.access import MIN_PASSWORD_LENGTH, PASSWORDS
+    from stack.access import MIN_PASSWORD_LENGTH, PASSWORDS
 
     for roles in PASSWORDS.values():
         for name in roles.values():

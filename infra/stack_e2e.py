@@ -21,7 +21,7 @@
 6. TLS and credentials (issue 31): each published port speaks only TLS (plain HTTP gets 400) with a certificate of
    the stack's private CA that a client trusting only the public CAs, or expecting another host name, refuses;
    every published door (Prefect REST and websockets, MLflow REST and UI, S3) refuses no
-   credentials and wrong ones, and each role gets what runtime/access.py says (infra/access_probes.py); after the
+   credentials and wrong ones, and each role gets what stack/access.py says (infra/access_probes.py); after the
    other steps, no secret of the env file is in any container's log, flow run's parameters or MLflow run's params
    and tags.
 7. Always: ``down --volumes``, then Docker is asked for anything of the project still there (containers,
@@ -80,7 +80,7 @@ def free_port() -> int:
 
 def write_env_file(folder: Path) -> tuple[Path, dict[str, str]]:
     """An env file for the check's own project: fresh secrets and free loopback ports."""
-    from runtime.access import SECRETS
+    from stack.access import SECRETS
 
     values = {"COMPOSE_PROJECT_NAME": PROJECT, "LABELSHIFT_NETWORK": PROJECT,
               **{name: secrets.token_hex(24) for name in SECRETS},
@@ -102,7 +102,7 @@ def client_environment(values: dict[str, str], home: Path) -> dict[str, str]:
     credentials."""
     from tls import client_environment as trust
 
-    from runtime.access import prefect_client_environment
+    from stack.access import prefect_client_environment
 
     return {**trust(Path(values["LABELSHIFT_TLS_DIR"]) / "ca.crt"),
             "PREFECT_API_URL": f"https://127.0.0.1:{values['LABELSHIFT_PREFECT_PORT']}/api",
@@ -516,7 +516,7 @@ def tear_down(stack: Stack) -> dict[str, list[str]]:
 
 def check_credentials(env: dict[str, str], values: dict[str, str]) -> dict:
     """Every published door with no credentials, wrong ones and each role's (infra/access_probes.py): refused
-    and allowed as runtime/access.py's roles say."""
+    and allowed as stack/access.py's roles say."""
     from access_probes import (mlflow_answers, mlflow_problems, prefect_answers, prefect_problems, role_users,
                                s3_answers, tls_answers)
 
@@ -533,7 +533,7 @@ def check_credentials(env: dict[str, str], values: dict[str, str]) -> dict:
     expect(not prefect_problems(prefect), f"Prefect: {prefect_problems(prefect)}")
     mlflow = mlflow_answers(env["MLFLOW_TRACKING_URI"], role_users(values, "mlflow"))
     expect(not mlflow_problems(mlflow), f"MLflow: {mlflow_problems(mlflow)}")
-    from runtime.access import S3_KEYS
+    from stack.access import S3_KEYS
 
     keys = {role: (values[key], values[secret]) for role, (key, secret) in S3_KEYS.items()}
     s3 = s3_answers(env["AWS_ENDPOINT_URL_S3"], BUCKET, keys)
@@ -562,7 +562,7 @@ def check_no_secret_written(stack: Stack, env: dict[str, str], values: dict[str,
     run's params and tags or any text file in the bucket (MLflow's artifacts, the store): the operator's view of
     everything the check made."""
     from mlflow import MlflowClient
-    from runtime.access import secret_values
+    from stack.access import secret_values
 
     texts = {"container logs": stack.run("--profile", "cpu", "logs", "--no-color", check=False,
                                          capture=True).stdout}

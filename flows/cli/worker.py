@@ -8,7 +8,7 @@ import textwrap
 
 from runtime import environment as settings_mod
 from runtime import timeouts
-from runtime.supervisor import DEFAULT_POOL
+from stack.supervisor import DEFAULT_POOL
 from flows.cli._common import UsageError
 
 __all__ = ["register"]
@@ -64,7 +64,7 @@ def prefect_command(args) -> list[str]:
 
 def run(args) -> int:
     from labelshift.errors import InputError
-    from runtime.access import with_prefect_websocket_auth
+    from stack.access import with_prefect_websocket_auth
     from runtime.worker_guard import run_worker
 
     command = prefect_command(args)

@@ -260,13 +260,13 @@ def test_compose_builds_the_worker_image_from_the_repository(compose):
 
 
 def test_compose_bucket_init_calls_a_real_function(compose):
-    from runtime.supervisor import ensure_bucket
+    from stack.supervisor import ensure_bucket
 
     command = compose["services"]["s3-init"]["command"]
     assert command[:2] == ["python", "-c"]
     code = command[2]
     compile(code, "s3-init", "exec")  # valid Python
-    assert "from runtime.supervisor import ensure_bucket" in code and callable(ensure_bucket)
+    assert "from stack.supervisor import ensure_bucket" in code and callable(ensure_bucket)
 
 
 def test_compose_required_variables_are_in_the_env_template(compose):
@@ -302,7 +302,7 @@ def test_prefect_yaml_pull_step_uses_the_code_dir_the_image_and_stack_set(prefec
     env = dict(_dockerfile_env())
     code_dir = Path(env["LABELSHIFT_CODE_DIR"])
     assert any(k == "COPY" and args.split()[-1] == str(code_dir) for k, args in _dockerfile_instructions())
-    from runtime.supervisor import code_dir as stack_code_dir
+    from stack.supervisor import code_dir as stack_code_dir
 
     assert (stack_code_dir() / "flows" / "reproduce.py").is_file()
 
@@ -358,7 +358,7 @@ def test_prefect_yaml_reestimate_deployments(prefect_yaml):
     assert docker["schedules"][0]["active"] is False
     assert process["work_pool"]["name"] == "labelshift" and docker["work_pool"]["name"] == "labelshift-docker"
     # the target is the `target/` folder of the store the stack and compose.yaml give the workers
-    from runtime.supervisor import DEFAULT_BUCKET
+    from stack.supervisor import DEFAULT_BUCKET
 
     assert process["parameters"]["target"] == f"s3://{DEFAULT_BUCKET}/store/target"
 
@@ -513,7 +513,7 @@ def test_env_file_checks_name_the_variable_and_the_fix(tmp_path):
     stack = _infra_module("compose_stack")
     with pytest.raises(stack.SetupError, match=r"cp .*env.example"):
         stack.check_settings(tmp_path / "absent.env")
-    from runtime.access import S3_KEYS, SECRETS
+    from stack.access import S3_KEYS, SECRETS
 
     required = stack.required_variables(COMPOSE.read_text())
     assert set(required) == set(SECRETS) | {v for pair in S3_KEYS.values() for v in pair}
@@ -704,7 +704,7 @@ def test_a_failed_start_removes_what_it_created_and_keeps_older_volumes(monkeypa
 
 # -- credentials (issue 31) --------------------------------------------------------------------------------------------
 def test_the_roles_table_of_the_readme_is_runtime_access():
-    from runtime.access import ROLES
+    from stack.access import ROLES
 
     text = (ROOT / "infra" / "README.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ") and line.count(" | ") == 4
@@ -716,7 +716,7 @@ def test_every_service_of_the_compose_stack_asks_for_credentials():
     """The proxy gets every role's Prefect and MLflow password, MLflow runs the basic-auth app, SeaweedFS gets the
     roles' identities, and the workers hold the workers' credentials, never the operator's, and reach the servers
     through the proxy; every secret is required (no default)."""
-    from runtime.access import PASSWORDS, S3_KEYS, SECRETS
+    from stack.access import PASSWORDS, S3_KEYS, SECRETS
 
     text = COMPOSE.read_text()
     compose = yaml.safe_load(text)
@@ -730,7 +730,7 @@ def test_every_service_of_the_compose_stack_asks_for_credentials():
     assert mlflow["environment"]["MLFLOW_AUTH_CONFIG_PATH"] == "/opt/labelshift/infra/mlflow/basic_auth.ini"
     assert (ROOT / "infra" / "mlflow" / "basic_auth.ini").is_file()
     s3 = " ".join(services["s3"]["command"])
-    assert "python -m runtime.access s3-config /tmp/s3.json" in s3 and "-s3.config=/tmp/s3.json" in s3
+    assert "python -m stack.access s3-config /tmp/s3.json" in s3 and "-s3.config=/tmp/s3.json" in s3
     assert set(services["s3"]["environment"]) >= {v for pair in S3_KEYS.values() for v in pair}
     worker = services["worker-cpu"]["environment"]
     assert worker["AWS_ACCESS_KEY_ID"].startswith("${LABELSHIFT_S3_WORKER_ACCESS_KEY_ID:?")
@@ -749,7 +749,7 @@ def test_every_service_of_the_compose_stack_asks_for_credentials():
 def test_stack_docker_up_refuses_short_passwords():
     import sys
 
-    from runtime.access import PASSWORDS
+    from stack.access import PASSWORDS
 
     sys.path.insert(0, str(ROOT / "infra"))
     from compose_stack import SetupError, check_credentials

@@ -1,11 +1,16 @@
 """The layering of the house, checked: imports point one way, flows -> tasks -> labelshift.
 
-* ``labelshift`` (the domain) never imports prefect, mlflow, ``tasks`` or ``flows``;
+* ``labelshift`` (the domain) never imports prefect, mlflow, ``tasks``, ``flows``, ``runtime`` or ``stack``;
 * ``labelshift_mlflow`` (the user's model API: registering, loading, the pyfunc models) never imports prefect,
-  ``tasks`` or ``flows``;
-* ``tasks`` never imports ``flows``;
-* ``runtime`` (the environment every command resolves, and the processes of the local stack) never imports
-  prefect, mlflow, ``tasks`` or ``flows``: the flows and the CLI use it;
+  ``tasks``, ``flows`` or ``stack``;
+* ``tasks`` never imports ``flows`` or ``stack`` (a task runs wherever a worker runs it, whoever started the
+  servers);
+* ``runtime`` (what every command needs: the environment it resolves, the processes it starts, how it stops)
+  never imports prefect, mlflow, ``tasks``, ``flows`` or ``stack``: the flows, the CLI and the stacks use it;
+* ``stack`` (the stacks of servers that run apart from a command: the local stack's supervisor, the container
+  stack's roles) never imports prefect, mlflow, ``tasks`` or ``flows``; it may import ``runtime``;
+* no package of the code imports ``infra`` (the container stack's tooling, run from a checkout), and ``infra``
+  drives the stack from outside, as an operator would: it never imports ``tasks`` or ``flows``;
 * the store side (``labelshift.monitoring``, ``labelshift.storage``) never imports the statistics
   (``labelshift.inference``, ``labelshift.estimation``): it keeps the books of a target and knows nothing about
   estimators.
@@ -30,10 +35,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: package -> top-level names its modules must not import
 FORBIDDEN = {
-    "labelshift": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
-    "labelshift_mlflow": {"prefect", "prefect_dask", "tasks", "flows"},
-    "tasks": {"flows"},
-    "runtime": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
+    "labelshift": {"prefect", "prefect_dask", "mlflow", "tasks", "flows", "runtime", "stack", "infra"},
+    "labelshift_mlflow": {"prefect", "prefect_dask", "tasks", "flows", "stack", "infra"},
+    "tasks": {"flows", "stack", "infra"},
+    "flows": {"infra"},
+    "runtime": {"prefect", "prefect_dask", "mlflow", "tasks", "flows", "stack", "infra"},
+    "stack": {"prefect", "prefect_dask", "mlflow", "tasks", "flows", "infra"},
+    "infra": {"tasks", "flows"},
 }
 
 #: subpackage -> subpackages (dotted) its modules must not import
@@ -128,7 +136,7 @@ def test_the_checker_sees_a_subpackage_reaching_into_another():
 def test_imports_point_one_way(package):
     assert violations(package) == [], (
         f"{package} must not import {sorted(FORBIDDEN[package])}: move the code to the layer that owns it "
-        "(flows -> tasks -> labelshift)")
+        "(flows -> tasks -> labelshift; flows -> stack -> runtime)")
 
 
 @pytest.mark.parametrize("subpackage", sorted(FORBIDDEN_SUBPACKAGES))
@@ -151,7 +159,7 @@ def test_the_domain_loads_without_prefect_or_mlflow():
 
 
 #: the packages whose modules' imports must form no cycle
-CYCLE_FREE = ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime")
+CYCLE_FREE = ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime", "stack")
 
 
 def import_graph(packages=CYCLE_FREE) -> dict[str, set[str]]:
@@ -229,9 +237,9 @@ PRIVATE_NAMES_LEFT = "labelshift/inference/label_shift_test/"
 
 def private_imports(root: Path = ROOT) -> list[str]:
     """``file: name`` for every private name (``_x``, not a dunder) imported from another module by the code of the
-    house (the domain, the model API, tasks, flows, runtime), imports inside functions included."""
+    house (the domain, the model API, tasks, flows, runtime, stack), imports inside functions included."""
     found = []
-    for top in ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime"):
+    for top in ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime", "stack"):
         for path in sorted((root / top).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.ImportFrom):
@@ -285,7 +293,7 @@ def test_the_users_model_api_loads_and_registers_without_prefect(tmp_path):
 # -- the module map of docs/architecture.md ---------------------------------------------------------------------------
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 #: the folders whose every package and module the map names
-MAPPED = ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime")
+MAPPED = ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime", "stack")
 #: a path under those folders in inline code: a module (``flows/reestimate.py``) or a package (``labelshift/inference/``)
 _PATH = re.compile(r"`((?:%s)/[\w./]*)`" % "|".join(MAPPED))
 

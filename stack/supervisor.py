@@ -772,8 +772,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m runtime.supervisor up|down|status|env`` (the same as ``labelshift stack ...``)."""
-    parser = argparse.ArgumentParser(prog="python -m runtime.supervisor")
+    """``python -m stack.supervisor up|down|status|env`` (the same as ``labelshift stack ...``)."""
+    parser = argparse.ArgumentParser(prog="python -m stack.supervisor")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["stack", *(sys.argv[1:] if argv is None else argv)])
     return args.func(args)
