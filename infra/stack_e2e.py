@@ -44,10 +44,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))    # tasks/ of this checkout
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compose_stack import Stack, check_images, compose_tool, up  # noqa: E402
-from image import SetupError, require_docker  # noqa: E402
+from infra.compose_stack import Stack, check_images, compose_tool, up
+from infra.image import SetupError, require_docker
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "labelshift-e2e"
@@ -100,7 +98,7 @@ def write_env_file(folder: Path) -> tuple[Path, dict[str, str]]:
 def client_environment(values: dict[str, str], home: Path) -> dict[str, str]:
     """What a client on this machine needs to reach the stack through the published ports: the operator's
     credentials."""
-    from tls import client_environment as trust
+    from infra.tls import client_environment as trust
 
     from stack.access import prefect_client_environment
 
@@ -341,7 +339,7 @@ def check_reestimate(env: dict[str, str]) -> dict:
 def check_nothing_started_without_the_right(env: dict[str, str], values: dict[str, str]) -> dict:
     """The reader and the workers' Prefect users may read the deployed ``reproduce`` deployment but not start a run
     of it, nor pause its schedule (403 from the proxy); the workers' MLflow user may not move an alias."""
-    from access_probes import http_status, role_users
+    from infra.access_probes import http_status, role_users
 
     with prefect_client() as client:
         deployment = client.read_deployment_by_name("reproduce/reproduce")
@@ -517,8 +515,8 @@ def tear_down(stack: Stack) -> dict[str, list[str]]:
 def check_credentials(env: dict[str, str], values: dict[str, str]) -> dict:
     """Every published door with no credentials, wrong ones and each role's (infra/access_probes.py): refused
     and allowed as stack/access.py's roles say."""
-    from access_probes import (mlflow_answers, mlflow_problems, prefect_answers, prefect_problems, role_users,
-                               s3_answers, tls_answers)
+    from infra.access_probes import (mlflow_answers, mlflow_problems, prefect_answers, prefect_problems,
+                                     role_users, s3_answers, tls_answers)
 
     ca = str(Path(values["LABELSHIFT_TLS_DIR"]) / "ca.crt")
     tls = {name: tls_answers(url, ca) for name, url in (
@@ -614,7 +612,7 @@ def main() -> int:
         return 2
     home = Path(tempfile.mkdtemp(prefix="labelshift-e2e-"))
     env_file, values = write_env_file(home)
-    from compose_stack import ensure_certificate
+    from infra.compose_stack import ensure_certificate
 
     ensure_certificate(values)                            # the private CA's, as make stack-docker-up makes it
     stack = Stack(project=PROJECT, env_file=env_file, tool=tuple(tool))

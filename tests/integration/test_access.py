@@ -21,14 +21,13 @@ from types import SimpleNamespace
 import pytest
 
 from stack.access import (PASSWORDS, S3_KEYS, SECRETS, ensure_mlflow_user, prefect_client_environment,
-                            secret_values, write_s3_config)
+                          secret_values, write_s3_config)
+from infra.access_probes import (PREFECT_MAY, mlflow_answers, mlflow_problems, prefect_answers, prefect_problems,
+                                 role_users, s3_answers)
 from runtime.processes import ServiceProcess, free_ports, http_ok
 from tests.fixtures.proxy import start_proxy
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "infra"))
-from access_probes import (PREFECT_MAY, mlflow_answers, mlflow_problems, prefect_answers,  # noqa: E402
-                           prefect_problems, role_users, s3_answers)
 
 pytestmark = pytest.mark.integration
 BUCKET = "labelshift"
@@ -47,7 +46,7 @@ def servers(tmp_path_factory):
     """S3, MLflow and Prefect with the stack's credentials on free loopback ports, and the proxy in front of
     them (the URLs yielded are the proxy's); stopped at the end."""
     from stack.supervisor import (MLFLOW_SERVER_ENV, WEED_INTERNAL_PORT_FLAGS, ensure_bucket, find_weed,
-                                    mlflow_server_command, prefect_server_command, weed_server_command)
+                                  mlflow_server_command, prefect_server_command, weed_server_command)
 
     root = tmp_path_factory.mktemp("access")
     values = _secrets()
