@@ -54,7 +54,7 @@ RUN with-build-ca python -m pip install -e '.[test]'
 # 3. the code, installed the same way as `make setup` (tests/architecture/test_infra.py checks that the two commands agree).
 COPY . /opt/labelshift
 RUN with-build-ca python -m pip install -e '.[test]' \
- && python -m compileall -q /opt/labelshift/labelshift /opt/labelshift/labelshift_mlflow /opt/labelshift/tasks /opt/labelshift/flows /opt/labelshift/runtime
+ && python -m compileall -q /opt/labelshift/labelshift /opt/labelshift/labelshift_mlflow /opt/labelshift/tasks /opt/labelshift/flows /opt/labelshift/runtime /opt/labelshift/stack
 
 # Non-root user; its state (LABELSHIFT_HOME, PREFECT_HOME) under its home, server data under /data (a volume).
 RUN useradd --create-home --uid 1000 --shell /bin/bash labelshift \

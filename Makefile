@@ -115,17 +115,17 @@ stack-status: setup
 # Needs Docker running (`apt-get install -y docker.io docker-compose mmdebstrap`; the check names what is missing).
 BASE_IMAGE ?= labelshift-base:bookworm
 image:
-	BASE_IMAGE=$(BASE_IMAGE) $(PYTHON) infra/image.py
+	BASE_IMAGE=$(BASE_IMAGE) $(PYTHON) -m infra.image
 
 # The stack of infra/compose.yaml with two CPU workers, settings and secrets from infra/.env (cp infra/env.example)
 stack-docker-up:
-	$(PYTHON) infra/compose_stack.py up --workers 2
+	$(PYTHON) -m infra.compose_stack up --workers 2
 
 stack-docker-down:
-	$(PYTHON) infra/compose_stack.py down
+	$(PYTHON) -m infra.compose_stack down
 
 # The end-to-end check of the images and the stack (infra/stack_e2e.py; about 12 minutes here, infra/README.md):
 # its own compose project on free loopback ports, removed with its volumes at the end. Run it before each change
 # to Dockerfile, infra/ or the dependencies.
 stack-e2e: setup image
-	$(BIN)/python infra/stack_e2e.py
+	$(BIN)/python -m infra.stack_e2e

@@ -30,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 
 from runtime.processes import ServiceProcess, http_ok
-from runtime.supervisor import prefect_server_command
+from stack.supervisor import prefect_server_command
 from runtime import environment as settings_mod
 from runtime.environment import DEFAULT_TIMEZONE, ENV_CRON, ENV_MODEL, ENV_TARGET, ENV_TIMEZONE, Settings
 from labelshift.errors import InputError, ServiceUnavailableError
@@ -175,9 +175,10 @@ def start_prefect_server(prefect_home: Path, port: int, *, timeout_s: float = 12
     """
     prefect_home.mkdir(parents=True, exist_ok=True)
     log_path = log_path or prefect_home / "server.log"
-    env = {**os.environ, "PREFECT_HOME": str(prefect_home), "PREFECT_SERVER_API_HOST": "127.0.0.1",
-           "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
+    env = settings_mod.child_environment(
+        {"PREFECT_HOME": str(prefect_home), "PREFECT_SERVER_API_HOST": "127.0.0.1",
+         "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
+        drop=(settings_mod.ENV_PREFECT_API_URL,))
     api_url = f"http://127.0.0.1:{port}/api"
     # a session of its own: a terminal's Ctrl-C reaches only this process, which first lets Prefect pause the
     # served schedules on the server, then stops the server (see serve_deployments)
@@ -221,7 +222,7 @@ def serve_deployments(env: Settings, *, name: str = "reproduce", reestimate_name
     server = None
     if env.prefect_api_url is None:
         # Prefect reads PREFECT_API_URL once, at import: point it at the server started below before importing it
-        os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
+        settings_mod.export(settings_mod.ENV_PREFECT_API_URL, f"http://127.0.0.1:{port}/api")
     deployments = build_deployments(name=name, reestimate_name=reestimate_name, reestimate=reestimate)
     if env.prefect_api_url is None:
         print(f"Starting a Prefect server with its UI on http://127.0.0.1:{port} (state in {env.prefect_home}) ...")

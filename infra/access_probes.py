@@ -3,7 +3,7 @@
 Used by ``make stack-e2e`` (infra/stack_e2e.py, against the containers) and by tests/integration/test_access.py
 (against the same servers started here with the same settings). Each probe returns a dict "what was tried" ->
 "what the server did" (an HTTP status, a websocket outcome, an S3 error code or "ok"), which the callers compare
-with what the roles of runtime/access.py allow.
+with what the roles of stack/access.py allow.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ PREFECT_WEBSOCKETS = ("/events/in", "/events/out", "/logs/out", "/task_runs/subs
 
 def role_users(values: dict[str, str], service: str) -> dict[str, tuple[str, str]]:
     """role -> (user, password) of ``service`` (prefect, mlflow) from an env file's ``values``."""
-    from runtime.access import PASSWORDS
+    from stack.access import PASSWORDS
 
     return {role: (role, values[name]) for role, name in PASSWORDS[service].items()}
 
@@ -31,7 +31,7 @@ def http_status(url: str, *, user: tuple[str, str] | None = None, auth: str | No
                 body: dict | None = None, timeout: float = 15) -> int:
     """The HTTP status of one request, with basic auth from ``user`` (name, password) or a raw ``auth`` string
     (Prefect's auth string is sent as the basic-auth token)."""
-    from runtime.access import basic_token
+    from stack.access import basic_token
 
     headers = {"Content-Type": "application/json"}
     token = auth if auth is not None else (f"{user[0]}:{user[1]}" if user else None)
@@ -112,7 +112,7 @@ def _prefect_websocket(url: str, auth: str | None, *, subprotocol: bool, timeout
     from websockets.exceptions import ConnectionClosed, InvalidStatus
     from websockets.sync.client import connect
 
-    from runtime.access import basic_token
+    from stack.access import basic_token
 
     ws_url = "ws" + url.removeprefix("http")
     headers = {"Authorization": f"Basic {basic_token(auth)}"} if auth else None
@@ -164,7 +164,7 @@ def mlflow_answers(url: str, users: dict[str, tuple[str, str]]) -> dict[str, int
     return found
 
 
-#: what each role may do of :func:`prefect_rights` and :func:`mlflow_answers`' tries (runtime/access.py's ROLES)
+#: what each role may do of :func:`prefect_rights` and :func:`mlflow_answers`' tries (stack/access.py's ROLES)
 PREFECT_MAY = {"operator": {"read flow runs", "start a deployment's run", "create a deployment", "change an automation",
                             "create an automation", "set a variable", "create a block", "delete a flow",
                             "create a flow run", "delete flow runs in bulk", "set a flow run's state",

@@ -1,8 +1,8 @@
 """The container stack of ``infra/compose.yaml``: checked, started and stopped with one command each.
 
-    python3 infra/compose_stack.py up [--workers N]      # make stack-docker-up
-    python3 infra/compose_stack.py down [--volumes]      # make stack-docker-down
-    python3 infra/compose_stack.py status
+    python3 -m infra.compose_stack up [--workers N]      # make stack-docker-up
+    python3 -m infra.compose_stack down [--volumes]      # make stack-docker-down
+    python3 -m infra.compose_stack status
 
 Standard library only. Before anything starts it checks, each with the fix in its message: Docker installed and
 its daemon running, a compose tool (the ``docker compose`` plugin or Debian's ``docker-compose``), the images
@@ -24,9 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))    # runtime/access.py: standard library only
-from image import SetupError, image_exists, require_docker  # noqa: E402  (a sibling script, not a package)
+from infra.image import SetupError, image_exists, require_docker
 
 INFRA = Path(__file__).resolve().parent
 COMPOSE_FILE = INFRA / "compose.yaml"
@@ -80,7 +78,7 @@ def check_settings(env_file: Path, compose_file: Path = COMPOSE_FILE) -> dict[st
 
 def check_credentials(values: dict[str, str]) -> None:
     """Refuse credentials the servers would refuse later (SetupError naming the variable and the fix)."""
-    from runtime.access import MIN_PASSWORD_LENGTH, PASSWORDS
+    from stack.access import MIN_PASSWORD_LENGTH, PASSWORDS
 
     for roles in PASSWORDS.values():
         for name in roles.values():
@@ -101,7 +99,7 @@ def ensure_certificate(values: dict[str, str]) -> Path:
     """The proxy's certificate: made for a private CA when the folder has none (its ca.crt is what clients
     trust), then checked (not expired, naming LABELSHIFT_PUBLIC_HOST); SetupError names the fix. Returns the
     folder."""
-    from tls import check_certificate, make_certificates
+    from infra.tls import check_certificate, make_certificates
 
     folder = tls_dir(values)
     host = values.get("LABELSHIFT_PUBLIC_HOST") or "localhost"
@@ -251,7 +249,7 @@ def wait_healthy(stack: Stack, timeout: float) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="infra/compose_stack.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m infra.compose_stack", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=("up", "down", "status"))
     parser.add_argument("--env-file", type=Path, default=ENV_FILE)
     parser.add_argument("--workers", type=int, default=2, help="CPU workers to start with `up` (default 2)")

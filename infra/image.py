@@ -232,7 +232,7 @@ def image_size_bytes(image: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="infra/image.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m infra.image", description=__doc__.split("\n\n")[0])
     parser.add_argument("--image", default=os.environ.get("LABELSHIFT_IMAGE") or DEFAULT_IMAGE)
     parser.add_argument("--postgres-image", default=os.environ.get("LABELSHIFT_POSTGRES_IMAGE") or POSTGRES_IMAGE)
     parser.add_argument("--proxy-image", default=os.environ.get("LABELSHIFT_PROXY_IMAGE") or PROXY_IMAGE)

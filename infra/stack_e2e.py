@@ -21,7 +21,7 @@
 6. TLS and credentials (issue 31): each published port speaks only TLS (plain HTTP gets 400) with a certificate of
    the stack's private CA that a client trusting only the public CAs, or expecting another host name, refuses;
    every published door (Prefect REST and websockets, MLflow REST and UI, S3) refuses no
-   credentials and wrong ones, and each role gets what runtime/access.py says (infra/access_probes.py); after the
+   credentials and wrong ones, and each role gets what stack/access.py says (infra/access_probes.py); after the
    other steps, no secret of the env file is in any container's log, flow run's parameters or MLflow run's params
    and tags.
 7. Always: ``down --volumes``, then Docker is asked for anything of the project still there (containers,
@@ -44,10 +44,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))    # tasks/ of this checkout
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compose_stack import Stack, check_images, compose_tool, up  # noqa: E402
-from image import SetupError, require_docker  # noqa: E402
+from infra.compose_stack import Stack, check_images, compose_tool, up
+from infra.image import SetupError, require_docker
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "labelshift-e2e"
@@ -80,7 +78,7 @@ def free_port() -> int:
 
 def write_env_file(folder: Path) -> tuple[Path, dict[str, str]]:
     """An env file for the check's own project: fresh secrets and free loopback ports."""
-    from runtime.access import SECRETS
+    from stack.access import SECRETS
 
     values = {"COMPOSE_PROJECT_NAME": PROJECT, "LABELSHIFT_NETWORK": PROJECT,
               **{name: secrets.token_hex(24) for name in SECRETS},
@@ -100,9 +98,9 @@ def write_env_file(folder: Path) -> tuple[Path, dict[str, str]]:
 def client_environment(values: dict[str, str], home: Path) -> dict[str, str]:
     """What a client on this machine needs to reach the stack through the published ports: the operator's
     credentials."""
-    from tls import client_environment as trust
+    from infra.tls import client_environment as trust
 
-    from runtime.access import prefect_client_environment
+    from stack.access import prefect_client_environment
 
     return {**trust(Path(values["LABELSHIFT_TLS_DIR"]) / "ca.crt"),
             "PREFECT_API_URL": f"https://127.0.0.1:{values['LABELSHIFT_PREFECT_PORT']}/api",
@@ -341,7 +339,7 @@ def check_reestimate(env: dict[str, str]) -> dict:
 def check_nothing_started_without_the_right(env: dict[str, str], values: dict[str, str]) -> dict:
     """The reader and the workers' Prefect users may read the deployed ``reproduce`` deployment but not start a run
     of it, nor pause its schedule (403 from the proxy); the workers' MLflow user may not move an alias."""
-    from access_probes import http_status, role_users
+    from infra.access_probes import http_status, role_users
 
     with prefect_client() as client:
         deployment = client.read_deployment_by_name("reproduce/reproduce")
@@ -516,9 +514,9 @@ def tear_down(stack: Stack) -> dict[str, list[str]]:
 
 def check_credentials(env: dict[str, str], values: dict[str, str]) -> dict:
     """Every published door with no credentials, wrong ones and each role's (infra/access_probes.py): refused
-    and allowed as runtime/access.py's roles say."""
-    from access_probes import (mlflow_answers, mlflow_problems, prefect_answers, prefect_problems, role_users,
-                               s3_answers, tls_answers)
+    and allowed as stack/access.py's roles say."""
+    from infra.access_probes import (mlflow_answers, mlflow_problems, prefect_answers, prefect_problems,
+                                     role_users, s3_answers, tls_answers)
 
     ca = str(Path(values["LABELSHIFT_TLS_DIR"]) / "ca.crt")
     tls = {name: tls_answers(url, ca) for name, url in (
@@ -533,7 +531,7 @@ def check_credentials(env: dict[str, str], values: dict[str, str]) -> dict:
     expect(not prefect_problems(prefect), f"Prefect: {prefect_problems(prefect)}")
     mlflow = mlflow_answers(env["MLFLOW_TRACKING_URI"], role_users(values, "mlflow"))
     expect(not mlflow_problems(mlflow), f"MLflow: {mlflow_problems(mlflow)}")
-    from runtime.access import S3_KEYS
+    from stack.access import S3_KEYS
 
     keys = {role: (values[key], values[secret]) for role, (key, secret) in S3_KEYS.items()}
     s3 = s3_answers(env["AWS_ENDPOINT_URL_S3"], BUCKET, keys)
@@ -562,7 +560,7 @@ def check_no_secret_written(stack: Stack, env: dict[str, str], values: dict[str,
     run's params and tags or any text file in the bucket (MLflow's artifacts, the store): the operator's view of
     everything the check made."""
     from mlflow import MlflowClient
-    from runtime.access import secret_values
+    from stack.access import secret_values
 
     texts = {"container logs": stack.run("--profile", "cpu", "logs", "--no-color", check=False,
                                          capture=True).stdout}
@@ -614,7 +612,7 @@ def main() -> int:
         return 2
     home = Path(tempfile.mkdtemp(prefix="labelshift-e2e-"))
     env_file, values = write_env_file(home)
-    from compose_stack import ensure_certificate
+    from infra.compose_stack import ensure_certificate
 
     ensure_certificate(values)                            # the private CA's, as make stack-docker-up makes it
     stack = Stack(project=PROJECT, env_file=env_file, tool=tuple(tool))

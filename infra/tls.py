@@ -1,8 +1,8 @@
 """The certificate of the stack's TLS front (infra/compose.yaml's `proxy`): the operator's, or one made here for a
 private CA, and the checks that refuse a certificate the clients would refuse.
 
-    python3 infra/tls.py make DIR --name HOST [--name HOST ...]   # a private CA and a server certificate in DIR
-    python3 infra/tls.py check DIR --name HOST                    # exit 2 with the reason when it would not do
+    python3 -m infra.tls make DIR --name HOST [--name HOST ...]   # a private CA and a server certificate in DIR
+    python3 -m infra.tls check DIR --name HOST                    # exit 2 with the reason when it would not do
 
 DIR holds ``server.crt`` and ``server.key`` (what the proxy serves) and, when made here, ``ca.crt`` (what the
 clients trust: ``SSL_CERT_FILE``, ``PREFECT_API_SSL_CERT_FILE``, ``MLFLOW_TRACKING_SERVER_CERT_PATH``,
@@ -20,8 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from image import SetupError  # noqa: E402  (a sibling script, not a package)
+from infra.image import SetupError
 
 __all__ = ["make_certificates", "check_certificate", "client_environment", "DAYS"]
 
@@ -109,7 +108,7 @@ def client_environment(ca_file: Path) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="infra/tls.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m infra.tls", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=("make", "check"))
     parser.add_argument("folder", type=Path)
     parser.add_argument("--name", action="append", required=True, help="a host name or address the clients use")
@@ -119,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             make_certificates(args.folder, args.name)
         check_certificate(args.folder, args.name[0])
     except SetupError as exc:
-        print(f"infra/tls.py {args.action}: {exc}", file=sys.stderr)
+        print(f"python3 -m infra.tls {args.action}: {exc}", file=sys.stderr)
         return 2
     print(f"{args.folder}/server.crt serves {', '.join(args.name)}")
     return 0

@@ -1,11 +1,15 @@
-"""The runtime of every command: the environment it resolves, and the server processes it starts and supervises.
+"""What every command needs: the environment it resolves, the processes it starts, and how it stops.
 
-* :mod:`.environment` -- every environment variable the project reads and the embedded defaults, resolved into one
-  ``Settings``;
-* :mod:`.supervisor` -- ``labelshift stack up|down|status``: SeaweedFS, MLflow and Prefect on loopback;
+* :mod:`.environment` -- every environment variable the project reads and the embedded defaults, resolved into
+  one ``Settings``; the one module that reads the environment;
+* :mod:`.timeouts` -- every network call's time limit, in one table;
 * :mod:`.processes` -- starting a service process, waiting for it, stopping its whole tree;
 * :mod:`.lifetime` -- a temporary Prefect server for one command, and processes that end with their parent;
-* :mod:`.watchdog` -- the process that ends a command's processes when the command ends, however it ends.
+* :mod:`.watchdog` -- the process that ends a command's processes when the command ends, however it ends;
+* :mod:`.server_watch` -- noticing that the Prefect server stopped answering during a run;
+* :mod:`.worker_guard` -- a Prefect process worker that lets its flow runs end before it stops.
 
-It imports neither ``flows`` nor ``tasks``: the flows use it, not the other way round.
+The servers a command may talk to, when they are started apart from it (the local stack, the container stack's
+roles), are :mod:`stack`'s. This package imports neither ``stack``, ``flows`` nor ``tasks``: they use it, not the
+other way round.
 """

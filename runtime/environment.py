@@ -18,8 +18,13 @@ can be pointed elsewhere instead, and then the home is not used for it:
 * ``LABELSHIFT_STORE`` (or ``--store``) -- an object store URI, ``s3://bucket/prefix`` or a local folder.
 
 Every environment variable the project reads is named once here (:data:`VARIABLES`, which the table of
-``docs/operations.md`` mirrors) and read by :func:`resolve` into one :class:`Settings`; :func:`apply` is the only
+``docs/operations.md`` mirrors) and read by :func:`resolve` into one :class:`Settings`; :func:`apply` is the
 writer. The two are kept apart so that a command can resolve, check and report before anything is exported.
+
+This is also the one module of the project that touches the process's environment (``os.environ``): the rest read
+a setting through :func:`read`, :func:`values`, :func:`server_lost_s` or :func:`worker_stop_s`, export one with
+:func:`export`, and start a child process with :func:`child_environment`. The layering test
+(``tests/architecture/test_layering.py``) lists the few modules that touch it themselves, each with its reason.
 
 This module only reads and writes environment variables and paths; it imports neither Prefect nor MLflow, so
 the CLI can configure both before they are imported (Prefect reads its settings once, at import).
@@ -27,11 +32,11 @@ the CLI can configure both before they are imported (Prefect reads its settings 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.timeouts import ENV_SERVER_LOST_S, SERVER_LOST_S, apply_timeouts
+from runtime.timeouts import ENV_SERVER_LOST_S, ENV_WORKER_STOP_S, SERVER_LOST_S, WORKER_STOP_S, apply_timeouts
 
 # -- the environment variables, each named once ----------------------------------------------------------------------
 ENV_HOME = "LABELSHIFT_HOME"
@@ -140,6 +145,64 @@ def read(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     env = os.environ if environ is None else environ
     value = (env.get(name) or "").strip()
     return value or None
+
+
+def values(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """name -> value of each of ``names`` that is set, exactly as set (no blanks stripped: keys and passwords are
+    passed on as they are); the names that are unset are left out."""
+    env = os.environ if environ is None else environ
+    return {name: env[name] for name in names if name in env}
+
+
+def export(name: str, value: str, environ: MutableMapping[str, str] | None = None) -> None:
+    """Set ``name`` to ``value`` in this process's environment (``environ``), for this process's libraries that
+    read it later and for every process it starts from now on."""
+    env = os.environ if environ is None else environ
+    env[name] = value
+
+
+def child_environment(overrides: Mapping[str, str] | None = None, *, drop: Iterable[str] = (),
+                      environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a child process starts with: a copy of this process's (``environ``) without the variables
+    of ``drop``, with ``overrides`` set. This process's own environment is not changed."""
+    env = dict(os.environ if environ is None else environ)
+    for name in drop:
+        env.pop(name, None)
+    env.update(overrides or {})
+    return env
+
+
+def apply_time_limits(environ: MutableMapping[str, str] | None = None) -> None:
+    """Set the libraries' time limits that the user has not set (:func:`runtime.timeouts.apply_timeouts`) in
+    ``environ``, this process's environment by default."""
+    apply_timeouts(os.environ if environ is None else environ)
+
+
+def server_lost_s(environ: Mapping[str, str] | None = None) -> float:
+    """:data:`~runtime.timeouts.ENV_SERVER_LOST_S` as a number of seconds (at least 2), its default when unset;
+    raises InputError naming the variable."""
+    return _seconds(ENV_SERVER_LOST_S, SERVER_LOST_S, 2, environ)
+
+
+def worker_stop_s(environ: Mapping[str, str] | None = None) -> float:
+    """:data:`~runtime.timeouts.ENV_WORKER_STOP_S` as a number of seconds (at least 1), its default when unset;
+    raises InputError naming the variable."""
+    return _seconds(ENV_WORKER_STOP_S, WORKER_STOP_S, 1, environ)
+
+
+def _seconds(variable: str, default: float, least: float, environ: Mapping[str, str] | None) -> float:
+    from labelshift.errors import InputError
+
+    text = read(variable, environ) or ""
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not least <= value < 1e6:
+        raise InputError(f"{variable} must be a number of seconds, {least:g} or more; got {text!r}")
+    return value
 
 #: the temporary Prefect server needs 5-20 s to start on a small machine; leave a wide margin
 PREFECT_STARTUP_TIMEOUT_S = 180

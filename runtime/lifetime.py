@@ -37,6 +37,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from runtime import environment
 from runtime.processes import HOST, ServiceProcess, free_ports, http_ok, start_time
 
 __all__ = ["MARKER_ENV", "watch_descendants", "TemporaryPrefectServer"]
@@ -58,11 +59,11 @@ def watch_descendants() -> str:
     """
     global _watchdog
     value = _marker()
-    os.environ[MARKER_ENV] = value
+    environment.export(MARKER_ENV, value)      # every process this one starts from now on carries it
     if os.name != "posix" or (_watchdog is not None and _watchdog["pid"] == os.getpid()):
         return value
     read_end, write_end = os.pipe()          # not inheritable: only this process holds the writing end
-    env = {k: v for k, v in os.environ.items() if k != MARKER_ENV}
+    env = environment.child_environment(drop=(MARKER_ENV,))
     script = str(Path(__file__).resolve().parent / "watchdog.py")      # by path: it imports only psutil
     process = subprocess.Popen([sys.executable, script, MARKER_ENV, value], stdin=read_end,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
@@ -96,10 +97,10 @@ class TemporaryPrefectServer:
 
     def start(self) -> "TemporaryPrefectServer":
         self.prefect_home.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PREFECT_HOME": str(self.prefect_home), "PREFECT_UI_ENABLED": "0",
-               "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
-               "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-        env.pop("PREFECT_API_URL", None)
+        env = environment.child_environment(
+            {"PREFECT_HOME": str(self.prefect_home), "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+             "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
+            drop=(environment.ENV_PREFECT_API_URL,))
         self.process = ServiceProcess(self.command(), log=self.prefect_home / "temporary-server.log", env=env,
                                       name="the temporary Prefect server", die_with_parent=True).start()
         atexit.register(self.stop)

@@ -16,17 +16,18 @@ MLflow server has stored it: raise ``MLFLOW_HTTP_REQUEST_TIMEOUT`` for large art
 
 Two limits are the command's own: how long the Prefect server may stop answering during a run before the run is
 stopped (:data:`ENV_SERVER_LOST_S`, watched by :mod:`runtime.server_watch`), and how long the command then gives
-itself to end its MLflow run and leave (:data:`UNWIND_S`).
+itself to end its MLflow run and leave (:data:`UNWIND_S`). This module only declares the limits and sets the
+libraries' variables in the environment it is given; :mod:`runtime.environment` reads the command's own
+(``server_lost_s``, ``worker_stop_s``) and applies the libraries' to this process.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 
 __all__ = ["Limit", "limits", "ENV_SERVER_LOST_S", "SERVER_LOST_S", "UNWIND_S", "EXIT_DRAIN_S", "ENV_WORKER_STOP_S",
-           "WORKER_STOP_S", "apply_timeouts", "server_lost_s", "worker_stop_s"]
+           "WORKER_STOP_S", "apply_timeouts"]
 
 #: how long (seconds) the Prefect server may not answer during a run before the command stops the run
 ENV_SERVER_LOST_S = "LABELSHIFT_SERVER_LOST_S"
@@ -89,35 +90,9 @@ def limits() -> tuple[Limit, ...]:
 
 
 
-def apply_timeouts(environ: MutableMapping[str, str] | None = None) -> None:
-    """Set every limit of :func:`limits` read from the environment that is not set already."""
-    env = os.environ if environ is None else environ
+def apply_timeouts(environ: MutableMapping[str, str]) -> None:
+    """Set in ``environ`` every limit of :func:`limits` that the libraries read from their own variables and that
+    is not set already (:func:`runtime.environment.apply_time_limits` applies them to this process)."""
     for limit in limits():
         if limit.variable is not None and limit.variable not in (ENV_SERVER_LOST_S, ENV_WORKER_STOP_S):
-            env.setdefault(limit.variable, limit.value)
-
-
-def server_lost_s(environ: MutableMapping[str, str] | None = None) -> float:
-    """:data:`ENV_SERVER_LOST_S` as a number of seconds (at least 2); raises InputError naming the variable."""
-    return _seconds(ENV_SERVER_LOST_S, SERVER_LOST_S, 2, environ)
-
-
-def worker_stop_s(environ: MutableMapping[str, str] | None = None) -> float:
-    """:data:`ENV_WORKER_STOP_S` as a number of seconds (at least 1); raises InputError naming the variable."""
-    return _seconds(ENV_WORKER_STOP_S, WORKER_STOP_S, 1, environ)
-
-
-def _seconds(variable: str, default: float, least: float, environ: MutableMapping[str, str] | None) -> float:
-    from labelshift.errors import InputError
-
-    env = os.environ if environ is None else environ
-    text = (env.get(variable) or "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not least <= value < 1e6:
-        raise InputError(f"{variable} must be a number of seconds, {least:g} or more; got {text!r}")
-    return value
+            environ.setdefault(limit.variable, limit.value)

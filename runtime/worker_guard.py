@@ -295,7 +295,7 @@ def flow_run_processes(worker_pid: int) -> list[FlowRun]:
         return found
     for child in children:
         try:
-            environ = child.environ()
+            environ = child.environ()      # the child's own environment (Prefect's variables), not this process's
         except psutil.Error:
             continue
         if environ.get(FLOW_RUN_VARIABLE) and _running(child):

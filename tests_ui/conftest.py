@@ -43,7 +43,7 @@ def stack(tmp_path_factory):
         os.environ.update(env)
         yield {"env": env, "ids": ids, "ready": _done()}
         return
-    from runtime.supervisor import LocalStack, free_ports
+    from stack.supervisor import LocalStack, free_ports
 
     root = tmp_path_factory.mktemp("ui-stack")
     started = time.monotonic()

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import pytest
 from playwright.sync_api import expect
 
-from runtime.access import PASSWORDS
+from stack.access import PASSWORDS
 from runtime.processes import ServiceProcess, free_ports, http_ok
 from tests.fixtures.proxy import SERVICES, start_proxy
 from tests_ui import support
@@ -27,7 +27,7 @@ FLOW, DEPLOYMENT, EXPERIMENT = "reader-flow", "reader-deployment", "reader-brows
 def guarded(tmp_path_factory):
     """Prefect and MLflow servers behind the proxy (neither checks credentials itself here), with one deployment,
     its flow run and one MLflow run made by the operator through the proxy."""
-    from runtime.supervisor import MLFLOW_SERVER_ENV, mlflow_server_command, prefect_server_command
+    from stack.supervisor import MLFLOW_SERVER_ENV, mlflow_server_command, prefect_server_command
 
     root = tmp_path_factory.mktemp("reader")
     shared = secrets.token_hex(12)           # one reader password for both services: one browser context

@@ -53,12 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     reference.register(sub)
     alerts.register(sub)
     worker.register(sub)
-    try:
-        from runtime import supervisor as stack  # written separately; the command is optional until it exists
-    except ImportError:
-        stack = None
-    if stack is not None and hasattr(stack, "register"):
-        stack.register(sub)
+    from stack import supervisor        # `labelshift stack` is registered by the local stack's own module
+
+    supervisor.register(sub)
     return parser
 
 

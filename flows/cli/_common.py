@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import sys
 import types
@@ -90,7 +89,7 @@ def setup(args, *, prefect_server: bool = False, check=None, **overrides) -> set
         timeout = float(settings_mod.read("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
                         or settings_mod.PREFECT_STARTUP_TIMEOUT_S)
         _temporary_server = TemporaryPrefectServer(env.prefect_home, timeout_s=timeout).start()
-        os.environ[settings_mod.ENV_PREFECT_API_URL] = _temporary_server.api_url
+        settings_mod.export(settings_mod.ENV_PREFECT_API_URL, _temporary_server.api_url)
     # one line per finished experiment on stdout (with --verbose, Prefect's run logger prints them already)
     progress = logging.getLogger("labelshift.progress")
     for old in list(progress.handlers):

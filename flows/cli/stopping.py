@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
+from runtime import environment as settings_mod
 from runtime import timeouts
 from runtime.server_watch import ServerWatch, health_url
 
@@ -176,7 +177,7 @@ def watched(api_url: str | None, message: Callable[[str], str]):
         _leave_after(timeouts.UNWIND_S, EXIT_SERVER_LOST, lambda: message(reason))
         os.kill(os.getpid(), signal.SIGTERM)
 
-    watch = ServerWatch(health_url(api_url), timeouts.server_lost_s(), on_lost)
+    watch = ServerWatch(health_url(api_url), settings_mod.server_lost_s(), on_lost)
     with watch:
         try:
             yield

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import textwrap
 
 from runtime import environment as settings_mod
 from runtime import timeouts
-from runtime.supervisor import DEFAULT_POOL
+from stack.supervisor import DEFAULT_POOL
 from flows.cli._common import UsageError
 
 __all__ = ["register"]
@@ -64,7 +63,7 @@ def prefect_command(args) -> list[str]:
 
 def run(args) -> int:
     from labelshift.errors import InputError
-    from runtime.access import with_prefect_websocket_auth
+    from stack.access import with_prefect_websocket_auth
     from runtime.worker_guard import run_worker
 
     command = prefect_command(args)
@@ -72,17 +71,18 @@ def run(args) -> int:
         raise UsageError(f"{settings_mod.ENV_PREFECT_API_URL} is not set: a worker polls the Prefect server the "
                          "deployments are on; export it (the local stack's: source <home>/stack/env.sh)")
     try:
-        grace = args.stop_grace if args.stop_grace is not None else timeouts.worker_stop_s()
+        grace = args.stop_grace if args.stop_grace is not None else settings_mod.worker_stop_s()
     except InputError as exc:
         raise UsageError(str(exc)) from None
     if not 1 <= grace < 1e6:
         raise UsageError(f"--stop-grace must be a number of seconds, 1 or more; got {grace:g}")
-    timeouts.apply_timeouts()        # this process's own calls (settling runs) and the flow runs inherit them
-    env = with_prefect_websocket_auth(os.environ)    # Prefect's websockets carry the credentials a proxy checks
+    settings_mod.apply_time_limits()     # this process's own calls (settling runs) and the flow runs inherit them
+    # Prefect's websockets carry the credentials a proxy checks
+    env = with_prefect_websocket_auth(settings_mod.child_environment())
     env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     try:
-        lost_after = timeouts.server_lost_s()
+        lost_after = settings_mod.server_lost_s()
     except InputError as exc:
         raise UsageError(str(exc)) from None
     return run_worker(command, env=env, grace_s=grace, settle=_settle, echo=_echo,

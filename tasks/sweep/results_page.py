@@ -221,7 +221,8 @@ def write_report(tracking_uri: str, experiment_name: str, out_dir) -> Path:
     page's path."""
     from labelshift.errors import ObjectNotFoundError
 
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")     # no progress bars on the console
+    # MLflow's own variable, which it reads at each download: no progress bars on the console
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(experiment_name)
     if exp is None:

@@ -7,7 +7,7 @@ import importlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PROJECT = ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime")
+PROJECT = ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime", "stack")
 
 
 def _missing(path: Path) -> list[str]:

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shlex
@@ -260,13 +261,13 @@ def test_compose_builds_the_worker_image_from_the_repository(compose):
 
 
 def test_compose_bucket_init_calls_a_real_function(compose):
-    from runtime.supervisor import ensure_bucket
+    from stack.supervisor import ensure_bucket
 
     command = compose["services"]["s3-init"]["command"]
     assert command[:2] == ["python", "-c"]
     code = command[2]
     compile(code, "s3-init", "exec")  # valid Python
-    assert "from runtime.supervisor import ensure_bucket" in code and callable(ensure_bucket)
+    assert "from stack.supervisor import ensure_bucket" in code and callable(ensure_bucket)
 
 
 def test_compose_required_variables_are_in_the_env_template(compose):
@@ -302,7 +303,7 @@ def test_prefect_yaml_pull_step_uses_the_code_dir_the_image_and_stack_set(prefec
     env = dict(_dockerfile_env())
     code_dir = Path(env["LABELSHIFT_CODE_DIR"])
     assert any(k == "COPY" and args.split()[-1] == str(code_dir) for k, args in _dockerfile_instructions())
-    from runtime.supervisor import code_dir as stack_code_dir
+    from stack.supervisor import code_dir as stack_code_dir
 
     assert (stack_code_dir() / "flows" / "reproduce.py").is_file()
 
@@ -358,7 +359,7 @@ def test_prefect_yaml_reestimate_deployments(prefect_yaml):
     assert docker["schedules"][0]["active"] is False
     assert process["work_pool"]["name"] == "labelshift" and docker["work_pool"]["name"] == "labelshift-docker"
     # the target is the `target/` folder of the store the stack and compose.yaml give the workers
-    from runtime.supervisor import DEFAULT_BUCKET
+    from stack.supervisor import DEFAULT_BUCKET
 
     assert process["parameters"]["target"] == f"s3://{DEFAULT_BUCKET}/store/target"
 
@@ -478,15 +479,83 @@ def test_docker_pool_template_matches_prefects_docker_variables():
 
 
 # -- the container tooling, what runs without Docker ----------------------------------------------------------------------
-# infra/image.py, infra/compose_stack.py and infra/stack_e2e.py are scripts (standard library at import), loaded by path
+# infra/ is a package of scripts run as modules (python3 -m infra.image); image, tls and compose_stack need the
+# standard library only
 def _infra_module(name: str):
     import importlib
+
+    return importlib.import_module(f"infra.{name}")
+
+
+#: the infra modules any Python 3.11 runs before ``make setup`` (the Makefile's $(PYTHON), not the project's venv)
+SYSTEM_PYTHON_MODULES = ("image", "tls", "compose_stack")
+
+
+def sys_path_edits(source: str) -> list[int]:
+    """Line numbers where ``source`` reaches ``sys.path`` (``sys.path.insert``, ``sys.path.append``, an assignment,
+    ``from sys import path``)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                and node.value.id == "sys"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "sys" and any(a.name == "path" for a in node.names):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_the_sys_path_check_sees_an_edit():
+    assert sys_path_edits("import sys\nsys.path.insert(0, 'x')\nfrom sys import path\n") == [2, 3]
+    assert sys_path_edits("import os\nos.path.join('a')\nsys_path = []\n") == []
+
+
+def test_infra_is_a_package_run_as_modules():
+    """infra/ is a package: its modules import each other as ``infra.NAME`` (never a sibling by a bare name, never
+    through ``sys.path``), and the Makefile runs them as modules (``python -m infra.NAME``), never by path."""
+    assert (ROOT / "infra" / "__init__.py").is_file()
+    siblings = {p.stem for p in (ROOT / "infra").glob("*.py")} - {"__init__"}
+    problems = []
+    for path in sorted((ROOT / "infra").glob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        problems += [f"{path.name}:{line} edits sys.path" for line in sys_path_edits(source)]
+        for node in ast.walk(ast.parse(source)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            problems += [f"{path.name}:{node.lineno} imports {name} by a bare name (write infra.{name})"
+                         for name in names if name and name.split(".")[0] in siblings]
+    assert not problems, problems
+    make = MAKEFILE.read_text()
+    assert not re.findall(r"python\S*\)?\s+infra/\w+\.py", make), "the Makefile runs an infra script by path"
+    for name in ("image", "compose_stack", "stack_e2e"):
+        assert f"-m infra.{name}" in make, f"the Makefile does not run infra.{name} as a module"
+
+
+def test_no_test_reaches_infra_through_sys_path():
+    """The tests import infra's modules as the package they are (``from infra.access_probes import ...``)."""
+    found = [f"{path.relative_to(ROOT)}:{number}"
+             for top in ("tests", "tests_ui") for path in sorted((ROOT / top).rglob("*.py"))
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if "sys.path" in line and "infra" in line and path.name != "test_infra.py"]
+    assert not found, found
+
+
+def test_the_system_python_scripts_load_the_standard_library_only():
+    """``make image`` and ``make stack-docker-up`` run with any Python 3.11, before ``make setup``: importing their
+    modules, and stack.access (the roles compose_stack checks the env file against), loads nothing but the standard
+    library."""
+    import subprocess
     import sys
 
-    infra = str(ROOT / "infra")
-    if infra not in sys.path:
-        sys.path.insert(0, infra)
-    return importlib.import_module(name)
+    modules = ", ".join(f"infra.{name}" for name in SYSTEM_PYTHON_MODULES)
+    code = ("import sys\n"
+            "before = set(sys.modules)\n"
+            f"import {modules}\n"
+            "import stack.access\n"
+            "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+            "print(sorted(new - set(sys.stdlib_module_names) - {'infra', 'stack'}))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", f"importing {modules} and stack.access loaded {done.stdout.strip()}"
 
 
 def test_dockerfile_installs_dependencies_before_the_code():
@@ -513,7 +582,7 @@ def test_env_file_checks_name_the_variable_and_the_fix(tmp_path):
     stack = _infra_module("compose_stack")
     with pytest.raises(stack.SetupError, match=r"cp .*env.example"):
         stack.check_settings(tmp_path / "absent.env")
-    from runtime.access import S3_KEYS, SECRETS
+    from stack.access import S3_KEYS, SECRETS
 
     required = stack.required_variables(COMPOSE.read_text())
     assert set(required) == set(SECRETS) | {v for pair in S3_KEYS.values() for v in pair}
@@ -704,7 +773,7 @@ def test_a_failed_start_removes_what_it_created_and_keeps_older_volumes(monkeypa
 
 # -- credentials (issue 31) --------------------------------------------------------------------------------------------
 def test_the_roles_table_of_the_readme_is_runtime_access():
-    from runtime.access import ROLES
+    from stack.access import ROLES
 
     text = (ROOT / "infra" / "README.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ") and line.count(" | ") == 4
@@ -716,7 +785,7 @@ def test_every_service_of_the_compose_stack_asks_for_credentials():
     """The proxy gets every role's Prefect and MLflow password, MLflow runs the basic-auth app, SeaweedFS gets the
     roles' identities, and the workers hold the workers' credentials, never the operator's, and reach the servers
     through the proxy; every secret is required (no default)."""
-    from runtime.access import PASSWORDS, S3_KEYS, SECRETS
+    from stack.access import PASSWORDS, S3_KEYS, SECRETS
 
     text = COMPOSE.read_text()
     compose = yaml.safe_load(text)
@@ -730,7 +799,7 @@ def test_every_service_of_the_compose_stack_asks_for_credentials():
     assert mlflow["environment"]["MLFLOW_AUTH_CONFIG_PATH"] == "/opt/labelshift/infra/mlflow/basic_auth.ini"
     assert (ROOT / "infra" / "mlflow" / "basic_auth.ini").is_file()
     s3 = " ".join(services["s3"]["command"])
-    assert "python -m runtime.access s3-config /tmp/s3.json" in s3 and "-s3.config=/tmp/s3.json" in s3
+    assert "python -m stack.access s3-config /tmp/s3.json" in s3 and "-s3.config=/tmp/s3.json" in s3
     assert set(services["s3"]["environment"]) >= {v for pair in S3_KEYS.values() for v in pair}
     worker = services["worker-cpu"]["environment"]
     assert worker["AWS_ACCESS_KEY_ID"].startswith("${LABELSHIFT_S3_WORKER_ACCESS_KEY_ID:?")
@@ -747,12 +816,8 @@ def test_every_service_of_the_compose_stack_asks_for_credentials():
 
 
 def test_stack_docker_up_refuses_short_passwords():
-    import sys
-
-    from runtime.access import PASSWORDS
-
-    sys.path.insert(0, str(ROOT / "infra"))
-    from compose_stack import SetupError, check_credentials
+    from infra.compose_stack import SetupError, check_credentials
+    from stack.access import PASSWORDS
 
     good = {name: "p" * 12 for roles in PASSWORDS.values() for name in roles.values()}
     check_credentials(good)

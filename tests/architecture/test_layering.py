@@ -1,11 +1,16 @@
 """The layering of the house, checked: imports point one way, flows -> tasks -> labelshift.
 
-* ``labelshift`` (the domain) never imports prefect, mlflow, ``tasks`` or ``flows``;
+* ``labelshift`` (the domain) never imports prefect, mlflow, ``tasks``, ``flows``, ``runtime`` or ``stack``;
 * ``labelshift_mlflow`` (the user's model API: registering, loading, the pyfunc models) never imports prefect,
-  ``tasks`` or ``flows``;
-* ``tasks`` never imports ``flows``;
-* ``runtime`` (the environment every command resolves, and the processes of the local stack) never imports
-  prefect, mlflow, ``tasks`` or ``flows``: the flows and the CLI use it;
+  ``tasks``, ``flows`` or ``stack``;
+* ``tasks`` never imports ``flows`` or ``stack`` (a task runs wherever a worker runs it, whoever started the
+  servers);
+* ``runtime`` (what every command needs: the environment it resolves, the processes it starts, how it stops)
+  never imports prefect, mlflow, ``tasks``, ``flows`` or ``stack``: the flows, the CLI and the stacks use it;
+* ``stack`` (the stacks of servers that run apart from a command: the local stack's supervisor, the container
+  stack's roles) never imports prefect, mlflow, ``tasks`` or ``flows``; it may import ``runtime``;
+* no package of the code imports ``infra`` (the container stack's tooling, run from a checkout), and ``infra``
+  drives the stack from outside, as an operator would: it never imports ``tasks`` or ``flows``;
 * the store side (``labelshift.monitoring``, ``labelshift.storage``) never imports the statistics
   (``labelshift.inference``, ``labelshift.estimation``): it keeps the books of a target and knows nothing about
   estimators.
@@ -30,10 +35,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: package -> top-level names its modules must not import
 FORBIDDEN = {
-    "labelshift": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
-    "labelshift_mlflow": {"prefect", "prefect_dask", "tasks", "flows"},
-    "tasks": {"flows"},
-    "runtime": {"prefect", "prefect_dask", "mlflow", "tasks", "flows"},
+    "labelshift": {"prefect", "prefect_dask", "mlflow", "tasks", "flows", "runtime", "stack", "infra"},
+    "labelshift_mlflow": {"prefect", "prefect_dask", "tasks", "flows", "stack", "infra"},
+    "tasks": {"flows", "stack", "infra"},
+    "flows": {"infra"},
+    "runtime": {"prefect", "prefect_dask", "mlflow", "tasks", "flows", "stack", "infra"},
+    "stack": {"prefect", "prefect_dask", "mlflow", "tasks", "flows", "infra"},
+    "infra": {"tasks", "flows"},
 }
 
 #: subpackage -> subpackages (dotted) its modules must not import
@@ -128,7 +136,7 @@ def test_the_checker_sees_a_subpackage_reaching_into_another():
 def test_imports_point_one_way(package):
     assert violations(package) == [], (
         f"{package} must not import {sorted(FORBIDDEN[package])}: move the code to the layer that owns it "
-        "(flows -> tasks -> labelshift)")
+        "(flows -> tasks -> labelshift; flows -> stack -> runtime)")
 
 
 @pytest.mark.parametrize("subpackage", sorted(FORBIDDEN_SUBPACKAGES))
@@ -151,7 +159,7 @@ def test_the_domain_loads_without_prefect_or_mlflow():
 
 
 #: the packages whose modules' imports must form no cycle
-CYCLE_FREE = ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime")
+CYCLE_FREE = ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime", "stack", "infra")
 
 
 def import_graph(packages=CYCLE_FREE) -> dict[str, set[str]]:
@@ -225,9 +233,9 @@ def test_no_import_cycles():
 
 def private_imports(root: Path = ROOT) -> list[str]:
     """``file: name`` for every private name (``_x``, not a dunder) imported from another module by the code of the
-    house (the domain, the model API, tasks, flows, runtime), imports inside functions included."""
+    house (the domain, the model API, tasks, flows, runtime, stack), imports inside functions included."""
     found = []
-    for top in ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime"):
+    for top in ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime", "stack"):
         for path in sorted((root / top).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.ImportFrom):
@@ -275,10 +283,87 @@ def test_the_users_model_api_loads_and_registers_without_prefect(tmp_path):
     assert done.stdout.strip().splitlines()[-1] == "1 ['a', 'b', 'c', 'corrected_class'] []", done.stdout
 
 
+# -- the environment, read in one module -------------------------------------------------------------------------------
+#: where the environment check looks: the code of the house and the container stack's tooling
+ENVIRONMENT_SCANNED = ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime", "stack", "infra")
+#: the modules that touch ``os.environ`` (or ``os.getenv``, ``os.putenv``, ...) themselves, each with its reason;
+#: every other module reads a setting, exports one or builds a child's environment through runtime/environment.py
+ENVIRONMENT_TOUCHED_BY = {
+    "runtime/environment.py": "the one module that reads the project's settings, exports them, and builds the "
+                              "environment of a child process",
+    "labelshift/storage/s3.py": "boto3's own endpoint variables, read only to name the endpoint in use in an error "
+                                "message (the domain imports nothing of runtime)",
+    "tasks/sweep/results_page.py": "MLflow's own progress-bar variable, set before MLflow downloads artifacts",
+    "infra/image.py": "a build tool run from a checkout: the image names it builds and pip's own PIP_* variables, "
+                      "carried into docker build (none is a setting of the commands)",
+    "infra/stack_e2e.py": "the end-to-end check: the client environment of the compose project it starts, set in "
+                          "its own process before Prefect and MLflow are imported",
+}
+#: the names of the ``os`` module that read or write the process's environment
+_ENVIRONMENT_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+
+
+def environment_touches(source: str) -> list[int]:
+    """Line numbers where ``source`` touches the process's environment through the ``os`` module: ``os.environ``
+    and the other names of :data:`_ENVIRONMENT_NAMES` (``os`` under any alias), or one of them imported from
+    ``os``."""
+    tree = ast.parse(source)
+    aliases = {"os"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases.update(a.asname for a in node.names if a.name == "os" and a.asname)
+    lines = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr in _ENVIRONMENT_NAMES
+                and isinstance(node.value, ast.Name) and node.value.id in aliases):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and not node.level:
+            if any(a.name in _ENVIRONMENT_NAMES for a in node.names):
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def environment_touchers(root: Path = ROOT) -> dict[str, list[int]]:
+    """path -> lines, for every module of :data:`ENVIRONMENT_SCANNED` that touches the environment itself."""
+    found = {}
+    for top in ENVIRONMENT_SCANNED:
+        for path in sorted((root / top).rglob("*.py")):
+            lines = environment_touches(path.read_text(encoding="utf-8"))
+            if lines:
+                found[path.relative_to(root).as_posix()] = lines
+    return found
+
+
+def test_the_environment_checker_sees_every_way_in():
+    source = textwrap.dedent("""
+        import os
+        import os as system
+        from os import getenv
+        value = os.environ.get("A")
+        def late():
+            system.environ["B"] = "1"
+            return os.getenv("C"), os.path.join("a", "b"), environ
+    """)
+    assert environment_touches(source) == [4, 5, 7, 8]
+    assert environment_touches("import os\nos.getpid()\nenv = {}\nenv.get('X')\n") == []
+
+
+def test_the_environment_is_read_in_one_module():
+    """Only runtime/environment.py and the listed modules touch ``os.environ``; the rest go through it."""
+    found = environment_touchers()
+    outside = {path: lines for path, lines in found.items() if path not in ENVIRONMENT_TOUCHED_BY}
+    assert not outside, (f"these modules touch the environment themselves: {outside}; read a setting with "
+                         "runtime.environment.read (or resolve, values), export one with export, start a child with "
+                         "child_environment -- or, for a variable a library or a child process owns, list the module "
+                         "in ENVIRONMENT_TOUCHED_BY with its reason")
+    stale = sorted(set(ENVIRONMENT_TOUCHED_BY) - set(found))
+    assert not stale, f"listed in ENVIRONMENT_TOUCHED_BY but touching the environment no more: {stale}"
+
+
 # -- the module map of docs/architecture.md ---------------------------------------------------------------------------
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 #: the folders whose every package and module the map names
-MAPPED = ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime")
+MAPPED = ("labelshift", "labelshift_mlflow", "tasks", "flows", "runtime", "stack")
 #: a path under those folders in inline code: a module (``flows/reestimate.py``) or a package (``labelshift/inference/``)
 _PATH = re.compile(r"`((?:%s)/[\w./]*)`" % "|".join(MAPPED))
 

@@ -31,7 +31,7 @@ def test_readme_python_example_runs_and_batches_match():
 def test_the_docs_that_the_readme_and_the_docstrings_name_exist():
     root = README.parent
     named = set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", README.read_text()))
-    for folder in ("labelshift", "tasks", "flows", "runtime"):
+    for folder in ("labelshift", "tasks", "flows", "runtime", "stack"):
         for path in (root / folder).rglob("*.py"):
             named |= set(re.findall(r"``(docs/[\w.-]+\.md)``", path.read_text()))
     for doc in (root / "docs").glob("*.md"):

@@ -1,6 +1,6 @@
 """The credentials of the container stack, on the same servers started here (no Docker) behind the stack's own
 proxy (tests/fixtures/proxy.py: infra/proxy/'s nginx.conf and roles.conf, without TLS): MLflow's basic-auth app with
-infra/mlflow/basic_auth.ini, SeaweedFS with runtime/access.py's identities, Prefect reached only through the proxy.
+infra/mlflow/basic_auth.ini, SeaweedFS with stack/access.py's identities, Prefect reached only through the proxy.
 
 Every door refuses a request without credentials or with a wrong one (Prefect's REST API and each of its
 websockets, MLflow's REST API and UI, S3), each role may do what infra/README.md's table says and no more (a worker
@@ -20,15 +20,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from runtime.access import (PASSWORDS, S3_KEYS, SECRETS, ensure_mlflow_user, prefect_client_environment,
-                            secret_values, write_s3_config)
+from stack.access import (PASSWORDS, S3_KEYS, SECRETS, ensure_mlflow_user, prefect_client_environment,
+                          secret_values, write_s3_config)
+from infra.access_probes import (PREFECT_MAY, mlflow_answers, mlflow_problems, prefect_answers, prefect_problems,
+                                 role_users, s3_answers)
 from runtime.processes import ServiceProcess, free_ports, http_ok
 from tests.fixtures.proxy import start_proxy
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "infra"))
-from access_probes import (PREFECT_MAY, mlflow_answers, mlflow_problems, prefect_answers,  # noqa: E402
-                           prefect_problems, role_users, s3_answers)
 
 pytestmark = pytest.mark.integration
 BUCKET = "labelshift"
@@ -46,8 +45,8 @@ def _secrets() -> dict[str, str]:
 def servers(tmp_path_factory):
     """S3, MLflow and Prefect with the stack's credentials on free loopback ports, and the proxy in front of
     them (the URLs yielded are the proxy's); stopped at the end."""
-    from runtime.supervisor import (MLFLOW_SERVER_ENV, WEED_INTERNAL_PORT_FLAGS, ensure_bucket, find_weed,
-                                    mlflow_server_command, prefect_server_command, weed_server_command)
+    from stack.supervisor import (MLFLOW_SERVER_ENV, WEED_INTERNAL_PORT_FLAGS, ensure_bucket, find_weed,
+                                  mlflow_server_command, prefect_server_command, weed_server_command)
 
     root = tmp_path_factory.mktemp("access")
     values = _secrets()

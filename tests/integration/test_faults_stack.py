@@ -94,7 +94,7 @@ def bound_s(stack, name: str, how: int) -> float:
 def stack(tmp_path_factory):
     """A local stack on free ports with the test model registered on its MLflow, and how long an undisturbed run
     takes on it (``undisturbed_s``: it must succeed); stopped at the end."""
-    from runtime.supervisor import LocalStack
+    from stack.supervisor import LocalStack
 
     root = tmp_path_factory.mktemp("faults-stack")
     s3_port, mlflow_port, prefect_port = free_ports(3)
@@ -117,7 +117,7 @@ def stack(tmp_path_factory):
 
 
 def _s3(stack):
-    from runtime.supervisor import s3_client
+    from stack.supervisor import s3_client
 
     env = stack["env"]
     return s3_client(env["AWS_ENDPOINT_URL_S3"], env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])

@@ -147,7 +147,7 @@ def test_runs_of_one_pool_spread_over_two_workers(tmp_path):
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from runtime.supervisor import LocalStack, free_ports, stack_dir
+    from stack.supervisor import LocalStack, free_ports, stack_dir
 
     home = tmp_path / "home"
     s3_port, mlflow_port, prefect_port = free_ports(3)

@@ -33,7 +33,7 @@ def test_resolve_reads_every_variable_and_treats_blank_as_unset(tmp_path):
 
 def test_the_documented_defaults_are_the_ones_in_use():
     from flows.params import DEFAULT_MODEL
-    from runtime.supervisor import DEFAULT_PORTS
+    from stack.supervisor import DEFAULT_PORTS
     from labelshift.experiments.datasets.sources import default_cache_dir
 
     docs = {v.name: v.default for v in settings_mod.VARIABLES}

@@ -72,7 +72,7 @@ def test_pid_identity_by_start_time():
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="clock ticks of older run records are Linux's")
 def test_run_records_of_older_versions_with_start_ticks_are_still_read():
-    from runtime.supervisor import _recorded_start
+    from stack.supervisor import _recorded_start
 
     ticks = int(Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[-1].split()[19])
     assert pid_alive(os.getpid(), _recorded_start({"start_ticks": ticks}))

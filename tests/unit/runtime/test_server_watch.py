@@ -10,7 +10,8 @@ import pytest
 
 from labelshift.errors import InputError
 from runtime.server_watch import ServerWatch
-from runtime.timeouts import ENV_SERVER_LOST_S, SERVER_LOST_S, limits, apply_timeouts, server_lost_s
+from runtime.environment import server_lost_s
+from runtime.timeouts import ENV_SERVER_LOST_S, SERVER_LOST_S, limits, apply_timeouts
 
 #: seconds without an answer before the watch reports; its questions come every INTERVAL_S and each may take
 #: 2 * INTERVAL_S, so a report is due within LOST_S + 3 * INTERVAL_S of the last answer (plus scheduling slack)

@@ -19,7 +19,8 @@ import psutil
 import pytest
 
 from labelshift.errors import InputError
-from runtime.timeouts import ENV_WORKER_STOP_S, WORKER_STOP_S, worker_stop_s
+from runtime.environment import worker_stop_s
+from runtime.timeouts import ENV_WORKER_STOP_S, WORKER_STOP_S
 
 ROOT = Path(__file__).resolve().parents[3]
 

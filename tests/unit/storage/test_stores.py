@@ -656,7 +656,7 @@ def test_seaweed_writes_on_a_large_nearly_full_disk(tmp_path):
 
 @pytest.mark.integration
 def test_seaweed_refuses_to_start_on_a_full_disk_and_names_the_fix(tmp_path):
-    from runtime.supervisor import WEED_MIN_FREE_MIB, StackError
+    from stack.supervisor import WEED_MIN_FREE_MIB, StackError
 
     with _nearly_full_disk(tmp_path, 1, WEED_MIN_FREE_MIB // 2) as disk:
         server = SeaweedServer(disk / "sw")

@@ -7,15 +7,15 @@ each role's credentials, and what the servers are given from them.
   string of its own: Prefect's one string could not tell roles apart, and its websockets check the token of their
   first message against that one string, which no proxy can rewrite. Only the proxy reaches the server.
 - **MLflow**: the ``basic-auth`` app (``infra/mlflow/basic_auth.ini``): the operator is MLflow's admin; the
-  workers' and readers' users are created at start by ``python -m runtime.access mlflow-users``. MLflow's default
+  workers' and readers' users are created at start by ``python -m stack.access mlflow-users``. MLflow's default
   permission is EDIT (a worker writes to experiments it did not create); the proxy checks the same passwords and
   keeps readers to reads and workers off the model registry.
-- **S3** (SeaweedFS): one identity per role (``python -m runtime.access s3-config FILE``, the ``-s3.config`` file):
+- **S3** (SeaweedFS): one identity per role (``python -m stack.access s3-config FILE``, the ``-s3.config`` file):
   the operator's has every right (buckets included; the MLflow server proxies artifacts with it), the workers' reads,
   lists, tags and writes objects of the stack's bucket only, the reader's reads and lists them.
 
-:data:`ROLES` is the table infra/README.md shows (a test keeps them equal). Standard library only: it runs in the
-containers before anything else.
+:data:`ROLES` is the table infra/README.md shows (a test keeps them equal). Standard library only (and, in
+:func:`main`, :mod:`runtime.environment`, which is too): it runs in the containers before anything else.
 """
 from __future__ import annotations
 
@@ -174,19 +174,25 @@ def _required(environ: Mapping[str, str], name: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m runtime.access s3-config FILE`` | ``mlflow-users``: what the containers run at start."""
+    """``python -m stack.access s3-config FILE`` | ``mlflow-users``: what the containers run at start, reading
+    infra/.env's variables (as compose hands them to the container) through :mod:`runtime.environment`."""
+    # here, not at import: infra/compose_stack.py imports this module for its tables alone, with the system Python
+    from runtime import environment
+
     if argv[:1] == ["s3-config"] and len(argv) == 2:
-        write_s3_config(argv[1], os.environ, os.environ.get("LABELSHIFT_BUCKET") or "labelshift")
+        env = environment.values([name for pair in S3_KEYS.values() for name in pair] + ["LABELSHIFT_BUCKET"])
+        write_s3_config(argv[1], env, env.get("LABELSHIFT_BUCKET") or "labelshift")
         return 0
     if argv == ["mlflow-users"]:
-        env = os.environ
+        env = environment.values(["MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_URI",
+                                  *PASSWORDS["mlflow"].values()])
         admin = (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"])
         for role in ("worker", "reader"):
             done = ensure_mlflow_user(env["MLFLOW_TRACKING_URI"], admin, role,
                                       _required(env, PASSWORDS["mlflow"][role]))
             print(f"MLflow user {role!r} {done}")
         return 0
-    print("usage: python -m runtime.access s3-config FILE | mlflow-users", file=sys.stderr)
+    print("usage: python -m stack.access s3-config FILE | mlflow-users", file=sys.stderr)
     return 2
 
 

@@ -1,4 +1,4 @@
-"""The local stack (``labelshift stack up|down|status``, :mod:`runtime.supervisor`).
+"""The local stack (``labelshift stack up|down|status``, :mod:`stack.supervisor`).
 
 The integration test starts the real stack (SeaweedFS, MLflow server, Prefect server and one worker) on free
 ports in a temporary home through the command line, uses it the way a user would (the printed variables with
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime import supervisor as stack_mod
-from runtime.supervisor import (DEFAULT_PORTS, MARKER_ENV, LocalStack, StackError, free_ports, marked_processes,
+from stack import supervisor as stack_mod
+from stack.supervisor import (DEFAULT_PORTS, MARKER_ENV, LocalStack, StackError, free_ports, marked_processes,
                               pid_alive, resolve_port, stack_dir)
 
 HAS_PROC = Path("/proc/self/stat").exists()
@@ -185,7 +185,7 @@ def _wait(predicate, timeout: float) -> bool:
 
 # -- the real stack ----------------------------------------------------------------------------------------------------
 def _cli(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runtime.supervisor", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "stack.supervisor", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 

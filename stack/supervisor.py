@@ -414,7 +414,7 @@ class LocalStack:
 
     def _base_env(self) -> dict[str, str]:
         # the stack outlives the command that starts it: without the marker of that command's watchdog
-        env = {k: v for k, v in os.environ.items() if k not in _FOREIGN_AWS_VARS and k != COMMAND_MARKER_ENV}
+        env = settings_mod.child_environment(drop=(*_FOREIGN_AWS_VARS, COMMAND_MARKER_ENV))
         env[MARKER_ENV] = str(self.root)
         env["PYTHONUNBUFFERED"] = "1"
         for name, value in MLFLOW_SERVER_ENV.items():
@@ -654,7 +654,7 @@ class LocalStack:
 def _worker_grace(environ: Mapping[str, str]) -> float:
     """The workers' grace for their flow runs (LABELSHIFT_WORKER_STOP_S), its default when the value is bad."""
     try:
-        return timeouts.worker_stop_s(dict(environ))
+        return settings_mod.worker_stop_s(environ)
     except LabelShiftError:
         return timeouts.WORKER_STOP_S
 
@@ -772,8 +772,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m runtime.supervisor up|down|status|env`` (the same as ``labelshift stack ...``)."""
-    parser = argparse.ArgumentParser(prog="python -m runtime.supervisor")
+    """``python -m stack.supervisor up|down|status|env`` (the same as ``labelshift stack ...``)."""
+    parser = argparse.ArgumentParser(prog="python -m stack.supervisor")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["stack", *(sys.argv[1:] if argv is None else argv)])
     return args.func(args)

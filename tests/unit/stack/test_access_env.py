@@ -1,10 +1,10 @@
-"""runtime.access's client environment: what a Prefect client sets to come in through the stack's proxy."""
+"""stack.access's client environment: what a Prefect client sets to come in through the stack's proxy."""
 from __future__ import annotations
 
 import base64
 import json
 
-from runtime.access import PASSWORDS, SECRETS, prefect_client_environment, with_prefect_websocket_auth
+from stack.access import PASSWORDS, SECRETS, prefect_client_environment, with_prefect_websocket_auth
 
 
 def test_the_client_environment_carries_the_same_credentials_twice():
