@@ -3,11 +3,13 @@ naming the argument and the fix."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from . import rows as _rows
 from .errors import InputError
+from .partitions import PartitionedRows, is_partitioned
 
 #: rows of a probability matrix must sum to 1 within this tolerance (float32 outputs of a softmax drift ~1e-6)
 ROW_SUM_TOL = 1e-4
@@ -76,7 +78,10 @@ def _valid_probability_rows(arr: np.ndarray) -> bool:
 
 def check_probabilities(x, name: str, ndim: int | tuple[int, ...] = 2) -> np.ndarray:
     """A matrix (or batch) of probability vectors over classes in its last axis. A large single set
-    (:func:`labelshift.rows.is_large`) given as float32 stays float32 (no float64 copy of it is made)."""
+    (:func:`labelshift.rows.is_large`) given as float32 stays float32 (no float64 copy of it is made). Rows in
+    partitions are checked where they live (:func:`check_partitioned`) and returned as they are."""
+    if is_partitioned(x):
+        return check_partitioned(x, name, ndim)
     if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim in ((ndim,) if isinstance(ndim, int) else ndim) \
             and _rows.is_large(x):
         arr = x
@@ -103,6 +108,59 @@ def check_probabilities(x, name: str, ndim: int | tuple[int, ...] = 2) -> np.nda
             "they look like logits or unnormalised scores. Pass probabilities: apply a calibrator or a softmax first."
         )
     return arr
+
+
+class RowCheck(NamedTuple):
+    """What is wrong with some probability rows: entries that are NaN or infinite, entries below 0, the row sum
+    furthest from 1 (its distance; NaN rows left out), and the number of rows."""
+
+    nonfinite: int
+    negative: int
+    worst_sum: float
+    rows: int
+
+
+def row_check(P: np.ndarray) -> RowCheck:
+    """:class:`RowCheck` of the (m, k) rows P, in row blocks (the per-partition function of
+    :func:`check_partitioned`)."""
+    nonfinite = negative = 0
+    worst = 0.0
+    for sl in _rows.blocks(P.shape[0], width=P.shape[1]):
+        B = P[sl]
+        finite = np.isfinite(B)
+        nonfinite += int(B.size - np.count_nonzero(finite))
+        negative += int(np.count_nonzero(B < 0))
+        ok = finite.all(axis=1)
+        if ok.any():
+            worst = max(worst, float(np.max(np.abs(B[ok].sum(axis=1, dtype=np.float64) - 1.0))))
+    return RowCheck(nonfinite, negative, worst, int(P.shape[0]))
+
+
+def check_partitioned(x: PartitionedRows, name: str, ndim: int | tuple[int, ...] = 2) -> PartitionedRows:
+    """Rows in partitions (:class:`labelshift.partitions.PartitionedRows`) checked as :func:`check_probabilities`
+    checks an array, by one pass where the partitions live; an InputError names the first bad partition."""
+    dims = (ndim,) if isinstance(ndim, int) else ndim
+    if x.ndim not in dims:
+        raise InputError(f"{name} must be {' or '.join(f'{d}-D' for d in dims)}, got rows in partitions of shape "
+                         f"{x.shape}.")
+    if x.dtype not in (np.float32, np.float64):
+        raise InputError(f"{name}: the partitions hold {x.dtype} values; load them as float32 or float64 "
+                         "probabilities.")
+    if x.shape[-2] == 0:
+        raise InputError(f"{name} is empty (its partitions hold no rows); pass at least one row.")
+    if x.shape[-1] < 2:
+        raise InputError(f"{name} has {x.shape[-1]} class column(s); label shift needs at least 2 classes.")
+    for where, c in zip(x.names, x.run(row_check)):
+        if c.nonfinite:
+            raise InputError(f"{name}, {where}: {c.nonfinite} NaN or infinite value(s); remove or impute those rows "
+                             "when the partition is made.")
+        if c.negative:
+            raise InputError(f"{name}, {where}: {c.negative} negative entries; it looks like logits, not "
+                             "probabilities. Calibrate the partition's outputs (or apply a softmax) when it is made.")
+        if c.worst_sum > ROW_SUM_TOL:
+            raise InputError(f"{name}, {where}: rows must sum to 1 (one is off by {c.worst_sum:.4g}); they look like "
+                             "logits or unnormalised scores. Calibrate the partition's outputs when it is made.")
+    return x
 
 
 def check_labels(y, name: str, n_classes: int, n_rows: int | None = None) -> np.ndarray:
@@ -175,7 +233,7 @@ def check_target_batch(target, name: str, n_classes: int):
                 f"{where} has {arr.shape[-1]} classes but the estimator was fit on {n_classes}; source and target "
                 "outputs must come from the same classifier."
             )
-        probs = arr if is_batch else arr[None]
+        probs = arr if is_batch else (arr.batch() if is_partitioned(arr) else arr[None])
         return probs, np.ones(probs.shape[:2]), is_batch
     for i, s in enumerate(sets):
         if s.shape[1] != n_classes:

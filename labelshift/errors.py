@@ -60,5 +60,10 @@ class ServiceUnavailableError(LabelShiftError, ConnectionError):
     """A service (MLflow, Prefect, S3 endpoint) could not be reached."""
 
 
+class PartitionError(LabelShiftError, RuntimeError):
+    """A partition of a target's rows held elsewhere (a Dask cluster's workers) could not be loaded, or loaded as
+    something other than (m, k) probabilities; the message names the partition, what went wrong and the fix."""
+
+
 class IllConditionedWarning(UserWarning):
     """Warned (and flagged on the result) when an estimate is returned for a poorly identified problem."""

@@ -13,6 +13,10 @@ on smaller inputs are unchanged to the bit. Many classes make a set large at few
 :data:`LARGE_ENTRIES` entries (k = 1,000 classes: from 33,555 rows), and a block then holds at most
 :data:`BLOCK_ENTRIES` entries (rows of more than 64 classes: fewer than ROW_BLOCK rows a block; ``blocks(m, width=k)``).
 Up to 32 classes LARGE_ROWS decides first and blocks are ROW_BLOCK rows, as before.
+
+Rows held in partitions elsewhere (:class:`labelshift.partitions.PartitionedRows`) always count as large: the passes
+marked so below take them in place of an array, run their per-partition sums where the partitions live (the same
+blocked functions, on each partition) and add the results here in partition order.
 """
 from __future__ import annotations
 
@@ -21,9 +25,11 @@ import functools
 
 import numpy as np
 
+from .partitions import MllsSums, Moments, add_mlls_sums, combine_moments, is_partitioned
+
 __all__ = ["ROW_BLOCK", "LARGE_ROWS", "is_large", "single_set", "blocks", "row_dot", "column_sums", "mean_cov",
-           "argmax_counts", "mlls_pass", "one_blas_thread", "one_blas_thread_for_life", "pass_threads",
-           "decomposition_threads", "joined"]
+           "moments", "argmax_counts", "mlls_pass", "mlls_sums", "mlls_total", "log_ratio_sum", "one_blas_thread",
+           "one_blas_thread_for_life", "pass_threads", "decomposition_threads", "joined"]
 
 #: rows per block (2.5 MB of float32, 5 MB of float64 at k = 10: the float64 temporaries of a block stay in cache)
 ROW_BLOCK = 65536
@@ -117,10 +123,12 @@ def _pass_threaded(fn):
 
 def single_set(probs, mask=None) -> np.ndarray | None:
     """The (m, k) rows of ``probs`` when it is one set with uniform row weights -- an (m, k) array, or a (1, M, k)
-    batch whose mask is None or all equal -- else None. No copy."""
-    if not isinstance(probs, np.ndarray) or probs.dtype not in (np.float32, np.float64):
+    batch whose mask is None or all equal -- else None. No copy. Rows in partitions give their (m, k) set."""
+    if is_partitioned(probs):
+        P = probs.single()
+    elif not isinstance(probs, np.ndarray) or probs.dtype not in (np.float32, np.float64):
         return None
-    if probs.ndim == 3 and probs.shape[0] == 1:
+    elif probs.ndim == 3 and probs.shape[0] == 1:
         P = probs[0]
     elif probs.ndim == 2:
         P = probs
@@ -135,9 +143,9 @@ def single_set(probs, mask=None) -> np.ndarray | None:
 
 def is_large(probs, mask=None) -> bool:
     """Whether the blocked passes apply: one set (:func:`single_set`) of more than :data:`LARGE_ROWS` rows or more
-    than :data:`LARGE_ENTRIES` entries."""
+    than :data:`LARGE_ENTRIES` entries, or rows held in partitions (whatever their number)."""
     P = single_set(probs, mask)
-    return P is not None and (P.shape[0] > LARGE_ROWS or P.size > LARGE_ENTRIES)
+    return P is not None and (is_partitioned(P) or P.shape[0] > LARGE_ROWS or P.size > LARGE_ENTRIES)
 
 
 def blocks(m: int, size: int | None = None, width: int | None = None):
@@ -162,8 +170,12 @@ def row_dot(P: np.ndarray, w) -> np.ndarray:
 
 @_pass_threaded
 def column_sums(P: np.ndarray) -> np.ndarray:
-    """sum_i f_i, float64 (k,)."""
+    """sum_i f_i, float64 (k,); rows in partitions: the partitions' sums added in order."""
     total = np.zeros(P.shape[1])
+    if is_partitioned(P):
+        for part in P.run(column_sums):
+            total += part
+        return total
     for sl in blocks(P.shape[0], width=P.shape[1]):
         total += P[sl].sum(axis=0, dtype=np.float64)
     return total
@@ -171,9 +183,25 @@ def column_sums(P: np.ndarray) -> np.ndarray:
 
 @_pass_threaded
 def mean_cov(P: np.ndarray, ddof: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Column means and covariance (as ``np.cov(P, rowvar=False, ddof=ddof)``) in one pass: each block is
-    centred on the first block's mean before its cross-products are added (shifted data, so no cancellation)."""
+    """Column means and covariance (as ``np.cov(P, rowvar=False, ddof=ddof)``) in one pass (:func:`moments`); rows
+    in partitions: the partitions' moments combined by :func:`labelshift.partitions.combine_moments`."""
+    mom = combine_moments(P.run(moments)) if is_partitioned(P) else _moments(P)
+    cov = mom.cross / (mom.rows - ddof)
+    return mom.mean, 0.5 * (cov + cov.T)
+
+
+@_pass_threaded
+def moments(P: np.ndarray) -> Moments:
+    """Row count, column means and centred cross-products of (m, k) rows in one pass: each block is centred on the
+    first block's mean before its cross-products are added (shifted data, so no cancellation). The per-partition
+    function of :func:`mean_cov`."""
+    return _moments(P)
+
+
+def _moments(P: np.ndarray) -> Moments:
     m, k = P.shape
+    if m == 0:
+        return Moments(0, np.zeros(k), np.zeros((k, k)))
     shift = P[:min(m, ROW_BLOCK)].mean(axis=0, dtype=np.float64)
     s = np.zeros(k)
     ss = np.zeros((k, k))
@@ -182,39 +210,62 @@ def mean_cov(P: np.ndarray, ddof: int = 1) -> tuple[np.ndarray, np.ndarray]:
         s += B.sum(axis=0)
         ss += B.T @ B
     d = s / m
-    cov = (ss - m * np.outer(d, d)) / (m - ddof)
-    return shift + d, 0.5 * (cov + cov.T)
+    return Moments(m, shift + d, ss - m * np.outer(d, d))
 
 
 @_pass_threaded
 def argmax_counts(P: np.ndarray) -> np.ndarray:
-    """Counts of the argmax prediction per class, float64 (k,)."""
+    """Counts of the argmax prediction per class, float64 (k,); rows in partitions: their counts added."""
     k = P.shape[1]
     counts = np.zeros(k)
+    if is_partitioned(P):
+        for part in P.run(argmax_counts):
+            counts += part
+        return counts
     for sl in blocks(P.shape[0], width=P.shape[1]):
         counts += np.bincount(np.argmax(P[sl], axis=1), minlength=k)
     return counts
 
 
-@_pass_threaded
 def mlls_pass(P: np.ndarray, w, *, hessian: bool = False, precision=np.float64):
     """One pass of the MLLS quantities at w: (objective, gradient, Hessian or None, whether some row has
     f_i^T w <= 0), all (1/m)-normalised as :func:`labelshift.estimation.solvers.mlls_objective`, ``mlls_gradient`` and
     ``mlls_hessian``. Rows with f_i^T w <= 0 contribute nothing to the gradient and Hessian and make the
     objective -inf. ``precision=np.float32`` computes the blocks in single precision (the sums stay float64):
-    the EM warm start of the row solver, which only needs to locate the optimum."""
+    the EM warm start of the row solver, which only needs to locate the optimum. ``P`` may be rows in partitions
+    (:func:`mlls_total`)."""
+    s = mlls_total(P, w, hessian=hessian, precision=precision)
+    m = s.rows
+    obj = -np.inf if s.dead else s.objective / m
+    return obj, s.gradient / m, (s.hessian / m if hessian else None), bool(s.dead)
+
+
+def mlls_total(P, w, *, hessian: bool = False, precision=np.float64) -> MllsSums:
+    """:func:`mlls_sums` of all rows of ``P``: an array, or rows in partitions (each partition's sums where it lives,
+    added here in partition order by :func:`labelshift.partitions.add_mlls_sums`)."""
+    w = np.asarray(w, dtype=np.float64)
+    if is_partitioned(P):
+        return add_mlls_sums(P.run(mlls_sums, w, hessian, precision))
+    return mlls_sums(P, w, hessian, precision)
+
+
+@_pass_threaded
+def mlls_sums(P: np.ndarray, w, hessian: bool = False, precision=np.float64) -> MllsSums:
+    """The unnormalised sums of eq. (mlls-sample) over the (m, k) rows P at w, in row blocks: sum_i log f_i^T w,
+    sum_i f_i / f_i^T w and (``hessian``) sum_i f_i f_i^T / (f_i^T w)^2 over the rows with f_i^T w > 0, in
+    float64, with the count of the others (``dead``) and m. The per-partition function of :func:`mlls_pass`."""
     m, k = P.shape
     w = np.asarray(w, dtype=np.float64)
     wp = w.astype(precision)
     obj, grad = 0.0, np.zeros(k)
     H = np.zeros((k, k)) if hessian else None
-    dead = False
+    dead = 0
     for sl in blocks(P.shape[0], width=P.shape[1]):
         B = P[sl].astype(precision, copy=False)
         fw = B @ wp
         bad = fw <= 0
         if bad.any():
-            dead = True
+            dead += int(np.count_nonzero(bad))
             fw = np.where(bad, 1.0, fw).astype(precision)
             inv = np.where(bad, 0.0, 1.0 / fw).astype(precision)
         else:
@@ -226,8 +277,22 @@ def mlls_pass(P: np.ndarray, w, *, hessian: bool = False, precision=np.float64):
             if k > WIDE_HESSIAN_CLASSES:     # the Hessian only steers Newton's step: a float32 product (half the time)
                 Bv = Bv.astype(np.float32)
             H += (Bv.T @ Bv).astype(np.float64)
-    obj = -np.inf if dead else obj / m
-    return obj, grad / m, (H / m if hessian else None), dead
+    return MllsSums(obj, grad, H, dead, m)
+
+
+@_pass_threaded
+def log_ratio_sum(P, w, v) -> float:
+    """sum_i log(f_i^T w / f_i^T v) over the rows of P in float64 (rows in partitions: their sums added in order);
+    the likelihood ratio of two weight vectors, each row's ratio taken before the sum so that nothing cancels."""
+    if is_partitioned(P):
+        return float(sum(P.run(log_ratio_sum, w, v)))
+    w = np.asarray(w, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    total = 0.0
+    for sl in blocks(P.shape[0], width=P.shape[1]):
+        B = P[sl].astype(np.float64, copy=False)
+        total += float(np.sum(np.log((B @ w) / (B @ v))))
+    return total
 
 
 def _owner(a: np.ndarray):

@@ -13,6 +13,7 @@ import numpy as np
 from .. import rows as _rows
 from .._validation import as_float_array, check_given_weights, check_prior, check_probabilities
 from ..errors import InputError, NotMaximiserError
+from ..partitions import is_partitioned
 from ..estimation.solvers import mlls_gradient, mlls_newton
 
 # |p_s^T w - 1| above this: the weights are not in W
@@ -94,9 +95,9 @@ def check_mle(P, weights, p) -> np.ndarray:
             sign_fix="these intervals are for the MLLS estimate, which lies in W = {w >= 0, sum_y w_y p_s(y) = 1}. "
                      "Pass MLLS weights (or None to solve MLLS here), or use bootstrap_interval for other estimators.",
             sum_fix="Pass the MLLS weights estimated with this source_prior (or None to solve MLLS here).")
-    fw = dot_rows(P, w)
-    if np.any(fw <= 0):
-        raise InputError(f"weights give zero likelihood to {int(np.sum(fw <= 0))} target row(s) (f_i^T w = 0): "
+    zero = _rows.mlls_total(P, w).dead if is_partitioned(P) else int(np.sum(dot_rows(P, w) <= 0))
+    if zero:
+        raise InputError(f"weights give zero likelihood to {zero} target row(s) (f_i^T w = 0): "
                          "they are not the MLLS estimate for these target_probs.")
     if weights is not None:
         w = certified_weights(P, w, p, "Fisher intervals, the likelihood-ratio test and the Hessian diagnostics hold "

@@ -22,6 +22,7 @@ from .. import rows as _rows
 from .._numbers import finite_or_none, none_as_nan, written_dict
 from .._validation import check_level, check_probabilities
 from ..errors import InputError
+from ..partitions import NOT_PARTITIONED, is_partitioned
 from .holdout_conditional import check_inflation, no_shift_inflation
 from .mlls_inputs import check_inputs, check_mle, dot_rows, mean_cov
 from .repeats import clustered_covariance
@@ -101,6 +102,10 @@ def no_shift_test(target_probs, weights, source_prior, *, source_probs=None, rep
     effective target size m_eff = m^2 / sum_g w_g in place of m (and in rho = m_eff / n of kappa); the
     likelihood-ratio form scales Lambda by m_eff / m.
 
+    ``target_probs`` may be rows held in partitions (:class:`labelshift.partitions.PartitionedRows`): every pass
+    over them is then a map over the partitions and a reduce (the target moments of the two-sample form combined by
+    Chan's formula); ``repeats`` is not supported there yet.
+
     Args: as :func:`fisher_interval` (``weights`` = the MLLS estimate, or None to solve it here; used by the
     likelihood-ratio form); ``source_probs``: (n, k) calibrated source outputs; ``holdout_inflation``: kappa of the
     two-sample form, None (the default) derived from m / n and dof, a number >= 1 fixes it (1: the test valid on
@@ -109,11 +114,17 @@ def no_shift_test(target_probs, weights, source_prior, *, source_probs=None, rep
     repeats = repeats if repeats is not None and repeats.adjusts else None
     kappa = check_inflation(holdout_inflation)
     P, p = check_inputs(target_probs, source_prior)
+    if repeats is not None and is_partitioned(P):
+        raise InputError("repeated rows: the clustered covariance of the target mean needs the rows themselves; "
+                         + NOT_PARTITIONED)
     m, k = P.shape
     if source_probs is None:
         w = check_mle(P, weights, p)
-        sums = _rows.row_dot(P, np.ones(k)) if _rows.is_large(P) else P.sum(axis=1)
-        stat = 2.0 * float(np.sum(np.log(dot_rows(P, w) / sums)))
+        if is_partitioned(P):                   # one map-reduce: sum_i log(f_i^T w / f_i^T 1), row by row
+            stat = 2.0 * _rows.log_ratio_sum(P, w, np.ones(k))
+        else:
+            sums = _rows.row_dot(P, np.ones(k)) if _rows.is_large(P) else P.sum(axis=1)
+            stat = 2.0 * float(np.sum(np.log(dot_rows(P, w) / sums)))
         stat = max(stat, 0.0) * (1.0 if repeats is None else repeats.effective_rows / m)
         return NoShiftTest(statistic=stat, dof=k - 1, p_value=float(chi2.sf(stat, k - 1)), n_target=m)
     S = check_probabilities(source_probs, "source_probs", 2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import rows as _rows
+from ...partitions import is_partitioned
 from .batch import SolverResult
 from .em import WARM_CYCLES, WARM_STEP
 from .face_newton import newton_on_face
@@ -57,7 +58,9 @@ def _squarem_rows(P, ps, w, *, step_tol, max_cycles):
 
 def mlls_newton_rows(probs, source_prior, *, tol: float = 1e-10, max_iter: int = 200, init=None) -> SolverResult:
     """MLLS, eq. (mlls-sample), for one large (m, k) set -- float32 or float64, never copied whole -- in passes
-    over row blocks (:mod:`labelshift.rows`); what :func:`mlls_newton` runs for such a set.
+    over row blocks (:mod:`labelshift.rows`); what :func:`mlls_newton` runs for such a set. The set may be rows held
+in partitions (:class:`labelshift.partitions.PartitionedRows`): each pass is then a map of
+:func:`labelshift.rows.mlls_sums` over the partitions and a sum of the results.
 
     The stages of :func:`mlls_newton`: a SQUAREM warm start whose passes run in float32 (one pass per EM step);
     then an active-set Newton method on the faces of W with the gradient and the Hessian summed in float64 (one
@@ -82,7 +85,7 @@ _CHORD_CONTRACTION = 0.1
 
 
 def _newton_rows(probs, source_prior, *, tol, max_iter, init):
-    P = np.asarray(probs)
+    P = probs if is_partitioned(probs) else np.asarray(probs)
     if P.dtype not in (np.float32, np.float64):
         P = P.astype(np.float64)
     m, k = P.shape

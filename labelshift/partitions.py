@@ -1,0 +1,166 @@
+"""Rows of one target set held in partitions elsewhere (on the workers of a cluster), and the reduce side of the
+row passes of :mod:`labelshift.rows` over them.
+
+A :class:`PartitionedRows` stands for an (m, k) array of calibrated probabilities cut into partitions that this
+process never holds. What it knows is the shape, the dtype, the rows of each partition and a ``run`` callable:
+``run(fn, *args)`` applies the pure function ``fn(B, *args)`` to every partition B (a numpy (m_p, k) array, float32
+or float64) wherever the partition lives, and returns the list of results in partition order. The engine that
+provides ``run`` (a Dask cluster: ``tasks/reestimation/cluster.py``; a list of local arrays: :func:`local_rows`) is
+not the domain's business; the domain only asks for small per-partition results (sums of k or k x k numbers) and
+combines them here.
+
+The per-partition functions are those of :mod:`labelshift.rows` that return unnormalised sums
+(:func:`labelshift.rows.mlls_sums`, :func:`labelshift.rows.moments`, ...); :func:`labelshift.rows.mlls_pass`,
+``mean_cov``, ``column_sums`` and ``argmax_counts`` take a :class:`PartitionedRows` in place of an array and give
+the numbers of the concatenated array up to the rounding of the summation order. Combining partitions in their
+fixed order makes a result the same from one run to the next, whichever worker answers first.
+
+This module imports nothing of the rest of the package, so that :mod:`labelshift.rows` can import it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["PartitionedRows", "is_partitioned", "local_rows", "MllsSums", "Moments", "add_mlls_sums",
+           "combine_moments", "NOT_PARTITIONED"]
+
+#: the end of the message of a pass that does not run over partitions yet (issue 41)
+NOT_PARTITIONED = ("this pass over the target's rows does not run over partitions yet (issue 41: MLLS, BBSE and the "
+                   "no-shift test do); pass the rows as one numpy array instead.")
+
+
+@dataclass(frozen=True, eq=False)
+class PartitionedRows:
+    """An (m, k) set of probability rows in partitions held elsewhere (or a batch of one such set, ``batch()``).
+
+    Attributes:
+        shape: (m, k), or (1, m, k) for the batch of one set the estimators pass around.
+        dtype: the partitions' dtype, float32 or float64 (every partition has it).
+        run: ``run(fn, *args) -> list``: ``fn(B, *args)`` for every partition B in order, B an (m_p, k) array.
+            ``fn`` must be a pure function importable by name (it may run in another process).
+        partition_rows: m_p of each partition (their sum is m; a partition may have 0 rows).
+        names: a name for each partition (a path, a batch id) for messages; default ``partition 0``, ...
+
+    Indexing it, or turning it into an array, raises a TypeError: passes that need the rows themselves do not run
+    over partitions (yet) and must say so rather than gather m rows into this process.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    run: Callable[..., list]
+    partition_rows: tuple[int, ...]
+    names: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        shape = tuple(int(s) for s in self.shape)
+        if len(shape) not in (2, 3) or (len(shape) == 3 and shape[0] != 1):
+            raise ValueError(f"shape must be (m, k) or (1, m, k), got {shape}")
+        if sum(self.partition_rows) != shape[-2]:
+            raise ValueError(f"the partitions hold {sum(self.partition_rows)} rows, not m = {shape[-2]}")
+        names = tuple(self.names) or tuple(f"partition {i}" for i in range(len(self.partition_rows)))
+        if len(names) != len(self.partition_rows):
+            raise ValueError(f"{len(names)} names for {len(self.partition_rows)} partitions")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        object.__setattr__(self, "partition_rows", tuple(int(r) for r in self.partition_rows))
+        object.__setattr__(self, "names", names)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    def batch(self) -> "PartitionedRows":
+        """The batch of this one set, shape (1, m, k) (as ``P[None]`` of an array)."""
+        return self if self.ndim == 3 else replace(self, shape=(1,) + self.shape)
+
+    def single(self) -> "PartitionedRows":
+        """The one (m, k) set (as ``P[0]`` of a batch of one)."""
+        return self if self.ndim == 2 else replace(self, shape=self.shape[1:])
+
+    def __getitem__(self, item):
+        raise TypeError(f"rows held in {len(self.partition_rows)} partitions cannot be indexed here: "
+                        + NOT_PARTITIONED)
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(f"rows held in {len(self.partition_rows)} partitions are not gathered into one array: "
+                        + NOT_PARTITIONED)
+
+
+def is_partitioned(probs) -> bool:
+    """Whether ``probs`` is a :class:`PartitionedRows` (a set or a batch of one)."""
+    return isinstance(probs, PartitionedRows)
+
+
+def local_rows(parts: Sequence[np.ndarray], names: Sequence[str] = ()) -> PartitionedRows:
+    """A :class:`PartitionedRows` over arrays of this process, ``fn`` applied in a loop: the reference engine, for
+    tests and for a process that reads its partitions one at a time."""
+    parts = [np.asarray(p) for p in parts]
+    if not parts or any(p.ndim != 2 or p.shape[1] != parts[0].shape[1] or p.dtype != parts[0].dtype for p in parts):
+        raise ValueError("local_rows needs (m_p, k) arrays of one k and one dtype")
+    return PartitionedRows(shape=(sum(p.shape[0] for p in parts), parts[0].shape[1]), dtype=parts[0].dtype,
+                           run=lambda fn, *args: [fn(p, *args) for p in parts],
+                           partition_rows=tuple(p.shape[0] for p in parts), names=tuple(names))
+
+
+class MllsSums(NamedTuple):
+    """The unnormalised MLLS sums of some rows at w, eq. (mlls-sample): sum_i log f_i^T w, sum_i f_i / f_i^T w,
+    sum_i f_i f_i^T / (f_i^T w)^2 (None when not asked for), over the rows with f_i^T w > 0; the number of rows with
+    f_i^T w <= 0 (``dead``) and of all rows."""
+
+    objective: float
+    gradient: np.ndarray
+    hessian: np.ndarray | None
+    dead: int
+    rows: int
+
+
+def add_mlls_sums(parts: Sequence[MllsSums]) -> MllsSums:
+    """The sums of the union of the partitions' rows, added in partition order."""
+    first = parts[0]
+    obj, grad = 0.0, np.zeros_like(first.gradient)
+    H = None if first.hessian is None else np.zeros_like(first.hessian)
+    dead = rows = 0
+    for s in parts:
+        obj += s.objective
+        grad += s.gradient
+        if H is not None:
+            H += s.hessian
+        dead += s.dead
+        rows += s.rows
+    return MllsSums(obj, grad, H, dead, rows)
+
+
+class Moments(NamedTuple):
+    """Row count, column means and centred cross-products sum_i (f_i - mean)(f_i - mean)^T of some rows (k x k)."""
+
+    rows: int
+    mean: np.ndarray
+    cross: np.ndarray
+
+
+def combine_moments(parts: Sequence[Moments]) -> Moments:
+    """The moments of the union of the partitions' rows by the pairwise update of Chan, Golub and LeVeque (1979):
+    with delta = mean_b - mean_a, mean = mean_a + delta n_b / n and cross = cross_a + cross_b + delta delta^T
+    n_a n_b / n. Only centred quantities are added, so nothing cancels the way raw sums of squares would."""
+    total = None
+    for part in parts:
+        if part.rows == 0:
+            continue
+        if total is None:
+            total = part
+            continue
+        n = total.rows + part.rows
+        delta = part.mean - total.mean
+        total = Moments(n, total.mean + delta * (part.rows / n),
+                        total.cross + part.cross + np.outer(delta, delta) * (total.rows * (part.rows / n)))
+    if total is None:
+        raise ValueError("the moments of no rows")
+    return total

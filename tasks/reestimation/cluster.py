@@ -1,0 +1,171 @@
+"""A target's rows kept on the workers of a Dask cluster, as the domain's
+:class:`~labelshift.partitions.PartitionedRows` (issue 41).
+
+Each partition is placed on the cluster once: an array of this process is scattered to a worker, or -- better, as
+nothing of it then passes through this process -- a :class:`PartitionSource` names a function and its arguments
+that a worker calls to load the partition itself (read a .npy file from a disk every worker sees, read a batch from
+the object store and calibrate it). The partitions stay there as futures; every pass of the domain over the rows
+(``PartitionedRows.run``) submits its per-partition function to each partition's worker and gathers the small
+results (sums of k or k x k numbers) in partition order. A worker lost during a pass has its partitions reloaded by
+the scheduler from their sources (scattered arrays cannot be: give sources for long runs).
+
+``distributed`` is imported inside the functions: nothing on the default path of the package loads it, and
+the workers import this module only for :func:`load_npy` and :func:`describe_partition`.
+"""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from labelshift.errors import InputError, PartitionError, ServiceUnavailableError
+from labelshift.partitions import PartitionedRows
+
+__all__ = ["PartitionSource", "PartitionInfo", "npy_partition", "load_npy", "describe_partition", "connect",
+           "ClusterRunner", "cluster_rows", "CONNECT_S", "LOAD_S"]
+
+#: seconds to wait for a Dask scheduler to accept the client
+CONNECT_S = 20.0
+#: seconds to wait for every partition to be loaded on the workers
+LOAD_S = 600.0
+
+
+class PartitionSource(NamedTuple):
+    """How a worker gets one partition: ``load(*args)`` returns its (m_p, k) float32 or float64 probabilities.
+    ``load`` must be importable by name on the workers (a module-level function); ``name`` is said in messages."""
+
+    load: Callable[..., Any]
+    args: tuple = ()
+    name: str = ""
+
+
+class PartitionInfo(NamedTuple):
+    """What a loaded partition is: its shape and dtype, as a worker saw it."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def load_npy(path: str) -> np.ndarray:
+    """The array of a .npy file (no pickled objects), memory-mapped: what a worker reads for :func:`npy_partition`."""
+    return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
+def npy_partition(path) -> PartitionSource:
+    """A partition that each worker reads from a .npy file at ``path`` (on a disk the workers share)."""
+    return PartitionSource(load_npy, (str(path),), str(path))
+
+
+def describe_partition(part) -> PartitionInfo:
+    """The shape and dtype of what a partition's source returned (run on the worker holding it)."""
+    return PartitionInfo(tuple(int(s) for s in np.shape(part)), str(getattr(part, "dtype", type(part).__name__)))
+
+
+def connect(address: str, timeout: float = CONNECT_S):
+    """A ``distributed.Client`` of the scheduler at ``address`` (``tcp://host:8786``), or a ServiceUnavailableError
+    naming the address and the fix."""
+    from distributed import Client
+
+    try:
+        return Client(address, timeout=timeout)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise ServiceUnavailableError(
+            f"could not reach the Dask scheduler at {address!r} within {timeout:g} s ({type(exc).__name__}: {exc}). "
+            "Fix: start one (`dask scheduler`, then `dask worker ADDRESS` on each machine) or pass the address it "
+            "prints.") from None
+
+
+class ClusterRunner:
+    """``run`` of a :class:`PartitionedRows` on a cluster: ``fn(B, *args)`` submitted to the worker of each
+    partition future B, the results gathered in partition order."""
+
+    def __init__(self, client, futures: Sequence):
+        self.client = client
+        self.futures = tuple(futures)
+
+    def __call__(self, fn, *args) -> list:
+        tasks = [self.client.submit(fn, part, *args, pure=False) for part in self.futures]
+        return self.client.gather(tasks)
+
+
+def cluster_rows(client, partitions: Sequence[np.ndarray | PartitionSource], *, timeout: float = LOAD_S,
+                 ) -> PartitionedRows:
+    """The rows of ``partitions`` -- arrays of this process, scattered, or :class:`PartitionSource` s, loaded by
+    the workers -- kept on the workers of ``client``'s cluster, as a :class:`PartitionedRows` for the domain.
+
+    Waits until every partition is loaded and checked to be an (m_p, k) float32 or float64 array of one k and one
+    dtype. Raises ServiceUnavailableError for a closed client or a cluster without workers, PartitionError naming
+    the first partition that failed to load (with the source's exception) or did not load within ``timeout``
+    seconds, InputError naming a partition of the wrong shape or dtype.
+    """
+    if not partitions:
+        raise InputError("no partitions: pass at least one array or PartitionSource.")
+    _check_client(client)
+    names = tuple((p.name if isinstance(p, PartitionSource) else "") or f"partition {i}"
+                  for i, p in enumerate(partitions))
+    futures = _place(client, partitions, names)
+    infos = _described(client, futures, names, timeout)
+    k, dtype = _check_infos(infos, names)
+    return PartitionedRows(shape=(sum(i.shape[0] for i in infos), k), dtype=dtype,
+                           run=ClusterRunner(client, futures), partition_rows=tuple(i.shape[0] for i in infos),
+                           names=names)
+
+
+def _check_client(client) -> None:
+    if getattr(client, "status", None) != "running":
+        raise ServiceUnavailableError(f"the Dask client is {getattr(client, 'status', 'not a client')}: connect one "
+                                      "(tasks.reestimation.cluster.connect(address)) before placing partitions.")
+    if not client.scheduler_info().get("workers"):
+        raise ServiceUnavailableError(f"the Dask scheduler at {client.scheduler.address} has no workers: start some "
+                                      "(`dask worker ADDRESS`) before placing partitions.")
+
+
+def _place(client, partitions, names) -> list:
+    """One future per partition: arrays scattered, sources submitted as load tasks named after the partition."""
+    run_id = uuid.uuid4().hex[:8]
+    futures = []
+    for i, (part, name) in enumerate(zip(partitions, names)):
+        if isinstance(part, PartitionSource):
+            futures.append(client.submit(part.load, *part.args, pure=False, key=f"labelshift-partition-{i}-{run_id}"))
+        elif isinstance(part, np.ndarray):
+            futures.append(client.scatter(part, hash=False))
+        else:
+            raise InputError(f"{name} is a {type(part).__name__}; pass a numpy array or a PartitionSource(load, args, "
+                             "name) that a worker calls to load it.")
+    return futures
+
+
+def _described(client, futures, names, timeout: float) -> list[PartitionInfo]:
+    """Each partition's :class:`PartitionInfo`, once all are loaded; PartitionError for the first that failed."""
+    from distributed import wait
+
+    described = [client.submit(describe_partition, f, pure=False) for f in futures]
+    try:
+        wait(described, timeout=timeout)
+    except TimeoutError:
+        late = [n for n, d in zip(names, described) if d.status == "pending"]
+        raise PartitionError(f"{len(late)} partition(s) not loaded within {timeout:g} s, first {late[0]}: the workers "
+                             "are busy, too few, or the source hangs. Fix: add workers, or raise timeout.") from None
+    for name, d in zip(names, described):
+        if d.status == "error":
+            exc = d.exception()
+            raise PartitionError(f"{name} could not be loaded on the cluster ({type(exc).__name__}: {exc}). Fix: make "
+                                 "its source readable from every worker (a path on a disk they share, or an object "
+                                 "store URI with the workers' credentials), or leave the partition out.")
+    return client.gather(described)
+
+
+def _check_infos(infos: Sequence[PartitionInfo], names) -> tuple[int, np.dtype]:
+    """The k and the dtype every partition shares; InputError naming the first that does not."""
+    first = infos[0]
+    for name, info in zip(names, infos):
+        if len(info.shape) != 2 or info.dtype not in ("float32", "float64"):
+            raise InputError(f"{name} loaded as {info.dtype} of shape {info.shape}; its source must return an "
+                             "(m, k) float32 or float64 array of calibrated probabilities.")
+        if info.shape[1] != first.shape[1] or info.dtype != first.dtype:
+            raise InputError(f"{name} is {info.dtype} with {info.shape[1]} classes but {names[0]} is {first.dtype} "
+                             f"with {first.shape[1]}: every partition must come from the same classifier, in one "
+                             "dtype.")
+    return first.shape[1], np.dtype(first.dtype)

@@ -1,0 +1,85 @@
+"""A target's rows kept on the workers of a Dask cluster (``tasks/reestimation/cluster.py``): MLLS, BBSE and the
+no-shift test over the partitions give the one-process answers on the same rows, and what goes wrong (a partition
+that does not load, one of the wrong shape, a scheduler that is not there) is said naming the partition and the fix.
+
+On a ``distributed.LocalCluster`` of 2 worker processes, 1 thread each. The one-process answers are those of a large
+target (``labelshift.rows.LARGE_ROWS`` lowered, so that the same row solver runs on the whole array). Tolerance
+1e-9: the passes' sums differ only in their grouping (``tests/unit/test_partitions.py``: about 1e-12 relative here),
+and the row solver stops once its Newton step is at most tol = 1e-10, so two runs end within 2 tol of each other.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from labelshift import BBSE, MLLS, rows
+from labelshift.errors import InputError, PartitionError, ServiceUnavailableError
+from labelshift.estimation.solvers import mlls_newton_rows
+from labelshift.inference.no_shift import no_shift_test
+
+distributed = pytest.importorskip("distributed")
+cluster = pytest.importorskip("tasks.reestimation.cluster")
+
+pytestmark = pytest.mark.integration
+
+K = 6
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  worker_dashboard_address=None) as lc, distributed.Client(lc) as c:
+        yield c
+
+
+def _draw(rng, m, prior, sep=2.0):
+    y = rng.choice(len(prior), size=m, p=prior)
+    z = rng.normal(size=(m, len(prior)))
+    z[np.arange(m), y] += sep
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    return p / p.sum(axis=1, keepdims=True), y
+
+
+def test_estimates_from_partitions_on_the_workers_equal_one_process(client, tmp_path, monkeypatch):
+    monkeypatch.setattr(rows, "LARGE_ROWS", 10_000)
+    rng = np.random.default_rng(41)
+    P, _ = _draw(rng, 120_000, np.array([0.35, 0.25, 0.15, 0.1, 0.1, 0.05]))
+    S, ys = _draw(rng, 4000, np.full(K, 1 / K))
+    ps = np.bincount(ys, minlength=K) / ys.size
+    cuts = (0, 50_000, 50_001, 97_000, 120_000)
+    sources = []
+    for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+        if i == 1:
+            sources.append(P[a:b])                       # scattered from here: a partition of one row
+        else:
+            np.save(tmp_path / f"part-{i}.npy", P[a:b])
+            sources.append(cluster.npy_partition(tmp_path / f"part-{i}.npy"))      # read by the workers
+    R = cluster.cluster_rows(client, sources)
+    assert R.shape == P.shape and R.partition_rows == (50_000, 1, 46_999, 23_000)
+
+    np.testing.assert_allclose(mlls_newton_rows(R, ps).weights, mlls_newton_rows(P, ps).weights, rtol=0, atol=1e-9)
+    for est in (MLLS(), BBSE(), BBSE(soft=True)):
+        est.fit(S, ys)
+        np.testing.assert_allclose(est.estimate(R).weights, est.estimate(P).weights, rtol=0, atol=1e-9)
+    for source in (None, S):
+        one, parts = no_shift_test(P, None, ps, source_probs=source), no_shift_test(R, None, ps, source_probs=source)
+        assert parts.statistic == pytest.approx(one.statistic, rel=1e-9) and parts.dof == one.dof
+
+
+def test_a_partition_that_does_not_load_is_named_with_the_fix(client, tmp_path):
+    np.save(tmp_path / "good.npy", np.full((10, K), 1 / K))
+    with pytest.raises(PartitionError, match=r"missing\.npy could not be loaded on the cluster \(FileNotFoundError.*"
+                                             r"Fix: make its source readable from every worker"):
+        cluster.cluster_rows(client, [cluster.npy_partition(tmp_path / "good.npy"),
+                                      cluster.npy_partition(tmp_path / "missing.npy")])
+    with pytest.raises(InputError, match=r"partition 1 is float64 with 4 classes but partition 0 is float64 with 6"):
+        cluster.cluster_rows(client, [np.full((10, K), 1 / K), np.full((10, 4), 0.25)])
+    np.save(tmp_path / "ints.npy", np.ones((10, K), dtype=np.int64))
+    with pytest.raises(InputError, match=r"ints\.npy loaded as int64 .* must return an \(m, k\) float32 or float64"):
+        cluster.cluster_rows(client, [cluster.npy_partition(tmp_path / "ints.npy")])
+
+
+def test_a_scheduler_that_is_not_there_is_said_with_the_fix():
+    with pytest.raises(ServiceUnavailableError, match=r"could not reach the Dask scheduler at 'tcp://127.0.0.1:9'"
+                                                      r".*Fix: start one"):
+        cluster.connect("tcp://127.0.0.1:9", timeout=2)
