@@ -29,8 +29,8 @@ __all__ = ["PartitionedRows", "is_partitioned", "local_rows", "MllsSums", "Momen
            "combine_moments", "NOT_PARTITIONED", "PerPartition", "arguments_of", "take_rows", "rows_at"]
 
 #: the end of the message of a pass that does not run over partitions yet (issue 41)
-NOT_PARTITIONED = ("this pass over the target's rows does not run over partitions yet (issue 41: MLLS, BBSE and the "
-                   "no-shift test do); pass the rows as one numpy array instead.")
+NOT_PARTITIONED = ("this pass over the target's rows does not run over partitions yet (issue 41: MLLS, BBSE, the "
+                   "no-shift and the label-shift tests do); pass the rows as one numpy array instead.")
 
 
 @dataclass(frozen=True, eq=False)
