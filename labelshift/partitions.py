@@ -26,11 +26,11 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["PartitionedRows", "is_partitioned", "local_rows", "MllsSums", "Moments", "add_mlls_sums",
-           "combine_moments", "NOT_PARTITIONED"]
+           "combine_moments", "NOT_PARTITIONED", "PerPartition", "arguments_of", "take_rows", "rows_at"]
 
 #: the end of the message of a pass that does not run over partitions yet (issue 41)
-NOT_PARTITIONED = ("this pass over the target's rows does not run over partitions yet (issue 41: MLLS, BBSE and the "
-                   "no-shift test do); pass the rows as one numpy array instead.")
+NOT_PARTITIONED = ("this pass over the target's rows does not run over partitions yet (issue 41: MLLS, BBSE, the "
+                   "no-shift and the label-shift tests do); pass the rows as one numpy array instead.")
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,7 +41,8 @@ class PartitionedRows:
         shape: (m, k), or (1, m, k) for the batch of one set the estimators pass around.
         dtype: the partitions' dtype, float32 or float64 (every partition has it).
         run: ``run(fn, *args) -> list``: ``fn(B, *args)`` for every partition B in order, B an (m_p, k) array.
-            ``fn`` must be a pure function importable by name (it may run in another process).
+            ``fn`` must be a pure function importable by name (it may run in another process). An argument that is
+            a :class:`PerPartition` gives partition i its i-th value (:func:`arguments_of`).
         partition_rows: m_p of each partition (their sum is m; a partition may have 0 rows).
         names: a name for each partition (a path, a batch id) for messages; default ``partition 0``, ...
 
@@ -106,8 +107,42 @@ def local_rows(parts: Sequence[np.ndarray], names: Sequence[str] = ()) -> Partit
     if not parts or any(p.ndim != 2 or p.shape[1] != parts[0].shape[1] or p.dtype != parts[0].dtype for p in parts):
         raise ValueError("local_rows needs (m_p, k) arrays of one k and one dtype")
     return PartitionedRows(shape=(sum(p.shape[0] for p in parts), parts[0].shape[1]), dtype=parts[0].dtype,
-                           run=lambda fn, *args: [fn(p, *args) for p in parts],
+                           run=lambda fn, *args: [fn(p, *arguments_of(args, i)) for i, p in enumerate(parts)],
                            partition_rows=tuple(p.shape[0] for p in parts), names=tuple(names))
+
+
+class PerPartition(NamedTuple):
+    """An argument of ``PartitionedRows.run`` with one value per partition, in partition order: the engine passes
+    partition i its ``values[i]`` (e.g. the rows wanted from each partition) in place of the whole."""
+
+    values: tuple
+
+
+def arguments_of(args: tuple, i: int) -> tuple:
+    """The arguments of partition i: each :class:`PerPartition` among ``args`` replaced by its i-th value, the
+    others as they are. What every engine of ``run`` applies before calling ``fn`` on partition i."""
+    return tuple(a.values[i] if isinstance(a, PerPartition) else a for a in args)
+
+
+def rows_at(B: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """The rows ``index`` (local, sorted) of one partition, copied: the per-partition function of
+    :func:`take_rows`."""
+    return np.array(B[index])
+
+
+def take_rows(R: PartitionedRows, index) -> np.ndarray:
+    """The rows of ``R`` at the sorted global row numbers ``index`` (0 <= index < m), gathered into one array in
+    that order, with their values and dtype unchanged: for a small subsample (a few thousand rows) of a target
+    whose other rows stay where they are. Each partition sends only its wanted rows."""
+    R = R.single()
+    index = np.asarray(index, dtype=np.int64)
+    if index.ndim != 1 or (index.size and (index[0] < 0 or index[-1] >= R.shape[0] or np.any(np.diff(index) < 0))):
+        raise ValueError(f"take_rows needs sorted row numbers in 0..{R.shape[0] - 1}")
+    ends = np.cumsum((0,) + R.partition_rows)
+    cut = np.searchsorted(index, ends)
+    local = PerPartition(tuple(index[cut[i]:cut[i + 1]] - ends[i] for i in range(len(R.partition_rows))))
+    parts = R.run(rows_at, local)
+    return np.concatenate(parts, axis=0) if parts else np.empty((0, R.shape[1]), R.dtype)
 
 
 class MllsSums(NamedTuple):

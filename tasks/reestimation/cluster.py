@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from labelshift.errors import InputError, PartitionError, ServiceUnavailableError
-from labelshift.partitions import PartitionedRows
+from labelshift.partitions import PartitionedRows, arguments_of
 
 __all__ = ["PartitionSource", "PartitionInfo", "npy_partition", "load_npy", "describe_partition", "connect",
            "ClusterRunner", "cluster_rows", "CONNECT_S", "LOAD_S"]
@@ -79,14 +79,16 @@ def connect(address: str, timeout: float = CONNECT_S):
 
 class ClusterRunner:
     """``run`` of a :class:`PartitionedRows` on a cluster: ``fn(B, *args)`` submitted to the worker of each
-    partition future B, the results gathered in partition order."""
+    partition future B (a :class:`~labelshift.partitions.PerPartition` argument giving partition i its own value),
+    the results gathered in partition order."""
 
     def __init__(self, client, futures: Sequence):
         self.client = client
         self.futures = tuple(futures)
 
     def __call__(self, fn, *args) -> list:
-        tasks = [self.client.submit(fn, part, *args, pure=False) for part in self.futures]
+        tasks = [self.client.submit(fn, part, *arguments_of(args, i), pure=False)
+                 for i, part in enumerate(self.futures)]
         return self.client.gather(tasks)
 
 

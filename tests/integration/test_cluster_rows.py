@@ -1,5 +1,5 @@
-"""A target's rows kept on the workers of a Dask cluster (``tasks/reestimation/cluster.py``): MLLS, BBSE and the
-no-shift test over the partitions give the one-process answers on the same rows, and what goes wrong (a partition
+"""A target's rows kept on the workers of a Dask cluster (``tasks/reestimation/cluster.py``): MLLS, BBSE, the
+no-shift test and the label-shift test over the partitions give the one-process answers on the same rows, and what goes wrong (a partition
 that does not load, one of the wrong shape, a scheduler that is not there) is said naming the partition and the fix.
 
 On a ``distributed.LocalCluster`` of 2 worker processes, 1 thread each. The one-process answers are those of a large
@@ -15,6 +15,7 @@ import pytest
 from labelshift import BBSE, MLLS, rows
 from labelshift.errors import InputError, PartitionError, ServiceUnavailableError
 from labelshift.estimation.solvers import mlls_newton_rows
+from labelshift.inference.label_shift_test import label_shift_test
 from labelshift.inference.no_shift import no_shift_test
 
 distributed = pytest.importorskip("distributed")
@@ -64,6 +65,25 @@ def test_estimates_from_partitions_on_the_workers_equal_one_process(client, tmp_
     for source in (None, S):
         one, parts = no_shift_test(P, None, ps, source_probs=source), no_shift_test(R, None, ps, source_probs=source)
         assert parts.statistic == pytest.approx(one.statistic, rel=1e-9) and parts.dof == one.dof
+
+
+def test_the_label_shift_test_from_partitions_on_the_workers_equals_one_process(client, tmp_path, monkeypatch):
+    """Both forms with the log-odds part: region counts, moments and the Wald form's sums summed on the workers, the
+    bootstrap world's subsample taken from them. Tolerance 1e-9 as above (the regions' part is a function of the
+    integer counts, which are equal; tests/unit/test_label_shift_partitions.py derives the rest)."""
+    monkeypatch.setattr(rows, "LARGE_ROWS", 10_000)
+    rng = np.random.default_rng(43)
+    S, y = _draw(rng, 3000, np.full(K, 1 / K))
+    P, _ = _draw(rng, 40_000, np.array([0.35, 0.25, 0.15, 0.1, 0.1, 0.05]))
+    np.save(tmp_path / "first.npy", P[:25_000])
+    R = cluster.cluster_rows(client, [cluster.npy_partition(tmp_path / "first.npy"), P[25_000:25_001], P[25_001:]])
+    for method in ("likelihood-ratio", "wald"):
+        one = label_shift_test(S, y, P, method=method, bootstrap_draws=39, seed=1, log_odds=True)
+        parts = label_shift_test(S, y, R, method=method, bootstrap_draws=39, seed=1, log_odds=True)
+        assert parts.statistic == pytest.approx(one.statistic, rel=1e-9) and parts.dof == one.dof
+        for key in ("p_value_regions", "p_value_log_odds"):          # the combined p-value's two parts
+            assert abs(parts.extra[key] - one.extra[key]) <= 1e-9 and abs(parts.p_value - one.p_value) <= 1e-9
+        assert parts.extra["log_odds_statistic"] == pytest.approx(one.extra["log_odds_statistic"], rel=1e-9)
 
 
 def test_a_partition_that_does_not_load_is_named_with_the_fix(client, tmp_path):

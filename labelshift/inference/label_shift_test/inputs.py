@@ -10,6 +10,7 @@ from ... import rows as _rows
 from ..._validation import check_given_weights, check_labels, check_prior, check_probabilities
 from ...errors import InputError
 from ...estimation.solvers import mlls_newton
+from ...partitions import is_partitioned
 from ..mlls_inputs import certified_weights
 from .holdout import check_holdout_size, check_int, check_log_odds, class_rows
 from . import holdout_noise
@@ -47,7 +48,10 @@ def _mlls_weights(P: np.ndarray, p: np.ndarray, weights) -> np.ndarray:
 
 
 def _rows_positive(P: np.ndarray, w: np.ndarray) -> bool:
-    """Whether f_i^T w > 0 on every row (a large set in row blocks, without a float64 copy of it)."""
+    """Whether f_i^T w > 0 on every row (a large set in row blocks, without a float64 copy of it; rows in partitions
+    by the count of such rows in each, :func:`labelshift.rows.mlls_total`)."""
+    if is_partitioned(P):
+        return _rows.mlls_total(P, w).dead == 0
     if not _rows.is_large(P):
         return not np.any(P @ w <= 0)
     return all(not np.any(P[sl].astype(np.float64) @ w <= 0) for sl in _rows.blocks(P.shape[0], width=P.shape[1]))
@@ -57,7 +61,7 @@ class TestInputs(NamedTuple):
     """The checked inputs of :func:`label_shift_test`."""
     Ph: np.ndarray              # (n, k) calibrated holdout outputs
     y: np.ndarray               # (n,) holdout labels
-    Pt: np.ndarray              # (m, k) calibrated target outputs
+    Pt: np.ndarray              # (m, k) calibrated target outputs, or rows in partitions (PartitionedRows)
     n_y: np.ndarray             # (k,) holdout rows per class
     p: np.ndarray               # (k,) the source prior
     w_given: np.ndarray | None  # the given MLLS weights (checked), or None

@@ -31,6 +31,7 @@ from scipy import sparse
 from scipy.stats import chi2
 
 from ... import rows as _rows
+from ...partitions import is_partitioned, take_rows
 from .holdout_noise import drawn_rows
 from .sequential import DRAW_BATCH, STOP_EXCEEDANCES, stopping_draw
 
@@ -112,10 +113,20 @@ def _products(Z: np.ndarray, k: int) -> sparse.csr_matrix:
     return sparse.csr_matrix((values.ravel(), cols.ravel(), np.arange(rows + 1) * k * k), shape=(rows, k ** 3))
 
 
-def _target_moments(P, k: int, products: bool = False):
-    """Mean and variance of the moments over the target rows, accumulated per predicted class in row blocks: memory
-    of one block of (rows, k) log-odds, never the (m, k + k^2) moment matrix. With ``products`` also each block's
-    mean second-moment matrix of the block vectors, (k, k, k) (sums over rows predicted c of u u', / m)."""
+class TargetMomentSums(NamedTuple):
+    """Unnormalised sums of the log-odds moments over some target rows, per predicted class c: rows predicted c
+    (k,), sums of their clipped log-odds (c, j) and of their squares (k, k), and with ``products`` the sums of
+    their block vectors' u u' (c, a, a'), else None; ``rows`` counted."""
+    count: np.ndarray
+    total: np.ndarray
+    squares: np.ndarray
+    second: np.ndarray | None
+    rows: int
+
+
+def target_moment_sums(P: np.ndarray, k: int, products: bool = False) -> TargetMomentSums:
+    """:class:`TargetMomentSums` of the (m, k) rows P in row blocks, float64: memory of one block of (rows, k)
+    log-odds, never the (m, k + k^2) moment matrix. Also the per-partition function of :func:`target_moments`."""
     m = P.shape[0]
     count = np.zeros(k)
     total = np.zeros((k, k))
@@ -132,10 +143,37 @@ def _target_moments(P, k: int, products: bool = False):
             for b in np.unique(c):
                 U = u[c == b]
                 second[b] += U.T @ U
-    mean = np.concatenate([count, total.ravel()]) / m
-    moments = np.concatenate([count, squares.ravel()]) / m
+    return TargetMomentSums(count, total, squares, second if products else None, m)
+
+
+def _added_sums(parts: list) -> TargetMomentSums:
+    """The :class:`TargetMomentSums` of the union of the partitions' rows, added in partition order (the counts
+    are whole numbers below 2^53: exact in any order)."""
+    first = parts[0]
+    count, total, squares = np.zeros_like(first.count), np.zeros_like(first.total), np.zeros_like(first.squares)
+    second = None if first.second is None else np.zeros_like(first.second)
+    for part in parts:
+        count += part.count
+        total += part.total
+        squares += part.squares
+        if second is not None:
+            second += part.second
+    return TargetMomentSums(count, total, squares, second, sum(part.rows for part in parts))
+
+
+def target_moments(P, k: int, products: bool = False):
+    """Mean and variance of the moments over the target rows (:func:`target_moment_sums` / m), and with
+    ``products`` each block's mean second-moment matrix of the block vectors, (k, k, k). Rows in partitions: each
+    partition's sums where it lives, added here (:func:`_added_sums`)."""
+    m = P.shape[0]
+    if is_partitioned(P):
+        sums = _added_sums(P.single().run(target_moment_sums, k, products))
+    else:
+        sums = target_moment_sums(P, k, products)
+    mean = np.concatenate([sums.count, sums.total.ravel()]) / m
+    moments = np.concatenate([sums.count, sums.squares.ravel()]) / m
     if products:
-        return mean, np.maximum(moments - mean ** 2, 0.0), second / m
+        return mean, np.maximum(moments - mean ** 2, 0.0), sums.second / m
     return mean, np.maximum(moments - mean ** 2, 0.0)
 
 
@@ -345,7 +383,7 @@ class _HoldoutMoments(NamedTuple):
     M: np.ndarray
     E2: np.ndarray
     blocks: tuple | None
-    moments: tuple              # _target_moments of the target rows
+    moments: tuple              # target_moments of the target rows
     f: np.ndarray               # the target's means of the kept moments
     var_t: np.ndarray           # and their variances
 
@@ -444,7 +482,7 @@ def _holdout_moments(S: np.ndarray, y: np.ndarray, P, k: int,
     side = holdout_side(S, y, k) if side is None else side
     if side is None:
         return None
-    moments = _target_moments(P, k, products=side.block)
+    moments = target_moments(P, k, products=side.block)
     return _HoldoutMoments(*side, moments=moments, f=moments[0][side.cols][side.keep],
                            var_t=moments[1][side.cols][side.keep])
 
@@ -460,7 +498,7 @@ def _world_draws(hm: _HoldoutMoments, y: np.ndarray, P, draws: int, seed: int, r
     k, m, n_y = hm.n_y.size, P.shape[0], drawn_rows(hm.n_y, inflation)
     rng = np.random.default_rng([seed, 0x10DD5])
     sub = np.sort(rng.choice(m, size=min(m, WORLD_TARGET_ROWS), replace=False))
-    Zt = np.asarray(P[sub], dtype=np.float64)
+    Zt = np.asarray(take_rows(P, sub) if is_partitioned(P) else P[sub], dtype=np.float64)     # the same rows
     Ft = _features(Zt, k) if hm.block else _features(Zt, k)[:, hm.cols]
     Fw, F2w, world = _world(hm.Fs, y, Ft, np.asarray(responsibilities(Zt), dtype=np.float64), m)
     picks = rng.bit_generator.state

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ... import rows as _rows
+from ...partitions import is_partitioned
 
 @dataclass(frozen=True)
 class Regions:
@@ -86,3 +87,21 @@ def assign_rows(regions: Regions, P: np.ndarray) -> np.ndarray:
     for sl in _rows.blocks(P.shape[0], width=P.shape[1]):
         out[sl] = regions.assign(P[sl])
     return out
+
+
+def partition_region_counts(B: np.ndarray, regions: Regions) -> np.ndarray:
+    """The rows of one partition B (m_p, k) in each region, int64 (J,): the per-partition function of
+    :func:`region_counts_of`."""
+    return np.bincount(assign_rows(regions, B), minlength=regions.n_regions)
+
+
+def region_counts_of(regions: Regions, P) -> np.ndarray:
+    """The target rows in each region, float64 (J,): an array's rows assigned (:func:`assign_rows`) and counted, or
+    rows in partitions counted where they live and the integer counts added here -- the same counts either way,
+    with no row's region leaving its partition."""
+    if is_partitioned(P):
+        total = np.zeros(regions.n_regions, dtype=np.int64)
+        for counts in P.single().run(partition_region_counts, regions):
+            total += counts
+        return total.astype(np.float64)
+    return np.bincount(assign_rows(regions, P), minlength=regions.n_regions).astype(np.float64)

@@ -18,7 +18,8 @@ from .holdout import PreparedHoldout
 from .holdout_noise import class_inflation
 from .inputs import TestInputs
 from .null_fit import DENSE_MAX_CLASSES, bootstrap_null, fit_under_null
-from .regions import assign_rows, make_regions, region_name, Regions
+from ...partitions import is_partitioned
+from .regions import assign_rows, make_regions, region_counts_of, region_name, Regions
 from .result import Region
 from .sequential import DRAW_BATCH, sequential_p_value
 from .sparse_null import CLASS_Z_BLOCK_CLASSES, class_block_z, own_regions, sparse_bootstrap_null, sparse_null_fit
@@ -67,21 +68,58 @@ def _holdout_cov(N: np.ndarray, pi, q: np.ndarray) -> np.ndarray:
     return out
 
 
-def _wald_target_cov(P, w, p, bt, pi, observed, J) -> np.ndarray:
-    """Per-row covariance of the target part of D for the Wald form: IF_i = e_{r_i} - A K psi_i, A = G diag(p_s),
-    psi_i = f_i / f_i^T w, K the tangent inverse of the MLLS information (docs/label_shift_test.md)."""
+class WaldRowSums(NamedTuple):
+    """Unnormalised row sums of the Wald form's target covariance over some rows, psi_i = f_i / f_i^T w: H = sum_i
+    psi_i psi_i^T (k, k), psi = sum_i psi_i (k,), R (J, k): sum of psi_i over the rows of each region."""
+    H: np.ndarray
+    psi: np.ndarray
+    R: np.ndarray
+
+
+def wald_row_sums(P: np.ndarray, w: np.ndarray, bt: np.ndarray, J: int) -> WaldRowSums:
+    """:class:`WaldRowSums` of the (m, k) rows P whose regions are bt (m,), in row blocks with float64 sums."""
     m, k = P.shape
-    if _rows.is_large(P):                    # in row blocks, float64 sums
-        H, psi_bar, R = np.zeros((k, k)), np.zeros(k), np.zeros((J, k))
-        with _rows.pass_threads(k):
-            for sl in _rows.blocks(m, width=k):
-                B = P[sl].astype(np.float64)
-                psi = B / (B @ w)[:, None]
-                H += psi.T @ psi
-                psi_bar += psi.sum(axis=0)
-                for c in range(k):
-                    R[:, c] += np.bincount(bt[sl], weights=psi[:, c], minlength=J)
-        H, psi_bar = H / m, psi_bar / m
+    H, psi_sum, R = np.zeros((k, k)), np.zeros(k), np.zeros((J, k))
+    with _rows.pass_threads(k):
+        for sl in _rows.blocks(m, width=k):
+            B = P[sl].astype(np.float64)
+            psi = B / (B @ w)[:, None]
+            H += psi.T @ psi
+            psi_sum += psi.sum(axis=0)
+            for c in range(k):
+                R[:, c] += np.bincount(bt[sl], weights=psi[:, c], minlength=J)
+    return WaldRowSums(H, psi_sum, R)
+
+
+def partition_wald_sums(B: np.ndarray, regions: Regions, w: np.ndarray) -> WaldRowSums:
+    """:func:`wald_row_sums` of one partition B, its rows' regions assigned where it lives (the per-partition
+    function of the Wald form on rows in partitions)."""
+    return wald_row_sums(B, w, assign_rows(regions, B), regions.n_regions)
+
+
+def wald_target_sums(P, w, bt, regions: Regions) -> WaldRowSums:
+    """The Wald form's row sums over the target: a large array's in row blocks, or each partition's added in
+    partition order (``bt`` is then None: the regions are assigned in the partitions)."""
+    if not is_partitioned(P):
+        return wald_row_sums(P, w, bt, regions.n_regions)
+    parts = P.single().run(partition_wald_sums, regions, w)
+    H, psi, R = np.zeros_like(parts[0].H), np.zeros_like(parts[0].psi), np.zeros_like(parts[0].R)
+    for part in parts:
+        H += part.H
+        psi += part.psi
+        R += part.R
+    return WaldRowSums(H, psi, R)
+
+
+def _wald_target_cov(P, w, p, bt, pi, observed, regions: Regions) -> np.ndarray:
+    """Per-row covariance of the target part of D for the Wald form: IF_i = e_{r_i} - A K psi_i, A = G diag(p_s),
+    psi_i = f_i / f_i^T w, K the tangent inverse of the MLLS information (docs/label_shift_test.md). ``bt``: the
+    target rows' regions (None for rows in partitions, which assign their own)."""
+    m, k = P.shape
+    J = regions.n_regions
+    if _rows.is_large(P):                    # in row blocks (or partitions), float64 sums
+        sums = wald_target_sums(P, w, bt, regions)
+        H, psi_bar, R = sums.H / m, sums.psi / m, sums.R
     else:
         psi = P / (P @ w)[:, None]
         H = psi.T @ psi / m
@@ -114,7 +152,7 @@ class RegionCounts(NamedTuple):
     N: np.ndarray
     T: np.ndarray
     observed: np.ndarray        # (J,) target fraction per region
-    target_regions: np.ndarray  # (m,) each target row's region
+    target_regions: np.ndarray | None  # (m,) each target row's region; None for rows in partitions
 
 
 class RegionsFit(NamedTuple):
@@ -144,13 +182,15 @@ def region_counts(inp: TestInputs, prepared: PreparedHoldout | None = None) -> R
                          f"holdout rows per region), fewer than k + 2 = {k + 2}: the test has no degrees of freedom "
                          f"left after estimating the {k} class weights. Collect a larger labelled holdout (n = {n} "
                          "now; the size is measured from n = 500 at k = 10), or lower min_region_rows.")
-    target_regions = assign_rows(regions, inp.Pt)
+    partitioned = is_partitioned(inp.Pt)                # their regions are counted where they live
+    target_regions = None if partitioned else assign_rows(regions, inp.Pt)
     if prepared is None:
         N = np.zeros((k, J))
         np.add.at(N, (inp.y, regions.assign(inp.Ph)), 1.0)
     else:
         N = prepared.N.copy()
-    T = np.bincount(target_regions, minlength=J).astype(np.float64)
+    T = (region_counts_of(regions, inp.Pt) if partitioned
+         else np.bincount(target_regions, minlength=J).astype(np.float64))
     return RegionCounts(regions=regions, N=N, T=T, observed=T / inp.Pt.shape[0], target_regions=target_regions)
 
 
@@ -193,13 +233,14 @@ def likelihood_ratio_fit(inp: TestInputs, rc: RegionCounts, calibration: str) ->
 
 def wald_fit(inp: TestInputs, rc: RegionCounts) -> RegionsFit:
     """The Wald form: D = observed - expected at the MLLS weights, D^T Sigma^+ D against chi^2."""
-    Pt, p, J, m = inp.Pt, inp.p, rc.regions.n_regions, inp.Pt.shape[0]
+    Pt, p, m = inp.Pt, inp.p, inp.Pt.shape[0]
     w = inp.w_given if inp.w_given is not None else np.maximum(mlls_newton(Pt, p).weights, 0.0)
     q = p * w
     pi = rc.N / inp.n_y[:, None]
     expected = q @ pi
     D = rc.observed - expected
-    sigma = _wald_target_cov(Pt, w, p, rc.target_regions, pi, rc.observed, J) / m + _holdout_cov(rc.N, None, q)
+    target_cov = _wald_target_cov(Pt, w, p, rc.target_regions, pi, rc.observed, rc.regions)
+    sigma = target_cov / m + _holdout_cov(rc.N, None, q)
     stat, dof = _wald(D, sigma)
     p_value = float(chi2.sf(stat, dof)) if dof > 0 else 1.0
     return RegionsFit(stat=stat, dof=dof, p_value=p_value, w=w, q=q, pi=pi, expected=expected, D=D, sigma=sigma,
