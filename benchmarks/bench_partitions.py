@@ -1,0 +1,173 @@
+"""Rows on a cluster: MLLS, the no-shift test and the label-shift test on a large target, in one process and on a
+Dask ``LocalCluster`` whose workers hold the partitions (issue 41 item 1; ``labelshift/partitions.py``,
+``tasks/reestimation/cluster.py``).
+
+What it does, in a temporary folder:
+
+1. writes ``--rows`` target rows of a k-class Gaussian model's softmax outputs (float32; class y: logits
+   N(sep e_y, I), target prior Dirichlet(1)) as ``--partitions`` .npy files, and a labelled source sample of 20,000
+   rows at the uniform prior (not timed);
+2. *one process* (a child process, so that its peak memory is its own): reads every file into one array and runs
+   MLLS (``mlls_newton_rows``), the no-shift test (two-sample form) and the label-shift test (likelihood-ratio, its
+   bootstrap included); time of each and the process's peak RSS;
+3. *cluster* (another child process): a ``LocalCluster`` of ``--workers`` worker processes, 1 thread each; each
+   worker reads its own files (``npy_partition``), then the same three computations with every pass over the rows
+   a map over the partitions and a reduce; time of each (loading apart), the driver's and each worker's peak RSS;
+4. prints the weights' largest difference between the two and a markdown table.
+
+    python benchmarks/bench_partitions.py                         # 10M rows x 10 classes, 8 partitions, 2 workers
+    python benchmarks/bench_partitions.py --rows 100000000 --partitions 16
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SOURCE_ROWS = 20_000
+
+
+def _softmax_rows(rng, m: int, prior: np.ndarray, sep: float) -> tuple[np.ndarray, np.ndarray]:
+    k = len(prior)
+    y = rng.choice(k, size=m, p=prior)
+    z = rng.standard_normal((m, k), dtype=np.float32)
+    z[np.arange(m), y] += sep
+    z -= z.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=1, keepdims=True)
+    return z, y
+
+
+def write_data(folder: Path, rows: int, k: int, partitions: int, sep: float, seed: int) -> None:
+    """The partitions' files, the source sample and the target prior (``meta.json``)."""
+    rng = np.random.default_rng(seed)
+    prior = rng.dirichlet(np.ones(k))
+    cuts = np.linspace(0, rows, partitions + 1).astype(int)
+    for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+        P, _ = _softmax_rows(np.random.default_rng([seed, i]), int(b - a), prior, sep)
+        np.save(folder / f"part-{i:03d}.npy", P)
+    S, y = _softmax_rows(rng, SOURCE_ROWS, np.full(k, 1 / k), sep)
+    np.save(folder / "source.npy", S)
+    np.save(folder / "source-labels.npy", y)
+    (folder / "meta.json").write_text(json.dumps({"prior": prior.tolist(), "partitions": partitions}))
+
+
+def _computations(P, S, y) -> dict:
+    """MLLS, the no-shift test and the label-shift test on the target P (an array or partitioned rows): the time
+    of each and the weights."""
+    from labelshift.estimation.solvers import mlls_newton_rows
+    from labelshift.inference.label_shift_test import label_shift_test
+    from labelshift.inference.no_shift import no_shift_test
+
+    k = S.shape[1]
+    ps = np.bincount(y, minlength=k) / y.size
+    out = {}
+    t = time.perf_counter()
+    w = mlls_newton_rows(P, ps).weights
+    out["mlls_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    no_shift_test(P, None, ps, source_probs=S)
+    out["no_shift_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    label_shift_test(S, y, P, seed=0)
+    out["label_shift_s"] = time.perf_counter() - t
+    out["weights"] = w.tolist()
+    return out
+
+
+def _peak_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def one_process(folder: Path) -> dict:
+    meta = json.loads((folder / "meta.json").read_text())
+    t = time.perf_counter()
+    P = np.concatenate([np.load(folder / f"part-{i:03d}.npy") for i in range(meta["partitions"])])
+    load_s = time.perf_counter() - t
+    out = _computations(P, np.load(folder / "source.npy"), np.load(folder / "source-labels.npy"))
+    return dict(out, load_s=load_s, peak_gib=_peak_gib())
+
+
+def _worker_peak_gib() -> float:
+    import resource as r
+    return r.getrusage(r.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def on_cluster(folder: Path, workers: int) -> dict:
+    import distributed
+
+    from tasks.reestimation.cluster import cluster_rows, npy_partition
+
+    meta = json.loads((folder / "meta.json").read_text())
+    with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  worker_dashboard_address=None) as lc, distributed.Client(lc) as client:
+        t = time.perf_counter()
+        R = cluster_rows(client, [npy_partition(folder / f"part-{i:03d}.npy") for i in range(meta["partitions"])])
+        load_s = time.perf_counter() - t
+        out = _computations(R, np.load(folder / "source.npy"), np.load(folder / "source-labels.npy"))
+        peaks = sorted(client.run(_worker_peak_gib).values())
+    return dict(out, load_s=load_s, peak_gib=_peak_gib(), worker_peak_gib=peaks)
+
+
+def _child(mode: str, folder: Path, workers: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, __file__, "--child", mode, "--folder", str(folder), "--workers",
+                           str(workers)], env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{mode} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(rows: int, k: int, partitions: int, workers: int, one: dict, cl: dict) -> str:
+    diff = float(np.max(np.abs(np.asarray(one["weights"]) - np.asarray(cl["weights"]))))
+    lines = [f"{rows:,} rows x {k} classes (float32) in {partitions} partitions; largest weight difference "
+             f"{diff:.1e}", "",
+             "| run | load s | MLLS s | no-shift s | label-shift s | peak RSS GiB |", "|---|---|---|---|---|---|",
+             f"| one process (1 BLAS thread) | {one['load_s']:.1f} | {one['mlls_s']:.1f} | {one['no_shift_s']:.1f} | "
+             f"{one['label_shift_s']:.1f} | {one['peak_gib']:.2f} |",
+             f"| LocalCluster, {workers} workers x 1 thread | {cl['load_s']:.1f} | {cl['mlls_s']:.1f} | "
+             f"{cl['no_shift_s']:.1f} | {cl['label_shift_s']:.1f} | driver {cl['peak_gib']:.2f}, workers "
+             + ", ".join(f"{g:.2f}" for g in cl["worker_peak_gib"]) + " |",
+             "", f"ratio cluster / one process: MLLS {cl['mlls_s'] / one['mlls_s']:.2f}x, no-shift "
+             f"{cl['no_shift_s'] / one['no_shift_s']:.2f}x, label-shift {cl['label_shift_s'] / one['label_shift_s']:.2f}x"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--sep", type=float, default=2.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--child", choices=["one", "cluster"], help=argparse.SUPPRESS)
+    ap.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        result = one_process(args.folder) if args.child == "one" else on_cluster(args.folder, args.workers)
+        print(json.dumps(result))
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-partitions-") as tmp:
+        folder = Path(tmp)
+        t = time.perf_counter()
+        write_data(folder, args.rows, args.classes, args.partitions, args.sep, args.seed)
+        print(f"data written in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+        one = _child("one", folder, args.workers)
+        cl = _child("cluster", folder, args.workers)
+    print(table(args.rows, args.classes, args.partitions, args.workers, one, cl))
+
+
+if __name__ == "__main__":
+    main()
