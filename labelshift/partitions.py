@@ -31,7 +31,8 @@ __all__ = ["PartitionedRows", "is_partitioned", "local_rows", "MllsSums", "Momen
 
 #: the end of the message of a pass that does not run over partitions yet (issue 41)
 NOT_PARTITIONED = ("this pass over the target's rows does not run over partitions yet (issue 41: MLLS, BBSE, the "
-                   "no-shift and the label-shift tests do); pass the rows as one numpy array instead.")
+                   "no-shift and the label-shift tests, the source-aware interval and the accuracy estimate do); "
+                   "pass the rows as one numpy array instead.")
 
 
 @dataclass(frozen=True, eq=False)

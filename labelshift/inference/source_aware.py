@@ -365,7 +365,10 @@ def _calibrated_rows(Xt: np.ndarray, calibrator, scale, bias) -> np.ndarray:
 
 
 def _calibrated_probabilities(Xb: np.ndarray, calibrator, scale, bias) -> np.ndarray:
-    """The calibrated rows of raw outputs Xb, float64 (the per-partition transform of rows kept on workers)."""
+    """The calibrated rows of raw outputs Xb, float64 (the per-partition transform of rows kept on workers; a
+    partition of no rows gives no rows)."""
+    if Xb.shape[0] == 0:
+        return np.empty(Xb.shape, dtype=np.float64)
     return _calibrated_block(Xb, calibrator, scale, bias)[1]
 
 

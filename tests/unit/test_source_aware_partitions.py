@@ -145,3 +145,25 @@ def test_what_does_not_run_on_partitions_yet_says_so():
         source_aware_interval(Xh, yh, Rr, cal, repeats=find_repeats(P))
     with pytest.raises(InputError, match="target_outputs has 3 class columns"):
         source_aware_interval(Xh, yh, local_rows([Xt[:, :3]]), cal)
+
+
+def test_a_calibrator_fit_on_probabilities_and_an_empty_partition():
+    """Raw outputs that are probabilities (read as log-scores on the workers) with a pinned class: the profile
+    bound's float64 calibrated rows are made per partition, the empty one included; tolerances as above."""
+    Xh, yh, _, Xt, _ = _case(1, 4, 5500, True, dtype=np.float64)
+
+    def softmax(z):
+        e = np.exp(z - z.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    Sh, St = softmax(Xh), softmax(Xt)
+    cal = BCTS(tol=1e-9).fit(Sh, yh)
+    R = local_rows([St[a:b] for a, b in zip(CUTS[:-1], CUTS[1:])])
+    ref = source_aware_interval(Sh, yh, St, cal)
+    new = source_aware_interval(Sh, yh, R, cal, weights=ref.weights)
+    ref = source_aware_interval(Sh, yh, St, cal, weights=ref.weights)
+    assert ref.pinned.any() and np.array_equal(new.pinned, ref.pinned)
+    F = np.flatnonzero(~ref.pinned)
+    rtol = 4.0 * float(np.linalg.cond(_free_hessian(cal, St, ref.weights, F))) ** 2 * _delta(5500, 4, len(CUTS) - 1)
+    _close(new.weights_upper, ref.weights_upper, rtol + 2e-12, "weights_upper")
+    _close(new.std_error, ref.std_error, rtol, "std_error")
