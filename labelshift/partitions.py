@@ -26,11 +26,13 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["PartitionedRows", "is_partitioned", "local_rows", "MllsSums", "Moments", "add_mlls_sums",
-           "combine_moments", "NOT_PARTITIONED", "PerPartition", "arguments_of", "take_rows", "rows_at"]
+           "combine_moments", "NOT_PARTITIONED", "PerPartition", "arguments_of", "take_rows", "rows_at",
+           "apply_derived", "add_in_order"]
 
 #: the end of the message of a pass that does not run over partitions yet (issue 41)
 NOT_PARTITIONED = ("this pass over the target's rows does not run over partitions yet (issue 41: MLLS, BBSE, the "
-                   "no-shift and the label-shift tests do); pass the rows as one numpy array instead.")
+                   "no-shift and the label-shift tests, the source-aware interval and the accuracy estimate do); "
+                   "pass the rows as one numpy array instead.")
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,6 +88,20 @@ class PartitionedRows:
         """The one (m, k) set (as ``P[0]`` of a batch of one)."""
         return self if self.ndim == 2 else replace(self, shape=self.shape[1:])
 
+    def derived(self, transform: Callable, *args, dtype=None) -> "PartitionedRows":
+        """The rows ``transform(B, *args)`` of every partition B, kept where B lives: a PartitionedRows of the same
+        shape whose ``run(fn, *more)`` applies ``fn(transform(B, *args), *more)`` on the partition's worker, so the
+        transformed rows never travel (e.g. raw outputs -> calibrated probabilities, the calibrator sent as an
+        argument). ``transform`` must be a pure function importable by name that maps an (m_p, k) array to an
+        (m_p, k) array of ``dtype`` (default: this one's); :class:`PerPartition` arguments are allowed. Nothing is
+        stored: each pass transforms its partition again (cheap next to a pass's reads for a scaling calibrator)."""
+        base_run, count = self.run, len(args)
+
+        def run(fn, *more):
+            return base_run(apply_derived, transform, count, *args, fn, *more)
+
+        return replace(self, run=run, dtype=np.dtype(self.dtype if dtype is None else dtype))
+
     def __getitem__(self, item):
         raise TypeError(f"rows held in {len(self.partition_rows)} partitions cannot be indexed here: "
                         + NOT_PARTITIONED)
@@ -122,6 +138,25 @@ def arguments_of(args: tuple, i: int) -> tuple:
     """The arguments of partition i: each :class:`PerPartition` among ``args`` replaced by its i-th value, the
     others as they are. What every engine of ``run`` applies before calling ``fn`` on partition i."""
     return tuple(a.values[i] if isinstance(a, PerPartition) else a for a in args)
+
+
+def apply_derived(B: np.ndarray, transform: Callable, count: int, *rest):
+    """``fn(transform(B, *rest[:count]), *rest[count + 1:])`` with ``fn = rest[count]``: the per-partition function
+    that :meth:`PartitionedRows.derived` hands the engine (its arguments flat, so that the engine resolves every
+    :class:`PerPartition` among them)."""
+    return rest[count](transform(B, *rest[:count]), *rest[count + 1:])
+
+
+def add_in_order(parts: Sequence):
+    """The sum of the partitions' results (numbers, arrays or tuples of them, all alike) added in partition order,
+    element by element for tuples: the reduce of a pass whose per-partition sums are plain sums."""
+    parts = list(parts)
+    if isinstance(parts[0], tuple):
+        return tuple(add_in_order([p[j] for p in parts]) for j in range(len(parts[0])))
+    total = np.zeros(np.shape(parts[0])) if isinstance(parts[0], np.ndarray) else 0.0
+    for p in parts:
+        total = total + p
+    return total
 
 
 def rows_at(B: np.ndarray, index: np.ndarray) -> np.ndarray:

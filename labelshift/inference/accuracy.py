@@ -26,6 +26,7 @@ from .. import rows as _rows
 from .._numbers import finite_or_none, none_as_nan
 from .._validation import as_float_array, as_float_rows, check_labels, check_level
 from ..errors import InputError
+from ..partitions import Moments, add_in_order, combine_moments, is_partitioned
 from .source_aware import SourceAwareInterval, source_aware_interval
 
 __all__ = ["AccuracyEstimate", "expected_accuracy", "METHOD"]
@@ -227,7 +228,16 @@ def _target_terms(target_infl, target_correct_prob):
 
 def _free_terms_rows(Xt, calibrator, w, F):
     """(mean s_F, H_FF^{-1}) over a large target, s_i = f_i / f_i^T w, H = (1/m) sum_i s_i s_i^T, from the calibrated
-    rows made block by block with float64 sums."""
+    rows made block by block with float64 sums (raw outputs in partitions: :func:`free_sums` on each partition's
+    worker, added in partition order)."""
+    m = Xt.shape[0]
+    ssum, SS = add_in_order(Xt.run(free_sums, calibrator, w)) if is_partitioned(Xt) else free_sums(Xt, calibrator, w)
+    return ssum[F] / m, np.linalg.pinv(SS[np.ix_(F, F)] / m, rcond=1e-14, hermitian=True)
+
+
+def free_sums(Xt, calibrator, w) -> tuple[np.ndarray, np.ndarray]:
+    """(sum_i s_i, sum_i s_i s_i^T), s_i = f_i / f_i^T w, over the raw outputs Xt calibrated a row block at a time
+    with float64 sums: the pass of :func:`_free_terms_rows` (per partition on rows kept on workers)."""
     m, k = Xt.shape
     ssum, SS = np.zeros(k), np.zeros((k, k))
     with _rows.pass_threads(k):
@@ -236,7 +246,7 @@ def _free_terms_rows(Xt, calibrator, w, F):
             Sb = Pb / (Pb @ w)[:, None]
             ssum += Sb.sum(axis=0)
             SS += Sb.T @ Sb
-    return ssum[F] / m, np.linalg.pinv(SS[np.ix_(F, F)] / m, rcond=1e-14, hermitian=True)
+    return ssum, SS
 
 
 def _target_terms_rows(Xt, calibrator, w, ps, pinned, free_terms=None):
@@ -244,14 +254,11 @@ def _target_terms_rows(Xt, calibrator, w, ps, pinned, free_terms=None):
     calibrated rows are made block by block from the raw outputs, with float64 sums (two passes: H_FF and mean s_F,
     then the per-rule sums), as the whole-array :func:`_target_influence` and :func:`_target_terms` compute them.
     ``free_terms``: (mean s_F, H_FF^{-1}) as the source-aware interval made them on the same rows
-    (``SourceAwareInterval.target_terms``), which saves the first pass."""
+    (``SourceAwareInterval.target_terms``), which saves the first pass. Raw outputs in partitions: both passes run
+    on each partition's worker (the calibrator sent along); the per-rule sums are combined by
+    :func:`_combined_rule_sums`."""
     m, k = Xt.shape
     F = np.flatnonzero(~pinned)
-
-    def calibrated(sl):
-        Pb = calibrator.predict_proba(Xt[sl].astype(np.float64))
-        return Pb / (Pb @ w)[:, None]
-
     sbar, Hinv = free_terms if free_terms is not None else _free_terms_rows(Xt, calibrator, w, F)
 
     def run(r_dep, r_cor):
@@ -261,26 +268,52 @@ def _target_terms_rows(Xt, calibrator, w, ps, pinned, free_terms=None):
         V = np.zeros((k, 2))
         V[F] = np.column_stack(vs)
         centre = sbar @ V[F]
-        pp, ds, dss, shift = np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2)
-        with _rows.pass_threads(k):
-            for sl in _rows.blocks(m, width=k):
-                Sb = calibrated(sl)
-                Qb = Sb * w
-                pis = (Qb[np.arange(Qb.shape[0]), np.argmax(Xt[sl], axis=1)], Qb.max(axis=1))
-                phis = Sb @ V - centre if k > _ONE_PRODUCT_CLASSES else None
-                for t in range(2):
-                    pi = pis[t]
-                    d = pi - (phis[:, t] if phis is not None else (Sb[:, F] - sbar) @ vs[t])
-                    if sl.start == 0:
-                        shift[t] = float(d.mean())         # shifted sums: no cancellation in the variance
-                    pp[t] += float(np.sum(pi * (1 - pi)))
-                    e = d - shift[t]
-                    ds[t] += float(e.sum())
-                    dss[t] += float(e @ e)
+        if is_partitioned(Xt):
+            pp, var_d = _combined_rule_sums(Xt.run(rule_sums, calibrator, w, F, sbar, vs, V, centre),
+                                            Xt.partition_rows)
+            return [(m, float(pp[t] / m), var_d[t]) for t in range(2)]
+        pp, ds, dss, _ = rule_sums(Xt, calibrator, w, F, sbar, vs, V, centre)
         mu = ds / m
         return [(m, float(pp[t] / m), float(max(dss[t] / m - mu[t] * mu[t], 0.0))) for t in range(2)]
 
     return run
+
+
+def rule_sums(Xt, calibrator, w, F, sbar, vs, V, centre):
+    """The per-rule row sums of :func:`_target_terms_rows` over the raw outputs Xt (m, k), calibrated a row block at
+    a time: (sum_i pi_i (1 - pi_i), sum_i e_i, sum_i e_i^2, shift), each (2,) for the deployed and the corrected
+    rule, with e_i = d_i - shift, d_i = pi_i - phi_i and shift the mean of d over the first block (shifted sums: no
+    cancellation in the variance). Per partition on rows kept on workers."""
+    m, k = Xt.shape
+    pp, ds, dss, shift = np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2)
+    with _rows.pass_threads(k):
+        for sl in _rows.blocks(m, width=k):
+            Pb = calibrator.predict_proba(Xt[sl].astype(np.float64))
+            Sb = Pb / (Pb @ w)[:, None]
+            Qb = Sb * w
+            pis = (Qb[np.arange(Qb.shape[0]), np.argmax(Xt[sl], axis=1)], Qb.max(axis=1))
+            phis = Sb @ V - centre if k > _ONE_PRODUCT_CLASSES else None
+            for t in range(2):
+                pi = pis[t]
+                d = pi - (phis[:, t] if phis is not None else (Sb[:, F] - sbar) @ vs[t])
+                if sl.start == 0:
+                    shift[t] = float(d.mean())
+                pp[t] += float(np.sum(pi * (1 - pi)))
+                e = d - shift[t]
+                ds[t] += float(e.sum())
+                dss[t] += float(e @ e)
+    return pp, ds, dss, shift
+
+
+def _combined_rule_sums(parts, counts) -> tuple[np.ndarray, list]:
+    """(sum_i pi_i (1 - pi_i), [Var_i(d_i) per rule]) over all rows from the partitions' :func:`rule_sums` (in
+    partition order; ``counts`` their rows): each partition's mean of d, shift + sum e / m_p, and centred sum of
+    squares, sum e^2 - (sum e)^2 / m_p, combined by Chan's update (:func:`labelshift.partitions.combine_moments`)."""
+    pp = add_in_order([part[0] for part in parts])
+    moments = [Moments(c, shift + ds / c, np.diag(dss - ds * ds / c))
+               for (_, ds, dss, shift), c in zip(parts, counts) if c]
+    total = combine_moments(moments)
+    return pp, [float(max(v / total.rows, 0.0)) for v in np.diag(total.cross)]
 
 
 def _target_influence(Pt, w, ps, pinned):
@@ -305,7 +338,7 @@ def _accuracy_inputs(holdout_outputs, holdout_labels, target_outputs):
     if n == 0 or k < 2:
         raise InputError(f"holdout_outputs has shape {Xh.shape}; pass the model's outputs on the labelled holdout "
                          "rows, one column per class (at least 2).")
-    Xt = as_float_rows(target_outputs, "target_outputs")
+    Xt = target_outputs.single() if is_partitioned(target_outputs) else as_float_rows(target_outputs, "target_outputs")
     if Xt.shape[1] != k or Xt.shape[0] == 0:
         raise InputError(f"target_outputs has shape {Xt.shape} but holdout_outputs has {k} class columns; pass "
                          "the same model's outputs on the target rows (at least one row, k columns).")

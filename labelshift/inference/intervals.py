@@ -28,6 +28,7 @@ from .._validation import check_level
 from ..errors import IllConditionedWarning, InputError
 from ..estimation.estimators import MLLS
 from ..estimation.solvers import PIN_TOL, mlls_hessian
+from ..partitions import is_partitioned
 from .mlls_inputs import check_inputs, check_mle, dot_rows
 from .repeats import clustered_covariance
 # eigenvalues of the tangent information below this fraction of the largest count as zero (no information in that
@@ -123,7 +124,11 @@ def pinned_bounds(P, w, H, p, free, z: float, *, rows_dot=None, m: int | None = 
     ``rows_dot`` (with ``m``, and P None): v -> (m,) float64 f_i^T v (a (k, c) matrix V: (m, c)) for rows that are
     made block by block (the
     calibrated rows of :func:`labelshift.inference.source_aware.source_aware_interval` on a large target); the bound is
-    then computed as for a large set."""
+    then computed as for a large set. ``P`` in partitions (:class:`labelshift.partitions.PartitionedRows`): the
+    same directions, and each step of the bisection one pass over the partitions (:func:`_pinned_bounds_partitioned`).
+    """
+    if is_partitioned(P):
+        return _pinned_bounds_partitioned(P, w, H, p, free, z)
     if rows_dot is None:
         m, k = P.shape
         large = _rows.is_large(P)
@@ -165,6 +170,43 @@ def _pinned_bounds_shared(rows_dot, w, H, p, free, z: float, m: int, large: bool
         out[y] = _profile_bound(_likelihood_drop(fb, fw, base, m, large), _segment_end(w, B[:, j + 1], p[y]), z * z,
                                 p[y])
     return out
+
+
+def _pinned_bounds_partitioned(P, w, H, p, free, z: float) -> np.ndarray:
+    """:func:`pinned_bounds` of rows in partitions: the profile directions b_y as for an array of the same k, and
+    2 m [L_m(w_hat) - L_m(w_hat + t b_y)] = -2 sum_i log(1 + t f_i^T b_y / f_i^T w_hat) summed on the partitions
+    (:func:`log1p_ratio_sum`) at each t of the bisection, so no (m,) vector is made here: about 40 passes per
+    pinned class."""
+    k = len(w)
+    pinned = np.flatnonzero(~free)
+    if k > _SHARED_TANGENT_MIN_CLASSES:
+        with _rows.one_blas_thread():
+            shared = _FreeTangent(H, p, free)
+            directions = [shared.direction(int(y)) for y in pinned]
+    else:
+        directions = []
+        for y in pinned:
+            grown = free.copy()
+            grown[y] = True
+            directions.append(_profile_direction(H, p, grown, int(y)))
+    out = np.full(k, np.nan)
+    for y, b in zip(pinned, directions):
+        def drop(t, b=b):
+            val = -2.0 * float(sum(P.run(log1p_ratio_sum, w, b, t)))
+            return val if np.isfinite(val) else np.inf
+        out[y] = _profile_bound(drop, _segment_end(w, b, p[y]), z * z, p[y])
+    return out
+
+
+def log1p_ratio_sum(P: np.ndarray, w: np.ndarray, b: np.ndarray, t: float) -> float:
+    """sum_i log(1 + t f_i^T b / f_i^T w) over the (m, k) rows P in row blocks, float64 (nan or -inf where a term
+    is not finite): the per-partition function of :func:`_pinned_bounds_partitioned`."""
+    total = 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for sl in _rows.blocks(P.shape[0], width=P.shape[1]):
+            B = P[sl].astype(np.float64)
+            total += float(np.sum(np.log1p(t * ((B @ b) / (B @ w)))))
+    return total
 
 
 def _segment_end(w: np.ndarray, b: np.ndarray, p_y: float) -> float:

@@ -30,6 +30,7 @@ from .._validation import as_float_array, as_float_rows, check_all_classes_prese
 from ..calibration import PROB_FLOOR, log_softmax
 from ..calibration.scaling import CONVERGED_GRADIENT
 from ..errors import IllConditionedWarning, InputError, NotMaximiserError
+from ..partitions import NOT_PARTITIONED, PartitionedRows, add_in_order, is_partitioned
 from ..estimation.solvers import PIN_TOL, mlls_newton, mlls_optimality
 from .holdout_conditional import check_inflation, interval_inflation
 from .repeats import clustered_covariance
@@ -309,8 +310,13 @@ def _log_scores(calibrator, x: np.ndarray, name: str) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------------
 # input checks
 # ---------------------------------------------------------------------------------------------------------------
-def _check_outputs(x, name: str, k: int | None, rows: bool = False) -> np.ndarray:
-    arr = as_float_rows(x, name) if rows else as_float_array(x, name, 2)
+def _check_outputs(x, name: str, k: int | None, rows: bool = False) -> np.ndarray | PartitionedRows:
+    """The outputs as a float array (or, ``rows``, the target's rows in partitions as they are, one (m, k) set),
+    InputError when empty or not k columns wide."""
+    if rows and is_partitioned(x):
+        arr = x.single()
+    else:
+        arr = as_float_rows(x, name) if rows else as_float_array(x, name, 2)
     if arr.shape[0] == 0:
         raise InputError(f"{name} has no rows; pass the classifier's outputs on the {name.split('_')[0]} rows.")
     if k is not None and arr.shape[1] != k:
@@ -347,11 +353,23 @@ def _calibrated_block(Xb: np.ndarray, calibrator, scale, bias) -> tuple[np.ndarr
 
 def _calibrated_rows(Xt: np.ndarray, calibrator, scale, bias) -> np.ndarray:
     """The calibrated target rows of a large set as a float32 (m, k) array (made block by block): for the MLLS
-    solve without given weights and the target-only bound of pinned classes (float32 rounding, relative 1e-7)."""
+    solve without given weights and the target-only bound of pinned classes (float32 rounding, relative 1e-7).
+    Raw outputs in partitions: the same rows made on each partition's worker and kept there
+    (:meth:`~labelshift.partitions.PartitionedRows.derived`, this function per partition)."""
+    if is_partitioned(Xt):
+        return Xt.derived(_calibrated_rows, calibrator, scale, bias, dtype=np.float32)
     out = np.empty(Xt.shape, dtype=np.float32)
     for sl in _rows.blocks(Xt.shape[0], width=Xt.shape[1]):
         out[sl] = _calibrated_block(Xt[sl], calibrator, scale, bias)[1]
     return out
+
+
+def _calibrated_probabilities(Xb: np.ndarray, calibrator, scale, bias) -> np.ndarray:
+    """The calibrated rows of raw outputs Xb, float64 (the per-partition transform of rows kept on workers; a
+    partition of no rows gives no rows)."""
+    if Xb.shape[0] == 0:
+        return np.empty(Xb.shape, dtype=np.float64)
+    return _calibrated_block(Xb, calibrator, scale, bias)[1]
 
 
 def _calibrated_dot(Xt: np.ndarray, calibrator, scale, bias, v: np.ndarray, float32: bool = False) -> np.ndarray:
@@ -367,7 +385,20 @@ def _calibrated_dot(Xt: np.ndarray, calibrator, scale, bias, v: np.ndarray, floa
 
 def _target_pass_rows(Xt: np.ndarray, calibrator, scale, bias, design: "_Design", w: np.ndarray):
     """g = mean_i s_i, H = (1/m) sum_i s_i s_i^T and A = (1/m) sum_i d s_i / d theta over a large target, in one
-    pass over row blocks with float64 sums (the whole-array formulas of :func:`source_aware_interval`)."""
+    pass over row blocks with float64 sums (the whole-array formulas of :func:`source_aware_interval`). Raw outputs
+    in partitions: :func:`_target_pass_sums` on each partition's worker (the calibrator sent along), the sums added
+    in partition order."""
+    m = Xt.shape[0]
+    if is_partitioned(Xt):
+        gs, H, A = add_in_order(Xt.run(_target_pass_sums, calibrator, scale, bias, design, w))
+    else:
+        gs, H, A = _target_pass_sums(Xt, calibrator, scale, bias, design, w)
+    return gs / m, H / m, A / m
+
+
+def _target_pass_sums(Xt: np.ndarray, calibrator, scale, bias, design: "_Design", w: np.ndarray):
+    """The unnormalised sums of :func:`_target_pass_rows` over the raw outputs Xt (m, k): sum_i s_i,
+    sum_i s_i s_i^T and sum_i d s_i / d theta, s_i = f_i / f_i^T w, calibrated a row block at a time."""
     m, k = Xt.shape
     gs = np.zeros(k)
     H = np.zeros((k, k))
@@ -382,7 +413,7 @@ def _target_pass_rows(Xt: np.ndarray, calibrator, scale, bias, design: "_Design"
             H += StS
             cross = design.cross(Sb, Zb, Sb * w, StS, w) if reuse else Sb.T @ design.row_mean(Zb, Sb * w)
             A += design.weighted_sum(Zb, Sb) - cross
-    return gs / m, H / m, A / m
+    return gs, H, A
 
 
 def _holdout_terms_rows(calibrator, Zh: np.ndarray, y: np.ndarray, design: _Design, scale, bias):
@@ -734,6 +765,8 @@ def _clustered_target(inp: _Inputs, calibrator, tgt: _TargetFit, repeats) -> _Ta
     :func:`labelshift.inference.repeats.find_repeats`, some copies counted as one draw); as it is otherwise."""
     if repeats is None or not repeats.adjusts:
         return tgt
+    if is_partitioned(inp.Xt):
+        raise TypeError("the clustered covariance of repeated target rows: " + NOT_PARTITIONED)
     repeats.check(inp.m)
 
     def scores(rows: np.ndarray) -> np.ndarray:
@@ -838,7 +871,14 @@ def _poorly_identified(F: np.ndarray, w: np.ndarray, cov_w: np.ndarray, class_na
 
 def _target_only_upper(inp: _Inputs, calibrator, tgt: _TargetFit, ps: np.ndarray, free: np.ndarray, z: float,
                        level: float) -> np.ndarray:
-    """The target-only profile-likelihood upper bounds on w of :func:`fisher_interval` (used for pinned classes)."""
+    """The target-only profile-likelihood upper bounds on w of :func:`fisher_interval` (used for pinned classes).
+    Raw outputs in partitions: on their calibrated rows kept on the workers (float32 above _BORDERED_MIN_CLASSES
+    classes, as below), each bisection step one pass (:func:`~labelshift.inference.intervals.pinned_bounds`)."""
+    if is_partitioned(inp.Xt):
+        calibrate = _calibrated_rows if inp.k > _BORDERED_MIN_CLASSES else _calibrated_probabilities
+        rows = inp.Xt.derived(calibrate, calibrator, inp.scale, inp.bias,
+                              dtype=np.float32 if inp.k > _BORDERED_MIN_CLASSES else np.float64)
+        return _pinned_bounds(rows, tgt.w, tgt.H, ps, free, z)
     if inp.large:         # the target-only profile bound, on calibrated rows made block by block
         if inp.k > _BORDERED_MIN_CLASSES:        # one pass for all pinned classes, on the rows rounded to float32
             def rows_dot(v):

@@ -1,5 +1,5 @@
 """A target's rows kept on the workers of a Dask cluster (``tasks/reestimation/cluster.py``): MLLS, BBSE, the
-no-shift test and the label-shift test over the partitions give the one-process answers on the same rows, and what goes wrong (a partition
+no-shift test, the label-shift test, the source-aware interval and the accuracy estimate over the partitions give the one-process answers on the same rows, and what goes wrong (a partition
 that does not load, one of the wrong shape, a scheduler that is not there) is said naming the partition and the fix.
 
 On a ``distributed.LocalCluster`` of 2 worker processes, 1 thread each. The one-process answers are those of a large
@@ -15,8 +15,11 @@ import pytest
 from labelshift import BBSE, MLLS, rows
 from labelshift.errors import InputError, PartitionError, ServiceUnavailableError
 from labelshift.estimation.solvers import mlls_newton_rows
+from labelshift.calibration import BCTS
+from labelshift.inference.accuracy import expected_accuracy
 from labelshift.inference.label_shift_test import label_shift_test
 from labelshift.inference.no_shift import no_shift_test
+from labelshift.inference.source_aware import source_aware_interval
 
 distributed = pytest.importorskip("distributed")
 cluster = pytest.importorskip("tasks.reestimation.cluster")
@@ -84,6 +87,38 @@ def test_the_label_shift_test_from_partitions_on_the_workers_equals_one_process(
         for key in ("p_value_regions", "p_value_log_odds"):          # the combined p-value's two parts
             assert abs(parts.extra[key] - one.extra[key]) <= 1e-9 and abs(parts.p_value - one.p_value) <= 1e-9
         assert parts.extra["log_odds_statistic"] == pytest.approx(one.extra["log_odds_statistic"], rel=1e-9)
+
+
+def test_the_source_aware_interval_and_accuracy_from_raw_outputs_on_the_workers_equal_one_process(client, tmp_path,
+                                                                                                  monkeypatch):
+    """Raw logits on the workers, calibrated there (the BCTS calibrator sent with each pass): MLLS solved on them,
+    the interval's sums, a pinned class's profile bound and the accuracy's sums; to 1e-9 as above
+    (tests/unit/test_source_aware_partitions.py derives the sums' agreement, about 1e-13 here)."""
+    monkeypatch.setattr(rows, "LARGE_ROWS", 10_000)
+    rng = np.random.default_rng(48)
+
+    def logits(n, prior):
+        y = rng.choice(K, size=n, p=prior)
+        z = rng.normal(size=(n, K))
+        z[np.arange(n), y] += 2.0
+        return 1.3 * z + 0.1 * np.arange(K), y
+
+    Xh, yh = logits(3000, np.full(K, 1 / K))
+    cal = BCTS(tol=1e-9).fit(Xh, yh)
+    Xt = logits(30_000, np.array([0.4, 0.0, 0.2, 0.2, 0.1, 0.1]))[0].astype(np.float32)    # class 1 absent
+    np.save(tmp_path / "logits.npy", Xt[:18_000])
+    R = cluster.cluster_rows(client, [cluster.npy_partition(tmp_path / "logits.npy"), Xt[18_000:18_001],
+                                      Xt[18_001:]])
+    one = source_aware_interval(Xh, yh, Xt, cal)
+    parts = source_aware_interval(Xh, yh, R, cal)
+    assert np.array_equal(parts.pinned, one.pinned) and one.pinned.any() and parts.reasons == one.reasons
+    for key in ("weights", "lower", "upper", "weights_upper", "std_error"):
+        np.testing.assert_allclose(getattr(parts, key), getattr(one, key), rtol=0, atol=1e-9, err_msg=key)
+    acc_one = expected_accuracy(Xh, yh, Xt, cal, interval=one)
+    acc = expected_accuracy(Xh, yh, R, cal, interval=parts)
+    for key in ("expected", "lower", "upper", "batch_lower", "batch_upper", "corrected", "corrected_lower",
+                "corrected_upper"):
+        assert abs(getattr(acc, key) - getattr(acc_one, key)) <= 1e-9, key
 
 
 def test_a_partition_that_does_not_load_is_named_with_the_fix(client, tmp_path):
