@@ -64,7 +64,7 @@ from tasks.reestimation.scoring import expected_batches, score_for_reestimation
 from tasks.reestimation.segments import (assess_segments, check_segmentable, log_segments, read_segment_values,
                                          segment_values_of)
 from tasks.reestimation.serving import check_corrected_name, register_if_shifted
-from tasks.tracking import FLOW_RUN_TAG, check_tracking_server, ended_status, git_commit, tracking_server_lost
+from tasks.tracking import FLOW_RUN_TAG, check_tracking_server, ended_status, git_commit_tag, tracking_server_lost
 
 _log_user_errors_once()
 
@@ -281,10 +281,7 @@ def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
     flow_run_id, flow_run_name = flow_run_info()
     params = dict(p.as_mlflow_params(), model_version=bundle.version, target=run.store.uri, n_batches=n_batches)
     tags = {FLOW_RUN_TAG: flow_run_id or "", "prefect.flow_run_name": flow_run_name or "",
-            "labelshift.sequence": str(sequence)}
-    commit = git_commit()
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
+            "labelshift.sequence": str(sequence), **git_commit_tag()}
     try:
         return start_reestimation_run(run.tracking_uri, run.env.experiment_name, run.env.artifact_root,
                                       model_name=bundle.name, target_url=run.store.uri,

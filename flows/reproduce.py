@@ -35,7 +35,7 @@ from tasks.sweep.outputs import records_csv, render_outputs
 from tasks.sweep.report import publish_summary, summary_markdown
 from tasks.sweep.storage import check_store_uri, results_url, save_experiment, save_summary
 from tasks.sweep.runs import fail_sweep_runs, finish_sweep_runs, log_experiment, start_sweep_runs
-from tasks.tracking import FLOW_RUN_TAG, ended_status, git_commit, run_url
+from tasks.tracking import FLOW_RUN_TAG, ended_status, git_commit_tag, run_url
 from flows.user_errors import install as _log_user_errors_once
 
 _log_user_errors_once()
@@ -100,10 +100,7 @@ def _start_runs(p: ReproduceParameters, env, plan: dict, flow_run_id: str, flow_
                 prefect_url: str | None) -> dict:
     """The MLflow parent run of the sweep and a child run per method (an unreachable server fails before any work)."""
     tags = {"dataset": p.dataset, FLOW_RUN_TAG: flow_run_id, "prefect.flow_run_name": flow_run_name,
-            "labelshift.store": env.store_uri}
-    commit = git_commit()
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
+            "labelshift.store": env.store_uri, **git_commit_tag()}
     run_name = f"{p.dataset}-{flow_run_name or time.strftime('%Y%m%d-%H%M%S')}"
     return start_sweep_runs(env.tracking_uri, env.experiment_name, env.artifact_root, run_name=run_name,
                             params=p.as_mlflow_params(), tags=tags,
