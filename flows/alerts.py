@@ -1,21 +1,11 @@
 """The shipped automations on the verdict events of re-estimation, and their idempotent creation (docs/alerts.md).
 
-:func:`check_alerts` turns the operator's choices into an :class:`AlertPlan`, or raises :class:`InputError` naming
-the fix -- before anything is created. :func:`apply_alerts` then, on a Prefect server:
-
-1. saves the notification blocks the plan names (a custom webhook, Slack, SendGrid email) under names of their
-   scope (:func:`block_name`: one block per kind and scope, never shared between scopes), overwriting that scope's
-   previous version, and loads the existing blocks it refers to by ``<type slug>/<name>``;
-2. creates or updates one automation per alert (:func:`automation_specs`), found again by its name, and deletes the
-   shipped automations of the same scope the plan no longer asks for;
-3. keeps the all-models automations off the models that have a scope of their own (:func:`exclusions`), so that
-   one run notifies once, through its model's scope, however the scopes overlap.
-
-:func:`delivery_failures` lists the notifications of these automations that did not arrive, from the events
-Prefect's actions service leaves behind (docs/alerts.md, "When a notification fails").
-
-Running it twice leaves one automation per alert: the second run updates them. Every automation is tagged
-:data:`TAG`; its trigger is reactive, one event fires it once, and its actions send one notification per block.
+:func:`check_alerts` turns the operator's choices into an :class:`AlertPlan` (or an :class:`InputError` naming the
+fix) before anything is created; :func:`apply_alerts` then saves the scope's notification blocks
+(:func:`block_name`), creates or updates one automation per alert (:func:`automation_specs`, found again by name;
+running it twice updates them), deletes those of the scope the plan no longer asks for, and keeps the all-models
+automations off the models with a scope of their own (:func:`exclusions`), so one run notifies once.
+:func:`delivery_failures` lists the notifications that did not arrive.
 """
 from __future__ import annotations
 
@@ -31,9 +21,7 @@ from tasks.reestimation.alerts import (AUTOMATION_TAG, EVENT_NAMES, LABEL_ACCURA
 __all__ = ["TAG", "BLOCK_PREFIX", "block_name", "exclusions", "DeliveryFailure", "delivery_failures", "AlertPlan", "AutomationSpec", "check_alerts", "check_url", "parse_threshold",
            "automation_specs", "apply_alerts", "MESSAGE_SUBJECT", "MESSAGE_BODY"]
 
-#: the tag of every automation this module manages
 TAG = AUTOMATION_TAG
-#: the start of the name of each notification block this module saves (:func:`block_name`)
 BLOCK_PREFIX = "labelshift-alerts"
 _EMAIL = re.compile(r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$")
 
@@ -56,19 +44,9 @@ MLflow run: {{ p.links.mlflow_run or p.mlflow_run_id }}"""
 
 @dataclass(frozen=True)
 class AlertPlan:
-    """What ``labelshift alerts`` sets up, checked.
-
-    Attributes:
-        webhook_url: the URL a custom webhook block POSTs to (JSON ``{"subject", "body", "text"}``), or None.
-        slack_url: a Slack incoming-webhook URL (a ``slack-webhook`` block), or None.
-        email_to, email_from, sendgrid_api_key: recipients, sender and key of a ``sendgrid-email`` block (all or
-            none).
-        blocks: existing notification blocks as ``<type slug>/<name>``.
-        tv_percent: Shifted alerts from this total variation on, in whole percents (None: no such alert).
-        accuracy_drop_percent: Shifted alerts from this accuracy drop on, in whole percents (None: none).
-        model: the registered model name the alerts are restricted to (None: every model).
-        remove: delete this scope's automations instead of creating them.
-    """
+    """What ``labelshift alerts`` sets up, checked: the targets (a webhook URL, a Slack URL, SendGrid e-mail,
+    existing blocks as ``<type slug>/<name>``), the Shifted thresholds in whole percents (None: no such alert), the
+    model the alerts are restricted to (None: every model), and whether to remove this scope's automations."""
 
     webhook_url: str | None = None
     slack_url: str | None = None
@@ -88,10 +66,8 @@ class AlertPlan:
 
 
 def block_name(model: str | None) -> str:
-    """The name of the blocks a scope's automations send through (one per kind: custom-webhook, slack-webhook,
-    sendgrid-email): ``labelshift-alerts-all-models``, or for a model ``labelshift-alerts-model-<slug>-<hash>``
-    (the slug: the name in lowercase letters, digits and dashes, at most 40; the hash: 8 hex digits of the exact
-    name, so that two models whose slugs agree never share a block)."""
+    """The name of a scope's blocks: ``labelshift-alerts-all-models``, or ``labelshift-alerts-model-<slug>-<hash>``
+    (the hash of the exact name, so that two models whose slugs agree never share a block)."""
     if model is None:
         return f"{BLOCK_PREFIX}-all-models"
     slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")[:40].strip("-") or "model"
@@ -139,9 +115,7 @@ def parse_threshold(value: str | float | None, option: str) -> int | None:
 def check_alerts(*, webhook_url=None, slack_url=None, email_to=(), email_from=None, sendgrid_api_key=None,
                  blocks=(), tv=None, accuracy_drop=None, model=None, remove=False,
                  tv_option="--shifted-tv", drop_option="--shifted-accuracy-drop") -> AlertPlan:
-    """The plan, checked: URLs, e-mail addresses, thresholds and block references. Raises InputError naming the
-    option and the fix; nothing is created here (the blocks named by reference are checked by
-    :func:`apply_alerts`, before it creates anything)."""
+    """The plan, checked (the referenced blocks' existence aside); InputError naming the option and the fix."""
     refs = tuple(b.strip() for b in blocks if b.strip())
     for ref in refs:
         if ref.count("/") != 1 or not all(ref.split("/")):
@@ -176,18 +150,15 @@ def _at_least(percent: int) -> list[str]:
 
 
 def exclusions(models) -> list[dict]:
-    """The ``match_related`` of an all-models automation that skips ``models`` (those with a scope of their own):
-    one specification per model, each met by the event's model resource (``labelshift.model.<name>``, role
-    ``model``) only when it is another model. Prefect requires every specification of the list to be met (a list
-    of negated values in one specification would be met by any model: it needs only one of them)."""
+    """The ``match_related`` of an all-models automation that skips ``models``: one specification per model, since
+    Prefect requires every one of the list to be met (negated values in one would be met by any model)."""
     return [{"prefect.resource.role": "model", "prefect.resource.id": f"!labelshift.model.{m}"}
             for m in sorted(models)]
 
 
 def automation_specs(plan: AlertPlan, scoped: tuple[str, ...] = ()) -> list[AutomationSpec]:
-    """The automations of ``plan``: Not label shift, Untrustworthy and No valid data always, Shifted from each
-    threshold set. The
-    all-models ones skip the models in ``scoped`` (:func:`exclusions`)."""
+    """The automations of ``plan``: Not label shift, Untrustworthy and No valid data always, Shifted per threshold
+    set; the all-models ones skip the models in ``scoped``."""
     base = {"prefect.resource.id": RESOURCE_PREFIX + "*"}
     if plan.model:
         base[LABEL_MODEL] = plan.model
@@ -227,8 +198,7 @@ def _automation(spec: AutomationSpec, block_ids: list):
 
 
 def _existing_blocks(refs) -> list:
-    """The block document ids of the existing notification blocks ``refs``; InputError for one that is missing or
-    cannot notify, listing the notification blocks there are."""
+    """The document ids of the notification blocks ``refs``; InputError for one missing or that cannot notify."""
     from prefect.blocks.core import Block
 
     ids = []
@@ -259,8 +229,7 @@ def _notification_blocks() -> list[str]:
 
 
 def _save_blocks(plan: AlertPlan) -> list:
-    """Save the blocks the plan describes under its scope's :func:`block_name` (overwriting this scope's earlier
-    ones, never another scope's); their document ids."""
+    """Save the plan's blocks under its scope's :func:`block_name`, overwriting; their document ids."""
     from prefect.blocks.notifications import CustomWebhookNotificationBlock, SendgridEmail, SlackWebhook
 
     name, ids = block_name(plan.model), []
@@ -303,16 +272,9 @@ def _tagged(client, page: int = 100) -> list:
 
 
 def apply_alerts(plan: AlertPlan) -> dict:
-    """Set up (or with ``plan.remove``, delete) the plan's automations on the Prefect server in use.
-
-    Checks the server and the referenced blocks first; only then saves blocks and writes automations. With
-    ``plan.remove`` the scope's own blocks (:func:`block_name`) are deleted too. Returns ``{"created": [names],
-    "updated": [names], "deleted": [names], "blocks": [ids], "deleted_blocks": [<type slug>/<name>]}``.
-
-    Raises:
-        ServiceUnavailableError: the Prefect API does not answer.
-        InputError: a referenced block is missing or cannot notify.
-    """
+    """Set up (or with ``plan.remove``, delete with the scope's blocks) the plan's automations, after checking the
+    server (ServiceUnavailableError) and the referenced blocks (InputError). Returns ``{"created", "updated",
+    "deleted": [names], "blocks": [ids], "deleted_blocks": [<type slug>/<name>]}``."""
     from prefect.client.orchestration import get_client
 
     _check_server()
@@ -346,8 +308,7 @@ def _scoped_models(automations) -> set[str]:
 
 
 def _exclude_from_all_models(client, scoped: set[str]) -> list[str]:
-    """Set the all-models automations' ``match_related`` to skip the ``scoped`` models; the names of those that
-    changed."""
+    """Set the all-models automations to skip the ``scoped`` models; the names of those that changed."""
     from prefect.events.schemas.automations import AutomationCore
 
     related, changed = exclusions(scoped), []
@@ -366,8 +327,7 @@ def _exclude_from_all_models(client, scoped: set[str]) -> list[str]:
 
 
 def _write_scope(client, plan: AlertPlan, wanted: list[AutomationSpec], block_ids: list, done: dict) -> None:
-    """Create or update the automations ``wanted`` of the plan's scope, and delete the scope's others (those the
-    plan no longer asks for, and duplicates); the names go to ``done``."""
+    """Create or update the scope's automations ``wanted`` and delete its others; the names go to ``done``."""
     ours = [a for a in _tagged(client) if a.name.endswith(f" ({plan.scope})")]
     by_name: dict = {}
     for automation in ours:
@@ -421,15 +381,8 @@ LOST = ("no delivery recorded: the notification raised an error that Prefect doe
 
 @dataclass(frozen=True)
 class DeliveryFailure:
-    """A notification of a ``labelshift alerts`` automation that did not arrive.
-
-    Attributes:
-        occurred: when the automation fired (ISO 8601, UTC).
-        automation: its name.
-        reason: Prefect's reason for a failed action (with the block's log when it gave one), or :data:`LOST`.
-        verdict: ``{verdict, model, target, prefect_flow_run_id}`` of the verdict event that fired it, when that
-            event is still stored; else ``{}``.
-    """
+    """A notification that did not arrive: when its automation fired (ISO 8601), the automation's name, the reason
+    (Prefect's, or :data:`LOST`) and the firing verdict event's ``{verdict, model, target, prefect_flow_run_id}``."""
 
     occurred: str
     automation: str
@@ -461,14 +414,9 @@ def _related(event: dict, role: str) -> str | None:
 
 
 def delivery_failures(hours: float = 24.0, settle_s: float = 10.0) -> list[DeliveryFailure]:
-    """The notifications of this module's automations (:data:`TAG`) that did not arrive, among the firings of the
-    last ``hours``, oldest first.
-
-    An automation's firing (a :data:`FIRED` event) leaves one :data:`EXECUTED` or :data:`FAILED` event per action
-    once the actions service has handled it. A failed action is listed with Prefect's reason; an action that left
-    neither, ``settle_s`` after the firing (the service handles one within a second, retries included), is listed
-    as :data:`LOST`. Raises ServiceUnavailableError when the Prefect API does not answer.
-    """
+    """The notifications of the :data:`TAG` automations fired in the last ``hours`` that did not arrive, oldest
+    first: each :data:`FAILED` action, and as :data:`LOST` each action that left neither it nor :data:`EXECUTED`
+    ``settle_s`` after the firing. ServiceUnavailableError when the Prefect API does not answer."""
     from datetime import datetime, timedelta, timezone
 
     from prefect.client.orchestration import get_client

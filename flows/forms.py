@@ -1,9 +1,8 @@
 """The parameter forms of the served ``reproduce`` deployments, one per dataset family.
 
-The Prefect UI draws a deployment's *Custom run* form from its parameter schema: one field per property, in the
-order of ``position``, labelled by ``title``, with ``description`` under it; before *Submit* it checks the values
-against the schema (types, bounds, enums) and shows what is wrong beside each field. The flow's own schema has all
-23 parameters of both dataset families in one list, so :func:`family_schema` cuts it per family:
+The Prefect UI draws a deployment's *Custom run* form from its parameter schema (fields ordered by ``position``,
+labelled by ``title``) and checks the values against it before *Submit*. The flow's own schema has the parameters
+of both dataset families in one list, so :func:`family_schema` cuts it per family:
 
 - ``gaussian`` (deployment ``reproduce/<name>``): the paper's two-Gaussian sweeps -- dataset fixed to
   'gaussian', experiments shift/size/bins, the methods that apply;

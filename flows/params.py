@@ -1,13 +1,8 @@
-"""Typed parameters of the flows (the forms in the Prefect UI, the options of ``labelshift reproduce`` and
-``labelshift estimate``).
-
-Each parameter is an ``Annotated`` type carrying its constraints and description, so the same definition
-validates the CLI's options (:class:`ReproduceParameters`, :class:`ReestimateParameters`), the flow's arguments
-(Prefect validates a call against the flow signature) and renders the deployment's form in the Prefect UI.
+"""Typed parameters of the flows: each an ``Annotated`` type with its constraints and description, which validates
+the CLI's options, the flow's arguments and renders the deployment's form in the Prefect UI.
 
 The defaults are the paper's two-Gaussian experiments (Section 6, Figures 1 and 2; mu = 1, the true p_s(y|x) as
-predictor, 100 seeds per setting) on the library's default grids (:mod:`labelshift.experiments.gaussian`); the
-whole sweep takes well under a minute of computation on a 2-core laptop.
+predictor, 100 seeds per setting) on the library's default grids (:mod:`labelshift.experiments.gaussian`).
 """
 from __future__ import annotations
 
@@ -56,8 +51,7 @@ BINS_METHODS: tuple[str, ...] = tuple(gaussian.BINS_METHODS)
 
 
 def parameters_of(model: type[BaseModel], values: dict):
-    """``model(**values)``, or an InputError saying what is wrong with each bad value (as a flow run started from the
-    Prefect UI or API gets it: the command line explains its options itself)."""
+    """``model(**values)``, or an InputError saying what is wrong with each bad value (for runs from the UI or API)."""
     try:
         return model(**values)
     except ValidationError as exc:
@@ -67,8 +61,7 @@ def parameters_of(model: type[BaseModel], values: dict):
 
 def documented(model: type[BaseModel]):
     """Decorator (under ``@flow``): the flow's docstring gets an ``Args`` section, before its ``Returns``, with the
-    description of each parameter from ``model`` -- Prefect shows these in a deployment's form, and they are then
-    written once, here, not again in the flow's docstring."""
+    description of each parameter from ``model`` (Prefect shows these in a deployment's form)."""
     def decorate(fn):
         doc = inspect.cleandoc(fn.__doc__ or "")
         head, sep, tail = doc.partition("\n\nReturns:")
@@ -178,10 +171,7 @@ MlflowExperimentParam = Annotated[str | None, Field(
 
 
 class ReproduceParameters(BaseModel):
-    """All parameters of the ``reproduce`` flow, validated together.
-
-    The defaults are the ones ``make run`` uses (see the module docstring for the rationale).
-    """
+    """All parameters of the ``reproduce`` flow, validated together (the defaults are those of ``make run``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -213,9 +203,8 @@ class ReproduceParameters(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _image_defaults(cls, data):
-        """For an image dataset, swap the Gaussian defaults of experiments, methods and target_size for the
-        image ones (a value equal to the Gaussian default counts as not given: the flow and its deployment form
-        always pass every parameter)."""
+        """For an image dataset, swap the Gaussian defaults for the image ones (a value equal to the Gaussian
+        default counts as not given: the flow and its deployment form always pass every parameter)."""
         if isinstance(data, dict) and data.get("dataset") in IMAGE_DATASETS:
             data = dict(data)
             if list(data.get("experiments") or EXPERIMENTS) == list(EXPERIMENTS):
@@ -302,11 +291,9 @@ Interval = Literal[registry.INTERVALS]
 
 @dataclasses.dataclass(frozen=True)
 class Logged:
-    """When a ``reestimate`` parameter is an MLflow param of its re-estimation run (Annotated metadata of the
-    parameter, read by :meth:`ReestimateParameters.as_mlflow_params`): ``"always"`` (the default), ``"given"`` (only
-    when set), ``"segments"`` (only with ``segment_column``) or ``"never"`` (where and how the run reads and writes
-    -- the services, the batch size, what it does with changed batches and the corrected model's registration --
-    not the statistics it reports; its inputs' location is logged resolved, as ``target``)."""
+    """When a ``reestimate`` parameter is an MLflow param of its run (Annotated metadata): ``"always"``, ``"given"``
+    (only when set), ``"segments"`` (only with ``segment_column``) or ``"never"`` (how the run reads and writes, not
+    the statistics it reports)."""
 
     when: Literal["always", "given", "segments", "never"] = "always"
 
@@ -420,11 +407,8 @@ SegmentCorrectionParam = Annotated[Literal[CORRECTIONS], Field(
 
 
 class ReestimateParameters(BaseModel):
-    """All parameters of the ``reestimate`` flow, validated together: the one definition of their names, types,
-    bounds, defaults and MLflow logging (:class:`Logged`), which the flow's signature, the ``labelshift estimate``
-    options, the deployment's form in the Prefect UI and the run's MLflow params are built from. The statistical
-    settings take their defaults from the domain (:data:`labelshift.inference.settings.DEFAULTS`, also those of
-    :func:`labelshift.assess_shift`)."""
+    """All parameters of the ``reestimate`` flow, validated together: the one definition the flow's signature, the
+    ``labelshift estimate`` options, the deployment's form and the run's MLflow params are built from."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -454,21 +438,17 @@ class ReestimateParameters(BaseModel):
     segment_correction: SegmentCorrectionParam = SEGMENT_CORRECTION
 
     def assessment(self) -> AssessmentSettings:
-        """The statistical settings, whole, as the domain takes them (the pooled target's assessment and every
-        segment's)."""
+        """The statistical settings, whole, as the domain takes them."""
         return AssessmentSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AssessmentSettings)
                                      if f.name in type(self).model_fields})
 
     def segments(self) -> SegmentSettings | None:
         """The segment settings, whole; None without a segment column."""
-        if not self.segment_column:
-            return None
         return SegmentSettings(self.segment_column, self.min_segment_size, self.segment_processes,
-                               self.segment_correction)
+                               self.segment_correction) if self.segment_column else None
 
     def as_mlflow_params(self) -> dict[str, object]:
-        """The parameters a re-estimation run logs to MLflow, as each field's :class:`Logged` mark says (lists
-        comma-joined); the run adds what it resolved (the target's URI, the model version, the batch count)."""
+        """The parameters a re-estimation run logs to MLflow, as each field's :class:`Logged` mark says."""
         out = {}
         for name, info in type(self).model_fields.items():
             when = next((m.when for m in info.metadata if isinstance(m, Logged)), "always")
@@ -481,8 +461,7 @@ class ReestimateParameters(BaseModel):
 
     @model_validator(mode="after")
     def _settings_fit_together(self) -> "ReestimateParameters":
-        """The domain's settings made of these parameters, checked there (each field's range is checked already:
-        what is left is an interval the estimator cannot give)."""
+        """The domain's settings made of these parameters, checked there (an interval the estimator cannot give)."""
         try:
             self.assessment()
         except InputError as exc:

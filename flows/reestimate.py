@@ -1,38 +1,20 @@
-"""The ``reestimate`` flow: re-estimate the target label distribution from the batches that arrived since last time.
+"""The ``reestimate`` flow: re-estimate the target label distribution from the batches that arrived since last time
+(docs/reestimation.md). On a schedule it
 
-The operator's side of the system. A deployed classifier, registered in MLflow with its calibrator,
-meets new unlabelled data in object storage; on a schedule this flow
-
-1. finds the model's version in the registry first, whatever the target holds: a wrong model fails the run;
-2. lists the target batches (``*.npy`` or ``*.parquet`` under ``target``: model inputs, or, for a registered
-   reference, the model's logged outputs; :mod:`labelshift.monitoring.batches`, :mod:`tasks.reestimation.references`) that are not
-   yet in the watermark (``<target>/_labelshift/watermark.json``, :mod:`labelshift.monitoring.watermark`; a target
-   belongs to the registered model whose runs it counts, and another model is refused it), loads the model version
-   and its calibrator and source holdout (:func:`labelshift_mlflow.registry.load_bundle`), checks every new batch
-   against the model's input signature, and computes calibrated probabilities f(x);
-3. estimates the importance weights w and the target prior p_t(y) = w(y) p_s(y) on the pooled new rows with MLLS
-   (Garg et al., NeurIPS 2020, eq. (mlls-sample)) -- BBSE alongside as a cross-check -- with a confidence
-   interval per class (by default source-aware: it includes the error of the calibrator and p_s fit on the labelled
-   holdout; the target-only Fisher interval or a bootstrap by name), a test of the label-shift assumption itself
-   (:mod:`labelshift.inference.label_shift_test`), a two-sample test of "no shift" (w = 1: the mean calibrated prediction
-   on the new data against the source holdout's) and the identifiability report (Hessian minimum eigenvalue,
-   confusion-matrix conditioning; :mod:`labelshift.inference.identifiability`); with ``segment_column``, the same on
-   each segment's rows besides (``assess-segment`` tasks, :mod:`tasks.reestimation.segments`; the column is read and checked
-   before the MLflow run starts) -- the pooled estimate and its verdict alone drive the steps below;
-4. logs to MLflow (experiment ``reestimation``): a child run per re-estimation with the prior, the interval, the
-   p-value, the identifiability numbers and a figure;
-5. writes corrected predictions p_t(y|x) proportional to w_y f_y(x) beside each batch (``NAME.corrected.npy``,
-   or ``NAME.corrected.parquet`` for a Parquet batch), then a summary (``NAME.summary.json``), each atomically -- except under "Not label shift", when the weights mean
-   nothing and no outputs are written;
-6. moves the watermark -- only now, after all of the above succeeded: a run that fails anywhere before leaves it
-   as it was and the next run takes the same batches again (their outputs are rewritten, never counted twice);
-7. then, as bookkeeping that cannot fail the run any more: brings the series of the monitor run (whose metrics
-   chart the prior over time, one point per successful run) up to date from the watermark's history, ends the
-   child run FINISHED, and ends in a Prefect state named for the verdict (what each means and their order:
-   ``docs/operations.md``) with a markdown artifact that says it at a glance.
-
-Run it once with ``labelshift estimate --model models:/NAME@ALIAS --target s3://bucket/prefix/``; schedule it
-with ``labelshift serve --cron "0 6 * * *"`` or the ``reestimate`` deployment of ``prefect.yaml``.
+1. finds the model's registered version first, whatever the target holds: a wrong model fails the run;
+2. lists the target batches not yet in the watermark (:mod:`labelshift.monitoring.watermark`; a target belongs to
+   the model whose runs it counts), loads the model, its calibrator and source holdout, checks every new batch
+   against the model's input signature and computes calibrated probabilities f(x);
+3. estimates the weights w and the target prior p_t(y) = w(y) p_s(y) with MLLS (Garg et al., NeurIPS 2020,
+   eq. (mlls-sample)), BBSE alongside, with intervals, the label-shift test, the "no shift" test and the
+   identifiability report; with ``segment_column``, the same per segment besides (the pooled verdict alone drives
+   the steps below);
+4. logs it to a child run of the MLflow experiment ``reestimation``;
+5. writes corrected predictions p_t(y|x) proportional to w_y f_y(x) and a summary beside each batch, atomically --
+   none under "Not label shift";
+6. moves the watermark -- only now: a run that fails before leaves it, and the next run takes the same batches;
+7. then, as bookkeeping that cannot fail the run: updates the monitor run's series, ends the child run FINISHED,
+   and ends in a Prefect state named for the verdict (docs/operations.md) with a markdown artifact.
 """
 # no `from __future__ import annotations`: Prefect builds the parameter model of a deployment's run from the
 # annotations of a module it loads by file path, where string annotations naming this module's aliases would not
@@ -50,13 +32,11 @@ from prefect.states import Completed
 
 from flows.links import flow_run_info, prefect_flow_run_url
 from flows.params import (BatchSizeParam, CalibratorParam, CrossCheckParam, EstimatorParam, ExperimentParam,
-                          LabelShiftHoldoutInflationParam,
-                          IntervalParam, LabelShiftSignificanceParam, LevelParam, MaxWidthParam, ModelParam,
-                          NBootstrapParam, OnChangedParam, OnInvalidParam, ReestimateParameters, SeedParam,
-                          SignificanceParam, TargetParam, TrackingParam, RegisterCorrectedParam,
-                          CorrectedModelNameParam, SegmentColumnParam, MinSegmentSizeParam, SegmentProcessesParam,
-                          SegmentCorrectionParam, documented,
-                          parameters_of)
+                          LabelShiftHoldoutInflationParam, IntervalParam, LabelShiftSignificanceParam, LevelParam,
+                          MaxWidthParam, ModelParam, NBootstrapParam, OnChangedParam, OnInvalidParam,
+                          ReestimateParameters, SeedParam, SignificanceParam, TargetParam, TrackingParam,
+                          RegisterCorrectedParam, CorrectedModelNameParam, SegmentColumnParam, MinSegmentSizeParam,
+                          SegmentProcessesParam, SegmentCorrectionParam, documented, parameters_of)
 from flows.params import DEFAULT_MODEL  # noqa: F401 - re-exported
 from flows.summary import RunSummary, headline, summary_markdown
 from flows.user_errors import install as _log_user_errors_once
@@ -84,7 +64,7 @@ from tasks.reestimation.scoring import expected_batches, score_for_reestimation
 from tasks.reestimation.segments import (assess_segments, check_segmentable, log_segments, read_segment_values,
                                          segment_values_of)
 from tasks.reestimation.serving import check_corrected_name, register_if_shifted
-from tasks.tracking import FLOW_RUN_TAG, check_tracking_server, ended_status, git_commit, tracking_server_lost
+from tasks.tracking import FLOW_RUN_TAG, check_tracking_server, ended_status, git_commit_tag, tracking_server_lost
 
 _log_user_errors_once()
 
@@ -96,9 +76,7 @@ DEFAULTS = ReestimateParameters()
 
 def target_uri_for(target: str | None, store_uri: str) -> str:
     """The target location: as given, else ``<store>/target``."""
-    if target:
-        return target
-    return f"{store_uri.rstrip('/')}/target"
+    return target or f"{store_uri.rstrip('/')}/target"
 
 
 @dataclass
@@ -140,8 +118,7 @@ def last_committed_sequence() -> int | None:
 @contextmanager
 def _sigterm_held():
     """SIGTERM held back (pending) on the main thread within the block, so that a commit and the record of it are
-    not cut in two (the run would then say it committed nothing while its batches are counted); delivered when the
-    block ends. The block is one conditional write and its read-back, bounded by the store's time limits."""
+    not cut in two; delivered when the block ends (one conditional write and its read-back, bounded in time)."""
     main = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask")
     if main:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -153,10 +130,8 @@ def _sigterm_held():
 
 
 def _commit(store, watermark, batches, record, mlflow_run_id, rejected=()):
-    """Move the watermark. If the commit raises after its write landed (e.g. the store failed while it read the
-    watermark back), the batches are counted all the same: then the watermark's last entry is this run's, and the run
-    goes on as committed instead of failing with its batches counted. That check reads once, without retries: the
-    commit's own call has spent them, and a frozen store would cost their time twice."""
+    """Move the watermark. If the commit raises after its write landed (the watermark's last entry is this run's),
+    the run goes on as committed. That check reads once, without retries (the commit spent them)."""
     with _sigterm_held():
         try:
             committed = commit_watermark(store, watermark, batches, record, rejected=rejected)
@@ -224,9 +199,8 @@ class _Plan:
 
 
 def _prepare(run: RunContext, batches) -> _Plan:
-    """Step 2 once there is new data: the model's files (the model, calibrator and source holdout, checked against
-    their digest), the corrected model's name and the segment column checked before anything is written, then the
-    MLflow run."""
+    """Step 2 once there is new data: the model's files, the corrected model's name and the segment column checked
+    before anything is written, then the MLflow run."""
     p = run.params
     run.bundle = _load_model(p, run.settings, run.tracking_uri, run.logger)
     corrected_as = (check_corrected_name(run.tracking_uri, p.model, p.corrected_model_name)
@@ -279,8 +253,7 @@ def _no_new_data(run: RunContext) -> Completed:
 
 # -- 2. the model and the MLflow run -----------------------------------------------------------------------------------
 def _load_model(p: ReestimateParameters, settings: AssessmentSettings, tracking_uri: str, logger):
-    """The model, its calibrator and source holdout from the registry; a holdout that cannot carry this
-    re-estimation fails here, before anything is read or written."""
+    """The model, its calibrator and source holdout; a holdout that cannot carry this re-estimation fails here."""
     bundle = load_for_reestimation(p.model, tracking_uri=tracking_uri, calibrator=p.calibrator)
     holdout = bundle.holdout
     check_holdout(holdout.labels, holdout.n_classes, interval=settings.interval, calibrator=holdout.calibrator)
@@ -292,8 +265,7 @@ def _load_model(p: ReestimateParameters, settings: AssessmentSettings, tracking_
 
 def _for_model(exc: NoBatchError, p: ReestimateParameters, settings: AssessmentSettings, tracking_uri: str,
                target: str, logger) -> NoBatchError:
-    """An empty target's error saying which batches this model takes; the error as it was when the model cannot
-    be loaded (the empty target is the first thing to fix; the model's own problem comes next run)."""
+    """An empty target's error saying which batches this model takes (as it was when the model cannot load)."""
     try:
         return exc.for_model(expected_batches(_load_model(p, settings, tracking_uri, logger), target))
     except Exception as load_exc:
@@ -303,17 +275,13 @@ def _for_model(exc: NoBatchError, p: ReestimateParameters, settings: AssessmentS
 
 
 def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
-    """The MLflow child run of this re-estimation, with the run's parameters and tags (its ids, and the run's
-    ``sequence`` and ``flow_run_id``)."""
+    """The MLflow child run of this re-estimation, with the run's parameters and tags."""
     p, bundle = run.params, run.bundle
     sequence = run.watermark.sequence + 1
     flow_run_id, flow_run_name = flow_run_info()
     params = dict(p.as_mlflow_params(), model_version=bundle.version, target=run.store.uri, n_batches=n_batches)
     tags = {FLOW_RUN_TAG: flow_run_id or "", "prefect.flow_run_name": flow_run_name or "",
-            "labelshift.sequence": str(sequence)}
-    commit = git_commit()
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
+            "labelshift.sequence": str(sequence), **git_commit_tag()}
     try:
         return start_reestimation_run(run.tracking_uri, run.env.experiment_name, run.env.artifact_root,
                                       model_name=bundle.name, target_url=run.store.uri,
@@ -325,18 +293,16 @@ def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
 
 
 def _raise_if_mlflow_lost(exc: BaseException, tracking_uri: str) -> None:
-    """The sentence of a lost MLflow tracking server (:func:`tasks.tracking.tracking_server_lost`) raised in place of
-    ``exc`` when it is one; nothing otherwise (the caller re-raises ``exc``)."""
+    """Raise the lost MLflow server's sentence in place of ``exc`` when it is one (else the caller re-raises)."""
     lost = tracking_server_lost(exc, tracking_uri)
     if lost is not None:
         raise lost from exc
 
 
 def _end_failed_run(exc: BaseException, run: RunContext) -> None:
-    """Cancelled (Prefect's termination signal, Ctrl-C) or failed: the MLflow run ends KILLED or FAILED with the
-    cause (the watermark did not move; FINISHED when the stop came right after its commit). When the MLflow server itself stopped answering, it is not asked again (that
-    would cost another round of MLflow's retries): the run stays RUNNING until the next run ends it KILLED, its
-    owner process being gone (:func:`tasks.reestimation.runs.end_orphaned_runs`)."""
+    """The MLflow run ends KILLED (cancelled) or FAILED with the cause, FINISHED when stopped right after its commit.
+    A lost MLflow server is not asked again: the run stays RUNNING until the next run ends it KILLED
+    (:func:`tasks.reestimation.runs.end_orphaned_runs`)."""
     if tracking_server_lost(exc, run.tracking_uri) is not None:
         run.logger.warning("MLflow run %s is left RUNNING (its server stopped answering); the next run ends it "
                            "KILLED", run.mlflow.run_id)
@@ -351,9 +317,8 @@ def _end_failed_run(exc: BaseException, run: RunContext) -> None:
 
 # -- 2. scoring (the model's calibrated probabilities) ----------------------------------------------------------------
 def _score(run: RunContext, batches):
-    """Calibrated probabilities of every new row, batch by batch (nothing is written until all are read; every bad
-    batch is found in this one pass), and the rejected batches; with ``on_invalid="error"`` a bad batch fails the
-    run, naming every one."""
+    """Calibrated probabilities of every new row and the rejected batches (all found in one pass, before any write);
+    with ``on_invalid="error"`` a bad batch fails the run, naming every one."""
     p = run.params
     scored = score_for_reestimation(run.bundle, run.target_uri, batches, batch_size=p.batch_size,
                                     log_rejections=p.on_invalid != "error")
@@ -372,8 +337,7 @@ def _rejected(scored) -> list[dict]:
 
 
 def _record_no_valid_data(run: RunContext, scored) -> RunSummary:
-    """No new batch passed its checks: list the rejected ones (if any) in MLflow and record them in the watermark
-    (the commit); the summary of the run."""
+    """No new batch passed its checks: the rejected ones listed in MLflow and recorded in the watermark; the summary."""
     rejected, store, ml = _rejected(scored), run.store, run.mlflow
     names = ", ".join(r["key"] for r in [*rejected, *scored.skipped])
     headline = (f"No valid data: none of the {len(rejected) + len(scored.skipped)} new batch(es) under {store.uri} "
@@ -394,8 +358,7 @@ def _record_no_valid_data(run: RunContext, scored) -> RunSummary:
 
 
 def _no_valid_data(run: RunContext, summary: RunSummary) -> Completed:
-    """After :func:`_record_no_valid_data` (outside the part that ends the MLflow run KILLED or FAILED): end the
-    MLflow run, publish the artifact, emit the verdict's event, and complete as "No valid data"."""
+    """After :func:`_record_no_valid_data`: end the MLflow run, publish, emit the event, complete as "No valid data"."""
     ml = run.mlflow
     try:  # the rejections are recorded now: closing the MLflow run may not fail the run any more
         end_run(run.tracking_uri, ml.run_id, "FINISHED")
@@ -404,12 +367,18 @@ def _no_valid_data(run: RunContext, summary: RunSummary) -> Completed:
                            exc)
     run.logger.warning(summary.headline)
     _publish(summary, f"re-estimation verdict: {Verdict.NO_VALID_DATA}", run.logger)
+    return Completed(name=Verdict.NO_VALID_DATA, message=summary.headline,
+                     data=_emit(summary, ml.flow_run_id, model=run.bundle.describe()))
+
+
+def _emit(summary: RunSummary, flow_run_id, **model) -> dict:
+    """The state's data, after the verdict's event (never fails the run); a warning when no alert can be delivered."""
     data = summary.to_dict()
-    warning = emit_verdict(data, model=run.bundle.describe(), prefect_run_url=prefect_flow_run_url(ml.flow_run_id),
+    warning = emit_verdict(data, **model, prefect_run_url=prefect_flow_run_url(flow_run_id),
                            alerts_missed=settings_mod.alerts_missed())
-    if warning:                                       # no alert can be delivered: the CLI shows the run's warnings
+    if warning:                                       # the CLI shows the run's warnings
         data["warnings"] = [*data.get("warnings", []), warning]
-    return Completed(name=Verdict.NO_VALID_DATA, message=summary.headline, data=data)
+    return data
 
 
 # -- 3.-4. the estimate, logged ---------------------------------------------------------------------------------------
@@ -429,8 +398,7 @@ def _assess(run: RunContext, scored, target: Target) -> tuple[ShiftReport, RunSu
 
 
 def _read_segments(run: RunContext, batches) -> dict | None:
-    """With a segment column: every new batch's segment values, read and checked (the column exists, every row has
-    a value; Parquet batches only) before the MLflow run starts -- bad input fails here with nothing written."""
+    """With a segment column: every new batch's segment values, read and checked before the MLflow run starts."""
     if run.segments is None:
         return None
     check_segmentable(batches, run.segments.column, run.store.uri)
@@ -438,9 +406,8 @@ def _read_segments(run: RunContext, batches) -> dict | None:
 
 
 def _per_segment(run: RunContext, scored, target: Target, values, summary: RunSummary) -> None:
-    """One estimate per segment besides the pooled one (``assess-segment`` tasks), into the summary
-    (``segments``) and the MLflow run (metrics, figure). The pooled estimate and its verdict are untouched: they
-    alone drive the outputs, the watermark, the alerts and the corrected model."""
+    """One estimate per segment besides the pooled one, into the summary and the MLflow run; the pooled estimate
+    and its verdict alone drive the outputs, the watermark, the alerts and the corrected model."""
     settings = run.segments
     if values is None or settings is None:
         return
@@ -489,9 +456,8 @@ def _write_outputs(run: RunContext, report: ShiftReport, summary: RunSummary, sc
 
 # -- 7. bookkeeping after the commit -----------------------------------------------------------------------------------
 def _after_commit(run: RunContext, summary: RunSummary, committed) -> None:
-    """The batches are counted now: what follows is bookkeeping, and a failure in it must not fail the run (its
-    retry would find no new data and the run would look lost). The monitor run's series is synchronised from the
-    watermark's history, so a point missed here is added by the next run. Failures become the summary's warnings."""
+    """The batches are counted now: a failure in this bookkeeping must not fail the run (its retry would find no new
+    data); it becomes a warning of the summary, and the next run adds a missed point of the monitor's series."""
     summary.warnings = []
     ml = run.mlflow
     lost = None
@@ -528,11 +494,7 @@ def _complete(run: RunContext, summary: RunSummary) -> Completed:
                         if summary.corrected_model else {})}
     word = summary.verdict
     _publish(summary, f"re-estimation verdict: {word}", run.logger)
-    data = summary.to_dict()
-    warning = emit_verdict(data, prefect_run_url=prefect_flow_run_url(ml.flow_run_id),      # never fails the run
-                           alerts_missed=settings_mod.alerts_missed())
-    if warning:                                       # no alert can be delivered: the CLI shows the run's warnings
-        data["warnings"] = [*data.get("warnings", []), warning]
+    data = _emit(summary, ml.flow_run_id)
     run.logger.info("%s -- %s", word, summary.headline)
     return Completed(name=word, message=summary.headline, data=data)
 

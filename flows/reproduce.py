@@ -2,37 +2,21 @@
 
 Per experiment (MSE vs shift, vs target size, vs number of bins) the flow follows Algorithm 1 of the paper: for
 every setting and every seed draw a source and a target set, estimate the weights with each method, score
-them; then aggregate over seeds and log. The estimation tasks (groups of settings x chunks of seeds, sized by
-:mod:`flows.plan`) of all experiments are submitted at once, so the workers stay busy while finished
-experiments are aggregated and logged.
+them; then aggregate over seeds and log. The estimation tasks (sized by :mod:`flows.plan`) of all experiments are
+submitted at once. Results go to MLflow (a parent run, a child run per method), the object store
+(``results/<mlflow run id>/``) and a Prefect markdown artifact; on any failure the MLflow runs end FAILED.
 
-Where the results go (see :mod:`runtime.environment` for the defaults):
-
-* MLflow: a parent run per call with the parameters, figures and per-seed tables; a child run per method with
-  the MSE curves as metrics (``step`` = the swept value) and its own figures, see :mod:`tasks.tracking`; the
-  run's http address goes to the flow-run log as soon as it exists, and the runs link back to the flow run;
-* the object store: ``results/<mlflow run id>/`` with CSV tables, figures and ``summary.json``;
-* Prefect: a markdown artifact with the MSE tables and http links (MLflow run, experiment, figures).
-
-If anything fails, the MLflow runs are closed as FAILED (never left RUNNING) and the flow run fails with the
-original error as its message.
-
-The estimation tasks run on a thread pool of the flow's process by default. For a fan-out beyond one machine they
-can run on a Dask cluster instead (Prefect's ``DaskTaskRunner``, ``pip install 'labelshift[dask]'``): set
-``LABELSHIFT_DASK_ADDRESS`` to a scheduler address (``tcp://host:8786``) or to ``local`` (a ``LocalCluster`` of one
-single-threaded worker process per core, started for the run), or pass ``labelshift reproduce --dask ADDRESS``.
-The variable is read when this module is imported, so it also applies to the runs of deployments (served or on
-workers) whose process has it. Only the tasks move to Dask; the flow itself (MLflow logging, the store) stays in
-its process, and the results do not depend on the runner (each task draws from its own seeded streams).
+The tasks run on a thread pool of the flow's process, or on a Dask cluster (``pip install 'labelshift[dask]'``)
+named by ``LABELSHIFT_DASK_ADDRESS`` (``tcp://host:8786`` or ``local``), read when this module is imported so that
+deployments' runs follow it, or by ``labelshift reproduce --dask ADDRESS``; the results do not depend on the runner.
 """
 from __future__ import annotations
 
-import logging
 import os
 import time
 from contextlib import nullcontext
 
-from prefect import flow, get_run_logger, unmapped
+from prefect import flow, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from runtime import environment as settings_mod
@@ -45,13 +29,13 @@ from flows.params import (AlphaValuesParam, BaseSeedParam, BinsValuesParam, Cali
                           TargetSizeParam, TargetSizesParam, TrackingUriParam, TrainLimitParam, documented)
 from labelshift.errors import InputError, LabelShiftError
 from tasks.sweep.estimation import aggregate_sweep, estimate_settings
-from tasks.sweep.images import calibrate, ensure_dataset, ensure_gpu_limit, estimate_image_settings, predict_pools, \
-    train_model
+from tasks.sweep.images import (calibrate, ensure_dataset, ensure_gpu_limit, estimate_image_settings, predict_pools,
+                                report_progress as _report, train_model)
 from tasks.sweep.outputs import records_csv, render_outputs
 from tasks.sweep.report import publish_summary, summary_markdown
 from tasks.sweep.storage import check_store_uri, results_url, save_experiment, save_summary
 from tasks.sweep.runs import fail_sweep_runs, finish_sweep_runs, log_experiment, start_sweep_runs
-from tasks.tracking import FLOW_RUN_TAG, ended_status, git_commit, run_url
+from tasks.tracking import FLOW_RUN_TAG, ended_status, git_commit_tag, run_url
 from flows.user_errors import install as _log_user_errors_once
 
 _log_user_errors_once()
@@ -65,9 +49,6 @@ ENV_DASK = settings_mod.ENV_DASK
 #: the defaults of every parameter (also those of ``labelshift reproduce`` and ``make run``)
 DEFAULTS = ReproduceParameters()
 
-#: one line per finished experiment; the CLI prints these, Prefect's run logger records them as well
-progress = logging.getLogger("labelshift.progress")
-
 #: MLflow parent runs of the sweeps running in this process: run id -> tracking URI (see :func:`active_sweeps`)
 _ACTIVE: dict[str, str] = {}
 
@@ -76,14 +57,6 @@ def active_sweeps() -> list[tuple[str, str]]:
     """``(tracking_uri, parent_run_id)`` of the sweeps running in this process, for an interrupt handler that
     must close their MLflow runs itself."""
     return [(uri, run_id) for run_id, uri in list(_ACTIVE.items())]
-
-
-def _report(message: str) -> None:
-    progress.info(message)
-    try:
-        get_run_logger().info(message)
-    except Exception:                       # outside a run context (e.g. the flow's .fn in a unit test)
-        pass
 
 
 def _workers() -> int:
@@ -96,19 +69,9 @@ class MissingExtraError(LabelShiftError, ImportError):
 
 
 def dask_task_runner(address: str, **cluster_kwargs):
-    """A ``prefect_dask.DaskTaskRunner`` for a scheduler address, or for a fresh ``LocalCluster`` with ``"local"``.
-
-    Args:
-        address: ``tcp://host:port`` (or ``host:port``, or another Dask protocol such as ``tls://``) of a running
-            ``dask scheduler``; ``"local"`` starts a ``distributed.LocalCluster`` for each flow run and closes it
-            at the end, by default one single-threaded worker process per core.
-        cluster_kwargs: keyword arguments of ``LocalCluster`` (``"local"`` only), e.g. ``n_workers=2,
-            processes=False``.
-
-    Raises:
-        MissingExtraError: prefect-dask is not installed.
-        InputError: the address is empty or malformed, or cluster_kwargs are given with a scheduler address.
-    """
+    """A ``prefect_dask.DaskTaskRunner`` for a scheduler address (``tcp://host:port``, ``host:port``, ``tls://...``),
+    or with ``"local"`` for a ``LocalCluster`` per flow run (``cluster_kwargs``; by default one single-threaded
+    worker process per core). MissingExtraError without prefect-dask; InputError for a bad address."""
     address = (address or "").strip()
     if not address:
         raise InputError(f"the Dask address is empty; give a scheduler address such as tcp://host:8786, or 'local' "
@@ -135,19 +98,13 @@ def dask_task_runner(address: str, **cluster_kwargs):
 
 def _start_runs(p: ReproduceParameters, env, plan: dict, flow_run_id: str, flow_run_name: str,
                 prefect_url: str | None) -> dict:
-    """The MLflow parent run of the sweep and a child run per method (an unreachable server fails the run before
-    any work); reports the run's address."""
+    """The MLflow parent run of the sweep and a child run per method (an unreachable server fails before any work)."""
     tags = {"dataset": p.dataset, FLOW_RUN_TAG: flow_run_id, "prefect.flow_run_name": flow_run_name,
-            "labelshift.store": env.store_uri}
-    commit = git_commit()
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
+            "labelshift.store": env.store_uri, **git_commit_tag()}
     run_name = f"{p.dataset}-{flow_run_name or time.strftime('%Y%m%d-%H%M%S')}"
-    runs = start_sweep_runs(env.tracking_uri, env.experiment_name, env.artifact_root, run_name=run_name,
+    return start_sweep_runs(env.tracking_uri, env.experiment_name, env.artifact_root, run_name=run_name,
                             params=p.as_mlflow_params(), tags=tags,
-                            methods_by_experiment={e: list(p.methods_for(e)) for e in plan},
-                            prefect_url=prefect_url)
-    return runs
+                            methods_by_experiment={e: list(p.methods_for(e)) for e in plan}, prefect_url=prefect_url)
 
 
 def _submit_estimations(p: ReproduceParameters, env, runs: dict, plan: dict) -> tuple[dict, list[dict]]:
@@ -220,9 +177,8 @@ def _publish(p: ReproduceParameters, env, runs: dict, sweeps: list, files: dict,
 
 
 def _fail_runs(exc: BaseException, env, parent_id: str) -> None:
-    """Close the MLflow runs FAILED (KILLED when interrupted: Ctrl-C, SystemExit, Prefect's TerminationSignal on
-    SIGTERM -- any BaseException that is no Exception), never left RUNNING; a failure to do so is reported, and the
-    original error stays the run's."""
+    """Close the MLflow runs FAILED (KILLED when interrupted: any BaseException that is no Exception); a failure to
+    do so is reported, and the original error stays the run's."""
     cause = f"{type(exc).__name__}: {exc}"
     status = ended_status(exc)
     try:
@@ -315,14 +271,8 @@ def reproduce(
 
 
 def with_task_runner(dask: str | None = None):
-    """The ``reproduce`` flow on the Dask cluster ``dask`` names (see :func:`dask_task_runner`), else as imported.
-
-    ``dask=None`` returns the module's flow, which already runs on ``$LABELSHIFT_DASK_ADDRESS`` when that variable
-    was set at import, and on the thread pool otherwise.
-    """
-    if not dask:
-        return reproduce
-    return reproduce.with_options(task_runner=dask_task_runner(dask))
+    """The ``reproduce`` flow on the Dask cluster ``dask`` names (:func:`dask_task_runner`), else as imported."""
+    return reproduce.with_options(task_runner=dask_task_runner(dask)) if dask else reproduce
 
 
 # deployments (served or on workers) load `reproduce` from this module: the variable chooses their task runner
@@ -332,8 +282,8 @@ if _address:
 
 
 def _prepare_models(p: ReproduceParameters, env, runs: dict) -> tuple[list, list[dict]]:
-    """Image datasets: make sure the dataset is in the store, train (or find cached) one network per model seed,
-    compute its valid/test logits and calibrate them. Returns (one Pools per model, their meta dicts)."""
+    """Image datasets: the dataset in the store, one network per model seed trained (or cached) and calibrated.
+    Returns (one Pools per model, their meta dicts)."""
     import torch
     from mlflow import MlflowClient
     from mlflow.entities import Metric
@@ -369,15 +319,10 @@ def _prepare_models(p: ReproduceParameters, env, runs: dict) -> tuple[list, list
 def run_in_process(params: ReproduceParameters, *, temporary_server: bool, dask: str | None = None):
     """Run the flow in this process (as ``labelshift reproduce`` does) and return its final Prefect state.
 
-    With ``temporary_server`` (no PREFECT_API_URL: Prefect's temporary server lives only as long as this process)
-    flow-run heartbeats are switched off. They let a lasting server mark a run Crashed when its process
-    disappears, which a temporary server cannot outlive to do; and in Prefect 3.9 their thread, which sleeps in
-    one-second steps, is joined at the end of each run, adding up to a second.
-
-    ``dask`` (a scheduler address or ``"local"``) runs the estimation tasks on a Dask cluster; None keeps the
-    runner chosen at import (``$LABELSHIFT_DASK_ADDRESS`` or the thread pool). Dask workers report their task runs
-    to the API of the flow's settings; a temporary server is therefore started up front and its address put in
-    those settings, or each worker process would start a temporary server of its own.
+    With ``temporary_server`` (no PREFECT_API_URL) flow-run heartbeats are off: a temporary server cannot outlive
+    the process to mark it Crashed, and in Prefect 3.9 joining their thread adds up to a second per run. With
+    ``dask`` the temporary server is started up front and its address put in the settings, or each Dask worker
+    process would start a temporary server of its own.
     """
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 

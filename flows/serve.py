@@ -1,24 +1,12 @@
-"""``labelshift serve``: the ``reproduce`` and ``reestimate`` flows as Prefect deployments served by one process.
+"""``labelshift serve``: the ``reproduce`` and ``reestimate`` flows as Prefect deployments served by one process
+(docs/operations.md).
 
-Two deployments are registered with the Prefect server and their runs executed by this process:
-
-- ``reproduce/reproduce`` -- the paper's sweeps; the Prefect UI shows every parameter of :mod:`flows.params` as a
-  form field with its description and default, so sweeps are launched from the UI;
-- ``reestimate/reestimate`` -- re-estimation of the target label distribution on the batches that arrived since
-  the last successful run (:mod:`flows.reestimate`), on a cron schedule when one is given, one run at a time
-  (deployment concurrency limit 1: a run that comes due while another still works waits for it).
-
-A malformed cron string or time zone stops the command before anything is registered; without a cron,
-``reestimate`` is served unscheduled. On Ctrl-C (or SIGTERM) the schedule is paused, so runs do not pile up with
-nobody to execute them; the next ``labelshift serve`` resumes it. The operator's steps (servers, flags and their
-variables, the Prefect UI): ``docs/operations.md``.
-
-Runs execute here (``--limit`` at a time) in subprocesses that inherit this process's environment, so they log to
-the MLflow tracking URI and object store resolved here (``--tracking-uri``, ``--store``, else MLFLOW_TRACKING_URI
-and LABELSHIFT_STORE, else the embedded defaults under ``--home``), and ``LABELSHIFT_DASK_ADDRESS`` moves the
-estimation tasks of ``reproduce`` runs to a Dask cluster (``reestimate`` has one estimation per run and runs it in
-the flow's process). For work pools and many workers use the ``prefect.yaml`` at the repository
-root instead (infra/README.md).
+``reproduce/reproduce`` runs the paper's sweeps, launched from the Prefect UI's form; ``reestimate/reestimate``
+re-estimates the target label distribution (:mod:`flows.reestimate`) on a cron schedule when one is given, one run
+at a time (concurrency limit 1). A malformed cron string or time zone stops the command before anything is
+registered; on Ctrl-C (or SIGTERM) the schedule is paused, and the next ``labelshift serve`` resumes it. Runs
+execute here (``--limit`` at a time) in subprocesses that inherit this process's environment. For work pools and
+many workers use the ``prefect.yaml`` at the repository root instead (infra/README.md).
 """
 from __future__ import annotations
 
@@ -61,14 +49,8 @@ class ScheduleError(InputError):
 
 @dataclass(frozen=True)
 class ReestimateOptions:
-    """How ``reestimate`` is served: its schedule and the default parameters of its deployment.
-
-    Attributes:
-        cron: a cron string (``"0 6 * * *"``: daily at 06:00) or None for an unscheduled deployment.
-        timezone: IANA zone the cron is read in.
-        parameters: default parameters of the deployment (``model``, ``target``), only those given.
-        cron_from: where the cron came from (``--cron`` or the variable), for error messages.
-    """
+    """How ``reestimate`` is served: its cron (None: unscheduled) and IANA zone, the deployment's default
+    parameters given (``model``, ``target``), and where the cron came from (for error messages)."""
 
     cron: str | None = None
     timezone: str = DEFAULT_TIMEZONE
@@ -78,10 +60,8 @@ class ReestimateOptions:
 
 def reestimate_options(cron: str | None = None, timezone: str | None = None, model: str | None = None,
                        target: str | None = None, environ: Mapping[str, str] | None = None) -> ReestimateOptions:
-    """Resolve the re-estimation options: each argument wins over its environment variable.
-
-    Does not import Prefect (it reads its settings once, at import); :func:`check_schedule` validates the result.
-    """
+    """Resolve the re-estimation options: each argument wins over its environment variable (without importing
+    Prefect; :func:`check_schedule` validates the result)."""
     env = settings_mod.resolve(environ=environ)
 
     def pick(value, from_env, variable):
@@ -102,11 +82,7 @@ def reestimate_options(cron: str | None = None, timezone: str | None = None, mod
 
 
 def check_schedule(cron: str, timezone: str = DEFAULT_TIMEZONE, *, source: str = "--cron"):
-    """Validate a cron string and time zone as the Prefect server will; return Prefect's ``CronSchedule``.
-
-    Raises:
-        ScheduleError: with what was wrong and an example of a valid value.
-    """
+    """Validate a cron string and time zone as the Prefect server will (ScheduleError); Prefect's ``CronSchedule``."""
     from prefect.client.schemas.schedules import CronSchedule
     from pydantic import ValidationError
 
@@ -132,11 +108,8 @@ def next_runs(cron: str, timezone: str, count: int = 2) -> list[datetime]:
 
 def build_deployments(*, name: str = "reproduce", reestimate_name: str = "reestimate",
                       reestimate: ReestimateOptions | None = None) -> list:
-    """The two runner deployments (``reproduce`` and ``reestimate``), validated; nothing is registered yet.
-
-    Imports Prefect and the flows: call it once PREFECT_API_URL is final. Raises ScheduleError for a bad
-    schedule and InputError for default parameters the ``reestimate`` flow refuses.
-    """
+    """The runner deployments, validated (ScheduleError, InputError); nothing is registered yet. Imports Prefect
+    and the flows: call it once PREFECT_API_URL is final."""
     reestimate = reestimate or ReestimateOptions()
     schedules = None
     if reestimate.cron:
@@ -169,10 +142,7 @@ def build_deployments(*, name: str = "reproduce", reestimate_name: str = "reesti
 def start_prefect_server(prefect_home: Path, port: int, *, timeout_s: float = 120.0,
                          log_path: Path | None = None) -> tuple[ServiceProcess, str]:
     """Start ``prefect server start`` on 127.0.0.1:port with its state under ``prefect_home``; wait until healthy.
-
-    Returns the process and the API URL. Raises ServiceUnavailableError if it exits or does not answer in time
-    (the server is stopped again).
-    """
+    Returns the process and the API URL; ServiceUnavailableError (the server stopped again) if it does not answer."""
     prefect_home.mkdir(parents=True, exist_ok=True)
     log_path = log_path or prefect_home / "server.log"
     env = settings_mod.child_environment(
@@ -213,11 +183,8 @@ def _describe(ui: str, name: str, reestimate_name: str, options: ReestimateOptio
 
 def serve_deployments(env: Settings, *, name: str = "reproduce", reestimate_name: str = "reestimate",
                       port: int = 4200, limit: int = 1, reestimate: ReestimateOptions | None = None) -> int:
-    """Serve the ``reproduce`` and ``reestimate`` deployments until interrupted (see the module docstring).
-
-    The deployments are built and validated before any server is started or anything registered, so a bad
-    schedule fails at once (ScheduleError) and leaves the Prefect server untouched. Returns an exit status.
-    """
+    """Serve the deployments until interrupted; they are validated before any server is started or anything
+    registered. Returns an exit status."""
     reestimate = reestimate or ReestimateOptions()
     server = None
     if env.prefect_api_url is None:

@@ -1,12 +1,8 @@
 """The summary of a ``reestimate`` run for people: one renderer, two fronts.
 
-:func:`render` walks the run's summary dict once -- which parts there are (the estimate, the label-shift test and
-where it disagrees, the table per class, the cross-checks, what the shift costs in accuracy, withheld outputs,
-rejected and skipped batches) and when each is shown -- and hands each part to a front that lays it out:
-:data:`MARKDOWN`, the Prefect artifact of the run (:func:`summary_markdown`), or :data:`PLAIN_TEXT`, the table
-``labelshift estimate`` prints (:func:`format_summary`). :func:`headline` is the one sentence of a verdict.
-:class:`RunSummary` is the summary itself, as the flow builds it; its dict (:meth:`RunSummary.to_dict`) is the
-data of the run's final state, the artifact's source and the summary JSON stored beside each batch and in MLflow.
+:func:`render` decides which parts of the run's summary dict are shown and hands each to a front that lays it out:
+:data:`MARKDOWN` (the Prefect artifact, :func:`summary_markdown`) or :data:`PLAIN_TEXT` (what ``labelshift
+estimate`` prints, :func:`format_summary`). :class:`RunSummary` is the summary as the flow builds it.
 """
 from __future__ import annotations
 
@@ -21,22 +17,8 @@ __all__ = ["RunSummary", "render", "summary_markdown", "format_summary", "headli
 
 @dataclass(kw_only=True)
 class RunSummary:
-    """What one ``reestimate`` run did, for people and programs (``docs/operations.md`` reads it field by field).
-
-    Attributes:
-        verdict, headline: the run's verdict (:class:`~labelshift.inference.report.Verdict`) and its sentence.
-        sequence: the run's number in the watermark's history.
-        target: the target location; batches: the keys of the batches assessed.
-        classes, model: the model's class names and its description (when a model was loaded).
-        result: the :class:`~labelshift.inference.report.ShiftReport` as a dict (when there was an estimate).
-        mlflow: the MLflow ids and the child run's UI address.
-        prefect_flow_run_id, time: the Prefect flow run and when the estimate was made.
-        rejected, skipped: the batches rejected (key and reason) and skipped (gone or replaced while read).
-        segments: the estimates per segment (with a segment column).
-        outputs, outputs_withheld: the corrected files written, or why none were.
-        corrected_model: the registered corrected model (with register_corrected, on Shifted).
-        warnings: bookkeeping that failed after the commit; seconds: the run's time; links: where to look.
-    """
+    """What one ``reestimate`` run did, for people and programs (``docs/operations.md`` reads it field by field);
+    its dict is the data of the run's final state and the summary JSON stored beside each batch and in MLflow."""
 
     verdict: str
     headline: str
@@ -60,14 +42,12 @@ class RunSummary:
     links: dict | None = None
 
     def to_dict(self) -> dict:
-        """The summary as a JSON-ready dict: the fields that are set (not None), in the order declared above (the
-        stored summaries' order)."""
+        """The fields that are set (not None), in the order declared above (the stored summaries' order)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
 
 
 def format_p(p: float) -> str:
-    """A p-value for people, with its relation sign: "= 0.0312", or "< 1e-16" below what double precision
-    resolves."""
+    """A p-value for people, with its relation sign: "= 0.0312", or "< 1e-16" below double precision."""
     return "< 1e-16" if p < 1e-16 else f"= {p:.3g}"
 
 
@@ -104,9 +84,8 @@ def _held(summary: dict) -> list[tuple[str, dict]]:
 
 
 def _segment_cells(item: dict) -> list[str]:
-    """A segment's numbers as text: rows, verdict, total variation, no-shift p, label-shift p, expected accuracy
-    with its interval ("too small" segments: their rows and the verdict, the rest empty). A p-value adjusted over
-    the segments follows the test's own in brackets, e.g. "= 0.004 (0.31)"."""
+    """A segment's numbers as text (rows, verdict, TV, no-shift p, label-shift p, expected accuracy); a p-value
+    adjusted over the segments follows the test's own in brackets, e.g. "= 0.004 (0.31)"."""
     if item["too_small"] or "target_prior" not in item:
         return [str(item["rows"]), "too small" if item["too_small"] else f"failed ({item['reason']})", "", "", "", ""]
     acc = item.get("accuracy")
@@ -235,8 +214,6 @@ class _Markdown:
 
     @staticmethod
     def accuracy(res: ShiftReport, names) -> list[str]:
-        """What the shift costs: the deployed model's accuracy on the holdout and expected on the target (per-class
-        recall on the holdout weighted by the estimated prior), and that of the corrected predictions."""
         acc = res.accuracy
         return ["", "What the shift costs in accuracy (per-class recall on the holdout, weighted by the estimated "
                     "target prior; docs/accuracy.md):", "",
@@ -401,8 +378,7 @@ class _PlainText:
 
 
 def _mlflow_lines(ml: dict) -> list[str]:
-    """Where the run's MLflow record is: its page on a tracking server, or the ``mlflow ui`` command that serves a
-    local store and the page to open there; the figure in its artifacts."""
+    """Where the run's MLflow record is: its page, or the ``mlflow ui`` command for a local store; the figure."""
     run_id, uri = ml.get("run_id"), ml.get("tracking_uri") or ""
     if not run_id:
         return []
@@ -416,7 +392,6 @@ def _mlflow_lines(ml: dict) -> list[str]:
 
 
 def _corrected_files(n: int) -> str:
-    """"1 corrected file", "2 corrected files" (a corrected .npy array or Parquet table per batch)."""
     return f"{n} corrected file{'' if n == 1 else 's'}"
 
 

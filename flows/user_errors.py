@@ -1,15 +1,10 @@
 """A user's error is logged once, as one line, in a flow run's log; unexpected errors keep their traceback.
 
-When a task or a flow raises, Prefect's engines log it several times: the task engine "Task run failed with
-exception: ..." with the traceback, then "Finished in state Failed('Task run encountered an exception ...')"; the
-flow engine "Encountered exception during execution: ..." with the traceback again, then "Finished in state
-Failed('Flow run encountered an exception: ...')". For a :class:`~labelshift.errors.LabelShiftError` -- bad input,
-a missing model, an unreachable service: a message that names the problem and its fix -- the traceback only hides
-that message. :class:`UserErrorFilter`, on Prefect's flow-run and task-run loggers, therefore rewrites the first
-record that carries such an error to the error's own line (``InputError: <message>``) without traceback, drops
-the later records of the same flow run that carry the same error, and shortens the "Finished in state" lines that repeat
-its message. The final states, their messages and the exception a caller gets are unchanged; any other exception is
-logged as Prefect logs it.
+Prefect's task and flow engines log a raised error several times, each with its traceback, which for a
+:class:`~labelshift.errors.LabelShiftError` (a message naming the problem and its fix) only hides that message.
+:class:`UserErrorFilter`, on Prefect's flow-run and task-run loggers, rewrites the first record that carries such an
+error to its own line (``InputError: <message>``), drops the later records of the same flow run that carry it, and
+shortens the "Finished in state" lines that repeat it. States, messages and raised exceptions are unchanged.
 
 :func:`install` adds the filter (once per process); the flow modules call it at import, so runs started by the
 CLI, by ``labelshift serve`` and by workers all get it.

@@ -1,33 +1,15 @@
 """Embedded defaults: where a run keeps its state when no servers are configured.
 
-Everything a ``labelshift`` command writes on its own goes under one state folder, the *home*:
-
-====================================  ===========================================================
-``<home>/prefect/``                   PREFECT_HOME of the temporary Prefect server (its SQLite db)
-``<home>/mlflow.db``                  MLflow tracking store (SQLite)
-``<home>/mlartifacts/``               MLflow artifacts (figures, tables) of runs tracked locally
-``<home>/store/``                     the object store: result tables and figures by MLflow run id
-====================================  ===========================================================
-
-The home is ``./.labelshift`` unless ``LABELSHIFT_HOME`` or ``--home`` names another folder. Each service
-can be pointed elsewhere instead, and then the home is not used for it:
-
-* ``PREFECT_API_URL`` -- a running Prefect server (e.g. ``labelshift stack up`` or ``prefect server start``);
-  without it, a flow starts a temporary local server for the duration of the command.
-* ``MLFLOW_TRACKING_URI`` (or ``--tracking-uri``) -- an MLflow server or another backend store.
-* ``LABELSHIFT_STORE`` (or ``--store``) -- an object store URI, ``s3://bucket/prefix`` or a local folder.
+Everything a ``labelshift`` command writes on its own goes under one state folder, the *home* (``./.labelshift``,
+``LABELSHIFT_HOME`` or ``--home``): ``prefect/`` (the temporary Prefect server's PREFECT_HOME), ``mlflow.db`` and
+``mlartifacts/`` (MLflow), ``store/`` (the object store) -- unless ``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI``
+or ``LABELSHIFT_STORE`` point a service elsewhere.
 
 Every environment variable the project reads is named once here (:data:`VARIABLES`, which the table of
 ``docs/operations.md`` mirrors) and read by :func:`resolve` into one :class:`Settings`; :func:`apply` is the
-writer. The two are kept apart so that a command can resolve, check and report before anything is exported.
-
-This is also the one module of the project that touches the process's environment (``os.environ``): the rest read
-a setting through :func:`read`, :func:`values`, :func:`server_lost_s` or :func:`worker_stop_s`, export one with
-:func:`export`, and start a child process with :func:`child_environment`. The layering test
-(``tests/architecture/test_layering.py``) lists the few modules that touch it themselves, each with its reason.
-
-This module only reads and writes environment variables and paths; it imports neither Prefect nor MLflow, so
-the CLI can configure both before they are imported (Prefect reads its settings once, at import).
+writer, kept apart so that a command can resolve, check and report before anything is exported. This is the one
+module that touches ``os.environ`` (``tests/architecture/test_layering.py`` lists the few exceptions); it imports
+neither Prefect nor MLflow, so the CLI can configure both before they are imported.
 """
 from __future__ import annotations
 
@@ -142,29 +124,23 @@ VARIABLES: tuple[Variable, ...] = (
 
 def read(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The value of one environment variable, without surrounding blanks; None when unset or blank."""
-    env = os.environ if environ is None else environ
-    value = (env.get(name) or "").strip()
-    return value or None
+    return ((os.environ if environ is None else environ).get(name) or "").strip() or None
 
 
 def values(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """name -> value of each of ``names`` that is set, exactly as set (no blanks stripped: keys and passwords are
-    passed on as they are); the names that are unset are left out."""
+    """name -> value of each of ``names`` that is set, exactly as set (keys and passwords keep their blanks)."""
     env = os.environ if environ is None else environ
     return {name: env[name] for name in names if name in env}
 
 
 def export(name: str, value: str, environ: MutableMapping[str, str] | None = None) -> None:
-    """Set ``name`` to ``value`` in this process's environment (``environ``), for this process's libraries that
-    read it later and for every process it starts from now on."""
-    env = os.environ if environ is None else environ
-    env[name] = value
+    """Set ``name`` to ``value`` in this process's environment (``environ``)."""
+    (os.environ if environ is None else environ)[name] = value
 
 
 def child_environment(overrides: Mapping[str, str] | None = None, *, drop: Iterable[str] = (),
                       environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment a child process starts with: a copy of this process's (``environ``) without the variables
-    of ``drop``, with ``overrides`` set. This process's own environment is not changed."""
+    """A copy of this process's environment (``environ``) without ``drop``, with ``overrides`` set."""
     env = dict(os.environ if environ is None else environ)
     for name in drop:
         env.pop(name, None)
@@ -173,20 +149,17 @@ def child_environment(overrides: Mapping[str, str] | None = None, *, drop: Itera
 
 
 def apply_time_limits(environ: MutableMapping[str, str] | None = None) -> None:
-    """Set the libraries' time limits that the user has not set (:func:`runtime.timeouts.apply_timeouts`) in
-    ``environ``, this process's environment by default."""
+    """Set the libraries' time limits the user has not set (:func:`runtime.timeouts.apply_timeouts`)."""
     apply_timeouts(os.environ if environ is None else environ)
 
 
 def server_lost_s(environ: Mapping[str, str] | None = None) -> float:
-    """:data:`~runtime.timeouts.ENV_SERVER_LOST_S` as a number of seconds (at least 2), its default when unset;
-    raises InputError naming the variable."""
+    """:data:`~runtime.timeouts.ENV_SERVER_LOST_S` in seconds (at least 2; InputError otherwise)."""
     return _seconds(ENV_SERVER_LOST_S, SERVER_LOST_S, 2, environ)
 
 
 def worker_stop_s(environ: Mapping[str, str] | None = None) -> float:
-    """:data:`~runtime.timeouts.ENV_WORKER_STOP_S` as a number of seconds (at least 1), its default when unset;
-    raises InputError naming the variable."""
+    """:data:`~runtime.timeouts.ENV_WORKER_STOP_S` in seconds (at least 1; InputError otherwise)."""
     return _seconds(ENV_WORKER_STOP_S, WORKER_STOP_S, 1, environ)
 
 
@@ -210,25 +183,8 @@ PREFECT_STARTUP_TIMEOUT_S = 180
 
 @dataclass(frozen=True)
 class Settings:
-    """Resolved locations of every service a run talks to.
-
-    Attributes:
-        home: the state folder (absolute).
-        store_uri: object store for result tables and figures.
-        tracking_uri: MLflow tracking URI.
-        artifact_root: where MLflow artifacts go for a local tracking store, ``None`` when a tracking server
-            decides (it proxies artifacts to its ``--artifacts-destination``).
-        prefect_api_url: a configured Prefect API, or ``None`` for the temporary local server.
-        prefect_home: PREFECT_HOME used with the temporary server.
-        experiment_name: MLflow experiment the runs are logged to.
-        model: the model of re-estimation from the environment (None: the command's or the flow's default).
-        target: the target location of re-estimation from the environment (None: ``<store>/target``).
-        dask_address: Dask cluster of the sweep's estimation tasks (None: threads in the flow's process).
-        reestimate_cron: cron schedule of the served reestimate deployment (None: unscheduled).
-        reestimate_timezone: time zone of that schedule (None: UTC).
-        stack_ports: the local stack's port per service as the environment gives it, unparsed (None: default).
-        cache_dir: download folder of the image datasets (None: the library's default).
-    """
+    """Resolved locations of every service a run talks to (:data:`VARIABLES` says what each sets); None where the
+    environment leaves it to the code that uses it (``artifact_root``: a tracking server decides)."""
 
     home: Path
     store_uri: str
@@ -257,9 +213,8 @@ class Settings:
 
     def mlflow_ui_command(self) -> str:
         """The command that opens the MLflow UI on these runs (or the URL of the server that already serves it)."""
-        if not self.tracking_is_local:
-            return self.tracking_uri
-        return f"mlflow ui --backend-store-uri {self.tracking_uri} --port 5000"
+        return (f"mlflow ui --backend-store-uri {self.tracking_uri} --port 5000" if self.tracking_is_local
+                else self.tracking_uri)
 
     def create_folders(self) -> None:
         """Create the folders the local defaults write into (the temporary Prefect server needs its home)."""
@@ -274,17 +229,7 @@ def resolve(home: str | os.PathLike | None = None, *, store_uri: str | None = No
             tracking_uri: str | None = None, experiment_name: str | None = None,
             environ: Mapping[str, str] | None = None) -> Settings:
     """Resolve the settings: explicit arguments win over environment variables, which win over the home folder.
-
-    Args:
-        home: state folder; default ``$LABELSHIFT_HOME`` or ``./.labelshift``.
-        store_uri: object store URI; default ``$LABELSHIFT_STORE`` or ``<home>/store``.
-        tracking_uri: MLflow tracking URI; default ``$MLFLOW_TRACKING_URI`` or ``sqlite:///<home>/mlflow.db``.
-        experiment_name: MLflow experiment; default ``$LABELSHIFT_MLFLOW_EXPERIMENT`` or ``labelshift-reproduce``.
-        environ: the environment to read (``os.environ`` by default).
-
-    The other variables of :data:`VARIABLES` are read as the environment gives them (None when unset); the command
-    that has a flag for one lets the flag win, and the code that uses one supplies its default.
-    """
+    The other variables of :data:`VARIABLES` are read as given (None when unset): the user supplies the default."""
     env = os.environ if environ is None else environ
     home_path = Path(home or read(ENV_HOME, env) or DEFAULT_HOME).expanduser().resolve()
     store = store_uri or read(ENV_STORE, env) or str(home_path / "store")
@@ -309,8 +254,8 @@ def resolve(home: str | os.PathLike | None = None, *, store_uri: str | None = No
 
 
 def local_artifact_root(tracking_uri: str, home: Path) -> str | None:
-    """Artifact folder for a local tracking store: ``mlartifacts`` beside the SQLite file (so the database and its
-    artifacts travel together), ``<home>/mlartifacts`` for other local stores, None for a tracking server."""
+    """Artifact folder of a local tracking store: ``mlartifacts`` beside the SQLite file (they travel together),
+    ``<home>/mlartifacts`` for other local stores, None for a tracking server."""
     if tracking_uri.startswith(("http://", "https://", "databricks")):
         return None
     if tracking_uri.startswith("sqlite:///"):
@@ -357,17 +302,15 @@ def apply(settings: Settings, *, verbose: bool = False,
 
 
 def on_temporary_prefect_server(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process reports to the temporary Prefect server of a command run without PREFECT_API_URL:
-    :func:`apply` then sets PREFECT_HOME to ``<home>/prefect``, which no lasting server of the project uses (the
-    local stack's is ``<home>/stack/prefect``)."""
+    """Whether this process reports to a command's temporary Prefect server: :func:`apply` then sets PREFECT_HOME
+    to ``<home>/prefect``, which no lasting server of the project uses."""
     home, prefect_home = read(ENV_HOME, environ), read("PREFECT_HOME", environ)
     return bool(home and prefect_home) and Path(prefect_home) == Path(home) / "prefect"
 
 
 def require_trusted_models(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether :data:`ENV_REQUIRE_TRUSTED` asks to refuse model versions without a recorded digest: ``1``, ``true``
-    or ``yes`` (any case) do; unset, ``0``, ``false`` or ``no`` do not. Any other value raises ValueError naming the
-    variable, so that a typo does not silently load untrusted models."""
+    """Whether :data:`ENV_REQUIRE_TRUSTED` asks to refuse model versions without a recorded digest (1/true/yes,
+    0/false/no or unset); ValueError otherwise, so that a typo does not silently load untrusted models."""
     value = (read(ENV_REQUIRE_TRUSTED, environ) or "0").lower()
     if value in ("1", "true", "yes"):
         return True
@@ -388,9 +331,8 @@ def record_alerts_server(home: Path, api_url: str) -> None:
 
 
 def alerts_missed(environ: Mapping[str, str] | None = None) -> str | None:
-    """The Prefect server where ``labelshift alerts`` was set up from this home, when this process reports to the
-    temporary server of a command instead (:func:`on_temporary_prefect_server`): its events reach no automation.
-    None otherwise -- also when no alerts were ever set up from this home (nothing is missed then)."""
+    """The Prefect server where ``labelshift alerts`` was set up from this home, when this process reports to a
+    temporary server instead (its events reach no automation); else None."""
     if not on_temporary_prefect_server(environ):
         return None
     record = Path(read(ENV_HOME, environ) or ".") / ALERTS_RECORD

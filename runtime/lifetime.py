@@ -35,6 +35,7 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 from runtime import environment
@@ -53,10 +54,8 @@ def _marker() -> str:
 
 
 def watch_descendants() -> str:
-    """Export the marker and start the watchdog of this process (once per process); returns the marker.
-
-    Call it from the command's process before it starts anything. POSIX only (elsewhere only the marker is set).
-    """
+    """Export the marker and start the watchdog of this process (once per process, before it starts anything;
+    POSIX only); returns the marker."""
     global _watchdog
     value = _marker()
     environment.export(MARKER_ENV, value)      # every process this one starts from now on carries it
@@ -74,11 +73,8 @@ def watch_descendants() -> str:
 
 
 class TemporaryPrefectServer:
-    """Prefect's temporary API server (no UI) for one command, with its SQLite database under ``prefect_home``.
-
-    :meth:`start` launches it and returns at once; :meth:`wait_ready` waits until it answers. The server gets
-    SIGTERM when the command ends (Linux parent-death signal, and the watchdog), and :meth:`stop` runs at exit.
-    """
+    """Prefect's temporary API server (no UI) for one command, with its SQLite database under ``prefect_home``:
+    :meth:`start` returns at once, :meth:`wait_ready` waits until it answers, :meth:`stop` runs at exit."""
 
     def __init__(self, prefect_home: Path, *, timeout_s: float = 180.0):
         self.prefect_home = Path(prefect_home)
@@ -133,8 +129,6 @@ def _exit_normally_on(*signals: int) -> None:
         raise SystemExit(128 + signum)
 
     for sig in signals:
-        try:
+        with suppress(ValueError, OSError):              # not the main thread, or no such signal here
             if signal.getsignal(sig) == signal.SIG_DFL:
                 signal.signal(sig, handler)
-        except (ValueError, OSError):              # not the main thread, or no such signal here
-            pass

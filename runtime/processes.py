@@ -1,13 +1,9 @@
 """Server processes on this machine: start, wait until ready, stop with everything they started; ports and probes.
 
-:class:`ServiceProcess` starts a command in a process group (a session) of its own with its output appended to a
-log file, waits until a readiness check passes (or fails with the tail of the log), and stops the leader and every
-process it started: those still in its group and its descendants that left it (SIGTERM, then SIGKILL after a
-grace period). A process started by an earlier command is taken over with :meth:`ServiceProcess.attach` from its
-pid and start time.
-
-Process inspection goes through psutil, so the module runs wherever psutil does; process groups and signals are
-POSIX. The start time recorded with a pid (:func:`start_time`) tells a process from a later one that reuses its pid.
+:class:`ServiceProcess` starts a command in a session of its own with its output appended to a log file, waits
+until a readiness check passes (or fails with the log's tail), and stops the leader, its group and its descendants
+that left it (SIGTERM, then SIGKILL after a grace period); :meth:`ServiceProcess.attach` takes over one started
+earlier. The start time recorded with a pid (:func:`start_time`) tells a process from a later one reusing its pid.
 """
 from __future__ import annotations
 
@@ -22,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 
 import psutil
@@ -118,10 +115,8 @@ def start_time(pid: int) -> float | None:
 def _reap(pid: int) -> None:
     """Collect the exit status if the process is our child (a zombie would otherwise look alive)."""
     if hasattr(os, "waitpid") and hasattr(os, "WNOHANG"):
-        try:
+        with suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
-        except (ChildProcessError, OSError):
-            pass
 
 
 def _running(process: psutil.Process) -> bool:
@@ -135,10 +130,8 @@ def _running(process: psutil.Process) -> bool:
 
 
 def pid_alive(pid: int, create_time: float | None = None) -> bool:
-    """True when ``pid`` runs, is not a zombie, and (when ``create_time`` is given) started at that time.
-
-    Reaps the process first if it is a child of this one.
-    """
+    """True when ``pid`` runs, is not a zombie, and (when ``create_time`` is given) started at that time (a child
+    of this process is reaped first)."""
     _reap(pid)
     try:
         process = psutil.Process(pid)
@@ -161,10 +154,8 @@ def processes_with_env(name: str, value: str) -> list[int]:
 def signal_processes(pids: Iterable[int], sig: int) -> None:
     """Send ``sig`` to each pid still running (one that ended meanwhile is skipped)."""
     for pid in pids:
-        try:
+        with suppress(psutil.Error):
             psutil.Process(pid).send_signal(sig)
-        except psutil.Error:
-            pass
 
 
 def _group_of(pid: int) -> int | None:
@@ -188,19 +179,9 @@ def die_with(parent: int, sig: int = signal.SIGTERM) -> Callable[[], None]:
 
 # -- one service process -----------------------------------------------------------------------------------------------
 class ServiceProcess:
-    """A server process in a process group of its own, with its output appended to ``log``.
-
-    Args:
-        command: the program and its arguments.
-        log: file that receives stdout and stderr (appended, after a line with the time and the command).
-        env: the whole environment of the process (default: this one's).
-        cwd: its working directory.
-        name: how messages call it ("MLflow server").
-        notable: lines of the log worth showing in an error even before its tail (e.g. a bad flag's complaint).
-        die_with_parent: Linux only: the process gets SIGTERM when the thread that started it ends (even on
-            SIGKILL), so start it from the main thread; ignored elsewhere. Only the process itself gets the
-            signal, not what it starts in turn (:mod:`runtime.lifetime` covers those).
-    """
+    """A server process in a process group of its own, with its output appended to ``log``; ``notable``: lines of
+    the log shown in an error before its tail. ``die_with_parent`` (Linux): the process alone gets SIGTERM when the
+    thread that started it ends, even on SIGKILL, so start it from the main thread."""
 
     def __init__(self, command: Sequence[str], *, log: str | os.PathLike, env: Mapping[str, str] | None = None,
                  cwd: str | os.PathLike | None = None, name: str | None = None, notable: re.Pattern | None = None,
@@ -263,11 +244,8 @@ class ServiceProcess:
     def wait_ready(self, check: Callable[[], bool], timeout: float, *, what: str = "its readiness check",
                    if_exited: str = "", if_slow: str = "", step: float = 0.2,
                    error: type[Exception] = ServiceStartError) -> None:
-        """Poll ``check`` until it returns True; the process is left running either way.
-
-        Raises ``error`` when the process exits first or ``timeout`` seconds pass, with ``if_exited`` or
-        ``if_slow`` (advice, e.g. " (raise --timeout)") after the cause, then the log's path and tail.
-        """
+        """Poll ``check`` until it returns True; ``error`` when the process exits first or ``timeout`` seconds
+        pass, with the advice ``if_exited`` or ``if_slow`` after the cause, then the log's path and tail."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive:
@@ -283,13 +261,11 @@ class ServiceProcess:
         """The live processes of this service: the leader and its descendants, and whatever is in its group."""
         found: dict[int, psutil.Process] = {}
         if self.pid is not None and self.alive:
-            try:
+            with suppress(psutil.Error):
                 leader = psutil.Process(self.pid)
                 found[leader.pid] = leader
                 for child in leader.children(recursive=True):
                     found[child.pid] = child
-            except psutil.Error:
-                pass
         if self.pgid is not None:
             for process in psutil.process_iter():
                 if process.pid not in found and _group_of(process.pid) == self.pgid:
@@ -299,24 +275,17 @@ class ServiceProcess:
     def _signal(self, members: Mapping[int, psutil.Process], sig: int) -> None:
         """Signal the group once, and each member outside it (so no process gets the signal twice)."""
         if self.pgid is not None:
-            try:
+            with suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pgid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
         for pid, process in members.items():
             if self.pgid is None or _group_of(pid) != self.pgid:
-                try:
+                with suppress(psutil.Error):
                     process.send_signal(sig)
-                except psutil.Error:
-                    pass
 
     def stop(self, grace: float = 10.0, kill_wait: float = 5.0, *, leader_only: bool = False) -> bool:
-        """End the process and everything it started: SIGTERM, then SIGKILL to what is left after ``grace`` s.
-
-        ``leader_only``: the SIGTERM goes to the process alone, which ends what it started itself (as
-        ``labelshift worker`` ends its flow runs); the SIGKILL still reaches everything left.
-        Returns True when the process was running. Does nothing to a pid now held by another process.
-        """
+        """End the process and everything it started: SIGTERM (``leader_only``: to the process alone, which ends
+        what it started itself), then SIGKILL to what is left after ``grace`` s. Returns True when the process was
+        running; does nothing to a pid now held by another process."""
         if not self.alive:
             if self._popen is not None:
                 self._popen.poll()
@@ -337,10 +306,8 @@ class ServiceProcess:
             self._signal(remaining(), signal.SIGKILL)
             wait_until(lambda: not remaining(), kill_wait)
         if self._popen is not None:
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 self._popen.wait(timeout=kill_wait)
-            except subprocess.TimeoutExpired:
-                pass
         return True
 
     def __repr__(self) -> str:

@@ -2,17 +2,12 @@
 treats a server that does not answer like one that is gone.
 
 The libraries read most limits from environment variables at import; :func:`apply_timeouts` sets each one the user
-has not set (``labelshift`` calls it before importing Prefect and MLflow), so that a server that accepts
-connections and never answers (frozen, overloaded, a dead proxy) ends a call in tens of seconds instead of minutes:
-Prefect's own defaults wait 60 s per request and retry 5 times with a back-off of 2-32 s (about 6 minutes for one
-call), MLflow's 120 s per request and 7 retries (over 15 minutes). Measured with the local stack's servers frozen
-under ``labelshift estimate`` (tests/integration/test_faults_stack.py): MLflow at 30 s per request kept the command
-272 s (two calls of 4 x 30 s + back-off), S3 at 60 s over 5 minutes; at 15 s each, a call to a frozen MLflow fails
-within 4 x 15 s + 12 s of back-off, one to a frozen S3 within 5 x 15 s (botocore backs off under a second). A healthy server answers a
-request in well under a second, even on a loaded 2-core machine (these limits are the wait for an answer's next
-bytes, not for a whole transfer). The Prefect server is watched instead (``ENV_SERVER_LOST_S``). Set a variable to override it; the table below
-is what ``docs/operations.md`` shows (a test keeps them equal). A proxied artifact upload answers only once the
-MLflow server has stored it: raise ``MLFLOW_HTTP_REQUEST_TIMEOUT`` for large artifacts over a slow link.
+has not set (before Prefect and MLflow are imported), so that a server that accepts connections and never answers
+ends a call in tens of seconds instead of minutes (Prefect's defaults: about 6 minutes for one call; MLflow's: over
+15). At 15 s each, a call to a frozen MLflow fails within 4 x 15 s + 12 s of back-off, one to a frozen S3 within
+5 x 15 s (tests/integration/test_faults_stack.py); a healthy server answers in well under a second (these limits
+are the wait for an answer's next bytes, not for a whole transfer). The table below is what ``docs/operations.md``
+shows (a test keeps them equal). Raise ``MLFLOW_HTTP_REQUEST_TIMEOUT`` for large proxied artifacts over a slow link.
 
 Two limits are the command's own: how long the Prefect server may stop answering during a run before the run is
 stopped (:data:`ENV_SERVER_LOST_S`, watched by :mod:`runtime.server_watch`), and how long the command then gives

@@ -1,34 +1,22 @@
 """A Prefect process worker that lets its flow runs end before it stops.
 
-Prefect 3.9's process worker, asked to stop (SIGTERM from ``systemctl stop``, Kubernetes, ``labelshift stack down``),
-kills the processes of the flow runs it executes without letting them report: the flow run stays *Running* in
-Prefect and its MLflow runs *RUNNING*, for good (measured in tests/integration/test_workers.py). A flow run's own
-process, sent SIGTERM, ends as Prefect intends -- the run *Crashed* ("aborted by a termination signal"), its MLflow
-runs KILLED -- within seconds.
+Prefect 3.9's process worker, asked to stop, kills its flow runs' processes without letting them report: the flow
+run stays *Running* and its MLflow runs *RUNNING* for good (tests/integration/test_workers.py); a flow run's own
+process, sent SIGTERM, ends *Crashed* with its MLflow runs KILLED within seconds. :func:`run_worker` starts the
+worker in a process group of its own and, on SIGTERM or SIGINT:
 
-:func:`run_worker` starts the worker as a child in a process group of its own and, on SIGTERM or SIGINT:
+1. freezes the worker (SIGSTOP), so it takes no new flow run;
+2. sends SIGTERM to each flow run's process and waits up to ``grace_s`` (:data:`runtime.timeouts.ENV_WORKER_STOP_S`;
+   a second signal cuts the wait short), then kills what is left (SIGKILL);
+3. calls ``settle(flow_run_id, killed, environ, why, server_answers)`` for each, so the caller can mark the run
+   Crashed and close its MLflow runs when its process could not;
+4. lets the worker go (SIGCONT, then SIGTERM) and returns 128 + the signal's number.
 
-1. freezes the worker (SIGSTOP), so it takes no new flow run while its runs end;
-2. sends SIGTERM to each flow run's process (the worker's children, each in a group of its own) and waits up to
-   ``grace_s`` seconds (:data:`runtime.timeouts.ENV_WORKER_STOP_S`) for them; a second signal cuts the wait short;
-   what is still running then is killed (SIGKILL);
-3. calls ``settle(flow_run_id, killed, environ, why, server_answers)`` for each flow run it stopped
-   (``environ``: that run's process environment, e.g. its MLflow tracking URI; ``why``: who ended it;
-   ``server_answers``: whether the Prefect server does), so the caller can make sure the run does not stay
-   Running (mark it Crashed, close its MLflow runs) when its process could not say so itself;
-4. lets the worker go (SIGCONT, then SIGTERM: Prefect's own way out) and returns 128 + the signal's number.
-
-The Prefect server is watched too: when it stops answering (killed, frozen), the flow runs in flight are ended
-the same way (steps 1-3; their processes would otherwise wait on it for minutes, then for ever to send their last
-logs, holding the worker's slots) and the worker goes on; the server is then asked every :data:`RETRY_S` seconds
-until it answers, the watch is armed again, and what could not be settled without it is settled.
-
-Signals only set a flag and write a byte to a pipe that the loop waits on (a handler that took a lock, as
-``threading.Event.set`` does, could wait for the very thread it interrupted). The worker is never left frozen:
-whatever ends the guard sends SIGCONT first, and the worker gets SIGKILL if the guard itself is killed (Linux).
-
-Without a signal the worker's own exit status is returned. Linux and macOS (POSIX signals); the worker's flow runs
-are found by the ``PREFECT__FLOW_RUN_ID`` variable Prefect gives their processes.
+When the watched Prefect server stops answering, the runs in flight are ended the same way (steps 1-3) and the
+worker goes on; the server is asked every :data:`RETRY_S` seconds until it answers, and what was not settled is
+settled then. Signals only set a flag and write a byte to a pipe (a handler that took a lock could wait for the
+very thread it interrupted). The worker is never left frozen: whatever ends the guard sends SIGCONT first, and the
+worker gets SIGKILL if the guard itself is killed (Linux).
 """
 from __future__ import annotations
 
@@ -39,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 
 import psutil
 
@@ -116,26 +105,20 @@ class _Wakeup:
         os.set_blocking(self._write, False)
 
     def poke(self) -> None:
-        try:
+        with suppress(BlockingIOError, OSError):
             os.write(self._write, b"\0")
-        except (BlockingIOError, OSError):
-            pass
 
     def wait(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for a poke, then empty the pipe."""
-        try:
+        with suppress(BlockingIOError, InterruptedError, OSError):
             select.select([self._read], [], [], timeout)
             while os.read(self._read, 4096):
                 pass
-        except (BlockingIOError, InterruptedError, OSError):
-            pass
 
     def close(self) -> None:
         for fd in (self._read, self._write):
-            try:
+            with suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
 
 class _Guard:
@@ -315,24 +298,18 @@ def _signal_run(pid: int, process: psutil.Process, sig: int) -> None:
     if leads:
         _killpg(pid, sig)
     elif _running(process):
-        try:
+        with suppress(psutil.Error):
             process.send_signal(sig)
-        except psutil.Error:
-            pass
 
 
 def _killpg(pgid: int, sig: int) -> None:
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _send(pid: int, sig: int) -> None:
-    try:
+    with suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _alive(runs: Mapping[int, FlowRun]) -> list[int]:

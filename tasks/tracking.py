@@ -1,11 +1,6 @@
-"""MLflow helpers both flows share: the tracking server's reachability check, experiments (created with the tag
-that makes MLflow 3 open them on their runs), artifacts written from bytes, links into the MLflow UI (the
-model-training view, which the UI otherwise replaces by its GenAI tracing overview) and the git commit a run records.
-The sweep's own runs are :mod:`tasks.sweep.runs`; the re-estimation's, :mod:`tasks.reestimation.runs`.
-
-Every function takes the tracking URI and run ids explicitly and talks to MLflow through an ``MlflowClient``:
-MLflow's "active run" is thread-local and Prefect runs tasks on worker threads, so the fluent API
-(``mlflow.log_metric``) would log to the wrong run or none.
+"""MLflow helpers both flows share: the tracking server's reachability check, experiments, artifacts written from
+bytes, links into the MLflow UI's model-training view and the git commit a run records. Like :mod:`tasks.sweep.runs`
+they talk to MLflow through an ``MlflowClient`` with explicit ids, never the thread-local fluent API.
 """
 from __future__ import annotations
 
@@ -20,10 +15,8 @@ from mlflow import MlflowClient
 
 from labelshift.errors import InputError, ServiceUnavailableError
 
-__all__ = ["check_tracking_server", "tracking_server_lost", "ended_status", "FLOW_RUN_TAG",
-           "end_runs_of_flow_run", "run_url", "experiment_url",
-           "artifact_url", "git_commit", "log_bytes",
-           "EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "MODEL_TRAINING_VIEW", "mark_model_training", "experiment_id"]
+__all__ = ["check_tracking_server", "tracking_server_lost", "ended_status", "FLOW_RUN_TAG", "end_runs_of_flow_run",
+           "run_url", "experiment_url", "artifact_url", "git_commit", "git_commit_tag", "log_bytes", "EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "MODEL_TRAINING_VIEW", "mark_model_training", "experiment_id"]
 
 #: the tag both flows put on each of their MLflow runs: the Prefect flow run that wrote it
 FLOW_RUN_TAG = "prefect.flow_run_id"
@@ -44,35 +37,40 @@ def git_commit(start: str | os.PathLike | None = None) -> str | None:
     return commit if out.returncode == 0 and len(commit) == 40 else None
 
 
+def git_commit_tag() -> dict[str, str]:
+    """MLflow's ``mlflow.source.git.commit`` tag of this checkout's commit; empty outside a checkout."""
+    commit = git_commit()
+    return {"mlflow.source.git.commit": commit} if commit else {}
+
+
 #: the MLflow 3 UI opens on its GenAI view unless told otherwise (a switch it remembers per browser, which a
 #: link can set); every link given to a person asks for the model-training view, where runs and metrics are
 MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 
 
-def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
-    """The MLflow UI address of a run (in the model-training view) when the tracking URI is a server, else None."""
+def _ui_url(tracking_uri: str, page: str) -> str | None:
+    """``page`` of the MLflow UI (model-training view) when the tracking URI is a server, else None."""
     if tracking_uri.startswith(("http://", "https://")):
-        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"
+        return f"{tracking_uri.rstrip('/')}/#/experiments/{page}?{MODEL_TRAINING_VIEW}"
     return None
+
+
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
+    """The MLflow UI address of a run when the tracking URI is a server, else None."""
+    return _ui_url(tracking_uri, f"{experiment_id}/runs/{run_id}")
 
 
 def experiment_url(tracking_uri: str, experiment_id: str) -> str | None:
     """The MLflow UI address of an experiment's runs table when the tracking URI is a server, else None."""
-    if tracking_uri.startswith(("http://", "https://")):
-        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs?{MODEL_TRAINING_VIEW}"
-    return None
+    return _ui_url(tracking_uri, f"{experiment_id}/runs")
 
 
 def artifact_url(tracking_uri: str, experiment_id: str, run_id: str, path: str) -> str | None:
-    """The MLflow UI page that shows one artifact of a run (an image is previewed there; the server proxies it
-    from the artifact store), when the tracking URI is a server; else None. (The server's own download
-    address, ``/get-artifact``, always sends an attachment, which a browser saves instead of showing.)"""
-    if tracking_uri.startswith(("http://", "https://")):
-        from urllib.parse import quote
+    """The MLflow UI page that previews one artifact of a run (the server's ``/get-artifact`` always sends an
+    attachment, which a browser saves instead of showing), when the tracking URI is a server; else None."""
+    from urllib.parse import quote
 
-        return (f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}/artifactPath/"
-                f"{quote(path)}?{MODEL_TRAINING_VIEW}")
-    return None
+    return _ui_url(tracking_uri, f"{experiment_id}/runs/{run_id}/artifactPath/{quote(path)}")
 
 
 def mark_model_training(client: MlflowClient, experiment_id: str) -> None:
@@ -83,11 +81,8 @@ def mark_model_training(client: MlflowClient, experiment_id: str) -> None:
 
 
 def check_tracking_server(tracking_uri: str, timeout_s: float = 10.0) -> None:
-    """Fail fast, with a message that says what to do, when an MLflow tracking *server* does not answer.
-
-    (MLflow's own client retries an unreachable server with backoff for minutes before giving up.) Local
-    tracking stores need no check.
-    """
+    """Fail fast, saying what to do, when an MLflow tracking *server* does not answer (MLflow's own client retries
+    for minutes)."""
     if not tracking_uri.startswith(("http://", "https://")):
         return
     try:
@@ -132,14 +127,9 @@ def tracking_server_lost(exc: BaseException, tracking_uri: str) -> ServiceUnavai
 
 def experiment_id(client: MlflowClient, name: str, *, artifact_location: str | None = None,
                   tags: dict[str, str] | None = None, if_deleted: str = "restore") -> str:
-    """The id of the MLflow experiment ``name``, created with ``artifact_location`` and ``tags`` when there is none
-    (one created meanwhile by a concurrent run is used).
-
-    A deleted experiment is restored (``if_deleted="restore"``: the sweeps of ``reproduce``, each run
-    self-contained) or refused with an InputError naming the fix (``"raise"``: re-estimation, whose monitor runs
-    carry the series of earlier runs, which a restore would bring back unasked). Each caller keeps the behaviour it
-    had before the two copies of this function were merged.
-    """
+    """The id of the MLflow experiment ``name``, created with ``artifact_location`` and ``tags`` when there is none.
+    A deleted one is restored (``if_deleted="restore"``: the self-contained sweeps) or refused with an InputError
+    (``"raise"``: re-estimation, whose monitor runs a restore would bring back unasked)."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
@@ -166,32 +156,26 @@ def log_bytes(client: MlflowClient, run_id: str, data: bytes, artifact_file: str
         client.log_artifact(run_id, str(path), artifact_path=folder or None)
 
 
-
-
 def ended_status(exc: BaseException) -> str:
-    """The MLflow status of a run that ``exc`` ended: FAILED for an error, KILLED when it was stopped (Ctrl-C,
-    SystemExit, SIGTERM as Prefect's TerminationSignal or the command's own: any BaseException that is no
-    Exception)."""
+    """The MLflow status of a run that ``exc`` ended: FAILED for an error, KILLED when it was stopped (any
+    BaseException that is no Exception: Ctrl-C, SystemExit, SIGTERM)."""
     return "FAILED" if isinstance(exc, Exception) else "KILLED"
 
 
 def one_line(what: object, limit: int = 300) -> str:
-    """``what`` (an exception's message, a response's text) on one line, at most ``limit`` characters (for a tag,
-    a log line, a sentence)."""
+    """``what`` (an exception's message, a response's text) on one line, at most ``limit`` characters."""
     return " ".join(str(what).split())[:limit]
 
 
 def registry_refused(exc: BaseException) -> bool:
-    """True when ``exc`` is the tracking server refusing this user what it asked: PERMISSION_DENIED (HTTP 403), as
-    the container stack's proxy and MLflow's auth app answer the workers' user a model registration or an alias
-    (infra/README.md, "Who may do what")."""
+    """True when ``exc`` is the tracking server refusing this user what it asked (PERMISSION_DENIED, HTTP 403;
+    infra/README.md, "Who may do what")."""
     return getattr(exc, "error_code", None) == "PERMISSION_DENIED"
 
 
 def end_runs_of_flow_run(tracking_uri: str, flow_run_id: str, status: str = "KILLED") -> list[str]:
-    """End as ``status`` every MLflow run still RUNNING that the Prefect flow run ``flow_run_id`` wrote (tag
-    :data:`FLOW_RUN_TAG`), in any experiment: the book-keeping of a flow run whose process was killed before it
-    could end them. Returns their ids."""
+    """End as ``status`` every MLflow run still RUNNING that the flow run ``flow_run_id`` wrote (tag
+    :data:`FLOW_RUN_TAG`), in any experiment (its process was killed before it could). Returns their ids."""
     client = MlflowClient(tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
     if not experiments or not re.fullmatch(r"[0-9a-fA-F-]{1,64}", flow_run_id):

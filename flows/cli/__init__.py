@@ -1,16 +1,4 @@
-"""The ``labelshift`` command: run the paper's sweeps, serve them as a Prefect deployment, manage the local stack.
-
-    labelshift reproduce [options]   run the sweep on the embedded defaults (or the servers the env names)
-    labelshift serve [options]       serve reproduce (sweeps from the Prefect UI) and reestimate (on a cron schedule)
-    labelshift stack up|down|status  the local no-Docker stack (SeaweedFS S3, MLflow, Prefect) when installed
-    labelshift where                 print where state, results and tracking go, and how to open the UIs
-    labelshift data push NAME        build an image dataset and write it to the object store
-    labelshift data simulate-target  write label-shifted batches of a dataset's test images (to try `estimate`)
-    labelshift report [--out DIR]    a markdown results page (tables, figures, the paper's claims) from MLflow
-    labelshift estimate --model M    re-estimate the target label distribution of new data once (reestimate flow)
-    labelshift reference register    register a reference (calibrator, holdout, class names) for prediction logs
-    labelshift alerts [options]      automations that notify (webhook, Slack, e-mail) on re-estimation verdicts
-    labelshift worker [--pool P]     a Prefect process worker whose flow runs end cleanly when it is stopped
+"""The ``labelshift`` command (``labelshift --help`` lists its subcommands).
 
 One module per subcommand; each registers its parser and handler, and shares only :mod:`flows.cli._common`. The
 commands that run a flow (``reproduce``, ``estimate``) build their options from the flow's parameter model in

@@ -1,10 +1,5 @@
 """What every subcommand shares: the usage error, list parsing, --home/--verbose, setting up the environment, and
-command-line options built from a flow's parameter model.
-
-A flow's parameters are pydantic fields whose ``Annotated`` definitions (:mod:`flows.params`) carry the type, the
-constraints and the description. :func:`add_field` turns one field into an option (type, choices, help text with
-the default); :func:`given` collects what was given on the command line; :func:`validated` builds the model from it
-and turns a ``ValidationError`` into a :class:`UsageError` that names the options.
+command-line options built from a flow's parameter model (:func:`add_field`, :func:`given`, :func:`validated`).
 """
 from __future__ import annotations
 
@@ -68,14 +63,10 @@ _temporary_server = None
 
 
 def setup(args, *, prefect_server: bool = False, check=None, **overrides) -> settings_mod.Settings:
-    """Resolve the settings (flags in ``overrides`` win), export them for Prefect and MLflow, and route the
-    progress lines of the flows to stdout. ``check(settings)``, when given, runs first: a UsageError it raises
-    (exit 2) ends the command before any server starts.
-
-    Every process started from here on ends with this one (:func:`runtime.lifetime.watch_descendants`). With
-    ``prefect_server`` and no PREFECT_API_URL, the temporary Prefect server is started now, so that it boots while
-    the command imports the rest; :func:`prefect_api` then waits for it and points Prefect at it.
-    """
+    """Resolve the settings (flags in ``overrides`` win; ``check(settings)`` first, before any server starts),
+    export them, and route the flows' progress lines to stdout. Every process started from here on ends with this
+    one. With ``prefect_server`` and no PREFECT_API_URL, the temporary Prefect server starts booting now
+    (:func:`prefect_api` waits for it)."""
     global _temporary_server
     from runtime.lifetime import TemporaryPrefectServer, watch_descendants
 
@@ -114,10 +105,9 @@ def _prefect_api_in_settings() -> bool:
 
 @contextmanager
 def prefect_api(env: settings_mod.Settings):
-    """Where flows run: the configured Prefect API as it is, or the temporary server started by :func:`setup`
-    (waited for, then set as Prefect's API, with flow-run heartbeats off: they let a lasting server mark a run
-    Crashed when its process disappears, which a temporary server cannot outlive to do). Yields the API URL
-    (None when Prefect was configured in-process, e.g. by a test harness)."""
+    """Where flows run: the configured Prefect API, or the temporary server of :func:`setup`, waited for and set as
+    Prefect's API with flow-run heartbeats off (it cannot outlive the process to act on them). Yields the API URL
+    (None when Prefect was configured in-process)."""
     if env.prefect_api_url is not None or _temporary_server is None:
         yield env.prefect_api_url
         return
@@ -132,18 +122,9 @@ def prefect_api(env: settings_mod.Settings):
 @dataclass(frozen=True)
 class Opt:
     """How one field of a parameter model appears on the command line, where it differs from the defaults
-    (``--<name-with-dashes>``, the field's type, its description and default as help).
-
-    Attributes:
-        option: the option name, e.g. ``--seeds`` for ``n_seeds``.
-        metavar: the placeholder in the help (lists get ``LIST``).
-        extra: text appended to the field's description.
-        default: the default as the help shows it, where the model's default is not the whole story (an
-            environment variable, a value computed later); ``""`` shows none (the description says it).
-        parse: argparse type, where the one derived from the annotation does not fit.
-        const: make the option a flag that sets the field to this value.
-        help: the help text in full, replacing the description (for a flag, whose meaning is one value).
-    """
+    (``--<name-with-dashes>``, the field's type, its description and default as help): ``extra`` is appended to
+    the description, ``default`` is the default as the help shows it (``""``: none), ``const`` makes a flag that
+    sets the field to this value, and ``help`` replaces the description."""
 
     option: str | None = None
     metavar: str | None = None
@@ -184,9 +165,7 @@ def _scalar(annotation) -> tuple[Callable, tuple | None]:
 def show_default(value) -> str | None:
     if value is None:
         return None
-    if isinstance(value, list):
-        return ",".join(str(v) for v in value)
-    return str(value)
+    return ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
 
 
 def in_flags(text: str, model: type[BaseModel], how: Mapping[str, Opt] | None = None) -> str:

@@ -96,10 +96,7 @@ class ServerLost(KeyboardInterrupt):
 def sigterm_unwinds(command: str, committed: Callable[[], int | None] = _no_commit):
     """Within the block, SIGTERM raises :class:`Terminated` (or :class:`ServerLost`, when the server watch sent
     it) in the main thread instead of ending the process on the spot (Python's default, which leaves the MLflow
-    run RUNNING and prints nothing). In the ``labelshift`` process (:func:`as_command`) a SIGTERM also starts a
-    clock the moment it arrives (:func:`_clock_on_sigterm`): if unwinding takes more than
-    :data:`runtime.timeouts.UNWIND_S` seconds, the sentence is printed and the process exits 143. ``committed``
-    says whether the run had committed (the sentence then says so)."""
+    run RUNNING and prints nothing), under :func:`sigterm_clock`. ``committed`` says whether the run had committed."""
     def sentence() -> str:
         return stopped_sentence(command, "stopped by SIGTERM", committed())
 
@@ -164,10 +161,8 @@ def _leave_after(seconds: float, code: int, sentence: Callable[[], str]) -> None
 @contextmanager
 def watched(api_url: str | None, message: Callable[[str], str]):
     """Within the block, watch the Prefect server at ``api_url`` (nothing when None or not :func:`as_command`);
-    when it is lost, stop the run: SIGTERM to this process (:func:`sigterm_unwinds` turns it into
-    :class:`ServerLost` whose text is ``message(reason)``, the command's last sentence), and after
-    :data:`runtime.timeouts.UNWIND_S` seconds print that sentence and exit regardless. Raises InputError for a
-    bad :data:`runtime.timeouts.ENV_SERVER_LOST_S`."""
+    when it is lost, SIGTERM to this process (:func:`sigterm_unwinds` raises :class:`ServerLost` with
+    ``message(reason)``), and after :data:`runtime.timeouts.UNWIND_S` seconds print that and exit regardless."""
     if api_url is None or not _state.get("command"):
         yield
         return
@@ -223,9 +218,8 @@ def _leave(code: int, text: str) -> None:
 
 def finish(code: int, prog: str) -> int:
     """At the command's end: let Prefect's queued logs and events reach the server for at most
-    :data:`runtime.timeouts.EXIT_DRAIN_S` seconds (a second when the server is known lost; a SIGTERM meanwhile
-    ends the wait at once); if they cannot, say so and exit ``code`` at once instead of waiting for ever. Returns
-    ``code`` otherwise."""
+    :data:`runtime.timeouts.EXIT_DRAIN_S` seconds (one when the server is known lost; a SIGTERM ends the wait);
+    if they cannot, say so and exit ``code`` at once instead of waiting for ever. Returns ``code`` otherwise."""
     if not _state.get("command") or "prefect" not in sys.modules:
         return code
     from prefect.events.worker import EventsWorker

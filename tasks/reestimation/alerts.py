@@ -1,11 +1,8 @@
 """The verdict of a re-estimation as a Prefect event, for automations to act on (docs/alerts.md).
 
-Each re-estimation that reaches a verdict emits one event named for it (:data:`EVENT_NAMES`), e.g.
-``labelshift.verdict.not-label-shift``. Its resource is the target (``labelshift.target.<target url>``) with the
-model as labels; its payload carries the headline, the estimated prior with its interval, the p-values and the links
-to the Prefect and MLflow runs. :func:`verdict_event` builds it (pure); :func:`emit_verdict` sends it and never
-fails the run, and says when no alert can come of it (:func:`delivery_warning`: the server it went to holds no
-automation of ``labelshift alerts``, e.g. the temporary server a command without ``PREFECT_API_URL`` starts).
+Each re-estimation that reaches a verdict emits one event named for it (:data:`EVENT_NAMES`); its resource is the
+target with the model as labels. :func:`verdict_event` builds it (pure); :func:`emit_verdict` sends it, never
+fails the run, and says when no alert can come of it (:func:`delivery_warning`).
 
 Prefect's triggers match an event's name and its resource's labels (exact values, lists, globs), not numbers in
 the payload. So the two numbers an operator sets a threshold on are also labels, in whole percents rounded down:
@@ -99,26 +96,10 @@ def _estimate_payload(summary: dict) -> tuple[dict, dict]:
 
 
 def verdict_event(summary: dict, *, model: dict | None = None, prefect_run_url: str | None = None) -> dict:
-    """The Prefect event of a re-estimation's verdict, as the keyword arguments of ``prefect.events.emit_event``.
-
-    Args:
-        summary: the ``reestimate`` flow's summary (the data of its final state): ``verdict``, ``headline``,
-            ``target``, ``mlflow``, and for an estimate ``result`` (a ``ShiftReport.to_dict()``), ``classes``,
-            ``sequence``, ``batches``, ``links``.
-        model: the model's description (``ModelBundle.describe()``: ``name``, ``version``, ``uri``); default
-            ``summary["model"]``.
-        prefect_run_url: the Prefect UI address of the flow run (None without a lasting server).
-
-    Returns:
-        ``{"event", "resource", "related", "payload", "id"}``: the name of :data:`EVENT_NAMES`; the target as the
-        resource (``labelshift.target.<url>``, labelled with the model, its version, the verdict and, with an
-        estimate, the whole percents of total variation and accuracy drop); the model and the MLflow run as related
-        resources; the payload (docs/alerts.md lists its keys); an id derived from the MLflow run, so that the
-        event of one re-estimation is one event even if sent twice.
-
-    Raises:
-        ValueError: a verdict without an event (``No new data``).
-    """
+    """The Prefect event of a re-estimation's verdict (``summary``: the flow's summary; ``model``: default
+    ``summary["model"]``), as the keyword arguments of ``prefect.events.emit_event``: the target as the resource,
+    labelled; the model and the MLflow run as related resources; the payload (docs/alerts.md); an id derived from
+    the MLflow run, so that one re-estimation is one event even if sent twice. ValueError for "No new data"."""
     name = event_name(summary["verdict"])
     model = model or summary.get("model") or {}
     mlflow = summary.get("mlflow") or {}
@@ -151,14 +132,9 @@ def verdict_event(summary: dict, *, model: dict | None = None, prefect_run_url: 
 @task(name="emit-verdict-event", cache_policy=NO_CACHE, persist_result=False)
 def emit_verdict(summary: dict, *, model: dict | None = None, prefect_run_url: str | None = None,
                  alerts_missed: str | None = None) -> str | None:
-    """Emit the verdict's event (:func:`verdict_event`) with ``prefect.events.emit_event``.
-
-    Never raises: a failure to build or send the event is logged as a warning and the run goes on (the verdict is
-    in the flow's state, the artifact and MLflow either way). Returns :func:`delivery_warning`'s sentence (also
-    logged as a warning) when the event went to the temporary server of a command (no PREFECT_API_URL) while the
-    alerts were set up on the server ``alerts_missed`` names, for the caller to add to the run's warnings; None
-    otherwise (a lasting server, no alerts set up, a verdict without an event or not alerted, a failure).
-    """
+    """Emit the verdict's event (:func:`verdict_event`); never raises (a failure is logged as a warning). Returns
+    :func:`delivery_warning`'s sentence, also logged, when the alerts live on the server ``alerts_missed`` names and
+    the verdict is alerted on; None otherwise."""
     try:
         from prefect.events import emit_event
 
@@ -182,8 +158,8 @@ def emit_verdict(summary: dict, *, model: dict | None = None, prefect_run_url: s
 
 
 def delivery_warning(event: str, alerts_at: str) -> str:
-    """The sentence that no alert can be delivered for a run whose ``event`` went to the temporary Prefect server
-    of its command, while the alerts were set up on the server at ``alerts_at``, naming the fix."""
+    """The sentence that no alert can be delivered for ``event``, sent to a command's temporary Prefect server while
+    the alerts live on ``alerts_at``, naming the fix."""
     return (f"no alert can be delivered for this run: its event {event} went to the temporary Prefect server this "
             f"command started (PREFECT_API_URL is not set), while the alerts set up from this home live on "
             f"{alerts_at}. Point PREFECT_API_URL at it (for the local stack: `source .labelshift/stack/env.sh`); the "

@@ -27,17 +27,23 @@ __all__ = ["MONITOR_KIND", "OWNER_TAG", "SYNCED_TAG", "ReestimationRun", "start_
 MONITOR_KIND = "monitor"
 
 
-def _monitor_run(client: MlflowClient, experiment_id: str, model_name: str, target_url: str) -> str:
-    """The monitor run of (model, target): found by its tags, else created (and ended at once: it only collects
-    the series; logging to an ended run is allowed)."""
+def _find_monitor(client: MlflowClient, experiment_id: str, model_name: str, target_url: str) -> str | None:
+    """The id of the monitor run of (model, target), found by its tags; None when there is none yet."""
     target_tag = target_url.replace("'", "")
     found = client.search_runs([experiment_id], filter_string=(
         f"tags.`labelshift.kind` = '{MONITOR_KIND}' and tags.`labelshift.model` = '{model_name}' and "
         f"tags.`labelshift.target` = '{target_tag}'"), max_results=1, order_by=["attributes.start_time ASC"])
+    return found[0].info.run_id if found else None
+
+
+def _monitor_run(client: MlflowClient, experiment_id: str, model_name: str, target_url: str) -> str:
+    """The monitor run of (model, target), else created (and ended at once: logging to an ended run is allowed)."""
+    found = _find_monitor(client, experiment_id, model_name, target_url)
     if found:
-        return found[0].info.run_id
+        return found
     run = client.create_run(experiment_id, run_name=f"monitor-{model_name}", tags={
-        "labelshift.kind": MONITOR_KIND, "labelshift.model": model_name, "labelshift.target": target_tag,
+        "labelshift.kind": MONITOR_KIND, "labelshift.model": model_name,
+        "labelshift.target": target_url.replace("'", ""),
         "mlflow.note.content": f"Target prior of {model_name} on {target_url} over time: one point per successful "
                                "re-estimation (step = run sequence). Each re-estimation is a child run."})
     client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))
@@ -81,11 +87,8 @@ def _owner_gone(owner: str) -> bool:
 
 def end_orphaned_runs(client: MlflowClient, experiment_id: str, monitor_run_id: str,
                       committed: frozenset | set = frozenset()) -> list[str]:
-    """End the child runs of ``monitor_run_id`` still RUNNING whose process, on this host, is gone (a command
-    killed outright cannot end its own run); returns their ids. Such a run is ended FINISHED when its id is in
-    ``committed`` (the runs the watermark's history counts: it was killed after its commit, so its batches are
-    counted and its outputs written), else KILLED. Runs of live processes and of other hosts are left alone, and a
-    failure here never fails the caller."""
+    """End the child runs of ``monitor_run_id`` still RUNNING whose process, on this host, is gone; returns their
+    ids. FINISHED when in ``committed`` (killed after its commit), else KILLED. Never fails the caller."""
     ended = []
     try:
         runs = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{monitor_run_id}' "
@@ -106,21 +109,13 @@ def end_orphaned_runs(client: MlflowClient, experiment_id: str, monitor_run_id: 
 
 def catch_up_monitor(tracking_uri: str, experiment: str, model_name: str, target_url: str, history: list[dict]) \
         -> None:
-    """Bookkeeping a run with no new data still owes: the monitor points of committed runs whose own logging was
-    cut short (a command killed, or MLflow down, after its commit) and their child runs ended FINISHED
-    (:func:`sync_monitor`); child runs of killed commands that never committed ended KILLED
-    (:func:`end_orphaned_runs`). Creates nothing when the experiment or the monitor run does not exist yet."""
+    """Bookkeeping a run with no new data still owes (:func:`sync_monitor`, :func:`end_orphaned_runs`); creates
+    nothing when the experiment or the monitor run does not exist yet."""
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(experiment)
-    if exp is None:
+    monitor = exp and _find_monitor(client, exp.experiment_id, model_name, target_url)
+    if not monitor:
         return
-    target_tag = target_url.replace("'", "")
-    found = client.search_runs([exp.experiment_id], filter_string=(
-        f"tags.`labelshift.kind` = '{MONITOR_KIND}' and tags.`labelshift.model` = '{model_name}' and "
-        f"tags.`labelshift.target` = '{target_tag}'"), max_results=1, order_by=["attributes.start_time ASC"])
-    if not found:
-        return
-    monitor = found[0].info.run_id
     sync_monitor(tracking_uri, monitor, history, model_name)
     end_orphaned_runs(client, exp.experiment_id, monitor, _committed(history))
 
@@ -142,8 +137,7 @@ class ReestimationRun:
     flow_run_id: str | None = None
 
     def summary(self, tracking_uri: str) -> dict:
-        """The run's ``mlflow`` entry in the flow's summary (with the child run's UI address, None without a
-        server)."""
+        """The run's ``mlflow`` entry in the flow's summary (``ui``: None without a server)."""
         return {"tracking_uri": tracking_uri, "experiment_id": self.experiment_id, "run_id": self.run_id,
                 "monitor_run_id": self.monitor_run_id,
                 "ui": tracking.run_url(tracking_uri, self.experiment_id, self.run_id)}
@@ -171,13 +165,9 @@ def _class_keys(k: int, class_names=None) -> list[str]:
 
 
 def prior_metrics(report: ShiftReport, class_names=None) -> dict[str, float]:
-    """The metrics of one re-estimation, by name (per class: ``prior/<c>``, ``prior_lower/<c>``,
-    ``prior_upper/<c>``, ``weight/<c>``, ``source_prior/<c>``; the cross-checks' priors; then the test, the
-    identifiability numbers, the size; the label-shift test's ``label_shift_statistic``, ``label_shift_p_value``,
-    ``label_shift_dof``, ``label_shift_ok`` and its parts ``label_shift_p_value_regions``,
-    ``label_shift_p_value_log_odds``, ``label_shift_log_odds_statistic`` when it ran). ``<c>`` is the class name made
-    metric-safe (:func:`labelshift.monitoring.batches.metric_names`), the index for unnamed classes. Numbers that are
-    not finite are left out."""
+    """The metrics of one re-estimation, by name (per class ``<c>``, the metric-safe name or the index:
+    ``prior/<c>``, ``prior_lower/<c>``, ``prior_upper/<c>``, ``weight/<c>``, ``source_prior/<c>``); numbers that
+    are not finite are left out."""
     out = {}
     ci = report.interval
     keys = _class_keys(report.n_classes, class_names)
@@ -222,14 +212,12 @@ def prior_metrics(report: ShiftReport, class_names=None) -> dict[str, float]:
 
 def log_reestimation(tracking_uri: str, run: ReestimationRun, report: ShiftReport, summary: dict, figure: bytes,
                      class_names=None) -> None:
-    """The child run's metrics (:func:`prior_metrics`, at step = the run's sequence), the verdict as the tag ``labelshift.verdict``,
-    the figure, the summary JSON and the label-shift test's result (``reestimation/label_shift_test.json``)."""
+    """The child run's metrics (at step = the run's sequence), verdict tag, figure, summary and label-shift test."""
     client = MlflowClient(tracking_uri=tracking_uri)
     now = int(time.time() * 1000)
-    metrics = [Metric(k, v, now, run.sequence) for k, v in prior_metrics(report, class_names).items()]
     run_id = run.run_id
-    for i in range(0, len(metrics), 1000):
-        client.log_batch(run_id, metrics=metrics[i:i + 1000])
+    _log_batches(client, run_id, [Metric(k, v, now, run.sequence)
+                                  for k, v in prior_metrics(report, class_names).items()])
     client.set_tag(run_id, "labelshift.verdict", report.verdict)
     client.log_text(run_id, json.dumps(summary, indent=1, default=str), "reestimation/summary.json")
     if report.label_shift_tested:
@@ -260,17 +248,9 @@ SYNC_LOOKBACK = 30
 
 
 def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], model_name: str) -> list[int]:
-    """Give the monitor run of (``model_name``, target) one point per successful re-estimation of that model
-    (``step`` = the run sequence, the time of the run as timestamp): the prior with its interval, the tests'
-    p-values (``no_shift_p_value``, ``label_shift_p_value``); under "Not label shift" only the latter, the size and
-    ``label_shift_ok`` = 0.
-
-    The watermark's history is per target, so entries of other models are skipped. An entry's point is logged when
-    its child run (``mlflow_run_id``) does not carry :data:`SYNCED_TAG` yet -- the run that just committed, and any
-    of the last :data:`SYNC_LOOKBACK` whose own logging failed after their commit -- and the tag is set after it
-    (and such a child run still RUNNING, because MLflow was down when it ended, is ended FINISHED).
-    (A watermark deleted to start over restarts the sequence at 1; its points then repeat earlier steps, at later
-    timestamps.) Returns the sequences added.
+    """Give the monitor run of (``model_name``, target) one point (``step`` = the run sequence) per entry of the last
+    :data:`SYNC_LOOKBACK` of that model in the watermark's history whose child run does not carry :data:`SYNCED_TAG`
+    yet; the tag is set after it, and such a child run still RUNNING is ended FINISHED. Returns the sequences added.
     """
     from datetime import datetime
 
@@ -316,10 +296,8 @@ def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], mo
         for key in ("shifted", "trustworthy"):
             if key in entry:
                 values[key] = float(bool(entry[key]))
-        metrics = [Metric(k, float(v), stamp, int(seq)) for k, v in values.items()
-                   if v is not None and math.isfinite(float(v))]
-        for i in range(0, len(metrics), 1000):
-            client.log_batch(monitor_run_id, metrics=metrics[i:i + 1000])
+        _log_batches(client, monitor_run_id, [Metric(k, float(v), stamp, int(seq)) for k, v in values.items()
+                                              if v is not None and math.isfinite(float(v))])
         try:
             client.set_tag(child, SYNCED_TAG, "true")
             # its batches are counted, so it succeeded: a run whose end MLflow missed (the server was down) ends now
@@ -329,6 +307,11 @@ def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], mo
             pass
         added.append(int(seq))
     return added
+
+
+def _log_batches(client: MlflowClient, run_id: str, metrics: list) -> None:
+    for i in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[i:i + 1000])
 
 
 def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED", cause: str | None = None) -> None:
@@ -361,11 +344,8 @@ def render_figure(report: ShiftReport, history: list[dict], level: float, title:
 
 def history_record(report: ShiftReport, run_id: str | None, model_name: str | None = None,
                    class_names=None) -> dict:
-    """The watermark's record of one successful re-estimation (small: one is kept per run). The watermark adds
-    ``sequence``, ``time``, ``run_id`` and ``batches`` itself
-    (:func:`labelshift.monitoring.watermark.commit_watermark`). Under "Not label shift" the record holds no estimate (no
-    prior, interval, no-shift p-value: they mean nothing), only the verdict, the size and the label-shift test's
-    p-value."""
+    """The watermark's record of one successful re-estimation (the watermark adds ``sequence``, ``time``, ``run_id``
+    and ``batches``); under "Not label shift" no estimate, only the verdict, the size and the label-shift test."""
     lst = report.label_shift
     tested = {"label_shift_p_value": None if lst is None or not finite(lst.p_value) else float(lst.p_value),
               "label_shift_ok": report.label_shift_ok} if report.label_shift_tested else {}

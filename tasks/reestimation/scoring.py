@@ -96,15 +96,18 @@ def _check_formats(bundle, store, batches: list[TargetBatch]) -> str:
     return fmt
 
 
-def _bytes(store, b: TargetBatch) -> bytes:
-    import hashlib
-
-
-    data = store.get_bytes(b.key)
-    digest = hashlib.sha256(data).hexdigest()
+def _unchanged(store, b: TargetBatch, digest: str) -> None:
+    """ChangedBatchError unless ``digest`` is the checksum this run listed for ``b``."""
     if digest != b.checksum:
         raise ChangedBatchError(f"batch {store.url(b.key)} changed after this run listed it (listed sha256 "
                                 f"{b.checksum[:12]}..., read {digest[:12]}...); run again.", {b.key: (b.checksum, digest)})
+
+
+def _bytes(store, b: TargetBatch) -> bytes:
+    import hashlib
+
+    data = store.get_bytes(b.key)
+    _unchanged(store, b, hashlib.sha256(data).hexdigest())
     return data
 
 
@@ -115,10 +118,7 @@ def download_batch(store, b: TargetBatch, folder: Path, name: str) -> Path:
 
     path = folder / f"{name}{Path(b.key).suffix}"
     store.get_file(b.key, path)
-    digest = file_sha256(path)
-    if digest != b.checksum:
-        raise ChangedBatchError(f"batch {store.url(b.key)} changed after this run listed it (listed sha256 "
-                                f"{b.checksum[:12]}..., read {digest[:12]}...); run again.", {b.key: (b.checksum, digest)})
+    _unchanged(store, b, file_sha256(path))
     return path
 
 
@@ -213,11 +213,9 @@ def _move_rows(a: np.ndarray, start: int, to: int, n: int) -> None:
 
 def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out: ScoredBatches, logger,
                 reject_logger) -> None:
-    """Prediction logs: the batches streamed to temporary files (several at once), then each read in row chunks
-    and calibrated chunk by chunk into its rows of one pooled float32 (m, k) array (a batch per thread); the good
-    batches get consecutive views of it (so pooling them is free: :func:`labelshift.rows.joined`), and so do their
-    raw outputs (float32, for the source-aware interval; the probabilities are computed from the kept values). The
-    rows of a batch that fails its checks are given to the batches after it (theirs move up)."""
+    """Prediction logs: the batches downloaded (several at once), then each calibrated chunk by chunk into its rows
+    of one pooled float32 (m, k) array (a batch per thread), as are their raw outputs; the good batches get
+    consecutive views of it (pooling them is free), and a rejected batch's rows go to the batches after it."""
     with tempfile.TemporaryDirectory(prefix="labelshift-batches-") as tmp, rows_mod.one_blas_thread():
         files = _downloaded(store, batches, Path(tmp), out, logger, reject_logger)
         starts = np.concatenate([[0], np.cumsum([f[4] for f in files], dtype=np.int64)])
@@ -272,12 +270,9 @@ def _score_batch(bundle, store, b: TargetBatch, batch_size: int, raw: list | Non
 def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], *, batch_size: int = 1024,
                            log_rejections: bool = True) -> ScoredBatches:
     """Calibrated probabilities (and the raw outputs they came from, float32) of every row of every batch, in any mode
-    and format, in one pass that goes on past a bad batch: a batch whose content fails its checks (FormatError,
-    InputError) is set aside as rejected with its
-    message, one deleted or replaced since the listing as skipped. Nothing is written here. Different formats under
-    one target, or trouble with the store itself (unreachable, credentials), still fail. Rows stream through in
-    chunks; only the (n, k) probabilities stay: float32 views of one pooled array for prediction logs, float64 per
-    batch for models scored here."""
+    and format, in one pass that goes on past a bad batch: one that fails its checks is rejected with its message,
+    one deleted or replaced since the listing skipped. Nothing is written here. Different formats under one target,
+    or trouble with the store itself, still fail."""
     from prefect.logging import get_run_logger
 
     logger = get_run_logger()

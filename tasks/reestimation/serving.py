@@ -1,19 +1,12 @@
 """A corrected model to serve: on a trusted "Shifted" verdict, a new version of an MLflow pyfunc that returns
-p_t(y|x) proportional to w_y f_y(x), registered beside the deployed model.
+p_t(y|x) proportional to w_y f_y(x), registered beside the deployed model (docs/serving.md).
 
-The pyfunc (:class:`ShiftCorrectedModel`, an ``mlflow.pyfunc.PythonModel``) holds a copy of the deployed model
-version (input mode), its calibrator and the estimated weights w; in prediction-log mode it holds no model and
-takes the deployed model's outputs as its input. Its ``predict`` computes what the ``reestimate`` flow writes beside
-each batch (``NAME.corrected.npy`` / ``.corrected.parquet``): the same scoring
-(:func:`tasks.reestimation.scoring.forward`, :func:`tasks.reestimation.scoring.model_scores`), the same float32
-rounding of the raw outputs before the calibrator, and
+The pyfunc (:class:`ShiftCorrectedModel`) holds a copy of the deployed model version (none in prediction-log mode,
+where it takes the model's outputs), its calibrator and the weights w; its ``predict`` computes what the
+``reestimate`` flow writes beside each batch, with the same scoring and rounding and
 :func:`labelshift.estimation.diagnostics.correct_predictions` (Saerens et al. 2002; Garg et al., NeurIPS 2020,
-Section 2) -- so the two agree to float precision -- and adds the corrected class (the arg max).
-
-:func:`check_corrected_name` runs before a re-estimation does any work (a name taken by another kind of model fails
-the run with nothing written, nothing registered and the watermark as it was); :func:`register_if_shifted` runs
-after the outputs are written and before the watermark moves, and registers only under "Shifted". What is recorded
-on each version, and how to serve it, is in ``docs/serving.md``.
+Section 2), so the two agree to float precision. :func:`check_corrected_name` runs before a re-estimation does any
+work; :func:`register_if_shifted` after the outputs are written and before the watermark moves.
 """
 from __future__ import annotations
 
@@ -63,11 +56,8 @@ def corrected_name(model_name: str, name: str | None = None) -> str:
 
 
 def check_corrected_name(tracking_uri: str, model_uri: str, name: str | None = None) -> str:
-    """The registry name the corrections of ``model_uri`` go to, checked before anything is computed.
-
-    A registered model of that name may not exist yet (it is created on the first "Shifted" run) or must carry the
-    tag ``labelshift.kind = shift-corrected`` and hold corrections of the same deployed model. Raises InputError
-    naming the fix otherwise (the deployed model's own name, or any model registered some other way)."""
+    """The registry name the corrections of ``model_uri`` go to, checked before anything is computed: absent, or a
+    shift-corrected model of the same deployed model; InputError naming the fix otherwise."""
     model_name = parse_model_uri(model_uri)[0]
     name = corrected_name(model_name, name)
     if name == model_name:
@@ -115,8 +105,7 @@ def _mode(bundle) -> str:
 
 
 def correction_doc(bundle, report: ShiftReport, *, run_id: str, target: str, sequence: int) -> dict:
-    """What the pyfunc loads and what the version records: the weights and their interval, the calibrator, the
-    classes, the mode, the deployed model version and the run that estimated the weights."""
+    """What the pyfunc loads and what the version records."""
 
     ci = report.interval.to_dict()
     return {"format": CORRECTION_FORMAT, "version": 1, "mode": _mode(bundle), "class_names": bundle.holdout.names,
@@ -138,8 +127,7 @@ def correction_doc(bundle, report: ShiftReport, *, run_id: str, target: str, seq
 @task(name="register-corrected-model", cache_policy=NO_CACHE, persist_result=False)
 def register_if_shifted(bundle, report: ShiftReport, *, tracking_uri: str, name: str, run_id: str, target: str,
                         sequence: int) -> dict | None:
-    """Register the corrected model (:func:`register_corrected_model`) when the verdict is "Shifted" -- trusted,
-    label shift not rejected, the shift significant; None under every other verdict (nothing registered)."""
+    """Register the corrected model (:func:`register_corrected_model`) under "Shifted"; else None."""
     if report.verdict != "Shifted":
         return None
     try:
@@ -157,10 +145,9 @@ def register_if_shifted(bundle, report: ShiftReport, *, tracking_uri: str, name:
 
 def register_corrected_model(bundle, report: ShiftReport, *, tracking_uri: str, name: str, run_id: str,
                              target: str, sequence: int, alias: str = ALIAS) -> dict:
-    """A new version of ``name``: the corrected pyfunc (:class:`ShiftCorrectedModel`) of ``bundle`` with
-    ``report``'s weights, logged as a model of the estimating run ``run_id``, tagged and described (docs/serving.md):
-    its own digest (:func:`labelshift_mlflow.trusted.record_digest`) and the digest of the deployed version's files it
-    copied (:data:`SOURCE_DIGEST_TAG`, the files checked at load), with ``alias`` moved to it. Returns {"name", "version", "alias", "model_uri", "version_uri"}."""
+    """A new version of ``name``: the corrected pyfunc of ``bundle`` with ``report``'s weights, logged as a model of
+    the run ``run_id``, tagged (its own digest, and :data:`SOURCE_DIGEST_TAG`) and described, ``alias`` moved to it.
+    Returns {"name", "version", "alias", "model_uri", "version_uri"}."""
     client = MlflowClient(tracking_uri=tracking_uri)
     doc = correction_doc(bundle, report, run_id=run_id, target=target, sequence=sequence)
     _ensure_registered_model(client, name, bundle.name)
@@ -203,8 +190,7 @@ def _log_quietly(model_id: str, python_model, artifacts: dict, signature, requir
 
 
 def _ensure_registered_model(client: MlflowClient, name: str, source_name: str) -> None:
-    """Create the registered model ``name`` with its tags, unless it exists; an existing one must still pass
-    :func:`check_corrected_name` (it may have been created since the run checked it)."""
+    """Create the registered model ``name`` with its tags, unless it exists (then checked again)."""
     existing = _registered_model(client, name)
     if existing is not None:
         _check_registered(existing, name, source_name)
@@ -220,8 +206,7 @@ def _ensure_registered_model(client: MlflowClient, name: str, source_name: str) 
 
 
 def _signature(bundle):
-    """The deployed model's input schema in input mode (requests are checked against it when served); none in
-    prediction-log mode (outputs come as class columns, one list column or an array)."""
+    """The deployed model's input schema in input mode; none in prediction-log mode."""
     from mlflow.models import ModelSignature
 
     if _mode(bundle) == "outputs":
@@ -233,8 +218,7 @@ def _signature(bundle):
 
 
 def _requirements(mode: str) -> list[str]:
-    """What the model needs besides the labelshift package itself, which is not on PyPI: serve it in an environment
-    where labelshift is installed (``--env-manager local``; docs/serving.md)."""
+    """What the model needs besides labelshift itself (not on PyPI: ``--env-manager local``, docs/serving.md)."""
     extra = {"pytorch": ["torch"], "sklearn": ["scikit-learn"]}.get(mode, [])
     return ["mlflow", "numpy", "pandas", "pyarrow", *extra]
 
@@ -244,17 +228,14 @@ def _numbers(values) -> str:
 
 
 def version_tags(doc: dict) -> dict[str, str]:
-    """The tags of a corrected version: its kind, the deployed model version, the weights with their interval and
-    the run that estimated them (docs/serving.md)."""
+    """The tags of a corrected version (docs/serving.md)."""
     src = doc["source_model"]
     return {KIND_TAG: KIND, "labelshift.source_model": src["uri"], "labelshift.source_model_name": src["name"],
             "labelshift.source_model_version": src["version"], "labelshift.source_run_id": src["run_id"] or "",
             "labelshift.estimation_run_id": doc["estimation_run_id"], "labelshift.mode": doc["mode"],
             "labelshift.calibrator": doc["calibrator_name"], "labelshift.classes": json.dumps(doc["class_names"]),
-            "labelshift.weights": _numbers(doc["weights"]),
-            "labelshift.weights_lower": _numbers(doc["weights_lower"]),
-            "labelshift.weights_upper": _numbers(doc["weights_upper"]),
-            "labelshift.target_prior": _numbers(doc["target_prior"]),
+            **{f"labelshift.{k}": _numbers(doc[k]) for k in ("weights", "weights_lower", "weights_upper",
+                                                               "target_prior")},
             "labelshift.interval": f"{doc['level']:.0%} {doc['interval']}", "labelshift.estimator": doc["estimator"],
             "labelshift.target": doc["target"], "labelshift.sequence": str(doc["sequence"]),
             "labelshift.verdict": doc["verdict"]}

@@ -1,29 +1,14 @@
 """Prefect tasks of the image experiments: dataset in the store, training, predictions, calibration, estimation.
 
-Store layout (under the store's root; ``<key>`` is :func:`model_key`):
+Store layout, under ``models/<key>/`` (:func:`model_key`): ``checkpoint.pt``, ``logits_valid.npy`` and
+``logits_test.npy``, ``calibration/<NAME>.json``, and ``meta.json`` written *last*: its presence marks a complete
+cache entry. The key is a SHA-256 of the dataset fingerprint, the architecture, the training settings, the model
+seed and the training subset, so a rerun with the same inputs (against any Prefect server) skips the training.
 
-* ``datasets/<name>/`` -- the dataset (see :mod:`labelshift.experiments.datasets`), pushed by ``labelshift data push`` or, for
-  the offline ``mnist-5k`` and ``digits``, by :func:`ensure_dataset` on first use;
-* ``models/<key>/checkpoint.pt`` -- the trained weights (``load_checkpoint`` reads them with ``weights_only=True``);
-* ``models/<key>/logits_valid.npy``, ``logits_test.npy`` -- the network's logits on the valid and test pools;
-* ``models/<key>/calibration/<NAME>.json`` -- fitted calibrators with NLL and ECE before and after (also logged to
-  the training run, with the valid pool's logits and labels as ``calibration/source_holdout.npz``: what
-  :mod:`tasks.reestimation` needs beside a registered model);
-* ``models/<key>/meta.json`` -- written *last*: its presence marks a complete cache entry.
-
-Caching is a lookup in the store, not Prefect's result cache: the key is a SHA-256 of the dataset fingerprint
-(checksums of its arrays), the architecture, the training settings, the model seed and the training subset, so a
-rerun with the same inputs -- against any Prefect server, temporary or not -- finds ``meta.json`` and skips the
-training (the MLflow training run then carries the tag ``labelshift.cache = hit``).
-
-MLflow: each (dataset, model seed) gets a training run nested under the sweep's parent run, with the per-epoch
-``train_loss``, ``train_accuracy``, ``valid_loss``, ``valid_accuracy`` (``step`` = epoch), the test accuracy, the
-calibration metrics and the calibrator JSON; a newly trained model is logged with ``mlflow.pytorch.log_model`` and
-registered as ``labelshift-<dataset>`` with the alias ``newest`` and, when its test accuracy reaches the threshold,
-``latest-good``.
-
-GPU: with CUDA the flow submits :func:`train_model` with the tag ``gpu`` and makes sure a Prefect tag concurrency
-limit ``gpu`` (one slot per visible GPU) exists (:func:`ensure_gpu_limit`), so one training runs per GPU.
+MLflow: each (dataset, model seed) gets a training run nested under the sweep's parent run (per-epoch metrics,
+test accuracy, calibration metrics and calibrators, ``labelshift.cache = hit|miss``); a newly trained model is
+registered as ``labelshift-<dataset>`` with the alias ``newest`` and, from the accuracy threshold, ``latest-good``.
+With CUDA the flow tags :func:`train_model` ``gpu`` under a tag concurrency limit (:func:`ensure_gpu_limit`).
 """
 from __future__ import annotations
 
@@ -49,7 +34,7 @@ from .estimation import settings_run_name
 
 __all__ = ["CALIBRATORS", "CACHE_VERSION", "dataset_prefix", "model_key", "training_config", "ensure_dataset",
            "ensure_gpu_limit", "train_model", "predict_pools", "calibrate", "estimate_image_settings",
-           "registered_model_name"]
+           "registered_model_name", "report_progress"]
 
 #: calibrators that can be asked for (the sweep's MLLS uses the first one asked for)
 CALIBRATORS = {"BCTS": BCTS, "TS": TS, "VS": VS, "NBVS": NBVS}
@@ -64,8 +49,8 @@ EXAMPLE_BATCH = 8
 progress = logging.getLogger("labelshift.progress")
 
 
-def _progress(message: str) -> None:
-    """A progress line: to the CLI's logger and to the Prefect run's log (as ``flows.reproduce`` reports)."""
+def report_progress(message: str) -> None:
+    """A progress line: to the CLI's logger and to the Prefect run's log (when in a run)."""
     progress.info(message)
     try:
         get_run_logger().info(message)
@@ -154,8 +139,8 @@ def _log_metrics(client: MlflowClient, run_id: str, values: dict, step: int = 0)
 
 def _train_and_store(client: MlflowClient, run_id: str, store, ds, dataset: str, config: dict, key: str,
                      mprefix: str, manifest: dict, model_seed: int, train_limit: int | None):
-    """Train the network on the (optionally subset) train pool, logging the epochs to ``run_id``, and store its
-    checkpoint and its valid and test logits under ``mprefix``. Returns (the model on the CPU, its meta)."""
+    """Train the network, logging the epochs to ``run_id``; store its checkpoint and logits under ``mprefix``.
+    Returns (the model on the CPU, its meta)."""
     from labelshift.experiments.models import build_model_for
     from labelshift.experiments.training import accuracy, checkpoint_bytes, predict_logits, resolve_device, train
 
@@ -171,7 +156,7 @@ def _train_and_store(client: MlflowClient, run_id: str, store, ds, dataset: str,
         _log_metrics(client, run_id, {k: m[k] for k in ("train_loss", "train_accuracy", "valid_loss",
                                                          "valid_accuracy", "lr", "seconds") if k in m},
                      step=epoch)
-        _progress(f"train {dataset} seed {model_seed}: epoch {epoch}/{config['train']['epochs']}, train loss "
+        report_progress(f"train {dataset} seed {model_seed}: epoch {epoch}/{config['train']['epochs']}, train loss "
                   f"{m['train_loss']:.4f}, valid accuracy {m.get('valid_accuracy', float('nan')):.4f} "
                   f"({m['seconds']:.0f} s)")
 
@@ -196,11 +181,9 @@ def _train_and_store(client: MlflowClient, run_id: str, store, ds, dataset: str,
 
 def _register(client: MlflowClient, run_id: str, tracking_uri: str, model, ds, dataset: str, meta: dict,
               good_accuracy: float) -> bool:
-    """Log the model to its training run and register it as ``labelshift-<dataset>``, aliased latest (and
-    latest-good from ``good_accuracy``); the registered name, version and URI go into ``meta``. Where the tracking
-    server refuses this user registrations (:func:`tasks.tracking.registry_refused`), the model stays logged
-    and unregistered, the run tagged ``labelshift.registration`` with the refusal. Returns whether it was
-    registered."""
+    """Log the model to its training run and register it (name, version and URI into ``meta``); where the server
+    refuses this user registrations, the model stays logged, the run tagged ``labelshift.registration``. Returns
+    whether it was registered."""
     import mlflow.exceptions
 
     name = registered_model_name(dataset)
@@ -214,7 +197,7 @@ def _register(client: MlflowClient, run_id: str, tracking_uri: str, model, ds, d
         # store keeps no cache entry, so that the operator's own run of the sweep trains and registers it
         why = one_line(exc)
         client.set_tag(run_id, "labelshift.registration", f"refused: {why}")
-        _progress(f"{name}: not registered (this MLflow user may not register models: {why}); the model stays "
+        report_progress(f"{name}: not registered (this MLflow user may not register models: {why}); the model stays "
                   f"logged in run {run_id} and is not cached: the operator's run of this sweep trains and "
                   "registers it (infra/README.md, 'Who may do what')")
         return False
@@ -247,12 +230,8 @@ def _log_and_register(client: MlflowClient, run_id: str, tracking_uri: str, mode
 def train_model(store_uri: str, dataset: str, model_seed: int, *, tracking_uri: str, experiment_id: str,
                 parent_run_id: str | None = None, epochs: int | None = None, train_limit: int | None = None,
                 good_accuracy: float = 0.9, register: bool = True, network: str | None = None) -> dict:
-    """Train (or find in the store) the network of ``dataset`` (or ``network``) with ``model_seed``; returns its meta.
-
-    The meta dict: ``key``, ``store_prefix``, ``dataset``, ``model_seed``, ``config``, ``test_accuracy``,
-    ``valid_accuracy``, ``device``, ``train_seconds``, ``registered_model`` / ``version`` (when registered),
-    ``cached`` (True when found in the store), ``run_id`` (this call's MLflow training run).
-    """
+    """Train (or find in the store) the network of ``dataset`` (or ``network``) with ``model_seed``; returns its meta
+    (as stored, with ``cached`` and ``run_id``, this call's MLflow training run)."""
     from labelshift.experiments.datasets import load_dataset
 
     store = open_store(store_uri)
@@ -341,9 +320,8 @@ def _has_artifact(client: MlflowClient, run_id: str, path: str) -> bool:
 def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str], *, tracking_uri: str) \
         -> images.Pools:
     """Fit each calibrator on the valid logits; save it as JSON (store and MLflow) with NLL and ECE before and
-    after on the valid and test pools; return the :class:`~labelshift.experiments.images.Pools` of the sweep
-    (calibrated probabilities from the first calibrator; every calibrator's in ``Pools.calibrated``, for the
-    ``<estimator>@<calibration>`` methods)."""
+    after; the sweep's :class:`~labelshift.experiments.images.Pools` (the first calibrator's, every one's in
+    ``Pools.calibrated``)."""
     if not calibrators:
         raise InputError("calibrators is empty; ask for at least one of " + ", ".join(CALIBRATORS))
     unknown = [c for c in calibrators if c not in CALIBRATORS]
@@ -366,12 +344,10 @@ def calibrate(store_uri: str, meta: dict, outputs: dict, calibrators: list[str],
     for name in calibrators:
         cal = CALIBRATORS[name](input_kind="logits").fit(lv, yv)
         pv, pt = cal.predict_proba(lv), cal.predict_proba(lt)
-        scores = {"valid_nll_before": nll(raw_v, yv), "valid_nll_after": nll(pv, yv),
-                  "valid_ece_before": expected_calibration_error(raw_v, yv),
-                  "valid_ece_after": expected_calibration_error(pv, yv),
-                  "test_nll_before": nll(raw_t, yt), "test_nll_after": nll(pt, yt),
-                  "test_ece_before": expected_calibration_error(raw_t, yt),
-                  "test_ece_after": expected_calibration_error(pt, yt)}
+        scores = {f"{pool}_{metric}_{when}": fn(probs, y)
+                  for pool, raw, cal_p, y in (("valid", raw_v, pv, yv), ("test", raw_t, pt, yt))
+                  for metric, fn in (("nll", nll), ("ece", expected_calibration_error))
+                  for when, probs in (("before", raw), ("after", cal_p))}
         doc = {"calibrator": cal.to_dict(), "metrics": scores, "model_key": meta["key"]}
         text = json.dumps(doc, indent=1, allow_nan=False)
         store.put_bytes(f"{meta['store_prefix']}/calibration/{name}.json", text.encode(),
@@ -404,6 +380,6 @@ def estimate_image_settings(settings: list, seeds: list[int], methods: list[str]
     t0 = time.perf_counter()
     out = [images.run_setting(s, seeds, pools, methods, base_seed=base_seed) for s in settings]
     values = ", ".join(f"{s.value:g}" for s in settings)
-    _progress(f"estimated {settings[0].kind} = {values}: {len(seeds)} seeds x {len(methods)} methods "
+    report_progress(f"estimated {settings[0].kind} = {values}: {len(seeds)} seeds x {len(methods)} methods "
               f"({time.perf_counter() - t0:.1f} s)")
     return out

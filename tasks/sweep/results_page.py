@@ -52,10 +52,9 @@ def latest_sweeps(client: MlflowClient, experiment_id: str) -> dict[str, object]
 
 def _float(v):
     try:
-        x = float(v)
+        return float(v)
     except (TypeError, ValueError):
         return math.nan
-    return x
 
 
 def _rows(client: MlflowClient, run_id: str, tmp: Path) -> list[dict]:
@@ -72,6 +71,11 @@ def _fmt(x: float) -> str:
     return "-" if x is None or math.isnan(x) else f"{x:.3g}"
 
 
+def _cell(row: dict | None) -> str:
+    """A table cell: mean MSE ± its standard error, "-" without a row."""
+    return "-" if row is None else f"{_fmt(row['mse_mean'])} ± {_fmt(row['mse_se'])}"
+
+
 def _table(rows: list[dict], experiment: str) -> list[str]:
     sel = [r for r in rows if r.get("experiment") == experiment]
     methods = list(dict.fromkeys(r["method"] for r in sel))
@@ -80,11 +84,7 @@ def _table(rows: list[dict], experiment: str) -> list[str]:
     lines = ["| " + " | ".join([X_LABEL.get(experiment, "value"), *methods]) + " |",
              "|" + "---|" * (len(methods) + 1)]
     for v in values:
-        cells = []
-        for m in methods:
-            r = cell.get((v, m))
-            cells.append("-" if r is None else f"{_fmt(r['mse_mean'])} ± {_fmt(r['mse_se'])}")
-        lines.append("| " + " | ".join([f"{v:g}", *cells]) + " |")
+        lines.append("| " + " | ".join([f"{v:g}", *(_cell(cell.get((v, m))) for m in methods)]) + " |")
     return lines
 
 
@@ -103,9 +103,7 @@ def calibration_table(rows: list[dict], first_calibrator: str = "BCTS", experime
     lines = [f"### MSE by calibration and estimator at {X_LABEL.get(experiment, experiment)} = {largest:g}", "",
              "| calibration | " + " | ".join(estimators) + " |", "|" + "---|" * (len(estimators) + 1)]
     for c in calibrations:
-        row = [("-" if (e, c) not in cells else f"{_fmt(cells[e, c]['mse_mean'])} ± {_fmt(cells[e, c]['mse_se'])}")
-               for e in estimators]
-        lines.append(f"| {c} | " + " | ".join(row) + " |")
+        lines.append(f"| {c} | " + " | ".join(_cell(cells.get((e, c))) for e in estimators) + " |")
     return lines + [""]
 
 

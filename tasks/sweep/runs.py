@@ -1,28 +1,18 @@
-"""MLflow logging of a sweep: one parent run per ``reproduce`` call, one child run per method (the helpers both
-flows share: :mod:`tasks.tracking`).
+"""MLflow logging of a sweep: one parent run per ``reproduce`` call, one child run per method.
 
-Layout of what lands in MLflow:
+* parent run: every flow parameter as a param; tags ``dataset``, ``prefect.flow_run_id``, ``prefect.flow_run_name``,
+  ``mlflow.source.git.commit``; figures under ``figures/``; ``tables/per_seed_<experiment>.csv`` and
+  ``tables/summary.csv``.
+* child run per method, ``<method> · <parent run name>``: per experiment the metric ``<experiment>/mse`` whose
+  ``step`` is the swept value when an integer, else in thousandths (:func:`metric_steps`; the tag
+  ``labelshift.step.<experiment>`` says which), so a chart against step reads as the curve; ``mse_se``, the x
+  value and ``min_eigenvalue`` at the same steps; one ``<experiment>/mse/<x name> <value>`` per setting (the
+  overview lists every point); its own figure ``figures/<method>_mse_vs_<experiment>.png``.
+* the experiment is tagged as model training (:func:`tasks.tracking.mark_model_training`); runs carry a markdown
+  description linking back to the Prefect flow run.
 
-* parent run (``run_name`` from the Prefect flow run): every flow parameter as an MLflow param; tags ``dataset``,
-  ``prefect.flow_run_id``, ``prefect.flow_run_name`` and ``mlflow.source.git.commit`` (when the code is a git
-  checkout); the figures under ``figures/`` (PNG); the per-seed estimates as ``tables/per_seed_<experiment>.csv``
-  and the per-setting summary as ``tables/summary.csv`` (the MLflow UI previews CSV artifacts as tables).
-* child run per method, named ``<method> · <parent run name>`` so the run table shows the method (tag
-  ``mlflow.parentRunId``, so the UI nests it): for each experiment the MSE curve as metric ``<experiment>/mse``
-  whose ``step`` is the swept value itself when it is an integer (target size m, number of bins) and the value in
-  thousandths otherwise (p_t(y=1) = 0.1 is step 100; the tag ``labelshift.step.<experiment>`` says which), so an
-  MLflow chart against step reads as the curve; its standard error ``<experiment>/mse_se``, the x value
-  ``<experiment>/<x name>`` and ``<experiment>/min_eigenvalue`` (MLLS family) at the same steps; one metric per
-  setting, ``<experiment>/mse/<x name> <value>``, so the run's overview lists every point, not only the last
-  step; and the method's own figure ``figures/<method>_mse_vs_<experiment>.png``.
-* the experiment is tagged ``mlflow.experimentKind = custom_model_development`` (model training, not GenAI), and
-  the links given out (:func:`tasks.tracking.run_url`, :func:`tasks.tracking.experiment_url`) ask for MLflow 3's model-training view, which the
-  UI otherwise replaces by its GenAI tracing overview (a per-browser switch); runs carry a markdown description
-  (``mlflow.note.content``) linking back to the Prefect flow run when its URL is known.
-
-Every function takes the tracking URI and run ids explicitly and talks to MLflow through an ``MlflowClient``:
-MLflow's "active run" is thread-local and Prefect runs tasks on worker threads, so the fluent API
-(``mlflow.log_metric``) would log to the wrong run or none.
+Every function talks to MLflow through an ``MlflowClient`` with explicit ids: MLflow's "active run" is
+thread-local and Prefect runs tasks on worker threads, so the fluent API would log to the wrong run or none.
 """
 from __future__ import annotations
 
@@ -35,32 +25,23 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.tracking import (EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, check_tracking_server, ended_status, experiment_id, log_bytes,
-                            mark_model_training)
+from tasks.tracking import (EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, check_tracking_server, ended_status,
+                            experiment_id, log_bytes, mark_model_training)
 
 __all__ = ["X_NAMES", "start_sweep_runs", "log_experiment", "finish_sweep_runs", "fail_sweep_runs", "metric_steps",
            "method_figure_path"]
 
 #: tag with the address of the Prefect flow run that logged a run
 PREFECT_URL_TAG = "prefect.flow_run_url"
-
-
 #: metric name of each experiment's x value
 X_NAMES = {"shift": "p_t1", "size": "m", "bins": "n_bins", "alpha": "alpha"}
-
-
 _MAX_BATCH = 1000     # MLflow accepts at most 1000 metrics per log_batch call
-
-
 _MAX_PARAM = 6000     # and parameter values up to 6000 characters
 
 
 def metric_steps(values) -> tuple[list[int], str]:
-    """The MLflow ``step`` of each swept value, and what the step means.
-
-    Integer values (target size m, number of bins) are their own step; fractional ones are counted in
-    thousandths (p_t(y=1) = 0.05 is step 50), or in the index of the setting when thousandths would collide.
-    """
+    """The MLflow ``step`` of each swept value, and what the step means: integer values are their own step;
+    fractional ones count in thousandths (0.05 is step 50), or the setting's index when thousandths would collide."""
     floats = [float(v) for v in values]
     if all(v.is_integer() for v in floats):
         return [int(v) for v in floats], "value"
@@ -99,13 +80,8 @@ def _sweep_experiment_id(client: MlflowClient, name: str, artifact_root: str | N
 def start_sweep_runs(tracking_uri: str, experiment_name: str, artifact_root: str | None, run_name: str,
                      params: dict[str, str], tags: dict[str, str], methods_by_experiment: dict[str, list[str]],
                      prefect_url: str | None = None) -> dict:
-    """Create the parent run and one child run per method; returns their ids.
-
-    ``prefect_url``: the address of the Prefect flow run, tagged on every run and linked from its description.
-
-    Returns:
-        ``{"experiment_id", "parent_run_id", "child_run_ids": {method: run_id}}``.
-    """
+    """Create the parent run and one child run per method (``prefect_url`` tagged and linked on each); returns
+    ``{"experiment_id", "parent_run_id", "child_run_ids": {method: run_id}}``."""
     check_tracking_server(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment_id = _sweep_experiment_id(client, experiment_name, artifact_root)
@@ -164,9 +140,8 @@ def method_figure_path(kind: str, method: str) -> str:
 
 @task(name="log-experiment", task_run_name="log-{sweep.kind}", cache_policy=NO_CACHE, persist_result=False)
 def log_experiment(tracking_uri: str, runs: dict, sweep, outputs: dict[str, bytes]) -> dict[str, str]:
-    """Log one experiment: each method's curve and its own figure on its child run; the figure and the per-seed
-    table (from :func:`tasks.sweep.outputs.render_outputs`) on the parent. Returns the artifact paths written on the
-    parent."""
+    """Log one experiment: each method's curve and figure on its child run; the figure and the per-seed table on
+    the parent. Returns the artifact paths written on the parent."""
     client = MlflowClient(tracking_uri=tracking_uri)
     _, step_means = metric_steps(sweep.values)
     for method in sweep.methods:
@@ -199,12 +174,8 @@ def finish_sweep_runs(tracking_uri: str, runs: dict, summary_csv: bytes, tags: d
 
 
 def fail_sweep_runs(tracking_uri: str, parent_run_id: str, message: str, *, status: str = "FAILED") -> list[str]:
-    """Mark the parent run and every child still RUNNING as FAILED (or KILLED), with the cause as a tag.
-
-    Called from the flow's error path, not as a task: it must work even when Prefect itself is what failed.
-    Children are found by their ``mlflow.parentRunId`` tag, so runs created by a task that died half-way are
-    closed too. Returns the ids of the runs it terminated.
-    """
+    """Mark the parent run and every child still RUNNING as FAILED (or KILLED), with the cause as a tag; not a
+    task, so that it works when Prefect itself failed. Returns the ids of the runs it terminated."""
     client = MlflowClient(tracking_uri=tracking_uri)
     parent = client.get_run(parent_run_id)
     children = client.search_runs([parent.info.experiment_id],
