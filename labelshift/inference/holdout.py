@@ -12,14 +12,16 @@ import numpy as np
 
 from .._validation import check_labels, check_prior, check_probabilities
 from ..errors import InputError
+from ..partitions import is_partitioned
 from .label_shift_test import prepare_holdout
 
-__all__ = ["Holdout", "Target", "pooled", "at_precision"]
+__all__ = ["Holdout", "Target", "pooled", "at_precision", "calibrated_probs"]
 
 
 def pooled(rows) -> np.ndarray | None:
-    """One (m, k) array from an array or a list of (m_b, k) batches (None stays None)."""
-    if rows is None or isinstance(rows, np.ndarray):
+    """One (m, k) array from an array or a list of (m_b, k) batches (None, and rows held in partitions
+    (:class:`~labelshift.partitions.PartitionedRows`), stay as they are: never gathered)."""
+    if rows is None or isinstance(rows, np.ndarray) or is_partitioned(rows):
         return rows
     if isinstance(rows, Sequence) and not isinstance(rows, (str, bytes)) and len(rows) \
             and all(np.ndim(b) == 2 for b in rows):
@@ -32,11 +34,21 @@ def at_precision(holdout: np.ndarray, target) -> np.ndarray:
     stores them), so that the label-shift test compares like with like: float32 turns every confidence within
     6e-8 of 1 into exactly 1, which the holdout's float64 confidences never reach, and the test would see that
     rounding as a difference between the two (a fraud-like model's target was called Not label shift in 2 of 3
-    seeds). The holdout as it is when the target is float64."""
-    dtype = np.asarray(target).dtype if isinstance(target, np.ndarray) else np.float64
+    seeds). The holdout as it is when the target is float64. Rows in partitions: their dtype."""
+    dtype = target.dtype if isinstance(target, np.ndarray) or is_partitioned(target) else np.float64
     if not np.issubdtype(dtype, np.floating) or np.finfo(dtype).eps <= np.finfo(np.float64).eps:
         return holdout
     return holdout.astype(dtype).astype(np.float64)
+
+
+def calibrated_probs(outputs: np.ndarray, calibrator) -> np.ndarray:
+    """The float32 calibrated probabilities of (m, k) raw outputs, as the flow stores a target's
+    (``calibrator.predict_proba`` of the outputs in float64, rounded to float32); (0, k) for no rows. The transform
+    of :meth:`Target.from_partitioned_outputs`, run on each partition where it lives."""
+    outputs = np.asarray(outputs)
+    if outputs.shape[0] == 0:
+        return np.empty(outputs.shape, dtype=np.float32)
+    return np.asarray(calibrator.predict_proba(outputs.astype(np.float64)), dtype=np.float32)
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,7 +114,8 @@ class Holdout:
         cannot carry the test (each assessment then says why it was not run)."""
         probs = target.probs if isinstance(target, Target) else pooled(target)
         try:
-            part = prepare_holdout(at_precision(self.probs, np.asarray(probs)), self.labels)
+            part = prepare_holdout(at_precision(self.probs, probs if is_partitioned(probs) else np.asarray(probs)),
+                                   self.labels)
         except InputError:
             part = None
         return dataclasses.replace(self, label_shift_part=part)
@@ -123,6 +136,17 @@ class Target:
 
     def __len__(self) -> int:
         return int(np.shape(self.probs)[0])
+
+    @classmethod
+    def from_partitioned_outputs(cls, outputs, calibrator) -> "Target":
+        """The target of raw outputs held in partitions (:class:`~labelshift.partitions.PartitionedRows`): its
+        probabilities are the same rows calibrated where each partition lives (:func:`calibrated_probs`, derived
+        rows: nothing is gathered or stored), its outputs the partitions themselves."""
+        if not is_partitioned(outputs):
+            raise InputError("Target.from_partitioned_outputs needs raw outputs held in partitions "
+                             f"(labelshift.partitions.PartitionedRows), got {type(outputs).__name__}; build "
+                             "Target(probs, outputs) from arrays instead.")
+        return cls(outputs.derived(calibrated_probs, calibrator, dtype=np.float32), outputs)
 
     def rows(self, index) -> "Target":
         """The target restricted to ``index`` (e.g. one segment's rows)."""

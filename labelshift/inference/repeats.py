@@ -33,8 +33,10 @@ import numpy as np
 
 from .. import rows as _rows
 from ..errors import InputError
+from ..partitions import is_partitioned
 
-__all__ = ["ATOM_SHARE", "Repeats", "distinct_rows", "find_repeats", "clustered_covariance"]
+__all__ = ["ATOM_SHARE", "Repeats", "distinct_rows", "find_repeats", "clustered_covariance", "hash_counts",
+           "holdout_hits"]
 
 #: share of holdout rows tied with another holdout row above which ties are taken as the model's own (its outputs
 #: have atoms), not as repeated items
@@ -284,6 +286,8 @@ def find_repeats(target_probs: np.ndarray, holdout_probs: np.ndarray | None = No
     """The :class:`Repeats` of a target's calibrated outputs (m, k), judged against the holdout's (n, k) at the
     target's dtype (pass the holdout at the precision the target was given in: a float32 target against the
     holdout rounded to float32)."""
+    if is_partitioned(target_probs):
+        return _partitioned_repeats(target_probs.single(), holdout_probs)
     target = np.asarray(target_probs)
     first, _, counts = distinct_rows(target, with_inverse=False)
     m, d = int(target.shape[0]), int(first.size)
@@ -325,3 +329,82 @@ def clustered_covariance(scores_of: Callable[[np.ndarray], np.ndarray], repeats:
             S = S - center
         total += (S * weights[sl, None]).T @ S
     return total / float(repeats.n_rows)
+
+
+def hash_counts(B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hashes, counts): the sorted distinct 64-bit row hashes of one partition's rows (:func:`_row_hash` of their
+    bytes) and how many rows have each; rows with equal hashes are checked bytewise to be equal (ValueError on a
+    collision, never seen). The per-partition function of :func:`find_repeats` on rows in partitions."""
+    B = np.asarray(B)
+    if B.shape[0] == 0:
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    words = _row_words(B)
+    h = _row_hash(words)
+    order = np.argsort(h)
+    sorted_h = h[order]
+    starts = np.flatnonzero(np.r_[True, sorted_h[1:] != sorted_h[:-1]])
+    if not _groups_equal(words, order, starts):
+        raise ValueError("two different target rows of one partition have the same 64-bit hash; repeated rows "
+                         "cannot be counted over partitions for this target (pass it as one array)")
+    return sorted_h[starts], np.diff(starts, append=h.size).astype(np.int64)
+
+
+def holdout_hits(B: np.ndarray, wanted: np.ndarray, holdout: np.ndarray) -> np.ndarray:
+    """(len(wanted),) int8 for the sorted row hashes ``wanted``: -1 when no row of this partition has the hash, else
+    1 when its row equals some holdout row bit for bit and 0 when not. The per-partition function that tells a
+    repeated row from the model's own tie (:func:`find_repeats` on rows in partitions)."""
+    out = np.full(wanted.size, -1, np.int8)
+    B = np.asarray(B)
+    if B.shape[0] == 0 or wanted.size == 0:
+        return out
+    h = _row_hash(_row_words(B))
+    pos = np.searchsorted(wanted, h)
+    here = np.flatnonzero((pos < wanted.size) & (wanted[np.minimum(pos, wanted.size - 1)] == h))
+    if here.size == 0:
+        return out
+    slots, first = np.unique(pos[here], return_index=True)
+    out[slots] = _in_holdout(B, here[first], holdout.astype(B.dtype))
+    return out
+
+
+def _merged_counts(parts) -> tuple[np.ndarray, np.ndarray]:
+    """The partitions' (hashes, counts) merged: each distinct hash once (sorted) with its counts added."""
+    h = np.concatenate([p[0] for p in parts])
+    c = np.concatenate([p[1] for p in parts])
+    order = np.argsort(h, kind="stable")
+    h, c = h[order], c[order]
+    if h.size == 0:
+        return h, c
+    starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
+    return h[starts], np.add.reduceat(c, starts)
+
+
+def _partitioned_repeats(R, holdout_probs) -> Repeats:
+    """:func:`find_repeats` of rows held in partitions, as two map-reduce passes: the partitions' distinct row
+    hashes with their counts (:func:`hash_counts`), merged here, and, when some hash occurs more than once and ties
+    are judged, whether each repeated row occurs in the holdout (:func:`holdout_hits`, asked only for the repeated
+    hashes). Rows of different partitions are the same row when their 64-bit hashes are equal (rows within a
+    partition are compared bytewise). The numbers equal one process's exactly (integer counts; the effective
+    size's float sum is of integers); the (d,) groups are not made: when rows are collapsed the statistics that
+    use them do not run over partitions yet."""
+    m = int(R.shape[0])
+    hashes, counts = _merged_counts(R.run(hash_counts))
+    holdout = None if holdout_probs is None else np.asarray(holdout_probs).astype(R.dtype)
+    tied = 0.0 if holdout is None else _tied_share(holdout)
+    handled = tied <= ATOM_SHARE
+    repeated = np.flatnonzero(counts > 1)
+    own_tie = np.zeros(repeated.size, bool)
+    if handled and holdout is not None and repeated.size:
+        hits = np.stack(R.run(holdout_hits, hashes[repeated], holdout))
+        found = np.where(hits >= 0, hits, np.int8(-1)).max(axis=0)
+        own_tie = found == 1
+    c = counts[repeated]
+    shared = int(c[own_tie].sum()) if handled else 0
+    collapsed_rows = int((c[~own_tie] - 1).sum()) if handled else 0
+    effective = float(m)
+    if collapsed_rows:
+        weights = float(m - int(c.sum())) + float((c[~own_tie].astype(np.float64) ** 2).sum()) + float(shared)
+        effective = float(m) ** 2 / weights
+    return Repeats(n_rows=m, n_distinct=int(hashes.size), holdout_tied=tied, handled=handled,
+                   effective_rows=effective, largest_count=int(counts.max()) if counts.size else 0,
+                   collapsed_rows=collapsed_rows, shared_rows=shared)

@@ -693,7 +693,7 @@ def assess_shift(holdout: Holdout, target, settings: AssessmentSettings = DEFAUL
     significance = settings.significance
     return ShiftReport(method=estimator, source_prior=prior, target_prior=np.asarray(est.main.target_prior),
                        weights=np.asarray(est.main.weights), interval=ci, no_shift_test=test, identifiability=ident,
-                       significance=significance, n_target=int(len(pooled)),
+                       significance=significance, n_target=int(pooled.shape[0]),
                        converged=bool(np.all(est.main.converged)), cross_check=est.checks, label_shift=lst,
                        label_shift_error=lst_error, accuracy=accuracy,
                        label_shift_significance=settings.label_shift_significance, failures=failures,

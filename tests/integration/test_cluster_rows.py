@@ -1,5 +1,6 @@
 """A target's rows kept on the workers of a Dask cluster (``tasks/reestimation/cluster.py``): MLLS, BBSE, the
-no-shift test, the label-shift test, the source-aware interval and the accuracy estimate over the partitions give the one-process answers on the same rows, and what goes wrong (a partition
+no-shift test, the label-shift test, the source-aware interval, the accuracy estimate and the whole assessment
+(``assess_shift``) over the partitions give the one-process answers on the same rows, and what goes wrong (a partition
 that does not load, one of the wrong shape, a scheduler that is not there) is said naming the partition and the fix.
 
 On a ``distributed.LocalCluster`` of 2 worker processes, 1 thread each. The one-process answers are those of a large
@@ -17,6 +18,8 @@ from labelshift.errors import InputError, PartitionError, ServiceUnavailableErro
 from labelshift.estimation.solvers import mlls_newton_rows
 from labelshift.calibration import BCTS
 from labelshift.inference.accuracy import expected_accuracy
+from labelshift.inference.holdout import Holdout, Target, calibrated_probs
+from labelshift.inference.report import assess_shift
 from labelshift.inference.label_shift_test import label_shift_test
 from labelshift.inference.no_shift import no_shift_test
 from labelshift.inference.source_aware import source_aware_interval
@@ -119,6 +122,60 @@ def test_the_source_aware_interval_and_accuracy_from_raw_outputs_on_the_workers_
     for key in ("expected", "lower", "upper", "batch_lower", "batch_upper", "corrected", "corrected_lower",
                 "corrected_upper"):
         assert abs(getattr(acc, key) - getattr(acc_one, key)) <= 1e-9, key
+
+
+def _numbers_within(new, ref, tol, path="report", skip=()):
+    """Equal structure and non-float values (verdicts, strings, integer counts); floats within ``tol``, relative to
+    max(1, |x|), except at the paths ``skip``."""
+    if isinstance(ref, dict):
+        assert set(new) == set(ref), path
+        for key in ref:
+            _numbers_within(new[key], ref[key], tol, f"{path}.{key}", skip)
+    elif isinstance(ref, list):
+        assert len(new) == len(ref), path
+        for i, (a, b) in enumerate(zip(new, ref)):
+            _numbers_within(a, b, tol, f"{path}[{i}]", skip)
+    elif isinstance(ref, float) and isinstance(new, float):
+        assert path in skip or abs(new - ref) <= tol * max(1.0, abs(ref)), (path, new, ref)
+    else:
+        assert new == ref, (path, new, ref)
+
+
+def test_the_whole_assessment_from_raw_outputs_on_the_workers_equals_one_process(client, tmp_path, monkeypatch):
+    """``assess_shift`` with the default settings on raw logits kept on the workers and calibrated there
+    (Target.from_partitioned_outputs), some of them holdout rows copied twice (the model's own ties, counted by the
+    map-reduce of row hashes): the report's verdicts, strings and counts equal one process's, its numbers to 1e-9
+    (measured about 1e-10: the MLLS weights, within 2 tol). One number is a statistic of m rows, not a mean: the
+    miscalibration check's T = d^T V^+ d (V of order 1/m) moves by 2 sqrt(T) |V^{-1/2} dd| for a change dd of
+    d = p_MLLS - p_c, and dd is at most 2 (2 tol) here (p_MLLS and p_c each follow w), so it is held to that bound
+    (measured 3e-9 of a bound of about 1e-7); its p-value is within 1e-9 again."""
+    monkeypatch.setattr(rows, "LARGE_ROWS", 10_000)
+    rng = np.random.default_rng(49)
+
+    def logits(n, prior):
+        y = rng.choice(K, size=n, p=prior)
+        z = rng.normal(size=(n, K))
+        z[np.arange(n), y] += 2.0
+        return (1.3 * z + 0.1 * np.arange(K)).astype(np.float32), y
+
+    Xh, yh = logits(3000, np.full(K, 1 / K))
+    Xh = Xh.astype(np.float64)
+    cal = BCTS(tol=1e-9).fit(Xh, yh)
+    Ph = cal.predict_proba(Xh)
+    holdout = Holdout(Ph, yh, Ph.mean(axis=0), outputs=Xh, calibrator=cal)
+    copies = Xh[:200].astype(np.float32)
+    Xt = np.concatenate([logits(24_000, np.array([0.35, 0.25, 0.15, 0.1, 0.1, 0.05]))[0], copies, copies])
+    np.save(tmp_path / "logits.npy", Xt[:15_000])
+    R = cluster.cluster_rows(client, [cluster.npy_partition(tmp_path / "logits.npy"), Xt[15_000:15_001],
+                                      Xt[15_001:]])
+    one = assess_shift(holdout, Target(calibrated_probs(Xt, cal), Xt))
+    parts = assess_shift(holdout, Target.from_partitioned_outputs(R, cal))
+    assert one.repeats.shared_rows == 400 and parts.verdict == one.verdict
+    _numbers_within(parts.to_dict(), one.to_dict(), 1e-9, skip={"report.miscalibration.statistic"})
+    V = one.miscalibration.reference_covariance
+    smallest = float(np.min(np.linalg.eigvalsh(0.5 * (V + V.T))[1:]))           # V^+ on the sum-to-zero range
+    bound = 2.0 * np.sqrt(one.miscalibration.statistic) * (4 * 1e-10) / np.sqrt(smallest)
+    assert abs(parts.miscalibration.statistic - one.miscalibration.statistic) <= bound < 1e-6
 
 
 def test_a_partition_that_does_not_load_is_named_with_the_fix(client, tmp_path):
