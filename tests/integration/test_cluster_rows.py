@@ -18,11 +18,12 @@ from labelshift.errors import InputError, PartitionError, ServiceUnavailableErro
 from labelshift.estimation.solvers import mlls_newton_rows
 from labelshift.calibration import BCTS
 from labelshift.inference.accuracy import expected_accuracy
-from labelshift.inference.holdout import Holdout, Target, calibrated_probs
+from labelshift.inference.holdout import Target, calibrated_probs
 from labelshift.inference.report import assess_shift
 from labelshift.inference.label_shift_test import label_shift_test
 from labelshift.inference.no_shift import no_shift_test
 from labelshift.inference.source_aware import source_aware_interval
+from tests.fixtures.draws import calibrated_holdout, gaussian_logits, softmax_draw
 
 distributed = pytest.importorskip("distributed")
 cluster = pytest.importorskip("tasks.reestimation.cluster")
@@ -39,19 +40,13 @@ def client():
         yield c
 
 
-def _draw(rng, m, prior, sep=2.0):
-    y = rng.choice(len(prior), size=m, p=prior)
-    z = rng.normal(size=(m, len(prior)))
-    z[np.arange(m), y] += sep
-    p = np.exp(z - z.max(axis=1, keepdims=True))
-    return p / p.sum(axis=1, keepdims=True), y
 
 
 def test_estimates_from_partitions_on_the_workers_equal_one_process(client, tmp_path, monkeypatch):
     monkeypatch.setattr(rows, "LARGE_ROWS", 10_000)
     rng = np.random.default_rng(41)
-    P, _ = _draw(rng, 120_000, np.array([0.35, 0.25, 0.15, 0.1, 0.1, 0.05]))
-    S, ys = _draw(rng, 4000, np.full(K, 1 / K))
+    P, _ = softmax_draw(rng, 120_000, np.array([0.35, 0.25, 0.15, 0.1, 0.1, 0.05]))
+    S, ys = softmax_draw(rng, 4000, np.full(K, 1 / K))
     ps = np.bincount(ys, minlength=K) / ys.size
     cuts = (0, 50_000, 50_001, 97_000, 120_000)
     sources = []
@@ -79,8 +74,8 @@ def test_the_label_shift_test_from_partitions_on_the_workers_equals_one_process(
     integer counts, which are equal; tests/unit/test_label_shift_partitions.py derives the rest)."""
     monkeypatch.setattr(rows, "LARGE_ROWS", 10_000)
     rng = np.random.default_rng(43)
-    S, y = _draw(rng, 3000, np.full(K, 1 / K))
-    P, _ = _draw(rng, 40_000, np.array([0.35, 0.25, 0.15, 0.1, 0.1, 0.05]))
+    S, y = softmax_draw(rng, 3000, np.full(K, 1 / K))
+    P, _ = softmax_draw(rng, 40_000, np.array([0.35, 0.25, 0.15, 0.1, 0.1, 0.05]))
     np.save(tmp_path / "first.npy", P[:25_000])
     R = cluster.cluster_rows(client, [cluster.npy_partition(tmp_path / "first.npy"), P[25_000:25_001], P[25_001:]])
     for method in ("likelihood-ratio", "wald"):
@@ -101,10 +96,7 @@ def test_the_source_aware_interval_and_accuracy_from_raw_outputs_on_the_workers_
     rng = np.random.default_rng(48)
 
     def logits(n, prior):
-        y = rng.choice(K, size=n, p=prior)
-        z = rng.normal(size=(n, K))
-        z[np.arange(n), y] += 2.0
-        return 1.3 * z + 0.1 * np.arange(K), y
+        return gaussian_logits(rng, n, prior, scale=1.3, offset=0.1 * np.arange(K))
 
     Xh, yh = logits(3000, np.full(K, 1 / K))
     cal = BCTS(tol=1e-9).fit(Xh, yh)
@@ -153,16 +145,12 @@ def test_the_whole_assessment_from_raw_outputs_on_the_workers_equals_one_process
     rng = np.random.default_rng(49)
 
     def logits(n, prior):
-        y = rng.choice(K, size=n, p=prior)
-        z = rng.normal(size=(n, K))
-        z[np.arange(n), y] += 2.0
-        return (1.3 * z + 0.1 * np.arange(K)).astype(np.float32), y
+        z, y = gaussian_logits(rng, n, prior, scale=1.3, offset=0.1 * np.arange(K))
+        return z.astype(np.float32), y
 
     Xh, yh = logits(3000, np.full(K, 1 / K))
     Xh = Xh.astype(np.float64)
-    cal = BCTS(tol=1e-9).fit(Xh, yh)
-    Ph = cal.predict_proba(Xh)
-    holdout = Holdout(Ph, yh, Ph.mean(axis=0), outputs=Xh, calibrator=cal)
+    holdout, cal = calibrated_holdout(Xh, yh)
     copies = Xh[:200].astype(np.float32)
     Xt = np.concatenate([logits(24_000, np.array([0.35, 0.25, 0.15, 0.1, 0.1, 0.05]))[0], copies, copies])
     np.save(tmp_path / "logits.npy", Xt[:15_000])

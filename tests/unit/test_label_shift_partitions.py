@@ -30,6 +30,7 @@ from labelshift.inference.label_shift_test.log_odds import target_moments
 from labelshift.inference.label_shift_test.regions import assign_rows, make_regions, region_counts_of
 from labelshift.inference.label_shift_test.regions_fit import wald_target_sums
 from labelshift.partitions import local_rows, take_rows
+from tests.fixtures.draws import softmax_draw
 
 K = 4
 BLOCK = 1000
@@ -46,19 +47,13 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(rows, "LARGE_ROWS", 2000)
 
 
-def _draw(rng, m, prior, sep=2.0):
-    y = rng.choice(len(prior), size=m, p=prior)
-    z = rng.normal(size=(m, len(prior)))
-    z[np.arange(m), y] += sep
-    p = np.exp(z - z.max(axis=1, keepdims=True))
-    return p / p.sum(axis=1, keepdims=True), y
 
 
 @pytest.fixture(scope="module")
 def data():
     rng = np.random.default_rng(5)
-    S, y = _draw(rng, 2000, np.full(K, 1 / K))
-    P, _ = _draw(rng, CUTS[-1], np.array([0.4, 0.3, 0.2, 0.1]))
+    S, y = softmax_draw(rng, 2000, np.full(K, 1 / K))
+    P, _ = softmax_draw(rng, CUTS[-1], np.array([0.4, 0.3, 0.2, 0.1]))
     return S, y, P
 
 

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 from labelshift import rows
-from labelshift.calibration import BCTS
-from labelshift.inference.holdout import Holdout, Target, calibrated_probs
+from labelshift.inference.holdout import Target, calibrated_probs
 from labelshift.inference.repeats import find_repeats
 from labelshift.inference.report import assess_shift
 from labelshift.partitions import local_rows
+from tests.fixtures.draws import calibrated_holdout, gaussian_logits
 
 BLOCK = 1000
 EPS64 = float(np.finfo(np.float64).eps)
@@ -44,16 +44,12 @@ def _case(seed, k=4, m=5500):
     rng = np.random.default_rng(seed)
 
     def logits(n, prior):
-        y = rng.choice(k, size=n, p=prior)
-        z = rng.normal(size=(n, k))
-        z[np.arange(n), y] += 2.0
-        return (1.3 * z + 0.2 * np.arange(k) / k).astype(np.float32), y
+        z, y = gaussian_logits(rng, n, prior, scale=1.3, offset=0.2 * np.arange(k) / k)
+        return z.astype(np.float32), y
 
     Xh, yh = logits(3000, np.full(k, 1 / k))
     Xh = Xh.astype(np.float64)
-    cal = BCTS(tol=1e-9).fit(Xh, yh)
-    Ph = cal.predict_proba(Xh)
-    holdout = Holdout(Ph, yh, Ph.mean(axis=0), outputs=Xh, calibrator=cal)
+    holdout, cal = calibrated_holdout(Xh, yh)
     return holdout, cal, logits(m, np.array([0.4, 0.3, 0.2, 0.1][:k]) / np.sum([0.4, 0.3, 0.2, 0.1][:k]))[0]
 
 

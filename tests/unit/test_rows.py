@@ -27,16 +27,11 @@ from labelshift.estimation.diagnostics import correct_predictions
 from labelshift.inference.source_aware import source_aware_interval
 from labelshift.inference.label_shift_test import label_shift_test
 from labelshift.inference.report import assess_shift
+from tests.fixtures.draws import gaussian_logits, softmax_draw
 
 K = 6
 
 
-def _draw(rng, m, prior, sep=2.0):
-    y = rng.choice(len(prior), size=m, p=prior)
-    z = rng.normal(size=(m, len(prior)))
-    z[np.arange(m), y] += sep
-    p = np.exp(z - z.max(axis=1, keepdims=True))
-    return p / p.sum(axis=1, keepdims=True), y
 
 
 @pytest.fixture
@@ -48,7 +43,7 @@ def small_blocks(monkeypatch):
 
 def test_row_passes_equal_the_whole_array_formulas(small_blocks):
     rng = np.random.default_rng(0)
-    P, _ = _draw(rng, 5500, np.full(K, 1 / K))
+    P, _ = softmax_draw(rng, 5500, np.full(K, 1 / K))
     w = rng.uniform(0.2, 2.0, K)
     np.testing.assert_allclose(rows.row_dot(P, w), P @ w, rtol=1e-13)
     np.testing.assert_allclose(rows.column_sums(P), P.sum(axis=0), rtol=1e-12)
@@ -80,7 +75,7 @@ def test_row_solver_reaches_the_in_memory_optimum(case, dtype):
     if case == "boundary":
         pt[[0, 3]] = 0.0
         pt /= pt.sum()
-    P, _ = _draw(rng, 20_000, pt)
+    P, _ = softmax_draw(rng, 20_000, pt)
     P = P.astype(dtype)
     ref = solvers.mlls_newton(P.astype(np.float64), ps)
     got = solvers.mlls_newton_rows(P, ps)
@@ -92,10 +87,10 @@ def test_row_solver_reaches_the_in_memory_optimum(case, dtype):
 
 
 def _case(rng, m):
-    S, ys = _draw(rng, 3000, np.full(K, 1 / K))
+    S, ys = softmax_draw(rng, 3000, np.full(K, 1 / K))
     pt = rng.dirichlet(np.ones(K))
     pt[1] = 1e-4
-    T, _ = _draw(rng, m, pt / pt.sum())
+    T, _ = softmax_draw(rng, m, pt / pt.sum())
     prior = S.mean(axis=0)
     return S, ys, T, prior / prior.sum()
 
@@ -132,10 +127,7 @@ def _raw_case(rng, m, pinned=True):
     """Holdout logits (3000 rows) with labels and a BCTS fit on them, float32 target logits (m rows; one class absent,
     which MLLS pins at w = 0, when ``pinned``), the calibrated float32 target and p_s."""
     def logits(n, prior):
-        y = rng.choice(K, size=n, p=prior)
-        z = rng.normal(size=(n, K))
-        z[np.arange(n), y] += 2.0
-        return 1.3 * z + 0.2 * np.arange(K), y
+        return gaussian_logits(rng, n, prior, scale=1.3, offset=0.2 * np.arange(K))
 
     Xh, yh = logits(3000, np.full(K, 1 / K))
     cal = BCTS(tol=1e-9).fit(Xh, yh)
@@ -276,7 +268,7 @@ def test_streamed_corrected_parquet_holds_what_the_in_memory_writer_wrote(tmp_pa
     from tasks.reestimation.outputs import _corrected_chunks
 
     rng = np.random.default_rng(5)
-    P, _ = _draw(rng, 2500, np.full(K, 1 / K))
+    P, _ = softmax_draw(rng, 2500, np.full(K, 1 / K))
     P = P.astype(np.float32)
     w = rng.uniform(0.0, 2.0, K)
     names = [f"c{j}" for j in range(K)]

@@ -31,6 +31,7 @@ from labelshift.inference.accuracy import expected_accuracy
 from labelshift.inference.repeats import find_repeats
 from labelshift.inference.source_aware import source_aware_interval
 from labelshift.partitions import PerPartition, local_rows
+from tests.fixtures.draws import gaussian_logits
 
 BLOCK = 1000
 EPS64 = float(np.finfo(np.float64).eps)
@@ -51,10 +52,7 @@ def _case(seed, k, m, pinned, dtype=np.float32):
     rng = np.random.default_rng(seed)
 
     def logits(n, prior):
-        y = rng.choice(k, size=n, p=prior)
-        z = rng.normal(size=(n, k))
-        z[np.arange(n), y] += 2.0
-        return 1.3 * z + 0.2 * np.arange(k) / k, y
+        return gaussian_logits(rng, n, prior, scale=1.3, offset=0.2 * np.arange(k) / k)
 
     Xh, yh = logits(3000, np.full(k, 1 / k))
     cal = BCTS(tol=1e-9).fit(Xh, yh)
