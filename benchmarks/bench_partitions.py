@@ -83,7 +83,18 @@ def _computations(P, S, y) -> dict:
     label_shift_test(S, y, P, seed=0)
     out["label_shift_s"] = time.perf_counter() - t
     out["weights"] = w.tolist()
+    out["pass_ms"] = _pass_ms(P, w)
     return out
+
+
+def _pass_ms(P, w, passes: int = 10) -> float:
+    """Milliseconds of one MLLS pass with its Hessian (a map of the partitions' sums and their reduce on a cluster)."""
+    from labelshift import rows
+
+    t = time.perf_counter()
+    for _ in range(passes):
+        rows.mlls_pass(P, w, hessian=True)
+    return 1e3 * (time.perf_counter() - t) / passes
 
 
 def _peak_gib() -> float:
@@ -116,8 +127,12 @@ def on_cluster(folder: Path, workers: int) -> dict:
         R = cluster_rows(client, [npy_partition(folder / f"part-{i:03d}.npy") for i in range(meta["partitions"])])
         load_s = time.perf_counter() - t
         out = _computations(R, np.load(folder / "source.npy"), np.load(folder / "source-labels.npy"))
+        t = time.perf_counter()
+        for _ in range(10):
+            R.run(len)
+        empty_ms = 1e3 * (time.perf_counter() - t) / 10
         peaks = sorted(client.run(_worker_peak_gib).values())
-    return dict(out, load_s=load_s, peak_gib=_peak_gib(), worker_peak_gib=peaks)
+    return dict(out, load_s=load_s, peak_gib=_peak_gib(), worker_peak_gib=peaks, empty_pass_ms=empty_ms)
 
 
 def _child(mode: str, folder: Path, workers: int) -> dict:
@@ -133,11 +148,13 @@ def table(rows: int, k: int, partitions: int, workers: int, one: dict, cl: dict)
     diff = float(np.max(np.abs(np.asarray(one["weights"]) - np.asarray(cl["weights"]))))
     lines = [f"{rows:,} rows x {k} classes (float32) in {partitions} partitions; largest weight difference "
              f"{diff:.1e}", "",
-             "| run | load s | MLLS s | no-shift s | label-shift s | peak RSS GiB |", "|---|---|---|---|---|---|",
+             "| run | load s | MLLS s | no-shift s | label-shift s | one MLLS pass ms | peak RSS GiB |",
+             "|---|---|---|---|---|---|---|",
              f"| one process (1 BLAS thread) | {one['load_s']:.1f} | {one['mlls_s']:.1f} | {one['no_shift_s']:.1f} | "
-             f"{one['label_shift_s']:.1f} | {one['peak_gib']:.2f} |",
+             f"{one['label_shift_s']:.1f} | {one['pass_ms']:.0f} | {one['peak_gib']:.2f} |",
              f"| LocalCluster, {workers} workers x 1 thread | {cl['load_s']:.1f} | {cl['mlls_s']:.1f} | "
-             f"{cl['no_shift_s']:.1f} | {cl['label_shift_s']:.1f} | driver {cl['peak_gib']:.2f}, workers "
+             f"{cl['no_shift_s']:.1f} | {cl['label_shift_s']:.1f} | {cl['pass_ms']:.0f} (an empty pass "
+             f"{cl['empty_pass_ms']:.0f}) | driver {cl['peak_gib']:.2f}, workers "
              + ", ".join(f"{g:.2f}" for g in cl["worker_peak_gib"]) + " |",
              "", f"ratio cluster / one process: MLLS {cl['mlls_s'] / one['mlls_s']:.2f}x, no-shift "
              f"{cl['no_shift_s'] / one['no_shift_s']:.2f}x, label-shift {cl['label_shift_s'] / one['label_shift_s']:.2f}x"]
