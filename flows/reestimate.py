@@ -36,7 +36,7 @@ from flows.params import (BatchSizeParam, CalibratorParam, CrossCheckParam, Esti
                           MaxWidthParam, ModelParam, NBootstrapParam, OnChangedParam, OnInvalidParam,
                           ReestimateParameters, SeedParam, SignificanceParam, TargetParam, TrackingParam,
                           RegisterCorrectedParam, CorrectedModelNameParam, SegmentColumnParam, MinSegmentSizeParam,
-                          SegmentProcessesParam, SegmentCorrectionParam, documented, parameters_of)
+                          SegmentProcessesParam, SegmentCorrectionParam, DaskParam, documented, parameters_of)
 from flows.params import DEFAULT_MODEL  # noqa: F401 - re-exported
 from flows.summary import RunSummary, headline, summary_markdown
 from flows.user_errors import install as _log_user_errors_once
@@ -555,6 +555,7 @@ def reestimate(
     min_segment_size: MinSegmentSizeParam = DEFAULTS.min_segment_size,
     segment_processes: SegmentProcessesParam = DEFAULTS.segment_processes,
     segment_correction: SegmentCorrectionParam = DEFAULTS.segment_correction,
+    dask: DaskParam = DEFAULTS.dask,
 ):
     """Re-estimate the target label distribution from the target batches that arrived since the last success.
 
