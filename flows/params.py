@@ -21,6 +21,7 @@ from labelshift.inference.settings import BOUNDS, AssessmentSettings
 from labelshift.inference.settings import DEFAULTS as ASSESSMENT
 from labelshift.errors import InputError
 from labelshift.experiments import gaussian, images
+from runtime.environment import dask_scheduler_address
 
 #: an estimator on one named calibration, ``<estimator>@<calibration>`` (image datasets only; the names of
 #: :mod:`labelshift.experiments.images`, e.g. MLLS@VS, BBSE-soft@none)
@@ -406,6 +407,22 @@ SegmentCorrectionParam = Annotated[Literal[CORRECTIONS], Field(
     LOGGED_WITH_SEGMENTS]
 
 
+def _scheduler_address(address: str | None) -> str | None:
+    """A given Dask address checked and normalized (:func:`runtime.environment.dask_scheduler_address`)."""
+    return None if address is None else dask_scheduler_address(address)
+
+
+DaskParam = Annotated[str | None, Field(
+    description="Run the rows of this re-estimation on a Dask cluster: its scheduler's address (tcp://host:8786) "
+                "or 'local' (a cluster of this machine). Each worker reads its new batches from the target itself, "
+                "calibrates them and writes their corrected outputs beside them; every pass of the assessment is a "
+                "map over the batches there and a sum here; the report is that of one process. For prediction logs "
+                "(a registered reference) only, and a batch that fails its checks fails the run (no quarantine); "
+                "segment_column and targets whose rows repeat are not supported there yet. When not set: one "
+                "process, as always. See docs/operations.md."),
+    AfterValidator(_scheduler_address), LOGGED_WHEN_GIVEN]
+
+
 class ReestimateParameters(BaseModel):
     """All parameters of the ``reestimate`` flow, validated together: the one definition the flow's signature, the
     ``labelshift estimate`` options, the deployment's form and the run's MLflow params are built from."""
@@ -436,6 +453,7 @@ class ReestimateParameters(BaseModel):
     min_segment_size: MinSegmentSizeParam = MIN_SEGMENT_SIZE
     segment_processes: SegmentProcessesParam = SEGMENT_PROCESSES
     segment_correction: SegmentCorrectionParam = SEGMENT_CORRECTION
+    dask: DaskParam = None
 
     def assessment(self) -> AssessmentSettings:
         """The statistical settings, whole, as the domain takes them."""
@@ -458,6 +476,16 @@ class ReestimateParameters(BaseModel):
                 continue
             out[name] = ",".join(map(str, value)) if isinstance(value, list) else value
         return out
+
+    @model_validator(mode="after")
+    def _fits_the_cluster(self) -> "ReestimateParameters":
+        """Settings the cluster path cannot do yet are refused with ``dask``, naming the fix."""
+        if self.dask and self.segment_column:
+            raise ValueError(f"segment_column ({self.segment_column!r}) is not supported on a Dask cluster yet "
+                             f"(dask={self.dask!r}); run without dask (CLI: without --dask, and "
+                             "LABELSHIFT_DASK_ADDRESS unset) to get the estimates per segment, or without "
+                             "segment_column on the cluster")
+        return self
 
     @model_validator(mode="after")
     def _settings_fit_together(self) -> "ReestimateParameters":

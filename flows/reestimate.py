@@ -36,7 +36,7 @@ from flows.params import (BatchSizeParam, CalibratorParam, CrossCheckParam, Esti
                           MaxWidthParam, ModelParam, NBootstrapParam, OnChangedParam, OnInvalidParam,
                           ReestimateParameters, SeedParam, SignificanceParam, TargetParam, TrackingParam,
                           RegisterCorrectedParam, CorrectedModelNameParam, SegmentColumnParam, MinSegmentSizeParam,
-                          SegmentProcessesParam, SegmentCorrectionParam, documented, parameters_of)
+                          SegmentProcessesParam, SegmentCorrectionParam, DaskParam, documented, parameters_of)
 from flows.params import DEFAULT_MODEL  # noqa: F401 - re-exported
 from flows.summary import RunSummary, headline, summary_markdown
 from flows.user_errors import install as _log_user_errors_once
@@ -56,11 +56,13 @@ from runtime import environment as settings_mod
 from runtime.environment import Settings
 from tasks.reestimation.alerts import emit_verdict
 from tasks.reestimation.assessment import estimate_shift
+from tasks.reestimation.on_cluster import (check_clusterable, cluster_client, cluster_target, not_partitioned_yet,
+                                           write_on_cluster)
 from tasks.reestimation.outputs import write_for_reestimation
 from tasks.reestimation.references import load_for_reestimation
 from tasks.reestimation.runs import (ReestimationRun, catch_up_monitor, end_run, history_record, log_reestimation,
                                      log_rejections, render_figure, start_reestimation_run, sync_monitor)
-from tasks.reestimation.scoring import expected_batches, score_for_reestimation
+from tasks.reestimation.scoring import ScoredBatches, expected_batches, score_for_reestimation
 from tasks.reestimation.segments import (assess_segments, check_segmentable, log_segments, read_segment_values,
                                          segment_values_of)
 from tasks.reestimation.serving import check_corrected_name, register_if_shifted
@@ -205,6 +207,8 @@ def _prepare(run: RunContext, batches) -> _Plan:
     run.bundle = _load_model(p, run.settings, run.tracking_uri, run.logger)
     corrected_as = (check_corrected_name(run.tracking_uri, p.model, p.corrected_model_name)
                     if p.register_corrected else None)       # docs/serving.md
+    if p.dask:                 # what the cluster path cannot do yet, refused before the MLflow run
+        check_clusterable(run.bundle, run.target_uri, batches)
     plan = _Plan(batches, _read_segments(run, batches), corrected_as)
     run.mlflow = _start_run(run, len(batches))
     return plan
@@ -443,15 +447,22 @@ def _log(run: RunContext, report: ShiftReport, summary: RunSummary) -> dict:
 def _write_outputs(run: RunContext, report: ShiftReport, summary: RunSummary, scored) -> None:
     """Corrected predictions beside each batch, atomically -- none when the data are not label-shifted (the weights
     mean nothing), and the summary says why."""
-    if report.verdict == Verdict.NOT_LABEL_SHIFT:
-        summary.outputs = []
-        summary.outputs_withheld = (
-            "the label-shift test rejected the assumption the correction rests on. The batches are counted in "
-            "the watermark (they were examined); after fixing the cause, write the fixed batches under new "
-            "names, or rewrite them and run with on_changed='reprocess' (CLI: --reprocess-changed).")
-    else:
+    if not _withheld(report, summary):
         summary.outputs = write_for_reestimation(run.bundle, run.target_uri, scored.batches, scored.probs,
                                                  report.weights.tolist(), summary.to_dict())
+
+
+def _withheld(report: ShiftReport, summary: RunSummary) -> bool:
+    """Under "Not label shift" no corrected outputs are written (the weights mean nothing): the summary says why, and
+    True; else False."""
+    if report.verdict != Verdict.NOT_LABEL_SHIFT:
+        return False
+    summary.outputs = []
+    summary.outputs_withheld = (
+        "the label-shift test rejected the assumption the correction rests on. The batches are counted in "
+        "the watermark (they were examined); after fixing the cause, write the fixed batches under new "
+        "names, or rewrite them and run with on_changed='reprocess' (CLI: --reprocess-changed).")
+    return True
 
 
 # -- 7. bookkeeping after the commit -----------------------------------------------------------------------------------
@@ -511,6 +522,8 @@ class _Outcome:
 def _assess_and_commit(run: RunContext, plan: _Plan) -> _Outcome:
     """Steps 2 (scoring) to 6 inside the MLflow run: score, assess (pooled and per segment), log, write the outputs,
     register the corrected model, commit the watermark; "No valid data" when no batch could be used."""
+    if run.params.dask:
+        return _assess_and_commit_on_cluster(run, plan)
     scored = _score(run, plan.batches)
     if not scored.batches:
         return _Outcome(_record_no_valid_data(run, scored))
@@ -526,6 +539,30 @@ def _assess_and_commit(run: RunContext, plan: _Plan) -> _Outcome:
                                                       sequence=ml.sequence)
     return _Outcome(summary, _commit(run.store, run.watermark, scored.batches, record, ml.run_id,
                                      rejected=scored.rejected))
+
+
+
+def _assess_and_commit_on_cluster(run: RunContext, plan: _Plan) -> _Outcome:
+    """Steps 2-6 with the rows on the Dask cluster of ``run.params.dask`` (:mod:`tasks.reestimation.on_cluster`):
+    the workers read, check and calibrate the batches and write their corrected outputs; here the same assessment
+    (each pass a map over the batches there), the logging, the corrected model and one commit once every batch
+    succeeded. A batch that fails its checks fails the run, naming it; nothing is committed on any failure."""
+    p, ml = run.params, run.mlflow
+    scored = ScoredBatches(list(plan.batches), [])
+    with cluster_client(p.dask) as client:
+        run.logger.info("rows on the Dask cluster at %s: %d batch(es) read by its workers", p.dask, len(plan.batches))
+        target = cluster_target(client, run.bundle, run.target_uri, plan.batches)
+        with not_partitioned_yet():
+            report, summary = _assess(run, scored, target)
+        record = _log(run, report, summary)
+        if not _withheld(report, summary):
+            summary.outputs = write_on_cluster(target, run.bundle, run.target_uri, plan.batches,
+                                               report.weights.tolist(), summary.to_dict())
+    if plan.corrected_as:
+        summary.corrected_model = register_if_shifted(run.bundle, report, tracking_uri=run.tracking_uri,
+                                                      name=plan.corrected_as, run_id=ml.run_id, target=run.store.uri,
+                                                      sequence=ml.sequence)
+    return _Outcome(summary, _commit(run.store, run.watermark, plan.batches, record, ml.run_id))
 
 
 @flow(name="reestimate", log_prints=False)
@@ -555,6 +592,7 @@ def reestimate(
     min_segment_size: MinSegmentSizeParam = DEFAULTS.min_segment_size,
     segment_processes: SegmentProcessesParam = DEFAULTS.segment_processes,
     segment_correction: SegmentCorrectionParam = DEFAULTS.segment_correction,
+    dask: DaskParam = DEFAULTS.dask,
 ):
     """Re-estimate the target label distribution from the target batches that arrived since the last success.
 

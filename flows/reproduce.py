@@ -88,12 +88,7 @@ def dask_task_runner(address: str, **cluster_kwargs):
     if cluster_kwargs:
         raise InputError("cluster options apply to the 'local' Dask cluster only; a scheduler at "
                          f"{address} has its own workers")
-    scheme, sep, rest = address.rpartition("://")
-    host, colon, port = (rest if sep else address).rpartition(":")
-    if not colon or not host or not port.isdigit() or (sep and not scheme.isalpha()):
-        raise InputError(f"{address!r} is not a Dask scheduler address; expected tcp://host:port (the scheduler "
-                         f"listens on 8786 by default: tcp://host:8786), or 'local' (--dask or ${ENV_DASK})")
-    return DaskTaskRunner(address=address if sep else f"tcp://{address}")
+    return DaskTaskRunner(address=settings_mod.dask_scheduler_address(address))
 
 
 def _start_runs(p: ReproduceParameters, env, plan: dict, flow_run_id: str, flow_run_name: str,

@@ -97,8 +97,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(ENV_PREFECT_API_URL, "a running Prefect server's API", "a temporary local server per command", ""),
     Variable(ENV_SERVER_LOST_S, "seconds the Prefect server may not answer during a run before the command stops "
                                 "it (exit 75)", f"`{SERVER_LOST_S:g}`", ""),
-    Variable(ENV_DASK, "Dask cluster of the estimation tasks of `reproduce` (also of served and deployed runs): "
-                       "`tcp://host:8786` or `local`", "threads in the flow's process", "`--dask`"),
+    Variable(ENV_DASK, "Dask cluster of the estimation tasks of `reproduce` (also of served and deployed runs) and "
+                       "of the rows of `estimate`: `tcp://host:8786` or `local`", "threads in the flow's process",
+             "`--dask`"),
     Variable(ENV_MODEL, "registered model of `estimate` and of the served `reestimate` deployment",
              "`models:/labelshift-mnist-5k@latest-good`", "`--model`"),
     Variable(ENV_TARGET, "where new batches arrive for `estimate`, `serve` and `data simulate-target`",
@@ -161,6 +162,22 @@ def server_lost_s(environ: Mapping[str, str] | None = None) -> float:
 def worker_stop_s(environ: Mapping[str, str] | None = None) -> float:
     """:data:`~runtime.timeouts.ENV_WORKER_STOP_S` in seconds (at least 1; InputError otherwise)."""
     return _seconds(ENV_WORKER_STOP_S, WORKER_STOP_S, 1, environ)
+
+
+def dask_scheduler_address(address: str) -> str:
+    """A Dask scheduler address as a client takes it: ``tcp://host:port`` (``host:port`` gets ``tcp://``), or
+    ``"local"`` (a cluster of this machine) as given. InputError for anything else, saying what is expected."""
+    from labelshift.errors import InputError
+
+    address = (address or "").strip()
+    if address.lower() == "local":
+        return "local"
+    scheme, sep, rest = address.rpartition("://")
+    host, colon, port = (rest if sep else address).rpartition(":")
+    if not colon or not host or not port.isdigit() or (sep and not scheme.isalpha()):
+        raise InputError(f"{address!r} is not a Dask scheduler address; expected tcp://host:port (the scheduler "
+                         f"listens on 8786 by default: tcp://host:8786), or 'local' (--dask or ${ENV_DASK})")
+    return address if sep else f"tcp://{address}"
 
 
 def _seconds(variable: str, default: float, least: float, environ: Mapping[str, str] | None) -> float:

@@ -21,7 +21,7 @@ from labelshift.storage import open_store
 from labelshift.inference.segments import usable_cpus
 from tasks.reestimation.scoring import download_batch, mapped, threads_for
 
-__all__ = ["write_outputs", "write_for_reestimation"]
+__all__ = ["write_outputs", "write_for_reestimation", "write_corrected_partition"]
 
 
 def write_outputs(target_uri: str, batches: list[TargetBatch], probs: list[np.ndarray], weights: list[float],
@@ -70,10 +70,12 @@ def _corrected_chunks(probs: np.ndarray, weights: np.ndarray, ids, chunk_rows: i
 WRITE_THREADS = max(1, min(2, usable_cpus()))
 
 
-def _write_corrected_parquet(bundle, store, b: TargetBatch, p: np.ndarray, w: np.ndarray, summary: dict) -> str:
-    """One Parquet batch's corrected outputs written row group by row group to a temporary file (its id column
-    streamed from a downloaded copy of the batch), uploaded with the batch's summary; its URI."""
-    names, id_column, chunk_rows = bundle.holdout.names, getattr(bundle, "id_column", None), rows_mod.ROW_BLOCK
+def _write_corrected_parquet(names, id_column, store, b: TargetBatch, p: np.ndarray, w: np.ndarray,
+                             summary: dict) -> str:
+    """One Parquet batch's corrected outputs (columns ``names``, and the batch's ``id_column`` when not None) written
+    row group by row group to a temporary file (the ids streamed from a downloaded copy of the batch), uploaded with
+    the batch's summary; its URI."""
+    chunk_rows = rows_mod.ROW_BLOCK
     with tempfile.TemporaryDirectory(prefix="labelshift-corrected-") as tmp:
         folder = Path(tmp)
         if id_column:
@@ -104,4 +106,18 @@ def write_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], 
     w = np.asarray(weights, dtype=np.float64)
     with rows_mod.one_blas_thread():
         return mapped(threads_for(len(w), WRITE_THREADS),
-                      lambda b, p: _write_corrected_parquet(bundle, store, b, p, w, summary), batches, probs)
+                      lambda b, p: _write_corrected_parquet(bundle.holdout.names, getattr(bundle, "id_column", None),
+                                                            store, b, p, w, summary), batches, probs)
+
+
+def write_corrected_partition(probs: np.ndarray, batch: TargetBatch, target_uri: str, weights: list[float],
+                              summary: dict, names: list[str], id_column: str | None) -> str:
+    """One batch's corrected predictions p_t(y|x) proportional to w_y f_y(x) and its summary, written beside it from
+    its calibrated ``probs`` -- run on the Dask worker that holds the batch (a module-level function the workers
+    import), as :func:`write_for_reestimation` writes each batch in one process: ``.corrected.npy`` for a .npy batch,
+    ``.corrected.parquet`` (columns ``names``, and ``id_column`` when not None) for a Parquet one. Its URI."""
+    if batch.key.endswith(".npy"):
+        return write_outputs(target_uri, [batch], [probs], weights, summary)[0]
+    with rows_mod.one_blas_thread():
+        return _write_corrected_parquet(names, id_column, open_store(target_uri), batch, np.asarray(probs),
+                                        np.asarray(weights, dtype=np.float64), summary)

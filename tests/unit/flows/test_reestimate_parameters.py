@@ -93,9 +93,19 @@ def test_every_setting_is_logged_to_mlflow_unless_declared_not_to_be():
               "seed", "max_interval_width", "on_invalid", "label_shift_holdout_inflation"}
     assert set(logged) == always | {"label_shift_significance", "segment_column", "min_segment_size",
                                     "segment_correction"}                  # as the runs before the marks logged
-    assert set(logged) == {n for n, when in marks.items() if when != "never"}
+    assert set(logged) | {"dask"} == {n for n, when in marks.items() if when != "never"}   # dask: not with segments
+    assert ReestimateParameters(dask="host:8786").as_mlflow_params()["dask"] == "tcp://host:8786"
     assert logged["cross_check"] == "BBSE-hard" and logged["max_interval_width"] == 0.5
     assert logged["segment_column"] == "region" and logged["label_shift_significance"] == 0.01
     plain = ReestimateParameters().as_mlflow_params()
     assert set(plain) == always == {n for n, when in marks.items() if when == "always"}
     assert {"tracking_uri", "target", "batch_size"} <= {n for n, when in marks.items() if when == "never"}
+
+
+def test_the_dask_address_is_checked_and_settings_the_cluster_cannot_do_are_refused_naming_the_fix():
+    assert ReestimateParameters().dask is None
+    assert ReestimateParameters(dask="local").dask == "local"
+    with pytest.raises(ValueError, match="not a Dask scheduler address"):
+        ReestimateParameters(dask="no-port")
+    with pytest.raises(ValueError, match="segment_column .* not supported on a Dask cluster yet.*without --dask"):
+        ReestimateParameters(dask="tcp://h:8786", segment_column="region")

@@ -1,0 +1,131 @@
+"""One re-estimation with its rows on a Dask cluster (issue 41; the ``dask`` setting of the ``reestimate`` flow).
+
+What runs where. On the workers: each new batch is read from the target store by a worker (:func:`load_log_partition`,
+a module-level function they import; they see the same store settings as the flow), checked as one process checks it,
+and kept there as the raw outputs of one partition; every pass of the assessment calibrates the partition where it
+lives and sends back sums of k or k x k numbers; the corrected outputs of each batch are calibrated, corrected and
+written beside it by the worker holding it (:func:`write_on_cluster`). On the flow's process: the holdout, the sums
+added in partition order, the report, the MLflow logging and the watermark's one commit, after every partition
+succeeded.
+
+Not yet on a cluster: models scored from their inputs (only prediction logs, whose rows are the model's outputs),
+quarantining a bad batch (it fails the run, naming it), targets whose repeated rows are collapsed, segments.
+``distributed`` is imported inside the functions, as in :mod:`tasks.reestimation.cluster`.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from labelshift.errors import InputError, PartitionError
+from labelshift.inference.holdout import Target
+from labelshift.monitoring.batches import batch_format, check_one_format, iter_output_chunks
+from labelshift.monitoring.layout import TargetBatch
+from labelshift.partitions import NOT_PARTITIONED, PerPartition
+from labelshift.storage import open_store
+from labelshift_mlflow.references import ReferenceBundle
+from tasks.reestimation import cluster as adapter
+from tasks.reestimation.cluster import PartitionSource, cluster_rows
+from tasks.reestimation.outputs import write_corrected_partition
+from tasks.reestimation.scoring import download_batch
+
+__all__ = ["cluster_client", "check_clusterable", "load_log_partition", "cluster_target", "not_partitioned_yet",
+           "write_on_cluster", "WITHOUT_DASK"]
+
+#: the fix every refusal of the cluster path names
+WITHOUT_DASK = "run without dask (CLI: without --dask; unset LABELSHIFT_DASK_ADDRESS) to run it in one process"
+
+
+@contextmanager
+def cluster_client(address: str) -> Iterator:
+    """A ``distributed.Client`` of the scheduler at ``address`` (:func:`~tasks.reestimation.cluster.connect`:
+    ServiceUnavailableError naming the address and the fix), or of a ``LocalCluster`` of this machine for ``"local"``
+    (a single-threaded worker process per core); closed when the block ends. A worker lost for good inside the block
+    (``KilledWorker``, a closed connection) is raised as a PartitionError naming the cluster and the fix."""
+    from distributed import KilledWorker, LocalCluster
+    from distributed.comm.core import CommClosedError
+
+    cluster = None
+    if address == "local":
+        cluster = LocalCluster(n_workers=max(1, os.cpu_count() or 1), threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+        client = adapter.connect(cluster.scheduler_address, timeout=adapter.CONNECT_S)
+    else:
+        client = adapter.connect(address, timeout=adapter.CONNECT_S)
+    try:
+        yield client
+    except (KilledWorker, CommClosedError) as exc:
+        raise PartitionError(f"a worker of the Dask cluster at {address} died or was cut off during the run "
+                             f"({type(exc).__name__}: {exc}); nothing was committed. Fix: give the workers more "
+                             f"memory or restart them (`dask worker ADDRESS`) and run again, or {WITHOUT_DASK}.") \
+            from None
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def check_clusterable(bundle, target_uri: str, batches: Sequence[TargetBatch]) -> None:
+    """InputError, before anything is written, unless ``bundle`` is a registered reference of prediction logs (the
+    batches are the model's outputs, which the workers read themselves) and ``batches`` share one format."""
+    check_one_format([b.key for b in batches], target_uri)
+    if not (isinstance(bundle, ReferenceBundle) and bundle.mode == "outputs"):
+        kind = getattr(bundle, "mode", "pytorch")
+        raise InputError(f"{bundle.uri} is a {kind} model scored from its inputs; on a Dask cluster the re-estimation "
+                         f"takes prediction logs only (a registered reference, whose batches under {target_uri} are "
+                         f"the model's outputs). Fix: {WITHOUT_DASK}.")
+
+
+def load_log_partition(target_uri: str, batch: TargetBatch, spec) -> np.ndarray:
+    """The raw outputs of one prediction-log batch, (n, k) float32, read from the store by the worker that calls it:
+    downloaded (checked against the checksum the run listed) and every chunk checked as one process checks it
+    (:func:`~labelshift.monitoring.batches.iter_output_chunks`). Raises what those checks raise."""
+    store = open_store(target_uri)
+    uri = store.url(batch.key)
+    with tempfile.TemporaryDirectory(prefix="labelshift-partition-") as tmp:
+        path = download_batch(store, batch, Path(tmp), "batch")
+        chunks = list(iter_output_chunks(path, batch_format(batch.key), spec, uri))
+    return np.concatenate(chunks) if chunks else np.empty((0, len(spec.class_names)), dtype=np.float32)
+
+
+def cluster_target(client, bundle: ReferenceBundle, target_uri: str, batches: Sequence[TargetBatch]) -> Target:
+    """The target of ``batches`` on ``client``'s workers: one partition per batch, read there
+    (:func:`load_log_partition`), as raw outputs calibrated where they live (``Target.from_partitioned_outputs``).
+    PartitionError naming the first batch a worker could not read or that failed its checks (nothing counted)."""
+    store = open_store(target_uri)
+    sources = [PartitionSource(load_log_partition, (target_uri, b, bundle.spec), store.url(b.key)) for b in batches]
+    try:
+        R = cluster_rows(client, sources)
+    except PartitionError as exc:
+        raise PartitionError(f"{exc} Nothing was counted: fix or delete the batch and run again, or {WITHOUT_DASK} "
+                             "(where a batch that fails its checks is quarantined).") from None
+    return Target.from_partitioned_outputs(R, bundle.calibrator)
+
+
+@contextmanager
+def not_partitioned_yet() -> Iterator[None]:
+    """A pass of the assessment that does not run over partitions yet (its TypeError ends in
+    :data:`~labelshift.partitions.NOT_PARTITIONED`: the target's repeated rows collapsed) raised as an InputError
+    naming what and the fix; any other TypeError as it is."""
+    try:
+        yield
+    except TypeError as exc:
+        if NOT_PARTITIONED not in str(exc):
+            raise
+        raise InputError("this target needs a pass that does not run on a Dask cluster yet (most often: its rows "
+                         "repeat, and the interval and tests of collapsed repeated rows are not over partitions "
+                         f"yet); nothing was written. Fix: {WITHOUT_DASK}. ({exc})") from None
+
+
+def write_on_cluster(target: Target, bundle: ReferenceBundle, target_uri: str, batches: Sequence[TargetBatch],
+                     weights: list[float], summary: dict) -> list[str]:
+    """Corrected predictions and a summary beside each batch, written by the worker holding it from its rows
+    calibrated there (:func:`~tasks.reestimation.outputs.write_corrected_partition`); their URIs in the batches'
+    order. A failure raises (the run commits nothing; batches already written are written again next time)."""
+    return target.probs.run(write_corrected_partition, PerPartition(tuple(batches)), target_uri, list(weights),
+                            summary, list(bundle.holdout.names), bundle.id_column)
