@@ -482,9 +482,8 @@ class ReestimateParameters(BaseModel):
         """Settings the cluster path cannot do yet are refused with ``dask``, naming the fix."""
         if self.dask and self.segment_column:
             raise ValueError(f"segment_column ({self.segment_column!r}) is not supported on a Dask cluster yet "
-                             f"(dask={self.dask!r}); run without dask (CLI: without --dask, and "
-                             "LABELSHIFT_DASK_ADDRESS unset) to get the estimates per segment, or without "
-                             "segment_column on the cluster")
+                             f"(dask={self.dask!r}); run without dask (CLI: without --dask) to get the estimates "
+                             "per segment, or without segment_column on the cluster")
         return self
 
     @model_validator(mode="after")

@@ -97,8 +97,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(ENV_PREFECT_API_URL, "a running Prefect server's API", "a temporary local server per command", ""),
     Variable(ENV_SERVER_LOST_S, "seconds the Prefect server may not answer during a run before the command stops "
                                 "it (exit 75)", f"`{SERVER_LOST_S:g}`", ""),
-    Variable(ENV_DASK, "Dask cluster of the estimation tasks of `reproduce` (also of served and deployed runs) and "
-                       "of the rows of `estimate`: `tcp://host:8786` or `local`", "threads in the flow's process",
+    Variable(ENV_DASK, "Dask cluster of the estimation tasks of `reproduce` (also of served and deployed runs): "
+                       "`tcp://host:8786` or `local`; `estimate` takes its cluster from `--dask` only (the variable "
+                       "set for sweeps does not move a re-estimation)", "threads in the flow's process",
              "`--dask`"),
     Variable(ENV_MODEL, "registered model of `estimate` and of the served `reestimate` deployment",
              "`models:/labelshift-mnist-5k@latest-good`", "`--model`"),

@@ -62,7 +62,7 @@ OPTIONS: dict[str, Opt] = {
     "segment_column": Opt(metavar="COLUMN", default="no estimates per segment"),
     "min_segment_size": Opt(metavar="N"),
     "segment_processes": Opt(metavar="N"),
-    "dask": Opt(metavar="ADDRESS", default=f"${settings_mod.ENV_DASK}, else one process"),
+    "dask": Opt(metavar="ADDRESS", default="one process"),
 }
 
 
@@ -173,7 +173,7 @@ def run(args) -> int:
           + ("" if env.prefect_api_url else " (starting a temporary Prefect server, 10-30 s)"), file=sys.stderr)
     t0 = time.perf_counter()
     call = params.model_dump() | dict(model=model, target=target, tracking_uri=env.tracking_uri,
-                                      mlflow_experiment=env.experiment_name, dask=params.dask or env.dask_address)
+                                      mlflow_experiment=env.experiment_name, dask=params.dask)
     committed = _committed_since(last_committed_sequence())
     with sigterm_unwinds("estimate", committed), prefect_api(env) as api_url, \
             watched(api_url, lambda reason: stopped_sentence("estimate", reason, committed(), LOST_HINT)):

@@ -38,7 +38,7 @@ __all__ = ["cluster_client", "check_clusterable", "load_log_partition", "cluster
            "write_on_cluster", "WITHOUT_DASK"]
 
 #: the fix every refusal of the cluster path names
-WITHOUT_DASK = "run without dask (CLI: without --dask; unset LABELSHIFT_DASK_ADDRESS) to run it in one process"
+WITHOUT_DASK = "run without dask (CLI: without --dask) to run it in one process"
 
 
 @contextmanager
