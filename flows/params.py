@@ -409,7 +409,7 @@ SegmentCorrectionParam = Annotated[Literal[CORRECTIONS], Field(
 
 def _scheduler_address(address: str | None) -> str | None:
     """A given Dask address checked and normalized (:func:`runtime.environment.dask_scheduler_address`)."""
-    return None if address is None else dask_scheduler_address(address)
+    return None if address is None else dask_scheduler_address(address, "dask; CLI: --dask")
 
 
 DaskParam = Annotated[str | None, Field(

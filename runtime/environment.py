@@ -165,9 +165,10 @@ def worker_stop_s(environ: Mapping[str, str] | None = None) -> float:
     return _seconds(ENV_WORKER_STOP_S, WORKER_STOP_S, 1, environ)
 
 
-def dask_scheduler_address(address: str) -> str:
+def dask_scheduler_address(address: str, given_by: str = f"--dask or ${ENV_DASK}") -> str:
     """A Dask scheduler address as a client takes it: ``tcp://host:port`` (``host:port`` gets ``tcp://``), or
-    ``"local"`` (a cluster of this machine) as given. InputError for anything else, saying what is expected."""
+    ``"local"`` (a cluster of this machine) as given. InputError for anything else, saying what is expected and
+    where the address came from (``given_by``)."""
     from labelshift.errors import InputError
 
     address = (address or "").strip()
@@ -177,7 +178,7 @@ def dask_scheduler_address(address: str) -> str:
     host, colon, port = (rest if sep else address).rpartition(":")
     if not colon or not host or not port.isdigit() or (sep and not scheme.isalpha()):
         raise InputError(f"{address!r} is not a Dask scheduler address; expected tcp://host:port (the scheduler "
-                         f"listens on 8786 by default: tcp://host:8786), or 'local' (--dask or ${ENV_DASK})")
+                         f"listens on 8786 by default: tcp://host:8786), or 'local' ({given_by})")
     return address if sep else f"tcp://{address}"
 
 

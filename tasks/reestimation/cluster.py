@@ -87,8 +87,11 @@ class ClusterRunner:
         self.futures = tuple(futures)
 
     def __call__(self, fn, *args) -> list:
+        from distributed import wait
+
         tasks = [self.client.submit(fn, part, *arguments_of(args, i), pure=False)
                  for i, part in enumerate(self.futures)]
+        wait(tasks)     # every call ended before any error is raised: a failed pass leaves no write in flight
         return self.client.gather(tasks)
 
 

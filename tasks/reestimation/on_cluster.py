@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -50,29 +50,34 @@ def cluster_client(address: str) -> Iterator:
     from distributed import KilledWorker, LocalCluster
     from distributed.comm.core import CommClosedError
 
-    cluster = None
-    if address == "local":
-        cluster = LocalCluster(n_workers=max(1, os.cpu_count() or 1), threads_per_worker=1, processes=True,
-                               dashboard_address=None)
-        client = adapter.connect(cluster.scheduler_address, timeout=adapter.CONNECT_S)
-    else:
-        client = adapter.connect(address, timeout=adapter.CONNECT_S)
+    cluster = client = None
     try:
+        if address == "local":
+            cluster = LocalCluster(n_workers=max(1, os.cpu_count() or 1), threads_per_worker=1, processes=True,
+                                   dashboard_address=None)
+        client = adapter.connect(cluster.scheduler_address if cluster else address, timeout=adapter.CONNECT_S)
         yield client
     except (KilledWorker, CommClosedError) as exc:
         raise PartitionError(f"a worker of the Dask cluster at {address} died or was cut off during the run "
                              f"({type(exc).__name__}: {exc}); nothing was committed. Fix: give the workers more "
                              f"memory or restart them (`dask worker ADDRESS`) and run again, or {WITHOUT_DASK}.") \
             from None
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+    finally:       # a close that fails (the scheduler gone already) neither hides the run's error nor fails the run
+        for opened in (client, cluster):
+            if opened is not None:
+                with suppress(Exception):
+                    opened.close()
 
 
 def check_clusterable(bundle, target_uri: str, batches: Sequence[TargetBatch]) -> None:
     """InputError, before anything is written, unless ``bundle`` is a registered reference of prediction logs (the
-    batches are the model's outputs, which the workers read themselves) and ``batches`` share one format."""
+    batches are the model's outputs, which the workers read themselves) and ``batches`` share one format; also when
+    Dask's ``distributed`` is not installed."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError as exc:
+        raise InputError(f"dask needs Dask's distributed package, which is not installed ({exc}): pip install "
+                         f"'labelshift[dask]', or {WITHOUT_DASK}.") from None
     check_one_format([b.key for b in batches], target_uri)
     if not (isinstance(bundle, ReferenceBundle) and bundle.mode == "outputs"):
         kind = getattr(bundle, "mode", "pytorch")

@@ -183,3 +183,25 @@ def test_a_scheduler_that_is_not_there_is_said_with_the_fix():
     with pytest.raises(ServiceUnavailableError, match=r"could not reach the Dask scheduler at 'tcp://127.0.0.1:9'"
                                                       r".*Fix: start one"):
         cluster.connect("tcp://127.0.0.1:9", timeout=2)
+
+
+def _fail_or_mark(B, folder):
+    """A per-partition call: the first row's partition fails at once, the others write a file after a pause."""
+    import time
+    from pathlib import Path
+
+    if B.shape[0] == 1:
+        raise ValueError("this partition fails")
+    time.sleep(1.0)
+    Path(folder, f"done-{B.shape[0]}").write_text("written")
+    return B.shape[0]
+
+
+def test_a_failed_pass_raises_only_once_every_partition_call_ended(client, tmp_path):
+    """One partition's call fails at once while another's is still writing: the error comes after that write ended,
+    so no output of a failed run lands later (e.g. after the next run rewrote it)."""
+    P = np.ones((5, K)) / K
+    R = cluster.cluster_rows(client, [P[:1], P[1:]])
+    with pytest.raises(ValueError, match="this partition fails"):
+        R.run(_fail_or_mark, str(tmp_path))
+    assert (tmp_path / "done-4").read_text() == "written"
