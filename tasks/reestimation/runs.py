@@ -303,8 +303,9 @@ def sync_monitor(tracking_uri: str, monitor_run_id: str, history: list[dict], mo
             # its batches are counted, so it succeeded: a run whose end MLflow missed (the server was down) ends now
             if client.get_run(child).info.status == "RUNNING":
                 client.set_terminated(child, "FINISHED")
-        except Exception:
-            pass
+        except Exception as exc:
+            if tracking.tracking_server_lost(exc, tracking_uri) is not None:
+                raise       # a server that stopped answering is not asked again (each ask costs its retries)
         added.append(int(seq))
     return added
 

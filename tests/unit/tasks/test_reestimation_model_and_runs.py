@@ -116,6 +116,50 @@ def test_sync_monitor_logs_each_run_of_its_model_once_and_survives_a_watermark_r
     assert sorted(p.value for p in client.get_metric_history(monitor, "prior/0")) == [0.1, 0.3, 0.7]
 
 
+def test_sync_monitor_raises_when_the_server_stops_answering_after_the_point(monkeypatch):
+    """The point is logged, then the server stops answering (a frozen MLflow times out): sync_monitor raises
+    instead of going on, so the run asks the lost server nothing more (each ask would cost MLflow's retries, about
+    70 s frozen); other failures of the tag or the end stay quiet."""
+    from types import SimpleNamespace
+
+    from mlflow.exceptions import MlflowException
+
+    from tasks.reestimation import runs
+
+    uri, asked = "http://127.0.0.1:9", []
+
+    class Frozen:
+        def __init__(self, tracking_uri):
+            pass
+
+        def get_run(self, run_id):
+            return SimpleNamespace(info=SimpleNamespace(experiment_id="1", status="RUNNING"))
+
+        def search_runs(self, *args, **kwargs):
+            return []
+
+        def log_batch(self, run_id, metrics):
+            asked.append("log_batch")
+
+        def set_tag(self, run_id, key, value):
+            asked.append("set_tag")
+            raise self.error
+
+        def set_terminated(self, run_id, status):
+            asked.append("set_terminated")
+
+    monkeypatch.setattr(runs, "MlflowClient", Frozen)
+    entry = {"sequence": 1, "time": "2026-11-29T06:00:00+00:00", "model": "A", "mlflow_run_id": "child",
+             "target_prior": [0.5, 0.5], "p_value": 0.5}
+    Frozen.error = MlflowException(f"API request to {uri}/api/2.0/mlflow/runs/set-tag failed with timeout exception "
+                                   "HTTPConnectionPool: Read timed out")
+    with pytest.raises(MlflowException, match="timeout"):
+        runs.sync_monitor(uri, "monitor", [entry], "A")
+    assert asked == ["log_batch", "set_tag"]
+    Frozen.error, asked[:] = MlflowException("RESOURCE_DOES_NOT_EXIST: run 'child' not found"), []
+    assert runs.sync_monitor(uri, "monitor", [entry], "A") == [1] and asked == ["log_batch", "set_tag"]
+
+
 def test_a_child_run_whose_process_is_gone_is_ended_killed_by_the_next_run(tmp_path, mlflow_sqlite):
     """A command killed outright cannot end its MLflow run; the next re-estimation of the same target ends it KILLED
     when its owner (host/pid/start time) is a process of this host that no longer runs -- FINISHED when the
