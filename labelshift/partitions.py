@@ -193,19 +193,10 @@ class MllsSums(NamedTuple):
 
 
 def add_mlls_sums(parts: Sequence[MllsSums]) -> MllsSums:
-    """The sums of the union of the partitions' rows, added in partition order."""
-    first = parts[0]
-    obj, grad = 0.0, np.zeros_like(first.gradient)
-    H = None if first.hessian is None else np.zeros_like(first.hessian)
-    dead = rows = 0
-    for s in parts:
-        obj += s.objective
-        grad += s.gradient
-        if H is not None:
-            H += s.hessian
-        dead += s.dead
-        rows += s.rows
-    return MllsSums(obj, grad, H, dead, rows)
+    """The sums of the union of the partitions' rows, added in partition order (:func:`add_in_order`)."""
+    obj, grad, dead, rows = add_in_order([(s.objective, s.gradient, s.dead, s.rows) for s in parts])
+    H = None if parts[0].hessian is None else add_in_order([s.hessian for s in parts])
+    return MllsSums(obj, grad, H, int(dead), int(rows))
 
 
 class Moments(NamedTuple):

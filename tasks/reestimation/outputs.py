@@ -24,6 +24,12 @@ from tasks.reestimation.scoring import download_batch, mapped, threads_for
 __all__ = ["write_outputs", "write_for_reestimation", "write_corrected_partition"]
 
 
+def _batch_summary(summary: dict, store, b: TargetBatch, rows: int) -> dict:
+    """The run's summary with this batch's entry (its key, checksum, rows and corrected file), stored beside it."""
+    return dict(summary, batch={"key": b.key, "checksum": b.checksum, "rows": int(rows),
+                                "corrected": store.url(b.corrected_key)})
+
+
 def write_outputs(target_uri: str, batches: list[TargetBatch], probs: list[np.ndarray], weights: list[float],
                   summary: dict) -> list[str]:
     """Corrected predictions p_t(y|x) proportional to w_y f_y(x) (Saerens et al. 2002) beside each batch, then its
@@ -33,8 +39,7 @@ def write_outputs(target_uri: str, batches: list[TargetBatch], probs: list[np.nd
     urls = []
     for b, p in zip(batches, probs):
         corrected = correct_predictions(p, np.asarray(weights)).astype(np.float32)
-        batch_summary = dict(summary, batch={"key": b.key, "checksum": b.checksum, "rows": int(len(p)),
-                                             "corrected": store.url(b.corrected_key)})
+        batch_summary = _batch_summary(summary, store, b, len(p))
         write_batch_outputs(store, b, corrected, batch_summary)
         urls.append(store.url(b.corrected_key))
     return urls
@@ -85,8 +90,7 @@ def _write_corrected_parquet(names, id_column, store, b: TargetBatch, p: np.ndar
             ids = iter_ids(None, store.url(b.key), None)
         out = folder / "corrected.parquet"
         write_corrected_parquet(out, _corrected_chunks(p, w, ids, chunk_rows), names, id_column)
-        batch_summary = dict(summary, batch={"key": b.key, "checksum": b.checksum, "rows": int(len(p)),
-                                             "corrected": store.url(b.corrected_key)})
+        batch_summary = _batch_summary(summary, store, b, len(p))
         write_corrected_file(store, b, out, b.corrected_key, batch_summary, rows=len(p), classes=len(names))
     return store.url(b.corrected_key)
 
