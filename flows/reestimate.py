@@ -202,16 +202,14 @@ class _Plan:
 
 def _prepare(run: RunContext, batches) -> _Plan:
     """Step 2 once there is new data: the model's files, the corrected model's name and the segment column checked
-    before anything is written, then the MLflow run."""
+    before anything is written (the MLflow run starts next, inside the block that ends it on a failure)."""
     p = run.params
     run.bundle = _load_model(p, run.settings, run.tracking_uri, run.logger)
     corrected_as = (check_corrected_name(run.tracking_uri, p.model, p.corrected_model_name)
                     if p.register_corrected else None)       # docs/serving.md
     if p.dask:                 # what the cluster path cannot do yet, refused before the MLflow run
         check_clusterable(run.bundle, run.target_uri, batches)
-    plan = _Plan(batches, _read_segments(run, batches), corrected_as)
-    run.mlflow = _start_run(run, len(batches))
-    return plan
+    return _Plan(batches, _read_segments(run, batches), corrected_as)
 
 
 @contextmanager
@@ -279,21 +277,19 @@ def _for_model(exc: NoBatchError, p: ReestimateParameters, settings: AssessmentS
 
 
 def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
-    """The MLflow child run of this re-estimation, with the run's parameters and tags."""
+    """The MLflow child run of this re-estimation, with the run's parameters and tags (called inside
+    :func:`_ends_the_mlflow_run_on_failure`: MLflow lost as the runs are created is said as such, like any later
+    loss)."""
     p, bundle = run.params, run.bundle
     sequence = run.watermark.sequence + 1
     flow_run_id, flow_run_name = flow_run_info()
     params = dict(p.as_mlflow_params(), model_version=bundle.version, target=run.store.uri, n_batches=n_batches)
     tags = {FLOW_RUN_TAG: flow_run_id or "", "prefect.flow_run_name": flow_run_name or "",
             "labelshift.sequence": str(sequence), **git_commit_tag()}
-    try:
-        return start_reestimation_run(run.tracking_uri, run.env.experiment_name, run.env.artifact_root,
-                                      model_name=bundle.name, target_url=run.store.uri,
-                                      run_name=f"reestimate-{sequence}", params=params, tags=tags,
-                                      history=run.watermark.history, sequence=sequence, flow_run_id=flow_run_id)
-    except BaseException as exc:      # MLflow lost as the runs are created: said as such, like any later loss
-        _raise_if_mlflow_lost(exc, run.tracking_uri)
-        raise
+    return start_reestimation_run(run.tracking_uri, run.env.experiment_name, run.env.artifact_root,
+                                  model_name=bundle.name, target_url=run.store.uri,
+                                  run_name=f"reestimate-{sequence}", params=params, tags=tags,
+                                  history=run.watermark.history, sequence=sequence, flow_run_id=flow_run_id)
 
 
 def _raise_if_mlflow_lost(exc: BaseException, tracking_uri: str) -> None:
@@ -306,7 +302,9 @@ def _raise_if_mlflow_lost(exc: BaseException, tracking_uri: str) -> None:
 def _end_failed_run(exc: BaseException, run: RunContext) -> None:
     """The MLflow run ends KILLED (cancelled) or FAILED with the cause, FINISHED when stopped right after its commit.
     A lost MLflow server is not asked again: the run stays RUNNING until the next run ends it KILLED
-    (:func:`tasks.reestimation.runs.end_orphaned_runs`)."""
+    (:func:`tasks.reestimation.runs.end_orphaned_runs`). Stopped before the run existed, there is nothing to end."""
+    if run.mlflow is None:
+        return
     if tracking_server_lost(exc, run.tracking_uri) is not None:
         run.logger.warning("MLflow run %s is left RUNNING (its server stopped answering); the next run ends it "
                            "KILLED", run.mlflow.run_id)
@@ -605,8 +603,9 @@ def reestimate(
     batches = _new_batches(run)                                     # 2. what is new for this model
     if not batches:
         return _no_new_data(run)
-    plan = _prepare(run, batches)                                   # 2. its files, checks, the MLflow run
+    plan = _prepare(run, batches)                                   # 2. its files and checks
     with _ends_the_mlflow_run_on_failure(run, before_commit=True):
+        run.mlflow = _start_run(run, len(plan.batches))             # 2. the MLflow run
         outcome = _assess_and_commit(run, plan)                     # 2.-6. score ... move the watermark
     if outcome.committed is None:
         return _no_valid_data(run, outcome.summary)

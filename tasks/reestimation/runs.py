@@ -156,8 +156,23 @@ def start_reestimation_run(tracking_uri: str, experiment: str, artifact_root: st
     run = client.create_run(experiment_id, run_name=run_name, tags={
         **tags, "mlflow.parentRunId": monitor, "labelshift.kind": "reestimation", "labelshift.model": model_name,
         "labelshift.target": target_url, OWNER_TAG: _owner()})
-    client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+    try:
+        client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+    except BaseException as exc:          # stopped (SIGTERM) or failed between creating the run and returning it
+        _end_quietly(client, tracking_uri, run.info.run_id, exc)
+        raise
     return ReestimationRun(experiment_id, run.info.run_id, monitor, sequence, flow_run_id)
+
+
+def _end_quietly(client: MlflowClient, tracking_uri: str, run_id: str, exc: BaseException) -> None:
+    """End a run its caller never received (KILLED when stopped, else FAILED); a lost server leaves it RUNNING for
+    the next run's :func:`end_orphaned_runs`, and a failing end never hides ``exc``."""
+    if tracking.tracking_server_lost(exc, tracking_uri) is not None:
+        return
+    try:
+        client.set_terminated(run_id, tracking.ended_status(exc))
+    except Exception:
+        pass
 
 
 def _class_keys(k: int, class_names=None) -> list[str]:

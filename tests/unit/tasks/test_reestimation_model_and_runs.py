@@ -240,3 +240,24 @@ def test_an_unknown_model_of_the_users_names_the_registration_commands(mlflow_sq
     error = str(_registry_error(MlflowClient(tracking), "my-clf", "production", None, RuntimeError("not found")))
     assert "no registered model 'my-clf'" in error and "labelshift reproduce" not in error
     assert "`labelshift reference register --holdout FILE" in error and "register_sklearn_model" in error
+
+
+def test_a_stop_while_the_run_is_being_started_ends_the_run_it_created(mlflow_sqlite, tmp_path, monkeypatch):
+    """SIGTERM (a SystemExit here) after the child run exists and before the caller has it: the run ends KILLED,
+    not RUNNING (the fault test saw this window once); the stop is raised again."""
+    from mlflow import MlflowClient
+
+    from tasks.reestimation.runs import start_reestimation_run
+
+    def stopped(self, run_id, **kwargs):
+        raise SystemExit(143)
+
+    uri = mlflow_sqlite(tmp_path)
+    monkeypatch.setattr(MlflowClient, "log_batch", stopped)
+    with pytest.raises(SystemExit):
+        start_reestimation_run(uri, "reestimation-stopped", str(tmp_path / "artifacts"), model_name="m",
+                               target_url="file:///t", run_name="reestimate-1", params={"a": 1}, tags={})
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("reestimation-stopped")
+    runs = client.search_runs([experiment.experiment_id], "tags.`labelshift.kind` = 'reestimation'")
+    assert [r.info.status for r in runs] == ["KILLED"]
