@@ -208,7 +208,7 @@ def _prepare(run: RunContext, batches) -> _Plan:
     corrected_as = (check_corrected_name(run.tracking_uri, p.model, p.corrected_model_name)
                     if p.register_corrected else None)       # docs/serving.md
     if p.dask:                 # what the cluster path cannot do yet, refused before the MLflow run
-        check_clusterable(run.bundle, run.target_uri, batches)
+        check_clusterable(run.bundle, run.target_uri, batches, run.settings.interval)
     return _Plan(batches, _read_segments(run, batches), corrected_as)
 
 

@@ -49,14 +49,14 @@ ENV_DASK = settings_mod.ENV_DASK
 #: the defaults of every parameter (also those of ``labelshift reproduce`` and ``make run``)
 DEFAULTS = ReproduceParameters()
 
-#: MLflow parent runs of the sweeps running in this process: run id -> tracking URI (see :func:`active_sweeps`)
-_ACTIVE: dict[str, str] = {}
+#: the sweeps running in this process: flow run id -> [tracking URI, MLflow parent run id once created]
+_ACTIVE: dict[str, list] = {}
 
 
-def active_sweeps() -> list[tuple[str, str]]:
-    """``(tracking_uri, parent_run_id)`` of the sweeps running in this process, for an interrupt handler that
-    must close their MLflow runs itself."""
-    return [(uri, run_id) for run_id, uri in list(_ACTIVE.items())]
+def active_sweeps() -> list[tuple[str, str | None, str]]:
+    """``(tracking_uri, parent_run_id or None, flow_run_id)`` of the sweeps running in this process, for an interrupt
+    handler that must close their MLflow runs itself (:func:`~tasks.sweep.runs.fail_sweep_runs`)."""
+    return [(uri, parent, flow_run_id) for flow_run_id, (uri, parent) in list(_ACTIVE.items())]
 
 
 def _workers() -> int:
@@ -171,15 +171,25 @@ def _publish(p: ReproduceParameters, env, runs: dict, sweeps: list, files: dict,
     return stored
 
 
-def _fail_runs(exc: BaseException, env, parent_id: str) -> None:
-    """Close the MLflow runs FAILED (KILLED when interrupted: any BaseException that is no Exception); a failure to
-    do so is reported, and the original error stays the run's."""
+def _say_where(env, runs: dict) -> str | None:
+    """Print where the sweep's MLflow run is (its UI link, else its id and how to see it); return the link."""
+    ui = run_url(env.tracking_uri, runs["experiment_id"], runs["parent_run_id"])
+    _report(f"MLflow run: {ui}" if ui else f"MLflow run {runs['parent_run_id']} in experiment "
+                                           f"'{env.experiment_name}' ({env.mlflow_ui_command()})")
+    return ui
+
+
+def _fail_runs(exc: BaseException, env, runs: dict | None, flow_run_id: str) -> None:
+    """Close the MLflow runs FAILED (KILLED when interrupted: any BaseException that is no Exception) -- those of
+    this flow run by their tag when it stopped before it had their ids; a failure to do so is reported, and the
+    original error stays the run's."""
     cause = f"{type(exc).__name__}: {exc}"
     status = ended_status(exc)
     try:
-        fail_sweep_runs(env.tracking_uri, parent_id, cause, status=status)
+        fail_sweep_runs(env.tracking_uri, runs and runs["parent_run_id"], cause, status=status,
+                        flow_run_id=flow_run_id)
     except Exception as close_exc:          # keep the original error; say that MLflow could not be updated
-        _report(f"could not mark MLflow run {parent_id} {status}: {close_exc}")
+        _report(f"could not mark the sweep's MLflow runs {status}: {close_exc}")
 
 
 def _result(env, runs: dict, ui: str | None, stored: dict, files: dict, summary_rows: list, models: list,
@@ -242,14 +252,12 @@ def reproduce(
     # 1. the settings of each experiment (Section 6: the x values with the fixed m or p_t(y=1) filled in), cut
     #    into estimation tasks of a few tenths of a second (groups of settings x chunks of seeds)
     plan = plan_tasks(p)
-    # 2. MLflow first: parent run for the sweep, a child run per method; their ids go explicitly to every task
-    runs = _start_runs(p, env, plan, flow_run_id, flow_run_name, prefect_url)
-    parent_id = runs["parent_run_id"]
-    _ACTIVE[parent_id] = env.tracking_uri
-    ui = run_url(env.tracking_uri, runs["experiment_id"], parent_id)
-    _report(f"MLflow run: {ui}" if ui else
-            f"MLflow run {parent_id} in experiment '{env.experiment_name}' ({env.mlflow_ui_command()})")
+    runs, _ACTIVE[flow_run_id] = None, [env.tracking_uri, None]
     try:
+        # 2. MLflow first: parent run for the sweep, a child run per method; their ids go explicitly to every task
+        runs = _start_runs(p, env, plan, flow_run_id, flow_run_name, prefect_url)
+        _ACTIVE[flow_run_id][1] = runs["parent_run_id"]
+        ui = _say_where(env, runs)
         # 3. fan-out: estimate every method on every (setting, seed), all experiments submitted at once
         pending, models = _submit_estimations(p, env, runs, plan)
         # 4. per experiment, as it finishes: join the seed chunks, aggregate, draw, log, store
@@ -258,10 +266,10 @@ def reproduce(
         summary_rows = [dict(row, experiment=s.kind) for s in sweeps for row in s.to_records()]
         stored = _publish(p, env, runs, sweeps, files, models, summary_rows, flow_run_id, prefect_url, t_start)
     except BaseException as exc:
-        _fail_runs(exc, env, parent_id)       # never left RUNNING
+        _fail_runs(exc, env, runs, flow_run_id)       # never left RUNNING
         raise
     finally:
-        _ACTIVE.pop(parent_id, None)
+        _ACTIVE.pop(flow_run_id, None)
     return _result(env, runs, ui, stored, files, summary_rows, models, t_start)
 
 

@@ -185,9 +185,10 @@ def _stop_sweep(signum, frame) -> None:
         from flows.reproduce import active_sweeps
         from tasks.sweep.runs import fail_sweep_runs
 
-        for tracking_uri, run_id in active_sweeps():
-            fail_sweep_runs(tracking_uri, run_id, f"{signal.Signals(signum).name}: {why.strip()}", status="KILLED")
-            print(f"  MLflow run {run_id}: KILLED", file=sys.stderr)
+        for tracking_uri, parent_id, flow_run_id in active_sweeps():
+            for run_id in fail_sweep_runs(tracking_uri, parent_id, f"{signal.Signals(signum).name}: {why.strip()}",
+                                          status="KILLED", flow_run_id=flow_run_id):
+                print(f"  MLflow run {run_id}: KILLED", file=sys.stderr)
     except Exception as exc:                        # still exit; say what could not be closed
         print(f"  could not close the MLflow runs: {exc}", file=sys.stderr)
     tell(why)                                       # after closing them: what it says has happened

@@ -28,7 +28,7 @@ from .._validation import check_level
 from ..errors import IllConditionedWarning, InputError
 from ..estimation.estimators import MLLS
 from ..estimation.solvers import PIN_TOL, mlls_hessian
-from ..partitions import is_partitioned
+from ..partitions import NOT_PARTITIONED, is_partitioned
 from .mlls_inputs import check_inputs, check_mle, dot_rows
 from .repeats import clustered_covariance
 # eigenvalues of the tangent information below this fraction of the largest count as zero (no information in that
@@ -317,6 +317,8 @@ def _repeats_meat(P: np.ndarray, w: np.ndarray, repeats) -> np.ndarray | None:
     its copies one cluster), or None when ``repeats`` changes nothing."""
     if repeats is None or not repeats.adjusts:
         return None
+    if is_partitioned(P):
+        raise TypeError("the clustered covariance of repeated target rows: " + NOT_PARTITIONED)
     repeats.check(P.shape[0])
 
     def scores(rows: np.ndarray) -> np.ndarray:

@@ -69,15 +69,20 @@ def cluster_client(address: str) -> Iterator:
                     opened.close()
 
 
-def check_clusterable(bundle, target_uri: str, batches: Sequence[TargetBatch]) -> None:
+def check_clusterable(bundle, target_uri: str, batches: Sequence[TargetBatch], interval: str = "source-aware"
+                      ) -> None:
     """InputError, before anything is written, unless ``bundle`` is a registered reference of prediction logs (the
-    batches are the model's outputs, which the workers read themselves) and ``batches`` share one format; also when
-    Dask's ``distributed`` is not installed."""
+    batches are the model's outputs, which the workers read themselves), ``batches`` share one format and the
+    interval runs over partitions (the bootstrap resamples rows: not yet); also when Dask's ``distributed`` is not
+    installed."""
     try:
         import distributed  # noqa: F401
     except ImportError as exc:
         raise InputError(f"dask needs Dask's distributed package, which is not installed ({exc}): pip install "
                          f"'labelshift[dask]', or {WITHOUT_DASK}.") from None
+    if interval == "bootstrap":
+        raise InputError("interval='bootstrap' resamples the target's rows, which does not run on a Dask cluster yet; "
+                         f"nothing was written. Fix: interval='source-aware' or 'fisher', or {WITHOUT_DASK}.")
     check_one_format([b.key for b in batches], target_uri)
     if not (isinstance(bundle, ReferenceBundle) and bundle.mode == "outputs"):
         kind = getattr(bundle, "mode", "pytorch")
@@ -122,9 +127,9 @@ def not_partitioned_yet() -> Iterator[None]:
     except TypeError as exc:
         if NOT_PARTITIONED not in str(exc):
             raise
-        raise InputError("this target needs a pass that does not run on a Dask cluster yet (most often: its rows "
-                         "repeat, and the interval and tests of collapsed repeated rows are not over partitions "
-                         f"yet); nothing was written. Fix: {WITHOUT_DASK}. ({exc})") from None
+        what = str(exc).replace(NOT_PARTITIONED, "").strip().rstrip(":")
+        raise InputError(f"{what}: this pass does not run on a Dask cluster yet (the interval and tests of collapsed "
+                         f"repeated rows are the usual one); nothing was written. Fix: {WITHOUT_DASK}.") from None
 
 
 def write_on_cluster(target: Target, bundle: ReferenceBundle, target_uri: str, batches: Sequence[TargetBatch],

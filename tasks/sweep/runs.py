@@ -17,6 +17,7 @@ thread-local and Prefect runs tasks on worker threads, so the fluent API would l
 from __future__ import annotations
 
 import math
+import re
 import time
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.tracking import (EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, check_tracking_server, ended_status,
+from tasks.tracking import (EXPERIMENT_KIND_TAG, FLOW_RUN_TAG, MODEL_TRAINING_KIND, check_tracking_server, ended_status,
                             experiment_id, log_bytes, mark_model_training)
 
 __all__ = ["X_NAMES", "start_sweep_runs", "log_experiment", "finish_sweep_runs", "fail_sweep_runs", "metric_steps",
@@ -173,21 +174,30 @@ def finish_sweep_runs(tracking_uri: str, runs: dict, summary_csv: bytes, tags: d
     client.set_terminated(parent, RunStatus.to_string(RunStatus.FINISHED))
 
 
-def fail_sweep_runs(tracking_uri: str, parent_run_id: str, message: str, *, status: str = "FAILED") -> list[str]:
-    """Mark the parent run and every child still RUNNING as FAILED (or KILLED), with the cause as a tag; not a
-    task, so that it works when Prefect itself failed. Returns the ids of the runs it terminated."""
+def fail_sweep_runs(tracking_uri: str, parent_run_id: str | None, message: str, *, status: str = "FAILED",
+                    flow_run_id: str | None = None) -> list[str]:
+    """Mark the parent run and every child still RUNNING as FAILED (or KILLED), with the cause as a tag -- and with
+    ``flow_run_id``, every run that flow run wrote (tag :data:`FLOW_RUN_TAG`: those created before their ids were
+    returned, or without the parent's id); not a task, so that it works when Prefect itself failed. Returns the ids
+    of the runs it terminated."""
     client = MlflowClient(tracking_uri=tracking_uri)
-    parent = client.get_run(parent_run_id)
-    children = client.search_runs([parent.info.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
-                                  max_results=10_000)
+    found = {}
+    if parent_run_id:
+        parent = client.get_run(parent_run_id)
+        children = client.search_runs([parent.info.experiment_id],
+                                      filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                                      max_results=10_000)
+        found.update((run.info.run_id, run) for run in [*children, parent])
+    if flow_run_id and re.fullmatch(r"[0-9a-fA-F-]{1,64}", flow_run_id):
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        found.update((run.info.run_id, run) for run in client.search_runs(
+            experiments, filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}'", max_results=10_000))
     closed = []
-    for run in [*children, parent]:
+    for run_id, run in found.items():
         if run.info.status in ("RUNNING", "SCHEDULED"):
-            run_id = run.info.run_id
             _while_locked(client.set_tag, run_id, "error", message[:5000])
             _while_locked(client.set_terminated, run_id, status)
-            closed.append(run.info.run_id)
+            closed.append(run_id)
     return closed
 
 

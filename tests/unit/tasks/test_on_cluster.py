@@ -12,6 +12,7 @@ import pytest
 from labelshift.errors import InputError
 from labelshift.inference.holdout import Target
 from labelshift.inference.report import assess_shift
+from labelshift.inference.settings import AssessmentSettings
 from labelshift.monitoring.layout import TargetBatch
 from labelshift.partitions import local_rows
 from tasks.reestimation.on_cluster import check_clusterable, not_partitioned_yet
@@ -26,9 +27,12 @@ def test_collapsed_repeated_rows_are_refused_as_an_input_error_naming_the_fix():
     Xt = gaussian_logits(rng, 3000, np.array([0.4, 0.3, 0.2, 0.1]))[0].astype(np.float32)
     Xt[1::3] = Xt[::3][: Xt[1::3].shape[0]]                    # every row twice or more, across the cuts
     target = Target.from_partitioned_outputs(local_rows([Xt[:1000], Xt[1000:2500], Xt[2500:]]), cal)
-    with pytest.raises(InputError, match="does not run on a Dask cluster yet.*rows repeat.*run without dask"), \
-            not_partitioned_yet():
+    with pytest.raises(InputError, match="repeated target rows: this pass does not run on a Dask cluster yet.*"
+                                         "run without dask") as refused, not_partitioned_yet():
         assess_shift(holdout, target)
+    assert "pass the rows as one numpy array" not in str(refused.value)      # the domain's advice, not the user's
+    with pytest.raises(InputError, match="repeated target rows: this pass does not run"), not_partitioned_yet():
+        assess_shift(holdout, target, AssessmentSettings(interval="fisher"))
     with pytest.raises(TypeError, match="other"), not_partitioned_yet():     # any other TypeError as it is
         raise TypeError("other")
 
@@ -38,5 +42,7 @@ def test_models_scored_from_inputs_and_mixed_formats_are_refused_before_anything
     batches = [TargetBatch("a.parquet", "0" * 64), TargetBatch("b.parquet", "1" * 64)]
     with pytest.raises(InputError, match="pytorch model scored from its inputs.*prediction logs only.*without --dask"):
         check_clusterable(torch_like, "s3://b/t/", batches)
+    with pytest.raises(InputError, match="interval='bootstrap' resamples.*Fix: interval='source-aware'"):
+        check_clusterable(torch_like, "s3://b/t/", batches, "bootstrap")
     with pytest.raises(InputError):
         check_clusterable(torch_like, "s3://b/t/", [*batches, TargetBatch("c.npy", "2" * 64)])
