@@ -115,14 +115,19 @@ def _worker_peak_gib() -> float:
     return r.getrusage(r.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def on_cluster(folder: Path, workers: int) -> dict:
+def on_cluster(folder: Path, workers: int, fast: bool = True) -> dict:
+    """The cluster's figures: workers started by ``local_cluster`` (``fast``), or with Dask's own nanny environment
+    (its MALLOC_TRIM_THRESHOLD_=65536: the baseline of cluster.FAST_PASSES)."""
+    import dask
     import distributed
 
-    from tasks.reestimation.cluster import cluster_rows, npy_partition
+    from tasks.reestimation.cluster import FAST_PASSES, cluster_rows, local_cluster, npy_partition
 
     meta = json.loads((folder / "meta.json").read_text())
-    with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  worker_dashboard_address=None) as lc, distributed.Client(lc) as client:
+    with dask.config.set({} if fast else {k: 65536 for k in FAST_PASSES}):
+        lc = local_cluster(workers) if fast else distributed.LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+    with lc, distributed.Client(lc) as client:
         t = time.perf_counter()
         R = cluster_rows(client, [npy_partition(folder / f"part-{i:03d}.npy") for i in range(meta["partitions"])])
         load_s = time.perf_counter() - t
@@ -144,7 +149,7 @@ def _child(mode: str, folder: Path, workers: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def table(rows: int, k: int, partitions: int, workers: int, one: dict, cl: dict) -> str:
+def table(rows: int, k: int, partitions: int, workers: int, one: dict, cl: dict, trimmed: dict) -> str:
     diff = float(np.max(np.abs(np.asarray(one["weights"]) - np.asarray(cl["weights"]))))
     lines = [f"{rows:,} rows x {k} classes (float32) in {partitions} partitions; largest weight difference "
              f"{diff:.1e}", "",
@@ -156,8 +161,13 @@ def table(rows: int, k: int, partitions: int, workers: int, one: dict, cl: dict)
              f"{cl['no_shift_s']:.1f} | {cl['label_shift_s']:.1f} | {cl['pass_ms']:.0f} (an empty pass "
              f"{cl['empty_pass_ms']:.0f}) | driver {cl['peak_gib']:.2f}, workers "
              + ", ".join(f"{g:.2f}" for g in cl["worker_peak_gib"]) + " |",
+             f"| the same, Dask's nanny environment (MALLOC_TRIM_THRESHOLD_=65536) | {trimmed['load_s']:.1f} | "
+             f"{trimmed['mlls_s']:.1f} | {trimmed['no_shift_s']:.1f} | {trimmed['label_shift_s']:.1f} | "
+             f"{trimmed['pass_ms']:.0f} | driver {trimmed['peak_gib']:.2f}, workers "
+             + ", ".join(f"{g:.2f}" for g in trimmed["worker_peak_gib"]) + " |",
              "", f"ratio cluster / one process: MLLS {cl['mlls_s'] / one['mlls_s']:.2f}x, no-shift "
-             f"{cl['no_shift_s'] / one['no_shift_s']:.2f}x, label-shift {cl['label_shift_s'] / one['label_shift_s']:.2f}x"]
+             f"{cl['no_shift_s'] / one['no_shift_s']:.2f}x, label-shift {cl['label_shift_s'] / one['label_shift_s']:.2f}x; one pass with the nanny's "
+             f"environment / without it: {trimmed['pass_ms'] / cl['pass_ms']:.2f}x"]
     return "\n".join(lines)
 
 
@@ -169,11 +179,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--sep", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--child", choices=["one", "cluster"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["one", "cluster", "cluster-trimmed"], help=argparse.SUPPRESS)
     ap.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        result = one_process(args.folder) if args.child == "one" else on_cluster(args.folder, args.workers)
+        result = one_process(args.folder) if args.child == "one" else \
+            on_cluster(args.folder, args.workers, fast=args.child == "cluster")
         print(json.dumps(result))
         return
     with tempfile.TemporaryDirectory(prefix="bench-partitions-") as tmp:
@@ -183,7 +194,8 @@ def main() -> None:
         print(f"data written in {time.perf_counter() - t:.0f} s", file=sys.stderr)
         one = _child("one", folder, args.workers)
         cl = _child("cluster", folder, args.workers)
-    print(table(args.rows, args.classes, args.partitions, args.workers, one, cl))
+        trimmed = _child("cluster-trimmed", folder, args.workers)
+    print(table(args.rows, args.classes, args.partitions, args.workers, one, cl, trimmed))
 
 
 if __name__ == "__main__":

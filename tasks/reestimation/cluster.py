@@ -14,6 +14,7 @@ the workers import this module only for :func:`load_npy` and :func:`describe_par
 """
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -24,12 +25,20 @@ from labelshift.errors import InputError, PartitionError, ServiceUnavailableErro
 from labelshift.partitions import PartitionedRows, arguments_of
 
 __all__ = ["PartitionSource", "PartitionInfo", "npy_partition", "load_npy", "describe_partition", "connect",
-           "ClusterRunner", "cluster_rows", "CONNECT_S", "LOAD_S"]
+           "local_cluster", "ClusterRunner", "cluster_rows", "CONNECT_S", "LOAD_S", "FAST_PASSES"]
 
 #: seconds to wait for a Dask scheduler to accept the client
 CONNECT_S = 20.0
 #: seconds to wait for every partition to be loaded on the workers
 LOAD_S = 600.0
+
+
+#: Dask's nanny starts each worker with MALLOC_TRIM_THRESHOLD_=65536 (memory handed back to the system at once);
+#: glibc then maps every block temporary of a pass afresh, and a pass over the rows costs 1.65x as much (measured:
+#: benchmarks/README.md, "Rows on a cluster"). The workers this module starts go without it; the same is said for
+#: workers started by hand in docs/operations.md.
+_TRIM = "MALLOC_TRIM_THRESHOLD_"
+FAST_PASSES = {f"distributed.nanny.pre-spawn-environ.{_TRIM}": None}
 
 
 class PartitionSource(NamedTuple):
@@ -75,6 +84,22 @@ def connect(address: str, timeout: float = CONNECT_S):
             f"could not reach the Dask scheduler at {address!r} within {timeout:g} s ({type(exc).__name__}: {exc}). "
             "Fix: start one (`dask scheduler`, then `dask worker ADDRESS` on each machine) or pass the address it "
             "prints.") from None
+
+
+def local_cluster(workers: int):
+    """A ``distributed.LocalCluster`` of ``workers`` single-threaded worker processes on this machine, started with
+    :data:`FAST_PASSES` (no dashboard)."""
+    import dask
+    from distributed import LocalCluster
+
+    inherited = os.environ.pop(_TRIM, None)       # a default LocalCluster's nanny leaves it in this process
+    try:
+        with dask.config.set(FAST_PASSES):
+            return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                                worker_dashboard_address=None)
+    finally:
+        if inherited is not None:
+            os.environ[_TRIM] = inherited
 
 
 class ClusterRunner:

@@ -45,16 +45,15 @@ WITHOUT_DASK = "run without dask (CLI: without --dask) to run it in one process"
 def cluster_client(address: str) -> Iterator:
     """A ``distributed.Client`` of the scheduler at ``address`` (:func:`~tasks.reestimation.cluster.connect`:
     ServiceUnavailableError naming the address and the fix), or of a ``LocalCluster`` of this machine for ``"local"``
-    (a single-threaded worker process per core); closed when the block ends. A worker lost for good inside the block
+    (a single-threaded worker process per core, :func:`~tasks.reestimation.cluster.local_cluster`); closed when the block ends. A worker lost for good inside the block
     (``KilledWorker``, a closed connection) is raised as a PartitionError naming the cluster and the fix."""
-    from distributed import KilledWorker, LocalCluster
+    from distributed import KilledWorker
     from distributed.comm.core import CommClosedError
 
     cluster = client = None
     try:
         if address == "local":
-            cluster = LocalCluster(n_workers=max(1, os.cpu_count() or 1), threads_per_worker=1, processes=True,
-                                   dashboard_address=None)
+            cluster = adapter.local_cluster(max(1, os.cpu_count() or 1))
         client = adapter.connect(cluster.scheduler_address if cluster else address, timeout=adapter.CONNECT_S)
         yield client
     except (KilledWorker, CommClosedError) as exc:

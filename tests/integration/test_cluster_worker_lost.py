@@ -64,3 +64,21 @@ def test_a_worker_lost_for_good_fails_the_run_with_the_cluster_named(tmp_path):
                                                  r"run without dask"):
             with cluster_client("local") as client:
                 cluster.cluster_rows(client, sources).run(_die)
+
+
+def test_the_workers_of_local_and_of_infra_dask_start_without_the_nannys_trim_threshold(monkeypatch):
+    """``local_cluster`` and the configuration shipped for workers started by hand (``infra/dask``) both leave out
+    MALLOC_TRIM_THRESHOLD_, which Dask's nanny sets by default (the cost of a pass: benchmarks/README.md)."""
+    from distributed.nanny import _get_env_variables
+
+    root = Path(__file__).resolve().parents[2]
+    key = "distributed.nanny.pre-spawn-environ"
+    assert "MALLOC_TRIM_THRESHOLD_" in _get_env_variables(key)                  # Dask's default: set
+    shipped = dask.config.collect(paths=[str(root / "infra" / "dask")], env={})
+    with dask.config.set(shipped):
+        assert "MALLOC_TRIM_THRESHOLD_" not in _get_env_variables(key)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")     # as a default LocalCluster's nanny leaves it here
+    with cluster.local_cluster(1) as lc, distributed.Client(lc) as client:
+        environ = client.run(lambda: dict(os.environ))
+    assert all("MALLOC_TRIM_THRESHOLD_" not in env for env in environ.values())
+    assert os.environ["MALLOC_TRIM_THRESHOLD_"] == "65536"                  # this process's own left as it was
