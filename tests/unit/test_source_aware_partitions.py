@@ -12,8 +12,9 @@ its |terms| (B rows a block, b blocks, p partitions). With the weights given, ev
 smooth function of those sums (g, H, A) and of the holdout's terms (the same in both paths): the covariances pass
 through H_FF^{-1} twice, which multiplies a relative error by at most cond(H_FF) each time, so they agree to
 cond^2 delta relative to their largest entry; 4 cond^2 delta leaves a factor of 4 for the additions between. A
-pinned class's profile bound is a bisection to 1e-12 relative on a convex increasing drop with drop(0) = 0, whose
-values agree to delta relative: the root moves by at most delta relative (t drop'(t) >= drop(t)), so 2e-12 more.
+pinned class's profile bound is the root of a convex increasing drop with drop(0) = 0 found to 1e-12 relative (by
+bisection on an array, by Newton's method on partitions), whose values agree to delta relative: the root moves by at
+most delta relative (t drop'(t) >= drop(t)), so 2e-12 more.
 The accuracy's sums are of one sign (pi (1 - pi)) or shifted sums of squares combined by Chan's update (within
 3 delta of the variance, as in tests/unit/test_label_shift_partitions.py), and its prior comes from the interval:
 the same 4 cond^2 delta. Solving MLLS on both (weights=None): each solve stops once its Newton step is at most
@@ -115,7 +116,7 @@ def test_interval_and_accuracy_on_partitions_equal_the_whole_array(k, pinned, se
     for key in ("covariance", "covariance_target", "covariance_holdout", "weights_covariance", "holdout_influence",
                 "lower", "upper", "weights_lower", "std_error", "weights_std_error"):
         _close(getattr(new, key), getattr(ref, key), rtol, key)
-    _close(new.weights_upper, ref.weights_upper, rtol + 2e-12, "weights_upper")   # pinned: a bisection
+    _close(new.weights_upper, ref.weights_upper, rtol + 2e-12, "weights_upper")   # pinned: roots to 1e-12
     assert new.reasons == ref.reasons and np.array_equal(new.pinned, ref.pinned)
 
     acc_ref = expected_accuracy(Xh, yh, Xt, cal, interval=ref)
@@ -165,3 +166,31 @@ def test_a_calibrator_fit_on_probabilities_and_an_empty_partition():
     rtol = 4.0 * float(np.linalg.cond(_free_hessian(cal, St, ref.weights, F))) ** 2 * _delta(5500, 4, len(CUTS) - 1)
     _close(new.weights_upper, ref.weights_upper, rtol + 2e-12, "weights_upper")
     _close(new.std_error, ref.std_error, rtol, "std_error")
+
+
+@pytest.mark.parametrize("k, seed", [(4, 1), (120, 121)])
+def test_pinned_bounds_on_partitions_take_newtons_few_passes_for_all_pinned_classes(k, seed):
+    """The profile bounds of the pinned classes on partitions: every pinned class's root in the same passes, about
+    eight (Newton's method converges quadratically once near the root; bisection took about 40 a class), and the
+    bounds of the array's bisection to 2e-12 relative plus the sums' grouping (module docstring)."""
+    from dataclasses import replace
+
+    from labelshift.estimation.solvers import mlls_hessian, mlls_newton_rows
+    from labelshift.inference.intervals import PIN_TOL, pinned_bounds
+
+    _, _, cal, Xt, R = _case(seed, k, 4000 if k > 100 else 5500, True)
+    P = cal.predict_proba(Xt).astype(np.float32)
+    cuts = np.cumsum((0,) + R.partition_rows)
+    parts = local_rows([P[a:b] for a, b in zip(cuts[:-1], cuts[1:])])
+    p = np.full(k, 1.0 / k)
+    w = mlls_newton_rows(P, p).weights
+    H = mlls_hessian(P.astype(np.float64), w)
+    free = w > PIN_TOL
+    calls = []
+    counted = replace(parts, run=lambda fn, *args: calls.append(fn.__name__) or parts.run(fn, *args))
+    ref = pinned_bounds(P, w, H, p, free, 1.96)
+    new = pinned_bounds(counted, w, H, p, free, 1.96)
+    assert (~free).sum() >= 1 and len(calls) <= 12, (int((~free).sum()), len(calls))
+    pinned = ~free
+    np.testing.assert_allclose(new[pinned], ref[pinned], rtol=2e-12 + 4 * _delta(P.shape[0], k, len(cuts) - 1))
+    assert np.isnan(new[free]).all()
