@@ -126,7 +126,8 @@ def on_cluster(folder: Path, workers: int, fast: bool = True) -> dict:
     meta = json.loads((folder / "meta.json").read_text())
     with dask.config.set({} if fast else {k: 65536 for k in FAST_PASSES}):
         lc = local_cluster(workers) if fast else distributed.LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+            worker_dashboard_address=None)
     with lc, distributed.Client(lc) as client:
         t = time.perf_counter()
         R = cluster_rows(client, [npy_partition(folder / f"part-{i:03d}.npy") for i in range(meta["partitions"])])
@@ -166,8 +167,9 @@ def table(rows: int, k: int, partitions: int, workers: int, one: dict, cl: dict,
              f"{trimmed['pass_ms']:.0f} | driver {trimmed['peak_gib']:.2f}, workers "
              + ", ".join(f"{g:.2f}" for g in trimmed["worker_peak_gib"]) + " |",
              "", f"ratio cluster / one process: MLLS {cl['mlls_s'] / one['mlls_s']:.2f}x, no-shift "
-             f"{cl['no_shift_s'] / one['no_shift_s']:.2f}x, label-shift {cl['label_shift_s'] / one['label_shift_s']:.2f}x; one pass with the nanny's "
-             f"environment / without it: {trimmed['pass_ms'] / cl['pass_ms']:.2f}x"]
+             f"{cl['no_shift_s'] / one['no_shift_s']:.2f}x, label-shift "
+             f"{cl['label_shift_s'] / one['label_shift_s']:.2f}x; one pass with the nanny's environment / without "
+             f"it: {trimmed['pass_ms'] / cl['pass_ms']:.2f}x"]
     return "\n".join(lines)
 
 

@@ -66,7 +66,8 @@ from tasks.reestimation.scoring import ScoredBatches, expected_batches, score_fo
 from tasks.reestimation.segments import (assess_segments, check_segmentable, log_segments, read_segment_values,
                                          segment_values_of)
 from tasks.reestimation.serving import check_corrected_name, register_if_shifted
-from tasks.tracking import FLOW_RUN_TAG, check_tracking_server, ended_status, git_commit_tag, tracking_server_lost
+from tasks.tracking import (FLOW_RUN_TAG, check_tracking_server, end_runs_of_flow_run, ended_status, git_commit_tag,
+                            tracking_server_lost)
 
 _log_user_errors_once()
 
@@ -302,8 +303,11 @@ def _raise_if_mlflow_lost(exc: BaseException, tracking_uri: str) -> None:
 def _end_failed_run(exc: BaseException, run: RunContext) -> None:
     """The MLflow run ends KILLED (cancelled) or FAILED with the cause, FINISHED when stopped right after its commit.
     A lost MLflow server is not asked again: the run stays RUNNING until the next run ends it KILLED
-    (:func:`tasks.reestimation.runs.end_orphaned_runs`). Stopped before the run existed, there is nothing to end."""
+    (:func:`tasks.reestimation.runs.end_orphaned_runs`). Stopped while the run was being created (before its id
+    came back), the runs of this flow run still RUNNING are ended KILLED by their tag."""
     if run.mlflow is None:
+        if not isinstance(exc, Exception) and tracking_server_lost(exc, run.tracking_uri) is None:
+            _end_unreturned_run(exc, run)
         return
     if tracking_server_lost(exc, run.tracking_uri) is not None:
         run.logger.warning("MLflow run %s is left RUNNING (its server stopped answering); the next run ends it "
@@ -315,6 +319,19 @@ def _end_failed_run(exc: BaseException, run: RunContext) -> None:
         end_run(run.tracking_uri, run.mlflow.run_id, status, f"{type(exc).__name__}: {exc}")
     except Exception as close_exc:
         run.logger.error("could not mark MLflow run %s %s: %s", run.mlflow.run_id, status, close_exc)
+
+
+def _end_unreturned_run(exc: BaseException, run: RunContext) -> None:
+    """End KILLED the runs of this flow run that a stop left RUNNING before their id came back (best effort)."""
+    flow_run_id, _ = flow_run_info()
+    try:
+        ended = end_runs_of_flow_run(run.tracking_uri, flow_run_id or "", ended_status(exc))
+    except Exception as close_exc:
+        run.logger.error("could not end the MLflow run of flow run %s: %s", flow_run_id, close_exc)
+    else:
+        if ended:
+            run.logger.warning("MLflow run(s) %s ended %s (stopped as they were created)", ", ".join(ended),
+                               ended_status(exc))
 
 
 # -- 2. scoring (the model's calibrated probabilities) ----------------------------------------------------------------

@@ -873,7 +873,8 @@ def _target_only_upper(inp: _Inputs, calibrator, tgt: _TargetFit, ps: np.ndarray
                        level: float) -> np.ndarray:
     """The target-only profile-likelihood upper bounds on w of :func:`fisher_interval` (used for pinned classes).
     Raw outputs in partitions: on their calibrated rows kept on the workers (float32 above _BORDERED_MIN_CLASSES
-    classes, as below), each bisection step one pass (:func:`~labelshift.inference.intervals.pinned_bounds`)."""
+    classes, as below), each Newton step one pass for all pinned classes
+    (:func:`~labelshift.inference.intervals.pinned_bounds`)."""
     if is_partitioned(inp.Xt):
         calibrate = _calibrated_rows if inp.k > _BORDERED_MIN_CLASSES else _calibrated_probabilities
         rows = inp.Xt.derived(calibrate, calibrator, inp.scale, inp.bias,

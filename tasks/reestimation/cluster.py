@@ -34,9 +34,9 @@ LOAD_S = 600.0
 
 
 #: Dask's nanny starts each worker with MALLOC_TRIM_THRESHOLD_=65536 (memory handed back to the system at once);
-#: glibc then maps every block temporary of a pass afresh, and a pass over the rows costs 1.65x as much (measured:
-#: benchmarks/README.md, "Rows on a cluster"). The workers this module starts go without it; the same is said for
-#: workers started by hand in docs/operations.md.
+#: glibc then maps every block temporary of a pass afresh, and a pass over the rows costs 1.55x (10M rows) to
+#: 1.81x (100M) as much (measured: benchmarks/README.md, "Rows on a cluster"). The workers this module starts go
+#: without it; infra/dask/labelshift.yaml does the same for workers started by hand (docs/operations.md).
 _TRIM = "MALLOC_TRIM_THRESHOLD_"
 FAST_PASSES = {f"distributed.nanny.pre-spawn-environ.{_TRIM}": None}
 
@@ -88,7 +88,9 @@ def connect(address: str, timeout: float = CONNECT_S):
 
 def local_cluster(workers: int):
     """A ``distributed.LocalCluster`` of ``workers`` single-threaded worker processes on this machine, started with
-    :data:`FAST_PASSES` (no dashboard)."""
+    :data:`FAST_PASSES` (no dashboard). MALLOC_TRIM_THRESHOLD_ in this process's environment (a default
+    LocalCluster's nanny puts it there) is left out while the workers start and put back after: a worker its nanny
+    restarts later (after a crash) starts from the environment of then."""
     import dask
     from distributed import LocalCluster
 

@@ -45,8 +45,9 @@ WITHOUT_DASK = "run without dask (CLI: without --dask) to run it in one process"
 def cluster_client(address: str) -> Iterator:
     """A ``distributed.Client`` of the scheduler at ``address`` (:func:`~tasks.reestimation.cluster.connect`:
     ServiceUnavailableError naming the address and the fix), or of a ``LocalCluster`` of this machine for ``"local"``
-    (a single-threaded worker process per core, :func:`~tasks.reestimation.cluster.local_cluster`); closed when the block ends. A worker lost for good inside the block
-    (``KilledWorker``, a closed connection) is raised as a PartitionError naming the cluster and the fix."""
+    (a single-threaded worker process per core, :func:`~tasks.reestimation.cluster.local_cluster`); closed when
+    the block ends. A worker lost for good inside the block (``KilledWorker``, a closed connection) is raised as a
+    PartitionError naming the cluster and the fix."""
     from distributed import KilledWorker
     from distributed.comm.core import CommClosedError
 

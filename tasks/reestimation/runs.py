@@ -169,10 +169,11 @@ def _end_quietly(client: MlflowClient, tracking_uri: str, run_id: str, exc: Base
     the next run's :func:`end_orphaned_runs`, and a failing end never hides ``exc``."""
     if tracking.tracking_server_lost(exc, tracking_uri) is not None:
         return
+    status = tracking.ended_status(exc)
     try:
-        client.set_terminated(run_id, tracking.ended_status(exc))
-    except Exception:
-        pass
+        client.set_terminated(run_id, status)
+    except Exception as close_exc:
+        logging.getLogger(__name__).warning("could not mark MLflow run %s %s: %s", run_id, status, close_exc)
 
 
 def _class_keys(k: int, class_names=None) -> list[str]:

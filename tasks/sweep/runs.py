@@ -191,7 +191,8 @@ def fail_sweep_runs(tracking_uri: str, parent_run_id: str | None, message: str, 
     if flow_run_id and re.fullmatch(r"[0-9a-fA-F-]{1,64}", flow_run_id):
         experiments = [e.experiment_id for e in client.search_experiments()]
         found.update((run.info.run_id, run) for run in client.search_runs(
-            experiments, filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}'", max_results=10_000))
+            experiments, filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}' and attributes.status = 'RUNNING'",
+            max_results=10_000))
     closed = []
     for run_id, run in found.items():
         if run.info.status in ("RUNNING", "SCHEDULED"):

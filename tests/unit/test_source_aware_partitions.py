@@ -194,3 +194,34 @@ def test_pinned_bounds_on_partitions_take_newtons_few_passes_for_all_pinned_clas
     pinned = ~free
     np.testing.assert_allclose(new[pinned], ref[pinned], rtol=2e-12 + 4 * _delta(P.shape[0], k, len(cuts) - 1))
     assert np.isnan(new[free]).all()
+
+
+def test_pinned_bounds_on_partitions_are_not_fooled_by_one_hot_rows_at_the_segments_end():
+    """Rows all on one class (a confident classifier's, float32) make 1 + t r round to ~1e-16 at the segment's end:
+    drop there is finite and huge, its slope far larger, so Newton's first step is tiny although the root is far
+    away. The bound must still be the root (the array's bisection), not the segment's end."""
+    from labelshift.estimation.solvers import mlls_hessian, mlls_newton_rows
+    from labelshift.inference.intervals import PIN_TOL, pinned_bounds
+
+    k, checked = 3, 0
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        P = rng.dirichlet(np.full(k, 0.7), size=3000) * np.array([1.0, 1.0, 0.05])
+        P = (P / P.sum(axis=1, keepdims=True)).astype(np.float32)
+        p = np.full(k, 1.0 / k)
+        w = mlls_newton_rows(P, p).weights
+        free = w > PIN_TOL
+        if free.all():
+            continue
+        binding = int(np.argmax(free))                  # a free class: rows all on it end a pinned class's segment
+        P[:3] = np.eye(k, dtype=np.float32)[binding]
+        w = mlls_newton_rows(P, p).weights
+        free = w > PIN_TOL
+        if free.all():
+            continue
+        H = mlls_hessian(P.astype(np.float64), w)
+        ref = pinned_bounds(P, w, H, p, free, 1.96)
+        new = pinned_bounds(local_rows([P[:1000], P[1000:]]), w, H, p, free, 1.96)
+        np.testing.assert_allclose(new[~free], ref[~free], rtol=1e-9)
+        checked += 1
+    assert checked >= 3, checked
