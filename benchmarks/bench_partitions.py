@@ -141,6 +141,47 @@ def on_cluster(folder: Path, workers: int, fast: bool = True) -> dict:
     return dict(out, load_s=load_s, peak_gib=_peak_gib(), worker_peak_gib=peaks, empty_pass_ms=empty_ms)
 
 
+def assessment_on_cluster(folder: Path, workers: int) -> dict:
+    """The whole assessment (``assess_shift``, default settings) of the target's raw outputs on the cluster (the
+    log of each stored row: logits up to a constant, a BCTS fit on the source's), with the calibrated rows derived
+    again in every pass (``Target.from_partitioned_outputs``) and kept on the workers once (``kept_rows``, the
+    flow's path): the time of each and the number of passes."""
+    import distributed
+
+    from labelshift.calibration import BCTS
+    from labelshift.inference.holdout import Holdout, Target, calibrated_probs
+    from labelshift.inference.report import assess_shift
+    from tasks.reestimation.cluster import cluster_rows, kept_rows, local_cluster
+
+    meta = json.loads((folder / "meta.json").read_text())
+    S, y = np.log(np.load(folder / "source.npy")).astype(np.float64), np.load(folder / "source-labels.npy")
+    cal = BCTS().fit(S, y)
+    probs = cal.predict_proba(S)
+    holdout = Holdout(probs, y, probs.mean(axis=0), outputs=S, calibrator=cal)
+    out = {}
+    with local_cluster(workers) as lc, distributed.Client(lc) as client:
+        R = cluster_rows(client, [_log_partition(folder / f"part-{i:03d}.npy")
+                                  for i in range(meta["partitions"])])
+        for name, make in (("derived", lambda: Target.from_partitioned_outputs(R, cal)),
+                           ("kept", lambda: Target(kept_rows(R, calibrated_probs, cal, dtype=np.float32), R))):
+            t = time.perf_counter()
+            report = assess_shift(holdout, make())
+            out[f"{name}_s"] = time.perf_counter() - t
+            out[f"{name}_verdict"] = str(report.verdict)
+    return out
+
+
+def load_log_npy(path: str) -> np.ndarray:
+    """A partition's stored probabilities as raw outputs: their logs (float32), read by the worker."""
+    return np.log(np.load(path)).astype(np.float32)
+
+
+def _log_partition(path: Path):
+    from tasks.reestimation.cluster import PartitionSource
+
+    return PartitionSource(load_log_npy, (str(path),), str(path))
+
+
 def _child(mode: str, folder: Path, workers: int) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     done = subprocess.run([sys.executable, __file__, "--child", mode, "--folder", str(folder), "--workers",
@@ -181,11 +222,15 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--sep", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--child", choices=["one", "cluster", "cluster-trimmed"], help=argparse.SUPPRESS)
+    ap.add_argument("--assessment", action="store_true",
+                    help="only the whole assessment of raw outputs on the cluster: calibrated rows derived in every "
+                         "pass against kept on the workers")
+    ap.add_argument("--child", choices=["one", "cluster", "cluster-trimmed", "assessment"], help=argparse.SUPPRESS)
     ap.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         result = one_process(args.folder) if args.child == "one" else \
+            assessment_on_cluster(args.folder, args.workers) if args.child == "assessment" else \
             on_cluster(args.folder, args.workers, fast=args.child == "cluster")
         print(json.dumps(result))
         return
@@ -194,6 +239,13 @@ def main() -> None:
         t = time.perf_counter()
         write_data(folder, args.rows, args.classes, args.partitions, args.sep, args.seed)
         print(f"data written in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+        if args.assessment:
+            got = _child("assessment", folder, args.workers)
+            print(f"{args.rows:,} raw rows x {args.classes} classes in {args.partitions} partitions, assess_shift on "
+                  f"{args.workers} workers: calibrated rows derived in every pass {got['derived_s']:.1f} s, kept "
+                  f"once {got['kept_s']:.1f} s ({got['derived_s'] / got['kept_s']:.2f}x); verdicts "
+                  f"{got['derived_verdict']} / {got['kept_verdict']}")
+            return
         one = _child("one", folder, args.workers)
         cl = _child("cluster", folder, args.workers)
         trimmed = _child("cluster-trimmed", folder, args.workers)

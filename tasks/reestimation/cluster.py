@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -25,7 +26,7 @@ from labelshift.errors import InputError, PartitionError, ServiceUnavailableErro
 from labelshift.partitions import PartitionedRows, arguments_of
 
 __all__ = ["PartitionSource", "PartitionInfo", "npy_partition", "load_npy", "describe_partition", "connect",
-           "local_cluster", "ClusterRunner", "cluster_rows", "CONNECT_S", "LOAD_S", "FAST_PASSES"]
+           "local_cluster", "ClusterRunner", "cluster_rows", "kept_rows", "CONNECT_S", "LOAD_S", "FAST_PASSES"]
 
 #: seconds to wait for a Dask scheduler to accept the client
 CONNECT_S = 20.0
@@ -201,3 +202,24 @@ def _check_infos(infos: Sequence[PartitionInfo], names) -> tuple[int, np.dtype]:
                              f"with {first.shape[1]}: every partition must come from the same classifier, in one "
                              "dtype.")
     return first.shape[1], np.dtype(first.dtype)
+
+
+def kept_rows(R: PartitionedRows, transform: Callable, *args, dtype=None) -> PartitionedRows:
+    """The rows of ``R.derived(transform, *args, dtype=dtype)``, made once where each partition of ``R`` lives and
+    kept there beside it, so that every later pass reads them instead of transforming again (for raw outputs ->
+    calibrated probabilities a BCTS costs about 11 passes' reading a row: benchmarks/README.md, "Rows on a cluster").
+    The workers then hold both (twice the memory of ``R``); a worker lost has both rebuilt from ``R``'s sources.
+    ``R`` must be placed by :func:`cluster_rows` (its ``run`` a :class:`ClusterRunner`); a transform that fails
+    raises its error here, before any pass."""
+    from distributed import wait
+
+    runner = R.run
+    if not isinstance(runner, ClusterRunner):
+        raise TypeError(f"kept_rows needs rows placed by cluster_rows, not {type(runner).__name__}")
+    futures = [runner.client.submit(transform, part, *arguments_of(args, i), pure=False)
+               for i, part in enumerate(runner.futures)]
+    wait(futures)
+    for future in futures:
+        if future.status == "error":
+            raise future.exception()
+    return replace(R, run=ClusterRunner(runner.client, futures), dtype=np.dtype(R.dtype if dtype is None else dtype))

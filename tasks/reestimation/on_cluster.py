@@ -23,14 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from labelshift.errors import InputError, PartitionError
-from labelshift.inference.holdout import Target
+from labelshift.inference.holdout import Target, calibrated_probs
 from labelshift.monitoring.batches import batch_format, check_one_format, iter_output_chunks
 from labelshift.monitoring.layout import TargetBatch
 from labelshift.partitions import NOT_PARTITIONED, PerPartition
 from labelshift.storage import open_store
 from labelshift_mlflow.references import ReferenceBundle
 from tasks.reestimation import cluster as adapter
-from tasks.reestimation.cluster import PartitionSource, cluster_rows
+from tasks.reestimation.cluster import PartitionSource, cluster_rows, kept_rows
 from tasks.reestimation.outputs import write_corrected_partition
 from tasks.reestimation.scoring import download_batch
 
@@ -105,8 +105,9 @@ def load_log_partition(target_uri: str, batch: TargetBatch, spec) -> np.ndarray:
 
 def cluster_target(client, bundle: ReferenceBundle, target_uri: str, batches: Sequence[TargetBatch]) -> Target:
     """The target of ``batches`` on ``client``'s workers: one partition per batch, read there
-    (:func:`load_log_partition`), as raw outputs calibrated where they live (``Target.from_partitioned_outputs``).
-    PartitionError naming the first batch a worker could not read or that failed its checks (nothing counted)."""
+    (:func:`load_log_partition`), as raw outputs and their calibrated probabilities, made once where they live and
+    kept there (:func:`~tasks.reestimation.cluster.kept_rows`: the rows of ``Target.from_partitioned_outputs``,
+    which would calibrate them again in every pass). PartitionError naming the first batch a worker could not read or that failed its checks (nothing counted)."""
     store = open_store(target_uri)
     sources = [PartitionSource(load_log_partition, (target_uri, b, bundle.spec), store.url(b.key)) for b in batches]
     try:
@@ -114,7 +115,7 @@ def cluster_target(client, bundle: ReferenceBundle, target_uri: str, batches: Se
     except PartitionError as exc:
         raise PartitionError(f"{exc} Nothing was counted: fix or delete the batch and run again, or {WITHOUT_DASK} "
                              "(where a batch that fails its checks is quarantined).") from None
-    return Target.from_partitioned_outputs(R, bundle.calibrator)
+    return Target(kept_rows(R, calibrated_probs, bundle.calibrator, dtype=np.float32), R)   # calibrated once
 
 
 @contextmanager

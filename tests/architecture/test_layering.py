@@ -294,6 +294,8 @@ ENVIRONMENT_TOUCHED_BY = {
     "labelshift/storage/s3.py": "boto3's own endpoint variables, read only to name the endpoint in use in an error "
                                 "message (the domain imports nothing of runtime)",
     "tasks/sweep/results_page.py": "MLflow's own progress-bar variable, set before MLflow downloads artifacts",
+    "tasks/reestimation/cluster.py": "glibc's MALLOC_TRIM_THRESHOLD_, which a Dask nanny leaves in its process: left "
+                                     "out while local_cluster starts its workers",
     "infra/image.py": "a build tool run from a checkout: the image names it builds and pip's own PIP_* variables, "
                       "carried into docker build (none is a setting of the commands)",
     "infra/stack_e2e.py": "the end-to-end check: the client environment of the compose project it starts, set in "

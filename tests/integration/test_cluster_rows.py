@@ -205,3 +205,39 @@ def test_a_failed_pass_raises_only_once_every_partition_call_ended(client, tmp_p
     with pytest.raises(ValueError, match="this partition fails"):
         R.run(_fail_or_mark, str(tmp_path))
     assert (tmp_path / "done-4").read_text() == "written"
+
+
+def _doubled_and_counted(B, folder):
+    """A per-partition transform that leaves a file behind at each call (to count the calls)."""
+    import uuid
+    from pathlib import Path
+
+    Path(folder, uuid.uuid4().hex).write_text("called")
+    return (B * 2.0).astype(np.float32)
+
+
+def _column_sums(B):
+    return np.asarray(B, dtype=np.float64).sum(axis=0)
+
+
+def test_kept_rows_are_transformed_once_where_they_live_and_give_the_derived_rows(client, tmp_path):
+    """kept_rows: the transform runs once a partition (not once a pass, as derived rows do), and every pass sees the
+    same rows as the derived ones (the same transform of the same partition: equal to float64 rounding)."""
+    P = np.random.default_rng(8).dirichlet(np.ones(K), size=900).astype(np.float32)
+    R = cluster.cluster_rows(client, [P[:400], P[400:401], P[401:]])
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    kept = cluster.kept_rows(R, _doubled_and_counted, str(calls), dtype=np.float32)
+    sums = [kept.run(_column_sums) for _ in range(3)]
+    assert len(list(calls.iterdir())) == 3                       # 3 partitions, once each, whatever the passes
+    derived = R.derived(_doubled_and_counted, str(calls), dtype=np.float32).run(_column_sums)
+    assert len(list(calls.iterdir())) == 6                       # derived rows: again at each pass
+    for a, b in zip(sums[-1], derived):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    assert kept.shape == R.shape and kept.partition_rows == R.partition_rows and kept.dtype == np.float32
+    with pytest.raises(ValueError, match="boom"):
+        cluster.kept_rows(R, _fails, "boom")
+
+
+def _fails(B, message):
+    raise ValueError(message)
