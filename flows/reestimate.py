@@ -62,7 +62,7 @@ from tasks.reestimation.outputs import write_for_reestimation
 from tasks.reestimation.references import load_for_reestimation
 from tasks.reestimation.runs import (ReestimationRun, catch_up_monitor, end_run, history_record, log_reestimation,
                                      log_rejections, render_figure, start_reestimation_run, sync_monitor)
-from tasks.reestimation.scoring import ScoredBatches, expected_batches, score_for_reestimation
+from tasks.reestimation.scoring import expected_batches, score_for_reestimation
 from tasks.reestimation.segments import (assess_segments, check_segmentable, log_segments, read_segment_values,
                                          segment_values_of)
 from tasks.reestimation.serving import check_corrected_name, register_if_shifted
@@ -341,13 +341,18 @@ def _score(run: RunContext, batches):
     p = run.params
     scored = score_for_reestimation(run.bundle, run.target_uri, batches, batch_size=p.batch_size,
                                     log_rejections=p.on_invalid != "error")
+    _refuse_rejected(p, scored, len(batches))
+    return scored
+
+
+def _refuse_rejected(p: ReestimateParameters, scored, n_batches: int) -> None:
+    """With ``on_invalid="error"``, an InputError naming every batch that failed its checks."""
     if scored.rejected and p.on_invalid == "error":
         raise InputError(
-            f"{len(scored.rejected)} of {len(batches)} new batch(es) failed their checks: "
+            f"{len(scored.rejected)} of {n_batches} new batch(es) failed their checks: "
             + " ".join(f"[{r.key}] {r.reason}" for r in scored.rejected)
             + " Nothing was counted. Fix or delete these batches and run again, or run with "
               "on_invalid='quarantine' (CLI: without --fail-on-invalid) to go on with the good ones.")
-    return scored
 
 
 def _rejected(scored) -> list[dict]:
@@ -561,23 +566,27 @@ def _assess_and_commit_on_cluster(run: RunContext, plan: _Plan) -> _Outcome:
     """Steps 2-6 with the rows on the Dask cluster of ``run.params.dask`` (:mod:`tasks.reestimation.on_cluster`):
     the workers read, check and calibrate the batches and write their corrected outputs; here the same assessment
     (each pass a map over the batches there), the logging, the corrected model and one commit once every batch
-    succeeded. A batch that fails its checks fails the run, naming it; nothing is committed on any failure."""
+    succeeded. A batch that fails its checks is quarantined (rejected in the watermark) or, with
+    ``on_invalid="error"``, fails the run naming it, as in one process; nothing is committed on any failure."""
     p, ml = run.params, run.mlflow
-    scored = ScoredBatches(list(plan.batches), [])
     with cluster_client(p.dask) as client:
         run.logger.info("rows on the Dask cluster at %s: %d batch(es) read by its workers", p.dask, len(plan.batches))
-        target = cluster_target(client, run.bundle, run.target_uri, plan.batches)
+        target, scored = cluster_target(client, run.bundle, run.target_uri, plan.batches, run.logger)
+        _refuse_rejected(p, scored, len(plan.batches))
+        if target is None:
+            return _Outcome(_record_no_valid_data(run, scored))
         with not_partitioned_yet():
             report, summary = _assess(run, scored, target)
         record = _log(run, report, summary)
         if not _withheld(report, summary):
-            summary.outputs = write_on_cluster(target, run.bundle, run.target_uri, plan.batches,
+            summary.outputs = write_on_cluster(target, run.bundle, run.target_uri, scored.batches,
                                                report.weights.tolist(), summary.to_dict())
     if plan.corrected_as:
         summary.corrected_model = register_if_shifted(run.bundle, report, tracking_uri=run.tracking_uri,
                                                       name=plan.corrected_as, run_id=ml.run_id, target=run.store.uri,
                                                       sequence=ml.sequence)
-    return _Outcome(summary, _commit(run.store, run.watermark, plan.batches, record, ml.run_id))
+    return _Outcome(summary, _commit(run.store, run.watermark, scored.batches, record, ml.run_id,
+                                     rejected=scored.rejected))
 
 
 @flow(name="reestimate", log_prints=False)

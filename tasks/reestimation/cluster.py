@@ -26,7 +26,7 @@ from labelshift.errors import InputError, PartitionError, ServiceUnavailableErro
 from labelshift.partitions import PartitionedRows, arguments_of
 
 __all__ = ["PartitionSource", "PartitionInfo", "npy_partition", "load_npy", "describe_partition", "connect",
-           "local_cluster", "ClusterRunner", "cluster_rows", "kept_rows", "CONNECT_S", "LOAD_S", "FAST_PASSES"]
+           "local_cluster", "ClusterRunner", "cluster_rows", "cluster_rows_setting_aside", "PlacedRows", "kept_rows", "CONNECT_S", "LOAD_S", "FAST_PASSES"]
 
 #: seconds to wait for a Dask scheduler to accept the client
 CONNECT_S = 20.0
@@ -133,17 +133,45 @@ def cluster_rows(client, partitions: Sequence[np.ndarray | PartitionSource], *, 
     the first partition that failed to load (with the source's exception) or did not load within ``timeout``
     seconds, InputError naming a partition of the wrong shape or dtype.
     """
+    return cluster_rows_setting_aside(client, partitions, lambda exc: False, timeout=timeout).rows
+
+
+class PlacedRows(NamedTuple):
+    """What :func:`cluster_rows_setting_aside` placed: the rows of the partitions that loaded (None when none did),
+    their positions among those given, and the partitions set aside with their load's exception."""
+
+    rows: PartitionedRows | None
+    kept: tuple[int, ...]
+    set_aside: dict[int, BaseException]
+
+
+def cluster_rows_setting_aside(client, partitions: Sequence[np.ndarray | PartitionSource],
+                               set_aside: Callable[[BaseException], bool], *, timeout: float = LOAD_S) -> PlacedRows:
+    """:func:`cluster_rows`, except that a partition whose load raised an exception for which ``set_aside(exc)`` is
+    true is left out (and its exception returned) instead of failing the placing: a batch that fails its checks,
+    quarantined as one process quarantines it. Any other failed load raises the PartitionError of cluster_rows."""
     if not partitions:
         raise InputError("no partitions: pass at least one array or PartitionSource.")
     _check_client(client)
     names = tuple((p.name if isinstance(p, PartitionSource) else "") or f"partition {i}"
                   for i, p in enumerate(partitions))
     futures = _place(client, partitions, names)
-    infos = _described(client, futures, names, timeout)
-    k, dtype = _check_infos(infos, names)
-    return PartitionedRows(shape=(sum(i.shape[0] for i in infos), k), dtype=dtype,
-                           run=ClusterRunner(client, futures), partition_rows=tuple(i.shape[0] for i in infos),
-                           names=names)
+    outcomes = _load_outcomes(client, futures, names, timeout)
+    aside = {i: o for i, o in enumerate(outcomes) if isinstance(o, BaseException) and set_aside(o)}
+    for name, outcome in zip(names, outcomes):
+        if isinstance(outcome, BaseException) and not set_aside(outcome):
+            raise PartitionError(f"{name} could not be loaded on the cluster ({type(outcome).__name__}: {outcome}). "
+                                 "Fix: make its source readable from every worker (a path on a disk they share, or an "
+                                 "object store URI with the workers' credentials), or leave the partition out.")
+    kept = tuple(i for i in range(len(partitions)) if i not in aside)
+    if not kept:
+        return PlacedRows(None, kept, aside)
+    infos, kept_names = [outcomes[i] for i in kept], tuple(names[i] for i in kept)
+    k, dtype = _check_infos(infos, kept_names)
+    rows = PartitionedRows(shape=(sum(i.shape[0] for i in infos), k), dtype=dtype,
+                           run=ClusterRunner(client, [futures[i] for i in kept]),
+                           partition_rows=tuple(i.shape[0] for i in infos), names=kept_names)
+    return PlacedRows(rows, kept, aside)
 
 
 def _check_client(client) -> None:
@@ -170,8 +198,9 @@ def _place(client, partitions, names) -> list:
     return futures
 
 
-def _described(client, futures, names, timeout: float) -> list[PartitionInfo]:
-    """Each partition's :class:`PartitionInfo`, once all are loaded; PartitionError for the first that failed."""
+def _load_outcomes(client, futures, names, timeout: float) -> list:
+    """Each partition's :class:`PartitionInfo`, or the exception its load raised, once all have ended;
+    PartitionError for partitions still loading after ``timeout`` seconds."""
     from distributed import wait
 
     described = [client.submit(describe_partition, f, pure=False) for f in futures]
@@ -181,13 +210,7 @@ def _described(client, futures, names, timeout: float) -> list[PartitionInfo]:
         late = [n for n, d in zip(names, described) if d.status == "pending"]
         raise PartitionError(f"{len(late)} partition(s) not loaded within {timeout:g} s, first {late[0]}: the workers "
                              "are busy, too few, or the source hangs. Fix: add workers, or raise timeout.") from None
-    for name, d in zip(names, described):
-        if d.status == "error":
-            exc = d.exception()
-            raise PartitionError(f"{name} could not be loaded on the cluster ({type(exc).__name__}: {exc}). Fix: make "
-                                 "its source readable from every worker (a path on a disk they share, or an object "
-                                 "store URI with the workers' credentials), or leave the partition out.")
-    return client.gather(described)
+    return [d.exception() if d.status == "error" else d.result() for d in described]
 
 
 def _check_infos(infos: Sequence[PartitionInfo], names) -> tuple[int, np.dtype]:

@@ -22,17 +22,17 @@ from pathlib import Path
 
 import numpy as np
 
-from labelshift.errors import InputError, PartitionError
+from labelshift.errors import FormatError, InputError, ObjectNotFoundError, PartitionError
 from labelshift.inference.holdout import Target, calibrated_probs
 from labelshift.monitoring.batches import batch_format, check_one_format, iter_output_chunks
-from labelshift.monitoring.layout import TargetBatch
+from labelshift.monitoring.layout import ChangedBatchError, RejectedBatch, TargetBatch
 from labelshift.partitions import NOT_PARTITIONED, PerPartition
 from labelshift.storage import open_store
 from labelshift_mlflow.references import ReferenceBundle
 from tasks.reestimation import cluster as adapter
-from tasks.reestimation.cluster import PartitionSource, cluster_rows, kept_rows
+from tasks.reestimation.cluster import PartitionSource, cluster_rows_setting_aside, kept_rows
 from tasks.reestimation.outputs import write_corrected_partition
-from tasks.reestimation.scoring import download_batch
+from tasks.reestimation.scoring import ScoredBatches, download_batch
 
 __all__ = ["cluster_client", "check_clusterable", "load_log_partition", "cluster_target", "not_partitioned_yet",
            "write_on_cluster", "WITHOUT_DASK"]
@@ -103,19 +103,39 @@ def load_log_partition(target_uri: str, batch: TargetBatch, spec) -> np.ndarray:
     return np.concatenate(chunks) if chunks else np.empty((0, len(spec.class_names)), dtype=np.float32)
 
 
-def cluster_target(client, bundle: ReferenceBundle, target_uri: str, batches: Sequence[TargetBatch]) -> Target:
+def cluster_target(client, bundle: ReferenceBundle, target_uri: str, batches: Sequence[TargetBatch], logger
+                   ) -> tuple[Target | None, ScoredBatches]:
     """The target of ``batches`` on ``client``'s workers: one partition per batch, read there
     (:func:`load_log_partition`), as raw outputs and their calibrated probabilities, made once where they live and
     kept there (:func:`~tasks.reestimation.cluster.kept_rows`: the rows of ``Target.from_partitioned_outputs``,
-    which would calibrate them again in every pass). PartitionError naming the first batch a worker could not read or that failed its checks (nothing counted)."""
+    which would calibrate them again in every pass) -- and what became of each batch, as one process's scoring says
+    it (:class:`~tasks.reestimation.scoring.ScoredBatches`, no rows): a batch that fails its checks is rejected
+    with its reason, one deleted or replaced since the listing skipped, the others kept (the target's partitions,
+    in order; None when none is). Any other failure to read a batch raises a PartitionError naming it."""
     store = open_store(target_uri)
     sources = [PartitionSource(load_log_partition, (target_uri, b, bundle.spec), store.url(b.key)) for b in batches]
     try:
-        R = cluster_rows(client, sources)
+        placed = cluster_rows_setting_aside(client, sources, lambda exc: isinstance(exc, _SET_ASIDE))
     except PartitionError as exc:
-        raise PartitionError(f"{exc} Nothing was counted: fix or delete the batch and run again, or {WITHOUT_DASK} "
-                             "(where a batch that fails its checks is quarantined).") from None
-    return Target(kept_rows(R, calibrated_probs, bundle.calibrator, dtype=np.float32), R)   # calibrated once
+        raise PartitionError(f"{exc} Nothing was counted: fix the batch or the workers' access to it and run again, "
+                             f"or {WITHOUT_DASK}.") from None
+    scored = ScoredBatches([batches[i] for i in placed.kept], [])
+    for i, exc in sorted(placed.set_aside.items()):
+        if isinstance(exc, (ObjectNotFoundError, ChangedBatchError)):
+            scored.skipped.append({"key": batches[i].key, "reason": str(exc)})
+            logger.warning("skipped %s: %s", batches[i].key, exc)
+        else:
+            scored.rejected.append(RejectedBatch(batches[i], str(exc)))
+            logger.warning("rejected %s: %s", batches[i].key, exc)
+    if placed.rows is None:
+        return None, scored
+    R = placed.rows
+    return Target(kept_rows(R, calibrated_probs, bundle.calibrator, dtype=np.float32), R), scored
+
+
+#: what a worker's read of a batch may raise and still leave the run going, as one process's scoring: gone or
+#: replaced since the listing (skipped), or failing its checks (rejected)
+_SET_ASIDE = (ObjectNotFoundError, ChangedBatchError, FormatError, InputError)
 
 
 @contextmanager

@@ -3,7 +3,8 @@ process, end to end on SeaweedFS S3, an MLflow server and Prefect: the same pred
 the same verdict and prior (to 1e-9: the passes' sums differ only in their grouping, and each MLLS solve ends within
 2 tol = 2e-10 of its fixed point), the same corrected outputs (written by the workers beside their batches), and one
 commit each; a scheduler that does not answer, a batch a worker cannot read and a setting the cluster cannot do yet
-each fail clearly, with nothing written and no MLflow run left RUNNING.
+each fail clearly, with nothing written and no MLflow run left RUNNING; a batch that fails its checks is quarantined
+as one process quarantines it (or fails the run with ``on_invalid="error"``).
 
 Data: Gaussian logits of 4 classes (``tests/fixtures/draws.py``), continuous, so no row repeats. The holdout is
 drawn at the uniform prior, the target at a shifted one: label shift holds exactly.
@@ -153,13 +154,42 @@ def test_what_the_cluster_cannot_do_fails_clearly_with_nothing_written(prefect_s
     seaweed.client().put_object(Bucket=s3_bucket, Key="t/day-9.parquet", Body=b"not parquet at all")
     before = {k: _get(seaweed, s3_bucket, k) for k in _keys(seaweed, s3_bucket, "t/")}
     cases = [("tcp://127.0.0.1:9", ["could not reach the Dask scheduler at 'tcp://127.0.0.1:9'", "dask scheduler"]),
-             (client.scheduler.address, ["t/day-9.parquet", "could not be loaded on the cluster",
-                                         "Nothing was counted", "run without dask"])]
-    for address, words in cases:
-        state = _run(reference, f"s3://{s3_bucket}/t/", dask=address)
+             (client.scheduler.address, ["1 of 3 new batch(es) failed their checks", "[day-9.parquet]",
+                                         "Nothing was counted", "on_invalid='quarantine'"])]
+    for address, words in cases:                  # strict: a batch that fails its checks fails the run
+        state = _run(reference, f"s3://{s3_bucket}/t/", dask=address, on_invalid="error")
         assert state.is_failed() and all(w in state.message for w in words), state.message
         assert "Traceback" not in state.message
         assert {k: _get(seaweed, s3_bucket, k) for k in _keys(seaweed, s3_bucket, "t/")} == before   # no watermark
         assert not _running(reference["tracking_uri"])
     state = _run(reference, f"s3://{s3_bucket}/t/", dask=client.scheduler.address, segment_column="region")
     assert state.is_failed() and "segment_column" in state.message and "without --dask" in state.message
+
+
+def test_a_bad_batch_is_quarantined_on_the_cluster_as_in_one_process(prefect_server, reference, seaweed, s3_bucket,
+                                                                     client):
+    """Two good batches and one that is not Parquet: on the cluster as in one process the run goes on with the good
+    ones (the same report to 1e-8), the bad one recorded as rejected in the watermark with its reason and not tried
+    again; a target whose every new batch is bad ends "No valid data" on both, the batches held."""
+    import json
+
+    bodies = _batches()[:2]
+    for prefix in ("q1/", "qn/"):
+        _put_all(seaweed, s3_bucket, prefix, bodies)
+        seaweed.client().put_object(Bucket=s3_bucket, Key=f"{prefix}day-9.parquet", Body=b"not parquet at all")
+    here = _run(reference, f"s3://{s3_bucket}/q1/")
+    there = _run(reference, f"s3://{s3_bucket}/qn/", dask=client.scheduler.address)
+    assert here.is_completed() and there.is_completed(), (here.message, there.message)
+    a, b = here.result(), there.result()
+    assert a["verdict"] == b["verdict"] and _largest_difference(a["result"], b["result"]) < 1e-8
+    assert [r["key"].replace("q1/", "") for r in a["rejected"]] == [r["key"].replace("qn/", "")
+                                                                   for r in b["rejected"]] == ["day-9.parquet"]
+    for prefix in ("q1/", "qn/"):
+        mark = json.loads(_get(seaweed, s3_bucket, f"{prefix}_labelshift/watermark.json"))
+        assert sorted(mark["processed"]) == ["day-0.parquet", "day-1.parquet"]
+        assert list(mark["rejected"]) == ["day-9.parquet"]
+    assert _run(reference, f"s3://{s3_bucket}/qn/", dask=client.scheduler.address).name == "No new data"
+    seaweed.client().put_object(Bucket=s3_bucket, Key="bad/day-0.parquet", Body=b"not parquet either")
+    state = _run(reference, f"s3://{s3_bucket}/bad/", dask=client.scheduler.address)
+    assert state.name == "No valid data" and "day-0.parquet" in state.message, state.message
+    assert not _running(reference["tracking_uri"])
