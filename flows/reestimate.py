@@ -56,8 +56,8 @@ from runtime import environment as settings_mod
 from runtime.environment import Settings
 from tasks.reestimation.alerts import emit_verdict
 from tasks.reestimation.assessment import estimate_shift
-from tasks.reestimation.on_cluster import (check_clusterable, cluster_client, cluster_target, not_partitioned_yet,
-                                           write_on_cluster)
+from tasks.reestimation.on_cluster import (calibrated_target, check_clusterable, cluster_client, cluster_target,
+                                           not_partitioned_yet, write_on_cluster)
 from tasks.reestimation.outputs import write_for_reestimation
 from tasks.reestimation.references import load_for_reestimation
 from tasks.reestimation.runs import (ReestimationRun, catch_up_monitor, end_run, history_record, log_reestimation,
@@ -571,15 +571,17 @@ def _assess_and_commit_on_cluster(run: RunContext, plan: _Plan) -> _Outcome:
     p, ml = run.params, run.mlflow
     with cluster_client(p.dask) as client:
         run.logger.info("rows on the Dask cluster at %s: %d batch(es) read by its workers", p.dask, len(plan.batches))
-        target, scored = cluster_target(client, run.bundle, run.target_uri, plan.batches, run.logger)
+        rows, scored = cluster_target(client, run.bundle, run.store, plan.batches, run.logger,
+                                      log_rejections=p.on_invalid != "error")
         _refuse_rejected(p, scored, len(plan.batches))
-        if target is None:
+        if rows is None:
             return _Outcome(_record_no_valid_data(run, scored))
+        target = calibrated_target(rows, run.bundle)
         with not_partitioned_yet():
             report, summary = _assess(run, scored, target)
         record = _log(run, report, summary)
         if not _withheld(report, summary):
-            summary.outputs = write_on_cluster(target, run.bundle, run.target_uri, scored.batches,
+            summary.outputs = write_on_cluster(target, run.bundle, run.store.uri, scored.batches,
                                                report.weights.tolist(), summary.to_dict())
     if plan.corrected_as:
         summary.corrected_model = register_if_shifted(run.bundle, report, tracking_uri=run.tracking_uri,

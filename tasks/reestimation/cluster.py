@@ -26,7 +26,8 @@ from labelshift.errors import InputError, PartitionError, ServiceUnavailableErro
 from labelshift.partitions import PartitionedRows, arguments_of
 
 __all__ = ["PartitionSource", "PartitionInfo", "npy_partition", "load_npy", "describe_partition", "connect",
-           "local_cluster", "ClusterRunner", "cluster_rows", "cluster_rows_setting_aside", "PlacedRows", "kept_rows", "CONNECT_S", "LOAD_S", "FAST_PASSES"]
+           "local_cluster", "ClusterRunner", "cluster_rows", "cluster_rows_setting_aside", "PlacedRows",
+           "kept_rows", "CONNECT_S", "LOAD_S", "FAST_PASSES"]
 
 #: seconds to wait for a Dask scheduler to accept the client
 CONNECT_S = 20.0
@@ -35,8 +36,8 @@ LOAD_S = 600.0
 
 
 #: Dask's nanny starts each worker with MALLOC_TRIM_THRESHOLD_=65536 (memory handed back to the system at once);
-#: glibc then maps every block temporary of a pass afresh, and a pass over the rows costs 1.55x (10M rows) to
-#: 1.81x (100M) as much (measured: benchmarks/README.md, "Rows on a cluster"). The workers this module starts go
+#: glibc then maps every block temporary of a pass afresh, and a pass over the rows costs 1.55x-2.24x as much
+#: (10M and 100M rows, idle and loaded) (measured: benchmarks/README.md, "Rows on a cluster"). The workers this module starts go
 #: without it; infra/dask/labelshift.yaml does the same for workers started by hand (docs/operations.md).
 _TRIM = "MALLOC_TRIM_THRESHOLD_"
 FAST_PASSES = {f"distributed.nanny.pre-spawn-environ.{_TRIM}": None}
@@ -227,13 +228,15 @@ def _check_infos(infos: Sequence[PartitionInfo], names) -> tuple[int, np.dtype]:
     return first.shape[1], np.dtype(first.dtype)
 
 
-def kept_rows(R: PartitionedRows, transform: Callable, *args, dtype=None) -> PartitionedRows:
+def kept_rows(R: PartitionedRows, transform: Callable, *args, dtype=None, timeout: float = LOAD_S
+              ) -> PartitionedRows:
     """The rows of ``R.derived(transform, *args, dtype=dtype)``, made once where each partition of ``R`` lives and
     kept there beside it, so that every later pass reads them instead of transforming again (for raw outputs ->
     calibrated probabilities a BCTS costs about 11 passes' reading a row: benchmarks/README.md, "Rows on a cluster").
-    The workers then hold both (twice the memory of ``R``); a worker lost has both rebuilt from ``R``'s sources.
-    ``R`` must be placed by :func:`cluster_rows` (its ``run`` a :class:`ClusterRunner`); a transform that fails
-    raises its error here, before any pass."""
+    The workers then hold both (twice the memory of ``R``); a worker lost has both rebuilt from the sources of
+    ``R``'s partitions (not for scattered arrays). ``R`` must be placed by :func:`cluster_rows` (its ``run`` a
+    :class:`ClusterRunner`). PartitionError naming the first partition whose transform failed, or that was not
+    done within ``timeout`` seconds (nothing is kept then)."""
     from distributed import wait
 
     runner = R.run
@@ -241,8 +244,16 @@ def kept_rows(R: PartitionedRows, transform: Callable, *args, dtype=None) -> Par
         raise TypeError(f"kept_rows needs rows placed by cluster_rows, not {type(runner).__name__}")
     futures = [runner.client.submit(transform, part, *arguments_of(args, i), pure=False)
                for i, part in enumerate(runner.futures)]
-    wait(futures)
-    for future in futures:
-        if future.status == "error":
-            raise future.exception()
+    try:
+        wait(futures, timeout=timeout)
+    except TimeoutError:
+        runner.client.cancel(futures)
+        raise PartitionError(f"the rows of {R.names[0]} and the others were not transformed within {timeout:g} s: "
+                             "the workers are busy or too few. Fix: add workers, or raise timeout.") from None
+    failed = [(name, f.exception()) for name, f in zip(R.names, futures) if f.status == "error"]
+    if failed:
+        runner.client.cancel(futures)
+        name, exc = failed[0]
+        raise PartitionError(f"{name}: {getattr(transform, '__name__', 'the transform')} failed on its worker "
+                             f"({type(exc).__name__}: {exc}).")
     return replace(R, run=ClusterRunner(runner.client, futures), dtype=np.dtype(R.dtype if dtype is None else dtype))

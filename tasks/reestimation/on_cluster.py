@@ -2,14 +2,15 @@
 
 What runs where. On the workers: each new batch is read from the target store by a worker (:func:`load_log_partition`,
 a module-level function they import; they see the same store settings as the flow), checked as one process checks it,
-and kept there as the raw outputs of one partition; every pass of the assessment calibrates the partition where it
-lives and sends back sums of k or k x k numbers; the corrected outputs of each batch are calibrated, corrected and
-written beside it by the worker holding it (:func:`write_on_cluster`). On the flow's process: the holdout, the sums
-added in partition order, the report, the MLflow logging and the watermark's one commit, after every partition
-succeeded.
+and kept there as the raw outputs of one partition, with its calibrated probabilities made once beside them; every
+pass of the assessment reads the partition where it lives and sends back sums of k or k x k numbers; the corrected
+outputs of each batch are calibrated, corrected and written beside it by the worker holding it
+(:func:`write_on_cluster`). On the flow's process: the holdout, the sums added in partition order, the report, the
+MLflow logging and the watermark's one commit, after every kept partition succeeded. A batch that fails its checks is
+quarantined as one process quarantines it.
 
 Not yet on a cluster: models scored from their inputs (only prediction logs, whose rows are the model's outputs),
-quarantining a bad batch (it fails the run, naming it), targets whose repeated rows are collapsed, segments.
+targets whose repeated rows are collapsed, segments, the bootstrap interval.
 ``distributed`` is imported inside the functions, as in :mod:`tasks.reestimation.cluster`.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from labelshift.errors import FormatError, InputError, ObjectNotFoundError, Part
 from labelshift.inference.holdout import Target, calibrated_probs
 from labelshift.monitoring.batches import batch_format, check_one_format, iter_output_chunks
 from labelshift.monitoring.layout import ChangedBatchError, RejectedBatch, TargetBatch
-from labelshift.partitions import NOT_PARTITIONED, PerPartition
+from labelshift.partitions import NOT_PARTITIONED, PartitionedRows, PerPartition
 from labelshift.storage import open_store
 from labelshift_mlflow.references import ReferenceBundle
 from tasks.reestimation import cluster as adapter
@@ -34,7 +35,8 @@ from tasks.reestimation.cluster import PartitionSource, cluster_rows_setting_asi
 from tasks.reestimation.outputs import write_corrected_partition
 from tasks.reestimation.scoring import ScoredBatches, download_batch
 
-__all__ = ["cluster_client", "check_clusterable", "load_log_partition", "cluster_target", "not_partitioned_yet",
+__all__ = ["cluster_client", "check_clusterable", "load_log_partition", "cluster_target", "calibrated_target",
+           "not_partitioned_yet",
            "write_on_cluster", "WITHOUT_DASK"]
 
 #: the fix every refusal of the cluster path names
@@ -103,17 +105,16 @@ def load_log_partition(target_uri: str, batch: TargetBatch, spec) -> np.ndarray:
     return np.concatenate(chunks) if chunks else np.empty((0, len(spec.class_names)), dtype=np.float32)
 
 
-def cluster_target(client, bundle: ReferenceBundle, target_uri: str, batches: Sequence[TargetBatch], logger
-                   ) -> tuple[Target | None, ScoredBatches]:
-    """The target of ``batches`` on ``client``'s workers: one partition per batch, read there
-    (:func:`load_log_partition`), as raw outputs and their calibrated probabilities, made once where they live and
-    kept there (:func:`~tasks.reestimation.cluster.kept_rows`: the rows of ``Target.from_partitioned_outputs``,
-    which would calibrate them again in every pass) -- and what became of each batch, as one process's scoring says
+def cluster_target(client, bundle: ReferenceBundle, store, batches: Sequence[TargetBatch], logger,
+                   log_rejections: bool = True) -> tuple[PartitionedRows | None, ScoredBatches]:
+    """The raw outputs of ``batches`` placed on ``client``'s workers, one partition per batch read there
+    (:func:`load_log_partition`, from ``store.uri``), and what became of each batch, as one process's scoring says
     it (:class:`~tasks.reestimation.scoring.ScoredBatches`, no rows): a batch that fails its checks is rejected
-    with its reason, one deleted or replaced since the listing skipped, the others kept (the target's partitions,
-    in order; None when none is). Any other failure to read a batch raises a PartitionError naming it."""
-    store = open_store(target_uri)
-    sources = [PartitionSource(load_log_partition, (target_uri, b, bundle.spec), store.url(b.key)) for b in batches]
+    with its reason (logged when ``log_rejections``), one deleted or replaced since the listing skipped, the others
+    kept (the partitions, in order; None when none is). Any other failure to read a batch -- and a batch the workers
+    cannot find or read unchanged while this process can: they do not see the store as the flow does -- raises a
+    PartitionError naming it. :func:`calibrated_target` makes the target of the kept rows."""
+    sources = [PartitionSource(load_log_partition, (store.uri, b, bundle.spec), store.url(b.key)) for b in batches]
     try:
         placed = cluster_rows_setting_aside(client, sources, lambda exc: isinstance(exc, _SET_ASIDE))
     except PartitionError as exc:
@@ -121,16 +122,38 @@ def cluster_target(client, bundle: ReferenceBundle, target_uri: str, batches: Se
                              f"or {WITHOUT_DASK}.") from None
     scored = ScoredBatches([batches[i] for i in placed.kept], [])
     for i, exc in sorted(placed.set_aside.items()):
+        b = batches[i]
         if isinstance(exc, (ObjectNotFoundError, ChangedBatchError)):
-            scored.skipped.append({"key": batches[i].key, "reason": str(exc)})
-            logger.warning("skipped %s: %s", batches[i].key, exc)
+            _check_gone_here_too(store, b, exc)
+            scored.skipped.append({"key": b.key, "reason": str(exc)})
+            logger.warning("skipped %s: %s", b.key, exc)
         else:
-            scored.rejected.append(RejectedBatch(batches[i], str(exc)))
-            logger.warning("rejected %s: %s", batches[i].key, exc)
-    if placed.rows is None:
-        return None, scored
-    R = placed.rows
-    return Target(kept_rows(R, calibrated_probs, bundle.calibrator, dtype=np.float32), R), scored
+            scored.rejected.append(RejectedBatch(b, str(exc)))
+            if log_rejections:
+                logger.warning("rejected %s: %s", b.key, exc)
+    logger.info("%d batch(es) read on the cluster, %d rejected, %d skipped", len(scored.batches),
+                len(scored.rejected), len(scored.skipped))
+    return placed.rows, scored
+
+
+def _check_gone_here_too(store, b: TargetBatch, exc: BaseException) -> None:
+    """PartitionError when a batch a worker could not find, or found changed, is here unchanged."""
+    try:
+        here = store.exists(b.key) and store.checksum(b.key) == b.checksum
+    except Exception:          # this process cannot tell either: the batch is skipped, as one process would
+        return
+    if here:
+        raise PartitionError(f"a worker could not read {store.url(b.key)} as listed ({type(exc).__name__}: {exc}), "
+                             "but this process reads it unchanged: the workers do not see the store as the flow does "
+                             "(another endpoint, bucket or credentials, or a folder not on a disk they share). "
+                             f"Nothing was counted. Fix: give the workers the flow's store settings, or {WITHOUT_DASK}.")
+
+
+def calibrated_target(R: PartitionedRows, bundle: ReferenceBundle) -> Target:
+    """The target of raw outputs ``R`` on the cluster, with their calibrated probabilities made once where they live
+    and kept there (:func:`~tasks.reestimation.cluster.kept_rows`: the rows of ``Target.from_partitioned_outputs``,
+    which would calibrate them again in every pass)."""
+    return Target(kept_rows(R, calibrated_probs, bundle.calibrator, dtype=np.float32), R)
 
 
 #: what a worker's read of a batch may raise and still leave the run going, as one process's scoring: gone or

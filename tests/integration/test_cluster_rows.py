@@ -235,9 +235,40 @@ def test_kept_rows_are_transformed_once_where_they_live_and_give_the_derived_row
     for a, b in zip(sums[-1], derived):
         np.testing.assert_allclose(a, b, rtol=1e-12)
     assert kept.shape == R.shape and kept.partition_rows == R.partition_rows and kept.dtype == np.float32
-    with pytest.raises(ValueError, match="boom"):
+    with pytest.raises(PartitionError, match=r"partition 0: _fails failed on its worker \(ValueError: boom\)"):
         cluster.kept_rows(R, _fails, "boom")
 
 
 def _fails(B, message):
     raise ValueError(message)
+
+
+def _load_or_fail(kind: str, rows: int):
+    """A partition source: ``rows`` rows, or the error of a batch that fails its checks, or of an unreadable store."""
+    from labelshift.errors import StorageError
+
+    if kind == "bad":
+        raise InputError("this batch fails its checks")
+    if kind == "unreadable":
+        raise StorageError("the store did not answer")
+    return np.full((rows, K), 1.0 / K)
+
+
+def test_partitions_set_aside_by_their_error_and_the_others_kept_in_order(client):
+    """cluster_rows_setting_aside: a partition whose load raised an error ``set_aside`` takes is left out (with its
+    exception), the others kept in their order with their names; none kept -> no rows; another error -> the
+    PartitionError of cluster_rows, naming the partition."""
+    def sources(*kinds):
+        return [cluster.PartitionSource(_load_or_fail, (kind, 10 + i), f"batch-{i}") for i, kind in enumerate(kinds)]
+
+    def takes(exc):
+        return isinstance(exc, InputError)
+
+    placed = cluster.cluster_rows_setting_aside(client, sources("ok", "bad", "ok", "bad"), takes)
+    assert placed.kept == (0, 2) and sorted(placed.set_aside) == [1, 3]
+    assert isinstance(placed.set_aside[1], InputError) and "fails its checks" in str(placed.set_aside[1])
+    assert placed.rows.names == ("batch-0", "batch-2") and placed.rows.partition_rows == (10, 12)
+    assert placed.rows.run(len) == [10, 12]
+    assert cluster.cluster_rows_setting_aside(client, sources("bad", "bad"), takes).rows is None
+    with pytest.raises(PartitionError, match=r"batch-1 could not be loaded on the cluster \(StorageError: the store"):
+        cluster.cluster_rows_setting_aside(client, sources("ok", "unreadable", "bad"), takes)

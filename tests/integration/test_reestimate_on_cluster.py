@@ -2,8 +2,8 @@
 process, end to end on SeaweedFS S3, an MLflow server and Prefect: the same prediction logs under two targets give
 the same verdict and prior (to 1e-9: the passes' sums differ only in their grouping, and each MLLS solve ends within
 2 tol = 2e-10 of its fixed point), the same corrected outputs (written by the workers beside their batches), and one
-commit each; a scheduler that does not answer, a batch a worker cannot read and a setting the cluster cannot do yet
-each fail clearly, with nothing written and no MLflow run left RUNNING; a batch that fails its checks is quarantined
+commit each; a scheduler that does not answer, a batch that fails its checks with ``on_invalid="error"`` and a
+setting the cluster cannot do yet each fail clearly, with nothing written and no MLflow run left RUNNING; a batch that fails its checks is quarantined
 as one process quarantines it (or fails the run with ``on_invalid="error"``).
 
 Data: Gaussian logits of 4 classes (``tests/fixtures/draws.py``), continuous, so no row repeats. The holdout is
@@ -184,12 +184,18 @@ def test_a_bad_batch_is_quarantined_on_the_cluster_as_in_one_process(prefect_ser
     assert a["verdict"] == b["verdict"] and _largest_difference(a["result"], b["result"]) < 1e-8
     assert [r["key"].replace("q1/", "") for r in a["rejected"]] == [r["key"].replace("qn/", "")
                                                                    for r in b["rejected"]] == ["day-9.parquet"]
+    assert [r["reason"].replace("q1/", "") for r in a["rejected"]] == [r["reason"].replace("qn/", "")
+                                                                      for r in b["rejected"]]      # the same reason
     for prefix in ("q1/", "qn/"):
         mark = json.loads(_get(seaweed, s3_bucket, f"{prefix}_labelshift/watermark.json"))
         assert sorted(mark["processed"]) == ["day-0.parquet", "day-1.parquet"]
         assert list(mark["rejected"]) == ["day-9.parquet"]
     assert _run(reference, f"s3://{s3_bucket}/qn/", dask=client.scheduler.address).name == "No new data"
-    seaweed.client().put_object(Bucket=s3_bucket, Key="bad/day-0.parquet", Body=b"not parquet either")
-    state = _run(reference, f"s3://{s3_bucket}/bad/", dask=client.scheduler.address)
-    assert state.name == "No valid data" and "day-0.parquet" in state.message, state.message
+    for prefix, dask in (("bad1/", None), ("badn/", client.scheduler.address)):
+        seaweed.client().put_object(Bucket=s3_bucket, Key=f"{prefix}day-0.parquet", Body=b"not parquet either")
+        state = _run(reference, f"s3://{s3_bucket}/{prefix}", **({"dask": dask} if dask else {}))
+        assert state.name == "No valid data" and "day-0.parquet" in state.message, state.message
+        mark = json.loads(_get(seaweed, s3_bucket, f"{prefix}_labelshift/watermark.json"))
+        assert list(mark["rejected"]) == ["day-0.parquet"] and not mark["processed"]      # held, not counted
+        assert _run(reference, f"s3://{s3_bucket}/{prefix}", **({"dask": dask} if dask else {})).name == "No new data"
     assert not _running(reference["tracking_uri"])

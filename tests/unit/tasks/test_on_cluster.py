@@ -46,3 +46,20 @@ def test_models_scored_from_inputs_and_mixed_formats_are_refused_before_anything
         check_clusterable(torch_like, "s3://b/t/", batches, "bootstrap")
     with pytest.raises(InputError):
         check_clusterable(torch_like, "s3://b/t/", [*batches, TargetBatch("c.npy", "2" * 64)])
+
+
+def test_a_batch_the_workers_cannot_find_but_this_process_reads_unchanged_fails_the_run(tmp_path):
+    """The workers see another store than the flow (another endpoint or bucket, a folder not on their disk): their
+    ObjectNotFoundError is not a batch gone since the listing, and says so; a batch gone here too is skipped."""
+    from labelshift.errors import ObjectNotFoundError, PartitionError
+    from labelshift.storage import LocalStore
+    from tasks.reestimation.on_cluster import _check_gone_here_too
+
+    store = LocalStore(tmp_path)
+    store.put_bytes("day-0.npy", b"rows")
+    listed = TargetBatch("day-0.npy", store.checksum("day-0.npy"))
+    with pytest.raises(PartitionError, match="this process reads it unchanged: the workers do not see the store as "
+                                             "the flow does.*run without dask"):
+        _check_gone_here_too(store, listed, ObjectNotFoundError("no object"))
+    store.delete("day-0.npy")
+    _check_gone_here_too(store, listed, ObjectNotFoundError("no object"))        # gone here too: skipped
