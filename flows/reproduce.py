@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from contextlib import nullcontext
 
 from prefect import flow, unmapped
@@ -49,14 +50,15 @@ ENV_DASK = settings_mod.ENV_DASK
 #: the defaults of every parameter (also those of ``labelshift reproduce`` and ``make run``)
 DEFAULTS = ReproduceParameters()
 
-#: the sweeps running in this process: flow run id -> [tracking URI, MLflow parent run id once created]
+#: the sweeps running in this process: a key of each -> [tracking URI, MLflow parent run id once created, flow run
+#: id ("" outside a Prefect flow run)]
 _ACTIVE: dict[str, list] = {}
 
 
 def active_sweeps() -> list[tuple[str, str | None, str]]:
     """``(tracking_uri, parent_run_id or None, flow_run_id)`` of the sweeps running in this process, for an interrupt
     handler that must close their MLflow runs itself (:func:`~tasks.sweep.runs.fail_sweep_runs`)."""
-    return [(uri, parent, flow_run_id) for flow_run_id, (uri, parent) in list(_ACTIVE.items())]
+    return [(uri, parent, flow_run_id) for uri, parent, flow_run_id in list(_ACTIVE.values())]
 
 
 def _workers() -> int:
@@ -252,11 +254,12 @@ def reproduce(
     # 1. the settings of each experiment (Section 6: the x values with the fixed m or p_t(y=1) filled in), cut
     #    into estimation tasks of a few tenths of a second (groups of settings x chunks of seeds)
     plan = plan_tasks(p)
-    runs, _ACTIVE[flow_run_id] = None, [env.tracking_uri, None]
+    runs, key = None, flow_run_id or uuid.uuid4().hex
+    _ACTIVE[key] = [env.tracking_uri, None, flow_run_id]
     try:
         # 2. MLflow first: parent run for the sweep, a child run per method; their ids go explicitly to every task
         runs = _start_runs(p, env, plan, flow_run_id, flow_run_name, prefect_url)
-        _ACTIVE[flow_run_id][1] = runs["parent_run_id"]
+        _ACTIVE[key][1] = runs["parent_run_id"]
         ui = _say_where(env, runs)
         # 3. fan-out: estimate every method on every (setting, seed), all experiments submitted at once
         pending, models = _submit_estimations(p, env, runs, plan)
@@ -269,7 +272,7 @@ def reproduce(
         _fail_runs(exc, env, runs, flow_run_id)       # never left RUNNING
         raise
     finally:
-        _ACTIVE.pop(flow_run_id, None)
+        _ACTIVE.pop(key, None)
     return _result(env, runs, ui, stored, files, summary_rows, models, t_start)
 
 

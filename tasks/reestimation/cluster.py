@@ -26,8 +26,8 @@ from labelshift.errors import InputError, PartitionError, ServiceUnavailableErro
 from labelshift.partitions import PartitionedRows, arguments_of
 
 __all__ = ["PartitionSource", "PartitionInfo", "npy_partition", "load_npy", "describe_partition", "connect",
-           "local_cluster", "ClusterRunner", "cluster_rows", "cluster_rows_setting_aside", "PlacedRows",
-           "kept_rows", "CONNECT_S", "LOAD_S", "FAST_PASSES"]
+           "local_cluster", "ClusterRunner", "cluster_rows", "cluster_rows_setting_aside", "PlacedRows", "SetAside",
+           "load_setting_aside", "kept_rows", "CONNECT_S", "LOAD_S", "FAST_PASSES"]
 
 #: seconds to wait for a Dask scheduler to accept the client
 CONNECT_S = 20.0
@@ -69,8 +69,26 @@ def npy_partition(path) -> PartitionSource:
     return PartitionSource(load_npy, (str(path),), str(path))
 
 
-def describe_partition(part) -> PartitionInfo:
-    """The shape and dtype of what a partition's source returned (run on the worker holding it)."""
+class SetAside(NamedTuple):
+    """What a partition's load returns in place of rows when it raised an error of the kinds set aside: the error,
+    returned as a value (a task's error would be logged by the worker as a failure, and Dask rebuilds a long one)."""
+
+    error: BaseException
+
+
+def load_setting_aside(load: Callable, kinds: tuple, *args):
+    """``load(*args)``, or :class:`SetAside` of its error when that is one of ``kinds`` (run on a worker)."""
+    try:
+        return load(*args)
+    except kinds as exc:
+        return SetAside(exc)
+
+
+def describe_partition(part) -> PartitionInfo | SetAside:
+    """The shape and dtype of what a partition's source returned (run on the worker holding it); a load set aside as
+    it is."""
+    if isinstance(part, SetAside):
+        return part
     return PartitionInfo(tuple(int(s) for s in np.shape(part)), str(getattr(part, "dtype", type(part).__name__)))
 
 
@@ -134,7 +152,7 @@ def cluster_rows(client, partitions: Sequence[np.ndarray | PartitionSource], *, 
     the first partition that failed to load (with the source's exception) or did not load within ``timeout``
     seconds, InputError naming a partition of the wrong shape or dtype.
     """
-    return cluster_rows_setting_aside(client, partitions, lambda exc: False, timeout=timeout).rows
+    return cluster_rows_setting_aside(client, partitions, (), timeout=timeout).rows
 
 
 class PlacedRows(NamedTuple):
@@ -147,23 +165,23 @@ class PlacedRows(NamedTuple):
 
 
 def cluster_rows_setting_aside(client, partitions: Sequence[np.ndarray | PartitionSource],
-                               set_aside: Callable[[BaseException], bool], *, timeout: float = LOAD_S) -> PlacedRows:
-    """:func:`cluster_rows`, except that a partition whose load raised an exception for which ``set_aside(exc)`` is
-    true is left out (and its exception returned) instead of failing the placing: a batch that fails its checks,
+                               set_aside: tuple[type[BaseException], ...], *, timeout: float = LOAD_S) -> PlacedRows:
+    """:func:`cluster_rows`, except that a source whose load raises an error of the kinds ``set_aside`` is left out
+    (its error returned, as a value from the worker) instead of failing the placing: a batch that fails its checks,
     quarantined as one process quarantines it. Any other failed load raises the PartitionError of cluster_rows."""
     if not partitions:
         raise InputError("no partitions: pass at least one array or PartitionSource.")
     _check_client(client)
     names = tuple((p.name if isinstance(p, PartitionSource) else "") or f"partition {i}"
                   for i, p in enumerate(partitions))
-    futures = _place(client, partitions, names)
+    futures = _place(client, partitions, names, tuple(set_aside))
     outcomes = _load_outcomes(client, futures, names, timeout)
-    aside = {i: o for i, o in enumerate(outcomes) if isinstance(o, BaseException) and set_aside(o)}
     for name, outcome in zip(names, outcomes):
-        if isinstance(outcome, BaseException) and not set_aside(outcome):
+        if isinstance(outcome, BaseException):
             raise PartitionError(f"{name} could not be loaded on the cluster ({type(outcome).__name__}: {outcome}). "
                                  "Fix: make its source readable from every worker (a path on a disk they share, or an "
                                  "object store URI with the workers' credentials), or leave the partition out.")
+    aside = {i: o.error for i, o in enumerate(outcomes) if isinstance(o, SetAside)}
     kept = tuple(i for i in range(len(partitions)) if i not in aside)
     if not kept:
         return PlacedRows(None, kept, aside)
@@ -184,13 +202,15 @@ def _check_client(client) -> None:
                                       "(`dask worker ADDRESS`) before placing partitions.")
 
 
-def _place(client, partitions, names) -> list:
-    """One future per partition: arrays scattered, sources submitted as load tasks named after the partition."""
+def _place(client, partitions, names, set_aside: tuple = ()) -> list:
+    """One future per partition: arrays scattered, sources submitted as load tasks named after the partition (through
+    :func:`load_setting_aside` when errors are to be set aside)."""
     run_id = uuid.uuid4().hex[:8]
     futures = []
     for i, (part, name) in enumerate(zip(partitions, names)):
         if isinstance(part, PartitionSource):
-            futures.append(client.submit(part.load, *part.args, pure=False, key=f"labelshift-partition-{i}-{run_id}"))
+            call = (load_setting_aside, part.load, set_aside, *part.args) if set_aside else (part.load, *part.args)
+            futures.append(client.submit(*call, pure=False, key=f"labelshift-partition-{i}-{run_id}"))
         elif isinstance(part, np.ndarray):
             futures.append(client.scatter(part, hash=False))
         else:
@@ -200,7 +220,8 @@ def _place(client, partitions, names) -> list:
 
 
 def _load_outcomes(client, futures, names, timeout: float) -> list:
-    """Each partition's :class:`PartitionInfo`, or the exception its load raised, once all have ended;
+    """Each partition's :class:`PartitionInfo` (or :class:`SetAside`), or the exception its load raised, once all
+    have ended;
     PartitionError for partitions still loading after ``timeout`` seconds."""
     from distributed import wait
 

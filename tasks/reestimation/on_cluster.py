@@ -116,7 +116,7 @@ def cluster_target(client, bundle: ReferenceBundle, store, batches: Sequence[Tar
     PartitionError naming it. :func:`calibrated_target` makes the target of the kept rows."""
     sources = [PartitionSource(load_log_partition, (store.uri, b, bundle.spec), store.url(b.key)) for b in batches]
     try:
-        placed = cluster_rows_setting_aside(client, sources, lambda exc: isinstance(exc, _SET_ASIDE))
+        placed = cluster_rows_setting_aside(client, sources, _SET_ASIDE)
     except PartitionError as exc:
         raise PartitionError(f"{exc} Nothing was counted: fix the batch or the workers' access to it and run again, "
                              f"or {WITHOUT_DASK}.") from None

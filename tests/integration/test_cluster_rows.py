@@ -248,25 +248,26 @@ def _load_or_fail(kind: str, rows: int):
     from labelshift.errors import StorageError
 
     if kind == "bad":
-        raise InputError("this batch fails its checks")
+        raise InputError("this batch fails its checks" + " because" * 2500)
     if kind == "unreadable":
         raise StorageError("the store did not answer")
     return np.full((rows, K), 1.0 / K)
 
 
 def test_partitions_set_aside_by_their_error_and_the_others_kept_in_order(client):
-    """cluster_rows_setting_aside: a partition whose load raised an error ``set_aside`` takes is left out (with its
-    exception), the others kept in their order with their names; none kept -> no rows; another error -> the
-    PartitionError of cluster_rows, naming the partition."""
+    """cluster_rows_setting_aside: a partition whose load raised an error of the kinds set aside is left out (its
+    error returned as a value, whole: a message of 20,000 characters, which Dask would rebuild as a task's error),
+    the others kept in their order with their names; none kept -> no rows; another error -> the PartitionError of
+    cluster_rows, naming the partition."""
     def sources(*kinds):
         return [cluster.PartitionSource(_load_or_fail, (kind, 10 + i), f"batch-{i}") for i, kind in enumerate(kinds)]
 
-    def takes(exc):
-        return isinstance(exc, InputError)
+    takes = (InputError,)
 
     placed = cluster.cluster_rows_setting_aside(client, sources("ok", "bad", "ok", "bad"), takes)
     assert placed.kept == (0, 2) and sorted(placed.set_aside) == [1, 3]
-    assert isinstance(placed.set_aside[1], InputError) and "fails its checks" in str(placed.set_aside[1])
+    assert isinstance(placed.set_aside[1], InputError) and str(placed.set_aside[1]).startswith("this batch fails")
+    assert len(str(placed.set_aside[3])) == len("this batch fails its checks") + 8 * 2500
     assert placed.rows.names == ("batch-0", "batch-2") and placed.rows.partition_rows == (10, 12)
     assert placed.rows.run(len) == [10, 12]
     assert cluster.cluster_rows_setting_aside(client, sources("bad", "bad"), takes).rows is None
