@@ -379,7 +379,8 @@ def test_sigterm_or_a_lost_server_stops_reproduce_cleanly(setting, tmp_path, how
     assert result["gone"], f"still running after {ORPHAN_LIMIT_S} s: {result['left']}"
     runs = _sweep_runs(home)
     ended = {"KILLED"} if how == "SIGTERM" else {"KILLED", "FAILED"}   # tasks may fail first without their server
-    assert runs and all(r.info.status in ended for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+    assert runs and all(r.info.status in ended for r in runs), ([(r.info.run_name, r.info.status) for r in runs],
+                                                                 result["stderr"][-3000:])
     print(f"reproduce, {how}: exit {result['returncode']} {result['ended_s']:.1f} s after, {len(runs)} runs KILLED")
 
 
