@@ -173,15 +173,25 @@ def registry_refused(exc: BaseException) -> bool:
     return getattr(exc, "error_code", None) == "PERMISSION_DENIED"
 
 
-def end_runs_of_flow_run(tracking_uri: str, flow_run_id: str, status: str = "KILLED") -> list[str]:
-    """End as ``status`` every MLflow run still RUNNING that the flow run ``flow_run_id`` wrote (tag
-    :data:`FLOW_RUN_TAG`), in any experiment (its process was killed before it could). Returns their ids."""
-    client = MlflowClient(tracking_uri)
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    if not experiments or not re.fullmatch(r"[0-9a-fA-F-]{1,64}", flow_run_id):
+def running_runs_of_flow_run(client: MlflowClient, flow_run_id: str, search=None) -> list:
+    """The MLflow runs still RUNNING that the flow run ``flow_run_id`` wrote (tag :data:`FLOW_RUN_TAG`), in any
+    experiment; none for an id that is not one. ``search(call)`` makes each request (default: as it is)."""
+    search = search or (lambda call: call())
+    if not re.fullmatch(r"[0-9a-fA-F-]{1,64}", flow_run_id or ""):
         return []
-    found = client.search_runs(experiments, filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}' and "
-                                                          "attributes.status = 'RUNNING'", max_results=1000)
+    experiments = [e.experiment_id for e in search(client.search_experiments)]
+    if not experiments:
+        return []
+    return search(lambda: client.search_runs(
+        experiments, filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}' and attributes.status = 'RUNNING'",
+        max_results=10_000))
+
+
+def end_runs_of_flow_run(tracking_uri: str, flow_run_id: str, status: str = "KILLED") -> list[str]:
+    """End as ``status`` every MLflow run still RUNNING that the flow run ``flow_run_id`` wrote
+    (:func:`running_runs_of_flow_run`; its process was killed before it could). Returns their ids."""
+    client = MlflowClient(tracking_uri)
+    found = running_runs_of_flow_run(client, flow_run_id)
     for run in found:
         client.set_terminated(run.info.run_id, status=status)
     return [run.info.run_id for run in found]

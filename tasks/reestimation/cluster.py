@@ -37,8 +37,8 @@ LOAD_S = 600.0
 
 #: Dask's nanny starts each worker with MALLOC_TRIM_THRESHOLD_=65536 (memory handed back to the system at once);
 #: glibc then maps every block temporary of a pass afresh, and a pass over the rows costs 1.55x-2.24x as much
-#: (10M and 100M rows, idle and loaded) (measured: benchmarks/README.md, "Rows on a cluster"). The workers this module starts go
-#: without it; infra/dask/labelshift.yaml does the same for workers started by hand (docs/operations.md).
+#: (10M and 100M rows, idle and loaded; benchmarks/README.md, "Rows on a cluster"). The workers this module starts
+#: go without it; infra/dask/labelshift.yaml does the same for workers started by hand (docs/operations.md).
 _TRIM = "MALLOC_TRIM_THRESHOLD_"
 FAST_PASSES = {f"distributed.nanny.pre-spawn-environ.{_TRIM}": None}
 
@@ -221,8 +221,7 @@ def _place(client, partitions, names, set_aside: tuple = ()) -> list:
 
 def _load_outcomes(client, futures, names, timeout: float) -> list:
     """Each partition's :class:`PartitionInfo` (or :class:`SetAside`), or the exception its load raised, once all
-    have ended;
-    PartitionError for partitions still loading after ``timeout`` seconds."""
+    have ended; PartitionError for partitions still loading after ``timeout`` seconds."""
     from distributed import wait
 
     described = [client.submit(describe_partition, f, pure=False) for f in futures]

@@ -26,14 +26,14 @@ import numpy as np
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError, PartitionError
 from labelshift.inference.holdout import Target, calibrated_probs
 from labelshift.monitoring.batches import batch_format, check_one_format, iter_output_chunks
-from labelshift.monitoring.layout import ChangedBatchError, RejectedBatch, TargetBatch
+from labelshift.monitoring.layout import ChangedBatchError, TargetBatch
 from labelshift.partitions import NOT_PARTITIONED, PartitionedRows, PerPartition
 from labelshift.storage import open_store
 from labelshift_mlflow.references import ReferenceBundle
 from tasks.reestimation import cluster as adapter
 from tasks.reestimation.cluster import PartitionSource, cluster_rows_setting_aside, kept_rows
 from tasks.reestimation.outputs import write_corrected_partition
-from tasks.reestimation.scoring import ScoredBatches, download_batch
+from tasks.reestimation.scoring import ScoredBatches, download_batch, reject_batch, skip_batch
 
 __all__ = ["cluster_client", "check_clusterable", "load_log_partition", "cluster_target", "calibrated_target",
            "not_partitioned_yet",
@@ -125,12 +125,9 @@ def cluster_target(client, bundle: ReferenceBundle, store, batches: Sequence[Tar
         b = batches[i]
         if isinstance(exc, (ObjectNotFoundError, ChangedBatchError)):
             _check_gone_here_too(store, b, exc)
-            scored.skipped.append({"key": b.key, "reason": str(exc)})
-            logger.warning("skipped %s: %s", b.key, exc)
+            skip_batch(scored, b, exc, logger)
         else:
-            scored.rejected.append(RejectedBatch(b, str(exc)))
-            if log_rejections:
-                logger.warning("rejected %s: %s", b.key, exc)
+            reject_batch(scored, b, exc, logger if log_rejections else None)
     logger.info("%d batch(es) read on the cluster, %d rejected, %d skipped", len(scored.batches),
                 len(scored.rejected), len(scored.skipped))
     return placed.rows, scored

@@ -122,12 +122,14 @@ def download_batch(store, b: TargetBatch, folder: Path, name: str) -> Path:
     return path
 
 
-def _skip(out: ScoredBatches, b: TargetBatch, exc: Exception, logger) -> None:
+def skip_batch(out: ScoredBatches, b: TargetBatch, exc: Exception, logger) -> None:
+    """Record ``b`` as skipped (gone or replaced since the listing) with the reason, and say so."""
     out.skipped.append({"key": b.key, "reason": str(exc)})
     logger.warning("skipped %s: %s", b.key, exc)
 
 
-def _reject(out: ScoredBatches, b: TargetBatch, exc: Exception, logger) -> None:
+def reject_batch(out: ScoredBatches, b: TargetBatch, exc: Exception, logger) -> None:
+    """Record ``b`` as rejected (it failed its checks) with the reason; said when ``logger`` is given."""
     out.rejected.append(RejectedBatch(b, str(exc)))
     if logger is not None:              # in strict mode the flow reports every rejection at once, in its error
         logger.warning("rejected %s: %s", b.key, exc)
@@ -174,9 +176,9 @@ def _downloaded(store, batches: list[TargetBatch], folder: Path, out: ScoredBatc
     files = []
     for b, got in mapped(DOWNLOAD_THREADS, one, enumerate(batches)):
         if isinstance(got, (ObjectNotFoundError, ChangedBatchError)):
-            _skip(out, b, got, logger)
+            skip_batch(out, b, got, logger)
         elif isinstance(got, Exception):
-            _reject(out, b, got, reject_logger)
+            reject_batch(out, b, got, reject_logger)
         else:
             files.append(got)
     return files
@@ -226,7 +228,7 @@ def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out:
         at = 0
         for (b, _, _, _, n), start, exc in zip(files, starts[:-1], failed):
             if exc is not None:
-                _reject(out, b, exc, reject_logger)
+                reject_batch(out, b, exc, reject_logger)
                 continue
             if start != at:        # after a rejected batch: its rows move up
                 _move_rows(pooled, start, at, n)
@@ -288,10 +290,10 @@ def score_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], 
             try:
                 probs = _score_batch(bundle, store, b, batch_size, raw)
             except (ObjectNotFoundError, ChangedBatchError) as exc:
-                _skip(out, b, exc, logger)
+                skip_batch(out, b, exc, logger)
                 continue
             except (FormatError, InputError) as exc:
-                _reject(out, b, exc, reject_logger)
+                reject_batch(out, b, exc, reject_logger)
                 continue
             out.probs.append(probs)
             out.outputs.append(np.concatenate(raw))

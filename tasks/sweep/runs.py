@@ -17,7 +17,6 @@ thread-local and Prefect runs tasks on worker threads, so the fluent API would l
 from __future__ import annotations
 
 import math
-import re
 import time
 from pathlib import Path
 
@@ -26,8 +25,8 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.tracking import (EXPERIMENT_KIND_TAG, FLOW_RUN_TAG, MODEL_TRAINING_KIND, check_tracking_server, ended_status,
-                            experiment_id, log_bytes, mark_model_training)
+from tasks.tracking import (EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, check_tracking_server, ended_status,
+                            experiment_id, log_bytes, mark_model_training, running_runs_of_flow_run)
 
 __all__ = ["X_NAMES", "start_sweep_runs", "log_experiment", "finish_sweep_runs", "fail_sweep_runs", "metric_steps",
            "method_figure_path"]
@@ -188,11 +187,7 @@ def fail_sweep_runs(tracking_uri: str, parent_run_id: str | None, message: str, 
                                       filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
                                       max_results=10_000)
         found.update((run.info.run_id, run) for run in [*children, parent])
-    if flow_run_id and re.fullmatch(r"[0-9a-fA-F-]{1,64}", flow_run_id):
-        experiments = [e.experiment_id for e in client.search_experiments()]
-        found.update((run.info.run_id, run) for run in client.search_runs(
-            experiments, filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}' and attributes.status = 'RUNNING'",
-            max_results=10_000))
+    found.update((run.info.run_id, run) for run in running_runs_of_flow_run(client, flow_run_id))
     closed = []
     for run_id, run in found.items():
         if run.info.status in ("RUNNING", "SCHEDULED"):
