@@ -20,8 +20,6 @@
 # annotations of a module it loads by file path, where string annotations naming this module's aliases would not
 # resolve
 import logging
-import signal
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,6 +52,7 @@ from labelshift_mlflow.references import ReferenceBundle
 from labelshift_mlflow.registry import ModelBundle, parse_model_uri, registered_name
 from runtime import environment as settings_mod
 from runtime.environment import Settings
+from runtime.signals import stops_held, stops_outside
 from tasks.reestimation.alerts import emit_verdict
 from tasks.reestimation.assessment import estimate_shift
 from tasks.reestimation.on_cluster import (calibrated_target, check_clusterable, cluster_client, cluster_target,
@@ -118,24 +117,10 @@ def last_committed_sequence() -> int | None:
     return _LAST_COMMITTED.get("sequence")
 
 
-@contextmanager
-def _sigterm_held():
-    """SIGTERM held back (pending) on the main thread within the block, so that a commit and the record of it are
-    not cut in two; delivered when the block ends (one conditional write and its read-back, bounded in time)."""
-    main = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask")
-    if main:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
-        yield
-    finally:
-        if main:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-
-
 def _commit(store, watermark, batches, record, mlflow_run_id, rejected=()):
     """Move the watermark. If the commit raises after its write landed (the watermark's last entry is this run's),
     the run goes on as committed. That check reads once, without retries (the commit spent them)."""
-    with _sigterm_held():
+    with stops_held():                              # the commit and its record are not cut in two
         try:
             committed = commit_watermark(store, watermark, batches, record, rejected=rejected)
         except Exception:
@@ -626,18 +611,19 @@ def reestimate(
     target, batches, sequence, the estimate with intervals, test and identifiability, the MLflow ids and the output
     locations.
     """
-    run = _begin(parameters_of(ReestimateParameters, {k: v for k, v in locals().items()
-                                                      if k in ReestimateParameters.model_fields}))
-    batches = _new_batches(run)                                     # 2. what is new for this model
-    if not batches:
-        return _no_new_data(run)
-    plan = _prepare(run, batches)                                   # 2. its files and checks
-    with _ends_the_mlflow_run_on_failure(run, before_commit=True):
-        run.mlflow = _start_run(run, len(plan.batches))             # 2. the MLflow run
-        outcome = _assess_and_commit(run, plan)                     # 2.-6. score ... move the watermark
-    if outcome.committed is None:
-        return _no_valid_data(run, outcome.summary)
-    with _ends_the_mlflow_run_on_failure(run, before_commit=False):
-        _after_commit(run, outcome.summary, outcome.committed)      # 7. bookkeeping that cannot fail the run
-    return _complete(run, outcome.summary)
+    with stops_outside():                           # a stop never lands inside the database driver
+        run = _begin(parameters_of(ReestimateParameters, {k: v for k, v in locals().items()
+                                                          if k in ReestimateParameters.model_fields}))
+        batches = _new_batches(run)                                     # 2. what is new for this model
+        if not batches:
+            return _no_new_data(run)
+        plan = _prepare(run, batches)                                   # 2. its files and checks
+        with _ends_the_mlflow_run_on_failure(run, before_commit=True):
+            run.mlflow = _start_run(run, len(plan.batches))             # 2. the MLflow run
+            outcome = _assess_and_commit(run, plan)                     # 2.-6. score ... move the watermark
+        if outcome.committed is None:
+            return _no_valid_data(run, outcome.summary)
+        with _ends_the_mlflow_run_on_failure(run, before_commit=False):
+            _after_commit(run, outcome.summary, outcome.committed)      # 7. bookkeeping that cannot fail the run
+        return _complete(run, outcome.summary)
 

@@ -21,6 +21,7 @@ from prefect import flow, unmapped
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from runtime import environment as settings_mod
+from runtime.signals import stops_outside
 from flows.links import flow_run_info, mlflow_links, prefect_flow_run_url
 from flows.plan import plan as plan_tasks
 from flows.params import (AlphaValuesParam, BaseSeedParam, BinsValuesParam, CalibratorsParam, DatasetParam,
@@ -244,36 +245,37 @@ def reproduce(
     Returns:
         A dict with the MLflow ids and URIs, the store folder, the figures written and the summary rows.
     """
-    p = ReproduceParameters(**{name: value for name, value in locals().items()
-                               if name in ReproduceParameters.model_fields})
-    env = settings_mod.resolve(store_uri=p.store, tracking_uri=p.tracking_uri, experiment_name=p.mlflow_experiment)
-    check_store_uri(env.store_uri)
-    flow_run_id, flow_run_name = (value or "" for value in flow_run_info())
-    prefect_url, t_start = prefect_flow_run_url(flow_run_id), time.perf_counter()
+    with stops_outside():                           # a stop never lands inside the database driver
+        p = ReproduceParameters(**{name: value for name, value in locals().items()
+                                   if name in ReproduceParameters.model_fields})
+        env = settings_mod.resolve(store_uri=p.store, tracking_uri=p.tracking_uri, experiment_name=p.mlflow_experiment)
+        check_store_uri(env.store_uri)
+        flow_run_id, flow_run_name = (value or "" for value in flow_run_info())
+        prefect_url, t_start = prefect_flow_run_url(flow_run_id), time.perf_counter()
 
-    # 1. the settings of each experiment (Section 6: the x values with the fixed m or p_t(y=1) filled in), cut
-    #    into estimation tasks of a few tenths of a second (groups of settings x chunks of seeds)
-    plan = plan_tasks(p)
-    runs, key = None, flow_run_id or uuid.uuid4().hex
-    _ACTIVE[key] = [env.tracking_uri, None, flow_run_id]
-    try:
-        # 2. MLflow first: parent run for the sweep, a child run per method; their ids go explicitly to every task
-        runs = _start_runs(p, env, plan, flow_run_id, flow_run_name, prefect_url)
-        _ACTIVE[key][1] = runs["parent_run_id"]
-        ui = _say_where(env, runs)
-        # 3. fan-out: estimate every method on every (setting, seed), all experiments submitted at once
-        pending, models = _submit_estimations(p, env, runs, plan)
-        # 4. per experiment, as it finishes: join the seed chunks, aggregate, draw, log, store
-        sweeps, files = _collect_experiments(p, env, runs, pending, t_start)
-        # 5. the summary: store, Prefect artifact, MLflow (runs end FINISHED)
-        summary_rows = [dict(row, experiment=s.kind) for s in sweeps for row in s.to_records()]
-        stored = _publish(p, env, runs, sweeps, files, models, summary_rows, flow_run_id, prefect_url, t_start)
-    except BaseException as exc:
-        _fail_runs(exc, env, runs, flow_run_id)       # never left RUNNING
-        raise
-    finally:
-        _ACTIVE.pop(key, None)
-    return _result(env, runs, ui, stored, files, summary_rows, models, t_start)
+        # 1. the settings of each experiment (Section 6: the x values with the fixed m or p_t(y=1) filled in), cut
+        #    into estimation tasks of a few tenths of a second (groups of settings x chunks of seeds)
+        plan = plan_tasks(p)
+        runs, key = None, flow_run_id or uuid.uuid4().hex
+        _ACTIVE[key] = [env.tracking_uri, None, flow_run_id]
+        try:
+            # 2. MLflow first: parent run for the sweep, a child run per method; their ids go explicitly to every task
+            runs = _start_runs(p, env, plan, flow_run_id, flow_run_name, prefect_url)
+            _ACTIVE[key][1] = runs["parent_run_id"]
+            ui = _say_where(env, runs)
+            # 3. fan-out: estimate every method on every (setting, seed), all experiments submitted at once
+            pending, models = _submit_estimations(p, env, runs, plan)
+            # 4. per experiment, as it finishes: join the seed chunks, aggregate, draw, log, store
+            sweeps, files = _collect_experiments(p, env, runs, pending, t_start)
+            # 5. the summary: store, Prefect artifact, MLflow (runs end FINISHED)
+            summary_rows = [dict(row, experiment=s.kind) for s in sweeps for row in s.to_records()]
+            stored = _publish(p, env, runs, sweeps, files, models, summary_rows, flow_run_id, prefect_url, t_start)
+        except BaseException as exc:
+            _fail_runs(exc, env, runs, flow_run_id)       # never left RUNNING
+            raise
+        finally:
+            _ACTIVE.pop(key, None)
+        return _result(env, runs, ui, stored, files, summary_rows, models, t_start)
 
 
 def with_task_runner(dask: str | None = None):

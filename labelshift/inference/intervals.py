@@ -118,8 +118,9 @@ def pinned_bounds(P, w, H, p, free, z: float, *, rows_dot=None, m: int | None = 
 
     For each pinned y: the profile direction b (b_y = 1; the free coordinates follow the conditional mean of the
     normal approximation on F + {y}, b = Cov[:, y] / Cov[y, y], so p_s^T b = 0), and U_y is where
-    2 m [L_m(w_hat) - L_m(w_hat + t b)] reaches z^2, found by bisection on the exact log-likelihood (convex and
-    increasing in t >= 0), or the end of the segment inside W if it never does.
+    2 m [L_m(w_hat) - L_m(w_hat + t b)] reaches z^2 on the exact log-likelihood (convex and increasing in t >= 0;
+    bisection, or Newton's method on a large set: :func:`_bound`), or the end of the segment inside W if it never
+    does.
 
     ``rows_dot`` (with ``m``, and P None): v -> (m,) float64 f_i^T v (a (k, c) matrix V: (m, c)) for rows that are
     made block by block (the
@@ -149,7 +150,7 @@ def pinned_bounds(P, w, H, p, free, z: float, *, rows_dot=None, m: int | None = 
         fb = rows_dot(b)
         if large:
             fb /= fw
-        out[y] = _profile_bound(_likelihood_drop(fb, fw, base, m, large), _segment_end(w, b, p[y]), z * z, p[y])
+        out[y] = _bound(fb, fw, base, m, large, _segment_end(w, b, p[y]), z * z, p[y])
     return out
 
 
@@ -167,8 +168,7 @@ def _pinned_bounds_shared(rows_dot, w, H, p, free, z: float, m: int, large: bool
     out = np.full(len(w), np.nan)
     for j, y in enumerate(pinned):
         fb = FB[:, j + 1] / fw if large else np.ascontiguousarray(FB[:, j + 1])
-        out[y] = _profile_bound(_likelihood_drop(fb, fw, base, m, large), _segment_end(w, B[:, j + 1], p[y]), z * z,
-                                p[y])
+        out[y] = _bound(fb, fw, base, m, large, _segment_end(w, B[:, j + 1], p[y]), z * z, p[y])
     return out
 
 
@@ -190,7 +190,9 @@ def _pinned_bounds_partitioned(P, w, H, p, free, z: float) -> np.ndarray:
     else:
         B = np.column_stack([_profile_direction(H, p, _grown(free, int(y)), int(y)) for y in pinned])
     ends = np.array([_segment_end(w, B[:, j], p[y]) for j, y in enumerate(pinned)])
-    out[pinned] = np.minimum(_newton_roots(P, w, B, ends, z * z), 1.0 / p[pinned])
+    def sums(a, t):
+        return add_in_order(P.run(log1p_ratio_sums, w, B[:, a], t))
+    out[pinned] = np.minimum(_newton_roots(sums, ends, z * z), 1.0 / p[pinned])
     return out
 
 
@@ -200,9 +202,10 @@ def _grown(free: np.ndarray, y: int) -> np.ndarray:
     return grown
 
 
-def _newton_roots(P, w, B, ends: np.ndarray, target: float, rtol: float = 1e-12, passes: int = 200) -> np.ndarray:
-    """For each column b_j of B, the t in [0, ends_j] where the convex increasing drop_j(t) reaches ``target``
-    (ends_j where it never does), to ``rtol`` relative; one pass over the rows per step for the columns not yet done.
+def _newton_roots(sums, ends: np.ndarray, target: float, rtol: float = 1e-12, passes: int = 200) -> np.ndarray:
+    """For each direction j, the t in [0, ends_j] where the convex increasing drop_j(t) = -2 sum_i log(1 + t r_ij)
+    reaches ``target`` (ends_j where it never does), to ``rtol`` relative; ``sums(a, t_a)`` gives (sum_i log(1 + t r_ij),
+    sum_i r_ij / (1 + t r_ij)) for the directions ``a`` not yet done, one pass over the rows a step.
 
     Newton's method kept in a bracket [lo, hi] (lo = 0: drop_j(0) = 0 < target). From the right its iterates stay
     at or above the root. A step is replaced by the bracket's midpoint where it is not finite, leaves the bracket,
@@ -215,7 +218,7 @@ def _newton_roots(P, w, B, ends: np.ndarray, target: float, rtol: float = 1e-12,
     out, active = ends.copy(), np.ones(ends.size, dtype=bool)
     for step in range(passes):
         a = np.flatnonzero(active)
-        values, slopes = add_in_order(P.run(log1p_ratio_sums, w, B[:, a], t[a]))
+        values, slopes = sums(a, t[a])
         f, d = -2.0 * np.asarray(values) - target, -2.0 * np.asarray(slopes)
         ok = np.isfinite(f) & np.isfinite(d)
         below = ok & (f <= 0.0)
@@ -262,15 +265,31 @@ def _segment_end(w: np.ndarray, b: np.ndarray, p_y: float) -> float:
     return float(np.min(w[neg] / -b[neg])) if neg.any() else 1.0 / p_y
 
 
-def _likelihood_drop(fb: np.ndarray, fw: np.ndarray, base, m: int, large: bool):
-    """t -> 2 m [L_m(w_hat) - L_m(w_hat + t b)] from fb = f_i^T b (over f_i^T w when ``large``; then in row blocks,
-    no (m,) temporaries) and base = log f_i^T w; inf where not finite."""
+def _bound(fb: np.ndarray, fw: np.ndarray, base, m: int, large: bool, t_end: float, target: float,
+           p_y: float) -> float:
+    """U_y of one pinned class, at most 1 / p_s(y): on a large set (``fb`` = r_i = f_i^T b / f_i^T w_hat) Newton's
+    method (:func:`_newton_roots`: 7-8 passes over r where bisection took about 40); else bisection on the exact
+    log-likelihood (:func:`_profile_bound`, from ``fb`` = f_i^T b, ``fw`` and ``base`` = log f_i^T w_hat)."""
+    if not large:
+        return _profile_bound(_likelihood_drop(fb, fw, base), t_end, target, p_y)
+
+    def sums(a, t):
+        values, slopes = 0.0, 0.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for sl in _rows.blocks(m):
+                r = fb[sl]
+                values += float(np.sum(np.log1p(t[0] * r)))
+                slopes += float(np.sum(r / (1.0 + t[0] * r)))
+        return np.array([values]), np.array([slopes])
+    return min(float(_newton_roots(sums, np.array([t_end]), target)[0]), 1.0 / p_y)
+
+
+def _likelihood_drop(fb: np.ndarray, fw: np.ndarray, base):
+    """t -> 2 m [L_m(w_hat) - L_m(w_hat + t b)] from fb = f_i^T b, fw = f_i^T w_hat and base = log fw; inf where not
+    finite."""
     def drop(t):
         with np.errstate(divide="ignore", invalid="ignore"):
-            if large:
-                val = -2.0 * sum(float(np.sum(np.log1p(t * fb[sl]))) for sl in _rows.blocks(m))
-            else:
-                val = 2.0 * float(np.sum(base - np.log(fw + t * fb)))
+            val = 2.0 * float(np.sum(base - np.log(fw + t * fb)))
         return val if np.isfinite(val) else np.inf
     return drop
 
