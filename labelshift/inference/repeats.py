@@ -93,12 +93,21 @@ def _groups_equal(words: np.ndarray, order: np.ndarray, starts: np.ndarray) -> b
     return True
 
 
-def _sorted_groups(P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _all_distinct(h: np.ndarray) -> bool:
+    """Whether no two of the row hashes ``h`` are equal -- then no two rows are (equal rows hash alike); a sorted
+    copy, cheaper than the argsort that grouping needs."""
+    s = np.sort(h)
+    return not bool(np.any(s[1:] == s[:-1]))
+
+
+def _sorted_groups(P: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(order, starts): the rows in an order where equal rows are adjacent (a sort of a 64-bit hash of each row's
-    bytes, checked exactly; a collision falls back to sorting the bytes), and where each group starts in it. Lean:
-    a few (m,) integer arrays, never a copy of ``P``."""
+    bytes, checked exactly; a collision falls back to sorting the bytes), and where each group starts in it; None
+    when every row is distinct (:func:`_all_distinct`). Lean: a few (m,) integer arrays, never a copy of ``P``."""
     words = _row_words(P)
     h = _row_hash(words)
+    if _all_distinct(h):
+        return None
     order = np.argsort(h)
     h = h[order]                                                 # the hashes sorted (the unsorted ones freed)
     new = np.empty(h.size, bool)
@@ -128,7 +137,11 @@ def distinct_rows(P: np.ndarray, *, with_inverse: bool = True) -> tuple[np.ndarr
     if m == 0:
         empty = np.zeros(0, np.int64)
         return empty, (empty if with_inverse else None), empty
-    order, starts = _sorted_groups(P)
+    grouped = _sorted_groups(P)
+    if grouped is None:                                          # every row distinct: nothing to group
+        first = np.arange(m, dtype=np.int64)
+        return first, (first.copy() if with_inverse else None), np.ones(m, np.int64)
+    order, starts = grouped
     firsts = np.minimum.reduceat(order, starts)                  # each group's earliest row
     if not with_inverse:
         del order                                                # (m,) arrays freed as soon as they are used
