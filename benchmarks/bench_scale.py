@@ -19,10 +19,8 @@ What it does, in a temporary folder (nothing leaves loopback; every process it s
    * *in-memory* at ``--baseline-rows``: the same command on the code before streaming (``--baseline-ref``, a git
      revision, exported with ``git archive`` to the temporary folder): whole-batch reads, float64 probabilities,
      a pooled float64 copy, whole-array solver and statistics, corrected Parquet built in memory.
-4. profiles the steps of the streamed run in this process on the full-size data (the undecorated task functions
-   and the statistics one by one): download + read + calibrate, MLLS, cross-check, Fisher interval, no-shift test,
-   identifiability, writing the corrected outputs; the rest of the wall time is process start, imports, MLflow and
-   Prefect.
+4. runs the same command once more under cProfile and tables each step's cumulative time (:data:`STEPS`; the
+   profiler's overhead included), the flow's other work and the time outside the flow (``--skip-profile``: not).
 
     python benchmarks/bench_scale.py                       # 10M rows in 10 files, baseline at 1M (a few minutes)
     python benchmarks/bench_scale.py --rows 2000000 --files 2 --baseline-rows 1000000   # smaller
@@ -145,55 +143,40 @@ def run_cli(code: Path, env: dict, model_uri: str, target: str, tracking_uri: st
     return {"wall": wall, "peak": peak, "maxrss": maxrss if maxrss > before * 1024 else None, "summary": summary}
 
 
-def profile_steps(model_uri: str, tracking_uri: str, target: str) -> dict:
-    """The streamed run's steps one by one, in this process, on the full-size data."""
-    import warnings
+#: the steps of one run, as (label, file, function) whose cumulative time under cProfile is the step's
+STEPS = [
+    ("download, read, check, calibrate", "tasks/reestimation/scoring.py", "score_for_reestimation"),
+    ("repeated rows", "labelshift/inference/repeats.py", "find_repeats"),
+    ("MLLS (solve, optimality check)", "labelshift/inference/report.py", "_estimate"),
+    ("source-aware interval", "labelshift/inference/source_aware.py", "source_aware_interval"),
+    ("expected accuracy", "labelshift/inference/accuracy.py", "expected_accuracy"),
+    ("label-shift test", "labelshift/inference/report.py", "_label_shift_part"),
+    ("no-shift test", "labelshift/inference/no_shift.py", "no_shift_test"),
+    ("identifiability", "labelshift/inference/identifiability.py", "identifiability"),
+    ("miscalibration check", "labelshift/inference/report.py", "_miscalibration"),
+    ("MLflow: metrics, figure, summary", "flows/reestimate.py", "_log"),
+    ("corrected outputs (download ids, write, upload)", "flows/reestimate.py", "_write_outputs"),
+    ("watermark commit", "flows/reestimate.py", "_commit"),
+]
 
-    from labelshift.estimation.registry import make_estimator
-    from labelshift.monitoring.listing import find_new_batches
-    from labelshift.inference.report import joint_confusion
-    from labelshift.rows import joined
-    from labelshift.storage import open_store
-    from labelshift.inference.identifiability import identifiability
-    from labelshift.inference.intervals import fisher_interval
-    from labelshift.inference.no_shift import no_shift_test
-    from tasks.reestimation.outputs import write_for_reestimation
-    from labelshift_mlflow import load_reference
-    from tasks.reestimation.scoring import score_for_reestimation
 
-    times = {}
-    t = time.perf_counter()
-    store = open_store(target)
-    batches, _ = find_new_batches(store)
-    bundle = load_reference(model_uri, tracking_uri=tracking_uri, calibrator="BCTS")
-    times["list batches, load reference"] = time.perf_counter() - t
-    t = time.perf_counter()
-    probs = score_for_reestimation.fn(bundle, target, batches)
-    times["download, read, check, calibrate"] = time.perf_counter() - t
-    P = joined(probs)
-    S, labels, prior = bundle.source_probs, bundle.source_labels, bundle.source_prior
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        t = time.perf_counter()
-        est = make_estimator("MLLS").fit(S, labels, prior).estimate(P)
-        times["MLLS (solve + Hessian)"] = time.perf_counter() - t
-        t = time.perf_counter()
-        make_estimator("BBSE-soft").fit(S, labels, prior).estimate(P)
-        times["BBSE-soft cross-check"] = time.perf_counter() - t
-        t = time.perf_counter()
-        ci = fisher_interval(P, est.weights, prior)
-        times["Fisher interval"] = time.perf_counter() - t
-        t = time.perf_counter()
-        no_shift_test(P, est.weights, prior, source_probs=S)
-        times["no-shift test"] = time.perf_counter() - t
-        t = time.perf_counter()
-        identifiability(P, est.weights, prior, confusion=joint_confusion(S, labels), n_source=len(labels),
-                        interval=ci)
-        times["identifiability"] = time.perf_counter() - t
-    t = time.perf_counter()
-    write_for_reestimation.fn(bundle, target, batches, probs, est.weights.tolist(), {"profile": True})
-    times["write corrected Parquet (download ids, upload)"] = time.perf_counter() - t
-    return times
+def steps_from_profile(path: str) -> dict[str, float]:
+    """Seconds of each step of :data:`STEPS` in the cProfile stats at ``path`` (cumulative, profiler overhead
+    included), then the flow's other work (listing, loading the reference, the MLflow run, Prefect's task runs) and
+    the command's time outside the flow (start, imports, settings)."""
+    import pstats
+
+    stats = pstats.Stats(path).stats
+
+    def cumulative(file: str, function: str) -> float:
+        return sum(v[3] for (f, _, name), v in stats.items() if f.endswith(file) and name == function)
+
+    steps = {label: cumulative(file, fn) for label, file, fn in STEPS}
+    total = max(v[3] for v in stats.values())
+    in_flow = cumulative("prefect/flows.py", "__call__")
+    steps["the flow's other work (listing, reference, MLflow run, Prefect task runs)"] = in_flow - sum(steps.values())
+    steps["outside the flow (interpreter start, imports, settings)"] = total - in_flow
+    return steps
 
 
 def gib(n) -> str:
@@ -226,21 +209,20 @@ def report(args, runs: dict, steps: dict, load: tuple[str, str], command: str) -
     met_t, met_m = big["wall"] <= GOAL_S, big["peak"] < GOAL_BYTES
     lines += ["", f"Goals at {args.rows:,} rows: <= {GOAL_S:.0f} s -- {'met' if met_t else 'missed'} "
                   f"({big['wall']:.1f} s); < 2 GiB peak -- {'met' if met_m else 'missed'} ({gib(big['peak'])}).",
-              "", f"Where the time goes (the streamed run's steps timed one by one in the benchmark's process on the "
-                  f"same {args.rows:,} rows; the remainder of the subprocess's wall time is process start, imports, "
-                  "MLflow logging and the Prefect flow and task runs):", "",
-              "| step | seconds |", "|---|---|"]
-    for name, sec in steps.items():
-        lines.append(f"| {name} | {sec:.2f} |")
-    rest = big["wall"] - sum(steps.values())
-    lines += [f"| remainder of the subprocess's {big['wall']:.1f} s | {rest:.2f} |", "",
-              "Memory of the streamed path: one pooled float32 (m, k) array of calibrated probabilities "
-              f"({args.rows * K * 4 / 2**30:.2f} GiB here); every pass over it (solver, Hessian, interval, test, "
-              "identifiability, BBSE means) works on blocks of 65536 rows in float64; (m,) float64 vectors "
-              "(f_i^T w) of 80 MB at 10M rows are the largest temporaries; batches are streamed to temporary files, "
-              "read by record batch, and the corrected outputs written by row group to a temporary file and "
-              "uploaded from it. BLAS runs single-threaded inside the passes (see `labelshift.rows`: OpenBLAS "
-              "threads on a busy 2-core machine slow a pass over 10^6 rows from 4 ms to 0.1-0.3 s)."]
+              ""]
+    if steps:
+        wall = steps.pop("profiled_wall")
+        lines += [f"Where the time goes: a further run of the same command on the same {args.rows:,} rows under "
+                  f"cProfile ({wall:.1f} s with the profiler's overhead, which falls mostly on Python-level loops), "
+                  "each step's cumulative time:", "", "| step | seconds |", "|---|---|"]
+        lines += [f"| {name} | {sec:.2f} |" for name, sec in steps.items()] + [""]
+    lines += ["Memory of the streamed path: two pooled float32 (m, k) arrays, the calibrated probabilities and the raw "
+              f"outputs they came from ({args.rows * K * 4 / 2**30:.2f} GiB each here); every pass over them works on "
+              "blocks of 65536 rows in float64 (the passes of the source-aware interval and of the expected accuracy "
+              "calibrate each block again from the raw outputs); (m,) float64 vectors of 80 MB at 10M rows are the "
+              "largest temporaries; batches are streamed to temporary files, read by record batch, and the corrected "
+              "outputs written by row group to a temporary file and uploaded from it. BLAS runs single-threaded "
+              "inside the passes (`labelshift.rows`)."]
     return "\n".join(lines) + "\n"
 
 
@@ -258,9 +240,7 @@ def main(argv=None) -> int:
                     help="also run the code of this git revision at the full size, in the same run, and report the "
                          "ratio of the wall times (e.g. 7de4d1e: the time of the default path kept)")
     ap.add_argument("--skip-profile", action="store_true")
-    ap.add_argument("--cprofile", metavar="FILE", help="run the full-size command under cProfile, its stats to FILE "
-                                                       "(python -m pstats FILE); its wall time then includes the "
-                                                       "profiler's overhead")
+    ap.add_argument("--cprofile", metavar="FILE", help="keep the stats of the profiled run (python -m pstats FILE)")
     ap.add_argument("--write-readme", action="store_true")
     args = ap.parse_args(argv)
     command = "python benchmarks/bench_scale.py" + ("" if not (argv or sys.argv[1:]) else
@@ -335,8 +315,7 @@ def main(argv=None) -> int:
             for key, code, chosen in plan:
                 target = upload(key, chosen)
                 print(f"{key}: {sum(rows_of[p.name] for p in chosen):,} rows ...", file=sys.stderr)
-                r = run_cli(code, env, info["model_uri"], target, tracking, tmp / f"{key}.log",
-                            args.cprofile if key == "streamed-full" else None)
+                r = run_cli(code, env, info["model_uri"], target, tracking, tmp / f"{key}.log")
                 r["rows"] = sum(rows_of[p.name] for p in chosen)
                 runs[key] = r
                 print(f"  {r['wall']:.1f} s, peak {gib(r['peak'])} (ru_maxrss {gib(r['maxrss'])}), "
@@ -347,8 +326,10 @@ def main(argv=None) -> int:
                 print(f"  in-memory vs streamed target prior: max |diff| {np.abs(a - b).max():.2e}", file=sys.stderr)
                 runs["memory-base"]["prior_diff"] = float(np.abs(a - b).max())
             if not args.skip_profile:
-                print("profiling the steps ...", file=sys.stderr)
-                steps = profile_steps(info["model_uri"], tracking, upload("profile", files))
+                print("the same command under cProfile ...", file=sys.stderr)
+                stats = args.cprofile or str(tmp / "estimate.prof")
+                r = run_cli(REPO, env, info["model_uri"], upload("profile", files), tracking, tmp / "profile.log", stats)
+                steps = dict(steps_from_profile(stats), profiled_wall=r["wall"])
             for k_, v in saved.items():
                 if v is None:
                     os.environ.pop(k_, None)

@@ -141,13 +141,15 @@ def pinned_bounds(P, w, H, p, free, z: float, *, rows_dot=None, m: int | None = 
     if k > _SHARED_TANGENT_MIN_CLASSES:
         return _pinned_bounds_shared(rows_dot, w, H, p, free, z, m, large)
     out = np.full(k, np.nan)
-    fw = rows_dot(w)
+    pinned = np.flatnonzero(~free)
+    if pinned.size == 0:
+        return out
+    directions = [_profile_direction(H, p, _grown(free, int(y)), int(y)) for y in pinned]
+    FB = rows_dot(np.column_stack([w, directions[0]]))      # f_i^T w and the first class's f_i^T b: one pass
+    fw = FB[:, 0]
     base = None if large else np.log(fw)         # large: drop(t) = -2 sum log1p(t fb_i / fw_i), one (m,) vector
-    for y in np.flatnonzero(~free):
-        grown = free.copy()
-        grown[y] = True
-        b = _profile_direction(H, p, grown, int(y))
-        fb = rows_dot(b)
+    for j, (y, b) in enumerate(zip(pinned, directions)):
+        fb = FB[:, 1] if j == 0 else rows_dot(b)
         if large:
             fb /= fw
         out[y] = _bound(fb, fw, base, m, large, _segment_end(w, b, p[y]), z * z, p[y])
