@@ -169,7 +169,10 @@ def steps_from_profile(path: str) -> dict[str, float]:
     stats = pstats.Stats(path).stats
 
     def cumulative(file: str, function: str) -> float:
-        return sum(v[3] for (f, _, name), v in stats.items() if f.endswith(file) and name == function)
+        found = [v[3] for (f, _, name), v in stats.items() if f.endswith(file) and name == function]
+        if not found:          # renamed or never run: its time would go silently to "other work"
+            raise SystemExit(f"bench_scale: the step {file}:{function} is not in the profile; update STEPS")
+        return sum(found)
 
     steps = {label: cumulative(file, fn) for label, file, fn in STEPS}
     total = max(v[3] for v in stats.values())

@@ -149,6 +149,7 @@ def _publish(summary: RunSummary, description: str, logger) -> None:
 
 
 # -- 1.-2. the run's context, the model's version, what is new, the model's files -------------------------------------
+@stops_outside()                                    # it reads or writes MLflow's store
 def _begin(p: ReestimateParameters) -> RunContext:
     """The run's context: its settings (made once) and the environment (resolved once); then step 1, whatever the
     target holds: MLflow reachable and the model's registered version found."""
@@ -186,6 +187,7 @@ class _Plan:
     corrected_as: str | None
 
 
+@stops_outside()                                    # it reads or writes MLflow's store
 def _prepare(run: RunContext, batches) -> _Plan:
     """Step 2 once there is new data: the model's files, the corrected model's name and the segment column checked
     before anything is written (the MLflow run starts next, inside the block that ends it on a failure)."""
@@ -212,6 +214,7 @@ def _ends_the_mlflow_run_on_failure(run: RunContext, *, before_commit: bool):
 
 
 # -- 2. nothing new ---------------------------------------------------------------------------------------------------
+@stops_outside()                                    # it reads or writes MLflow's store
 def _no_new_data(run: RunContext) -> Completed:
     """Nothing new under the target: catch up on the MLflow bookkeeping an earlier run still owes (best effort)
     and complete as "No new data"."""
@@ -262,6 +265,7 @@ def _for_model(exc: NoBatchError, p: ReestimateParameters, settings: AssessmentS
         return exc
 
 
+@stops_outside()                                    # it reads or writes MLflow's store
 def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
     """The MLflow child run of this re-estimation, with the run's parameters and tags (called inside
     :func:`_ends_the_mlflow_run_on_failure`: MLflow lost as the runs are created is said as such, like any later
@@ -345,6 +349,7 @@ def _rejected(scored) -> list[dict]:
     return [{"key": r.key, "reason": r.reason} for r in scored.rejected]
 
 
+@stops_outside()                                    # it reads or writes MLflow's store
 def _record_no_valid_data(run: RunContext, scored) -> RunSummary:
     """No new batch passed its checks: the rejected ones listed in MLflow and recorded in the watermark; the summary."""
     rejected, store, ml = _rejected(scored), run.store, run.mlflow
@@ -366,6 +371,7 @@ def _record_no_valid_data(run: RunContext, scored) -> RunSummary:
     return summary
 
 
+@stops_outside()                                    # it reads or writes MLflow's store
 def _no_valid_data(run: RunContext, summary: RunSummary) -> Completed:
     """After :func:`_record_no_valid_data`: end the MLflow run, publish, emit the event, complete as "No valid data"."""
     ml = run.mlflow
@@ -414,6 +420,7 @@ def _read_segments(run: RunContext, batches) -> dict | None:
     return read_segment_values(run.target_uri, batches, run.segments.column)
 
 
+@stops_outside()                                    # it reads or writes MLflow's store
 def _per_segment(run: RunContext, scored, target: Target, values, summary: RunSummary) -> None:
     """One estimate per segment besides the pooled one, into the summary and the MLflow run; the pooled estimate
     and its verdict alone drive the outputs, the watermark, the alerts and the corrected model."""
@@ -435,6 +442,7 @@ def _per_segment(run: RunContext, scored, target: Target, values, summary: RunSu
                  f"{bundle.name} v{bundle.version}: target prior per {settings.column}, run {ml.sequence}")
 
 
+@stops_outside()                                    # it reads or writes MLflow's store
 def _log(run: RunContext, report: ShiftReport, summary: RunSummary) -> dict:
     """The child run's metrics, tags, figure and summary; returns the watermark's record of this run."""
     bundle, ml = run.bundle, run.mlflow
@@ -471,6 +479,7 @@ def _withheld(report: ShiftReport, summary: RunSummary) -> bool:
 
 
 # -- 7. bookkeeping after the commit -----------------------------------------------------------------------------------
+@stops_outside()                                    # it reads or writes MLflow's store
 def _after_commit(run: RunContext, summary: RunSummary, committed) -> None:
     """The batches are counted now: a failure in this bookkeeping must not fail the run (its retry would find no new
     data); it becomes a warning of the summary, and the next run adds a missed point of the monitor's series."""
@@ -539,9 +548,10 @@ def _assess_and_commit(run: RunContext, plan: _Plan) -> _Outcome:
     _write_outputs(run, report, summary, scored)
     ml = run.mlflow
     if plan.corrected_as:    # before the commit: a failed registration fails the run and the watermark stays
-        summary.corrected_model = register_if_shifted(run.bundle, report, tracking_uri=run.tracking_uri,
-                                                      name=plan.corrected_as, run_id=ml.run_id, target=run.store.uri,
-                                                      sequence=ml.sequence)
+        with stops_outside():
+            summary.corrected_model = register_if_shifted(run.bundle, report, tracking_uri=run.tracking_uri,
+                                                          name=plan.corrected_as, run_id=ml.run_id,
+                                                          target=run.store.uri, sequence=ml.sequence)
     return _Outcome(summary, _commit(run.store, run.watermark, scored.batches, record, ml.run_id,
                                      rejected=scored.rejected))
 
@@ -569,9 +579,10 @@ def _assess_and_commit_on_cluster(run: RunContext, plan: _Plan) -> _Outcome:
             summary.outputs = write_on_cluster(target, run.bundle, run.store.uri, scored.batches,
                                                report.weights.tolist(), summary.to_dict())
     if plan.corrected_as:
-        summary.corrected_model = register_if_shifted(run.bundle, report, tracking_uri=run.tracking_uri,
-                                                      name=plan.corrected_as, run_id=ml.run_id, target=run.store.uri,
-                                                      sequence=ml.sequence)
+        with stops_outside():
+            summary.corrected_model = register_if_shifted(run.bundle, report, tracking_uri=run.tracking_uri,
+                                                          name=plan.corrected_as, run_id=ml.run_id,
+                                                          target=run.store.uri, sequence=ml.sequence)
     return _Outcome(summary, _commit(run.store, run.watermark, scored.batches, record, ml.run_id,
                                      rejected=scored.rejected))
 
@@ -611,19 +622,17 @@ def reestimate(
     target, batches, sequence, the estimate with intervals, test and identifiability, the MLflow ids and the output
     locations.
     """
-    with stops_outside():                           # a stop never lands inside the database driver
-        run = _begin(parameters_of(ReestimateParameters, {k: v for k, v in locals().items()
-                                                          if k in ReestimateParameters.model_fields}))
-        batches = _new_batches(run)                                     # 2. what is new for this model
-        if not batches:
-            return _no_new_data(run)
-        plan = _prepare(run, batches)                                   # 2. its files and checks
-        with _ends_the_mlflow_run_on_failure(run, before_commit=True):
-            run.mlflow = _start_run(run, len(plan.batches))             # 2. the MLflow run
-            outcome = _assess_and_commit(run, plan)                     # 2.-6. score ... move the watermark
-        if outcome.committed is None:
-            return _no_valid_data(run, outcome.summary)
-        with _ends_the_mlflow_run_on_failure(run, before_commit=False):
-            _after_commit(run, outcome.summary, outcome.committed)      # 7. bookkeeping that cannot fail the run
-        return _complete(run, outcome.summary)
-
+    run = _begin(parameters_of(ReestimateParameters, {k: v for k, v in locals().items()
+                                                      if k in ReestimateParameters.model_fields}))
+    batches = _new_batches(run)                                     # 2. what is new for this model
+    if not batches:
+        return _no_new_data(run)
+    plan = _prepare(run, batches)                                   # 2. its files and checks
+    with _ends_the_mlflow_run_on_failure(run, before_commit=True):
+        run.mlflow = _start_run(run, len(plan.batches))             # 2. the MLflow run
+        outcome = _assess_and_commit(run, plan)                     # 2.-6. score ... move the watermark
+    if outcome.committed is None:
+        return _no_valid_data(run, outcome.summary)
+    with _ends_the_mlflow_run_on_failure(run, before_commit=False):
+        _after_commit(run, outcome.summary, outcome.committed)      # 7. bookkeeping that cannot fail the run
+    return _complete(run, outcome.summary)

@@ -94,6 +94,7 @@ def dask_task_runner(address: str, **cluster_kwargs):
     return DaskTaskRunner(address=settings_mod.dask_scheduler_address(address))
 
 
+@stops_outside()                                    # it writes to MLflow's store
 def _start_runs(p: ReproduceParameters, env, plan: dict, flow_run_id: str, flow_run_name: str,
                 prefect_url: str | None) -> dict:
     """The MLflow parent run of the sweep and a child run per method (an unreachable server fails before any work)."""
@@ -132,7 +133,8 @@ def _collect_experiments(p: ReproduceParameters, env, runs: dict, pending: dict,
         chunk_results = [r for f in futures for r in f.result()]   # raises the first task error, if any
         sweep = aggregate_sweep(experiment, chunk_results)
         outputs = render_outputs(sweep, p.dataset)
-        log_experiment(env.tracking_uri, runs, sweep, outputs)
+        with stops_outside():
+            log_experiment(env.tracking_uri, runs, sweep, outputs)
         files.update(save_experiment(env.store_uri, runs["parent_run_id"], experiment, outputs))
         sweeps.append(sweep)
         best = sweep.methods[int(sweep.mse_mean.mean(axis=0).argmin())]
@@ -157,6 +159,7 @@ def _links(env, runs: dict, sweeps: list, files: dict, prefect_url: str | None) 
     return links
 
 
+@stops_outside()                                    # it writes to MLflow's store
 def _publish(p: ReproduceParameters, env, runs: dict, sweeps: list, files: dict, models: list, summary_rows: list,
              flow_run_id: str, prefect_url: str | None, t_start: float) -> dict:
     """The summary: in the store, as the Prefect artifact and in MLflow (whose runs then end FINISHED). Returns
@@ -245,37 +248,36 @@ def reproduce(
     Returns:
         A dict with the MLflow ids and URIs, the store folder, the figures written and the summary rows.
     """
-    with stops_outside():                           # a stop never lands inside the database driver
-        p = ReproduceParameters(**{name: value for name, value in locals().items()
-                                   if name in ReproduceParameters.model_fields})
-        env = settings_mod.resolve(store_uri=p.store, tracking_uri=p.tracking_uri, experiment_name=p.mlflow_experiment)
-        check_store_uri(env.store_uri)
-        flow_run_id, flow_run_name = (value or "" for value in flow_run_info())
-        prefect_url, t_start = prefect_flow_run_url(flow_run_id), time.perf_counter()
+    p = ReproduceParameters(**{name: value for name, value in locals().items()
+                               if name in ReproduceParameters.model_fields})
+    env = settings_mod.resolve(store_uri=p.store, tracking_uri=p.tracking_uri, experiment_name=p.mlflow_experiment)
+    check_store_uri(env.store_uri)
+    flow_run_id, flow_run_name = (value or "" for value in flow_run_info())
+    prefect_url, t_start = prefect_flow_run_url(flow_run_id), time.perf_counter()
 
-        # 1. the settings of each experiment (Section 6: the x values with the fixed m or p_t(y=1) filled in), cut
-        #    into estimation tasks of a few tenths of a second (groups of settings x chunks of seeds)
-        plan = plan_tasks(p)
-        runs, key = None, flow_run_id or uuid.uuid4().hex
-        _ACTIVE[key] = [env.tracking_uri, None, flow_run_id]
-        try:
-            # 2. MLflow first: parent run for the sweep, a child run per method; their ids go explicitly to every task
-            runs = _start_runs(p, env, plan, flow_run_id, flow_run_name, prefect_url)
-            _ACTIVE[key][1] = runs["parent_run_id"]
-            ui = _say_where(env, runs)
-            # 3. fan-out: estimate every method on every (setting, seed), all experiments submitted at once
-            pending, models = _submit_estimations(p, env, runs, plan)
-            # 4. per experiment, as it finishes: join the seed chunks, aggregate, draw, log, store
-            sweeps, files = _collect_experiments(p, env, runs, pending, t_start)
-            # 5. the summary: store, Prefect artifact, MLflow (runs end FINISHED)
-            summary_rows = [dict(row, experiment=s.kind) for s in sweeps for row in s.to_records()]
-            stored = _publish(p, env, runs, sweeps, files, models, summary_rows, flow_run_id, prefect_url, t_start)
-        except BaseException as exc:
-            _fail_runs(exc, env, runs, flow_run_id)       # never left RUNNING
-            raise
-        finally:
-            _ACTIVE.pop(key, None)
-        return _result(env, runs, ui, stored, files, summary_rows, models, t_start)
+    # 1. the settings of each experiment (Section 6: the x values with the fixed m or p_t(y=1) filled in), cut
+    #    into estimation tasks of a few tenths of a second (groups of settings x chunks of seeds)
+    plan = plan_tasks(p)
+    runs, key = None, flow_run_id or uuid.uuid4().hex
+    _ACTIVE[key] = [env.tracking_uri, None, flow_run_id]
+    try:
+        # 2. MLflow first: parent run for the sweep, a child run per method; their ids go explicitly to every task
+        runs = _start_runs(p, env, plan, flow_run_id, flow_run_name, prefect_url)
+        _ACTIVE[key][1] = runs["parent_run_id"]
+        ui = _say_where(env, runs)
+        # 3. fan-out: estimate every method on every (setting, seed), all experiments submitted at once
+        pending, models = _submit_estimations(p, env, runs, plan)
+        # 4. per experiment, as it finishes: join the seed chunks, aggregate, draw, log, store
+        sweeps, files = _collect_experiments(p, env, runs, pending, t_start)
+        # 5. the summary: store, Prefect artifact, MLflow (runs end FINISHED)
+        summary_rows = [dict(row, experiment=s.kind) for s in sweeps for row in s.to_records()]
+        stored = _publish(p, env, runs, sweeps, files, models, summary_rows, flow_run_id, prefect_url, t_start)
+    except BaseException as exc:
+        _fail_runs(exc, env, runs, flow_run_id)       # never left RUNNING
+        raise
+    finally:
+        _ACTIVE.pop(key, None)
+    return _result(env, runs, ui, stored, files, summary_rows, models, t_start)
 
 
 def with_task_runner(dask: str | None = None):
@@ -318,9 +320,10 @@ def _prepare_models(p: ReproduceParameters, env, runs: dict) -> tuple[list, list
         metas.append(meta)
     acc = [m["test_accuracy"] for m in metas]
     now = int(time.time() * 1000)
-    MlflowClient(env.tracking_uri).log_batch(runs["parent_run_id"], metrics=[
-        Metric("model/test_accuracy_mean", float(sum(acc) / len(acc)), now, 0),
-        Metric("model/test_accuracy_min", float(min(acc)), now, 0)])
+    with stops_outside():
+        MlflowClient(env.tracking_uri).log_batch(runs["parent_run_id"], metrics=[
+            Metric("model/test_accuracy_mean", float(sum(acc) / len(acc)), now, 0),
+            Metric("model/test_accuracy_min", float(min(acc)), now, 0)])
     return pools, metas
 
 

@@ -233,7 +233,7 @@ def _newton_roots(sums, ends: np.ndarray, target: float, rtol: float = 1e-12, pa
             newton = t[a] - f / d
         small = np.abs(newton - t[a]) <= rtol * t[a]
         close = ok & (np.abs(f) <= 1e-9 * target)
-        use = ok & (d > 0.0) & (newton > lo[a]) & (newton < hi[a]) & (close | ~small)
+        use = ok & (d > 0.0) & (newton >= lo[a]) & (newton < hi[a]) & (close | ~small)   # >=: f = 0 exactly
         nxt = np.where(use, newton, 0.5 * (lo[a] + hi[a]))
         converged = (use & small) | (hi[a] - lo[a] <= rtol * hi[a])
         t[a] = nxt

@@ -99,7 +99,7 @@ class SourceAwareInterval(PriorInterval):
             ``extra["holdout_inflation"]``, 1 unless the holdout is counted more than once: given one holdout). For
             quantities estimated on the same holdout rows whose error is correlated with the prior's
             (:mod:`labelshift.inference.accuracy`). Not serialised by ``to_dict``.
-        target_terms: above _BORDERED_MIN_CLASSES classes on a large target, (g_F, H_FF^{-1}) on the free classes F:
+        target_terms: on a large target, (g_F, H_FF^{-1}) on the free classes F:
             the mean of s_i = f_i / f_i^T w and the pseudo-inverse of H_FF, H = (1/m) sum_i s_i s_i^T (the
             calibrated rows of a large target made block by block), so that
             :func:`labelshift.inference.accuracy.expected_accuracy` need not make them again; else None. Not
@@ -1017,4 +1017,4 @@ def source_aware_interval(holdout_outputs, holdout_labels, target_outputs, calib
         source_prior=ps, covariance=cov.pt, covariance_target=cov.pt_target, covariance_holdout=cov.pt_holdout,
         weights_covariance=cov.w, weights_std_error=bounds.se_w, n_source=n, calibrator=inp.kind,
         trustworthy=not reasons, reasons=reasons, target_only=fisher, holdout_influence=cov.pt_influence,
-        target_terms=(tgt.g[free], cov.free_H_inv) if inp.large and inp.k > _BORDERED_MIN_CLASSES else None)
+        target_terms=(tgt.g[free], cov.free_H_inv) if inp.large else None)

@@ -1,6 +1,7 @@
 """labelshift.inference.accuracy: the expected accuracy on the target and its interval."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import warnings
@@ -48,6 +49,30 @@ def test_point_estimate_matches_realised_accuracy_on_a_large_target():
     assert a.lower <= a.expected <= a.upper
     assert a.batch_lower <= a.lower and a.batch_upper >= a.upper          # the batch interval is the wider one
     assert a.source == pytest.approx(float(np.mean(Xh.argmax(axis=1) == yh)))
+
+
+def test_on_a_large_target_the_interval_s_free_terms_save_the_accuracy_its_own_pass(monkeypatch):
+    """Above LARGE_ROWS rows (made small here) the source-aware interval hands its (g_F, H_FF^{-1}) to the
+    accuracy estimate, which then makes no pass of its own for them; the same estimate as with that pass, to the
+    rounding of two summation orders of the same float64 sums (1e-9 relative: far above it, far below any figure
+    reported)."""
+    from labelshift import rows
+    from labelshift.inference import accuracy
+
+    monkeypatch.setattr(rows, "ROW_BLOCK", 1000)
+    monkeypatch.setattr(rows, "LARGE_ROWS", 2000)
+    _, prior, Xh, yh, Xt, _, cal = _draw(4, 2000, 6000, 5, prior=[0.5, 0.3, 0.2, 0.0])
+    iv = source_aware_interval(Xh, yh, Xt, cal)
+    assert iv.target_terms is not None
+    passes = []
+    own = accuracy.free_sums
+    monkeypatch.setattr(accuracy, "free_sums", lambda *args: passes.append(1) or own(*args))
+    alone = expected_accuracy(Xh, yh, Xt, cal, interval=dataclasses.replace(iv, target_terms=None))
+    assert passes == [1]
+    reused = expected_accuracy(Xh, yh, Xt, cal, interval=iv)
+    assert passes == [1]
+    for key in ("expected", "lower", "upper", "std_error", "batch_std_error", "corrected", "corrected_std_error"):
+        assert getattr(reused, key) == pytest.approx(getattr(alone, key), rel=1e-9), key
 
 
 def test_variance_parts_add_up_and_reuse_of_the_interval(small):
