@@ -229,7 +229,69 @@ def report(args, runs: dict, steps: dict, load: tuple[str, str], command: str) -
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
+def _exported(rev: str, folder: Path) -> Path:
+    """The code of git revision ``rev`` exported to ``folder`` (``git archive``); the folder."""
+    folder.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
+def _register_holdout(args, tmp: Path) -> tuple[str, dict]:
+    """A SQLite MLflow store under ``tmp`` with the holdout registered as the reference MODEL; (tracking URI, the
+    registration's info)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from labelshift_mlflow import register_reference
+
+    hx, hy = draw_logits(np.random.default_rng(args.seed + 2), 20_000, np.full(K, 1 / K), args.sep)
+    tracking = f"sqlite:///{tmp / 'mlflow.db'}"
+    os.environ["MLFLOW_TRACKING_URI"] = tracking
+    mlflow.set_tracking_uri(tracking)
+    exp_root = (tmp / "mlartifacts").as_uri()
+    for name in ("references", "reestimation"):
+        MlflowClient(tracking).create_experiment(name, artifact_location=f"{exp_root}/{name}")
+    info = register_reference(hx, [NAMES[v] for v in hy], name=MODEL, class_names=NAMES, output_kind="logits",
+                              tracking_uri=tracking, id_column="id")
+    return tracking, info
+
+
+def _plan(args, tmp: Path, files: list[Path], rows_of: dict) -> list[tuple[str, Path, list[Path]]]:
+    """The runs, in order: (key, code folder, batch files)."""
+    base_files, n = [], 0
+    while args.baseline_rows and n < args.baseline_rows and len(base_files) < len(files):
+        base_files.append(files[len(base_files)])
+        n += rows_of[base_files[-1].name]
+    plan = [("streamed-full", REPO, files)]
+    if args.compare_ref:
+        ref = _exported(args.compare_ref, tmp / "compare-code")
+        plan = [("compare-full", ref, files), *plan, ("compare-full-2", ref, files), ("streamed-full-2", REPO, files)]
+    if base_files:
+        old = _exported(args.baseline_ref, tmp / "old-code")
+        plan = [("memory-base", old, base_files), ("streamed-base", REPO, base_files), *plan]
+    return plan
+
+
+def _comparisons(args, runs: dict) -> str:
+    """The sentences comparing this code with ``--compare-ref`` and with the in-memory baseline (when run)."""
+    text = ""
+    if "compare-full" in runs:
+        this = [runs[k]["wall"] for k in ("streamed-full", "streamed-full-2")]
+        ref = [runs[k]["wall"] for k in ("compare-full", "compare-full-2")]
+        peak_this = max(runs[k]["peak"] for k in ("streamed-full", "streamed-full-2"))
+        peak_ref = max(runs[k]["peak"] for k in ("compare-full", "compare-full-2"))
+        text += (f"\nAgainst `{args.compare_ref}` at {args.rows:,} rows in the same run (alternating, two runs each): "
+                 f"this code {this[0]:.1f} s and {this[1]:.1f} s, `{args.compare_ref}` {ref[0]:.1f} s and "
+                 f"{ref[1]:.1f} s; ratio of the sums {sum(this) / sum(ref):.2f}x; peak RSS {gib(peak_this)} against "
+                 f"{gib(peak_ref)}.\n")
+    if "memory-base" in runs:
+        text += (f"\nThe two paths agree: max |difference| of the target prior at {runs['memory-base']['rows']:,} "
+                 f"rows {runs['memory-base']['prior_diff']:.1e}.\n")
+    return text
+
+
+def _arguments(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
@@ -245,7 +307,11 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-profile", action="store_true")
     ap.add_argument("--cprofile", metavar="FILE", help="keep the stats of the profiled run (python -m pstats FILE)")
     ap.add_argument("--write-readme", action="store_true")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _arguments(argv)
     command = "python benchmarks/bench_scale.py" + ("" if not (argv or sys.argv[1:]) else
                                                     " " + " ".join(argv if argv is not None else sys.argv[1:]))
     load_before = ", ".join(f"{v:.2f}" for v in os.getloadavg())
@@ -271,21 +337,7 @@ def main(argv=None) -> int:
             import pyarrow.parquet as pq
 
             rows_of = {p.name: int(pq.ParquetFile(p).metadata.num_rows) for p in files}
-            hx, hy = draw_logits(np.random.default_rng(args.seed + 2), 20_000, np.full(K, 1 / K), args.sep)
-            tracking = f"sqlite:///{tmp / 'mlflow.db'}"
-            os.environ["MLFLOW_TRACKING_URI"] = tracking
-            import mlflow
-
-            mlflow.set_tracking_uri(tracking)
-            exp_root = (tmp / "mlartifacts").as_uri()
-            from mlflow import MlflowClient
-
-            for name in ("references", "reestimation"):
-                MlflowClient(tracking).create_experiment(name, artifact_location=f"{exp_root}/{name}")
-            from labelshift_mlflow import register_reference
-
-            info = register_reference(hx, [NAMES[v] for v in hy], name=MODEL, class_names=NAMES,
-                                      output_kind="logits", tracking_uri=tracking, id_column="id")
+            tracking, info = _register_holdout(args, tmp)
             client = weed.client()
 
             def upload(prefix: str, chosen: list[Path]) -> str:
@@ -293,28 +345,9 @@ def main(argv=None) -> int:
                     client.upload_file(str(p), bucket, f"{prefix}/{p.name}")
                 return f"s3://{bucket}/{prefix}/"
 
-            base_files, n = [], 0
-            while args.baseline_rows and n < args.baseline_rows and len(base_files) < len(files):
-                base_files.append(files[len(base_files)])
-                n += rows_of[base_files[-1].name]
             env = dict(os.environ, PREFECT_API_URL=PREFECT_API_URL.value(), LABELSHIFT_HOME=str(tmp / "home"),
                        MLFLOW_TRACKING_URI=tracking)
-            plan = [("streamed-full", REPO, files)]
-            if args.compare_ref:
-                ref = tmp / "compare-code"
-                ref.mkdir()
-                archive = subprocess.run(["git", "-C", str(REPO), "archive", args.compare_ref], check=True,
-                                         capture_output=True).stdout
-                subprocess.run(["tar", "-x", "-C", str(ref)], input=archive, check=True)
-                plan = [("compare-full", ref, files), *plan, ("compare-full-2", ref, files),
-                        ("streamed-full-2", REPO, files)]
-            if base_files:
-                old = tmp / "old-code"
-                old.mkdir()
-                archive = subprocess.run(["git", "-C", str(REPO), "archive", args.baseline_ref], check=True,
-                                         capture_output=True).stdout
-                subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
-                plan = [("memory-base", old, base_files), ("streamed-base", REPO, base_files), *plan]
+            plan = _plan(args, tmp, files, rows_of)
             for key, code, chosen in plan:
                 target = upload(key, chosen)
                 print(f"{key}: {sum(rows_of[p.name] for p in chosen):,} rows ...", file=sys.stderr)
@@ -342,17 +375,7 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     load_after = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     text = report(args, runs, steps, (load_before, load_after), command)
-    if "compare-full" in runs:
-        this = [runs[k]["wall"] for k in ("streamed-full", "streamed-full-2")]
-        ref = [runs[k]["wall"] for k in ("compare-full", "compare-full-2")]
-        text = text.rstrip("\n") + (
-            f"\n\nAgainst `{args.compare_ref}` at {args.rows:,} rows in the same run (alternating, two runs each): "
-            f"this code {this[0]:.1f} s and {this[1]:.1f} s, `{args.compare_ref}` {ref[0]:.1f} s and {ref[1]:.1f} s; "
-            f"ratio of the sums {sum(this) / sum(ref):.2f}x; peak RSS {gib(max(runs[k]['peak'] for k in ('streamed-full', 'streamed-full-2')))} "
-            f"against {gib(max(runs[k]['peak'] for k in ('compare-full', 'compare-full-2')))}.\n")
-    if "memory-base" in runs:
-        text = text.rstrip("\n") + (f"\n\nThe two paths agree: max |difference| of the target prior at "
-                                    f"{runs['memory-base']['rows']:,} rows {runs['memory-base']['prior_diff']:.1e}.\n")
+    text = text.rstrip("\n") + "\n" + _comparisons(args, runs)
     print(text)
     if args.write_readme:
         write_section(SECTION, text, README)
