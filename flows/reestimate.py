@@ -107,6 +107,10 @@ class RunContext:
         return time.perf_counter() - self.started
 
 
+#: the steps that read or write MLflow's store: a stop that lands inside its database driver waits for the step's
+#: end (runtime/signals.py)
+_talks_to_mlflow = stops_outside()
+
 #: the sequence number of the last watermark a run in this process committed (``labelshift estimate`` says, when
 #: its Prefect server is lost, whether the run had committed first)
 _LAST_COMMITTED: dict[str, int | str] = {}
@@ -149,7 +153,7 @@ def _publish(summary: RunSummary, description: str, logger) -> None:
 
 
 # -- 1.-2. the run's context, the model's version, what is new, the model's files -------------------------------------
-@stops_outside()                                    # it reads or writes MLflow's store
+@_talks_to_mlflow
 def _begin(p: ReestimateParameters) -> RunContext:
     """The run's context: its settings (made once) and the environment (resolved once); then step 1, whatever the
     target holds: MLflow reachable and the model's registered version found."""
@@ -187,7 +191,7 @@ class _Plan:
     corrected_as: str | None
 
 
-@stops_outside()                                    # it reads or writes MLflow's store
+@_talks_to_mlflow
 def _prepare(run: RunContext, batches) -> _Plan:
     """Step 2 once there is new data: the model's files, the corrected model's name and the segment column checked
     before anything is written (the MLflow run starts next, inside the block that ends it on a failure)."""
@@ -214,7 +218,7 @@ def _ends_the_mlflow_run_on_failure(run: RunContext, *, before_commit: bool):
 
 
 # -- 2. nothing new ---------------------------------------------------------------------------------------------------
-@stops_outside()                                    # it reads or writes MLflow's store
+@_talks_to_mlflow
 def _no_new_data(run: RunContext) -> Completed:
     """Nothing new under the target: catch up on the MLflow bookkeeping an earlier run still owes (best effort)
     and complete as "No new data"."""
@@ -265,7 +269,7 @@ def _for_model(exc: NoBatchError, p: ReestimateParameters, settings: AssessmentS
         return exc
 
 
-@stops_outside()                                    # it reads or writes MLflow's store
+@_talks_to_mlflow
 def _start_run(run: RunContext, n_batches: int) -> ReestimationRun:
     """The MLflow child run of this re-estimation, with the run's parameters and tags (called inside
     :func:`_ends_the_mlflow_run_on_failure`: MLflow lost as the runs are created is said as such, like any later
@@ -349,7 +353,7 @@ def _rejected(scored) -> list[dict]:
     return [{"key": r.key, "reason": r.reason} for r in scored.rejected]
 
 
-@stops_outside()                                    # it reads or writes MLflow's store
+@_talks_to_mlflow
 def _record_no_valid_data(run: RunContext, scored) -> RunSummary:
     """No new batch passed its checks: the rejected ones listed in MLflow and recorded in the watermark; the summary."""
     rejected, store, ml = _rejected(scored), run.store, run.mlflow
@@ -371,7 +375,7 @@ def _record_no_valid_data(run: RunContext, scored) -> RunSummary:
     return summary
 
 
-@stops_outside()                                    # it reads or writes MLflow's store
+@_talks_to_mlflow
 def _no_valid_data(run: RunContext, summary: RunSummary) -> Completed:
     """After :func:`_record_no_valid_data`: end the MLflow run, publish, emit the event, complete as "No valid data"."""
     ml = run.mlflow
@@ -420,7 +424,7 @@ def _read_segments(run: RunContext, batches) -> dict | None:
     return read_segment_values(run.target_uri, batches, run.segments.column)
 
 
-@stops_outside()                                    # it reads or writes MLflow's store
+@_talks_to_mlflow
 def _per_segment(run: RunContext, scored, target: Target, values, summary: RunSummary) -> None:
     """One estimate per segment besides the pooled one, into the summary and the MLflow run; the pooled estimate
     and its verdict alone drive the outputs, the watermark, the alerts and the corrected model."""
@@ -442,7 +446,7 @@ def _per_segment(run: RunContext, scored, target: Target, values, summary: RunSu
                  f"{bundle.name} v{bundle.version}: target prior per {settings.column}, run {ml.sequence}")
 
 
-@stops_outside()                                    # it reads or writes MLflow's store
+@_talks_to_mlflow
 def _log(run: RunContext, report: ShiftReport, summary: RunSummary) -> dict:
     """The child run's metrics, tags, figure and summary; returns the watermark's record of this run."""
     bundle, ml = run.bundle, run.mlflow
@@ -479,7 +483,7 @@ def _withheld(report: ShiftReport, summary: RunSummary) -> bool:
 
 
 # -- 7. bookkeeping after the commit -----------------------------------------------------------------------------------
-@stops_outside()                                    # it reads or writes MLflow's store
+@_talks_to_mlflow
 def _after_commit(run: RunContext, summary: RunSummary, committed) -> None:
     """The batches are counted now: a failure in this bookkeeping must not fail the run (its retry would find no new
     data); it becomes a warning of the summary, and the next run adds a missed point of the monitor's series."""
@@ -533,6 +537,16 @@ class _Outcome:
     committed: Watermark | None = None
 
 
+@_talks_to_mlflow
+def _register(run: RunContext, report: ShiftReport, summary: RunSummary, plan: _Plan) -> None:
+    """With a corrected model's name: the corrected model registered when the data are shifted (into the summary)."""
+    if plan.corrected_as:
+        ml = run.mlflow
+        summary.corrected_model = register_if_shifted(run.bundle, report, tracking_uri=run.tracking_uri,
+                                                      name=plan.corrected_as, run_id=ml.run_id, target=run.store.uri,
+                                                      sequence=ml.sequence)
+
+
 def _assess_and_commit(run: RunContext, plan: _Plan) -> _Outcome:
     """Steps 2 (scoring) to 6 inside the MLflow run: score, assess (pooled and per segment), log, write the outputs,
     register the corrected model, commit the watermark; "No valid data" when no batch could be used."""
@@ -546,15 +560,9 @@ def _assess_and_commit(run: RunContext, plan: _Plan) -> _Outcome:
     _per_segment(run, scored, target, plan.segment_values, summary)      # never the pooled verdict
     record = _log(run, report, summary)
     _write_outputs(run, report, summary, scored)
-    ml = run.mlflow
-    if plan.corrected_as:    # before the commit: a failed registration fails the run and the watermark stays
-        with stops_outside():
-            summary.corrected_model = register_if_shifted(run.bundle, report, tracking_uri=run.tracking_uri,
-                                                          name=plan.corrected_as, run_id=ml.run_id,
-                                                          target=run.store.uri, sequence=ml.sequence)
-    return _Outcome(summary, _commit(run.store, run.watermark, scored.batches, record, ml.run_id,
+    _register(run, report, summary, plan)      # before the commit: a failed registration leaves the watermark
+    return _Outcome(summary, _commit(run.store, run.watermark, scored.batches, record, run.mlflow.run_id,
                                      rejected=scored.rejected))
-
 
 
 def _assess_and_commit_on_cluster(run: RunContext, plan: _Plan) -> _Outcome:
@@ -578,11 +586,7 @@ def _assess_and_commit_on_cluster(run: RunContext, plan: _Plan) -> _Outcome:
         if not _withheld(report, summary):
             summary.outputs = write_on_cluster(target, run.bundle, run.store.uri, scored.batches,
                                                report.weights.tolist(), summary.to_dict())
-    if plan.corrected_as:
-        with stops_outside():
-            summary.corrected_model = register_if_shifted(run.bundle, report, tracking_uri=run.tracking_uri,
-                                                          name=plan.corrected_as, run_id=ml.run_id,
-                                                          target=run.store.uri, sequence=ml.sequence)
+    _register(run, report, summary, plan)
     return _Outcome(summary, _commit(run.store, run.watermark, scored.batches, record, ml.run_id,
                                      rejected=scored.rejected))
 

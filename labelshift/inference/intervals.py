@@ -206,8 +206,9 @@ def _grown(free: np.ndarray, y: int) -> np.ndarray:
 
 def _newton_roots(sums, ends: np.ndarray, target: float, rtol: float = 1e-12, passes: int = 200) -> np.ndarray:
     """For each direction j, the t in [0, ends_j] where the convex increasing drop_j(t) = -2 sum_i log(1 + t r_ij)
-    reaches ``target`` (ends_j where it never does), to ``rtol`` relative; ``sums(a, t_a)`` gives (sum_i log(1 + t r_ij),
-    sum_i r_ij / (1 + t r_ij)) for the directions ``a`` not yet done, one pass over the rows a step.
+    reaches ``target`` (ends_j where it never does), to ``rtol`` relative; ``sums(a, t_a)`` gives
+    (sum_i log(1 + t r_ij), sum_i r_ij / (1 + t r_ij)) for the directions ``a`` not yet done, one pass over the rows
+    a step.
 
     Newton's method kept in a bracket [lo, hi] (lo = 0: drop_j(0) = 0 < target). From the right its iterates stay
     at or above the root. A step is replaced by the bracket's midpoint where it is not finite, leaves the bracket,
@@ -251,11 +252,19 @@ def log1p_ratio_sums(P: np.ndarray, w: np.ndarray, B: np.ndarray, t: np.ndarray)
     """(sum_i log(1 + t_j r_ij), sum_i r_ij / (1 + t_j r_ij)) per column j, with r_ij = f_i^T b_j / f_i^T w, over
     the (m, k) rows P in row blocks, float64 (nan or -inf where a term is not finite): the per-partition function of
     :func:`_pinned_bounds_partitioned`."""
-    values, slopes = np.zeros(B.shape[1]), np.zeros(B.shape[1])
+    def ratios(sl):
+        F = P[sl].astype(np.float64)
+        return (F @ B) / (F @ w)[:, None]
+    return _log1p_sums(ratios, P.shape[0], B.shape[1], t, width=P.shape[1])
+
+
+def _log1p_sums(ratios, m: int, c: int, t: np.ndarray, width: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(sum_i log(1 + t_j r_ij), sum_i r_ij / (1 + t_j r_ij)), (c,) each, over the row blocks ``sl`` of m rows,
+    ``ratios(sl)`` giving the block's (rows, c) r_ij: the value and slope of a Newton step (:func:`_newton_roots`)."""
+    values, slopes = np.zeros(c), np.zeros(c)
     with np.errstate(divide="ignore", invalid="ignore"):
-        for sl in _rows.blocks(P.shape[0], width=P.shape[1]):
-            F = P[sl].astype(np.float64)
-            r = (F @ B) / (F @ w)[:, None]
+        for sl in _rows.blocks(m, width=width):
+            r = ratios(sl)
             values += np.sum(np.log1p(t * r), axis=0)
             slopes += np.sum(r / (1.0 + t * r), axis=0)
     return values, slopes
@@ -276,13 +285,7 @@ def _bound(fb: np.ndarray, fw: np.ndarray, base, m: int, large: bool, t_end: flo
         return _profile_bound(_likelihood_drop(fb, fw, base), t_end, target, p_y)
 
     def sums(a, t):
-        values, slopes = 0.0, 0.0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            for sl in _rows.blocks(m):
-                r = fb[sl]
-                values += float(np.sum(np.log1p(t[0] * r)))
-                slopes += float(np.sum(r / (1.0 + t[0] * r)))
-        return np.array([values]), np.array([slopes])
+        return _log1p_sums(lambda sl: fb[sl, None], m, 1, t)
     return min(float(_newton_roots(sums, np.array([t_end]), target)[0]), 1.0 / p_y)
 
 
