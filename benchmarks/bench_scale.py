@@ -155,7 +155,7 @@ STEPS = [
     ("identifiability", "labelshift/inference/identifiability.py", "identifiability"),
     ("miscalibration check", "labelshift/inference/report.py", "_miscalibration"),
     ("MLflow: metrics, figure, summary", "flows/reestimate.py", "_log"),
-    ("corrected outputs (download ids, write, upload)", "flows/reestimate.py", "_write_outputs"),
+    ("corrected outputs (write, upload)", "flows/reestimate.py", "_write_outputs"),
     ("watermark commit", "flows/reestimate.py", "_commit"),
 ]
 

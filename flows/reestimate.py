@@ -466,7 +466,7 @@ def _write_outputs(run: RunContext, report: ShiftReport, summary: RunSummary, sc
     mean nothing), and the summary says why."""
     if not _withheld(report, summary):
         summary.outputs = write_for_reestimation(run.bundle, run.target_uri, scored.batches, scored.probs,
-                                                 report.weights.tolist(), summary.to_dict())
+                                                 report.weights.tolist(), summary.to_dict(), scored.ids or None)
 
 
 def _withheld(report: ShiftReport, summary: RunSummary) -> bool:

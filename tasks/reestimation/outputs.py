@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import itertools
 import tempfile
 from pathlib import Path
 
@@ -75,21 +76,30 @@ def _corrected_chunks(probs: np.ndarray, weights: np.ndarray, ids, chunk_rows: i
 WRITE_THREADS = max(1, min(2, usable_cpus()))
 
 
+def _id_chunks(store, b: TargetBatch, id_column, ids: list | None, folder: Path, chunk_rows: int):
+    """The batch's ids in chunks: ``ids[0]`` when ``ids`` is given (read with the outputs: a pyarrow array, or None
+    for a batch without the column), else streamed from a copy downloaded into ``folder``; an endless run of None
+    without ids."""
+    none = itertools.repeat(None)
+    if ids is not None:
+        return none if ids[0] is None else iter([ids[0]])
+    if not id_column:
+        return none
+    source = download_batch(store, b, folder, "batch")
+    return iter_ids(source, store.url(b.key), id_column, chunk_rows=chunk_rows)
+
+
 def _write_corrected_parquet(names, id_column, store, b: TargetBatch, p: np.ndarray, w: np.ndarray,
-                             summary: dict) -> str:
+                             summary: dict, ids: list | None = None) -> str:
     """One Parquet batch's corrected outputs (columns ``names``, and the batch's ``id_column`` when not None) written
-    row group by row group to a temporary file (the ids streamed from a downloaded copy of the batch), uploaded with
-    the batch's summary; its URI."""
+    row group by row group to a temporary file (the ids from ``[ids]`` when given, else streamed from a downloaded
+    copy of the batch), uploaded with the batch's summary; its URI."""
     chunk_rows = rows_mod.ROW_BLOCK
     with tempfile.TemporaryDirectory(prefix="labelshift-corrected-") as tmp:
         folder = Path(tmp)
-        if id_column:
-            source = download_batch(store, b, folder, "batch")
-            ids = iter_ids(source, store.url(b.key), id_column, chunk_rows=chunk_rows)
-        else:
-            ids = iter_ids(None, store.url(b.key), None)
+        chunks = _id_chunks(store, b, id_column, ids, folder, chunk_rows)
         out = folder / "corrected.parquet"
-        write_corrected_parquet(out, _corrected_chunks(p, w, ids, chunk_rows), names, id_column)
+        write_corrected_parquet(out, _corrected_chunks(p, w, chunks, chunk_rows), names, id_column)
         batch_summary = _batch_summary(summary, store, b, len(p))
         write_corrected_file(store, b, out, b.corrected_key, batch_summary, rows=len(p), classes=len(names))
     return store.url(b.corrected_key)
@@ -97,21 +107,23 @@ def _write_corrected_parquet(names, id_column, store, b: TargetBatch, p: np.ndar
 
 @task(name="write-outputs", cache_policy=NO_CACHE, persist_result=False)
 def write_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], probs: list[np.ndarray],
-                           weights: list[float], summary: dict) -> list[str]:
+                           weights: list[float], summary: dict, ids: list | None = None) -> list[str]:
     """Corrected predictions beside each batch: ``.corrected.npy`` for .npy batches (as for PyTorch models),
     ``.corrected.parquet`` with one column per class name (and the batch's id column) for Parquet batches, written
-    row group by row group to a temporary file (the batch's id column streamed from a downloaded copy), then
-    uploaded; :data:`WRITE_THREADS` batches at once. Returns their URIs in the batches' order. A failure (or a
+    row group by row group to a temporary file, then uploaded; :data:`WRITE_THREADS` batches at once. ``ids``: each
+    batch's ids as scoring read them (:attr:`~tasks.reestimation.scoring.ScoredBatches.ids`); without them a batch's
+    id column is streamed from a downloaded copy. Returns their URIs in the batches' order. A failure (or a
     stop) raises at once: batches not started are not written, the ones under way may still land (the run commits
     nothing, and the next run writes them again)."""
     if all(b.key.endswith(".npy") for b in batches):
         return write_outputs(target_uri, batches, probs, weights, summary)
     store = open_store(target_uri)
     w = np.asarray(weights, dtype=np.float64)
+    each = [[i] for i in ids] if ids else [None] * len(batches)
     with rows_mod.one_blas_thread():
         return mapped(threads_for(len(w), WRITE_THREADS),
-                      lambda b, p: _write_corrected_parquet(bundle.holdout.names, getattr(bundle, "id_column", None),
-                                                            store, b, p, w, summary), batches, probs)
+                      lambda b, p, i: _write_corrected_parquet(bundle.holdout.names, getattr(bundle, "id_column", None),
+                                                               store, b, p, w, summary, i), batches, probs, each)
 
 
 def write_corrected_partition(probs: np.ndarray, batch: TargetBatch, target_uri: str, weights: list[float],

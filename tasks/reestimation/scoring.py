@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from labelshift import rows as rows_mod
 from labelshift.monitoring.batches import batch_format, batch_rows, check_one_format, iter_feature_chunks, \
-    iter_output_chunks
+    iter_output_chunks, read_ids
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
 from labelshift.inference.segments import usable_cpus
 from labelshift.monitoring.inputs import load_batch
@@ -36,13 +36,16 @@ __all__ = ["ScoredBatches", "forward", "model_scores", "download_batch", "score_
 class ScoredBatches:
     """What scoring made of the new batches: the good ones with their probabilities (and the raw outputs those came
     from, float32, batch by batch like ``probs``), those that failed their checks (rejected, with the reason) and
-    those gone or replaced since the listing (skipped: the next run lists them afresh)."""
+    those gone or replaced since the listing (skipped: the next run lists them afresh). ``ids``: for prediction logs
+    with an id column, each good batch's ids (a pyarrow array, None for a batch without the column) read with its
+    outputs, for the corrected outputs; empty when not read."""
 
     batches: list[TargetBatch]
     probs: list[np.ndarray]
     rejected: list[RejectedBatch] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
     outputs: list[np.ndarray] = field(default_factory=list)
+    ids: list = field(default_factory=list)
 
 
 def _shape(dims) -> str:
@@ -185,8 +188,9 @@ def _downloaded(store, batches: list[TargetBatch], folder: Path, out: ScoredBatc
 
 
 def _calibrate_file(bundle: ReferenceBundle, file, pooled: np.ndarray, pooled_raw: np.ndarray, at: int):
-    """One downloaded batch read in row chunks into ``pooled_raw[at:at + n]`` and calibrated into ``pooled``; None,
-    or the FormatError/InputError that rejects it. Its file is deleted either way."""
+    """One downloaded batch read in row chunks into ``pooled_raw[at:at + n]`` and calibrated into ``pooled``, and its
+    ids read (the reference's id column, None without one); (None, ids), or (the FormatError/InputError that rejects
+    it, None). Its file is deleted either way."""
     b, uri, fmt, path, n = file
     row = at
     try:
@@ -199,11 +203,12 @@ def _calibrate_file(bundle: ReferenceBundle, file, pooled: np.ndarray, pooled_ra
             row += len(chunk)
         if row != at + n:
             raise FormatError(f"batch {uri} holds {row - at} rows but its metadata says {n}; write it again.")
+        ids = read_ids(path, uri, bundle.id_column) if fmt == "parquet" else None
     except (FormatError, InputError) as exc:
-        return exc
+        return exc, None
     finally:
         path.unlink(missing_ok=True)
-    return None
+    return None, ids
 
 
 def _move_rows(a: np.ndarray, start: int, to: int, n: int) -> None:
@@ -223,10 +228,10 @@ def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out:
         starts = np.concatenate([[0], np.cumsum([f[4] for f in files], dtype=np.int64)])
         pooled = np.empty((int(starts[-1]), bundle.n_classes), dtype=np.float32)
         pooled_raw = np.empty_like(pooled)     # for the source-aware interval
-        failed = mapped(threads_for(bundle.n_classes, CALIBRATE_THREADS),
-                        lambda f, at: _calibrate_file(bundle, f, pooled, pooled_raw, int(at)), files, starts[:-1])
+        read = mapped(threads_for(bundle.n_classes, CALIBRATE_THREADS),
+                      lambda f, at: _calibrate_file(bundle, f, pooled, pooled_raw, int(at)), files, starts[:-1])
         at = 0
-        for (b, _, _, _, n), start, exc in zip(files, starts[:-1], failed):
+        for (b, _, _, _, n), start, (exc, ids) in zip(files, starts[:-1], read):
             if exc is not None:
                 reject_batch(out, b, exc, reject_logger)
                 continue
@@ -236,6 +241,7 @@ def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out:
             out.batches.append(b)
             out.probs.append(pooled[at:at + n])
             out.outputs.append(pooled_raw[at:at + n])
+            out.ids.append(ids)
             at += n
 
 

@@ -263,9 +263,11 @@ def test_joined_views_are_pooled_without_a_copy():
     np.testing.assert_array_equal(out, np.concatenate(shuffled))
 
 
-@pytest.mark.parametrize("with_ids", [True, False])
+@pytest.mark.parametrize("with_ids", [True, False, "kept"])
 def test_streamed_corrected_parquet_holds_what_the_in_memory_writer_wrote(tmp_path, with_ids):
-    from tasks.reestimation.outputs import _corrected_chunks
+    """The corrected outputs written chunk by chunk equal the in-memory writer's, with the ids streamed from the
+    batch, kept from scoring's read (``"kept"``), or none."""
+    from tasks.reestimation.outputs import _corrected_chunks, _id_chunks
 
     rng = np.random.default_rng(5)
     P, _ = softmax_draw(rng, 2500, np.full(K, 1 / K))
@@ -279,7 +281,8 @@ def test_streamed_corrected_parquet_holds_what_the_in_memory_writer_wrote(tmp_pa
     before = corrected_parquet(correct_predictions(P, w).astype(np.float32), names,
                                read_ids(str(source), "batch", id_column), id_column)
     out = tmp_path / "out.parquet"
-    ids = iter_ids(str(source), "batch", id_column, chunk_rows=300)
+    ids = iter_ids(str(source), "batch", id_column, chunk_rows=300) if with_ids != "kept" else \
+        _id_chunks(None, None, id_column, [read_ids(str(source), "batch", id_column)], tmp_path, 300)
     n = write_corrected_parquet(out, _corrected_chunks(P, w, ids, 1000), names, id_column)
     assert n == len(P)
     streamed = pq.read_table(out)

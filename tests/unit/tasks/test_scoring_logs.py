@@ -1,6 +1,7 @@
 """Prediction logs scored for re-estimation (tasks.reestimation.scoring._score_logs): batches downloaded several at
 once and calibrated a batch per thread into one pooled array, whose rows are each batch's own, in the batches'
-order, also when a batch between good ones is rejected (the rows after it move up)."""
+order, also when a batch between good ones is rejected (the rows after it move up); and each good batch's ids, read
+with its outputs for the corrected outputs."""
 from __future__ import annotations
 
 import io
@@ -22,9 +23,9 @@ from tasks.reestimation.scoring import ScoredBatches
 NAMES = ("a", "b", "c")
 
 
-def _parquet(z: np.ndarray) -> bytes:
+def _parquet(z: np.ndarray, ids: list[str]) -> bytes:
     buf = io.BytesIO()
-    pq.write_table(pa.table({c: z[:, j] for j, c in enumerate(NAMES)}), buf, row_group_size=64)
+    pq.write_table(pa.table({"request": ids, **{c: z[:, j] for j, c in enumerate(NAMES)}}), buf, row_group_size=64)
     return buf.getvalue()
 
 
@@ -35,20 +36,22 @@ def test_rows_of_each_good_batch_are_its_own_and_a_rejected_batch_leaves_no_hole
     rng = np.random.default_rng(0)
     holdout, labels = rng.standard_normal((300, 3)), rng.integers(0, 3, 300)
     calibrator = BCTS().fit(holdout, labels)
-    bundle = SimpleNamespace(n_classes=3, spec=OutputSpec(NAMES, "logits"), calibrator=calibrator)
+    bundle = SimpleNamespace(n_classes=3, spec=OutputSpec(NAMES, "logits"), calibrator=calibrator,
+                             id_column="request")
     store = open_store(f"file://{tmp_path}/target")
     batches = {f"day-{i}.parquet": rng.standard_normal((n, 3)).astype(np.float32)
                for i, n in enumerate([150, 90, 200, 40])}
     bad = batches["day-1.parquet"].copy()
     bad[70, 1] = np.nan                                      # found part-way through the batch
     for key, z in batches.items():
-        store.put_bytes(key, _parquet(bad if key == "day-1.parquet" else z))
+        store.put_bytes(key, _parquet(bad if key == "day-1.parquet" else z, [f"{key}:{i}" for i in range(len(z))]))
     out = ScoredBatches([], [])
     scoring._score_logs(bundle, store, list_batches(store), out, logging.getLogger("t"), None)
     assert [b.key for b in out.batches] == ["day-0.parquet", "day-2.parquet", "day-3.parquet"]
     assert [r.batch.key for r in out.rejected] == ["day-1.parquet"] and "NaN" in out.rejected[0].reason
-    for b, probs, raw in zip(out.batches, out.probs, out.outputs):
+    for b, probs, raw, ids in zip(out.batches, out.probs, out.outputs, out.ids, strict=True):
         z = batches[b.key]
+        assert ids.to_pylist() == [f"{b.key}:{i}" for i in range(len(z))]
         np.testing.assert_array_equal(raw, z)                # the kept raw outputs are the batch's, exactly
         expected = calibrator.predict_proba(z.astype(np.float64)).astype(np.float32)
         np.testing.assert_allclose(probs, expected, rtol=0, atol=4 * np.finfo(np.float32).eps)
