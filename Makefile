@@ -60,10 +60,11 @@ test: setup lint
 
 # one local stack on free ports; its Prefect server, MLflow server and SeaweedFS each killed and frozen while
 # `labelshift estimate` runs on it, each followed by a run to completion (docs/operations.md, "Faults").
-# FAULT_WORKERS=3 runs the cases on three pytest-xdist workers, a stack each (11:26 against 33:05 on a busy machine:
-# they mostly wait on timeouts), but stacks started at once can pick the same free port (seen once from a fresh
-# clone: weed's volume gRPC port "address already in use"), so the default stays one after another.
-FAULT_WORKERS ?= 0
+# The cases run on FAULT_WORKERS pytest-xdist workers (default 3), a stack each: they mostly wait on timeouts
+# (7:40 on three against 14-16 minutes one after another on an idle machine). Stacks started at once once raced for
+# a free port (weed's volume gRPC port "address already in use"); free_ports (runtime/processes.py) now draws ports
+# below the kernel's ephemeral range and reserves them across processes. FAULT_WORKERS=0 runs them one after another.
+FAULT_WORKERS ?= 3
 
 test-faults-stack: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(if $(filter 0,$(FAULT_WORKERS)),,-n $(FAULT_WORKERS) --dist load) \

@@ -39,18 +39,77 @@ class ServiceStartError(RuntimeError):
 
 
 # -- ports and probes --------------------------------------------------------------------------------------------------
-def free_ports(count: int, host: str = HOST) -> list[int]:
-    """``count`` distinct ports free on ``host`` a moment ago (held open together while chosen)."""
-    held = []
+#: how long a port handed out by :func:`free_ports` stays reserved for the server it was chosen for
+PORT_RESERVATION_S = 600.0
+#: ports are drawn from this many below the kernel's ephemeral range
+_PORT_SPAN = 12_000
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's range for outgoing connections (Linux's own default where it cannot be read)."""
     try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            held.append(s)
-        return [s.getsockname()[1] for s in held]
-    finally:
-        for s in held:
-            s.close()
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int, host: str) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as the servers bind
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _reservations(registry: Path, now: float) -> dict[int, float]:
+    """The ports :func:`free_ports` handed out within :data:`PORT_RESERVATION_S`, with when (none when unreadable)."""
+    import json
+
+    try:
+        return {int(p): t for p, t in json.loads(registry.read_text()).items() if now - t < PORT_RESERVATION_S}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _draw_ports(count: int, host: str, taken: Mapping[int, float]) -> list[int]:
+    import random
+
+    high = _ephemeral_start()
+    low = max(1024, high - _PORT_SPAN)
+    rng, chosen = random.SystemRandom(), []
+    for _ in range(50 * count + 1000):
+        if len(chosen) == count:
+            return chosen
+        port = rng.randrange(low, high)
+        if port not in taken and port not in chosen and _bindable(port, host):
+            chosen.append(port)
+    raise ServiceStartError(f"no {count} free ports on {host} between {low} and {high - 1}; stop servers you no "
+                            "longer need.")
+
+
+def free_ports(count: int, host: str = HOST) -> list[int]:
+    """``count`` distinct ports free on ``host`` now, for servers about to start. Drawn at random below the kernel's
+    ephemeral range, so that no outgoing connection of any process takes one before its server binds it, and
+    never one this function handed out, in any process of this user, within :data:`PORT_RESERVATION_S` (recorded
+    in a file in the temp folder under a lock): servers started side by side (pytest-xdist workers, each with a
+    stack) do not race for a port."""
+    import fcntl
+    import json
+    import tempfile
+
+    registry = Path(tempfile.gettempdir()) / f"labelshift-ports-{os.getuid()}.json"
+    with open(registry.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)         # released when the file closes
+        now = time.time()
+        reserved = _reservations(registry, now)
+        chosen = _draw_ports(count, host, reserved)
+        reserved.update((p, now) for p in chosen)
+        tmp = registry.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({str(p): t for p, t in reserved.items()}))
+        os.replace(tmp, registry)
+    return chosen
 
 
 def port_in_use(port: int, host: str = HOST) -> bool:

@@ -66,8 +66,29 @@ def test_a_slow_process_fails_with_the_advice_and_is_left_running(tmp_path):
 def test_pid_identity_by_start_time():
     me = os.getpid()
     assert pid_alive(me) and pid_alive(me, start_time(me)) and not pid_alive(me, 1.0)
-    (free,) = free_ports(1)
-    assert 0 < free < 65536
+
+
+def _ports_of_one_process(count: int) -> list[int]:
+    return free_ports(count)
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_processes_side_by_side_never_share_one():
+    """Ports for servers are drawn below the kernel's range for outgoing connections (none can take one before its
+    server binds it), and processes asking at once (as pytest-xdist workers starting a stack each do) each get
+    their own: 6 processes x 20 ports, all distinct."""
+    import multiprocessing
+    import socket
+
+    from runtime.processes import _ephemeral_start
+
+    with multiprocessing.get_context("fork").Pool(6) as pool:
+        handed = pool.map(_ports_of_one_process, [20] * 6)
+    ports = [p for got in handed for p in got]
+    assert len(set(ports)) == len(ports) == 120
+    assert all(1024 <= p < _ephemeral_start() for p in ports)
+    assert not set(ports) & set(free_ports(20))          # reserved for a while: not handed out again
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))                  # free when handed out
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="clock ticks of older run records are Linux's")
