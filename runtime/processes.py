@@ -78,6 +78,8 @@ def _draw_ports(count: int, host: str, taken: Mapping[int, float]) -> list[int]:
 
     high = _ephemeral_start()
     low = max(1024, high - _PORT_SPAN)
+    if high - low < 1000:            # an ephemeral range that starts low: any unprivileged port
+        low, high = 1024, 65536
     rng, chosen = random.SystemRandom(), []
     for _ in range(50 * count + 1000):
         if len(chosen) == count:
