@@ -58,12 +58,13 @@ test: setup lint
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) \
 	  --ignore=$(FAULTS_STACK)
 
-# one local stack on free ports; its Prefect server, MLflow server and SeaweedFS each killed and frozen while
+# local stacks on free ports; their Prefect server, MLflow server and SeaweedFS each killed and frozen while
 # `labelshift estimate` runs on it, each followed by a run to completion (docs/operations.md, "Faults").
 # The cases run on FAULT_WORKERS pytest-xdist workers (default 3), a stack each: they mostly wait on timeouts
 # (7:40 on three against 14-16 minutes one after another on an idle machine). Stacks started at once once raced for
 # a free port (weed's volume gRPC port "address already in use"); free_ports (runtime/processes.py) now draws ports
-# below the kernel's ephemeral range and reserves them across processes. FAULT_WORKERS=0 runs them one after another.
+# outside the kernel's ephemeral range and reserves them across processes for 10 minutes. FAULT_WORKERS=0 runs
+# them one after another.
 FAULT_WORKERS ?= 3
 
 test-faults-stack: setup

@@ -41,16 +41,28 @@ class ServiceStartError(RuntimeError):
 # -- ports and probes --------------------------------------------------------------------------------------------------
 #: how long a port handed out by :func:`free_ports` stays reserved for the server it was chosen for
 PORT_RESERVATION_S = 600.0
-#: ports are drawn from this many below the kernel's ephemeral range
+#: ports are drawn from this many next to the kernel's ephemeral range
 _PORT_SPAN = 12_000
 
 
-def _ephemeral_start() -> int:
-    """The first port of the kernel's range for outgoing connections (Linux's own default where it cannot be read)."""
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections, first and last (Linux's default where unreadable)."""
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
+        first, last = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
+        return first, last
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _port_range() -> tuple[int, int]:
+    """[low, high) to draw server ports from: below the ephemeral range, else above it, else any unprivileged port
+    (only when the ephemeral range leaves no room on either side)."""
+    first, last = _ephemeral_range()
+    if first - 1024 >= 1000:
+        return max(1024, first - _PORT_SPAN), first
+    if 65535 - last >= 1000:
+        return last + 1, min(65536, last + 1 + _PORT_SPAN)
+    return 1024, 65536
 
 
 def _bindable(port: int, host: str) -> bool:
@@ -68,18 +80,16 @@ def _reservations(registry: Path, now: float) -> dict[int, float]:
     import json
 
     try:
-        return {int(p): t for p, t in json.loads(registry.read_text()).items() if now - t < PORT_RESERVATION_S}
-    except (OSError, ValueError, AttributeError):
+        return {int(p): float(t) for p, t in json.loads(registry.read_text()).items()
+                if now - float(t) < PORT_RESERVATION_S}
+    except Exception:           # missing, half-written by an older version, or not ours: no reservations
         return {}
 
 
 def _draw_ports(count: int, host: str, taken: Mapping[int, float]) -> list[int]:
     import random
 
-    high = _ephemeral_start()
-    low = max(1024, high - _PORT_SPAN)
-    if high - low < 1000:            # an ephemeral range that starts low: any unprivileged port
-        low, high = 1024, 65536
+    low, high = _port_range()
     rng, chosen = random.SystemRandom(), []
     for _ in range(50 * count + 1000):
         if len(chosen) == count:
@@ -91,27 +101,54 @@ def _draw_ports(count: int, host: str, taken: Mapping[int, float]) -> list[int]:
                             "longer need.")
 
 
+def _ports_folder() -> Path | None:
+    """This user's folder for the port reservations (temp folder, mode 0700), or None when it cannot be had."""
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()) / f"labelshift-ports-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        info = folder.lstat()
+    except OSError:
+        return None
+    import stat
+
+    return folder if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() else None
+
+
 def free_ports(count: int, host: str = HOST) -> list[int]:
-    """``count`` distinct ports free on ``host`` now, for servers about to start. Drawn at random below the kernel's
-    ephemeral range, so that no outgoing connection of any process takes one before its server binds it, and
-    never one this function handed out, in any process of this user, within :data:`PORT_RESERVATION_S` (recorded
-    in a file in the temp folder under a lock): servers started side by side (pytest-xdist workers, each with a
-    stack) do not race for a port."""
+    """``count`` distinct ports free on ``host`` now, for servers about to start. Drawn at random outside the
+    kernel's ephemeral range (:func:`_port_range`), so that no outgoing connection of any process takes one before
+    its server binds it, and not one this function handed out, in any process of this user, within the last
+    :data:`PORT_RESERVATION_S` (recorded in a file of this user's folder in the temp folder, under a lock): servers
+    started side by side (pytest-xdist workers, each with a stack) do not race for a port. Where that folder cannot
+    be written, the ports are drawn without the record."""
     import fcntl
     import json
     import tempfile
 
-    registry = Path(tempfile.gettempdir()) / f"labelshift-ports-{os.getuid()}.json"
-    with open(registry.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)         # released when the file closes
-        now = time.time()
-        reserved = _reservations(registry, now)
-        chosen = _draw_ports(count, host, reserved)
-        reserved.update((p, now) for p in chosen)
-        tmp = registry.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({str(p): t for p, t in reserved.items()}))
-        os.replace(tmp, registry)
-    return chosen
+    folder = _ports_folder()
+    if folder is None:
+        return _draw_ports(count, host, {})
+    try:
+        with open(folder / "lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)          # released when the file closes
+            now = time.time()
+            registry = folder / "reserved.json"
+            reserved = _reservations(registry, now)
+            chosen = _draw_ports(count, host, reserved)
+            reserved.update((p, now) for p in chosen)
+            fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump({str(p): t for p, t in reserved.items()}, f)
+                os.replace(tmp, registry)
+            except OSError:
+                with suppress(OSError):
+                    os.unlink(tmp)
+            return chosen
+    except OSError:             # the folder went away or filled up: ports without the record
+        return _draw_ports(count, host, {})
 
 
 def port_in_use(port: int, host: str = HOST) -> bool:

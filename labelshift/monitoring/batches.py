@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from ..errors import FormatError, InputError
 
 __all__ = ["FORMATS", "OUTPUT_KINDS", "OutputSpec", "batch_format", "check_one_format", "iter_output_chunks",
-           "read_outputs", "iter_feature_chunks", "read_features", "read_ids", "batch_rows", "iter_ids",
+           "read_outputs", "iter_feature_chunks", "read_features", "read_ids", "id_bytes", "batch_rows", "iter_ids",
            "metric_names", "default_class_names", "check_class_names", "check_reference",
            "read_holdout", "LabelledOutputs", "PARQUET_CORRECTED_SUFFIX", "read_segments", "check_segment_values"]
 
@@ -279,13 +279,29 @@ def read_outputs(source, fmt: str, spec: OutputSpec, uri: str, *, chunk_rows: in
 
 
 def read_ids(source, uri: str, id_column: str | None) -> pa.Array | None:
-    """The id column of a Parquet batch (None without one)."""
+    """The id column of a Parquet batch (None without one); FormatError when it cannot be read."""
     if not id_column:
         return None
     pf = _parquet(source, uri)
     if id_column not in pf.schema_arrow.names:
         return None
-    return pf.read(columns=[id_column]).column(0).combine_chunks()
+    try:
+        return pf.read(columns=[id_column]).column(0).combine_chunks()
+    except (pa.ArrowException, OSError) as exc:
+        raise FormatError(f"batch {uri}: its id column {id_column!r} cannot be read ({' '.join(str(exc).split())}); "
+                          "write the batch again.") from None
+
+
+def id_bytes(source, uri: str, id_column: str | None) -> int:
+    """About how many bytes the id column of a Parquet batch takes once read (its uncompressed size in the file's
+    metadata; 0 without one)."""
+    if not id_column:
+        return 0
+    pf = _parquet(source, uri)
+    leaves = [j for j in range(len(pf.schema)) if pf.schema.column(j).path == id_column]
+    meta = pf.metadata
+    return sum(meta.row_group(i).column(j).total_uncompressed_size for i in range(meta.num_row_groups)
+               for j in leaves)
 
 
 def batch_rows(source: str | Path, fmt: str, uri: str) -> int:

@@ -119,6 +119,8 @@ def write_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], 
         return write_outputs(target_uri, batches, probs, weights, summary)
     store = open_store(target_uri)
     w = np.asarray(weights, dtype=np.float64)
+    if ids and len(ids) != len(batches):
+        raise ValueError(f"ids of {len(ids)} batches for {len(batches)} batches: pass one entry a batch, or none.")
     each = [[i] for i in ids] if ids else [None] * len(batches)
     with rows_mod.one_blas_thread():
         return mapped(threads_for(len(w), WRITE_THREADS),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 
 from labelshift import rows as rows_mod
 from labelshift.monitoring.batches import batch_format, batch_rows, check_one_format, iter_feature_chunks, \
-    iter_output_chunks, read_ids
+    iter_output_chunks, id_bytes, read_ids
 from labelshift.errors import FormatError, InputError, ObjectNotFoundError
 from labelshift.inference.segments import usable_cpus
 from labelshift.monitoring.inputs import load_batch
@@ -38,7 +39,7 @@ class ScoredBatches:
     from, float32, batch by batch like ``probs``), those that failed their checks (rejected, with the reason) and
     those gone or replaced since the listing (skipped: the next run lists them afresh). ``ids``: for prediction logs
     with an id column, each good batch's ids (a pyarrow array, None for a batch without the column) read with its
-    outputs, for the corrected outputs; empty when not read."""
+    outputs, for the corrected outputs; empty when not read (other models, or ids above :data:`KEPT_ID_BYTES`)."""
 
     batches: list[TargetBatch]
     probs: list[np.ndarray]
@@ -187,10 +188,28 @@ def _downloaded(store, batches: list[TargetBatch], folder: Path, out: ScoredBatc
     return files
 
 
-def _calibrate_file(bundle: ReferenceBundle, file, pooled: np.ndarray, pooled_raw: np.ndarray, at: int):
-    """One downloaded batch read in row chunks into ``pooled_raw[at:at + n]`` and calibrated into ``pooled``, and its
-    ids read (the reference's id column, None without one); (None, ids), or (the FormatError/InputError that rejects
-    it, None). Its file is deleted either way."""
+#: the most bytes of id columns (all batches of a run together, from the files' metadata) kept in memory for the
+#: corrected outputs; above it the outputs read each batch's ids from a second download (string ids of 10M rows:
+#: about 400 MB)
+KEPT_ID_BYTES = 256 * 2**20
+
+
+def _ids_kept(bundle: ReferenceBundle, files: list) -> bool:
+    """Whether the batches' id columns fit :data:`KEPT_ID_BYTES` (estimated from the Parquet metadata; a batch whose
+    metadata cannot be read counts nothing: its read fails and rejects it)."""
+    total = 0
+    for _, uri, fmt, path, _ in files:
+        if fmt == "parquet":
+            with suppress(FormatError, InputError, OSError):
+                total += id_bytes(path, uri, bundle.id_column)
+    return total <= KEPT_ID_BYTES
+
+
+def _calibrate_file(bundle: ReferenceBundle, file, pooled: np.ndarray, pooled_raw: np.ndarray, at: int,
+                    keep_ids: bool):
+    """One downloaded batch read in row chunks into ``pooled_raw[at:at + n]`` and calibrated into ``pooled``, and
+    with ``keep_ids`` its ids read (the reference's id column, None without one); (None, ids), or (the
+    FormatError/InputError that rejects it, None). Its file is deleted either way."""
     b, uri, fmt, path, n = file
     row = at
     try:
@@ -203,7 +222,7 @@ def _calibrate_file(bundle: ReferenceBundle, file, pooled: np.ndarray, pooled_ra
             row += len(chunk)
         if row != at + n:
             raise FormatError(f"batch {uri} holds {row - at} rows but its metadata says {n}; write it again.")
-        ids = read_ids(path, uri, bundle.id_column) if fmt == "parquet" else None
+        ids = read_ids(path, uri, bundle.id_column) if keep_ids and fmt == "parquet" else None
     except (FormatError, InputError) as exc:
         return exc, None
     finally:
@@ -228,8 +247,10 @@ def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out:
         starts = np.concatenate([[0], np.cumsum([f[4] for f in files], dtype=np.int64)])
         pooled = np.empty((int(starts[-1]), bundle.n_classes), dtype=np.float32)
         pooled_raw = np.empty_like(pooled)     # for the source-aware interval
+        keep_ids = _ids_kept(bundle, files)
         read = mapped(threads_for(bundle.n_classes, CALIBRATE_THREADS),
-                      lambda f, at: _calibrate_file(bundle, f, pooled, pooled_raw, int(at)), files, starts[:-1])
+                      lambda f, at: _calibrate_file(bundle, f, pooled, pooled_raw, int(at), keep_ids), files,
+                      starts[:-1])
         at = 0
         for (b, _, _, _, n), start, (exc, ids) in zip(files, starts[:-1], read):
             if exc is not None:
@@ -241,7 +262,8 @@ def _score_logs(bundle: ReferenceBundle, store, batches: list[TargetBatch], out:
             out.batches.append(b)
             out.probs.append(pooled[at:at + n])
             out.outputs.append(pooled_raw[at:at + n])
-            out.ids.append(ids)
+            if keep_ids:
+                out.ids.append(ids)
             at += n
 
 

@@ -11,9 +11,10 @@ import pytest
 
 from labelshift.monitoring.batches import (OutputSpec, check_one_format, check_reference,
                                                      iter_output_chunks, metric_names,
-                                                     read_features, read_holdout, read_ids, read_outputs)
+                                                     read_features, read_holdout, read_ids, read_outputs,
+                                                     id_bytes)
 from labelshift.monitoring.outputs import corrected_parquet
-from labelshift.errors import InputError
+from labelshift.errors import FormatError, InputError
 
 NAMES = ("cat", "dog", "bird")
 URI = "s3://b/t/day-1.parquet"
@@ -41,6 +42,13 @@ def test_column_and_list_layouts_read_the_same_outputs_in_chunks():
     np.testing.assert_array_equal(np.concatenate(chunks), p)
     np.testing.assert_array_equal(read_outputs(by_list, "parquet", spec, URI), p)
     assert read_ids(by_col, URI, "id").to_pylist() == list(range(40))
+    # the ids' size from the metadata (uncompressed: at least the 8 bytes a row they take once read), none without
+    assert id_bytes(by_list, URI, "id") >= 8 * 40 and id_bytes(by_list, URI, "request") == 0
+    damaged = bytearray(by_list)                     # the id column's first page header overwritten
+    offset = pq.ParquetFile(io.BytesIO(by_list)).metadata.row_group(0).column(0).data_page_offset
+    damaged[offset:offset + 8] = b"\xff" * 8
+    with pytest.raises(FormatError, match="its id column 'id' cannot be read .*write the batch again"):
+        read_ids(bytes(damaged), URI, "id")
 
 
 def test_corrected_parquet_has_id_then_named_columns():

@@ -79,16 +79,35 @@ def test_free_ports_lie_below_the_ephemeral_range_and_processes_side_by_side_nev
     import multiprocessing
     import socket
 
-    from runtime.processes import _ephemeral_start
+    from runtime.processes import _ephemeral_range
 
     with multiprocessing.get_context("fork").Pool(6) as pool:
         handed = pool.map(_ports_of_one_process, [20] * 6)
     ports = [p for got in handed for p in got]
     assert len(set(ports)) == len(ports) == 120
-    assert all(1024 <= p < _ephemeral_start() for p in ports)
+    first, last = _ephemeral_range()
+    assert all(1024 <= p < 65536 and not first <= p <= last for p in ports)
     assert not set(ports) & set(free_ports(20))          # reserved for a while: not handed out again
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports[0]))                  # free when handed out
+
+
+def test_free_ports_without_a_usable_record_still_hand_out_ports(tmp_path, monkeypatch):
+    """A record that is not ours, half-written or unwritable costs the reservation, never the ports."""
+    import tempfile
+
+    import runtime.processes as processes
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder = tmp_path / f"labelshift-ports-{os.getuid()}"
+    folder.mkdir(mode=0o700)
+    (folder / "reserved.json").write_text('{"25000": "x", "25001": null}')      # not numbers
+    assert len(set(free_ports(5))) == 5
+    (folder / "reserved.json").unlink()
+    (folder / "reserved.json").mkdir()                                            # cannot be replaced
+    assert len(set(free_ports(5))) == 5 and not list(folder.glob("*.tmp"))
+    monkeypatch.setattr(processes, "_ports_folder", lambda: None)               # no folder of ours
+    assert len(set(free_ports(5))) == 5
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="clock ticks of older run records are Linux's")

@@ -58,3 +58,21 @@ def test_rows_of_each_good_batch_are_its_own_and_a_rejected_batch_leaves_no_hole
     pooled = rows.joined(out.probs)                       # consecutive views of one array: pooled without a copy
     assert pooled.shape == (390, 3) and np.shares_memory(pooled, out.probs[0])
     assert np.shares_memory(rows.joined(out.outputs), out.outputs[2])
+
+
+def test_ids_above_the_budget_are_left_for_the_outputs_to_read(tmp_path, monkeypatch):
+    """Id columns larger than KEPT_ID_BYTES (from the files' metadata) are not kept: the corrected outputs read them
+    from a second download instead (``ids`` empty), and the rows are scored the same."""
+    rng = np.random.default_rng(1)
+    calibrator = BCTS().fit(rng.standard_normal((300, 3)), rng.integers(0, 3, 300))
+    bundle = SimpleNamespace(n_classes=3, spec=OutputSpec(NAMES, "logits"), calibrator=calibrator,
+                             id_column="request")
+    store = open_store(f"file://{tmp_path}/target")
+    z = rng.standard_normal((100, 3)).astype(np.float32)
+    store.put_bytes("day-0.parquet", _parquet(z, [f"r{i}" for i in range(100)]))
+    for budget, kept in ((2**20, True), (100, False)):   # 100 string ids take more than 100 bytes
+        monkeypatch.setattr(scoring, "KEPT_ID_BYTES", budget)
+        out = ScoredBatches([], [])
+        scoring._score_logs(bundle, store, list_batches(store), out, logging.getLogger("t"), None)
+        assert len(out.batches) == 1 and bool(out.ids) == kept
+        np.testing.assert_array_equal(out.outputs[0], z)
