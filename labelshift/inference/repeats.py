@@ -100,13 +100,21 @@ def _all_distinct(h: np.ndarray) -> bool:
     return not bool(np.any(s[1:] == s[:-1]))
 
 
+def _surely_repeated(h: np.ndarray) -> bool:
+    """Whether 2^16 of the row hashes ``h``, taken at a fixed stride, already hold two equal ones: then the rows are
+    grouped without :func:`_all_distinct`'s sort of them all (a target with many repeats shows them in any sample;
+    equal hashes of unequal rows, about 2^-33 here, only cost that grouping, which checks the rows exactly)."""
+    s = np.sort(h[::max(1, h.size >> 16)])
+    return bool(np.any(s[1:] == s[:-1]))
+
+
 def _sorted_groups(P: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(order, starts): the rows in an order where equal rows are adjacent (a sort of a 64-bit hash of each row's
     bytes, checked exactly; a collision falls back to sorting the bytes), and where each group starts in it; None
     when every row is distinct (:func:`_all_distinct`). Lean: a few (m,) integer arrays, never a copy of ``P``."""
     words = _row_words(P)
     h = _row_hash(words)
-    if _all_distinct(h):
+    if not _surely_repeated(h) and _all_distinct(h):
         return None
     order = np.argsort(h)
     h = h[order]                                                 # the hashes sorted (the unsorted ones freed)

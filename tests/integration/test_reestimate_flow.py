@@ -104,7 +104,8 @@ def test_deployment_processes_new_batches_once_writes_outputs_and_logs_the_drift
 
     # the deployment is served by its own process, as `labelshift serve` or a worker would run it
     env = {**os.environ, **seaweed.env(), "PREFECT_API_URL": prefect_server,
-           "MLFLOW_TRACKING_URI": registry["tracking_uri"], "PYTHONPATH": str(REPO)}
+           "MLFLOW_TRACKING_URI": registry["tracking_uri"], "PYTHONPATH": str(REPO),
+           "PREFECT_RUNNER_POLL_FREQUENCY": "1"}          # each run picked up within 1 s, not Prefect's default 10
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen([sys.executable, "-c",
                              "from flows.reestimate import reestimate; reestimate.serve(name='e2e')"],

@@ -44,6 +44,19 @@ def test_distinct_rows_groups_equal_rows_in_order_of_first_occurrence():
     assert np.array_equal(np.sort(counts), np.sort(np.unique(idx, return_counts=True)[1]))
 
 
+def test_a_target_of_many_repeats_is_grouped_without_sorting_every_hash_first(monkeypatch):
+    """Repeats that a fixed sample of 2^16 hashes already shows skip the sort of all hashes that looks for them
+    (_all_distinct); the groups are the same. A target of distinct rows still takes that sort, and no grouping."""
+    called = []
+    real = R._all_distinct
+    monkeypatch.setattr(R, "_all_distinct", lambda h: called.append(h.size) or real(h))
+    idx = np.random.default_rng(2).integers(0, 1000, 200_000)
+    P = _probs(1000)[idx]
+    first, inverse, counts = R.distinct_rows(P)
+    assert called == [] and np.array_equal(P[first][inverse], P) and len(first) == len(np.unique(idx))
+    assert R._sorted_groups(_probs(5000)) is None and called == [5000]
+
+
 def test_distinct_rows_are_exact_when_the_hash_collides(monkeypatch):
     P = _probs(30)[np.r_[0:30, 0:10]]
     monkeypatch.setattr(R, "_row_hash", lambda words: np.zeros(words.shape[0], np.uint64))   # every row collides
