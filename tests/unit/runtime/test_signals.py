@@ -32,10 +32,23 @@ def handled():
     signal.signal(signal.SIGTERM, previous)
 
 
-def _sigterm_after(seconds: float) -> threading.Timer:
-    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGTERM))
-    timer.start()
-    return timer
+def _sigterm_after(seconds: float, into: list | None = None) -> threading.Thread:
+    """A thread that sends this process SIGTERM ``seconds`` after this call is about to return (counted from then: a
+    Timer's clock starts in its thread, so on a busy machine the stop could come while ``start()`` still waits);
+    appended to ``into`` first, for a caller that may be stopped before this returns."""
+    go = threading.Event()
+
+    def fire():
+        go.wait()
+        time.sleep(seconds)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=fire, daemon=True)
+    thread.start()
+    if into is not None:
+        into.append(thread)
+    go.set()
+    return thread
 
 
 def _busy(seconds: float) -> None:
@@ -147,9 +160,9 @@ def test_stops_at_random_moments_of_mlflow_writes_never_leave_sqlite_locked(hand
     rng = random.Random(0)
     stopped = deferred = 0
     for _ in range(25):
-        timer = _sigterm_after(rng.uniform(0.0, 0.02))
-        done = False
+        done, timers = False, []
         try:
+            _sigterm_after(rng.uniform(0.0, 0.02), timers)     # inside the try: the stop may come as it returns
             with stops_outside():
                 for i in range(10):
                     run = client.create_run(experiment, run_name=f"r{i}")
@@ -160,7 +173,7 @@ def test_stops_at_random_moments_of_mlflow_writes_never_leave_sqlite_locked(hand
         except Stop:
             stopped += 1
             deferred += done
-        timer.join()
+        timers[0].join()
         with sqlite3.connect(db, timeout=2.0) as other:
             other.execute("BEGIN EXCLUSIVE")        # raises "database is locked" if a connection kept its lock
             other.execute("ROLLBACK")
