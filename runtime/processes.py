@@ -7,13 +7,18 @@ earlier. The start time recorded with a pid (:func:`start_time`) tells a process
 """
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import random
 import re
 import shlex
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -77,8 +82,6 @@ def _bindable(port: int, host: str) -> bool:
 
 def _reservations(registry: Path, now: float) -> dict[int, float]:
     """The ports :func:`free_ports` handed out within :data:`PORT_RESERVATION_S`, with when (none when unreadable)."""
-    import json
-
     try:
         return {int(p): float(t) for p, t in json.loads(registry.read_text()).items()
                 if now - float(t) < PORT_RESERVATION_S}
@@ -87,8 +90,6 @@ def _reservations(registry: Path, now: float) -> dict[int, float]:
 
 
 def _draw_ports(count: int, host: str, taken: Mapping[int, float]) -> list[int]:
-    import random
-
     low, high = _port_range()
     rng, chosen = random.SystemRandom(), []
     for _ in range(50 * count + 1000):
@@ -103,16 +104,12 @@ def _draw_ports(count: int, host: str, taken: Mapping[int, float]) -> list[int]:
 
 def _ports_folder() -> Path | None:
     """This user's folder for the port reservations (temp folder, mode 0700), or None when it cannot be had."""
-    import tempfile
-
     folder = Path(tempfile.gettempdir()) / f"labelshift-ports-{os.getuid()}"
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
         info = folder.lstat()
     except OSError:
         return None
-    import stat
-
     return folder if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() else None
 
 
@@ -123,10 +120,6 @@ def free_ports(count: int, host: str = HOST) -> list[int]:
     :data:`PORT_RESERVATION_S` (recorded in a file of this user's folder in the temp folder, under a lock): servers
     started side by side (pytest-xdist workers, each with a stack) do not race for a port. Where that folder cannot
     be written, the ports are drawn without the record."""
-    import fcntl
-    import json
-    import tempfile
-
     folder = _ports_folder()
     if folder is None:
         return _draw_ports(count, host, {})

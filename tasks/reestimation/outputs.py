@@ -76,24 +76,27 @@ def _corrected_chunks(probs: np.ndarray, weights: np.ndarray, ids, chunk_rows: i
 WRITE_THREADS = max(1, min(2, usable_cpus()))
 
 
-def _id_chunks(store, b: TargetBatch, id_column, ids: list | None, folder: Path, chunk_rows: int):
-    """The batch's ids in chunks: ``ids[0]`` when ``ids`` is given (read with the outputs: a pyarrow array, or None
-    for a batch without the column), else streamed from a copy downloaded into ``folder``; an endless run of None
-    without ids."""
-    none = itertools.repeat(None)
-    if ids is not None:
-        return none if ids[0] is None else iter([ids[0]])
+#: in place of a batch's ids: read them from a second download of the batch
+READ_AGAIN = object()
+
+
+def _id_chunks(store, b: TargetBatch, id_column, ids, folder: Path, chunk_rows: int):
+    """The batch's ids in chunks: ``ids`` itself (read with the outputs: a pyarrow array, or None for a batch
+    without the column), or with :data:`READ_AGAIN` streamed from a copy downloaded into ``folder``; an endless run
+    of None without ids."""
+    if ids is not READ_AGAIN:
+        return itertools.repeat(None) if ids is None else iter([ids])
     if not id_column:
-        return none
+        return itertools.repeat(None)
     source = download_batch(store, b, folder, "batch")
     return iter_ids(source, store.url(b.key), id_column, chunk_rows=chunk_rows)
 
 
 def _write_corrected_parquet(names, id_column, store, b: TargetBatch, p: np.ndarray, w: np.ndarray,
-                             summary: dict, ids: list | None = None) -> str:
+                             summary: dict, ids=READ_AGAIN) -> str:
     """One Parquet batch's corrected outputs (columns ``names``, and the batch's ``id_column`` when not None) written
-    row group by row group to a temporary file (the ids from ``[ids]`` when given, else streamed from a downloaded
-    copy of the batch), uploaded with the batch's summary; its URI."""
+    row group by row group to a temporary file (the ids given, else streamed from a downloaded copy of the
+    batch), uploaded with the batch's summary; its URI."""
     chunk_rows = rows_mod.ROW_BLOCK
     with tempfile.TemporaryDirectory(prefix="labelshift-corrected-") as tmp:
         folder = Path(tmp)
@@ -121,7 +124,7 @@ def write_for_reestimation(bundle, target_uri: str, batches: list[TargetBatch], 
     w = np.asarray(weights, dtype=np.float64)
     if ids and len(ids) != len(batches):
         raise ValueError(f"ids of {len(ids)} batches for {len(batches)} batches: pass one entry a batch, or none.")
-    each = [[i] for i in ids] if ids else [None] * len(batches)
+    each = ids or [READ_AGAIN] * len(batches)
     with rows_mod.one_blas_thread():
         return mapped(threads_for(len(w), WRITE_THREADS),
                       lambda b, p, i: _write_corrected_parquet(bundle.holdout.names, getattr(bundle, "id_column", None),

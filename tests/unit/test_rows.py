@@ -282,7 +282,7 @@ def test_streamed_corrected_parquet_holds_what_the_in_memory_writer_wrote(tmp_pa
                                read_ids(str(source), "batch", id_column), id_column)
     out = tmp_path / "out.parquet"
     ids = iter_ids(str(source), "batch", id_column, chunk_rows=300) if with_ids != "kept" else \
-        _id_chunks(None, None, id_column, [read_ids(str(source), "batch", id_column)], tmp_path, 300)
+        _id_chunks(None, None, id_column, read_ids(str(source), "batch", id_column), tmp_path, 300)
     n = write_corrected_parquet(out, _corrected_chunks(P, w, ids, 1000), names, id_column)
     assert n == len(P)
     streamed = pq.read_table(out)
